@@ -1,0 +1,51 @@
+// indexshare: sparse attention with FlashMLA `flash_mla_sparse_fwd` semantics, and the dense
+// causal attention it must equal when every key is selected.
+//
+// Shapes: q bf16 [s_q, h_q, d_qk]; kv bf16 [s_kv, 1, d_qk] (one kv head; V = kv[:, 0, :d_v]);
+// indices int32 [s_q, 1, topk] (rows of kv); optional topk_length int32 [s_q];
+// optional attn_sink f32 [h_q]. Outputs: out f32 [s_q, h_q, d_v] (from double math),
+// out_bf16 [s_q, h_q, d_v] (= bf16(out), round to nearest even), max_logits and lse f32 [s_q, h_q].
+//
+// Semantics, for each query row t and head h:
+//   slots    j < topk_length[t] (all topk slots without topk_length); an index outside [0, s_kv)
+//            is ignored wherever it sits (-1 padding, but also any other negative or too large
+//            value); a duplicated index counts once per occurrence.
+//   logits   P_i = (q[t,h,:] . kv[i, 0, :]) * sm_scale over the valid indices i
+//   outputs  max_logits = max P;  lse = ln sum exp(P)  (natural log, WITHOUT the sink);
+//            out = sum softmax(P)_i * V[i]
+//   sink     out *= exp(lse) / (exp(lse) + exp(sink[h])) = 1 / (1 + exp(sink[h] - lse));
+//            sink +inf gives out = 0, -inf leaves out unchanged; lse and max_logits unaffected.
+//   empty    a row with no valid index: out = 0, lse = +inf, max_logits = -inf (FlashMLA HEAD).
+// Reduction order: the valid indices are sorted ascending by kv row before any sum, so the result
+// does not depend on the order of the slots (slot order carries no meaning in any GPU stack) and
+// a sparse call that selects every key equals the dense call bit for bit. Dot products run over
+// d ascending in double (bf16 x bf16 products are exact in double); exp and log are the C
+// library's double functions; each output is rounded to f32 once at the end.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+
+#include "ref/tensor.h"
+
+namespace indexshare::ref {
+
+struct AttentionOut {
+  Tensor<float> out;       // [s_q, h_q, d_v]
+  Tensor<bf16_t> out_bf16; // [s_q, h_q, d_v]
+  Tensor<float> max_logits;// [s_q, h_q]
+  Tensor<float> lse;       // [s_q, h_q]
+};
+
+AttentionOut sparse_attention(const Tensor<bf16_t>& q, const Tensor<bf16_t>& kv,
+                              const Tensor<int32_t>& indices, float sm_scale, int64_t d_v,
+                              const Tensor<int32_t>* topk_length = nullptr,
+                              const Tensor<float>* attn_sink = nullptr);
+
+// Dense attention: row t attends to every kv row in [ks[t], ke[t]) (the causal window of the
+// row in the flattened key tensor), with the same outputs and rules as sparse_attention.
+AttentionOut dense_attention(const Tensor<bf16_t>& q, const Tensor<bf16_t>& kv, float sm_scale,
+                             int64_t d_v, const Tensor<int32_t>& ks, const Tensor<int32_t>& ke,
+                             const Tensor<float>* attn_sink = nullptr);
+
+}  // namespace indexshare::ref

@@ -1,0 +1,66 @@
+// indexshare: the problem descriptor. One struct holds every option that changes numbers, and
+// has one canonical string, so two runs differ only if their descriptors differ.
+//
+// Grammar: whitespace-separated tokens, each either NAME<integer> for the shape fields or
+// NAME=VALUE for the options. Order is free when parsing; printing uses the order below and
+// leaves out options at their default value. Every field may appear at most once.
+//
+//   sq    s_q            query rows (the last s_q positions of the sequence)       default 128
+//   skv   s_kv           key rows; s_kv >= s_q; row t sees keys [0, s_kv - s_q + t]  default 128
+//   hq    h_q            attention query heads                                      default 16
+//   dqk   d_qk           attention q/k head dim (576 = 512 latent + 64 rope)        default 576
+//   dv    d_v            attention value dim (the first d_v columns of kv)          default 512
+//   ih    index_n_heads  indexer heads H                                            default 8
+//   id    index_head_dim indexer head dim D                                         default 128
+//   k     index_topk     top-k                                                      default 64
+//   seed  seed           generator seed                                             default 1
+//   indexer=fp8|bf16     FP8 (DeepGEMM, exact) or unquantized (HF transformers)     default fp8
+//   scale=deepseek_ue8m0|flashmla_pow2|fp32_amax   scale rule of the indexer q/k    default deepseek_ue8m0
+//   dist=normal|uniform|int|dyadic|ties|narrow     value distribution               default normal
+//   sm=<float>           softmax scale (printed with 9 significant digits)          default d_qk^-0.5
+//   sink=none|random|pinf|ninf   attention sink per head                            default none
+//
+// Example: "sq1024 skv1024 hq64 dqk576 dv512 ih64 id128 k256 seed7".
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "ref/rng.h"
+#include "ref/numerics.h"
+
+namespace indexshare {
+
+enum class IndexerMode { fp8, bf16 };
+enum class SinkMode { none, random, pinf, ninf };
+
+struct Problem {
+  int64_t s_q = 128;
+  int64_t s_kv = 128;
+  int64_t h_q = 16;
+  int64_t d_qk = 576;
+  int64_t d_v = 512;
+  int64_t index_n_heads = 8;
+  int64_t index_head_dim = 128;
+  int64_t index_topk = 64;
+  uint64_t seed = 1;
+  IndexerMode indexer = IndexerMode::fp8;
+  ScaleRule scale = ScaleRule::deepseek_ue8m0;
+  Dist dist = Dist::normal;
+  std::optional<float> sm;  // unset: d_qk^-0.5
+  SinkMode sink = SinkMode::none;
+
+  float sm_scale() const;                  // sm, or float(1 / sqrt(d_qk))
+  int64_t start_pos() const { return s_kv - s_q; }
+  void validate() const;                   // throws Error naming the field
+  friend bool operator==(const Problem&, const Problem&) = default;
+};
+
+std::string to_string(const Problem& p);
+Problem parse_problem(const std::string& text);  // throws Error naming the bad token
+
+std::string indexer_mode_name(IndexerMode m);
+std::string sink_mode_name(SinkMode m);
+
+}  // namespace indexshare

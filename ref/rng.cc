@@ -1,0 +1,101 @@
+#include "ref/rng.h"
+
+#include "ref/error.h"
+
+namespace indexshare {
+
+uint64_t splitmix64(uint64_t& state) {
+  uint64_t z = (state += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+Xoshiro256::Xoshiro256(uint64_t seed) {
+  uint64_t st = seed;
+  for (auto& s : s_) s = splitmix64(st);
+}
+
+uint64_t Xoshiro256::next() {
+  auto rotl = [](uint64_t x, int k) { return (x << k) | (x >> (64 - k)); };
+  const uint64_t result = rotl(s_[1] * 5, 7) * 9, t = s_[1] << 17;
+  s_[2] ^= s_[0];
+  s_[3] ^= s_[1];
+  s_[1] ^= s_[2];
+  s_[0] ^= s_[3];
+  s_[2] ^= t;
+  s_[3] = rotl(s_[3], 45);
+  return result;
+}
+
+uint64_t Xoshiro256::below(uint64_t n) {
+  // Lemire's nearly divisionless method: exact uniform on [0, n).
+  for (;;) {
+    const unsigned __int128 m = (unsigned __int128)next() * n;
+    const uint64_t lo = uint64_t(m);
+    if (lo >= n || lo >= (0 - n) % n) return uint64_t(m >> 64);
+  }
+}
+
+uint64_t stream_tag(const std::string& name) {
+  uint64_t h = 0xCBF29CE484222325ull;
+  for (unsigned char c : name) h = (h ^ c) * 0x100000001B3ull;
+  return h;
+}
+
+std::string dist_name(Dist d) {
+  switch (d) {
+    case Dist::uniform: return "uniform";
+    case Dist::normal: return "normal";
+    case Dist::integer: return "int";
+    case Dist::dyadic: return "dyadic";
+    case Dist::ties: return "ties";
+    case Dist::narrow: return "narrow";
+  }
+  return "?";
+}
+
+Dist parse_dist(const std::string& name) {
+  for (Dist d : {Dist::uniform, Dist::normal, Dist::integer, Dist::dyadic, Dist::ties, Dist::narrow})
+    if (dist_name(d) == name) return d;
+  throw Error("unknown distribution '" + name +
+              "' (expected uniform, normal, int, dyadic, ties or narrow)");
+}
+
+float draw(Xoshiro256& g, Dist dist) {
+  switch (dist) {
+    case Dist::uniform:
+      return float(int64_t(g.next() >> 40) - (int64_t(1) << 23)) * 0x1p-23f;
+    case Dist::normal: {
+      // Twelve 16-bit draws from three 64-bit outputs; the sum is an integer in [0, 786420].
+      int64_t sum = 0;
+      for (int i = 0; i < 3; ++i) {
+        const uint64_t r = g.next();
+        for (int j = 0; j < 4; ++j) sum += int64_t((r >> (16 * j)) & 0xFFFF);
+      }
+      // Mean 12 * 32767.5 = 393210; (sum - mean) / 65536 has variance 12 * (2^32 - 1) / 12 / 2^32.
+      return float(sum - 393210) * 0x1p-16f;
+    }
+    case Dist::integer: return float(int64_t(g.below(9)) - 4);
+    case Dist::dyadic: return float(int64_t(g.below(65)) - 32) * 0.0625f;
+    case Dist::ties: {
+      static constexpr float kLevels[4] = {-1.0f, -0.5f, 0.5f, 1.0f};
+      return kLevels[g.below(4)];
+    }
+    case Dist::narrow: return 1.0f + float(int64_t(g.below(17)) - 8) * 0x1p-12f;
+  }
+  return 0.0f;
+}
+
+void fill(float* out, int64_t n, Dist dist, float scale, uint64_t seed, uint64_t tag) {
+  for (int64_t c0 = 0; c0 < n; c0 += kChunk) {
+    uint64_t st = seed ^ 0x5DEECE66Dull;
+    st = splitmix64(st) ^ tag;
+    st = splitmix64(st) ^ uint64_t(c0 / kChunk);
+    Xoshiro256 g(splitmix64(st));
+    const int64_t c1 = c0 + kChunk < n ? c0 + kChunk : n;
+    for (int64_t i = c0; i < c1; ++i) out[i] = draw(g, dist) * scale;
+  }
+}
+
+}  // namespace indexshare

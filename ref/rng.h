@@ -1,0 +1,57 @@
+// indexshare: the project's own random numbers, identical on every machine.
+//
+// Why not <random>: the standard library fixes the engines' output but not the distributions'
+// algorithms, so std::normal_distribution gives different numbers on libstdc++, libc++ and MSVC,
+// and golden tensors would silently change. Here both the engine and every int -> float mapping
+// are ours, use only integer arithmetic and exactly rounded IEEE operations (no libm), and so
+// give the same bits everywhere.
+//
+// Engine: SplitMix64 (Steele, Lea, Flood 2014) seeds a xoshiro256** generator (Blackman, Vigna).
+// Streams: a tensor is filled in chunks of kChunk elements; chunk c of stream `tag` under seed
+// `seed` gets its own generator seeded from mix(seed, tag, c). Any thread can fill any chunk, so
+// the result never depends on the thread count or on the order in which chunks are filled.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace indexshare {
+
+class Xoshiro256 {
+ public:
+  explicit Xoshiro256(uint64_t seed);
+  uint64_t next();
+  // Uniform integer in [0, n), n >= 1, by the multiply-high method with rejection (exact).
+  uint64_t below(uint64_t n);
+
+ private:
+  uint64_t s_[4];
+};
+
+uint64_t splitmix64(uint64_t& state);
+// A 64-bit stream tag from a name such as "layers.0.indexer.q" (FNV-1a), so streams are stable
+// when tensors are added or reordered.
+uint64_t stream_tag(const std::string& name);
+
+// Distributions of generated values. All are exact in f32 (and, where noted, in bf16).
+enum class Dist {
+  uniform,  // u in [-1, 1): k * 2^-23 for an integer k in [-2^23, 2^23)
+  normal,   // approximately N(0, 1): Irwin-Hall sum of 12 uniform 16-bit integers, centred and
+            // scaled by 2^-16 (support [-6, 6], variance 1 - 1/2^32); exact in f32
+  integer,  // small integers uniform in [-4, 4]: exact in bf16 and e4m3
+  dyadic,   // k / 16 for k uniform in [-32, 32]: exact in bf16 and e4m3
+  ties,     // one of 4 levels {-1, -0.5, 0.5, 1}: produces many exactly tied scores
+  narrow,   // 1 + k * 2^-12 for k uniform in [-8, 8]: a narrow band of close values
+};
+std::string dist_name(Dist d);
+Dist parse_dist(const std::string& name);  // throws Error naming the bad value
+
+// One value of `dist` from the generator.
+float draw(Xoshiro256& g, Dist dist);
+
+constexpr int64_t kChunk = 4096;
+// Fills out[0, n) with values of `dist`, times `scale` (one f32 multiply each), from the stream
+// (seed, tag). Chunked as described above.
+void fill(float* out, int64_t n, Dist dist, float scale, uint64_t seed, uint64_t tag);
+
+}  // namespace indexshare
