@@ -16,6 +16,12 @@ Xoshiro256::Xoshiro256(uint64_t seed) {
   for (auto& s : s_) s = splitmix64(st);
 }
 
+Xoshiro256 Xoshiro256::from_state(uint64_t s0, uint64_t s1, uint64_t s2, uint64_t s3) {
+  Xoshiro256 g;
+  g.s_[0] = s0; g.s_[1] = s1; g.s_[2] = s2; g.s_[3] = s3;
+  return g;
+}
+
 uint64_t Xoshiro256::next() {
   auto rotl = [](uint64_t x, int k) { return (x << k) | (x >> (64 - k)); };
   const uint64_t result = rotl(s_[1] * 5, 7) * 9, t = s_[1] << 17;
@@ -77,7 +83,7 @@ float draw(Xoshiro256& g, Dist dist) {
       return float(sum - 393210) * 0x1p-16f;
     }
     case Dist::integer: return float(int64_t(g.below(9)) - 4);
-    case Dist::dyadic: return float(int64_t(g.below(65)) - 32) * 0.0625f;
+    case Dist::dyadic: return float(int64_t(g.below(33)) - 16) * 0.125f;
     case Dist::ties: {
       static constexpr float kLevels[4] = {-1.0f, -0.5f, 0.5f, 1.0f};
       return kLevels[g.below(4)];

@@ -20,11 +20,14 @@ namespace indexshare {
 class Xoshiro256 {
  public:
   explicit Xoshiro256(uint64_t seed);
+  // A generator with an explicit state (not all zero), for the published test vectors.
+  static Xoshiro256 from_state(uint64_t s0, uint64_t s1, uint64_t s2, uint64_t s3);
   uint64_t next();
   // Uniform integer in [0, n), n >= 1, by the multiply-high method with rejection (exact).
   uint64_t below(uint64_t n);
 
  private:
+  Xoshiro256() = default;
   uint64_t s_[4];
 };
 
@@ -39,7 +42,7 @@ enum class Dist {
   normal,   // approximately N(0, 1): Irwin-Hall sum of 12 uniform 16-bit integers, centred and
             // scaled by 2^-16 (support [-6, 6], variance 1 - 1/2^32); exact in f32
   integer,  // small integers uniform in [-4, 4]: exact in bf16 and e4m3
-  dyadic,   // k / 16 for k uniform in [-32, 32]: exact in bf16 and e4m3
+  dyadic,   // k / 8 for k uniform in [-16, 16]: exact in bf16 and e4m3 (3 mantissa bits)
   ties,     // one of 4 levels {-1, -0.5, 0.5, 1}: produces many exactly tied scores
   narrow,   // 1 + k * 2^-12 for k uniform in [-8, 8]: a narrow band of close values
 };

@@ -1,1 +1,94 @@
+// Tests of ref/rng: the engine against its published definition, the distributions' ranges and
+// moments, exactness of the "exact" distributions, and chunked filling.
 #include <doctest/doctest.h>
+
+#include <cmath>
+#include <map>
+#include <set>
+#include <vector>
+
+#include "ref/numerics.h"
+#include "ref/rng.h"
+
+using namespace indexshare;
+
+TEST_CASE("rng: SplitMix64 and xoshiro256** match their reference definitions") {
+  // SplitMix64 from state 0: first output of the reference C implementation (Vigna, prng.di.unimi.it).
+  uint64_t st = 0;
+  CHECK(splitmix64(st) == 0xE220A8397B1DCDAFull);
+  // xoshiro256** from state {1, 2, 3, 4}: the first outputs, computed by hand from
+  // result = rotl(s1 * 5, 7) * 9 with the state update of the reference implementation.
+  Xoshiro256 g = Xoshiro256::from_state(1, 2, 3, 4);
+  CHECK(g.next() == 11520ull);              // rotl(10, 7) * 9 = 1280 * 9
+  CHECK(g.next() == 0ull);                  // s1 became 0 after the first update
+  CHECK(g.next() == 1509978240ull);
+  CHECK(g.next() == 1215971899390074240ull);
+}
+
+TEST_CASE("rng: below(n) is uniform and in range") {
+  Xoshiro256 g(42);
+  std::map<uint64_t, int> counts;
+  const int n = 70000;
+  for (int i = 0; i < n; ++i) {
+    const uint64_t v = g.below(7);
+    REQUIRE(v < 7);
+    ++counts[v];
+  }
+  // Each bucket expects n/7 = 10000 with standard deviation sqrt(n p (1-p)) ~ 93: allow 6 sigma.
+  for (auto& [v, c] : counts) CHECK(std::abs(c - n / 7) < 560);
+  CHECK(counts.size() == 7);
+}
+
+TEST_CASE("rng: distributions have their stated ranges, moments and exactness") {
+  const int64_t n = 200000;
+  std::vector<float> x(static_cast<size_t>(n));
+  for (Dist d : {Dist::uniform, Dist::normal, Dist::integer, Dist::dyadic, Dist::ties, Dist::narrow}) {
+    CAPTURE(dist_name(d));
+    fill(x.data(), n, d, 1.0f, 7, stream_tag("t"));
+    double sum = 0, sum2 = 0;
+    std::set<float> distinct;
+    for (float v : x) {
+      sum += v;
+      sum2 += double(v) * v;
+      if (distinct.size() < 100) distinct.insert(v);
+      switch (d) {
+        case Dist::uniform: REQUIRE((v >= -1.0f && v < 1.0f)); break;
+        case Dist::normal: REQUIRE(std::fabs(v) <= 6.0f); break;
+        case Dist::integer: REQUIRE((v == std::round(v) && std::fabs(v) <= 4)); break;
+        case Dist::dyadic: REQUIRE((v * 8 == std::round(v * 8) && std::fabs(v) <= 2)); break;
+        case Dist::ties: REQUIRE((v == -1 || v == -0.5f || v == 0.5f || v == 1)); break;
+        case Dist::narrow: REQUIRE(std::fabs(v - 1.0f) <= 8 * std::ldexp(1.0f, -12)); break;
+      }
+      if (d == Dist::integer || d == Dist::dyadic || d == Dist::ties) {
+        REQUIRE(round_bf16(v) == v);
+        REQUIRE(e4m3_to_f32(f32_to_e4m3(v)) == v);
+      }
+    }
+    const double mean = sum / double(n), var = sum2 / double(n) - mean * mean;
+    // Means: standard error sqrt(var / n) <= 0.005 for these variances; allow 6 standard errors.
+    if (d == Dist::uniform) { CHECK(std::fabs(mean) < 0.01); CHECK(std::fabs(var - 1.0 / 3) < 0.01); }
+    if (d == Dist::normal) { CHECK(std::fabs(mean) < 0.015); CHECK(std::fabs(var - 1.0) < 0.02); }
+    if (d == Dist::integer) { CHECK(std::fabs(mean) < 0.05); CHECK(std::fabs(var - 60.0 / 9) < 0.1); }
+    if (d == Dist::ties) CHECK(distinct.size() == 4);
+  }
+}
+
+TEST_CASE("rng: filling is reproducible, stream-separated and independent of the length") {
+  const int64_t n = 3 * kChunk + 17;
+  std::vector<float> a(static_cast<size_t>(n)), b(a), c(a), prefix(static_cast<size_t>(kChunk + 5));
+  fill(a.data(), n, Dist::normal, 2.0f, 11, stream_tag("layers.0.indexer.q"));
+  fill(b.data(), n, Dist::normal, 2.0f, 11, stream_tag("layers.0.indexer.q"));
+  CHECK(a == b);
+  fill(c.data(), n, Dist::normal, 2.0f, 11, stream_tag("layers.0.indexer.k"));
+  CHECK(a != c);
+  fill(c.data(), n, Dist::normal, 2.0f, 12, stream_tag("layers.0.indexer.q"));
+  CHECK(a != c);
+  // The first kChunk + 5 values do not depend on how many values are filled: chunks are
+  // seeded from their own index, so any split of the work gives the same numbers.
+  fill(prefix.data(), int64_t(prefix.size()), Dist::normal, 2.0f, 11, stream_tag("layers.0.indexer.q"));
+  CHECK(std::equal(prefix.begin(), prefix.end(), a.begin()));
+  // Chunks differ from each other (no repeated seeding).
+  CHECK(!std::equal(a.begin(), a.begin() + 64, a.begin() + kChunk));
+  CHECK(parse_dist("ties") == Dist::ties);
+  CHECK_THROWS_WITH_AS(parse_dist("gauss"), doctest::Contains("'gauss'"), Error);
+}
