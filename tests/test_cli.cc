@@ -1,1 +1,48 @@
+// Tests of the indexshare command line: exit codes, summary and replay line, clear errors.
 #include <doctest/doctest.h>
+
+#include <array>
+#include <cstdio>
+#include <string>
+#include <sys/wait.h>
+
+namespace {
+struct Result { int status; std::string out; };
+// Runs the CLI with `args`, capturing stdout and stderr together.
+Result cli(const std::string& args) {
+  const std::string cmd = std::string(INDEXSHARE_CLI) + " " + args + " 2>&1";
+  FILE* f = popen(cmd.c_str(), "r");
+  REQUIRE(f != nullptr);
+  std::string out;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), f)) > 0) out.append(buf.data(), n);
+  const int st = pclose(f);
+  return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
+}
+}  // namespace
+
+TEST_CASE("cli: run prints a summary and a replay line") {
+  Result r = cli("run --problem 'sq8 skv40 hq2 dqk16 dv8 ih2 id16 k4 seed3'");
+  CHECK(r.status == 0);
+  CHECK(r.out.find("problem   sq8 skv40 hq2 dqk16 dv8 ih2 id16 k4 seed3") != std::string::npos);
+  CHECK(r.out.find("__REPRO: indexshare run --impl ref --problem \"sq8 skv40 hq2 dqk16 dv8 ih2 id16 k4 seed3\"") != std::string::npos);
+  // The same command prints the same fingerprints.
+  Result again = cli("run --problem 'sq8 skv40 hq2 dqk16 dv8 ih2 id16 k4 seed3'");
+  CHECK(again.out.substr(again.out.find("fingerprints"), 120) == r.out.substr(r.out.find("fingerprints"), 120));
+}
+
+TEST_CASE("cli: bad input exits 2 with the bad token named") {
+  Result r = cli("run --problem 'sq8 skv4'");
+  CHECK(r.status == 2);
+  CHECK(r.out.find("skv (4) must be >= sq (8)") != std::string::npos);
+  r = cli("run --problem 'sq8 bogus=1'");
+  CHECK(r.status == 2);
+  CHECK(r.out.find("'bogus=1'") != std::string::npos);
+  r = cli("run --impl gpu");
+  CHECK(r.status == 2);
+  CHECK(r.out.find("'gpu'") != std::string::npos);
+  CHECK(cli("").status == 2);
+  CHECK(cli("no-such-command").status == 2);
+  CHECK(cli("--help").status == 0);
+}

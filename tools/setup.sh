@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Installs what indexshare needs on Debian bookworm: build tools and libraries from Debian,
+# tools/setup.sh: installs what indexshare needs on Debian bookworm: build tools and libraries from Debian,
 # the PyPI packages used by the interop tests. Idempotent, and quiet when all is present.
 set -euo pipefail
 

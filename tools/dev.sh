@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# indexshare developer entry point: installs what is missing, builds, then runs one job.
+#   tools/dev.sh demo [ARGS...]  build, then `indexshare run ARGS` (default problem when none)
+#   tools/dev.sh test            build, then the whole default test suite through ctest
+#   tools/dev.sh build           install and build only
+# Environment: BUILD_DIR (default build), JOBS (default: number of cores).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+job="${1:-demo}"
+[ $# -gt 0 ] && shift
+BUILD_DIR="${BUILD_DIR:-build}"
+JOBS="${JOBS:-$(nproc)}"
+
+bash tools/setup.sh
+cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release -DINDEXSHARE_WERROR=ON >/dev/null
+cmake --build "$BUILD_DIR" -j "$JOBS" >/dev/null
+
+case "$job" in
+  build) ;;
+  demo) "$BUILD_DIR/indexshare" run "$@" ;;
+  test) ctest --test-dir "$BUILD_DIR" --output-on-failure -j "$JOBS" "$@" ;;
+  *) echo "usage: tools/dev.sh demo|test|build" >&2; exit 2 ;;
+esac
