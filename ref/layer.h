@@ -3,17 +3,30 @@
 //   indexer inputs -> indexer_logits -> topk (local positions) -> local_to_kv_rows
 //                  -> sparse_attention (FlashMLA sparse prefill)
 //
-// Generated inputs (stream names are the golden tensor names, so every tensor has its own
-// reproducible random stream under the problem's seed):
-//   indexer.q       [s_q, H, D]   dist values rounded to bf16 (the Hadamard output is bf16),
+// Generated inputs of layer l. Every tensor has its own reproducible random stream under the
+// problem's seed, named after its golden tensor name with the prefix "layers.{l}.".
+//   indexer q, k, weights: a cross-layer mix of a base drawn once for the stack (streams
+//       "stack.indexer.{q,k,weights}") and the layer's own draw (streams "layers.{l}.indexer.*"):
+//           v = a * base + b * own   in f32, a = sim, b = f32(sqrt(1 - sim^2))
+//       so that at sim = 1 every layer has the same indexer inputs (top-k overlap 1) and at
+//       sim = 0 the layers are independent (overlap near chance), with unit variance between.
+//   recency and sinks (real indexers favour recent and first tokens): two reserved dims of the
+//       indexer head, d_r = D - 1 and d_s = D - 2 (when D >= 2), are overwritten with
+//           q[t, h, d_r] = q[t, h, d_s] = sign(w[t, h]) * g,      g = f32(2 * D^(1/4))
+//           k[s, d_r] = recency * g * (s + 1) / s_kv              (grows with the key position)
+//           k[s, d_s] = g if s < sinks else 0
+//       adding recency * 4 sqrt(D) (s + 1) / s_kv and, for the first `sinks` keys, 4 sqrt(D) to the
+//       dot product with the sign that raises w * ReLU(dot): comparable to the dot product's
+//       standard deviation sqrt(D) at recency ~ 0.25. Off (no overwrite) at the defaults 0.
+//   indexer.q       [s_q, H, D]   the values above rounded to bf16 (the Hadamard output is bf16),
 //                                 then (fp8 mode) quantized per (t, h) with the problem's scale
 //                                 rule, block D: codes plus q_scale [s_q, H]
 //   indexer.k       [s_kv, D]     likewise, k_scale [s_kv] (bf16 mode: k_scale = 1)
-//   indexer.weights [s_q, H]      f32: dist * H^-0.5 * q_scale * D^-0.5, left to right in f32
+//   indexer.weights [s_q, H]      f32: w * H^-0.5 * q_scale * D^-0.5, left to right in f32
 //                                 (the upstream `weights_proj(x) * H^-0.5 * q_scale * D^-0.5`)
 //   indexer.ks/ke   [s_q]         0 and s_kv - s_q + t + 1: causal, the row sees its own key
-//   attn.q          [s_q, h_q, d_qk]   bf16(dist)
-//   attn.kv         [s_kv, 1, d_qk]    bf16(dist)
+//   attn.q          [s_q, h_q, d_qk]   bf16(dist), the layer's own stream
+//   attn.kv         [s_kv, 1, d_qk]    bf16(dist), the layer's own stream
 //   attn.sink       [h_q]              per the sink option: dist, +inf or -inf
 #pragma once
 
@@ -27,6 +40,7 @@
 namespace indexshare::ref {
 
 struct LayerInputs {
+  bool has_indexer = true;       // false: a Shared layer without indexer inputs (tensors empty)
   // Indexer, FP8 mode (codes) or bf16 mode (values in f32); the unused pair is empty.
   Tensor<e4m3_t> index_q8;       // [s_q, H, D]
   Tensor<e4m3_t> index_k8;       // [s_kv, D]
@@ -49,8 +63,14 @@ struct LayerOutputs {
   AttentionOut attn;
 };
 
-// `prefix` selects the random streams ("layers.0." gives "layers.0.indexer.q", ...).
-LayerInputs make_layer_inputs(const Problem& p, const std::string& prefix = "layers.0.");
+// Inputs of layer `layer`; with_indexer = false leaves the indexer tensors empty (ks/ke are
+// always filled: the attention of every layer uses the same causal windows).
+LayerInputs make_layer_inputs(const Problem& p, int layer = 0, bool with_indexer = true);
+// The layer's indexer logits [s_q, s_kv] (fp8 or bf16 mode per the problem).
+Tensor<float> layer_logits(const Problem& p, const LayerInputs& in);
+// The layer's sparse attention over `indices` [s_q, 1, topk] (kv rows).
+AttentionOut layer_attention(const Problem& p, const LayerInputs& in, const Tensor<int32_t>& indices);
+// One Full layer: logits -> top-k -> kv rows -> sparse attention.
 LayerOutputs run_layer(const Problem& p, const LayerInputs& in);
 
 // Generated tensor of `shape` from the stream `name` (values of p.dist times `scale`).

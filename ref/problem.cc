@@ -11,6 +11,21 @@
 
 namespace indexshare {
 
+namespace {
+std::string float_str(float v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.9g", double(v));  // 9 significant digits round-trip any float
+  return buf;
+}
+float parse_float(const std::string& value) {
+  errno = 0;
+  char* end = nullptr;
+  const float v = std::strtof(value.c_str(), &end);
+  if (value.empty() || *end || errno || !std::isfinite(v)) throw Error("expected a finite number");
+  return v;
+}
+}  // namespace
+
 std::string indexer_mode_name(IndexerMode m) { return m == IndexerMode::fp8 ? "fp8" : "bf16"; }
 
 std::string sink_mode_name(SinkMode m) {
@@ -40,7 +55,14 @@ void Problem::validate() const {
   require(s_kv <= (int64_t(1) << 31) - 1, "problem field skv must fit int32 indices");
   require(index_head_dim <= (int64_t(1) << 17), "problem field id must be <= 131072 (exact FP8 dots)");
   if (sm) require(std::isfinite(*sm), "problem field sm must be finite");
+  pos(n_layers, "nl");
+  require(sim >= 0.0f && sim <= 1.0f, "problem field sim must be in [0, 1], got " + std::to_string(sim));
+  require(recency >= 0.0f && std::isfinite(recency), "problem field recency must be finite and >= 0");
+  require(sinks >= 0 && sinks <= s_kv, "problem field sinks must be in [0, skv]");
+  (void)schedule();
 }
+
+Schedule Problem::schedule() const { return parse_schedule(sched, int(n_layers)); }
 
 std::string to_string(const Problem& p) {
   std::ostringstream os;
@@ -51,12 +73,14 @@ std::string to_string(const Problem& p) {
   if (p.indexer != d.indexer) os << " indexer=" << indexer_mode_name(p.indexer);
   if (p.scale != d.scale) os << " scale=" << scale_rule_name(p.scale);
   if (p.dist != d.dist) os << " dist=" << dist_name(p.dist);
-  if (p.sm) {
-    char buf[32];
-    std::snprintf(buf, sizeof buf, "%.9g", double(*p.sm));  // 9 digits round-trip any float
-    os << " sm=" << buf;
-  }
+  if (p.sm) os << " sm=" << float_str(*p.sm);
   if (p.sink != d.sink) os << " sink=" << sink_mode_name(p.sink);
+  if (p.n_layers != d.n_layers) os << " nl" << p.n_layers;
+  if (p.sched != d.sched) os << " sched=" << p.sched;
+  if (p.sim != d.sim) os << " sim=" << float_str(p.sim);
+  if (p.recency != d.recency) os << " recency=" << float_str(p.recency);
+  if (p.sinks != d.sinks) os << " sinks=" << p.sinks;
+  if (p.own != d.own) os << " own=" << (p.own ? "yes" : "no");
   return os.str();
 }
 
@@ -91,18 +115,28 @@ Problem parse_problem(const std::string& text) {
         } else if (name == "dist") {
           p.dist = parse_dist(value);
         } else if (name == "sm") {
-          errno = 0;
-          char* end = nullptr;
-          const float v = std::strtof(value.c_str(), &end);
-          if (value.empty() || *end || errno || !std::isfinite(v)) throw Error("expected a finite number");
-          p.sm = v;
+          p.sm = parse_float(value);
+        } else if (name == "sched") {
+          if (value.empty()) throw Error("expected a schedule");
+          p.sched = value;
+        } else if (name == "sim") {
+          p.sim = parse_float(value);
+        } else if (name == "recency") {
+          p.recency = parse_float(value);
+        } else if (name == "sinks") {
+          if (value.empty() || value.size() > 12 || value.find_first_not_of("0123456789") != std::string::npos)
+            throw Error("expected a non-negative integer");
+          p.sinks = std::stoll(value);
+        } else if (name == "own") {
+          if (value != "yes" && value != "no") throw Error("expected yes or no");
+          p.own = value == "yes";
         } else if (name == "sink") {
           bool found = false;
           for (SinkMode m : {SinkMode::none, SinkMode::random, SinkMode::pinf, SinkMode::ninf})
             if (sink_mode_name(m) == value) { p.sink = m; found = true; }
           if (!found) throw Error("expected none, random, pinf or ninf");
         } else {
-          throw Error("unknown option (expected indexer, scale, dist, sm or sink)");
+          throw Error("unknown option (expected indexer, scale, dist, sm, sink, sched, sim, recency, sinks or own)");
         }
       } catch (const Error& e) {
         throw Error("problem token '" + tok + "': " + e.what());
@@ -116,7 +150,7 @@ Problem parse_problem(const std::string& text) {
     int64_t seed_tmp = 0;
     const Field fields[] = {{"sq", &p.s_q}, {"skv", &p.s_kv}, {"hq", &p.h_q}, {"dqk", &p.d_qk},
                             {"dv", &p.d_v}, {"ih", &p.index_n_heads}, {"id", &p.index_head_dim},
-                            {"k", &p.index_topk}, {"seed", &seed_tmp}};
+                            {"k", &p.index_topk}, {"seed", &seed_tmp}, {"nl", &p.n_layers}};
     bool matched = false;
     for (const Field& f : fields) {
       if (name != f.name) continue;
@@ -127,7 +161,7 @@ Problem parse_problem(const std::string& text) {
     }
     if (!matched)
       throw Error("problem token '" + tok + "': unknown field '" + name +
-                  "' (expected sq, skv, hq, dqk, dv, ih, id, k, seed or NAME=VALUE)");
+                  "' (expected sq, skv, hq, dqk, dv, ih, id, k, seed, nl or NAME=VALUE)");
   }
   p.validate();
   return p;

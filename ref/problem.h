@@ -19,6 +19,13 @@
 //   dist=normal|uniform|int|dyadic|ties|narrow     value distribution               default normal
 //   sm=<float>           softmax scale (printed with 9 significant digits)          default d_qk^-0.5
 //   sink=none|random|pinf|ninf   attention sink per head                            default none
+//   nl    n_layers       layers of the stack                                        default 1
+//   sched=<schedule>     layer schedule: a preset (all-full, glm-5.2, one-full-three-shared),
+//                        an F/S pattern, freq:N[,offset:M] or list:full,shared,...  default all-full
+//   sim=<float>          cross-layer similarity of the indexer inputs, in [0, 1]    default 0.8
+//   recency=<float>      indexer bias towards recent keys, >= 0                     default 0
+//   sinks=<int>          leading "attention sink" tokens the indexer favours        default 0
+//   own=yes|no           Shared layers carry their own (unused) indexer inputs      default yes
 //
 // Example: "sq1024 skv1024 hq64 dqk576 dv512 ih64 id128 k256 seed7".
 #pragma once
@@ -29,6 +36,7 @@
 
 #include "ref/rng.h"
 #include "ref/numerics.h"
+#include "ref/schedule.h"
 
 namespace indexshare {
 
@@ -50,10 +58,17 @@ struct Problem {
   Dist dist = Dist::normal;
   std::optional<float> sm;  // unset: d_qk^-0.5
   SinkMode sink = SinkMode::none;
+  int64_t n_layers = 1;
+  std::string sched = "all-full";
+  float sim = 0.8f;
+  float recency = 0.0f;
+  int64_t sinks = 0;
+  bool own = true;
 
   float sm_scale() const;                  // sm, or float(1 / sqrt(d_qk))
   int64_t start_pos() const { return s_kv - s_q; }
   void validate() const;                   // throws Error naming the field
+  Schedule schedule() const;               // parse_schedule(sched, n_layers)
   friend bool operator==(const Problem&, const Problem&) = default;
 };
 

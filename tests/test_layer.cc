@@ -18,9 +18,15 @@ TEST_CASE("layer: generated inputs follow the documented construction") {
   REQUIRE(in.index_q8.shape == Shape{6, 3, 32});
   REQUIRE(in.index_k8.shape == Shape{10, 32});
   REQUIRE(in.index_q_scale.shape == Shape{6, 3});
-  // Re-derive q's codes and the weights from the named random streams.
-  Tensor<float> q = ref::generate(p, "layers.0.indexer.q", {6, 3, 32});
-  Tensor<float> w = ref::generate(p, "layers.0.indexer.weights", {6, 3});
+  // Re-derive q's codes and the weights from the named random streams: a cross-layer mix
+  // a * base + b * own with a = sim = 0.8 (the default), b = sqrt(1 - a^2).
+  const float a = 0.8f, b = float(std::sqrt(1.0 - double(a) * double(a)));
+  Tensor<float> q = ref::generate(p, "stack.indexer.q", {6, 3, 32});
+  Tensor<float> qo = ref::generate(p, "layers.0.indexer.q", {6, 3, 32});
+  Tensor<float> w = ref::generate(p, "stack.indexer.weights", {6, 3});
+  Tensor<float> wo = ref::generate(p, "layers.0.indexer.weights", {6, 3});
+  for (int64_t i = 0; i < q.numel(); ++i) q[i] = a * q[i] + b * qo[i];
+  for (int64_t i = 0; i < w.numel(); ++i) w[i] = a * w[i] + b * wo[i];
   for (int64_t t = 0; t < 6; ++t) {
     for (int64_t h = 0; h < 3; ++h) {
       float amax = 0;
@@ -35,6 +41,42 @@ TEST_CASE("layer: generated inputs follow the documented construction") {
     CHECK(in.ks[t] == 0);
     CHECK(in.ke[t] == 10 - 6 + t + 1);  // query row t is position 4 + t and sees itself
   }
+  // Without the indexer (a Shared layer without its own inputs) only attention inputs exist.
+  const ref::LayerInputs bare = ref::make_layer_inputs(p, 0, false);
+  CHECK(!bare.has_indexer);
+  CHECK(bare.index_q8.numel() == 0);
+  CHECK(bare.q.data == in.q.data);
+  CHECK(bare.ke.data == in.ke.data);
+}
+
+TEST_CASE("layer: recency and sink dims follow the documented construction") {
+  const Problem p = parse_problem("sq4 skv12 hq2 dqk16 dv8 ih2 id16 k4 seed5 recency=0.5 sinks=3 indexer=bf16");
+  const ref::LayerInputs in = ref::make_layer_inputs(p);
+  const float g = float(2.0 * std::pow(16.0, 0.25));  // 4
+  for (int64_t s = 0; s < 12; ++s) {
+    CHECK(in.index_k.at(s, 15) == round_bf16(0.5f * g * float(s + 1) / 12.0f));
+    CHECK(in.index_k.at(s, 14) == (s < 3 ? g : 0.0f));
+  }
+  for (int64_t t = 0; t < 4; ++t)
+    for (int64_t h = 0; h < 2; ++h) {
+      const float sg = in.index_weights.at(t, h) < 0 ? -g : g;  // bf16 mode: weights keep their sign
+      CHECK(in.index_q.at(t, h, 15) == sg);
+      CHECK(in.index_q.at(t, h, 14) == sg);
+    }
+  // The biases work: sinks (+4 sqrt(D) = 32 on dots of standard deviation 8) are selected by
+  // every row; strong recency makes the last row select its most recent keys.
+  const Problem sinks = parse_problem("sq8 skv64 hq2 dqk16 dv8 ih4 id64 k8 seed2 sinks=2");
+  const ref::LayerOutputs o = ref::run_layer(sinks, ref::make_layer_inputs(sinks));
+  for (int64_t t = 0; t < 8; ++t) {
+    std::set<int32_t> sel(o.topk.data.begin() + t * 8, o.topk.data.begin() + t * 8 + 8);
+    CHECK(sel.count(0));
+    CHECK(sel.count(1));
+  }
+  const Problem recent = parse_problem("sq1 skv64 hq2 dqk16 dv8 ih4 id64 k8 seed2 recency=4");
+  const ref::LayerOutputs r = ref::run_layer(recent, ref::make_layer_inputs(recent));
+  std::set<int32_t> sel(r.topk.data.begin(), r.topk.data.end());
+  CHECK(sel.count(63));
+  CHECK(*sel.begin() >= 48);
 }
 
 TEST_CASE("layer: run_layer is deterministic and selects min(k, causal length) keys") {
