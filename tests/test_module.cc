@@ -1,1 +1,2 @@
+#include "ref/module.h"
 #include <doctest/doctest.h>
