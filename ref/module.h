@@ -156,7 +156,9 @@ struct IndexerModuleOut {
 //      k_hadamard empty.
 //   6'. weights[t, h] = (wp[t, h] * f32(H^-0.5)) * f32(D^-0.5). HF multiplies the dot products by
 //      D^-0.5 before the ReLU; folding the positive constant into the weights is equal in exact
-//      arithmetic (ReLU(c y) = c ReLU(y) for c > 0) but may differ by f32 roundings.
+//      arithmetic (ReLU(c y) = c ReLU(y) for c > 0) but may differ by f32 roundings. HF runs
+//      weights_proj in the model dtype (a bf16 output); the f32 projection of the fixed reference
+//      is kept here so that the two variants differ only by the Hadamard rotation and FP8.
 // f32(n^-0.5) is f32(1 / sqrt(double(n))) (IEEE division and sqrt, deterministic; the same f32 as
 // Python's n ** -0.5 rounded to f32).
 // Keys and queries of a row depend only on that row (and its position), so a sequence may be
@@ -210,7 +212,8 @@ MlaQuery mla_query(const ModelConfig& cfg, const MlaWeights& w, const Tensor<flo
 //   latent = bf16(rms_norm(kv[:kv_lora], kv_norm, cfg.rms_eps))
 //   fp8_roundtrip (the fixed DeepSeek reference's FP8 KV-cache simulation): latent =
 //            bf16(dequantize(quantize(latent, block min(128, kv_lora), cfg.index_scale_rule)))
-//            (with a power-of-two scale the dequantized value is already a bf16 value)
+//            (with a power-of-two scale the dequantized value is already a bf16 value; the
+//            reference uses its scale_fmt, ue8m0, which is cfg.index_scale_rule in the presets)
 //   k_pe   = bf16(apply_rope(kv[kv_lora:], start_pos + t, cfg.rope_inv_freq(), interleaved))
 //   row    = [latent | k_pe]
 Tensor<bf16_t> mla_kv(const ModelConfig& cfg, const MlaWeights& w, const Tensor<float>& x, int64_t start_pos,

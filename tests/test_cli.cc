@@ -5,6 +5,9 @@
 #include <cstdio>
 #include <string>
 #include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
 
 namespace {
 struct Result { int status; std::string out; };
@@ -45,4 +48,30 @@ TEST_CASE("cli: bad input exits 2 with the bad token named") {
   CHECK(cli("").status == 2);
   CHECK(cli("no-such-command").status == 2);
   CHECK(cli("--help").status == 0);
+}
+
+TEST_CASE("cli: golden writes a set, verify checks it, bad input exits 2 without output") {
+  const std::string dir = "/tmp/indexshare-cli-golden-" + std::to_string(::getpid());
+  std::system(("rm -rf " + dir).c_str());
+  Result r = cli("golden --problem 'sq4 skv12 hq2 dqk16 dv8 ih2 id16 k4 nl2 sched=FS' --out " + dir + "/g");
+  CHECK(r.status == 0);
+  CHECK(r.out.find("schedule  FS") != std::string::npos);
+  CHECK(r.out.find("__REPRO: indexshare golden --problem \"sq4 skv12 hq2 dqk16 dv8 ih2 id16 k4 seed1 nl2 sched=FS\" --kind stack --out " + dir + "/g") != std::string::npos);
+  r = cli("verify --golden " + dir + "/g");
+  CHECK(r.status == 0);
+  CHECK(r.out.find("verified") != std::string::npos);
+  // Writing again without --force refuses; a bad problem leaves no folder behind.
+  r = cli("golden --problem 'sq4 skv12 hq2 dqk16 dv8 ih2 id16 k4' --out " + dir + "/g");
+  CHECK(r.status == 2);
+  CHECK(r.out.find("--force") != std::string::npos);
+  r = cli("golden --problem 'sq4 skv12 nl2 sched=SF' --out " + dir + "/bad");
+  CHECK(r.status == 2);
+  CHECK(r.out.find("SF") != std::string::npos);
+  CHECK(cli("verify --golden " + dir + "/bad").status == 2);
+  CHECK(cli("golden --preset nope --out " + dir + "/x").status == 2);
+  CHECK(cli("golden --out " + dir + "/x").status == 2);  // neither --preset nor --problem
+  r = cli("presets");
+  CHECK(r.status == 0);
+  CHECK(r.out.find("glm-5.2") != std::string::npos);
+  std::system(("rm -rf " + dir).c_str());
 }

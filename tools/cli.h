@@ -16,5 +16,8 @@ using Action = std::function<int()>;
 
 Action register_run(CLI::App& app);
 Action register_cost(CLI::App& app);
+Action register_golden(CLI::App& app);
+Action register_presets(CLI::App& app);
+Action register_verify(CLI::App& app);
 
 }  // namespace indexshare::cli

@@ -16,7 +16,9 @@ int main(int argc, char** argv) {
                "with cross-layer index sharing"};
   app.require_subcommand(1);
   app.set_version_flag("--version", std::string(INDEXSHARE_VERSION));
-  const std::vector<cli::Action> actions = {cli::register_run(app), cli::register_cost(app)};
+  const std::vector<cli::Action> actions = {
+      cli::register_run(app), cli::register_golden(app), cli::register_presets(app),
+      cli::register_verify(app), cli::register_cost(app)};
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

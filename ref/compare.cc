@@ -1,0 +1,412 @@
+#include "ref/compare.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <set>
+#include <sstream>
+
+#include "ref/numerics.h"
+
+namespace indexshare::cmp {
+
+namespace {
+
+constexpr double kBf16U = 0x1p-8;   // bf16 unit roundoff
+constexpr double kF32E = 0x1p-24;   // f32 unit roundoff
+constexpr double kFp8AccU = 0x1p-14;  // Hopper FP8 tensor-core accumulation, ~14 bits
+
+std::vector<int64_t> unflatten(int64_t flat, const Shape& shape) {
+  std::vector<int64_t> idx(shape.size());
+  for (size_t d = shape.size(); d-- > 0;) {
+    idx[d] = shape[d] ? flat % shape[d] : 0;
+    flat = shape[d] ? flat / shape[d] : 0;
+  }
+  return idx;
+}
+
+const char* fclass(float v) {
+  if (std::isnan(v)) return "NaN";
+  if (std::isinf(v)) return v > 0 ? "+inf" : "-inf";
+  return "finite";
+}
+
+void add_mismatch(Report& r, Mismatch m) {
+  if (r.mismatches.size() < kMaxMismatches) r.mismatches.push_back(std::move(m));
+}
+
+}  // namespace
+
+std::string verdict_name(Verdict v) {
+  switch (v) {
+    case Verdict::pass: return "PASS";
+    case Verdict::fail: return "FAIL";
+    case Verdict::mistrusted: return "MISTRUSTED";
+  }
+  return "?";
+}
+
+std::string Report::stats_line() const {
+  char buf[320];
+  std::snprintf(buf, sizeof buf,
+                "[COMPARE_STATS] n=%lld checked=%lld failed=%lld max_abs=%.4g max_rel=%.4g metric=%.4g "
+                "mean_signed=%.4g max_err/bound=%.4g",
+                (long long)stats.n, (long long)stats.n_checked, (long long)stats.n_fail, stats.max_abs,
+                stats.max_rel, stats.metric, stats.mean_signed, stats.max_ratio);
+  return buf;
+}
+
+double calc_diff(const float* x, const float* y, int64_t n) {
+  double sxy = 0, sxx_yy = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    if (!std::isfinite(x[i]) || !std::isfinite(y[i])) continue;
+    sxy += double(x[i]) * double(y[i]);
+    sxx_yy += double(x[i]) * double(x[i]) + double(y[i]) * double(y[i]);
+  }
+  return sxx_yy == 0 ? 0.0 : 1.0 - 2.0 * sxy / sxx_yy;
+}
+
+Report compare_floats(const std::string& tensor, const Tensor<float>& expected, const Tensor<float>& got,
+                      const FloatRule& rule) {
+  Report r;
+  r.tensor = tensor;
+  if (expected.shape != got.shape) {
+    r.verdict = Verdict::fail;
+    r.reasons.push_back("shape " + shape_str(got.shape) + " differs from the golden " + shape_str(expected.shape));
+    return r;
+  }
+  require(rule.bound.empty() || int64_t(rule.bound.size()) == expected.numel(),
+          "compare " + tensor + ": bound has the wrong size");
+  const int64_t n = expected.numel();
+  r.stats.n = n;
+  int64_t special_fail = 0, nonzero = 0;
+  double sum_signed = 0, max_err = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const float e = expected[i], g = got[i];
+    // 1. Special values must match in class and sign.
+    if (!std::isfinite(e) || !std::isfinite(g)) {
+      const bool same = (std::isnan(e) && std::isnan(g)) || (std::isinf(e) && e == g);
+      if (!same) {
+        ++special_fail;
+        add_mismatch(r, {unflatten(i, expected.shape), e, g, std::numeric_limits<double>::quiet_NaN(), 0,
+                         std::string("golden is ") + fclass(e) + ", candidate is " + fclass(g)});
+      }
+      continue;
+    }
+    // 2. Finite pairs: the per-element bound.
+    ++r.stats.n_checked;
+    nonzero += e != 0.0f;
+    const double diff = double(g) - double(e), ad = std::fabs(diff);
+    const double bound = rule.bound.empty() ? 0.0 : rule.bound[size_t(i)];
+    sum_signed += diff;
+    max_err = std::max(max_err, ad);
+    r.stats.max_abs = std::max(r.stats.max_abs, ad);
+    if (e != 0.0f) r.stats.max_rel = std::max(r.stats.max_rel, ad / std::fabs(double(e)));
+    if (bound > 0) r.stats.max_ratio = std::max(r.stats.max_ratio, ad / bound);
+    else if (ad > 0) r.stats.max_ratio = std::numeric_limits<double>::infinity();
+    if (ad > bound) {
+      ++r.stats.n_fail;
+      add_mismatch(r, {unflatten(i, expected.shape), e, g, diff, bound, ""});
+    }
+  }
+  r.stats.n_fail += special_fail;
+  r.stats.mean_signed = r.stats.n_checked ? sum_signed / double(r.stats.n_checked) : 0.0;
+  r.stats.metric = calc_diff(expected.ptr(), got.ptr(), n);
+  // Verdict.
+  if (special_fail)
+    r.reasons.push_back(std::to_string(special_fail) + " element(s) where inf/NaN positions differ");
+  if (r.stats.n_fail > special_fail)
+    r.reasons.push_back(std::to_string(r.stats.n_fail - special_fail) + " element(s) beyond their bound" +
+                        (rule.derivation.empty() ? "" : " (" + rule.derivation + ")"));
+  if (rule.metric_max >= 0 && r.stats.metric > rule.metric_max) {
+    char buf[160];
+    std::snprintf(buf, sizeof buf, "calc_diff %.4g exceeds its threshold %.4g", r.stats.metric, rule.metric_max);
+    r.reasons.push_back(buf);
+  }
+  if (rule.budget_max_abs >= 0 && max_err > rule.budget_max_abs) {
+    char buf[200];
+    std::snprintf(buf, sizeof buf, "max |error| %.4g exceeds the error budget %.4g (FlashAttention-style, see manifest)",
+                  max_err, rule.budget_max_abs);
+    r.reasons.push_back(buf);
+  }
+  if (!r.reasons.empty()) r.verdict = Verdict::fail;
+  else if (nonzero == 0) {
+    r.verdict = Verdict::mistrusted;
+    r.reasons.push_back("the golden has no finite non-zero element: nothing to measure");
+  }
+  return r;
+}
+
+Report compare_exact(const std::string& tensor, const Tensor<int32_t>& expected, const Tensor<int32_t>& got) {
+  Report r;
+  r.tensor = tensor;
+  r.stats.n = expected.numel();
+  if (expected.shape != got.shape) {
+    r.verdict = Verdict::fail;
+    r.reasons.push_back("shape " + shape_str(got.shape) + " differs from the golden " + shape_str(expected.shape));
+    return r;
+  }
+  for (int64_t i = 0; i < expected.numel(); ++i) {
+    ++r.stats.n_checked;
+    if (expected[i] != got[i]) {
+      ++r.stats.n_fail;
+      add_mismatch(r, {unflatten(i, expected.shape), double(expected[i]), double(got[i]),
+                       double(got[i]) - double(expected[i]), 0, ""});
+    }
+  }
+  if (r.stats.n_fail) {
+    r.verdict = Verdict::fail;
+    r.reasons.push_back(std::to_string(r.stats.n_fail) + " element(s) differ (exact comparison)");
+  }
+  return r;
+}
+
+// ---- Attention ---------------------------------------------------------------------------------
+
+namespace {
+// The valid kv rows of query row t, ascending (the reference's reduction order).
+std::vector<int64_t> valid_rows(const Tensor<int32_t>& indices, const Tensor<int32_t>* topk_length,
+                                int64_t t, int64_t s_kv) {
+  const int64_t topk = indices.dim(2), len = topk_length ? (*topk_length)[t] : topk;
+  std::vector<int64_t> rows;
+  for (int64_t j = 0; j < len; ++j) {
+    const int64_t i = indices[t * topk + j];
+    if (0 <= i && i < s_kv) rows.push_back(i);
+  }
+  std::sort(rows.begin(), rows.end());
+  return rows;
+}
+}  // namespace
+
+AttentionBounds attention_bounds(const Tensor<bf16_t>& q, const Tensor<bf16_t>& kv, const Tensor<int32_t>& indices,
+                                 float sm_scale, int64_t d_v, const Tensor<int32_t>* topk_length,
+                                 const AttentionOut& exact) {
+  const int64_t s_q = q.dim(0), h_q = q.dim(1), d_qk = q.dim(2), s_kv = kv.dim(0);
+  AttentionBounds b;
+  b.out.assign(size_t(s_q * h_q * d_v), 0.0);
+  b.lse.assign(size_t(s_q * h_q), 0.0);
+  b.max_logits.assign(size_t(s_q * h_q), 0.0);
+  const double sm = std::fabs(double(sm_scale));
+  for (int64_t t = 0; t < s_q; ++t) {
+    const std::vector<int64_t> rows = valid_rows(indices, topk_length, t, s_kv);
+    const double k = double(rows.size());
+    for (int64_t h = 0; h < h_q; ++h) {
+      const int64_t th = t * h_q + h;
+      if (rows.empty()) continue;  // out 0, lse +inf, max -inf: exact, bound 0
+      // Exact logits and the logit magnitude G.
+      std::vector<double> p(rows.size());
+      double G = 0, m = -std::numeric_limits<double>::infinity();
+      for (size_t i = 0; i < rows.size(); ++i) {
+        double dot = 0, mag = 0;
+        for (int64_t d = 0; d < d_qk; ++d) {
+          const double a = bf16_to_f32(q.at(t, h, d)), c = bf16_to_f32(kv[rows[i] * d_qk + d]);
+          dot += a * c;
+          mag += std::fabs(a * c);
+        }
+        p[i] = dot * double(sm_scale);
+        G = std::max(G, sm * mag);
+        m = std::max(m, p[i]);
+      }
+      double l = 0;
+      for (double& v : p) l += (v = std::exp(v - m));
+      const double logit_err = (double(d_qk) + 2) * kF32E * G;
+      for (int64_t c = 0; c < d_v; ++c) {
+        double A = 0;
+        for (size_t i = 0; i < rows.size(); ++i) A += p[i] / l * std::fabs(double(bf16_to_f32(kv[rows[i] * d_qk + c])));
+        const double o = std::fabs(double(exact.out[th * d_v + c]));
+        const double bound = kBf16U * o + kBf16U * A + ((k + 8) * kF32E + 2 * logit_err) * A;
+        b.out[size_t(th * d_v + c)] = kAttentionMultiple * bound;
+      }
+      b.lse[size_t(th)] = kAttentionMultiple * (logit_err + (k + 8) * kF32E + 2 * kF32E * std::fabs(double(exact.lse[th])));
+      b.max_logits[size_t(th)] = kAttentionMultiple * (logit_err + kF32E * std::fabs(double(exact.max_logits[th])));
+    }
+  }
+  return b;
+}
+
+AttentionOut emulate_attention_lowp(const Tensor<bf16_t>& q, const Tensor<bf16_t>& kv, const Tensor<int32_t>& indices,
+                                    float sm_scale, int64_t d_v, const Tensor<int32_t>* topk_length,
+                                    const Tensor<float>* attn_sink) {
+  const int64_t s_q = q.dim(0), h_q = q.dim(1), d_qk = q.dim(2), s_kv = kv.dim(0);
+  AttentionOut o{Tensor<float>({s_q, h_q, d_v}), Tensor<bf16_t>({s_q, h_q, d_v}), Tensor<float>({s_q, h_q}),
+                 Tensor<float>({s_q, h_q})};
+  for (int64_t t = 0; t < s_q; ++t) {
+    const std::vector<int64_t> rows = valid_rows(indices, topk_length, t, s_kv);
+    for (int64_t h = 0; h < h_q; ++h) {
+      const int64_t th = t * h_q + h;
+      if (rows.empty()) {
+        o.lse[th] = std::numeric_limits<float>::infinity();
+        o.max_logits[th] = -std::numeric_limits<float>::infinity();
+        for (int64_t c = 0; c < d_v; ++c) o.out[th * d_v + c] = 0.0f;
+        continue;
+      }
+      // f32 logits, f32 softmax, P rounded to bf16, f32 accumulation, bf16 output.
+      std::vector<float> p(rows.size());
+      float m = -std::numeric_limits<float>::infinity();
+      for (size_t i = 0; i < rows.size(); ++i) {
+        float dot = 0;
+        for (int64_t d = 0; d < d_qk; ++d) dot += bf16_to_f32(q.at(t, h, d)) * bf16_to_f32(kv[rows[i] * d_qk + d]);
+        p[i] = dot * sm_scale;
+        m = std::max(m, p[i]);
+      }
+      float l = 0;
+      for (float& v : p) l += (v = std::exp(v - m));
+      const float lse = m + std::log(l);
+      float factor = 1.0f / l;
+      if (attn_sink) factor *= 1.0f / (1.0f + std::exp((*attn_sink)[h] - lse));
+      for (int64_t c = 0; c < d_v; ++c) {
+        float acc = 0;
+        for (size_t i = 0; i < rows.size(); ++i) acc += round_bf16(p[i]) * bf16_to_f32(kv[rows[i] * d_qk + c]);
+        o.out[th * d_v + c] = round_bf16(acc * factor);
+      }
+      o.lse[th] = lse;
+      o.max_logits[th] = m;
+    }
+  }
+  for (int64_t i = 0; i < o.out.numel(); ++i) o.out_bf16[i] = f32_to_bf16(o.out[i]);
+  return o;
+}
+
+double attention_budget(const Tensor<float>& exact_out, const Tensor<float>& emulated_out) {
+  double emul = 0, ref_round = 0;
+  for (int64_t i = 0; i < exact_out.numel(); ++i) {
+    const double e = exact_out[i];
+    if (!std::isfinite(e)) continue;
+    emul = std::max(emul, std::fabs(double(emulated_out[i]) - e));
+    ref_round = std::max(ref_round, std::fabs(double(round_bf16(exact_out[i])) - e));
+  }
+  return kBudgetMultiple * emul + 2 * ref_round;
+}
+
+// ---- Indexer logits ----------------------------------------------------------------------------
+
+FloatRule indexer_logits_rule(const Tensor<e4m3_t>& q, const Tensor<e4m3_t>& k, const Tensor<float>& k_scale,
+                              const Tensor<float>& weights, const Tensor<float>& exact_logits) {
+  const int64_t s_q = q.dim(0), H = q.dim(1), D = q.dim(2), s_kv = k.dim(0);
+  FloatRule rule;
+  rule.bound.assign(size_t(s_q * s_kv), 0.0);
+  double sum_b2 = 0, sum_r2 = 0;
+  std::vector<double> kd(size_t(s_kv * D));
+  for (int64_t i = 0; i < s_kv * D; ++i) kd[size_t(i)] = std::fabs(double(e4m3_to_f32(k[i])));
+  for (int64_t t = 0; t < s_q; ++t)
+    for (int64_t s = 0; s < s_kv; ++s) {
+      const double r = exact_logits.at(t, s);
+      if (!std::isfinite(r)) continue;
+      double mag = 0;
+      for (int64_t h = 0; h < H; ++h) {
+        double m = 0;
+        for (int64_t d = 0; d < D; ++d) m += std::fabs(double(e4m3_to_f32(q.at(t, h, d)))) * kd[size_t(s * D + d)];
+        mag += std::fabs(double(weights.at(t, h))) * m;
+      }
+      const double b = kLogitSigmas * std::sqrt(double(D) + double(H) + 2) * kFp8AccU * double(k_scale[s]) * mag;
+      rule.bound[size_t(t * s_kv + s)] = b;
+      sum_b2 += b * b;
+      sum_r2 += 2 * r * r;
+    }
+  // calc_diff ~ |x - y|^2 / (|x|^2 + |y|^2): every element off by its full bound.
+  rule.metric_max = sum_r2 > 0 ? sum_b2 / sum_r2 : 0;
+  rule.derivation = "bound = 4 sqrt(D + H + 2) 2^-14 k_scale sum_h |w| sum_d |q k|: a 14-bit FP8 accumulator";
+  return rule;
+}
+
+// ---- Top-k -------------------------------------------------------------------------------------
+
+Report compare_topk(const std::string& tensor, const Tensor<float>& golden_logits, const Tensor<int32_t>& ks,
+                    const Tensor<int32_t>& ke, const Tensor<int32_t>& golden_topk, const Tensor<int32_t>& cand,
+                    const TopkOptions& opt) {
+  Report r;
+  r.tensor = tensor;
+  if (cand.shape != golden_topk.shape) {
+    r.verdict = Verdict::fail;
+    r.reasons.push_back("shape " + shape_str(cand.shape) + " differs from the golden " + shape_str(golden_topk.shape));
+    return r;
+  }
+  const int64_t s_q = golden_topk.dim(0), topk = golden_topk.dim(1), s_kv = golden_logits.dim(1);
+  r.stats.n = s_q;
+  int64_t structural = 0, selection = 0, nontrivial = 0, near_ties = 0;
+  double recall_sum = 0;
+  r.stats.recall_min = 1;
+  auto fail_row = [&](int64_t t, const std::string& what) {
+    add_mismatch(r, {{t}, 0, 0, 0, 0, what});
+  };
+  for (int64_t t = 0; t < s_q; ++t) {
+    const int64_t len = ke[t] - ks[t], k_eff = std::min(topk, len);
+    nontrivial += len > topk;
+    // 1. Structure.
+    std::set<int32_t> seen;
+    int64_t valid = 0, first_pad = -1;
+    bool ok = true;
+    for (int64_t j = 0; j < topk; ++j) {
+      const int32_t v = cand.at(t, j);
+      if (v == -1) { if (first_pad < 0) first_pad = j; continue; }
+      if (v < 0 || v >= len) { fail_row(t, "slot " + std::to_string(j) + " holds " + std::to_string(v) +
+                                            ", outside [0, " + std::to_string(len) + ") and not -1"); ok = false; break; }
+      if (!seen.insert(v).second) { fail_row(t, "position " + std::to_string(v) + " appears twice"); ok = false; break; }
+      if (opt.trailing_padding && first_pad >= 0) { fail_row(t, "valid position after a -1 slot (padding must be trailing)"); ok = false; break; }
+      ++valid;
+    }
+    if (ok && valid != k_eff) {
+      fail_row(t, std::to_string(valid) + " valid slots, expected min(topk, length) = " + std::to_string(k_eff));
+      ok = false;
+    }
+    if (!ok) { ++structural; ++r.stats.n_fail; continue; }
+    if (len > 0) ++r.stats.n_checked;
+    // 2. Selection: multisets of golden scores.
+    std::set<int32_t> gold;
+    for (int64_t j = 0; j < topk; ++j) if (golden_topk.at(t, j) >= 0) gold.insert(golden_topk.at(t, j));
+    std::vector<float> sc, sg;
+    for (int32_t v : seen) sc.push_back(golden_logits.at(t, ks[t] + v));
+    for (int32_t v : gold) sg.push_back(golden_logits.at(t, ks[t] + v));
+    std::sort(sc.begin(), sc.end());
+    std::sort(sg.begin(), sg.end());
+    int64_t common = 0;
+    for (int32_t v : seen) common += gold.count(v);
+    const double recall = k_eff ? double(common) / double(k_eff) : 1.0;
+    recall_sum += recall;
+    r.stats.recall_min = std::min(r.stats.recall_min, recall);
+    if (sc == sg) continue;
+    // Near ties explained by the candidate's own logits.
+    bool legit = false;
+    if (opt.candidate_logits) {
+      std::vector<int32_t> taken, missed;
+      for (int32_t v : seen) if (!gold.count(v)) taken.push_back(v);
+      for (int32_t v : gold) if (!seen.count(v)) missed.push_back(v);
+      auto dev = [&](int32_t v) {
+        const int64_t c = ks[t] + v;
+        return std::fabs(double(opt.candidate_logits->at(t, c)) - double(golden_logits.at(t, c)));
+      };
+      auto within = [&](int32_t v) {
+        return !opt.logits_rule || opt.logits_rule->bound.empty() ||
+               dev(v) <= opt.logits_rule->bound[size_t(t * s_kv + ks[t] + v)];
+      };
+      // Pair the taken positions (ascending golden score) with the missed ones (descending).
+      std::sort(taken.begin(), taken.end(), [&](int32_t a, int32_t b) { return golden_logits.at(t, ks[t] + a) < golden_logits.at(t, ks[t] + b); });
+      std::sort(missed.begin(), missed.end(), [&](int32_t a, int32_t b) { return golden_logits.at(t, ks[t] + a) > golden_logits.at(t, ks[t] + b); });
+      legit = taken.size() == missed.size();
+      for (size_t i = 0; legit && i < taken.size(); ++i) {
+        const double gap = double(golden_logits.at(t, ks[t] + missed[i])) - double(golden_logits.at(t, ks[t] + taken[i]));
+        legit = within(taken[i]) && within(missed[i]) && gap <= dev(taken[i]) + dev(missed[i]);
+      }
+    }
+    if (legit) { ++near_ties; continue; }
+    ++selection;
+    ++r.stats.n_fail;
+    char buf[200];
+    std::snprintf(buf, sizeof buf, "selected scores differ from the golden's (recall %.3f): a true winner is missing",
+                  recall);
+    fail_row(t, buf);
+  }
+  r.stats.recall_mean = s_q ? recall_sum / double(s_q) : 1.0;
+  if (structural) r.reasons.push_back(std::to_string(structural) + " row(s) with malformed positions");
+  if (selection) r.reasons.push_back(std::to_string(selection) + " row(s) whose selected scores differ from the golden's");
+  if (near_ties) r.reasons.push_back(std::to_string(near_ties) + " row(s) differ only by near ties explained by the candidate's logits (accepted)");
+  if (structural || selection) r.verdict = Verdict::fail;
+  else if (nontrivial == 0) {
+    r.verdict = Verdict::mistrusted;
+    r.reasons.push_back("every row has length <= topk: the selection is not exercised");
+  }
+  return r;
+}
+
+}  // namespace indexshare::cmp

@@ -1,0 +1,152 @@
+// indexshare: the one comparison module, shared by the tests and `indexshare diff`.
+//
+// A comparison takes the golden (exact) tensor, the candidate's tensor and a rule, and returns
+// a Report: PASS, FAIL or MISTRUSTED (the data are too degenerate to prove anything), a stats
+// line, and the first mismatches with their multi-dimensional index.
+//
+// Float tensors (compare_floats)
+//   1. Special values first: where the golden value is +inf, -inf or NaN the candidate must hold
+//      the same class and sign; a non-finite candidate value where the golden is finite fails.
+//   2. Each finite element passes iff |got - exp| <= bound[e], a per-element bound derived from
+//      the inputs (see the *_bounds functions: unit roundoffs, reduction lengths, magnitudes).
+//   3. Global metric: DeepGEMM's calc_diff = 1 - 2 sum(xy) / sum(x^2 + y^2) over the finite
+//      pairs, in double (0 when both are all zero). It equals |x - y|^2 / (|x|^2 + |y|^2); the
+//      rule's metric_max, when set, must not be exceeded.
+//   4. Global budget (FlashAttention style), when set: max |got - exp| <= budget_max_abs.
+//   MISTRUSTED when no element is finite and non-zero in the golden (nothing to measure).
+// Top-k positions (compare_topk): see below.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "ref/attention.h"
+#include "ref/tensor.h"
+
+namespace indexshare::cmp {
+
+using ref::AttentionOut;
+
+enum class Verdict { pass, fail, mistrusted };
+std::string verdict_name(Verdict v);  // "PASS", "FAIL", "MISTRUSTED"
+
+struct Mismatch {
+  std::vector<int64_t> index;  // multi-dimensional index into the tensor
+  double expected = 0, got = 0, diff = 0, bound = 0;
+  std::string what;            // for non-numeric mismatches (indices): a sentence
+};
+
+struct Stats {
+  int64_t n = 0;          // elements (or rows, for top-k)
+  int64_t n_checked = 0;  // finite golden elements compared numerically (rows: non-empty rows)
+  int64_t n_fail = 0;     // failing elements or rows
+  double max_abs = 0, max_rel = 0, metric = 0, mean_signed = 0;
+  double max_ratio = 0;   // max |got - exp| / bound over elements (how close to the bound)
+  double recall_mean = 1, recall_min = 1;  // top-k only
+};
+
+struct Report {
+  std::string tensor;
+  Verdict verdict = Verdict::pass;
+  std::vector<std::string> reasons;    // why FAIL / MISTRUSTED, or notes
+  Stats stats;
+  std::vector<Mismatch> mismatches;    // the first kMaxMismatches
+  std::string stats_line() const;      // "[COMPARE_STATS] max_abs=... max_rel=... metric=..."
+};
+constexpr size_t kMaxMismatches = 10;
+
+// DeepGEMM's metric over the pairs where both values are finite, in double.
+double calc_diff(const float* x, const float* y, int64_t n);
+
+struct FloatRule {
+  std::vector<double> bound;       // per element, >= 0 (size = numel); empty: exact (bound 0)
+  double metric_max = -1;          // calc_diff threshold; < 0: reported only
+  double budget_max_abs = -1;      // FlashAttention-style global max |error|; < 0: off
+  std::string derivation;          // one sentence, printed with a failure
+};
+
+Report compare_floats(const std::string& tensor, const Tensor<float>& expected,
+                      const Tensor<float>& got, const FloatRule& rule);
+// Exact comparison of integer tensors (shapes and every element).
+Report compare_exact(const std::string& tensor, const Tensor<int32_t>& expected, const Tensor<int32_t>& got);
+
+// ---- Derived bounds --------------------------------------------------------------------------
+// Unit roundoffs: bf16 u = 2^-8, f32 e = 2^-24.
+// Attention (FlashMLA-like kernels: bf16 q and kv, f32 logits and softmax, P rounded to bf16
+// before the PV product, f32 accumulation, bf16 output). For query row t, head h, with valid kv
+// rows i (k of them), exact probabilities p_i and values V:
+//   A_c = sum_i p_i |V_ic|                  (|out_c| <= A_c)
+//   G   = sm_scale * max_i sum_d |q_d k_id|  (logit magnitude)
+//   out bound_c = u |out_c|                  bf16 output rounding
+//               + u A_c                      P rounded to bf16 (relative error <= u per p_i)
+//               + ((k + 8) e + 2 (d_qk + 2) e G) A_c
+//                                            f32 accumulation of k terms, f32 exp/lse, and the
+//                                            f32 logits' error moving every p_i
+//   lse bound   = (d_qk + 2) e G + (k + 8) e + 2 e |lse|      f32 logits, sum and log
+//   max bound   = (d_qk + 2) e G + e |max|
+// Every bound is multiplied by kAttentionMultiple = 3: an error source can reach its bound in
+// more than one rounding step, and FlashMLA's own acceptance (3 bf16 ulps relative) sits there.
+constexpr double kAttentionMultiple = 3.0;
+struct AttentionBounds {
+  std::vector<double> out, lse, max_logits;  // per element, already multiplied
+};
+AttentionBounds attention_bounds(const Tensor<bf16_t>& q, const Tensor<bf16_t>& kv,
+                                 const Tensor<int32_t>& indices, float sm_scale, int64_t d_v,
+                                 const Tensor<int32_t>* topk_length, const AttentionOut& exact);
+
+// The naive emulation at kernel precision: f32 dot products, f32 softmax, P rounded to bf16,
+// f32 accumulation, out rounded to bf16 (out holds the bf16 values as f32). Its error against
+// the exact reference sets the FlashAttention-style budget:
+//   max |cand - exact| <= kBudgetMultiple * max |emul - exact| + 2 * max |bf16(exact) - exact|
+// (FlashAttention's "2x the naive low-precision error" rule plus FA3's reference-rounding atol).
+// The multiple is 4 rather than 2: the emulation's largest error is about half a bf16 ulp of the
+// largest outputs (its own output rounding), while a correct kernel that splits the reduction
+// and rounds P per tile lands 1-2 ulps away, which FlashMLA's own tests accept (3 ulps); 4 x 0.5
+// + 1 = 3 ulps. Gross errors are what this global budget is for; the per-element bounds above
+// catch local ones.
+constexpr double kBudgetMultiple = 4.0;
+AttentionOut emulate_attention_lowp(const Tensor<bf16_t>& q, const Tensor<bf16_t>& kv,
+                                    const Tensor<int32_t>& indices, float sm_scale, int64_t d_v,
+                                    const Tensor<int32_t>* topk_length, const Tensor<float>* attn_sink);
+double attention_budget(const Tensor<float>& exact_out, const Tensor<float>& emulated_out);
+
+// Indexer logits from an FP8 kernel: FP8 products are exact, but Hopper's FP8 tensor cores keep
+// about 14 bits while accumulating (DeepSeek-V3 report), and the head sum order is unspecified.
+// With M[t,s] = k_scale[s] * sum_h |w[t,h]| * sum_d |q[t,h,d] k[s,d]| (the magnitude every partial
+// sum is bounded by), each of the D + H + 2 rounding steps (D accumulations, H head terms, two
+// scalings) errs by at most 2^-14 M; treating them as independent, they add in quadrature:
+//   bound[t,s] = kLogitSigmas * sqrt(D + H + 2) * 2^-14 * M[t,s],   kLogitSigmas = 4
+// (4 standard deviations; the worst case (D + H + 2) 2^-14 M would let 10% errors through). The
+// metric threshold is the calc_diff reached if every element were off by its full bound.
+constexpr double kLogitSigmas = 4.0;
+FloatRule indexer_logits_rule(const Tensor<e4m3_t>& q, const Tensor<e4m3_t>& k, const Tensor<float>& k_scale,
+                              const Tensor<float>& weights, const Tensor<float>& exact_logits);
+
+// ---- Top-k positions -------------------------------------------------------------------------
+// compare_topk judges a candidate's [s_q, topk] positions (sequence-local, -1 padded) against
+// the golden exact logits [s_q, s_kv] with row windows [ks, ke). Per row, with len = ke - ks and
+// k_eff = min(topk, len):
+//   structure  every slot is -1 or in [0, len); no duplicate positions; exactly k_eff valid
+//              slots; with trailing_padding, the -1 slots are exactly the last topk - k_eff.
+//   selection  the multiset of golden scores at the candidate's positions equals the multiset
+//              of golden scores at the golden selection (exact equality of sorted values): a
+//              tie permutation passes, a dropped winner fails. When the candidate's own logits
+//              are given, a swap of golden positions b (missed) for a (taken) is also legitimate
+//              when golden(b) - golden(a) <= |cand(a) - golden(a)| + |cand(b) - golden(b)| and
+//              both deviations are within the logits bound (a near-tie the candidate's own
+//              rounding explains).
+//   recall     |A ∩ B| / k_eff with B the golden selection (reported, mean and min).
+// Slot order never matters. MISTRUSTED when every row has len <= topk (nothing is selected).
+struct TopkOptions {
+  bool trailing_padding = true;
+  const Tensor<float>* candidate_logits = nullptr;
+  const FloatRule* logits_rule = nullptr;  // bounds for the near-tie margin
+};
+Report compare_topk(const std::string& tensor, const Tensor<float>& golden_logits,
+                    const Tensor<int32_t>& ks, const Tensor<int32_t>& ke,
+                    const Tensor<int32_t>& golden_topk, const Tensor<int32_t>& candidate,
+                    const TopkOptions& opt = {});
+
+}  // namespace indexshare::cmp

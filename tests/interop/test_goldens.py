@@ -1,0 +1,152 @@
+#!/usr/bin/env python3
+"""Interop and reproducibility test of the checked-in golden sets.
+
+Usage: test_goldens.py PATH/TO/indexshare GOLDEN_ROOT
+
+For every golden set under GOLDEN_ROOT:
+  1. Load tensors.safetensors with the stock PyPI `safetensors` parser (safetensors.deserialize),
+     map dtypes to NumPy (ml_dtypes for BF16 and F8_E4M3), and check that names, dtypes and shapes
+     equal the manifest and that every tensor's SHA-256 matches.
+  2. Recompute invariants independently in NumPy: indexer logits of a few rows from the FP8 codes
+     (exact float64 dot products, the documented head-sum order), -inf outside [ks, ke), top-k
+     structure (valid count, range, no duplicates, score order), Shared layers using their source
+     Full layer's positions, out_bf16 == bf16(out), empty rows (out 0, lse +inf).
+  3. Regenerate the set from the manifest's replay line into a temporary folder and require the
+     same SHA-256 for every tensor.
+"""
+import hashlib
+import json
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+
+import ml_dtypes
+import numpy as np
+from safetensors import deserialize
+
+DTYPES = {"F64": np.float64, "F32": np.float32, "I32": np.int32, "I64": np.int64, "U8": np.uint8,
+          "BF16": ml_dtypes.bfloat16, "F8_E4M3": ml_dtypes.float8_e4m3fn}
+
+
+def load(path):
+    with open(path, "rb") as f:
+        raw = f.read()
+    out = {}
+    for name, info in deserialize(raw):
+        data = bytes(info["data"])
+        out[name] = (info["dtype"], list(info["shape"]), data,
+                     np.frombuffer(data, dtype=DTYPES[info["dtype"]]).reshape(info["shape"]))
+    return out
+
+
+def check_set(cli, d):
+    errors = []
+    m = json.load(open(os.path.join(d, "manifest.json")))
+    t = load(os.path.join(d, "tensors.safetensors"))
+    listed = {e["name"]: e for e in m["tensors"]}
+    if set(listed) != set(t):
+        errors.append(f"names differ: only manifest {set(listed) - set(t)}, only file {set(t) - set(listed)}")
+    for name, e in listed.items():
+        if name not in t:
+            continue
+        dtype, shape, data, _ = t[name]
+        if dtype != e["dtype"] or shape != e["shape"]:
+            errors.append(f"{name}: {dtype}{shape} in the file, {e['dtype']}{e['shape']} in the manifest")
+        if hashlib.sha256(data).hexdigest() != e["sha256"]:
+            errors.append(f"{name}: sha256 mismatch")
+    A = lambda n: t[n][3]
+    cfg = m["config"]
+    k = cfg["topk"]
+    for layer in m["layers"]:
+        p = f"layers.{layer['index']}."
+        out = A(p + "attn.out")
+        if not np.array_equal(out.astype(ml_dtypes.bfloat16).view(np.uint16), A(p + "attn.out_bf16").view(np.uint16)):
+            errors.append(p + "attn.out_bf16 != bf16(attn.out)")
+        ind = A(p + "attn.indices")[:, 0, :]
+        s_kv = cfg["s_kv"]
+        tl = A(p + "attn.topk_length") if p + "attn.topk_length" in t else np.full(ind.shape[0], ind.shape[1])
+        for r in range(ind.shape[0]):
+            valid = [(v >= 0 and v < s_kv) for v in ind[r, : tl[r]]]
+            if not any(valid):
+                if not (np.all(out[r] == 0) and np.all(np.isposinf(A(p + "attn.lse")[r]))):
+                    errors.append(f"{p}: row {r} has no valid index but out != 0 or lse != +inf")
+        if p + "indexer.topk" in t:
+            ks, ke = A(p + "indexer.ks"), A(p + "indexer.ke")
+            topk = A(p + "indexer.topk")
+            logits = A(p + "indexer.logits") if p + "indexer.logits" in t else None
+            for r in range(topk.shape[0]):
+                n = ke[r] - ks[r]
+                sel = [int(v) for v in topk[r] if v >= 0]
+                if len(sel) != min(k, n) or len(set(sel)) != len(sel) or any(v >= n for v in sel):
+                    errors.append(f"{p}indexer.topk row {r}: malformed {sel}")
+                if logits is not None:
+                    sc = [logits[r, ks[r] + v] for v in sel]
+                    if any(sc[i] < sc[i + 1] for i in range(len(sc) - 1)):
+                        errors.append(f"{p}indexer.topk row {r}: not in score order")
+                    rest = [logits[r, s] for s in range(ks[r], ke[r]) if s - ks[r] not in set(sel)]
+                    if rest and sc and max(rest) > min(sc):
+                        errors.append(f"{p}indexer.topk row {r}: an unselected key scores higher")
+                    if not np.all(np.isneginf(logits[r, : ks[r]])) or not np.all(np.isneginf(logits[r, ke[r]:])):
+                        errors.append(f"{p}indexer.logits row {r}: not -inf outside [ks, ke)")
+            if logits is not None and t[p + "indexer.q"][0] == "F8_E4M3":
+                q = A(p + "indexer.q").astype(np.float64)
+                kk = A(p + "indexer.k").astype(np.float64)
+                w, ksc = A(p + "indexer.weights"), A(p + "indexer.k_scale")
+                for r in (0, topk.shape[0] - 1):
+                    for s in range(ks[r], ke[r]):
+                        acc = 0.0
+                        for h in range(q.shape[1]):
+                            dot = float(np.dot(q[r, h], kk[s]))  # exact: integers times 2^-18
+                            acc = acc + float(w[r, h]) * max(dot, 0.0)
+                        if np.float32(acc * float(ksc[s])) != logits[r, s]:
+                            errors.append(f"{p}indexer.logits[{r},{s}] differs from the NumPy recomputation")
+                            break
+        if layer["kind"] == "shared" and m["kind"] == "stack":
+            src = f"layers.{layer['source']}."
+            expect = A(src + "indexer.topk")
+            ks = A(src + "indexer.ks")
+            rows = np.where(expect >= 0, expect + ks[:, None], -1)
+            if not np.array_equal(rows, ind):
+                errors.append(f"{p}attn.indices are not the positions of source layer {layer['source']}")
+    # Replay into a temporary folder: identical tensors.
+    with tempfile.TemporaryDirectory() as tmp:
+        args = shlex.split(m["replay"])
+        assert args[0] == "indexshare" and "--out" in args
+        args[0] = cli
+        args[args.index("--out") + 1] = os.path.join(tmp, "g")
+        r = subprocess.run(args, capture_output=True, text=True)
+        if r.returncode != 0:
+            errors.append(f"replay failed: {r.stderr.strip()}")
+        else:
+            m2 = json.load(open(os.path.join(tmp, "g", "manifest.json")))
+            a = {e["name"]: e["sha256"] for e in m["tensors"]}
+            b = {e["name"]: e["sha256"] for e in m2["tensors"]}
+            if a != b:
+                errors.append("replay produced different tensors: " +
+                              ", ".join(n for n in sorted(set(a) | set(b)) if a.get(n) != b.get(n))[:400])
+    return errors
+
+
+def main():
+    cli, root = sys.argv[1], sys.argv[2]
+    sets = sorted(d for d in os.listdir(root) if os.path.isfile(os.path.join(root, d, "manifest.json")))
+    passed = failed = 0
+    for s in sets:
+        errs = check_set(cli, os.path.join(root, s))
+        if errs:
+            failed += 1
+            print(f"FAIL {s}:\n  " + "\n  ".join(errs[:20]))
+        else:
+            passed += 1
+            print(f"ok   {s}")
+    if not sets:
+        print("no golden sets found under " + root)
+        failed += 1
+    print(f"{passed} passed, {failed} failed")
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,252 @@
+// Tests of ref/compare: the comparison module judges faults as the issue states. Candidates are
+// built by injecting faults into the golden outputs, or by independent low-precision emulations
+// written here (a kernel-like computation must PASS, a wrong one must FAIL).
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <limits>
+#include <set>
+
+#include "ref/compare.h"
+#include "ref/layer.h"
+#include "ref/numerics.h"
+#include "ref/rng.h"
+#include "ref/topk.h"
+
+using namespace indexshare;
+
+namespace {
+const float kInf = std::numeric_limits<float>::infinity();
+
+struct Golden {
+  Problem p;
+  ref::LayerInputs in;
+  ref::LayerOutputs out;
+};
+Golden golden(const char* desc) {
+  Golden g{parse_problem(desc), {}, {}};
+  g.in = ref::make_layer_inputs(g.p);
+  g.out = ref::run_layer(g.p, g.in);
+  return g;
+}
+cmp::FloatRule out_rule(const Golden& g, const Tensor<int32_t>& indices) {
+  cmp::AttentionBounds b = cmp::attention_bounds(g.in.q, g.in.kv, indices, g.p.sm_scale(), g.p.d_v, nullptr, g.out.attn);
+  cmp::FloatRule r;
+  r.bound = b.out;
+  const ref::AttentionOut emu = cmp::emulate_attention_lowp(g.in.q, g.in.kv, indices, g.p.sm_scale(), g.p.d_v, nullptr, nullptr);
+  r.budget_max_abs = cmp::attention_budget(g.out.attn.out, emu.out);
+  return r;
+}
+Tensor<float> bf16_values(const Tensor<bf16_t>& t) {
+  Tensor<float> f(t.shape);
+  for (int64_t i = 0; i < t.numel(); ++i) f[i] = bf16_to_f32(t[i]);
+  return f;
+}
+// x moved by n bf16 ulps (n may be negative), x a bf16 value.
+float bf16_ulps(float x, int n) {
+  uint16_t b = f32_to_bf16(x).bits;
+  const bool neg = b & 0x8000;
+  int mag = b & 0x7FFF;
+  mag += neg ? -n : n;
+  if (mag < 0) return x;
+  return bf16_to_f32(bf16_t{uint16_t((b & 0x8000) | mag)});
+}
+}  // namespace
+
+TEST_CASE("compare: calc_diff is DeepGEMM's metric") {
+  const float x[3] = {1, 2, 3}, y[3] = {1, 2, 3}, z[3] = {-1, -2, -3}, w[3] = {0, 0, 0};
+  CHECK(cmp::calc_diff(x, y, 3) == 0.0);
+  CHECK(cmp::calc_diff(x, z, 3) == 2.0);
+  CHECK(cmp::calc_diff(w, w, 3) == 0.0);
+  const float a[2] = {3, 4}, b[2] = {3, 5};  // |x-y|^2 / (|x|^2 + |y|^2) = 1 / 59
+  CHECK(std::fabs(cmp::calc_diff(a, b, 2) - 1.0 / 59.0) < 1e-15);
+}
+
+TEST_CASE("compare: attention out — kernel-precision results pass, injected faults fail") {
+  const Golden g = golden("sq16 skv64 hq4 dqk64 dv32 ih4 id32 k16 seed11");
+  const cmp::FloatRule rule = out_rule(g, g.out.indices);
+  SUBCASE("the bf16 output and a bf16-P / f32-accumulation emulation pass") {
+    CHECK(cmp::compare_floats("out", g.out.attn.out, bf16_values(g.out.attn.out_bf16), rule).verdict == cmp::Verdict::pass);
+    const ref::AttentionOut emu = cmp::emulate_attention_lowp(g.in.q, g.in.kv, g.out.indices, g.p.sm_scale(), g.p.d_v, nullptr, nullptr);
+    const cmp::Report r = cmp::compare_floats("out", g.out.attn.out, emu.out, rule);
+    CHECK(r.verdict == cmp::Verdict::pass);
+    MESSAGE("emulation: " << r.stats_line());
+  }
+  SUBCASE("1-2 bf16 ulp noise passes") {
+    Tensor<float> c = bf16_values(g.out.attn.out_bf16);
+    Xoshiro256 rng(5);
+    for (float& v : c.data) v = bf16_ulps(v, int(rng.below(5)) - 2);
+    const cmp::Report r = cmp::compare_floats("out", g.out.attn.out, c, rule);
+    CHECK(r.verdict == cmp::Verdict::pass);
+    MESSAGE("2-ulp noise: " << r.stats_line());
+  }
+  SUBCASE("a few bf16 ulps beyond the bound fail, naming the element") {
+    Tensor<float> c = bf16_values(g.out.attn.out_bf16);
+    const int64_t e = 5 * 32 + 7;  // row 1, head 1, column 7
+    float v = c[e];
+    while (std::fabs(double(v) - double(g.out.attn.out[e])) <= rule.bound[size_t(e)]) v = bf16_ulps(v, 1);
+    c[e] = bf16_ulps(v, 3);
+    const cmp::Report r = cmp::compare_floats("out", g.out.attn.out, c, rule);
+    CHECK(r.verdict == cmp::Verdict::fail);
+    REQUIRE(!r.mismatches.empty());
+    CHECK(r.mismatches[0].index == std::vector<int64_t>{1, 1, 7});
+  }
+  SUBCASE("NaN in one element fails") {
+    Tensor<float> c = g.out.attn.out;
+    c[40] = std::nanf("");
+    const cmp::Report r = cmp::compare_floats("out", g.out.attn.out, c, rule);
+    CHECK(r.verdict == cmp::Verdict::fail);
+    CHECK(r.mismatches[0].what.find("NaN") != std::string::npos);
+  }
+  SUBCASE("attention over a different key set fails") {
+    Tensor<int32_t> other = g.out.indices;
+    for (int32_t& v : other.data) if (v > 0) v -= 1;
+    const ref::AttentionOut wrong = ref::sparse_attention(g.in.q, g.in.kv, other, g.p.sm_scale(), g.p.d_v);
+    CHECK(cmp::compare_floats("out", g.out.attn.out, wrong.out, rule).verdict == cmp::Verdict::fail);
+  }
+}
+
+TEST_CASE("compare: lse — emulation passes, base 2 fails, +inf positions must match") {
+  const Golden g = golden("sq8 skv48 hq2 dqk64 dv32 ih4 id32 k8 seed3");
+  cmp::AttentionBounds b = cmp::attention_bounds(g.in.q, g.in.kv, g.out.indices, g.p.sm_scale(), g.p.d_v, nullptr, g.out.attn);
+  cmp::FloatRule rule;
+  rule.bound = b.lse;
+  const ref::AttentionOut emu = cmp::emulate_attention_lowp(g.in.q, g.in.kv, g.out.indices, g.p.sm_scale(), g.p.d_v, nullptr, nullptr);
+  CHECK(cmp::compare_floats("lse", g.out.attn.lse, emu.lse, rule).verdict == cmp::Verdict::pass);
+  Tensor<float> base2 = g.out.attn.lse;
+  for (float& v : base2.data) v = float(double(v) / std::log(2.0));
+  CHECK(cmp::compare_floats("lse", g.out.attn.lse, base2, rule).verdict == cmp::Verdict::fail);
+  Tensor<float> golden_inf = g.out.attn.lse, cand = g.out.attn.lse;
+  golden_inf[0] = kInf;  // an empty row in the golden ...
+  CHECK(cmp::compare_floats("lse", golden_inf, cand, rule).verdict == cmp::Verdict::fail);
+  cand[0] = -kInf;       // ... answered with the Sept-2025 convention (-inf)
+  CHECK(cmp::compare_floats("lse", golden_inf, cand, rule).verdict == cmp::Verdict::fail);
+  cand[0] = kInf;
+  CHECK(cmp::compare_floats("lse", golden_inf, cand, rule).verdict == cmp::Verdict::pass);
+  Tensor<float> wrong_shape({8, 3});
+  CHECK(cmp::compare_floats("lse", g.out.attn.lse, wrong_shape, rule).verdict == cmp::Verdict::fail);
+}
+
+TEST_CASE("compare: indexer logits — f32 accumulation passes, a 1% error and -inf mismatches fail") {
+  const Golden g = golden("sq12 skv40 hq2 dqk16 dv8 ih8 id64 k8 seed5");
+  const cmp::FloatRule rule = cmp::indexer_logits_rule(g.in.index_q8, g.in.index_k8, g.in.index_k_scale, g.in.index_weights, g.out.logits);
+  // A GPU-like evaluation: f32 dot accumulation in descending d, f32 head sum, k_scale first.
+  Tensor<float> c(g.out.logits.shape, -kInf);
+  const int64_t H = 8, D = 64;
+  for (int64_t t = 0; t < 12; ++t)
+    for (int64_t s = g.in.ks[t]; s < g.in.ke[t]; ++s) {
+      float acc = 0;
+      for (int64_t h = H - 1; h >= 0; --h) {
+        float dot = 0;
+        for (int64_t d = D - 1; d >= 0; --d) dot += e4m3_to_f32(g.in.index_q8.at(t, h, d)) * e4m3_to_f32(g.in.index_k8.at(s, d));
+        acc += std::max(dot * g.in.index_k_scale[s], 0.0f) * g.in.index_weights.at(t, h);
+      }
+      c.at(t, s) = acc;
+    }
+  const cmp::Report ok = cmp::compare_floats("logits", g.out.logits, c, rule);
+  CHECK(ok.verdict == cmp::Verdict::pass);
+  MESSAGE("f32 kernel emulation: " << ok.stats_line());
+  // A 10% error on the largest logit is beyond the 14-bit-accumulator bound, 4 sqrt(D + H + 2)
+  // 2^-14 = 0.2% of the magnitude sum sum_h |w| sum_d |q k| (about 20x the logit here).
+  int64_t big = 0;
+  for (int64_t i = 0; i < c.numel(); ++i) if (std::isfinite(c[i]) && std::fabs(c[i]) > std::fabs(c[big])) big = i;
+  Tensor<float> bad = c;
+  bad[big] *= 1.1f;
+  CHECK(cmp::compare_floats("logits", g.out.logits, bad, rule).verdict == cmp::Verdict::fail);
+  bad = c;
+  bad.at(3, 30) = 0.0f;  // outside the causal window the golden holds -inf
+  CHECK(cmp::compare_floats("logits", g.out.logits, bad, rule).verdict == cmp::Verdict::fail);
+}
+
+TEST_CASE("compare: top-k positions — ties pass, wrong selections and malformed rows fail") {
+  // Tie-heavy logits: many equal scores, so several selections are correct.
+  const Golden g = golden("sq16 skv64 hq2 dqk16 dv8 ih2 id16 k8 seed9 dist=ties");
+  const Tensor<float>& L = g.out.logits;
+  const Tensor<int32_t>& G = g.out.topk;
+  auto judge = [&](const Tensor<int32_t>& c, const cmp::TopkOptions& o = {}) {
+    return cmp::compare_topk("topk", L, g.in.ks, g.in.ke, G, c, o);
+  };
+  CHECK(judge(G).verdict == cmp::Verdict::pass);
+  // Find a row where the k-th score ties with an unselected position, and swap them.
+  Tensor<int32_t> tie = G;
+  int64_t row = -1;
+  for (int64_t t = 0; t < 16 && row < 0; ++t) {
+    const float kth = L.at(t, G.at(t, 7));
+    std::set<int32_t> sel(G.data.begin() + t * 8, G.data.begin() + t * 8 + 8);
+    for (int32_t s = 0; s < g.in.ke[t] && row < 0; ++s)
+      if (!sel.count(s) && L.at(t, s) == kth) { tie.at(t, 7) = s; row = t; }
+  }
+  REQUIRE(row >= 0);
+  // Slot order never matters either.
+  std::swap(tie.at(row, 0), tie.at(row, 5));
+  const cmp::Report tr = judge(tie);
+  CHECK(tr.verdict == cmp::Verdict::pass);
+  CHECK(tr.stats.recall_min < 1.0);
+  // A non-tie replacement fails.
+  Tensor<int32_t> wrong = G;
+  for (int32_t s = 0; s < g.in.ke[0]; ++s) {
+    std::set<int32_t> sel(G.data.begin(), G.data.begin() + 8);
+    if (!sel.count(s) && L.at(0, s) < L.at(0, G.at(0, 7))) { wrong.at(0, 0) = s; break; }
+  }
+  CHECK(judge(wrong).verdict == cmp::Verdict::fail);
+  // A dropped winner replaced by -1 fails (valid count).
+  Tensor<int32_t> dropped = G;
+  dropped.at(15, 0) = -1;
+  std::swap(dropped.at(15, 0), dropped.at(15, 7));
+  CHECK(judge(dropped).verdict == cmp::Verdict::fail);
+  // Duplicates, out-of-range values and -1 before a valid slot fail.
+  Tensor<int32_t> dup = G;
+  dup.at(2, 1) = dup.at(2, 0);
+  CHECK(judge(dup).verdict == cmp::Verdict::fail);
+  Tensor<int32_t> oob = G;
+  oob.at(2, 1) = 1000;
+  CHECK(judge(oob).verdict == cmp::Verdict::fail);
+  // -1 before a valid slot: refused when the producer promises trailing padding.
+  const Golden sh = golden("sq8 skv8 hq2 dqk16 dv8 ih2 id16 k4 seed9");  // row 0 has one key
+  Tensor<int32_t> pad = sh.out.topk;
+  std::swap(pad.at(0, 0), pad.at(0, 1));              // [-1, 0, -1, -1]
+  auto judge_short = [&](const Tensor<int32_t>& c, const cmp::TopkOptions& o) {
+    return cmp::compare_topk("topk", sh.out.logits, sh.in.ks, sh.in.ke, sh.out.topk, c, o);
+  };
+  CHECK(judge_short(pad, {}).verdict == cmp::Verdict::fail);
+  cmp::TopkOptions loose;
+  loose.trailing_padding = false;
+  CHECK(judge_short(pad, loose).verdict == cmp::Verdict::pass);
+}
+
+TEST_CASE("compare: top-k near ties explained by the candidate's own logits pass") {
+  const Golden g = golden("sq32 skv40 hq2 dqk16 dv8 ih4 id32 k8 seed2");
+  const Tensor<float>& L = g.out.logits;
+  const cmp::FloatRule rule = cmp::indexer_logits_rule(g.in.index_q8, g.in.index_k8, g.in.index_k_scale, g.in.index_weights, L);
+  // Find a row whose k-th winner a and best loser b are within the near-tie room (the sum of
+  // their logit bounds), and swap them.
+  Tensor<int32_t> full = ref::topk(L, g.in.ks, g.in.ke, 40);
+  int64_t t = -1;
+  int32_t a = 0, b = 0;
+  double gap = 0;
+  for (int64_t r = 0; r < 32 && t < 0; ++r) {
+    if (g.in.ke[r] <= 8) continue;
+    const int32_t ra = full.at(r, 7), rb = full.at(r, 8);
+    const double gr = double(L.at(r, ra)) - double(L.at(r, rb));
+    if (gr > 0 && gr < 0.9 * (rule.bound[size_t(r * 40 + ra)] + rule.bound[size_t(r * 40 + rb)])) { t = r; a = ra; b = rb; gap = gr; }
+  }
+  REQUIRE(t >= 0);
+  Tensor<float> cl = L;
+  Tensor<int32_t> cand = g.out.topk;
+  for (int64_t j = 0; j < 8; ++j) if (cand.at(t, j) == a) cand.at(t, j) = b;
+  cmp::TopkOptions o;
+  o.candidate_logits = &cl;
+  o.logits_rule = &rule;
+  // Without a deviation in the candidate's own logits, the swap drops a true winner.
+  CHECK(cmp::compare_topk("topk", L, g.in.ks, g.in.ke, g.out.topk, cand, o).verdict == cmp::Verdict::fail);
+  // With the candidate's logits moved within their bounds so that b outranks a, it is a near tie.
+  cl.at(t, a) = float(L.at(t, a) - 0.55 * gap);
+  cl.at(t, b) = float(L.at(t, b) + 0.55 * gap);
+  CHECK(cmp::compare_topk("topk", L, g.in.ks, g.in.ke, g.out.topk, cand, o).verdict == cmp::Verdict::pass);
+  // Moved beyond their bounds, the same swap is refused.
+  cl.at(t, a) = float(L.at(t, a) - 10 * rule.bound[size_t(t * 40 + a)] - gap);
+  CHECK(cmp::compare_topk("topk", L, g.in.ks, g.in.ke, g.out.topk, cand, o).verdict == cmp::Verdict::fail);
+  // Rows shorter than k everywhere: nothing is selected, MISTRUSTED.
+  const Golden s = golden("sq4 skv4 hq2 dqk16 dv8 ih4 id32 k8 seed2");
+  CHECK(cmp::compare_topk("topk", s.out.logits, s.in.ks, s.in.ke, s.out.topk, s.out.topk).verdict == cmp::Verdict::mistrusted);
+}

@@ -1,0 +1,93 @@
+// indexshare golden / presets / verify: write, list and check golden sets.
+#include <chrono>
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include "ref/error.h"
+#include "ref/problem.h"
+#include "tools/cli.h"
+#include "tools/golden.h"
+
+namespace indexshare::cli {
+
+namespace {
+
+struct GoldenArgs {
+  std::string preset, problem, kind = "stack", out, impl = "ref";
+  int64_t layers = 0, seq = 0;
+  int64_t seed = -1;
+  bool no_logits = false, force = false;
+};
+
+std::string quote(const std::string& s) { return "\"" + s + "\""; }
+
+int cmd_golden(const GoldenArgs& a) {
+  require(a.preset.empty() != a.problem.empty(), "golden: give exactly one of --preset and --problem");
+  require(!a.out.empty(), "golden: --out DIR is required");
+  require(a.impl == "ref", "--impl: only 'ref' is available in this build, got '" + a.impl + "'");
+  std::string desc = a.problem, kind = a.kind;
+  if (!a.preset.empty()) {
+    const golden::Preset& pr = golden::preset(a.preset);
+    desc = pr.problem;
+    kind = pr.kind;
+  }
+  Problem p = parse_problem(desc);
+  if (a.layers > 0) p.n_layers = a.layers;
+  if (a.seq > 0) { p.s_kv = a.seq; p.s_q = std::min(p.s_q, a.seq); }
+  if (a.seed >= 0) p.seed = uint64_t(a.seed);
+  p.validate();
+  const std::string replay = "indexshare golden --problem " + quote(to_string(p)) + " --kind " + kind +
+                             (a.no_logits ? " --no-logits" : "") + " --out " + a.out;
+  std::fprintf(stderr, "golden: computing %s (%lld layers)...\n", to_string(p).c_str(), (long long)p.n_layers);
+  const auto t0 = std::chrono::steady_clock::now();
+  golden::GoldenSet set = golden::build(p, kind, !a.no_logits, replay);
+  golden::write(a.out, std::move(set), a.force);
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::printf("%s", golden::summary(golden::read(a.out)).c_str());
+  std::printf("time      %.2f s\n__REPRO: %s\n", secs, replay.c_str());
+  return 0;
+}
+
+}  // namespace
+
+Action register_golden(CLI::App& app) {
+  auto a = std::make_shared<GoldenArgs>();
+  CLI::App* c = app.add_subcommand("golden", "Compute a golden set and write it (safetensors + manifest.json)");
+  c->add_option("--preset", a->preset, "Golden preset (see `indexshare presets`)");
+  c->add_option("--problem,-p", a->problem, "Problem descriptor");
+  c->add_option("--kind", a->kind, "stack or attention-edge (with --problem)")->capture_default_str();
+  c->add_option("--layers", a->layers, "Override the number of layers");
+  c->add_option("--seq", a->seq, "Override the sequence length s_kv (s_q is capped at it)");
+  c->add_option("--seed", a->seed, "Override the seed");
+  c->add_option("--impl", a->impl, "Implementation: ref")->capture_default_str();
+  c->add_flag("--no-logits", a->no_logits, "Leave out the [s_q, s_kv] indexer logits");
+  c->add_flag("--force", a->force, "Replace an existing golden set in --out");
+  c->add_option("--out,-o", a->out, "Output folder (written atomically)");
+  return [c, a]() { return *c ? cmd_golden(*a) : -1; };
+}
+
+Action register_presets(CLI::App& app) {
+  CLI::App* c = app.add_subcommand("presets", "List the golden presets");
+  return [c]() {
+    if (!*c) return -1;
+    for (const golden::Preset& p : golden::presets())
+      std::printf("%-16s %-15s %s\n%16s %-15s %s\n", p.name.c_str(), p.kind.c_str(), p.description.c_str(), "", "",
+                  p.problem.c_str());
+    return 0;
+  };
+}
+
+Action register_verify(CLI::App& app) {
+  auto dir = std::make_shared<std::string>();
+  CLI::App* c = app.add_subcommand("verify", "Check a golden set: manifest, every tensor's dtype, shape and SHA-256");
+  c->add_option("--golden,-g", *dir, "Golden set folder")->required();
+  return [c, dir]() {
+    if (!*c) return -1;
+    std::printf("%sverified: every tensor matches its manifest entry and SHA-256\n",
+                golden::summary(golden::read(*dir)).c_str());
+    return 0;
+  };
+}
+
+}  // namespace indexshare::cli

@@ -1,0 +1,333 @@
+#include "tools/golden.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "ref/compare.h"
+#include "ref/numerics.h"
+#include "ref/stack.h"
+#include "ref/topk.h"
+
+namespace indexshare::golden {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+std::string role_name(Role r) {
+  switch (r) {
+    case Role::input: return "input";
+    case Role::output: return "output";
+    case Role::reference: return "reference";
+  }
+  return "?";
+}
+
+const std::vector<Preset>& presets() {
+  static const std::vector<Preset> p = {
+      {"deepseek-v3.2",
+       "sq16 skv128 hq4 dqk576 dv512 ih64 id128 k32 seed1 nl3 sim=0.85 recency=0.25 sinks=2", "stack",
+       "DeepSeek-V3.2 kernel shapes (576/512 MLA, 64x128 indexer), 3 Full layers, 128 keys, top-32"},
+      {"glm-5.2",
+       "sq16 skv96 hq2 dqk576 dv512 ih32 id128 k24 seed2 nl8 sched=glm-5.2 sim=0.85 recency=0.25 sinks=2",
+       "stack", "GLM-5.2 kernel shapes (32x128 indexer), 8 layers with its schedule FFFSSSFS"},
+      {"ties", "sq16 skv96 hq2 dqk576 dv512 ih8 id128 k16 seed3 dist=ties", "stack",
+       "tie-heavy indexer inputs: many exactly equal logits at the top-k boundary"},
+      {"short-rows", "sq16 skv40 hq2 dqk576 dv512 ih8 id128 k64 seed4", "stack",
+       "topk >= every row's length: top-k selects everything, sparse equals dense"},
+      {"attention-edge", "sq8 skv64 hq4 dqk576 dv512 ih8 id128 k16 seed5 sink=random", "attention-edge",
+       "attention edge cases: an all-invalid row, leading and middle -1, indices >= s_kv, "
+       "duplicates, topk_length, random attention sinks"},
+  };
+  return p;
+}
+
+const Preset& preset(const std::string& name) {
+  for (const Preset& p : presets())
+    if (p.name == name) return p;
+  std::string names;
+  for (const Preset& p : presets()) names += (names.empty() ? "" : ", ") + p.name;
+  throw Error("unknown golden preset '" + name + "' (expected " + names + ")");
+}
+
+namespace {
+
+template <class T>
+void add(GoldenSet& g, const std::string& name, const Tensor<T>& t, Role role) {
+  g.tensors.push_back(io::make_view(name, t));
+  g.roles[name] = role;
+}
+
+Tensor<bf16_t> to_bf16_tensor(const Tensor<float>& x) {
+  Tensor<bf16_t> y(x.shape);
+  for (int64_t i = 0; i < x.numel(); ++i) y[i] = f32_to_bf16(x[i]);
+  return y;
+}
+
+// The attention edge cases, applied to a layer's indices [s_q, 1, topk] (kv rows) in place:
+//   row 0: every slot -1 (an all-invalid row)           row 1: two leading -1 slots
+//   row 2: -1 in the middle                             row 3: indices >= s_kv and INT_MIN
+//   row 4: a duplicated index                           topk_length: row 5 uses 3 slots,
+//   row 6 uses 0 slots, every other row all topk slots.
+void edge_indices(Tensor<int32_t>& ind, Tensor<int32_t>& topk_length, int64_t s_kv) {
+  const int64_t s_q = ind.dim(0), k = ind.dim(2);
+  auto at = [&](int64_t t, int64_t j) -> int32_t& { return ind[t * k + j]; };
+  for (int64_t j = 0; j < k; ++j) at(0, j) = -1;
+  if (s_q > 1 && k > 2) { for (int64_t j = k - 1; j >= 2; --j) at(1, j) = at(1, j - 2); at(1, 0) = at(1, 1) = -1; }
+  if (s_q > 2 && k > 2) at(2, k / 2) = -1;
+  if (s_q > 3 && k > 2) { at(3, 0) = int32_t(s_kv); at(3, 1) = int32_t(s_kv + 1000); at(3, 2) = INT32_MIN; }
+  if (s_q > 4 && k > 2) at(4, 1) = at(4, 0);
+  topk_length = Tensor<int32_t>({s_q}, int32_t(k));
+  if (s_q > 5) topk_length[5] = int32_t(std::min<int64_t>(3, k));
+  if (s_q > 6) topk_length[6] = 0;
+}
+
+}  // namespace
+
+GoldenSet build(const Problem& p, const std::string& kind, bool with_logits, const std::string& replay) {
+  require(kind == "stack" || kind == "attention-edge", "golden: unknown kind '" + kind + "'");
+  const Schedule sched = p.schedule();
+  const std::vector<ref::LayerInputs> inputs = ref::make_stack_inputs(p, sched);
+  const std::vector<ref::StackLayerOutputs> outs = ref::run_stack(p, sched, inputs, true);
+  GoldenSet g;
+  json layers = json::array(), budgets = json::object();
+  for (int l = 0; l < sched.n_layers(); ++l) {
+    const ref::LayerInputs& in = inputs[size_t(l)];
+    const ref::StackLayerOutputs& o = outs[size_t(l)];
+    const std::string pre = "layers." + std::to_string(l) + ".";
+    layers.push_back({{"index", l}, {"kind", sched.is_full(l) ? "full" : "shared"}, {"source", o.source},
+                      {"has_indexer", in.has_indexer}});
+    if (in.has_indexer) {
+      if (p.indexer == IndexerMode::fp8) {
+        add(g, pre + "indexer.q", in.index_q8, Role::input);
+        add(g, pre + "indexer.k", in.index_k8, Role::input);
+      } else {
+        add(g, pre + "indexer.q", to_bf16_tensor(in.index_q), Role::input);
+        add(g, pre + "indexer.k", to_bf16_tensor(in.index_k), Role::input);
+      }
+      add(g, pre + "indexer.k_scale", in.index_k_scale, Role::input);
+      add(g, pre + "indexer.q_scale", in.index_q_scale, Role::reference);
+      add(g, pre + "indexer.weights", in.index_weights, Role::input);
+      add(g, pre + "indexer.ks", in.ks, Role::input);
+      add(g, pre + "indexer.ke", in.ke, Role::input);
+      if (with_logits) add(g, pre + "indexer.logits", o.logits, Role::output);
+      add(g, pre + "indexer.topk", o.own_topk, Role::output);
+    }
+    // Attention: the indices the layer used (edge cases rewrite them for attention-edge sets).
+    Tensor<int32_t> indices = o.indices, topk_length;
+    ref::AttentionOut attn = o.attn;
+    const Tensor<float>* sink = in.sink ? &*in.sink : nullptr;
+    if (kind == "attention-edge") {
+      edge_indices(indices, topk_length, p.s_kv);
+      attn = ref::sparse_attention(in.q, in.kv, indices, p.sm_scale(), p.d_v, &topk_length, sink);
+    }
+    const Tensor<int32_t>* tl = topk_length.numel() ? &topk_length : nullptr;
+    add(g, pre + "attn.q", in.q, Role::input);
+    add(g, pre + "attn.kv", in.kv, Role::input);
+    add(g, pre + "attn.indices", indices, Role::input);
+    if (tl) add(g, pre + "attn.topk_length", topk_length, Role::input);
+    if (sink) add(g, pre + "attn.sink", *sink, Role::input);
+    add(g, pre + "attn.out", attn.out, Role::output);
+    add(g, pre + "attn.out_bf16", attn.out_bf16, Role::output);
+    add(g, pre + "attn.lse", attn.lse, Role::output);
+    add(g, pre + "attn.max_logits", attn.max_logits, Role::output);
+    // Tolerance budget of the attention output (FlashAttention style, see ref/compare.h).
+    const ref::AttentionOut emu = cmp::emulate_attention_lowp(in.q, in.kv, indices, p.sm_scale(), p.d_v, tl, sink);
+    double emu_err = 0;
+    for (int64_t i = 0; i < attn.out.numel(); ++i)
+      emu_err = std::max(emu_err, std::fabs(double(emu.out[i]) - double(attn.out[i])));
+    budgets[pre + "attn.out"] = {{"budget_max_abs", cmp::attention_budget(attn.out, emu.out)},
+                                 {"emulation_max_abs", emu_err},
+                                 {"multiple", cmp::kBudgetMultiple},
+                                 {"emulation", "f32 logits and softmax, P rounded to bf16, f32 accumulation, bf16 out"}};
+  }
+  const float sm = p.sm_scale();
+  g.manifest = {
+      {"format", "indexshare-golden"},
+      {"format_version", kFormatVersion},
+      {"generator", std::string("indexshare ") + INDEXSHARE_VERSION},
+      {"kind", kind},
+      {"problem", to_string(p)},
+      {"replay", replay},
+      {"config",
+       {{"s_q", p.s_q}, {"s_kv", p.s_kv}, {"topk", p.index_topk}, {"index_n_heads", p.index_n_heads},
+        {"index_head_dim", p.index_head_dim}, {"h_q", p.h_q}, {"d_qk", p.d_qk}, {"d_v", p.d_v},
+        {"sm_scale", sm}, {"n_layers", p.n_layers}, {"seed", p.seed}, {"start_pos", p.start_pos()},
+        {"indexer", indexer_mode_name(p.indexer)}}},
+      {"conventions",
+       {{"lse_base", "e"},
+        {"lse_includes_sink", false},
+        {"sink", "out *= 1 / (1 + exp(sink - lse)); lse and max_logits exclude it"},
+        {"empty_row", "out 0, lse +inf, max_logits -inf"},
+        {"scale_rule", scale_rule_name(p.scale)},
+        {"fp8_format", "e4m3fn, round to nearest even, saturating to +-448"},
+        {"tie_rule", "score descending, then index ascending"},
+        {"topk_index_space", "indexer.topk: sequence-local positions s - ks[t]"},
+        {"attn_index_space", "attn.indices: rows of attn.kv (logical, unpaged)"},
+        {"padding", -1},
+        {"invalid_index", "any index < 0 or >= s_kv is ignored wherever it sits"},
+        {"causal_rule", "query row t is position s_kv - s_q + t and sees keys [0, s_kv - s_q + t]"},
+        {"indexer_logits", "k_scale[s] * sum_h w[t,h] * relu(q[t,h] . k[s]); -inf outside [ks, ke)"},
+        {"rope_layout", "not applicable (kernel-level set)"}}},
+      {"layers", layers},
+      {"budgets", budgets},
+  };
+  return g;
+}
+
+namespace {
+
+[[noreturn]] void os_error(const std::string& what, const std::string& path) {
+  throw Error(path + ": " + what + ": " + std::strerror(errno));
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) os_error("cannot read", path);
+  std::ostringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+void write_text(const std::string& path, const std::string& text) {
+  FILE* f = std::fopen(path.c_str(), "wb");
+  if (!f) os_error("cannot write", path);
+  const bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size();
+  if (std::fclose(f) != 0 || !ok) os_error("cannot write", path);
+}
+
+}  // namespace
+
+void write(const std::string& dir, GoldenSet set, bool force) {
+  require(!dir.empty(), "golden: --out must name a folder");
+  const fs::path target = fs::path(dir).lexically_normal();
+  std::error_code ec;
+  const bool exists = fs::exists(target, ec);
+  bool replace = false;
+  if (exists) {
+    require(fs::is_directory(target, ec), dir + ": exists and is not a folder");
+    const bool empty = fs::is_empty(target, ec);
+    if (!empty) {
+      require(force, dir + ": folder exists and is not empty (use --force to replace a golden set)");
+      require(fs::exists(target / "manifest.json", ec),
+              dir + ": --force replaces only a golden set (no manifest.json there)");
+      replace = true;
+    }
+  }
+  const fs::path parent = target.has_parent_path() ? target.parent_path() : fs::path(".");
+  const fs::path tmp = parent / (target.filename().string() + ".tmp." + std::to_string(::getpid()));
+  fs::create_directories(parent, ec);  // like mkdir -p; a failure shows up just below
+  fs::remove_all(tmp, ec);
+  if (!fs::create_directory(tmp, ec)) throw Error(tmp.string() + ": cannot create folder: " + ec.message());
+  try {
+    // 1. Tensors, then the manifest naming each with its SHA-256.
+    io::write_safetensors((tmp / kTensorFile).string(), set.tensors, {{"format", "indexshare-golden"}});
+    json list = json::array();
+    for (const io::TensorView& v : set.tensors)
+      list.push_back({{"name", v.name}, {"file", kTensorFile}, {"dtype", io::dtype_name(v.dtype)},
+                      {"shape", v.shape}, {"sha256", io::sha256_hex(v.bytes.data(), v.bytes.size())},
+                      {"role", role_name(set.roles.at(v.name))}});
+    set.manifest["tensors"] = list;
+    write_text((tmp / "manifest.json").string(), set.manifest.dump(2) + "\n");
+    // 2. One rename publishes the set; an existing set is moved aside first, then removed.
+    if (exists && !replace) fs::remove(target, ec);  // an empty folder
+    fs::path old;
+    if (replace) {
+      old = parent / (target.filename().string() + ".old." + std::to_string(::getpid()));
+      fs::rename(target, old);
+    }
+    fs::rename(tmp, target);
+    if (replace) fs::remove_all(old, ec);
+  } catch (const fs::filesystem_error& e) {
+    fs::remove_all(tmp, ec);
+    throw Error(dir + ": cannot publish the golden set: " + e.what());
+  } catch (...) {
+    fs::remove_all(tmp, ec);
+    throw;
+  }
+}
+
+const io::TensorView& Loaded::get(const std::string& name) const {
+  const io::TensorView* v = data.find(name);
+  if (!v) throw Error(dir + "/" + kTensorFile + ": tensor '" + name + "' is missing");
+  return *v;
+}
+
+Loaded read(const std::string& dir) {
+  Loaded g;
+  g.dir = dir;
+  const std::string mpath = dir + "/manifest.json";
+  std::error_code ec;
+  require(fs::is_directory(dir, ec), dir + ": not a golden set folder");
+  try {
+    g.manifest = json::parse(read_text(mpath));
+  } catch (const json::exception& e) {
+    throw Error(mpath + ": invalid JSON: " + e.what());
+  }
+  auto field = [&](const char* name) -> const json& {
+    if (!g.manifest.is_object() || !g.manifest.contains(name)) throw Error(mpath + ": field '" + name + "' is missing");
+    return g.manifest[name];
+  };
+  if (field("format") != "indexshare-golden") throw Error(mpath + ": field 'format' is not \"indexshare-golden\"");
+  const json& ver = field("format_version");
+  if (!ver.is_number_integer() || ver.get<int>() != kFormatVersion)
+    throw Error(mpath + ": field 'format_version' is " + ver.dump() + ", this tool reads version " +
+                std::to_string(kFormatVersion) + " (regenerate with the replay command)");
+  const json& tensors = field("tensors");
+  if (!tensors.is_array()) throw Error(mpath + ": field 'tensors' is not an array");
+  g.data = io::read_safetensors(dir + "/" + kTensorFile);
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const json& t = tensors[i];
+    const std::string where = mpath + ": tensors[" + std::to_string(i) + "]";
+    for (const char* f : {"name", "file", "dtype", "shape", "sha256"})
+      if (!t.is_object() || !t.contains(f) || (std::string(f) != "shape" && !t[f].is_string()))
+        throw Error(where + ": field '" + f + "' is missing or not a string");
+    const std::string name = t["name"];
+    if (t["file"] != kTensorFile) throw Error(where + " ('" + name + "'): field 'file' must be " + kTensorFile);
+    const io::TensorView* v = g.data.find(name);
+    if (!v) throw Error(dir + "/" + kTensorFile + ": tensor '" + name + "' named in the manifest is missing");
+    if (io::dtype_name(v->dtype) != t["dtype"].get<std::string>())
+      throw Error(where + " ('" + name + "'): dtype " + t["dtype"].get<std::string>() + " in the manifest, " +
+                  io::dtype_name(v->dtype) + " in the file");
+    Shape shape;
+    try { shape = t["shape"].get<Shape>(); } catch (const json::exception&) {
+      throw Error(where + " ('" + name + "'): field 'shape' is not a list of integers");
+    }
+    if (shape != v->shape)
+      throw Error(where + " ('" + name + "'): shape " + shape_str(shape) + " in the manifest, " +
+                  shape_str(v->shape) + " in the file");
+    if (io::sha256_hex(v->bytes.data(), v->bytes.size()) != t["sha256"].get<std::string>())
+      throw Error(where + " ('" + name + "'): the tensor's bytes do not match field 'sha256' "
+                  "(the golden set is tampered or corrupted)");
+  }
+  if (tensors.size() != g.data.tensors.size())
+    throw Error(dir + "/" + kTensorFile + ": holds " + std::to_string(g.data.tensors.size()) +
+                " tensors, the manifest lists " + std::to_string(tensors.size()));
+  return g;
+}
+
+std::string summary(const Loaded& g) {
+  std::ostringstream os;
+  const json& m = g.manifest;
+  os << "golden    " << g.dir << " (" << m.value("kind", "?") << ", " << m["tensors"].size() << " tensors)\n";
+  os << "problem   " << m.value("problem", "") << "\n";
+  if (m.contains("layers")) {
+    std::string pattern;
+    for (const json& l : m["layers"]) pattern += l["kind"] == "full" ? 'F' : 'S';
+    os << "schedule  " << pattern << "\n";
+  }
+  uint64_t bytes = 0;
+  for (const io::TensorView& v : g.data.tensors) bytes += v.bytes.size();
+  os << "bytes     " << bytes << " in " << kTensorFile << "\n";
+  os << "replay    " << m.value("replay", "") << "\n";
+  return os.str();
+}
+
+}  // namespace indexshare::golden

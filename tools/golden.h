@@ -1,0 +1,65 @@
+// indexshare: golden sets. A golden set is a folder holding
+//   manifest.json        what the set is: format version, generator, the canonical problem and a
+//                        replay command, config numbers, conventions, the layer schedule, every
+//                        tensor with file, dtype, shape, SHA-256 and role, and tolerance budgets
+//   tensors.safetensors  the tensors (standard safetensors; see the README for the names)
+// Sets are written atomically (a temporary folder, then rename) and verified on reading: a tensor
+// whose bytes no longer match the manifest's SHA-256 is refused (tampered or corrupted).
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "ref/problem.h"
+#include "tools/safetensors.h"
+
+namespace indexshare::golden {
+
+inline constexpr int kFormatVersion = 1;
+inline constexpr const char* kTensorFile = "tensors.safetensors";
+
+enum class Role { input, output, reference };
+std::string role_name(Role r);
+
+struct GoldenSet {
+  nlohmann::json manifest;                 // without the "tensors" list (filled on writing)
+  std::vector<io::TensorView> tensors;
+  std::map<std::string, Role> roles;
+};
+
+// Golden presets: name -> (problem descriptor, kind). Kinds: "stack" (kernel-level stack),
+// "attention-edge" (one layer whose attention indices exercise the edge rules).
+struct Preset {
+  std::string name, problem, kind, description;
+};
+const std::vector<Preset>& presets();
+const Preset& preset(const std::string& name);  // Error naming the unknown preset
+
+// Builds a golden set. `replay` is the command line recorded in the manifest.
+// with_logits = false leaves out indexer.logits (large sets).
+GoldenSet build(const Problem& p, const std::string& kind, bool with_logits, const std::string& replay);
+
+// Writes `set` to `dir` atomically. The folder must not exist, or be empty, unless `force`
+// (then an existing golden set there is replaced in one rename).
+void write(const std::string& dir, GoldenSet set, bool force);
+
+struct Loaded {
+  std::string dir;
+  nlohmann::json manifest;
+  io::SafetensorsFile data;
+  const io::TensorView& get(const std::string& name) const;
+  const io::TensorView* find(const std::string& name) const { return data.find(name); }
+  template <class T>
+  Tensor<T> tensor(const std::string& name) const { return io::as_tensor<T>(get(name), dir + "/" + kTensorFile); }
+};
+// Reads and verifies a golden set: manifest fields, every tensor's presence, dtype, shape and
+// SHA-256. Errors name the file and the field.
+Loaded read(const std::string& dir);
+
+// One line per layer and a total, for the tool's output.
+std::string summary(const Loaded& g);
+
+}  // namespace indexshare::golden
