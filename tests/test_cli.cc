@@ -32,7 +32,17 @@ TEST_CASE("cli: run prints a summary and a replay line") {
   CHECK(r.out.find("__REPRO: indexshare run --impl ref --problem \"sq8 skv40 hq2 dqk16 dv8 ih2 id16 k4 seed3\"") != std::string::npos);
   // The same command prints the same fingerprints.
   Result again = cli("run --problem 'sq8 skv40 hq2 dqk16 dv8 ih2 id16 k4 seed3'");
-  CHECK(again.out.substr(again.out.find("fingerprints"), 120) == r.out.substr(r.out.find("fingerprints"), 120));
+  CHECK(again.out.substr(again.out.find("layer   0"), 120) == r.out.substr(r.out.find("layer   0"), 120));
+  // A stack with index sharing, and the toy module-level model.
+  r = cli("run --problem 'sq8 skv40 hq2 dqk16 dv8 ih2 id16 k4 nl3 sched=FSS'");
+  CHECK(r.status == 0);
+  CHECK(r.out.find("layer   2 shared source   0") != std::string::npos);
+  r = cli("run --model tiny-glm --seq 40 --layers 4");
+  CHECK(r.status == 0);
+  CHECK(r.out.find("schedule  FFFS") != std::string::npos);
+  CHECK(r.out.find("layer   3 shared source   2") != std::string::npos);
+  CHECK(cli("run --model tiny-glm --schedule SFFF").status == 2);
+  CHECK(cli("run --model glm-9").status == 2);
 }
 
 TEST_CASE("cli: bad input exits 2 with the bad token named") {

@@ -1,24 +1,38 @@
-// indexshare run: compute a DSA layer stack for a problem descriptor and print a summary.
+// indexshare run: compute a DSA layer stack and print a summary.
+//   --problem DESC    kernel-level stack from generated kernel inputs (ref/stack.h)
+//   --model NAME      the toy module-level model with a preset's real shapes (ref/model.h)
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <limits>
+#include <memory>
+#include <set>
 #include <string>
 
+#include "ref/config.h"
 #include "ref/error.h"
-#include "ref/layer.h"
+#include "ref/model.h"
 #include "ref/problem.h"
+#include "ref/stack.h"
 #include "tools/cli.h"
 
 namespace indexshare::cli {
 
 namespace {
 
-// The problem `indexshare run` computes when none is given: DeepSeek-V3.2 kernel shapes for
-// attention (d_qk 576, d_v 512) and the indexer (D 128), with fewer heads and a short sequence so
-// that the readable reference path finishes in seconds; the sequence is longer than top-k, so
-// the selection is really sparse.
-constexpr const char* kDefaultProblem = "sq256 skv1024 hq16 dqk576 dv512 ih32 id128 k128 seed1";
+// The problem `indexshare run` computes when neither --problem nor --model is given:
+// DeepSeek-V3.2 kernel shapes for attention (d_qk 576, d_v 512) and the indexer (D 128), with
+// fewer heads and a short sequence so that the readable reference path finishes in seconds; the
+// sequence is longer than top-k, so the selection is really sparse; 4 layers in the GLM-5.2
+// pattern F F F S so that index sharing shows.
+constexpr const char* kDefaultProblem =
+    "sq128 skv512 hq16 dqk576 dv512 ih32 id128 k64 seed1 nl4 sched=FFFS recency=0.25 sinks=4";
+
+struct RunArgs {
+  std::string problem, model, schedule, impl = "ref", variant = "deepseek_fp8";
+  int64_t layers = 0, seq = 0, seed = 1;
+  float sim = 0.8f;
+};
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -32,56 +46,110 @@ uint64_t fingerprint(const std::vector<T>& v) {  // FNV-1a over the bytes: a sum
   return h;
 }
 
-int cmd_run(const std::string& desc, const std::string& impl) {
-  require(impl == "ref", "--impl: only 'ref' is available in this build, got '" + impl + "'");
-  const Problem p = parse_problem(desc);
-  std::printf("problem   %s\n", to_string(p).c_str());
+// Mean over rows of |A ∩ B| / |A| for two [rows, k] position tensors (valid entries only).
+double recall(const Tensor<int32_t>& a, const Tensor<int32_t>& b) {
+  if (a.numel() == 0 || b.numel() == 0) return std::nan("");
+  const int64_t rows = a.dim(0), k = a.dim(1);
+  double sum = 0;
+  for (int64_t t = 0; t < rows; ++t) {
+    std::set<int32_t> sa, sb;
+    for (int64_t j = 0; j < k; ++j) {
+      if (a.at(t, j) >= 0) sa.insert(a.at(t, j));
+      if (b.at(t, j) >= 0) sb.insert(b.at(t, j));
+    }
+    int64_t common = 0;
+    for (int32_t v : sa) common += sb.count(v);
+    sum += sa.empty() ? 1.0 : double(common) / double(sa.size());
+  }
+  return sum / double(rows);
+}
+
+void print_layer(int l, bool full, int source, const Tensor<int32_t>& own, const Tensor<int32_t>& used,
+                 const ref::AttentionOut& attn) {
+  double ss = 0;
+  for (float v : attn.out.data) ss += double(v) * v;
+  const double rms = std::sqrt(ss / double(std::max<int64_t>(1, attn.out.numel())));
+  std::printf("layer %3d %-6s source %3d  own-vs-used recall %-6s  out rms %.5f  fingerprint %016llx\n", l,
+              full ? "full" : "shared", source,
+              own.numel() ? (std::to_string(recall(own, used)).substr(0, 5)).c_str() : "-", rms,
+              (unsigned long long)fingerprint(attn.out.data));
+}
+
+int run_problem(const RunArgs& a) {
+  Problem p = parse_problem(a.problem.empty() ? kDefaultProblem : a.problem);
+  if (a.layers > 0) p.n_layers = a.layers;
+  if (!a.schedule.empty()) p.sched = a.schedule;
+  p.validate();
+  const Schedule s = p.schedule();
+  std::printf("problem   %s\nschedule  %s (%d full of %d)\n", to_string(p).c_str(), s.pattern().c_str(), s.n_full(),
+              s.n_layers());
   auto t0 = std::chrono::steady_clock::now();
-  const ref::LayerInputs in = ref::make_layer_inputs(p);
+  const auto in = ref::make_stack_inputs(p, s);
   const double t_gen = seconds_since(t0);
   t0 = std::chrono::steady_clock::now();
-  const ref::LayerOutputs out = ref::run_layer(p, in);
+  const auto out = ref::run_stack(p, s, in, false);
   const double t_run = seconds_since(t0);
-
-  // Indexer logits: how many are inside the causal windows, and their range.
-  int64_t finite = 0;
-  float lo = std::numeric_limits<float>::infinity(), hi = -lo;
-  for (float v : out.logits.data)
-    if (std::isfinite(v)) { ++finite; lo = std::min(lo, v); hi = std::max(hi, v); }
-  // Top-k: selected counts and rows shorter than k (dense rows).
-  int64_t selected = 0, short_rows = 0;
-  for (int64_t t = 0; t < p.s_q; ++t) {
-    const int64_t len = in.ke[t] - in.ks[t];
-    selected += std::min(len, p.index_topk);
-    short_rows += len <= p.index_topk;
-  }
-  float omax = 0, lse_lo = std::numeric_limits<float>::infinity(), lse_hi = -lse_lo;
-  for (float v : out.attn.out.data) omax = std::max(omax, std::fabs(v));
-  for (float v : out.attn.lse.data) { lse_lo = std::min(lse_lo, v); lse_hi = std::max(lse_hi, v); }
-
-  std::printf("indexer   %s logits: %lld of %lld inside the causal windows, range [%.6g, %.6g]\n",
-              indexer_mode_name(p.indexer).c_str(), (long long)finite, (long long)out.logits.numel(), lo, hi);
-  std::printf("top-k     k=%lld: %.1f positions per row on average; %lld of %lld rows are shorter than k (dense)\n",
-              (long long)p.index_topk, double(selected) / double(p.s_q), (long long)short_rows, (long long)p.s_q);
-  std::printf("attention out [%lld,%lld,%lld] max |out| %.6g; lse (natural log, no sink) in [%.6g, %.6g]\n",
-              (long long)p.s_q, (long long)p.h_q, (long long)p.d_v, omax, lse_lo, lse_hi);
-  std::printf("fingerprints (FNV-1a of bytes) logits %016llx topk %016llx out %016llx lse %016llx\n",
-              (unsigned long long)fingerprint(out.logits.data), (unsigned long long)fingerprint(out.topk.data),
-              (unsigned long long)fingerprint(out.attn.out.data), (unsigned long long)fingerprint(out.attn.lse.data));
-  std::printf("time      inputs %.3f s, layer %.3f s (impl %s)\n", t_gen, t_run, impl.c_str());
-  std::printf("__REPRO: indexshare run --impl %s --problem \"%s\"\n", impl.c_str(), to_string(p).c_str());
+  int64_t short_rows = 0;
+  for (int64_t t = 0; t < p.s_q; ++t) short_rows += in[0].ke[t] - in[0].ks[t] <= p.index_topk;
+  std::printf("top-k     k=%lld; %lld of %lld rows are shorter than k (dense)\n", (long long)p.index_topk,
+              (long long)short_rows, (long long)p.s_q);
+  for (const auto& o : out) print_layer(o.layer, o.kind == LayerKind::full, o.source, o.own_topk, o.used_topk, o.attn);
+  std::printf("time      inputs %.3f s, stack %.3f s (impl %s)\n", t_gen, t_run, a.impl.c_str());
+  std::printf("__REPRO: indexshare run --impl %s --problem \"%s\"\n", a.impl.c_str(), to_string(p).c_str());
   return 0;
+}
+
+int run_model(const RunArgs& a) {
+  ModelConfig cfg = model_preset(a.model);
+  if (a.layers > 0) cfg.n_layers = int(a.layers);
+  if (a.seq > 0) cfg.seq = a.seq;
+  const Schedule s = a.schedule.empty() ? cfg.resolve_schedule() : parse_schedule(a.schedule, cfg.n_layers);
+  require(a.sim >= 0 && a.sim <= 1, "--sim must be in [0, 1]");
+  const ref::IndexerVariant v = ref::parse_indexer_variant(a.variant);
+  std::printf("model     %s: %d layers, dim %lld, %lld heads, indexer %lldx%lld (%s rope), top-%lld, seq %lld\n",
+              cfg.name.c_str(), cfg.n_layers, (long long)cfg.dim, (long long)cfg.n_heads, (long long)cfg.index_n_heads,
+              (long long)cfg.index_head_dim, ref::rope_layout_name(cfg.indexer_rope).c_str(), (long long)cfg.index_topk,
+              (long long)cfg.seq);
+  std::printf("schedule  %s (%d full of %d)\n", s.pattern().c_str(), s.n_full(), s.n_layers());
+  auto t0 = std::chrono::steady_clock::now();
+  const ref::ToyModel m = ref::make_toy_model(cfg, s, uint64_t(a.seed), a.sim, v, true);
+  const double t_gen = seconds_since(t0);
+  t0 = std::chrono::steady_clock::now();
+  ref::ToyCache cache;
+  const ref::ToyForward f = ref::forward(m, cache, ref::toy_hidden(cfg, uint64_t(a.seed), 0, cfg.seq));
+  const double t_run = seconds_since(t0);
+  for (int l = 0; l < s.n_layers(); ++l) {
+    const auto& tr = f.layers[size_t(l)];
+    print_layer(l, s.is_full(l), s.source(l), tr.own_topk, tr.used_topk, tr.attn);
+  }
+  std::printf("time      weights %.3f s, forward %.3f s\n", t_gen, t_run);
+  std::printf("__REPRO: indexshare run --model %s --layers %d --seq %lld --seed %lld --sim %.9g --variant %s%s\n",
+              a.model.c_str(), cfg.n_layers, (long long)cfg.seq, (long long)a.seed, double(a.sim), a.variant.c_str(),
+              a.schedule.empty() ? "" : (" --schedule " + a.schedule).c_str());
+  return 0;
+}
+
+int cmd_run(const RunArgs& a) {
+  require(a.impl == "ref", "--impl: only 'ref' is available in this build, got '" + a.impl + "'");
+  require(a.problem.empty() || a.model.empty(), "run: give --problem or --model, not both");
+  return a.model.empty() ? run_problem(a) : run_model(a);
 }
 
 }  // namespace
 
 Action register_run(CLI::App& app) {
-  auto desc = std::make_shared<std::string>(kDefaultProblem);
-  auto impl = std::make_shared<std::string>("ref");
-  CLI::App* run = app.add_subcommand("run", "Compute one DSA layer (indexer, top-k, sparse attention) and print a summary");
-  run->add_option("--problem,-p", *desc, "Problem descriptor, e.g. \"sq256 skv1024 k128 seed7\"")->capture_default_str();
-  run->add_option("--impl", *impl, "Implementation: ref")->capture_default_str();
-  return [run, desc, impl]() { return *run ? cmd_run(*desc, *impl) : -1; };
+  auto a = std::make_shared<RunArgs>();
+  CLI::App* c = app.add_subcommand("run", "Compute a DSA layer stack (indexer, top-k, index sharing, sparse attention) and print a summary");
+  c->add_option("--problem,-p", a->problem, std::string("Kernel-level problem descriptor (default \"") + kDefaultProblem + "\")");
+  c->add_option("--model,-m", a->model, "Toy module-level model with a preset's shapes: deepseek-v3.2, glm-5, glm-5.2, tiny-deepseek, tiny-glm");
+  c->add_option("--layers", a->layers, "Override the number of layers");
+  c->add_option("--seq", a->seq, "Sequence length (--model)");
+  c->add_option("--schedule", a->schedule, "Layer schedule: preset, F/S pattern, freq:N[,offset:M] or list:...");
+  c->add_option("--seed", a->seed, "Seed (--model)")->capture_default_str();
+  c->add_option("--sim", a->sim, "Cross-layer weight similarity in [0, 1] (--model)")->capture_default_str();
+  c->add_option("--variant", a->variant, "Indexer: deepseek_fp8 or hf_bf16 (--model)")->capture_default_str();
+  c->add_option("--impl", a->impl, "Implementation: ref")->capture_default_str();
+  return [c, a]() { return *c ? cmd_run(*a) : -1; };
 }
 
 }  // namespace indexshare::cli

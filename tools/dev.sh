@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # indexshare developer entry point: installs what is missing, builds, then runs one job.
-#   tools/dev.sh demo [ARGS...]  build, then `indexshare run ARGS` (default problem when none)
+#   tools/dev.sh demo [ARGS...]  build, then write the default golden set (preset glm-5.2) to
+#                                build/demo-golden and print its summary; with ARGS, run
+#                                `indexshare ARGS` instead
 #   tools/dev.sh test            build, then the whole default test suite through ctest
 #   tools/dev.sh build           install and build only
 # Environment: BUILD_DIR (default build), JOBS (default: number of cores).
@@ -17,7 +19,12 @@ cmake --build "$BUILD_DIR" -j "$JOBS" >/dev/null
 
 case "$job" in
   build) ;;
-  demo) "$BUILD_DIR/indexshare" run "$@" ;;
+  demo)
+    if [ $# -eq 0 ]; then
+      "$BUILD_DIR/indexshare" golden --preset glm-5.2 --out "$BUILD_DIR/demo-golden" --force
+    else
+      "$BUILD_DIR/indexshare" "$@"
+    fi ;;
   test) ctest --test-dir "$BUILD_DIR" --output-on-failure -j "$JOBS" "$@" ;;
   *) echo "usage: tools/dev.sh demo|test|build" >&2; exit 2 ;;
 esac
