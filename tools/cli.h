@@ -19,5 +19,6 @@ Action register_cost(CLI::App& app);
 Action register_golden(CLI::App& app);
 Action register_presets(CLI::App& app);
 Action register_verify(CLI::App& app);
+Action register_diff(CLI::App& app);
 
 }  // namespace indexshare::cli

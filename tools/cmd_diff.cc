@@ -1,0 +1,53 @@
+// indexshare diff: judge a candidate's outputs against a golden set.
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <string>
+
+#include "ref/error.h"
+#include "tools/cli.h"
+#include "tools/diff.h"
+
+namespace indexshare::cli {
+
+namespace {
+struct DiffArgs {
+  std::string golden, candidate, layers, json;
+};
+
+int cmd_diff(const DiffArgs& a) {
+  const golden::Loaded g = golden::read(a.golden);
+  const io::SafetensorsFile c = io::read_safetensors(a.candidate);
+  const diff::Result r = diff::judge(g, c, a.layers.empty() ? std::set<int>{} : diff::parse_layers(a.layers));
+  std::string replay = "indexshare diff --golden " + a.golden + " --candidate " + a.candidate;
+  if (!a.layers.empty()) replay += " --layers " + a.layers;
+  std::printf("%s", r.text(replay).c_str());
+  if (!a.json.empty()) {  // written to a temporary name, then renamed
+    const std::string tmp = a.json + ".tmp." + std::to_string(::getpid());
+    {
+      std::ofstream f(tmp);
+      f << r.json().dump(2) << "\n";
+      if (!f) { std::remove(tmp.c_str()); throw Error(a.json + ": cannot write the JSON report"); }
+    }
+    std::error_code ec;
+    std::filesystem::rename(tmp, a.json, ec);
+    if (ec) { std::remove(tmp.c_str()); throw Error(a.json + ": cannot write the JSON report: " + ec.message()); }
+  }
+  return r.exit_code();
+}
+}  // namespace
+
+Action register_diff(CLI::App& app) {
+  auto a = std::make_shared<DiffArgs>();
+  CLI::App* c = app.add_subcommand("diff", "Judge a candidate's outputs (safetensors) against a golden set: exit 0 pass, 1 fail, 2 bad input");
+  c->add_option("--golden,-g", a->golden, "Golden set folder")->required();
+  c->add_option("--candidate,-c", a->candidate, "Candidate safetensors file with any subset of the golden's output names")->required();
+  c->add_option("--layers", a->layers, "Layers to judge, e.g. 0,3-5 (default: every layer the candidate holds)");
+  c->add_option("--json", a->json, "Also write the report as JSON");
+  return [c, a]() { return *c ? cmd_diff(*a) : -1; };
+}
+
+}  // namespace indexshare::cli

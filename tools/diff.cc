@@ -1,0 +1,469 @@
+#include "tools/diff.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <sstream>
+
+#include "ref/attention.h"
+#include "ref/indexer.h"
+#include "ref/numerics.h"
+#include "ref/topk.h"
+
+namespace indexshare::diff {
+
+using nlohmann::json;
+
+namespace {
+
+const std::vector<std::string> kJudged = {"indexer.logits", "indexer.topk", "attn.indices", "attn.out", "attn.lse",
+                                          "attn.max_logits"};
+
+// ---- candidate access: dtype conversions and shape checks (errors exit 2) ----
+
+Tensor<float> cand_float(const io::SafetensorsFile& c, const std::string& name, const Shape& shape) {
+  const io::TensorView& v = c.get(name);
+  io::expect_shape(v, shape, c.source);
+  if (v.dtype == io::DType::BF16) {
+    const Tensor<bf16_t> b = io::as_tensor<bf16_t>(v, c.source);
+    Tensor<float> f(b.shape);
+    for (int64_t i = 0; i < b.numel(); ++i) f[i] = bf16_to_f32(b[i]);
+    return f;
+  }
+  return io::as_tensor<float>(v, c.source);
+}
+
+Tensor<int32_t> cand_int(const io::SafetensorsFile& c, const std::string& name, const Shape& shape) {
+  const io::TensorView& v = c.get(name);
+  io::expect_shape(v, shape, c.source);
+  if (v.dtype == io::DType::I64) {
+    const Tensor<int64_t> w = io::as_tensor<int64_t>(v, c.source);
+    Tensor<int32_t> t(w.shape);
+    for (int64_t i = 0; i < w.numel(); ++i)
+      t[i] = w[i] < INT32_MIN ? INT32_MIN : w[i] > INT32_MAX ? INT32_MAX : int32_t(w[i]);  // out of range either way
+    return t;
+  }
+  return io::as_tensor<int32_t>(v, c.source);
+}
+
+// kv rows [s_q, 1, k] -> sequence-local positions [s_q, k] (rows outside the window become -1,
+// so the structural check flags them).
+Tensor<int32_t> rows_to_local(const Tensor<int32_t>& rows, const Tensor<int32_t>& ks, const Tensor<int32_t>& ke) {
+  const int64_t s_q = rows.dim(0), k = rows.dim(2);
+  Tensor<int32_t> local({s_q, k}, -1);
+  for (int64_t t = 0; t < s_q; ++t)
+    for (int64_t j = 0; j < k; ++j) {
+      const int64_t r = rows[t * k + j];
+      local.at(t, j) = r < 0 ? -1 : (r >= ks[t] && r < ke[t] ? int32_t(r - ks[t]) : int32_t(ke[t] - ks[t] + 1000000));
+    }
+  return local;
+}
+
+std::vector<std::set<int32_t>> row_sets(const Tensor<int32_t>& rows, int64_t s_kv) {
+  const int64_t s_q = rows.dim(0), k = rows.numel() / std::max<int64_t>(1, s_q);
+  std::vector<std::set<int32_t>> out(static_cast<size_t>(s_q));
+  for (int64_t t = 0; t < s_q; ++t)
+    for (int64_t j = 0; j < k; ++j)
+      if (rows[t * k + j] >= 0 && rows[t * k + j] < s_kv) out[size_t(t)].insert(rows[t * k + j]);
+  return out;
+}
+
+bool passes(const cmp::Report& r) { return r.verdict != cmp::Verdict::fail; }
+
+struct LayerData {  // everything the judge needs from the golden for one layer
+  int l = 0;
+  bool full = true, has_indexer = false;
+  int source = 0;
+  Tensor<float> logits;             // golden or recomputed (empty without an indexer)
+  Tensor<int32_t> ks, ke, topk;     // indexer windows and golden top-k (empty without an indexer)
+  cmp::FloatRule logits_rule;
+  Tensor<bf16_t> q, kv;
+  Tensor<int32_t> indices, topk_length;
+  std::optional<Tensor<float>> sink;
+  Tensor<float> out, lse, max_logits;
+};
+
+LayerData load_layer(const golden::Loaded& g, int l) {
+  const json& m = g.manifest;
+  const std::string p = "layers." + std::to_string(l) + ".";
+  LayerData d;
+  d.l = l;
+  d.full = m["layers"][size_t(l)]["kind"] == "full";
+  d.source = m["layers"][size_t(l)]["source"];
+  d.has_indexer = g.find(p + "indexer.k_scale") != nullptr;
+  if (d.has_indexer) {
+    d.ks = g.tensor<int32_t>(p + "indexer.ks");
+    d.ke = g.tensor<int32_t>(p + "indexer.ke");
+    d.topk = g.tensor<int32_t>(p + "indexer.topk");
+    const Tensor<float> ksc = g.tensor<float>(p + "indexer.k_scale"), w = g.tensor<float>(p + "indexer.weights");
+    const bool fp8 = g.get(p + "indexer.q").dtype == io::DType::F8_E4M3;
+    Tensor<e4m3_t> q8, k8;
+    if (fp8) {
+      q8 = g.tensor<e4m3_t>(p + "indexer.q");
+      k8 = g.tensor<e4m3_t>(p + "indexer.k");
+    }
+    if (g.find(p + "indexer.logits")) {
+      d.logits = g.tensor<float>(p + "indexer.logits");
+    } else if (fp8) {
+      d.logits = ref::indexer_logits_fp8(q8, k8, ksc, w, d.ks, d.ke);
+    } else {
+      auto widen = [](const Tensor<bf16_t>& b) { Tensor<float> f(b.shape); for (int64_t i = 0; i < b.numel(); ++i) f[i] = bf16_to_f32(b[i]); return f; };
+      d.logits = ref::indexer_logits_f32(widen(g.tensor<bf16_t>(p + "indexer.q")), widen(g.tensor<bf16_t>(p + "indexer.k")), ksc, w, d.ks, d.ke);
+    }
+    if (fp8) d.logits_rule = cmp::indexer_logits_rule(q8, k8, ksc, w, d.logits);
+  }
+  d.q = g.tensor<bf16_t>(p + "attn.q");
+  d.kv = g.tensor<bf16_t>(p + "attn.kv");
+  d.indices = g.tensor<int32_t>(p + "attn.indices");
+  if (g.find(p + "attn.topk_length")) d.topk_length = g.tensor<int32_t>(p + "attn.topk_length");
+  if (g.find(p + "attn.sink")) d.sink = g.tensor<float>(p + "attn.sink");
+  d.out = g.tensor<float>(p + "attn.out");
+  d.lse = g.tensor<float>(p + "attn.lse");
+  d.max_logits = g.tensor<float>(p + "attn.max_logits");
+  return d;
+}
+
+// The attention a layer would compute over `indices`, with its bounds and budget.
+struct Expected {
+  ref::AttentionOut attn;
+  cmp::AttentionBounds bounds;
+  double budget = -1;
+};
+Expected expected_attention(const LayerData& d, const Tensor<int32_t>& indices, float sm, int64_t d_v) {
+  const Tensor<int32_t>* tl = d.topk_length.numel() ? &d.topk_length : nullptr;
+  const Tensor<float>* sink = d.sink ? &*d.sink : nullptr;
+  Expected e;
+  e.attn = ref::sparse_attention(d.q, d.kv, indices, sm, d_v, tl, sink);
+  e.bounds = cmp::attention_bounds(d.q, d.kv, indices, sm, d_v, tl, e.attn);
+  e.budget = cmp::attention_budget(e.attn.out, cmp::emulate_attention_lowp(d.q, d.kv, indices, sm, d_v, tl, sink).out);
+  return e;
+}
+
+cmp::FloatRule bound_rule(std::vector<double> b, double budget = -1) {
+  cmp::FloatRule r;
+  r.bound = std::move(b);
+  r.budget_max_abs = budget;
+  r.derivation = "per-element bound from bf16/f32 roundoffs, reduction lengths and magnitudes (ref/compare.h)";
+  return r;
+}
+
+}  // namespace
+
+bool Result::failed() const {
+  for (const TensorResult& t : tensors)
+    if (t.report.verdict == cmp::Verdict::fail) return true;
+  return false;
+}
+
+std::set<int> parse_layers(const std::string& text) {
+  std::set<int> out;
+  std::stringstream ss(text);
+  std::string part;
+  while (std::getline(ss, part, ',')) {
+    const auto dash = part.find('-');
+    try {
+      size_t used = 0;
+      if (dash == std::string::npos) {
+        const int v = std::stoi(part, &used);
+        if (used != part.size() || v < 0) throw std::invalid_argument("");
+        out.insert(v);
+      } else {
+        const int a = std::stoi(part.substr(0, dash), &used);
+        if (used != dash) throw std::invalid_argument("");
+        const int b = std::stoi(part.substr(dash + 1), &used);
+        if (used != part.size() - dash - 1 || a < 0 || b < a || b - a > 100000) throw std::invalid_argument("");
+        for (int v = a; v <= b; ++v) out.insert(v);
+      }
+    } catch (const std::exception&) {
+      throw Error("--layers: bad item '" + part + "' in '" + text + "' (expected e.g. 0,3-5)");
+    }
+  }
+  if (out.empty()) throw Error("--layers: no layer in '" + text + "'");
+  return out;
+}
+
+Result judge(const golden::Loaded& g, const io::SafetensorsFile& c, const std::set<int>& wanted) {
+  const json& m = g.manifest;
+  const int n_layers = int(m["layers"].size());
+  const json& cfg = m["config"];
+  const int64_t s_q = cfg["s_q"], s_kv = cfg["s_kv"], topk = cfg["topk"], h_q = cfg["h_q"], d_v = cfg["d_v"];
+  const float sm = cfg["sm_scale"].get<float>();
+  Result res;
+  // Every candidate tensor must be a judged name of an existing layer.
+  std::set<int> layers;
+  for (const io::TensorView& v : c.tensors) {
+    int l = -1;
+    char rest[128] = {0};
+    if (std::sscanf(v.name.c_str(), "layers.%d.%127s", &l, rest) != 2 ||
+        std::find(kJudged.begin(), kJudged.end(), std::string(rest)) == kJudged.end() ||
+        v.name != "layers." + std::to_string(l) + "." + rest)
+      throw Error(c.source + ": tensor '" + v.name + "' is not a golden output name (expected layers.{l}." +
+                  "indexer.logits, indexer.topk, attn.indices, attn.out, attn.lse or attn.max_logits)");
+    if (l < 0 || l >= n_layers)
+      throw Error(c.source + ": tensor '" + v.name + "': layer " + std::to_string(l) + " is outside the golden set's " +
+                  std::to_string(n_layers) + " layers");
+    if (wanted.empty() || wanted.count(l)) layers.insert(l);
+  }
+  for (int l : wanted)
+    if (!layers.count(l)) throw Error(c.source + ": --layers asks for layer " + std::to_string(l) + ", which the candidate does not hold");
+  if (layers.empty()) throw Error(c.source + ": no golden output names to judge");
+
+  std::vector<LayerData> data(static_cast<size_t>(n_layers));
+  std::vector<bool> loaded(size_t(n_layers), false);
+  auto layer = [&](int l) -> const LayerData& {
+    if (!loaded[size_t(l)]) { data[size_t(l)] = load_layer(g, l); loaded[size_t(l)] = true; }
+    return data[size_t(l)];
+  };
+  auto has = [&](int l, const std::string& n) { return c.find("layers." + std::to_string(l) + "." + n) != nullptr; };
+  auto name = [](int l, const std::string& n) { return "layers." + std::to_string(l) + "." + n; };
+  auto add = [&](int l, const std::string& n, cmp::Report r, const std::string& note = "") {
+    r.tensor = name(l, n);
+    res.checked.push_back(name(l, n));
+    res.tensors.push_back({l, n, std::move(r), note});
+    return res.tensors.back().report.verdict;
+  };
+
+  for (int l : layers) {
+    const LayerData& d = layer(l);
+    const std::string P = "layer " + std::to_string(l) + (d.full ? " (Full)" : " (Shared, source " + std::to_string(d.source) + ")");
+    // 1. Indexer logits.
+    Tensor<float> cand_logits;
+    if (has(l, "indexer.logits")) {
+      if (!d.has_indexer) throw Error(c.source + ": " + name(l, "indexer.logits") + ": layer " + std::to_string(l) + " has no indexer in the golden set");
+      cand_logits = cand_float(c, name(l, "indexer.logits"), {s_q, s_kv});
+      cmp::FloatRule rule = d.logits_rule;
+      if (rule.bound.empty()) {  // bf16-mode sets: the same 14-bit-accumulator rule on f32 data
+        rule.bound.assign(size_t(d.logits.numel()), 0.0);
+        for (int64_t i = 0; i < d.logits.numel(); ++i)
+          if (std::isfinite(d.logits[i])) rule.bound[size_t(i)] = 4 * std::sqrt(double(topk) + 2) * 0x1p-14 * std::fabs(double(d.logits[i]));
+      }
+      add(l, "indexer.logits", cmp::compare_floats("", d.logits, cand_logits, rule));
+    }
+    // 2. Top-k positions.
+    if (has(l, "indexer.topk")) {
+      if (!d.has_indexer) throw Error(c.source + ": " + name(l, "indexer.topk") + ": layer " + std::to_string(l) + " has no indexer in the golden set");
+      const Tensor<int32_t> ct = cand_int(c, name(l, "indexer.topk"), {s_q, topk});
+      cmp::TopkOptions o;
+      if (cand_logits.numel()) { o.candidate_logits = &cand_logits; o.logits_rule = &d.logits_rule; }
+      const cmp::Verdict v = add(l, "indexer.topk", cmp::compare_topk("", d.logits, d.ks, d.ke, d.topk, ct, o));
+      // Unsorted output is never a failure, only a remark.
+      bool sorted = true;
+      for (int64_t t = 0; t < s_q && sorted; ++t)
+        for (int64_t j = 0; j + 1 < topk && sorted; ++j) {
+          const int32_t a = ct.at(t, j), b = ct.at(t, j + 1);
+          if (a >= 0 && b >= 0 && a < d.ke[t] - d.ks[t] && b < d.ke[t] - d.ks[t])
+            sorted = d.logits.at(t, d.ks[t] + a) >= d.logits.at(t, d.ks[t] + b);
+        }
+      if (!sorted) res.notes.push_back(P + ": indexer.topk is not in score order (fine: slot order carries no meaning)");
+      if (v == cmp::Verdict::fail) {
+        for (int delta : {+1, -1}) {
+          Tensor<int32_t> ke2 = d.ke;
+          bool ok = true;
+          for (int64_t t = 0; t < s_q; ++t) { ke2[t] += delta; ok = ok && ke2[t] >= d.ks[t] && ke2[t] <= s_kv; }
+          if (!ok) continue;
+          Tensor<float> l2 = d.logits;  // logits of the widened window: the golden has them only inside
+          const golden::Loaded* gp = &g;
+          (void)gp;
+          const std::string p = name(l, "");
+          if (g.find(p + "indexer.q") && g.get(p + "indexer.q").dtype == io::DType::F8_E4M3)
+            l2 = ref::indexer_logits_fp8(g.tensor<e4m3_t>(p + "indexer.q"), g.tensor<e4m3_t>(p + "indexer.k"),
+                                         g.tensor<float>(p + "indexer.k_scale"), g.tensor<float>(p + "indexer.weights"), d.ks, ke2);
+          const Tensor<int32_t> t2 = ref::topk(l2, d.ks, ke2, topk);
+          if (passes(cmp::compare_topk("", l2, d.ks, ke2, t2, ct, {})))
+            res.diagnoses.push_back(P + ": indexer.topk matches a causal window " + (delta > 0 ? "one key too long (row t sees key t+1: causal bound off by one)"
+                                                                                              : "one key too short (row t misses its own key: causal bound off by one)"));
+        }
+      }
+    }
+    // 3. The indices the attention used.
+    Tensor<int32_t> use_indices = d.indices;
+    std::string cond_note;
+    if (has(l, "attn.indices")) {
+      const Tensor<int32_t> ci = cand_int(c, name(l, "attn.indices"), {s_q, 1, topk});
+      const LayerData& src = layer(d.source);  // the layer whose indexer chose the positions
+      cmp::Report r;
+      if (src.has_indexer) {
+        const Tensor<int32_t> local = rows_to_local(ci, src.ks, src.ke);
+        r = cmp::compare_topk("", src.logits, src.ks, src.ke, src.topk, local, {false, nullptr, nullptr});
+      } else {
+        r = cmp::compare_exact("", d.indices, ci);
+      }
+      if (!d.full && passes(r) && has(d.source, "attn.indices")) {
+        // IndexShare: exactly the source layer's positions in the candidate's own pipeline.
+        const auto a = row_sets(ci, s_kv), b = row_sets(cand_int(c, name(d.source, "attn.indices"), {s_q, 1, topk}), s_kv);
+        if (a != b) {
+          r.verdict = cmp::Verdict::fail;
+          r.reasons.push_back("the Shared layer's positions differ from its source layer " + std::to_string(d.source) + "'s in the candidate");
+        }
+      }
+      const cmp::Verdict v = add(l, "attn.indices", r);
+      if (v != cmp::Verdict::fail && row_sets(ci, s_kv) != row_sets(d.indices, s_kv)) {
+        use_indices = ci;
+        cond_note = "expected attention recomputed on the candidate's indices (they differ from the golden's only by ties)";
+      }
+      if (v == cmp::Verdict::fail) {
+        const auto cs = row_sets(ci, s_kv);
+        // Hypotheses: the Shared layer used its own indexer, or another layer's positions.
+        if (!d.full && d.has_indexer && cs == row_sets(ref::local_to_kv_rows(d.topk, d.ks), s_kv))
+          res.diagnoses.push_back(P + ": attn.indices are the layer's own fresh top-k, not its source layer " +
+                                  std::to_string(d.source) + "'s positions (a Shared layer that recomputes)");
+        for (int j = 0; j < n_layers; ++j) {
+          if (j == d.source || j == l) continue;
+          const LayerData& o = layer(j);
+          if (o.full && cs == row_sets(o.indices, s_kv))
+            res.diagnoses.push_back(P + ": attn.indices are Full layer " + std::to_string(j) + "'s positions instead of layer " +
+                                    std::to_string(d.source) + "'s (schedule off by " + std::to_string(j - d.source) + ")");
+        }
+        if (src.has_indexer)
+          for (int delta : {+1, -1}) {
+            Tensor<int32_t> ke2 = src.ke;
+            bool ok = true;
+            for (int64_t t = 0; t < s_q; ++t) { ke2[t] += delta; ok = ok && ke2[t] >= src.ks[t] && ke2[t] <= s_kv; }
+            if (!ok || !g.find(name(d.source, "indexer.q")) || g.get(name(d.source, "indexer.q")).dtype != io::DType::F8_E4M3) continue;
+            const Tensor<float> l2 = ref::indexer_logits_fp8(g.tensor<e4m3_t>(name(d.source, "indexer.q")), g.tensor<e4m3_t>(name(d.source, "indexer.k")),
+                                                             g.tensor<float>(name(d.source, "indexer.k_scale")), g.tensor<float>(name(d.source, "indexer.weights")), src.ks, ke2);
+            if (cs == row_sets(ref::local_to_kv_rows(ref::topk(l2, src.ks, ke2, topk), src.ks), s_kv))
+              res.diagnoses.push_back(P + ": attn.indices are the top-k of a causal window one key too " + (delta > 0 ? "long" : "short") +
+                                      " (causal bound off by one)");
+          }
+      }
+    }
+    // 4. Attention outputs against the expected attention over the indices used.
+    if (has(l, "attn.out") || has(l, "attn.lse") || has(l, "attn.max_logits")) {
+      Expected e;
+      if (cond_note.empty()) {
+        e.attn.out = d.out;
+        e.attn.lse = d.lse;
+        e.attn.max_logits = d.max_logits;
+        e.bounds = cmp::attention_bounds(d.q, d.kv, d.indices, sm, d_v, d.topk_length.numel() ? &d.topk_length : nullptr, e.attn);
+        const json& b = m["budgets"];
+        e.budget = b.contains(name(l, "attn.out")) ? b[name(l, "attn.out")]["budget_max_abs"].get<double>() : -1;
+      } else {
+        e = expected_attention(d, use_indices, sm, d_v);
+      }
+      std::vector<std::string> attn_fail;
+      if (has(l, "attn.out")) {
+        const Tensor<float> co = cand_float(c, name(l, "attn.out"), {s_q, h_q, d_v});
+        if (add(l, "attn.out", cmp::compare_floats("", e.attn.out, co, bound_rule(e.bounds.out, e.budget)), cond_note) == cmp::Verdict::fail) {
+          attn_fail.push_back("attn.out");
+          // Hypotheses: the attention of another layer's positions or of the causal off-by-one.
+          for (int j = 0; j < n_layers; ++j) {
+            if (j == d.source) continue;
+            const LayerData& o = layer(j);
+            if (!o.full) continue;
+            const Expected x = expected_attention(d, o.indices, sm, d_v);
+            if (passes(cmp::compare_floats("", x.attn.out, co, bound_rule(x.bounds.out))))
+              res.diagnoses.push_back(P + ": attn.out is the attention over Full layer " + std::to_string(j) + "'s positions instead of layer " +
+                                      std::to_string(d.source) + "'s");
+          }
+          if (!d.full && d.has_indexer) {
+            const Expected x = expected_attention(d, ref::local_to_kv_rows(d.topk, d.ks), sm, d_v);
+            if (passes(cmp::compare_floats("", x.attn.out, co, bound_rule(x.bounds.out))))
+              res.diagnoses.push_back(P + ": attn.out is the attention over the layer's own fresh top-k (a Shared layer that recomputes)");
+          }
+          if (d.sink) {
+            Expected x;
+            x.attn = ref::sparse_attention(d.q, d.kv, use_indices, sm, d_v, d.topk_length.numel() ? &d.topk_length : nullptr, nullptr);
+            x.bounds = cmp::attention_bounds(d.q, d.kv, use_indices, sm, d_v, d.topk_length.numel() ? &d.topk_length : nullptr, x.attn);
+            if (passes(cmp::compare_floats("", x.attn.out, co, bound_rule(x.bounds.out))))
+              res.diagnoses.push_back(P + ": attn.out ignores the attention sink");
+          }
+        }
+      }
+      if (has(l, "attn.lse")) {
+        const Tensor<float> cl = cand_float(c, name(l, "attn.lse"), {s_q, h_q});
+        if (add(l, "attn.lse", cmp::compare_floats("", e.attn.lse, cl, bound_rule(e.bounds.lse)), cond_note) == cmp::Verdict::fail) {
+          attn_fail.push_back("attn.lse");
+          Tensor<float> conv = cl;
+          for (float& v : conv.data) v = float(double(v) * std::log(2.0));
+          if (passes(cmp::compare_floats("", e.attn.lse, conv, bound_rule(e.bounds.lse))))
+            res.diagnoses.push_back(P + ": attn.lse is in base 2 (log2-sum-exp2 units): it matches the golden once multiplied by ln 2");
+          if (d.sink) {
+            Tensor<float> with = e.attn.lse;
+            for (int64_t i = 0; i < with.numel(); ++i) {
+              const double a = with[i], s = (*d.sink)[i % h_q], mx = std::max(a, s);
+              with[i] = float(mx + std::log(std::exp(a - mx) + std::exp(s - mx)));
+            }
+            if (passes(cmp::compare_floats("", with, cl, bound_rule(e.bounds.lse))))
+              res.diagnoses.push_back(P + ": attn.lse includes the attention sink (ln(exp(lse) + exp(sink))); the golden's excludes it");
+          }
+        }
+      }
+      if (has(l, "attn.max_logits")) {
+        const Tensor<float> cm = cand_float(c, name(l, "attn.max_logits"), {s_q, h_q});
+        if (add(l, "attn.max_logits", cmp::compare_floats("", e.attn.max_logits, cm, bound_rule(e.bounds.max_logits)), cond_note) == cmp::Verdict::fail) {
+          Tensor<float> conv = cm;
+          for (float& v : conv.data) v = float(double(v) * std::log(2.0));
+          if (passes(cmp::compare_floats("", e.attn.max_logits, conv, bound_rule(e.bounds.max_logits))))
+            res.diagnoses.push_back(P + ": attn.max_logits is in base-2 units (scaled by log2 e)");
+        }
+      }
+    }
+  }
+  return res;
+}
+
+std::string Result::text(const std::string& replay) const {
+  std::ostringstream os;
+  int pass = 0, fail = 0, mis = 0;
+  for (const TensorResult& t : tensors) {
+    const std::string v = cmp::verdict_name(t.report.verdict);
+    pass += t.report.verdict == cmp::Verdict::pass;
+    fail += t.report.verdict == cmp::Verdict::fail;
+    mis += t.report.verdict == cmp::Verdict::mistrusted;
+    char head[160];
+    std::snprintf(head, sizeof head, "layer %2d %-16s %-10s", t.layer, t.name.c_str(), v.c_str());
+    os << head << " " << t.report.stats_line();
+    if (t.name == "indexer.topk" || t.name == "attn.indices")
+      os << " recall_mean=" << t.report.stats.recall_mean << " recall_min=" << t.report.stats.recall_min;
+    os << "\n";
+    if (!t.note.empty()) os << "         note: " << t.note << "\n";
+    for (const std::string& r : t.report.reasons) os << "         " << r << "\n";
+    if (t.report.verdict == cmp::Verdict::fail)
+      for (const cmp::Mismatch& m : t.report.mismatches) {
+        std::string idx = "[";
+        for (size_t i = 0; i < m.index.size(); ++i) {
+          if (i) idx += ',';
+          idx += std::to_string(m.index[i]);
+        }
+        idx += "]";
+        char line[320];
+        if (!m.what.empty()) std::snprintf(line, sizeof line, "         %s %s\n", idx.c_str(), m.what.c_str());
+        else std::snprintf(line, sizeof line, "         %s expected %.9g got %.9g diff %.3g (bound %.3g)\n", idx.c_str(),
+                           m.expected, m.got, m.diff, m.bound);
+        os << line;
+      }
+  }
+  if (!diagnoses.empty()) {
+    os << "diagnosis:\n";
+    for (const std::string& d : diagnoses) os << "  - " << d << "\n";
+  } else if (failed()) {
+    os << "diagnosis: no named hypothesis explains the failure (LSE base 2, sink in LSE, causal off by one, "
+          "Shared layer with fresh or another layer's positions, missing sink were tested)\n";
+  }
+  for (const std::string& n : notes) os << "note: " << n << "\n";
+  os << "tests:" << tensors.size() << " passed:" << pass << " failed:" << fail << " mistrusted:" << mis << "\n";
+  os << "__REPRO: " << replay << "\n";
+  return os.str();
+}
+
+nlohmann::json Result::json() const {
+  nlohmann::json j = {{"verdict", failed() ? "FAIL" : "PASS"}, {"checked", checked}, {"diagnoses", diagnoses}, {"notes", notes}};
+  nlohmann::json list = nlohmann::json::array();
+  for (const TensorResult& t : tensors) {
+    const cmp::Stats& s = t.report.stats;
+    nlohmann::json mm = nlohmann::json::array();
+    for (const cmp::Mismatch& m : t.report.mismatches)
+      mm.push_back({{"index", m.index}, {"expected", m.expected}, {"got", m.got}, {"diff", m.diff}, {"bound", m.bound}, {"what", m.what}});
+    list.push_back({{"layer", t.layer}, {"tensor", t.name}, {"verdict", cmp::verdict_name(t.report.verdict)},
+                    {"reasons", t.report.reasons}, {"note", t.note},
+                    {"stats", {{"n", s.n}, {"checked", s.n_checked}, {"failed", s.n_fail}, {"max_abs", s.max_abs},
+                               {"max_rel", s.max_rel}, {"metric", s.metric}, {"mean_signed", s.mean_signed},
+                               {"max_err_over_bound", s.max_ratio}, {"recall_mean", s.recall_mean}, {"recall_min", s.recall_min}}},
+                    {"mismatches", mm}});
+  }
+  j["tensors"] = list;
+  return j;
+}
+
+}  // namespace indexshare::diff

@@ -1,0 +1,59 @@
+// indexshare: the oracle's judgement of a candidate (a GPU kernel's outputs) against a golden set.
+//
+// The candidate is a safetensors file holding any subset of the golden's names:
+//   layers.{l}.indexer.logits  F32 [s_q, s_kv]      layers.{l}.indexer.topk  I32/I64 [s_q, topk]
+//   layers.{l}.attn.indices    I32/I64 [s_q,1,topk] (the rows the candidate's attention used)
+//   layers.{l}.attn.out        F32 or BF16 [s_q, h_q, d_v]
+//   layers.{l}.attn.lse        F32 [s_q, h_q]       layers.{l}.attn.max_logits F32 [s_q, h_q]
+// Per layer the judge
+//   1. compares indexer logits (-inf positions exactly, per-element bounds, calc_diff);
+//   2. judges top-k positions as sets modulo ties on the golden's exact logits (near ties by the
+//      candidate's own logits when given);
+//   3. checks the indices the attention used: a Shared layer's must be its source Full layer's
+//      positions (IndexShare), a Full layer's its own top-k; when they differ from the golden's
+//      only by legitimate ties, the expected attention is recomputed on the candidate's indices
+//      (conditional evaluation), so a tie never becomes a false failure downstream;
+//   4. compares attention out / lse / max_logits with derived per-element bounds and the
+//      FlashAttention-style budget;
+//   5. when something fails, tests named hypotheses and reports the ones that explain it.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <set>
+#include <string>
+#include <vector>
+
+#include "ref/compare.h"
+#include "tools/golden.h"
+#include "tools/safetensors.h"
+
+namespace indexshare::diff {
+
+struct TensorResult {
+  int layer = 0;
+  std::string name;          // e.g. "attn.out"
+  cmp::Report report;
+  std::string note;          // e.g. "expected recomputed on the candidate's indices (ties)"
+};
+
+struct Result {
+  std::vector<TensorResult> tensors;
+  std::vector<std::string> diagnoses;   // hypotheses that explain a failure
+  std::vector<std::string> notes;       // remarks that are never failures (unsorted output, ...)
+  std::vector<std::string> checked;     // candidate names that were judged
+  bool failed() const;
+  int exit_code() const { return failed() ? 1 : 0; }
+  std::string text(const std::string& replay) const;  // the human report
+  nlohmann::json json() const;
+};
+
+// Judges `candidate` against `golden`. layers: empty = every layer the candidate covers.
+// Throws Error (exit 2) for bad input: an unknown or mis-shaped tensor, a wrong dtype, a layer
+// outside the golden set, a candidate with nothing to judge.
+Result judge(const golden::Loaded& golden, const io::SafetensorsFile& candidate, const std::set<int>& layers);
+
+// "0,3-5" -> {0, 3, 4, 5}; throws Error naming the bad text.
+std::set<int> parse_layers(const std::string& text);
+
+}  // namespace indexshare::diff
