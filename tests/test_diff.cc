@@ -1,1 +1,269 @@
+// The fault-injection suite of `indexshare diff`: candidates are built from the checked-in golden
+// sets with one injected fault each, and each fault is judged as the contract states.
 #include <doctest/doctest.h>
+
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+#include <map>
+
+#include "ref/attention.h"
+#include "ref/indexer.h"
+#include "ref/numerics.h"
+#include "ref/rng.h"
+#include "ref/topk.h"
+#include "tools/diff.h"
+
+using namespace indexshare;
+
+namespace {
+
+std::string golden_dir(const std::string& name) { return std::string(INDEXSHARE_SOURCE_DIR) + "/golden/" + name; }
+
+// A candidate under construction: tensors by name, written to a temporary safetensors file.
+struct Candidate {
+  std::map<std::string, io::TensorView> t;
+  template <class T>
+  void set(const std::string& name, const Tensor<T>& v) { t[name] = io::make_view(name, v); }
+  io::SafetensorsFile file() const {
+    const std::string path = std::filesystem::temp_directory_path() / ("indexshare-diff-" + std::to_string(::getpid()) + ".safetensors");
+    std::vector<io::TensorView> list;
+    for (const auto& [n, v] : t) list.push_back(v);
+    io::write_safetensors(path, list);
+    io::SafetensorsFile f = io::read_safetensors(path);
+    std::filesystem::remove(path);
+    return f;
+  }
+};
+
+// A candidate that reproduces the golden exactly as a correct kernel would report it: bf16
+// attention output, the golden lse / max_logits, indices and top-k.
+Candidate faithful(const golden::Loaded& g, bool with_logits = true) {
+  Candidate c;
+  for (size_t l = 0; l < g.manifest["layers"].size(); ++l) {
+    const std::string p = "layers." + std::to_string(l) + ".";
+    const Tensor<bf16_t> ob = g.tensor<bf16_t>(p + "attn.out_bf16");
+    Tensor<float> o(ob.shape);
+    for (int64_t i = 0; i < ob.numel(); ++i) o[i] = bf16_to_f32(ob[i]);
+    c.set(p + "attn.out", o);
+    c.set(p + "attn.lse", g.tensor<float>(p + "attn.lse"));
+    c.set(p + "attn.max_logits", g.tensor<float>(p + "attn.max_logits"));
+    c.set(p + "attn.indices", g.tensor<int32_t>(p + "attn.indices"));
+    if (g.manifest["layers"][l]["kind"] == "full" && g.find(p + "indexer.topk")) {
+      c.set(p + "indexer.topk", g.tensor<int32_t>(p + "indexer.topk"));
+      if (with_logits && g.find(p + "indexer.logits")) c.set(p + "indexer.logits", g.tensor<float>(p + "indexer.logits"));
+    }
+  }
+  return c;
+}
+
+diff::Result judge(const golden::Loaded& g, const Candidate& c) { return diff::judge(g, c.file(), {}); }
+
+bool diagnosed(const diff::Result& r, const std::string& needle) {
+  for (const std::string& d : r.diagnoses)
+    if (d.find(needle) != std::string::npos) return true;
+  return false;
+}
+
+cmp::Verdict verdict(const diff::Result& r, int layer, const std::string& name) {
+  for (const auto& t : r.tensors)
+    if (t.layer == layer && t.name == name) return t.report.verdict;
+  FAIL("no result for layer " << layer << " " << name);
+  return cmp::Verdict::fail;
+}
+
+float bf16_ulps(float x, int n) {
+  const uint16_t b = f32_to_bf16(x).bits;
+  int mag = (b & 0x7FFF) + ((b & 0x8000) ? -n : n);
+  if (mag < 0) return x;
+  return bf16_to_f32(bf16_t{uint16_t((b & 0x8000) | mag)});
+}
+
+}  // namespace
+
+TEST_CASE("diff: a faithful candidate passes, and the report says what was checked") {
+  const golden::Loaded g = golden::read(golden_dir("glm-5.2"));
+  const diff::Result r = judge(g, faithful(g));
+  CHECK(!r.failed());
+  CHECK(r.exit_code() == 0);
+  CHECK(r.checked.size() == r.tensors.size());
+  const std::string text = r.text("replay");
+  CHECK(text.find("tests:") != std::string::npos);
+  CHECK(text.find("__REPRO: replay") != std::string::npos);
+  CHECK(r.json()["verdict"] == "PASS");
+  // A subset is fine: only the named tensors are judged.
+  Candidate only;
+  only.set("layers.3.attn.lse", g.tensor<float>("layers.3.attn.lse"));
+  const diff::Result s = judge(g, only);
+  CHECK(s.tensors.size() == 1);
+  CHECK(!s.failed());
+}
+
+TEST_CASE("diff: a tie permutation of indices passes, with the attention judged on the candidate's own indices") {
+  const golden::Loaded g = golden::read(golden_dir("ties"));
+  Candidate c = faithful(g);
+  const Tensor<float> L = g.tensor<float>("layers.0.indexer.logits");
+  const Tensor<int32_t> ks = g.tensor<int32_t>("layers.0.indexer.ks"), ke = g.tensor<int32_t>("layers.0.indexer.ke");
+  Tensor<int32_t> topk = g.tensor<int32_t>("layers.0.indexer.topk");
+  const int64_t k = topk.dim(1);
+  // Swap the k-th winner of every row for an unselected position with the same score.
+  int swapped = 0;
+  for (int64_t t = 0; t < topk.dim(0); ++t) {
+    const float kth = L.at(t, ks[t] + topk.at(t, k - 1));
+    std::set<int32_t> sel(topk.data.begin() + t * k, topk.data.begin() + (t + 1) * k);
+    for (int32_t s = 0; s < ke[t] - ks[t]; ++s)
+      if (!sel.count(s) && L.at(t, ks[t] + s) == kth) { topk.at(t, k - 1) = s; ++swapped; break; }
+    std::swap(topk.at(t, 0), topk.at(t, 1));  // slot order never matters
+  }
+  REQUIRE(swapped > 0);
+  const Tensor<int32_t> rows = ref::local_to_kv_rows(topk, ks);
+  const Tensor<bf16_t> q = g.tensor<bf16_t>("layers.0.attn.q"), kv = g.tensor<bf16_t>("layers.0.attn.kv");
+  const ref::AttentionOut a = ref::sparse_attention(q, kv, rows, g.manifest["config"]["sm_scale"].get<float>(), 512);
+  Tensor<float> out(a.out.shape);
+  for (int64_t i = 0; i < out.numel(); ++i) out[i] = bf16_to_f32(a.out_bf16[i]);
+  c.set("layers.0.indexer.topk", topk);
+  c.set("layers.0.attn.indices", rows);
+  c.set("layers.0.attn.out", out);
+  c.set("layers.0.attn.lse", a.lse);
+  c.set("layers.0.attn.max_logits", a.max_logits);
+  const diff::Result r = judge(g, c);
+  if (r.failed()) MESSAGE(r.text("x"));
+  CHECK(!r.failed());
+  bool conditional = false;
+  for (const auto& t : r.tensors) conditional |= t.note.find("candidate's indices") != std::string::npos;
+  CHECK(conditional);
+  // The same outputs judged against the golden's own indices would have failed.
+  c.set("layers.0.attn.indices", g.tensor<int32_t>("layers.0.attn.indices"));
+  CHECK(judge(g, c).failed());
+}
+
+TEST_CASE("diff: bf16 ulp noise on out — 1-2 ulps pass, a few ulps beyond the bound fail, NaN fails") {
+  const golden::Loaded g = golden::read(golden_dir("deepseek-v3.2"));
+  Candidate c = faithful(g);
+  Tensor<float> out = io::as_tensor<float>(c.t["layers.1.attn.out"], "c");
+  Xoshiro256 rng(3);
+  for (float& v : out.data) v = bf16_ulps(v, int(rng.below(5)) - 2);
+  c.set("layers.1.attn.out", out);
+  CHECK(verdict(judge(g, c), 1, "attn.out") == cmp::Verdict::pass);
+  // Move one element until it leaves its bound, then 3 ulps further.
+  const diff::Result base = judge(g, faithful(g));
+  Tensor<float> far = io::as_tensor<float>(faithful(g).t["layers.1.attn.out"], "c");
+  const Tensor<float> exact = g.tensor<float>("layers.1.attn.out");
+  const int64_t e = 777;
+  float v = far[e];
+  for (int i = 0; i < 64; ++i) v = bf16_ulps(v, 1);  // 64 ulps: far beyond any per-element bound
+  far[e] = v;
+  c.set("layers.1.attn.out", far);
+  diff::Result r = judge(g, c);
+  CHECK(verdict(r, 1, "attn.out") == cmp::Verdict::fail);
+  CHECK(r.exit_code() == 1);
+  Tensor<float> nan = exact;
+  nan[5] = std::nanf("");
+  c.set("layers.1.attn.out", nan);
+  CHECK(verdict(judge(g, c), 1, "attn.out") == cmp::Verdict::fail);
+  (void)base;
+}
+
+TEST_CASE("diff: wrong selections fail: a non-tie replacement, a dropped winner") {
+  const golden::Loaded g = golden::read(golden_dir("deepseek-v3.2"));
+  const Tensor<float> L = g.tensor<float>("layers.0.indexer.logits");
+  Tensor<int32_t> topk = g.tensor<int32_t>("layers.0.indexer.topk");
+  const int64_t k = topk.dim(1), t = 5;
+  const std::set<int32_t> sel(topk.data.begin() + t * k, topk.data.begin() + (t + 1) * k);
+  Candidate c = faithful(g);
+  Tensor<int32_t> bad = topk;
+  for (int32_t s = 0; s < int32_t(L.dim(1)); ++s)
+    if (!sel.count(s) && std::isfinite(L.at(t, s)) && L.at(t, s) < L.at(t, topk.at(t, k - 1))) { bad.at(t, 0) = s; break; }
+  c.set("layers.0.indexer.topk", bad);
+  CHECK(verdict(judge(g, c), 0, "indexer.topk") == cmp::Verdict::fail);
+  Tensor<int32_t> dropped = topk;
+  dropped.at(t, 3) = -1;
+  std::swap(dropped.at(t, 3), dropped.at(t, k - 1));
+  c.set("layers.0.indexer.topk", dropped);
+  CHECK(verdict(judge(g, c), 0, "indexer.topk") == cmp::Verdict::fail);
+}
+
+TEST_CASE("diff: lse in base 2 fails and is diagnosed") {
+  const golden::Loaded g = golden::read(golden_dir("glm-5.2"));
+  Candidate c = faithful(g);
+  Tensor<float> lse = g.tensor<float>("layers.2.attn.lse");
+  for (float& v : lse.data) v = float(double(v) / std::log(2.0));
+  c.set("layers.2.attn.lse", lse);
+  const diff::Result r = judge(g, c);
+  CHECK(verdict(r, 2, "attn.lse") == cmp::Verdict::fail);
+  CHECK(diagnosed(r, "base 2"));
+}
+
+TEST_CASE("diff: a Shared layer with its own fresh indices or another layer's positions fails and is diagnosed") {
+  const golden::Loaded g = golden::read(golden_dir("glm-5.2"));  // FFFSSSFS: layer 4 shares layer 2's positions
+  const float sm = g.manifest["config"]["sm_scale"].get<float>();
+  const Tensor<bf16_t> q = g.tensor<bf16_t>("layers.4.attn.q"), kv = g.tensor<bf16_t>("layers.4.attn.kv");
+  auto candidate_using = [&](const Tensor<int32_t>& rows) {
+    Candidate c = faithful(g);
+    const ref::AttentionOut a = ref::sparse_attention(q, kv, rows, sm, 512);
+    Tensor<float> out(a.out.shape);
+    for (int64_t i = 0; i < out.numel(); ++i) out[i] = bf16_to_f32(a.out_bf16[i]);
+    c.set("layers.4.attn.indices", rows);
+    c.set("layers.4.attn.out", out);
+    return c;
+  };
+  SUBCASE("its own fresh top-k") {
+    const Tensor<int32_t> own = ref::local_to_kv_rows(g.tensor<int32_t>("layers.4.indexer.topk"), g.tensor<int32_t>("layers.4.indexer.ks"));
+    const diff::Result r = judge(g, candidate_using(own));
+    CHECK(verdict(r, 4, "attn.indices") == cmp::Verdict::fail);
+    CHECK(r.failed());
+    CHECK(diagnosed(r, "own fresh top-k"));
+  }
+  SUBCASE("the previous Full layer's positions (schedule off by one)") {
+    const diff::Result r = judge(g, candidate_using(g.tensor<int32_t>("layers.1.attn.indices")));
+    CHECK(verdict(r, 4, "attn.indices") == cmp::Verdict::fail);
+    CHECK(diagnosed(r, "Full layer 1's positions"));
+  }
+  SUBCASE("only the output is given: the attention over another layer's positions is still diagnosed") {
+    Candidate c = candidate_using(g.tensor<int32_t>("layers.1.attn.indices"));
+    c.t.erase("layers.4.attn.indices");
+    const diff::Result r = judge(g, c);
+    CHECK(verdict(r, 4, "attn.out") == cmp::Verdict::fail);
+    CHECK(diagnosed(r, "Full layer 1's positions"));
+  }
+}
+
+TEST_CASE("diff: an off-by-one causal bound fails and is diagnosed") {
+  const golden::Loaded g = golden::read(golden_dir("deepseek-v3.2"));
+  const Tensor<int32_t> ks = g.tensor<int32_t>("layers.0.indexer.ks");
+  Tensor<int32_t> ke = g.tensor<int32_t>("layers.0.indexer.ke");
+  for (int64_t t = 0; t < ke.numel(); ++t) ke[t] -= 1;  // the row misses its own key
+  const Tensor<float> L = ref::indexer_logits_fp8(g.tensor<e4m3_t>("layers.0.indexer.q"), g.tensor<e4m3_t>("layers.0.indexer.k"),
+                                                  g.tensor<float>("layers.0.indexer.k_scale"), g.tensor<float>("layers.0.indexer.weights"), ks, ke);
+  Candidate c = faithful(g);
+  c.set("layers.0.indexer.topk", ref::topk(L, ks, ke, g.manifest["config"]["topk"].get<int64_t>()));
+  c.t.erase("layers.0.indexer.logits");
+  const diff::Result r = judge(g, c);
+  CHECK(verdict(r, 0, "indexer.topk") == cmp::Verdict::fail);
+  CHECK(diagnosed(r, "causal bound off by one"));
+}
+
+TEST_CASE("diff: missing, unknown or mis-shaped candidate tensors are bad input (exit 2)") {
+  const golden::Loaded g = golden::read(golden_dir("glm-5.2"));
+  Candidate c;
+  c.set("layers.0.attn.out", Tensor<float>({16, 2, 511}));
+  CHECK_THROWS_WITH_AS(judge(g, c), doctest::Contains("layers.0.attn.out"), Error);
+  Candidate u;
+  u.set("layers.0.attn.output", Tensor<float>({1}));
+  CHECK_THROWS_WITH_AS(judge(g, u), doctest::Contains("'layers.0.attn.output' is not a golden output name"), Error);
+  Candidate w;
+  w.set("layers.9.attn.lse", Tensor<float>({16, 2}));
+  CHECK_THROWS_WITH_AS(judge(g, w), doctest::Contains("outside the golden set's 8 layers"), Error);
+  Candidate d;
+  d.set("layers.0.attn.lse", Tensor<int32_t>({16, 2}));
+  CHECK_THROWS_WITH_AS(judge(g, d), doctest::Contains("dtype is I32"), Error);
+  Candidate e;
+  e.set("layers.3.indexer.logits", Tensor<float>({16, 96}));
+  const golden::Loaded k = golden::read(golden_dir("deepseek-v3.2"));
+  CHECK_THROWS_WITH_AS(diff::judge(g, faithful(g).file(), {9}), doctest::Contains("layer 9"), Error);
+  CHECK(diff::parse_layers("0,3-5") == std::set<int>{0, 3, 4, 5});
+  CHECK_THROWS_WITH_AS(diff::parse_layers("1,x"), doctest::Contains("'x'"), Error);
+  CHECK_THROWS_AS(diff::parse_layers("5-3"), Error);
+  (void)k;
+}
