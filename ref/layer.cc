@@ -40,10 +40,16 @@ LayerInputs make_layer_inputs(const Problem& p, int layer, bool with_indexer) {
   const std::string prefix = "layers." + std::to_string(layer) + ".";
   LayerInputs in;
   in.has_indexer = with_indexer;
-  // Causal bounds: query row t is position start + t and sees keys [0, start + t].
-  in.ks = Tensor<int32_t>({s_q}, 0);
+  // Causal bounds: query row t belongs to sequence i = t / seq_q, whose keys are the kv rows
+  // [i * seq_kv, (i + 1) * seq_kv); it is position start + (t mod seq_q) of that sequence and sees
+  // its keys [0, start + (t mod seq_q)].
+  in.ks = Tensor<int32_t>({s_q});
   in.ke = Tensor<int32_t>({s_q});
-  for (int64_t t = 0; t < s_q; ++t) in.ke[t] = int32_t(p.start_pos() + t + 1);
+  for (int64_t t = 0; t < s_q; ++t) {
+    const int64_t seq = t / p.seq_q(), local = t % p.seq_q();
+    in.ks[t] = int32_t(seq * p.seq_kv());
+    in.ke[t] = int32_t(seq * p.seq_kv() + p.start_pos() + local + 1);
+  }
 
   if (with_indexer) {
     // 1. Cross-layer mix of q, k and the raw head weights.

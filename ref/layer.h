@@ -24,7 +24,9 @@
 //   indexer.k       [s_kv, D]     likewise, k_scale [s_kv] (bf16 mode: k_scale = 1)
 //   indexer.weights [s_q, H]      f32: w * H^-0.5 * q_scale * D^-0.5, left to right in f32
 //                                 (the upstream `weights_proj(x) * H^-0.5 * q_scale * D^-0.5`)
-//   indexer.ks/ke   [s_q]         0 and s_kv - s_q + t + 1: causal, the row sees its own key
+//   indexer.ks/ke   [s_q]         the row's sequence start in the kv rows, and that plus
+//                                 start + local_t + 1 (causal: the row sees its own key; one
+//                                 sequence: 0 and s_kv - s_q + t + 1)
 //   attn.q          [s_q, h_q, d_qk]   bf16(dist), the layer's own stream
 //   attn.kv         [s_kv, 1, d_qk]    bf16(dist), the layer's own stream
 //   attn.sink       [h_q]              per the sink option: dist, +inf or -inf

@@ -56,6 +56,9 @@ void Problem::validate() const {
   require(index_head_dim <= (int64_t(1) << 17), "problem field id must be <= 131072 (exact FP8 dots)");
   if (sm) require(std::isfinite(*sm), "problem field sm must be finite");
   pos(n_layers, "nl");
+  pos(n_seqs, "nseq");
+  require(s_q % n_seqs == 0 && s_kv % n_seqs == 0,
+          "problem field nseq (" + std::to_string(n_seqs) + ") must divide sq and skv");
   require(sim >= 0.0f && sim <= 1.0f, "problem field sim must be in [0, 1], got " + std::to_string(sim));
   require(recency >= 0.0f && std::isfinite(recency), "problem field recency must be finite and >= 0");
   require(sinks >= 0 && sinks <= s_kv, "problem field sinks must be in [0, skv]");
@@ -81,6 +84,7 @@ std::string to_string(const Problem& p) {
   if (p.recency != d.recency) os << " recency=" << float_str(p.recency);
   if (p.sinks != d.sinks) os << " sinks=" << p.sinks;
   if (p.own != d.own) os << " own=" << (p.own ? "yes" : "no");
+  if (p.n_seqs != d.n_seqs) os << " nseq" << p.n_seqs;
   return os.str();
 }
 
@@ -150,7 +154,8 @@ Problem parse_problem(const std::string& text) {
     int64_t seed_tmp = 0;
     const Field fields[] = {{"sq", &p.s_q}, {"skv", &p.s_kv}, {"hq", &p.h_q}, {"dqk", &p.d_qk},
                             {"dv", &p.d_v}, {"ih", &p.index_n_heads}, {"id", &p.index_head_dim},
-                            {"k", &p.index_topk}, {"seed", &seed_tmp}, {"nl", &p.n_layers}};
+                            {"k", &p.index_topk}, {"seed", &seed_tmp}, {"nl", &p.n_layers},
+                            {"nseq", &p.n_seqs}};
     bool matched = false;
     for (const Field& f : fields) {
       if (name != f.name) continue;
@@ -161,7 +166,7 @@ Problem parse_problem(const std::string& text) {
     }
     if (!matched)
       throw Error("problem token '" + tok + "': unknown field '" + name +
-                  "' (expected sq, skv, hq, dqk, dv, ih, id, k, seed, nl or NAME=VALUE)");
+                  "' (expected sq, skv, hq, dqk, dv, ih, id, k, seed, nl, nseq or NAME=VALUE)");
   }
   p.validate();
   return p;

@@ -26,6 +26,8 @@
 //   recency=<float>      indexer bias towards recent keys, >= 0                     default 0
 //   sinks=<int>          leading "attention sink" tokens the indexer favours        default 0
 //   own=yes|no           Shared layers carry their own (unused) indexer inputs      default yes
+//   nseq  n_seqs         sequences flattened into the s_q / s_kv rows (FlashMLA varlen
+//                        style); each holds s_q/nseq queries and s_kv/nseq keys     default 1
 //
 // Example: "sq1024 skv1024 hq64 dqk576 dv512 ih64 id128 k256 seed7".
 #pragma once
@@ -64,9 +66,13 @@ struct Problem {
   float recency = 0.0f;
   int64_t sinks = 0;
   bool own = true;
+  int64_t n_seqs = 1;
 
   float sm_scale() const;                  // sm, or float(1 / sqrt(d_qk))
-  int64_t start_pos() const { return s_kv - s_q; }
+  // Per sequence: queries, keys, and the position of the first query row.
+  int64_t seq_q() const { return s_q / n_seqs; }
+  int64_t seq_kv() const { return s_kv / n_seqs; }
+  int64_t start_pos() const { return seq_kv() - seq_q(); }
   void validate() const;                   // throws Error naming the field
   Schedule schedule() const;               // parse_schedule(sched, n_layers)
   friend bool operator==(const Problem&, const Problem&) = default;

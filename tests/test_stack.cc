@@ -109,3 +109,21 @@ TEST_CASE("stack: decode rows follow the next_n causal rule; Shared layers may l
   CHECK_THROWS_WITH_AS(parse_problem("nl3 sched=FF"), doctest::Contains("FF"), Error);
   CHECK_THROWS_WITH_AS(parse_problem("sim=1.5"), doctest::Contains("sim"), Error);
 }
+
+TEST_CASE("stack: several flattened sequences keep their own windows and local positions") {
+  const Problem p = parse_problem("sq8 skv24 hq2 dqk16 dv8 ih2 id16 k4 seed4 nseq2 nl2 sched=FS");
+  CHECK(to_string(p).find("nseq2") != std::string::npos);
+  const auto in = ref::make_stack_inputs(p, p.schedule());
+  // Sequence 0: rows 0-3, kv rows 0-11, positions 8..11; sequence 1: rows 4-7, kv rows 12-23.
+  CHECK(in[0].ks.data == std::vector<int32_t>{0, 0, 0, 0, 12, 12, 12, 12});
+  CHECK(in[0].ke.data == std::vector<int32_t>{9, 10, 11, 12, 21, 22, 23, 24});
+  const auto out = ref::run_stack(p, p.schedule(), in);
+  for (int64_t t = 0; t < 8; ++t)
+    for (int64_t j = 0; j < 4; ++j) {
+      const int32_t local = out[0].own_topk.at(t, j), row = out[0].indices[t * 4 + j];
+      CHECK((local >= 0 && local < in[0].ke[t] - in[0].ks[t]));
+      CHECK(row == local + in[0].ks[t]);
+    }
+  CHECK(out[1].used_topk.data == out[0].own_topk.data);
+  CHECK_THROWS_WITH_AS(parse_problem("sq8 skv24 nseq3"), doctest::Contains("nseq"), Error);
+}

@@ -33,8 +33,8 @@ std::string role_name(Role r) {
 const std::vector<Preset>& presets() {
   static const std::vector<Preset> p = {
       {"deepseek-v3.2",
-       "sq16 skv128 hq4 dqk576 dv512 ih64 id128 k32 seed1 nl3 sim=0.85 recency=0.25 sinks=2", "stack",
-       "DeepSeek-V3.2 kernel shapes (576/512 MLA, 64x128 indexer), 3 Full layers, 128 keys, top-32"},
+       "sq16 skv256 hq4 dqk576 dv512 ih64 id128 k32 seed1 nl3 sim=0.85 recency=0.25 sinks=2 nseq2", "stack",
+       "DeepSeek-V3.2 kernel shapes (576/512 MLA, 64x128 indexer), 3 Full layers, 2 sequences of 128 keys, top-32"},
       {"glm-5.2",
        "sq16 skv96 hq2 dqk576 dv512 ih32 id128 k24 seed2 nl8 sched=glm-5.2 sim=0.85 recency=0.25 sinks=2",
        "stack", "GLM-5.2 kernel shapes (32x128 indexer), 8 layers with its schedule FFFSSSFS"},
@@ -148,6 +148,11 @@ GoldenSet build(const Problem& p, const std::string& kind, bool with_logits, con
                                  {"multiple", cmp::kBudgetMultiple},
                                  {"emulation", "f32 logits and softmax, P rounded to bf16, f32 accumulation, bf16 out"}};
   }
+  // Sequence boundaries of the flattened rows, FlashMLA / varlen style.
+  Tensor<int32_t> cu_q({p.n_seqs + 1}), cu_k({p.n_seqs + 1});
+  for (int64_t i = 0; i <= p.n_seqs; ++i) { cu_q[i] = int32_t(i * p.seq_q()); cu_k[i] = int32_t(i * p.seq_kv()); }
+  add(g, "cu_seqlens_q", cu_q, Role::input);
+  add(g, "cu_seqlens_k", cu_k, Role::input);
   const float sm = p.sm_scale();
   g.manifest = {
       {"format", "indexshare-golden"},
@@ -159,7 +164,7 @@ GoldenSet build(const Problem& p, const std::string& kind, bool with_logits, con
       {"config",
        {{"s_q", p.s_q}, {"s_kv", p.s_kv}, {"topk", p.index_topk}, {"index_n_heads", p.index_n_heads},
         {"index_head_dim", p.index_head_dim}, {"h_q", p.h_q}, {"d_qk", p.d_qk}, {"d_v", p.d_v},
-        {"sm_scale", sm}, {"n_layers", p.n_layers}, {"seed", p.seed}, {"start_pos", p.start_pos()},
+        {"sm_scale", sm}, {"n_layers", p.n_layers}, {"seed", p.seed}, {"start_pos", p.start_pos()}, {"n_seqs", p.n_seqs},
         {"indexer", indexer_mode_name(p.indexer)}}},
       {"conventions",
        {{"lse_base", "e"},
@@ -173,7 +178,10 @@ GoldenSet build(const Problem& p, const std::string& kind, bool with_logits, con
         {"attn_index_space", "attn.indices: rows of attn.kv (logical, unpaged)"},
         {"padding", -1},
         {"invalid_index", "any index < 0 or >= s_kv is ignored wherever it sits"},
-        {"causal_rule", "query row t is position s_kv - s_q + t and sees keys [0, s_kv - s_q + t]"},
+        {"sequences", "n_seqs sequences flattened: sequence i owns query rows [cu_seqlens_q[i], cu_seqlens_q[i+1]) "
+                      "and kv rows [cu_seqlens_k[i], cu_seqlens_k[i+1])"},
+        {"causal_rule", "the j-th query row of a sequence with Lq queries and Lk keys is position Lk - Lq + j and "
+                        "sees that sequence's keys [0, Lk - Lq + j]"},
         {"indexer_logits", "k_scale[s] * sum_h w[t,h] * relu(q[t,h] . k[s]); -inf outside [ks, ke)"},
         {"rope_layout", "not applicable (kernel-level set)"}}},
       {"layers", layers},
