@@ -10,6 +10,7 @@
 
 #include "ref/attention.h"
 #include "ref/indexer.h"
+#include "ref/model.h"
 #include "ref/numerics.h"
 #include "ref/rng.h"
 #include "ref/topk.h"
@@ -266,4 +267,25 @@ TEST_CASE("diff: missing, unknown or mis-shaped candidate tensors are bad input 
   CHECK_THROWS_WITH_AS(diff::parse_layers("1,x"), doctest::Contains("'x'"), Error);
   CHECK_THROWS_AS(diff::parse_layers("5-3"), Error);
   (void)k;
+}
+
+TEST_CASE("diff: module-level sets diagnose an indexer with its RoPE layout swapped") {
+  const golden::Loaded g = golden::read(golden_dir("module-tiny-glm"));
+  CHECK(g.manifest["kind"] == "module");
+  // The same toy model with the half-split layout: layer 0 sees the same hidden state, so its
+  // top-k differs only through the RoPE layout.
+  ModelConfig cfg = model_preset("tiny-glm");
+  cfg.indexer_rope = ref::RopeLayout::half_split;
+  const ref::ToyModel m = ref::make_toy_model(cfg, cfg.resolve_schedule(), 1, 0.8f, ref::IndexerVariant::deepseek_fp8, true);
+  ref::ToyCache cache;
+  const ref::ToyForward f = ref::forward(m, cache, ref::toy_hidden(cfg, 1, 0, cfg.seq));
+  Candidate c;
+  c.set("layers.0.indexer.topk", f.layers[0].own_topk);
+  const diff::Result r = judge(g, c);
+  CHECK(verdict(r, 0, "indexer.topk") == cmp::Verdict::fail);
+  CHECK(diagnosed(r, "RoPE layout swapped (half_split"));
+  // The golden's own top-k passes.
+  Candidate ok;
+  ok.set("layers.0.indexer.topk", g.tensor<int32_t>("layers.0.indexer.topk"));
+  CHECK(!judge(g, ok).failed());
 }

@@ -14,18 +14,67 @@ namespace indexshare::cli {
 namespace {
 
 struct GoldenArgs {
-  std::string preset, problem, kind = "stack", out, impl = "ref";
+  std::string preset, problem, kind = "stack", out, impl = "ref", model, from, schedule, variant = "deepseek_fp8";
   int64_t layers = 0, seq = 0;
   int64_t seed = -1;
+  float sim = 0.8f;
   bool no_logits = false, force = false;
 };
 
 std::string quote(const std::string& s) { return "\"" + s + "\""; }
 
+int publish(golden::GoldenSet set, const GoldenArgs& a, const std::string& replay,
+            std::chrono::steady_clock::time_point t0) {
+  golden::write(a.out, std::move(set), a.force);
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::printf("%s", golden::summary(golden::read(a.out)).c_str());
+  std::printf("time      %.2f s\n__REPRO: %s\n", secs, replay.c_str());
+  return 0;
+}
+
 int cmd_golden(const GoldenArgs& a) {
-  require(a.preset.empty() != a.problem.empty(), "golden: give exactly one of --preset and --problem");
   require(!a.out.empty(), "golden: --out DIR is required");
   require(a.impl == "ref", "--impl: only 'ref' is available in this build, got '" + a.impl + "'");
+  const auto t0 = std::chrono::steady_clock::now();
+  const bool module_preset = !a.preset.empty() && golden::preset(a.preset).kind == "module";
+  if (!a.model.empty() || module_preset) {  // module level: the toy model with a preset's shapes
+    require(a.problem.empty() && a.from.empty() && (a.preset.empty() || a.model.empty()),
+            "golden: --model excludes --preset, --problem and --from");
+    golden::ModelSpec spec;
+    spec.preset = module_preset ? golden::preset(a.preset).problem : a.model;
+    spec.layers = int(a.layers);
+    spec.seq = a.seq;
+    spec.schedule = a.schedule;
+    spec.seed = a.seed >= 0 ? uint64_t(a.seed) : 1;
+    spec.sim = a.sim;
+    spec.variant = a.variant;
+    char sim[32];
+    std::snprintf(sim, sizeof sim, "%.9g", double(spec.sim));
+    std::string replay = "indexshare golden --model " + spec.preset + " --seed " + std::to_string(spec.seed) + " --sim " + sim +
+                         " --variant " + spec.variant;
+    if (spec.layers) replay += " --layers " + std::to_string(spec.layers);
+    if (spec.seq) replay += " --seq " + std::to_string(spec.seq);
+    if (!spec.schedule.empty()) replay += " --schedule " + spec.schedule;
+    replay += " --out " + a.out;
+    std::fprintf(stderr, "golden: computing the %s toy model...\n", spec.preset.c_str());
+    return publish(golden::build_model(spec, replay), a, replay, t0);
+  }
+  if (!a.from.empty()) {  // kernel inputs dumped from a real model
+    require(a.preset.empty(), "golden: --from excludes --preset (use --problem for top-k, dv, sm and sched)");
+    // The layer count comes from the file; the problem gives top-k, d_v, sm and the schedule.
+    std::string text = a.problem.empty() ? "sq1 skv1" : a.problem;
+    if (text.find("nl") == std::string::npos) {
+      const io::SafetensorsFile f = io::read_safetensors(a.from);
+      int L = 0;
+      while (f.find("layers." + std::to_string(L) + ".attn.q")) ++L;
+      text += " nl" + std::to_string(std::max(L, 1));
+    }
+    const Problem p = parse_problem(text);
+    const std::string replay = "indexshare golden --from " + a.from + " --problem " + quote(to_string(p)) +
+                               (a.no_logits ? " --no-logits" : "") + " --out " + a.out;
+    return publish(golden::build_from(a.from, p, !a.no_logits, replay), a, replay, t0);
+  }
+  require(a.preset.empty() != a.problem.empty(), "golden: give exactly one of --preset, --problem, --model and --from");
   std::string desc = a.problem, kind = a.kind;
   if (!a.preset.empty()) {
     const golden::Preset& pr = golden::preset(a.preset);
@@ -40,13 +89,7 @@ int cmd_golden(const GoldenArgs& a) {
   const std::string replay = "indexshare golden --problem " + quote(to_string(p)) + " --kind " + kind +
                              (a.no_logits ? " --no-logits" : "") + " --out " + a.out;
   std::fprintf(stderr, "golden: computing %s (%lld layers)...\n", to_string(p).c_str(), (long long)p.n_layers);
-  const auto t0 = std::chrono::steady_clock::now();
-  golden::GoldenSet set = golden::build(p, kind, !a.no_logits, replay);
-  golden::write(a.out, std::move(set), a.force);
-  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  std::printf("%s", golden::summary(golden::read(a.out)).c_str());
-  std::printf("time      %.2f s\n__REPRO: %s\n", secs, replay.c_str());
-  return 0;
+  return publish(golden::build(p, kind, !a.no_logits, replay), a, replay, t0);
 }
 
 }  // namespace
@@ -57,9 +100,14 @@ Action register_golden(CLI::App& app) {
   c->add_option("--preset", a->preset, "Golden preset (see `indexshare presets`)");
   c->add_option("--problem,-p", a->problem, "Problem descriptor");
   c->add_option("--kind", a->kind, "stack or attention-edge (with --problem)")->capture_default_str();
+  c->add_option("--model", a->model, "Module-level set from the toy model with a preset's shapes (tiny-glm, tiny-deepseek, glm-5.2, ...)");
+  c->add_option("--from", a->from, "Kernel-level stack from per-layer inputs dumped from a real model (golden tensor names)");
   c->add_option("--layers", a->layers, "Override the number of layers");
-  c->add_option("--seq", a->seq, "Override the sequence length s_kv (s_q is capped at it)");
+  c->add_option("--seq", a->seq, "Override the sequence length (kernel sets: s_kv, s_q capped at it)");
   c->add_option("--seed", a->seed, "Override the seed");
+  c->add_option("--schedule", a->schedule, "Layer schedule (--model)");
+  c->add_option("--sim", a->sim, "Cross-layer weight similarity (--model)")->capture_default_str();
+  c->add_option("--variant", a->variant, "Indexer variant deepseek_fp8 or hf_bf16 (--model)")->capture_default_str();
   c->add_option("--impl", a->impl, "Implementation: ref")->capture_default_str();
   c->add_flag("--no-logits", a->no_logits, "Leave out the [s_q, s_kv] indexer logits");
   c->add_flag("--force", a->force, "Replace an existing golden set in --out");

@@ -1,11 +1,14 @@
 #include "tools/diff.h"
 
 #include <algorithm>
+#include <optional>
 #include <cmath>
 #include <cstdio>
 #include <sstream>
 
 #include "ref/attention.h"
+#include "ref/cost.h"
+#include "ref/module.h"
 #include "ref/indexer.h"
 #include "ref/numerics.h"
 #include "ref/topk.h"
@@ -147,6 +150,36 @@ cmp::FloatRule bound_rule(std::vector<double> b, double budget = -1) {
   return r;
 }
 
+// Module-level sets: the layer's top-k recomputed from the golden's hidden state and weights with
+// the indexer RoPE layout swapped (the most common real bug, dsa_semantics.md section 0).
+// Empty when the set is not module level or the layer has no indexer weights.
+struct SwappedRope {
+  std::string layout;
+  Tensor<float> logits;
+  Tensor<int32_t> topk;
+};
+std::optional<SwappedRope> swapped_rope(const golden::Loaded& g, int l, const Tensor<int32_t>& ks, const Tensor<int32_t>& ke) {
+  const json& m = g.manifest;
+  const std::string p = "layers." + std::to_string(l) + ".";
+  if (m.value("kind", "") != "module" || !m.contains("model_config") || !g.find(p + "indexer.wq_b")) return std::nullopt;
+  ModelConfig cfg = parse_config_json(m["model_config"].dump(), g.dir + "/manifest.json: model_config");
+  cfg.indexer_rope = cfg.indexer_rope == ref::RopeLayout::half_split ? ref::RopeLayout::interleaved : ref::RopeLayout::half_split;
+  auto f32 = [&](const std::string& n) {
+    const Tensor<bf16_t> b = g.tensor<bf16_t>(p + n);
+    Tensor<float> x(b.shape);
+    for (int64_t i = 0; i < b.numel(); ++i) x[i] = bf16_to_f32(b[i]);
+    return x;
+  };
+  ref::IndexerWeights w{f32("indexer.wq_b"), f32("indexer.wk"), f32("indexer.k_norm_w"), f32("indexer.k_norm_b"),
+                        f32("indexer.weights_proj")};
+  const ref::IndexerVariant v = m["conventions"].value("indexer_variant", "deepseek_fp8") == "hf_bf16"
+                                    ? ref::IndexerVariant::hf_bf16 : ref::IndexerVariant::deepseek_fp8;
+  const ref::IndexerModuleOut o = ref::indexer_module(cfg, w, f32("attn.x"), f32("mla.qr"), 0, v);
+  SwappedRope r{ref::rope_layout_name(cfg.indexer_rope), ref::indexer_module_logits(o, v, ks, ke), {}};
+  r.topk = ref::topk(r.logits, ks, ke, m["config"]["topk"].get<int64_t>());
+  return r;
+}
+
 }  // namespace
 
 bool Result::failed() const {
@@ -237,7 +270,11 @@ Result judge(const golden::Loaded& g, const io::SafetensorsFile& c, const std::s
         for (int64_t i = 0; i < d.logits.numel(); ++i)
           if (std::isfinite(d.logits[i])) rule.bound[size_t(i)] = 4 * std::sqrt(double(topk) + 2) * 0x1p-14 * std::fabs(double(d.logits[i]));
       }
-      add(l, "indexer.logits", cmp::compare_floats("", d.logits, cand_logits, rule));
+      if (add(l, "indexer.logits", cmp::compare_floats("", d.logits, cand_logits, rule)) == cmp::Verdict::fail)
+        if (const auto sw = swapped_rope(g, l, d.ks, d.ke))
+          if (passes(cmp::compare_floats("", sw->logits, cand_logits, rule)))
+            res.diagnoses.push_back(P + ": indexer.logits match the indexer with its RoPE layout swapped (" + sw->layout +
+                                    " instead of the model's)");
     }
     // 2. Top-k positions.
     if (has(l, "indexer.topk")) {
@@ -256,6 +293,10 @@ Result judge(const golden::Loaded& g, const io::SafetensorsFile& c, const std::s
         }
       if (!sorted) res.notes.push_back(P + ": indexer.topk is not in score order (fine: slot order carries no meaning)");
       if (v == cmp::Verdict::fail) {
+        if (const auto sw = swapped_rope(g, l, d.ks, d.ke))
+          if (passes(cmp::compare_topk("", sw->logits, d.ks, d.ke, sw->topk, ct, {})))
+            res.diagnoses.push_back(P + ": indexer.topk is the top-k of the indexer with its RoPE layout swapped (" + sw->layout +
+                                    " instead of the model's)");
         for (int delta : {+1, -1}) {
           Tensor<int32_t> ke2 = d.ke;
           bool ok = true;
@@ -439,7 +480,8 @@ std::string Result::text(const std::string& replay) const {
     for (const std::string& d : diagnoses) os << "  - " << d << "\n";
   } else if (failed()) {
     os << "diagnosis: no named hypothesis explains the failure (LSE base 2, sink in LSE, causal off by one, "
-          "Shared layer with fresh or another layer's positions, missing sink were tested)\n";
+          "Shared layer with fresh or another layer's positions, missing sink, and for module-level sets the "
+          "indexer RoPE layout were tested)\n";
   }
   for (const std::string& n : notes) os << "note: " << n << "\n";
   os << "tests:" << tensors.size() << " passed:" << pass << " failed:" << fail << " mistrusted:" << mis << "\n";

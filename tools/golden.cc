@@ -12,6 +12,9 @@
 #include <sstream>
 
 #include "ref/compare.h"
+#include "ref/config.h"
+#include "ref/cost.h"
+#include "ref/model.h"
 #include "ref/numerics.h"
 #include "ref/stack.h"
 #include "ref/topk.h"
@@ -42,6 +45,9 @@ const std::vector<Preset>& presets() {
        "tie-heavy indexer: 4-level inputs, 4 x 16 heads: 13 of 16 rows tie at the k-th score"},
       {"short-rows", "sq16 skv40 hq2 dqk576 dv512 ih8 id128 k64 seed4", "stack",
        "topk >= every row's length: top-k selects everything, sparse equals dense"},
+      {"module-tiny-glm", "tiny-glm", "module",
+       "module level: the toy GLM-style model (interleaved indexer RoPE, 8 layers FFFSSSFS, 64 tokens) with "
+       "hidden states, bf16 weights and every indexer / MLA intermediate"},
       {"attention-edge", "sq8 skv64 hq4 dqk576 dv512 ih8 id128 k16 seed5 sink=random", "attention-edge",
        "attention edge cases: an all-invalid row, leading and middle -1, indices >= s_kv, "
        "duplicates, topk_length, random attention sinks"},
@@ -91,10 +97,20 @@ void edge_indices(Tensor<int32_t>& ind, Tensor<int32_t>& topk_length, int64_t s_
 
 }  // namespace
 
+namespace {
+GoldenSet build_stack(const Problem& p, const std::vector<ref::LayerInputs>& inputs, const std::string& kind,
+                      bool with_logits, const std::string& replay);
+}
+
 GoldenSet build(const Problem& p, const std::string& kind, bool with_logits, const std::string& replay) {
-  require(kind == "stack" || kind == "attention-edge", "golden: unknown kind '" + kind + "'");
+  require(kind == "stack" || kind == "attention-edge", "golden: unknown kind '" + kind + "' (expected stack or attention-edge)");
+  return build_stack(p, ref::make_stack_inputs(p, p.schedule()), kind, with_logits, replay);
+}
+
+namespace {
+GoldenSet build_stack(const Problem& p, const std::vector<ref::LayerInputs>& inputs, const std::string& kind,
+                      bool with_logits, const std::string& replay) {
   const Schedule sched = p.schedule();
-  const std::vector<ref::LayerInputs> inputs = ref::make_stack_inputs(p, sched);
   const std::vector<ref::StackLayerOutputs> outs = ref::run_stack(p, sched, inputs, true);
   GoldenSet g;
   json layers = json::array(), budgets = json::object();
@@ -187,6 +203,202 @@ GoldenSet build(const Problem& p, const std::string& kind, bool with_logits, con
       {"layers", layers},
       {"budgets", budgets},
   };
+  return g;
+}
+}  // namespace
+
+namespace {
+Tensor<bf16_t> bf16_of(const Tensor<float>& x) { return to_bf16_tensor(x); }
+}  // namespace
+
+GoldenSet build_model(const ModelSpec& spec, const std::string& replay) {
+  ModelConfig cfg = model_preset(spec.preset);
+  if (spec.layers > 0) cfg.n_layers = spec.layers;
+  if (spec.seq > 0) cfg.seq = spec.seq;
+  const Schedule sched = spec.schedule.empty() ? cfg.resolve_schedule() : parse_schedule(spec.schedule, cfg.n_layers);
+  cfg.schedule = ScheduleSpec{};
+  cfg.schedule.pattern = sched.pattern();
+  cfg.validate();
+  require(spec.sim >= 0 && spec.sim <= 1, "golden: --sim must be in [0, 1]");
+  const ref::IndexerVariant variant = ref::parse_indexer_variant(spec.variant);
+  const ref::ToyModel m = ref::make_toy_model(cfg, sched, spec.seed, spec.sim, variant, true);
+  const int64_t S = cfg.seq;
+  const Tensor<float> h0 = ref::toy_hidden(cfg, spec.seed, 0, S);
+  ref::ToyCache cache;
+  const ref::ToyForward f = ref::forward(m, cache, h0);
+  GoldenSet g;
+  json layers = json::array(), budgets = json::object();
+  Tensor<int32_t> ks({S}, 0), ke({S});
+  for (int64_t t = 0; t < S; ++t) ke[t] = int32_t(t + 1);
+  const float sm = float(cfg.softmax_scale());
+  Tensor<float> h = h0;
+  for (int l = 0; l < cfg.n_layers; ++l) {
+    const ref::ToyLayer& w = m.layers[size_t(l)];
+    const ref::ToyLayerTrace& tr = f.layers[size_t(l)];
+    const std::string pre = "layers." + std::to_string(l) + ".";
+    layers.push_back({{"index", l}, {"kind", sched.is_full(l) ? "full" : "shared"}, {"source", sched.source(l)},
+                      {"has_indexer", w.has_indexer}});
+    // Inputs of the module level: the hidden state and the layer's bf16 weights.
+    add(g, pre + "hidden_in", bf16_of(h), Role::input);
+    add(g, pre + "attn_norm", bf16_of(w.attn_norm), Role::input);
+    const std::pair<const char*, const Tensor<float>*> mla[] = {
+        {"mla.wq_a", &w.mla.wq_a}, {"mla.q_norm", &w.mla.q_norm}, {"mla.wq_b", &w.mla.wq_b}, {"mla.wkv_a", &w.mla.wkv_a},
+        {"mla.kv_norm", &w.mla.kv_norm}, {"mla.wkv_b", &w.mla.wkv_b}, {"mla.wo", &w.mla.wo}};
+    for (const auto& [n, t] : mla) add(g, pre + n, bf16_of(*t), Role::input);
+    add(g, pre + "attn.x", bf16_of(tr.x), Role::reference);
+    add(g, pre + "mla.qr", bf16_of(ref::mla_query(cfg, w.mla, tr.x, 0).qr), Role::reference);
+    if (w.has_indexer) {
+      const std::pair<const char*, const Tensor<float>*> iw[] = {
+          {"indexer.wq_b", &w.indexer.wq_b}, {"indexer.wk", &w.indexer.wk}, {"indexer.k_norm_w", &w.indexer.k_norm_w},
+          {"indexer.k_norm_b", &w.indexer.k_norm_b}, {"indexer.weights_proj", &w.indexer.weights_proj}};
+      for (const auto& [n, t] : iw) add(g, pre + n, bf16_of(*t), Role::input);
+      const ref::IndexerModuleOut& io_ = tr.indexer;
+      const std::pair<const char*, const Tensor<float>*> inter[] = {
+          {"indexer.q_proj", &io_.q_proj}, {"indexer.q_rope", &io_.q_rope}, {"indexer.q_hadamard", &io_.q_hadamard},
+          {"indexer.k_proj", &io_.k_proj}, {"indexer.k_norm", &io_.k_norm}, {"indexer.k_rope", &io_.k_rope},
+          {"indexer.k_hadamard", &io_.k_hadamard}};
+      for (const auto& [n, t] : inter)
+        if (t->numel()) add(g, pre + n, bf16_of(*t), Role::reference);
+      if (variant == ref::IndexerVariant::deepseek_fp8) {
+        add(g, pre + "indexer.q", io_.q8, Role::input);
+        add(g, pre + "indexer.k", cache.index_keys[size_t(l)].k8, Role::input);
+      } else {
+        add(g, pre + "indexer.q", bf16_of(io_.q), Role::input);
+        add(g, pre + "indexer.k", bf16_of(cache.index_keys[size_t(l)].k), Role::input);
+      }
+      add(g, pre + "indexer.k_scale", cache.index_keys[size_t(l)].k_scale, Role::input);
+      add(g, pre + "indexer.q_scale", io_.q_scale, Role::reference);
+      add(g, pre + "indexer.weights", io_.weights, Role::input);
+      add(g, pre + "indexer.ks", ks, Role::input);
+      add(g, pre + "indexer.ke", ke, Role::input);
+      add(g, pre + "indexer.logits", tr.logits, Role::output);
+      add(g, pre + "indexer.topk", tr.own_topk, Role::output);
+    }
+    const Tensor<int32_t> indices = ref::local_to_kv_rows(tr.used_topk, ks);
+    add(g, pre + "attn.q", tr.q, Role::input);
+    add(g, pre + "attn.kv", cache.kv[size_t(l)], Role::input);
+    add(g, pre + "attn.indices", indices, Role::input);
+    add(g, pre + "attn.out", tr.attn.out, Role::output);
+    add(g, pre + "attn.out_bf16", tr.attn.out_bf16, Role::output);
+    add(g, pre + "attn.lse", tr.attn.lse, Role::output);
+    add(g, pre + "attn.max_logits", tr.attn.max_logits, Role::output);
+    add(g, pre + "out", bf16_of(tr.out), Role::reference);
+    const ref::AttentionOut emu = cmp::emulate_attention_lowp(tr.q, cache.kv[size_t(l)], indices, sm, cfg.d_v(), nullptr, nullptr);
+    budgets[pre + "attn.out"] = {{"budget_max_abs", cmp::attention_budget(tr.attn.out, emu.out)},
+                                 {"multiple", cmp::kBudgetMultiple},
+                                 {"emulation", "f32 logits and softmax, P rounded to bf16, f32 accumulation, bf16 out"}};
+    for (int64_t i = 0; i < h.numel(); ++i) h[i] = round_bf16(h[i] + tr.out[i]);
+  }
+  add(g, "hidden_out", bf16_of(f.h_out), Role::output);
+  Tensor<int32_t> cu({2});
+  cu.data = {0, int32_t(S)};
+  add(g, "cu_seqlens_q", cu, Role::input);
+  add(g, "cu_seqlens_k", cu, Role::input);
+  char simbuf[32];
+  std::snprintf(simbuf, sizeof simbuf, "%.9g", double(spec.sim));
+  const std::string problem = "model=" + spec.preset + " layers=" + std::to_string(cfg.n_layers) + " seq=" + std::to_string(S) +
+                              " seed=" + std::to_string(spec.seed) + " sim=" + simbuf + " variant=" + spec.variant +
+                              " schedule=" + sched.pattern();
+  g.manifest = {
+      {"format", "indexshare-golden"},
+      {"format_version", kFormatVersion},
+      {"generator", std::string("indexshare ") + INDEXSHARE_VERSION},
+      {"kind", "module"},
+      {"problem", problem},
+      {"replay", replay},
+      {"config",
+       {{"s_q", S}, {"s_kv", S}, {"topk", cfg.index_topk}, {"index_n_heads", cfg.index_n_heads},
+        {"index_head_dim", cfg.index_head_dim}, {"h_q", cfg.n_heads}, {"d_qk", cfg.d_qk()}, {"d_v", cfg.d_v()},
+        {"sm_scale", sm}, {"n_layers", cfg.n_layers}, {"seed", spec.seed}, {"start_pos", 0}, {"n_seqs", 1},
+        {"indexer", variant == ref::IndexerVariant::deepseek_fp8 ? "fp8" : "bf16"}}},
+      {"model_config", json::parse(config_json_text(cfg))},
+      {"conventions",
+       {{"lse_base", "e"},
+        {"lse_includes_sink", false},
+        {"empty_row", "out 0, lse +inf, max_logits -inf"},
+        {"scale_rule", scale_rule_name(cfg.index_scale_rule)},
+        {"fp8_format", "e4m3fn, round to nearest even, saturating to +-448"},
+        {"tie_rule", "score descending, then index ascending"},
+        {"topk_index_space", "indexer.topk: sequence-local positions"},
+        {"attn_index_space", "attn.indices: rows of attn.kv (logical, unpaged)"},
+        {"padding", -1},
+        {"causal_rule", "row t is position t and sees keys [0, t]"},
+        {"rope_layout", "indexer: " + ref::rope_layout_name(cfg.indexer_rope) + " on dims [0, rope) of [pe | nope]; MLA: interleaved"},
+        {"indexer_variant", spec.variant},
+        {"weights", "bf16 values (not the checkpoints' FP8 block-quantized linears)"},
+        {"model", "attention-only residual stack h <- bf16(h + out), out = wo . MLA(bf16(RMSNorm(h)))"}}},
+      {"layers", layers},
+      {"budgets", budgets},
+  };
+  return g;
+}
+
+GoldenSet build_from(const std::string& file, Problem p, bool with_logits, const std::string& replay) {
+  const io::SafetensorsFile f = io::read_safetensors(file);
+  int L = 0;
+  while (f.find("layers." + std::to_string(L) + ".attn.q")) ++L;
+  require(L > 0, file + ": no tensor 'layers.0.attn.q': expected per-layer inputs under the golden tensor names");
+  const io::TensorView& q0 = f.get("layers.0.attn.q");
+  const io::TensorView& kv0 = f.get("layers.0.attn.kv");
+  require(q0.shape.size() == 3 && kv0.shape.size() == 3, file + ": layers.0.attn.q / attn.kv must be rank 3");
+  p.n_layers = L;
+  p.s_q = q0.shape[0];
+  p.h_q = q0.shape[1];
+  p.d_qk = q0.shape[2];
+  p.s_kv = kv0.shape[0];
+  const io::TensorView& iq0 = f.get("layers.0.indexer.q");
+  require(iq0.shape.size() == 3, file + ": layers.0.indexer.q must be [s_q, H, D]");
+  p.index_n_heads = iq0.shape[1];
+  p.index_head_dim = iq0.shape[2];
+  p.indexer = iq0.dtype == io::DType::F8_E4M3 ? IndexerMode::fp8 : IndexerMode::bf16;
+  p.n_seqs = 1;
+  if (const io::TensorView* cu = f.find("cu_seqlens_q")) p.n_seqs = cu->shape.at(0) - 1;
+  p.validate();
+  const Schedule sched = p.schedule();
+  std::vector<ref::LayerInputs> inputs(static_cast<size_t>(L));
+  const int64_t s_q = p.s_q, s_kv = p.s_kv, H = p.index_n_heads, D = p.index_head_dim;
+  auto bf16_to_f = [](const Tensor<bf16_t>& b) {
+    Tensor<float> x(b.shape);
+    for (int64_t i = 0; i < b.numel(); ++i) x[i] = bf16_to_f32(b[i]);
+    return x;
+  };
+  for (int l = 0; l < L; ++l) {
+    const std::string pre = "layers." + std::to_string(l) + ".";
+    ref::LayerInputs& in = inputs[size_t(l)];
+    in.has_indexer = f.find(pre + "indexer.q") != nullptr;
+    require(in.has_indexer || !sched.is_full(l), file + ": Full layer " + std::to_string(l) + " has no '" + pre + "indexer.q'");
+    auto get = [&](const std::string& n, const Shape& shape) -> const io::TensorView& {
+      const io::TensorView& v = f.get(pre + n);
+      io::expect_shape(v, shape, file);
+      return v;
+    };
+    if (in.has_indexer) {
+      if (p.indexer == IndexerMode::fp8) {
+        in.index_q8 = io::as_tensor<e4m3_t>(get("indexer.q", {s_q, H, D}), file);
+        in.index_k8 = io::as_tensor<e4m3_t>(get("indexer.k", {s_kv, D}), file);
+      } else {
+        in.index_q = bf16_to_f(io::as_tensor<bf16_t>(get("indexer.q", {s_q, H, D}), file));
+        in.index_k = bf16_to_f(io::as_tensor<bf16_t>(get("indexer.k", {s_kv, D}), file));
+      }
+      in.index_k_scale = io::as_tensor<float>(get("indexer.k_scale", {s_kv}), file);
+      in.index_weights = io::as_tensor<float>(get("indexer.weights", {s_q, H}), file);
+      in.index_q_scale = Tensor<float>({s_q, H}, 1.0f);  // folded into the weights upstream
+      in.ks = io::as_tensor<int32_t>(get("indexer.ks", {s_q}), file);
+      in.ke = io::as_tensor<int32_t>(get("indexer.ke", {s_q}), file);
+      for (int64_t t = 0; t < s_q; ++t)
+        require(0 <= in.ks[t] && in.ks[t] <= in.ke[t] && in.ke[t] <= s_kv,
+                file + ": " + pre + "indexer.ks/ke: row " + std::to_string(t) + " outside 0 <= ks <= ke <= s_kv");
+    } else {
+      in.ks = inputs[size_t(sched.source(l))].ks;
+      in.ke = inputs[size_t(sched.source(l))].ke;
+    }
+    in.q = io::as_tensor<bf16_t>(get("attn.q", {s_q, p.h_q, p.d_qk}), file);
+    in.kv = io::as_tensor<bf16_t>(get("attn.kv", {s_kv, 1, p.d_qk}), file);
+    if (f.find(pre + "attn.sink")) in.sink = io::as_tensor<float>(get("attn.sink", {p.h_q}), file);
+  }
+  GoldenSet g = build_stack(p, inputs, "stack", with_logits, replay);
+  g.manifest["kind"] = "stack-from-file";
+  g.manifest["source_file"] = file;
   return g;
 }
 

@@ -42,6 +42,25 @@ const Preset& preset(const std::string& name);  // Error naming the unknown pres
 // with_logits = false leaves out indexer.logits (large sets).
 GoldenSet build(const Problem& p, const std::string& kind, bool with_logits, const std::string& replay);
 
+// A module-level golden set from the toy model (ref/model.h): per layer the hidden states, the
+// bf16 weights, the indexer and MLA intermediates, and the kernel-level tensors of `build`.
+struct ModelSpec {
+  std::string preset = "tiny-glm";
+  int layers = 0;          // 0: the preset's
+  int64_t seq = 0;         // 0: the preset's
+  std::string schedule;    // empty: the preset's
+  uint64_t seed = 1;
+  float sim = 0.8f;
+  std::string variant = "deepseek_fp8";
+};
+GoldenSet build_model(const ModelSpec& spec, const std::string& replay);
+
+// A kernel-level stack from per-layer inputs dumped from a real model: `file` holds
+// layers.{l}.indexer.{q,k,k_scale,weights,ks,ke} (Full layers; optional on Shared ones) and
+// layers.{l}.attn.{q,kv[,sink]} under the golden tensor names; shapes come from the file and
+// replace p's, the rest (top-k, d_v, sm, schedule) from p.
+GoldenSet build_from(const std::string& file, Problem p, bool with_logits, const std::string& replay);
+
 // Writes `set` to `dir` atomically. The folder must not exist, or be empty, unless `force`
 // (then an existing golden set there is replaced in one rename).
 void write(const std::string& dir, GoldenSet set, bool force);
