@@ -6,8 +6,8 @@ namespace indexshare {
 
 int64_t shape_numel(const Shape& shape) {
   int64_t n = 1;
-  for (int64_t d : shape) {
-    require(d >= 0, "shape " + shape_str(shape) + ": negative dimension");
+  for (int64_t d : shape) {  // messages are built only on failure (a hostile rank stays linear)
+    if (d < 0) throw Error("shape " + shape_str(shape) + ": negative dimension");
     if (d != 0 && n > std::numeric_limits<int64_t>::max() / d)
       throw Error("shape " + shape_str(shape) + ": element count overflows int64");
     n *= d;

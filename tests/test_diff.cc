@@ -289,3 +289,27 @@ TEST_CASE("diff: module-level sets diagnose an indexer with its RoPE layout swap
   ok.set("layers.0.indexer.topk", g.tensor<int32_t>("layers.0.indexer.topk"));
   CHECK(!judge(g, ok).failed());
 }
+
+TEST_CASE("diff: decode sets — physical indices where logical were expected, and the reverse, are diagnosed") {
+  const golden::Loaded g = golden::read(golden_dir("decode"));
+  const Tensor<int32_t> phys = g.tensor<int32_t>("layers.0.attn.indices_physical");
+  const Tensor<int32_t> logical = g.tensor<int32_t>("layers.0.attn.indices");
+  Candidate ok;
+  ok.set("layers.0.attn.indices", logical);
+  ok.set("layers.0.attn.indices_physical", phys);
+  CHECK(!judge(g, ok).failed());
+  Candidate a;
+  Tensor<int32_t> as_rows = phys;
+  as_rows.shape = logical.shape;
+  a.set("layers.0.attn.indices", as_rows);
+  const diff::Result ra = judge(g, a);
+  CHECK(ra.failed());
+  CHECK(diagnosed(ra, "physical (paged) slots; logical kv rows were expected"));
+  Candidate b;
+  Tensor<int32_t> as_phys = logical;
+  as_phys.shape = phys.shape;
+  b.set("layers.0.attn.indices_physical", as_phys);
+  const diff::Result rb = judge(g, b);
+  CHECK(rb.failed());
+  CHECK(diagnosed(rb, "are logical kv rows; physical (paged) slots were expected"));
+}

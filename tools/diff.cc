@@ -19,8 +19,8 @@ using nlohmann::json;
 
 namespace {
 
-const std::vector<std::string> kJudged = {"indexer.logits", "indexer.topk", "attn.indices", "attn.out", "attn.lse",
-                                          "attn.max_logits"};
+const std::vector<std::string> kJudged = {"indexer.logits", "indexer.topk", "attn.indices", "attn.indices_physical",
+                                          "attn.out", "attn.lse", "attn.max_logits"};
 
 // ---- candidate access: dtype conversions and shape checks (errors exit 2) ----
 
@@ -231,7 +231,7 @@ Result judge(const golden::Loaded& g, const io::SafetensorsFile& c, const std::s
         std::find(kJudged.begin(), kJudged.end(), std::string(rest)) == kJudged.end() ||
         v.name != "layers." + std::to_string(l) + "." + rest)
       throw Error(c.source + ": tensor '" + v.name + "' is not a golden output name (expected layers.{l}." +
-                  "indexer.logits, indexer.topk, attn.indices, attn.out, attn.lse or attn.max_logits)");
+                  "indexer.logits, indexer.topk, attn.indices, attn.indices_physical, attn.out, attn.lse or attn.max_logits)");
     if (l < 0 || l >= n_layers)
       throw Error(c.source + ": tensor '" + v.name + "': layer " + std::to_string(l) + " is outside the golden set's " +
                   std::to_string(n_layers) + " layers");
@@ -344,6 +344,13 @@ Result judge(const golden::Loaded& g, const io::SafetensorsFile& c, const std::s
       }
       if (v == cmp::Verdict::fail) {
         const auto cs = row_sets(ci, s_kv);
+        if (const io::TensorView* ph = g.find(name(l, "attn.indices_physical"))) {
+          Tensor<int32_t> phys = g.tensor<int32_t>(name(l, "attn.indices_physical"));
+          phys.shape = {s_q, 1, topk};
+          if (row_sets(ci, INT32_MAX) == row_sets(phys, INT32_MAX))
+            res.diagnoses.push_back(P + ": attn.indices are the physical (paged) slots; logical kv rows were expected");
+          (void)ph;
+        }
         // Hypotheses: the Shared layer used its own indexer, or another layer's positions.
         if (!d.full && d.has_indexer && cs == row_sets(ref::local_to_kv_rows(d.topk, d.ks), s_kv))
           res.diagnoses.push_back(P + ": attn.indices are the layer's own fresh top-k, not its source layer " +
@@ -368,6 +375,32 @@ Result judge(const golden::Loaded& g, const io::SafetensorsFile& c, const std::s
                                       " (causal bound off by one)");
           }
       }
+    }
+    // 3b. Decode sets: the physical (paged) indices, as sets per row.
+    if (has(l, "attn.indices_physical")) {
+      require(g.find(name(l, "attn.indices_physical")) != nullptr,
+              c.source + ": " + name(l, "attn.indices_physical") + ": the golden set is not a decode set");
+      const Tensor<int32_t> gp = g.tensor<int32_t>(name(l, "attn.indices_physical"));
+      Tensor<int32_t> cp = cand_int(c, name(l, "attn.indices_physical"), gp.shape);
+      Tensor<int32_t> gflat = gp, cflat = cp;
+      gflat.shape = cflat.shape = {s_q, 1, topk};
+      cmp::Report r;
+      r.stats.n = s_q;
+      const auto gs = row_sets(gflat, INT32_MAX), cs = row_sets(cflat, INT32_MAX);
+      for (int64_t t = 0; t < s_q; ++t) {
+        ++r.stats.n_checked;
+        if (gs[size_t(t)] != cs[size_t(t)]) {
+          ++r.stats.n_fail;
+          if (r.mismatches.size() < cmp::kMaxMismatches) r.mismatches.push_back({{t}, 0, 0, 0, 0, "physical slots differ from the golden's"});
+        }
+      }
+      if (r.stats.n_fail) {
+        r.verdict = cmp::Verdict::fail;
+        r.reasons.push_back(std::to_string(r.stats.n_fail) + " row(s) whose physical slots differ (as sets) from the golden's");
+        if (cs == row_sets(d.indices, s_kv))
+          res.diagnoses.push_back(P + ": attn.indices_physical are logical kv rows; physical (paged) slots were expected");
+      }
+      add(l, "attn.indices_physical", r);
     }
     // 4. Attention outputs against the expected attention over the indices used.
     if (has(l, "attn.out") || has(l, "attn.lse") || has(l, "attn.max_logits")) {

@@ -18,6 +18,7 @@
 #include "ref/numerics.h"
 #include "ref/stack.h"
 #include "ref/topk.h"
+#include "tools/paged.h"
 
 namespace indexshare::golden {
 
@@ -48,6 +49,9 @@ const std::vector<Preset>& presets() {
       {"module-tiny-glm", "tiny-glm", "module",
        "module level: the toy GLM-style model (interleaved indexer RoPE, 8 layers FFFSSSFS, 64 tokens) with "
        "hidden states, bf16 weights and every indexer / MLA intermediate"},
+      {"decode", "sq4 skv320 hq4 dqk576 dv512 ih16 id128 k32 seed6 nseq2 nl2 sched=FS recency=0.25", "decode",
+       "decode, next_n = 2, two sequences of 160 tokens in a paged FP8 KV cache (page 64, shuffled blocks, "
+       "NaN in unused slots), physical indices, DeepGEMM paged indexer cache"},
       {"attention-edge", "sq8 skv64 hq4 dqk576 dv512 ih8 id128 k16 seed5 sink=random", "attention-edge",
        "attention edge cases: an all-invalid row, leading and middle -1, indices >= s_kv, "
        "duplicates, topk_length, random attention sinks"},
@@ -103,17 +107,65 @@ GoldenSet build_stack(const Problem& p, const std::vector<ref::LayerInputs>& inp
 }
 
 GoldenSet build(const Problem& p, const std::string& kind, bool with_logits, const std::string& replay) {
-  require(kind == "stack" || kind == "attention-edge", "golden: unknown kind '" + kind + "' (expected stack or attention-edge)");
-  return build_stack(p, ref::make_stack_inputs(p, p.schedule()), kind, with_logits, replay);
+  require(kind == "stack" || kind == "attention-edge" || kind == "decode",
+          "golden: unknown kind '" + kind + "' (expected stack, attention-edge or decode)");
+  std::vector<ref::LayerInputs> inputs = ref::make_stack_inputs(p, p.schedule());
+  if (kind == "decode") {
+    // The decode kernels read the FP8 KV cache: the reference attention runs on the quantized
+    // then dequantized latent rows (FlashMLA's own tests do the same), identical in value to what
+    // the kernels dequantize from the paged cache.
+    require(p.d_qk == paged::kFlashMlaDqk, "golden decode: the V32 FP8 KV cache needs dqk576");
+    for (ref::LayerInputs& in : inputs) in.kv = paged::flashmla_quant_dequant(in.kv);
+  }
+  return build_stack(p, inputs, kind, with_logits, replay);
 }
 
 namespace {
+constexpr int64_t kDecodePage = 64;
+
+// Decode sets add the layouts the decode kernels read (tools/paged.h): FlashMLA's V32 FP8 KV cache
+// of the layer, DeepGEMM's paged indexer k cache (layers with an indexer), and the physical
+// indices [b, next_n, topk] the attention used. Unused cache slots hold NaN.
+void add_paged(GoldenSet& g, const Problem& p, const ref::LayerInputs& in, const ref::StackLayerOutputs& o,
+               const std::string& pre, const paged::PagedLayout& layout) {
+  const int64_t b = p.n_seqs, Lk = p.seq_kv(), k = p.index_topk;
+  std::vector<Tensor<bf16_t>> kv;
+  for (int64_t i = 0; i < b; ++i) {
+    Tensor<bf16_t> t({Lk, 1, p.d_qk});
+    std::copy(in.kv.data.begin() + i * Lk * p.d_qk, in.kv.data.begin() + (i + 1) * Lk * p.d_qk, t.data.begin());
+    kv.push_back(std::move(t));
+  }
+  add(g, pre + "attn.kv_cache_fp8", paged::flashmla_fp8_cache(layout, kv), Role::input);
+  if (in.has_indexer && p.indexer == IndexerMode::fp8) {
+    std::vector<Tensor<e4m3_t>> kc;
+    std::vector<Tensor<float>> sc;
+    for (int64_t i = 0; i < b; ++i) {
+      Tensor<e4m3_t> t({Lk, p.index_head_dim});
+      std::copy(in.index_k8.data.begin() + i * Lk * p.index_head_dim, in.index_k8.data.begin() + (i + 1) * Lk * p.index_head_dim, t.data.begin());
+      Tensor<float> s({Lk});
+      std::copy(in.index_k_scale.data.begin() + i * Lk, in.index_k_scale.data.begin() + (i + 1) * Lk, s.data.begin());
+      kc.push_back(std::move(t));
+      sc.push_back(std::move(s));
+    }
+    add(g, pre + "indexer.k_cache", paged::deepgemm_index_cache(layout, kc, sc, p.index_head_dim), Role::input);
+  }
+  Tensor<int32_t> logical({b, p.seq_q(), k});
+  logical.data = o.used_topk.data;
+  add(g, pre + "attn.indices_physical", paged::logical_to_physical(layout, logical), Role::input);
+}
+
 GoldenSet build_stack(const Problem& p, const std::vector<ref::LayerInputs>& inputs, const std::string& kind,
                       bool with_logits, const std::string& replay) {
   const Schedule sched = p.schedule();
   const std::vector<ref::StackLayerOutputs> outs = ref::run_stack(p, sched, inputs, true);
   GoldenSet g;
   json layers = json::array(), budgets = json::object();
+  paged::PagedLayout layout;
+  if (kind == "decode") {
+    layout = paged::make_layout(std::vector<int64_t>(size_t(p.n_seqs), p.seq_kv()), kDecodePage, p.seed);
+    add(g, "block_table", layout.block_table, Role::input);
+    add(g, "cache_seqlens", layout.cache_seqlens, Role::input);
+  }
   for (int l = 0; l < sched.n_layers(); ++l) {
     const ref::LayerInputs& in = inputs[size_t(l)];
     const ref::StackLayerOutputs& o = outs[size_t(l)];
@@ -154,6 +206,7 @@ GoldenSet build_stack(const Problem& p, const std::vector<ref::LayerInputs>& inp
     add(g, pre + "attn.out_bf16", attn.out_bf16, Role::output);
     add(g, pre + "attn.lse", attn.lse, Role::output);
     add(g, pre + "attn.max_logits", attn.max_logits, Role::output);
+    if (kind == "decode") add_paged(g, p, in, o, pre, layout);
     // Tolerance budget of the attention output (FlashAttention style, see ref/compare.h).
     const ref::AttentionOut emu = cmp::emulate_attention_lowp(in.q, in.kv, indices, p.sm_scale(), p.d_v, tl, sink);
     double emu_err = 0;
@@ -199,7 +252,15 @@ GoldenSet build_stack(const Problem& p, const std::vector<ref::LayerInputs>& inp
         {"causal_rule", "the j-th query row of a sequence with Lq queries and Lk keys is position Lk - Lq + j and "
                         "sees that sequence's keys [0, Lk - Lq + j]"},
         {"indexer_logits", "k_scale[s] * sum_h w[t,h] * relu(q[t,h] . k[s]); -inf outside [ks, ke)"},
-        {"rope_layout", "not applicable (kernel-level set)"}}},
+        {"rope_layout", "not applicable (kernel-level set)"},
+        {"decode",
+         kind == "decode"
+             ? "batch b = n_seqs, next_n = s_q / b; attn.kv holds the FP8-quantized-then-dequantized latent rows "
+               "(FlashMLA V32: 4 tiles of 128, scale 2^ceil(log2(max(amax/448, 1e-4)))); attn.kv_cache_fp8 "
+               "[num_blocks, page, 1, 656] = 512 e4m3 + 4 f32 scales + 64 bf16 rope per token; "
+               "indexer.k_cache [num_blocks, page, 1, D + 4] = per block all fp8 bytes then the f32 scales; "
+               "attn.indices_physical = block_table[b, pos / page] * page + pos % page; unused slots NaN"
+             : "not a decode set"}}},
       {"layers", layers},
       {"budgets", budgets},
   };

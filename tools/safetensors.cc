@@ -1,1 +1,545 @@
-// placeholder
+#include "tools/safetensors.h"
+
+#include <fcntl.h>
+#include <openssl/evp.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <tuple>
+
+namespace indexshare::io {
+
+using json = nlohmann::json;
+
+namespace {
+
+constexpr const char* kMetadataKey = "__metadata__";
+constexpr size_t kMaxDepth = 128;
+
+struct DTypeInfo {
+  DType dtype;
+  const char* name;
+  size_t size;
+};
+
+constexpr DTypeInfo kDTypes[] = {
+    {DType::F64, "F64", 8},   {DType::F32, "F32", 4},         {DType::F16, "F16", 2},
+    {DType::BF16, "BF16", 2}, {DType::F8_E4M3, "F8_E4M3", 1}, {DType::F8_E5M2, "F8_E5M2", 1},
+    {DType::I64, "I64", 8},   {DType::I32, "I32", 4},         {DType::I16, "I16", 2},
+    {DType::I8, "I8", 1},     {DType::U8, "U8", 1},           {DType::BOOL, "BOOL", 1},
+};
+
+const DTypeInfo& info(DType dtype) {
+  for (const DTypeInfo& d : kDTypes)
+    if (d.dtype == dtype) return d;
+  throw Error("invalid DType value " + std::to_string(int(dtype)));
+}
+
+std::string os_error(int err) { return std::strerror(err); }
+
+// A JSON value for an error message: compact, at most ~80 characters.
+std::string show(const json& j) {
+  std::string s = j.dump(-1, ' ', false, json::error_handler_t::replace);
+  if (s.size() > 80) s = s.substr(0, 77) + "...";
+  return s;
+}
+
+// A non-negative integer JSON number (an unsigned, or a signed one >= 0).
+bool get_u64(const json& j, uint64_t& out) {
+  if (j.is_number_unsigned()) {
+    out = j.get<uint64_t>();
+    return true;
+  }
+  if (j.is_number_integer() && j.get<int64_t>() >= 0) {
+    out = uint64_t(j.get<int64_t>());
+    return true;
+  }
+  return false;
+}
+
+// shape_str for messages, cut at ~80 characters (a hostile header can hold a rank of millions).
+std::string short_shape(const Shape& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (s.size() > 72) return s + ",...]";
+    if (i) s += ',';
+    s += std::to_string(shape[i]);
+  }
+  return s + "]";
+}
+
+// shape_numel's rule (also the reference library's: a checked product in dimension order), in
+// linear time: shape_numel formats its message before checking each dimension, which is
+// quadratic in the rank, and a hostile header can hold a rank of millions. `where` prefixes the
+// message.
+int64_t numel_of(const Shape& shape, const std::string& where) {
+  int64_t n = 1;
+  for (int64_t d : shape) {
+    if (d < 0) throw Error(where + "shape " + short_shape(shape) + ": negative dimension");
+    if (d != 0 && n > std::numeric_limits<int64_t>::max() / d)
+      throw Error(where + "shape " + short_shape(shape) + ": element count overflows int64");
+    n *= d;
+  }
+  return n;
+}
+
+uint64_t read_le64(const uint8_t* p) {
+  uint64_t v = 0;
+  for (int i = 7; i >= 0; --i) v = (v << 8) | p[i];
+  return v;
+}
+
+// SAX handler that builds the DOM with nlohmann's own builder and refuses duplicate keys at any
+// depth (the DOM builder keeps the last duplicate silently) and absurd nesting. (nlohmann's
+// parser-callback API would also see the keys, but its DOM builder rescans the parent object at
+// every end_object, which is quadratic in the number of tensors.)
+class HeaderSax {
+ public:
+  HeaderSax(json& root, const std::string& file)
+      : dom_(root, /*allow_exceptions=*/true), file_(file) {}
+
+  bool null() { return dom_.null(); }
+  bool boolean(bool v) { return dom_.boolean(v); }
+  bool number_integer(json::number_integer_t v) { return dom_.number_integer(v); }
+  bool number_unsigned(json::number_unsigned_t v) { return dom_.number_unsigned(v); }
+  bool number_float(json::number_float_t v, const json::string_t& s) {
+    return dom_.number_float(v, s);
+  }
+  bool string(json::string_t& v) { return dom_.string(v); }
+  bool binary(json::binary_t& v) { return dom_.binary(v); }
+  bool start_object(std::size_t n) {
+    open();
+    return dom_.start_object(n);
+  }
+  bool key(json::string_t& k) {
+    Frame& f = stack_.back();
+    if (!f.keys.insert(k).second) {
+      if (stack_.size() == 1) throw Error(file_ + ": header: duplicate tensor name '" + k + "'");
+      // Name the top-level entry (tensor or __metadata__) the duplicate lies in.
+      throw Error(file_ + ": header: '" + stack_.front().last_key + "': duplicate key '" + k + "'");
+    }
+    f.last_key = k;
+    return dom_.key(k);
+  }
+  bool end_object() {
+    stack_.pop_back();
+    return dom_.end_object();
+  }
+  bool start_array(std::size_t n) {
+    open();
+    return dom_.start_array(n);
+  }
+  bool end_array() {
+    stack_.pop_back();
+    return dom_.end_array();
+  }
+  template <class Exception>
+  bool parse_error(std::size_t position, const std::string& token, const Exception& ex) {
+    return dom_.parse_error(position, token, ex);  // throws ex
+  }
+
+ private:
+  // One frame per open object or array (arrays have no keys but count towards the depth).
+  struct Frame {
+    std::set<std::string> keys;
+    std::string last_key;
+  };
+  void open() {
+    // A valid header nests 3 deep; serde_json (the reference library's parser) stops at 128. The
+    // limit also bounds what a hostile "[[[[..." header makes the parser allocate.
+    if (stack_.size() >= kMaxDepth)
+      throw Error(file_ + ": header: invalid JSON: nested deeper than " +
+                  std::to_string(kMaxDepth) + " levels");
+    stack_.emplace_back();
+  }
+
+  nlohmann::detail::json_sax_dom_parser<json> dom_;
+  const std::string& file_;
+  std::vector<Frame> stack_;
+};
+
+json parse_header(const char* begin, const char* end, const std::string& file) {
+  json root;
+  HeaderSax sax(root, file);
+  try {
+    json::sax_parse(begin, end, &sax, json::input_format_t::json, /*strict=*/true,
+                    /*ignore_comments=*/false);
+  } catch (const json::exception& e) {
+    throw Error(file + ": header: invalid JSON: " + e.what());
+  }
+  return root;
+}
+
+struct Entry {
+  TensorView view;
+  uint64_t begin = 0;
+  uint64_t end = 0;
+};
+
+Entry parse_entry(const std::string& name, const json& j, uint64_t buffer_size,
+                  const std::string& file) {
+  const std::string where = file + ": header: tensor '" + name + "': ";
+  if (!j.is_object()) throw Error(where + "entry is not an object: " + show(j));
+  for (const auto& [key, value] : j.items()) {
+    (void)value;
+    if (key != "dtype" && key != "shape" && key != "data_offsets")
+      throw Error(where + "unexpected field '" + key + "'");
+  }
+  for (const char* key : {"dtype", "shape", "data_offsets"})
+    if (!j.contains(key)) throw Error(where + "missing field '" + key + "'");
+
+  Entry e;
+  e.view.name = name;
+
+  const json& jd = j.at("dtype");
+  if (!jd.is_string()) throw Error(where + "dtype is not a string: " + show(jd));
+  try {
+    e.view.dtype = parse_dtype(jd.get<std::string>());
+  } catch (const Error& err) {
+    throw Error(where + "dtype: " + err.what());
+  }
+
+  const json& js = j.at("shape");
+  if (!js.is_array()) throw Error(where + "shape is not an array: " + show(js));
+  for (size_t i = 0; i < js.size(); ++i) {
+    const json& d = js[i];
+    if (!d.is_number_integer())
+      throw Error(where + "shape " + show(js) + ": dimension " + std::to_string(i) +
+                  " is not an integer");
+    if (d.is_number_unsigned() && d.get<uint64_t>() > uint64_t(std::numeric_limits<int64_t>::max()))
+      throw Error(where + "shape " + show(js) + ": dimension " + std::to_string(i) +
+                  " does not fit int64");
+    const int64_t v = d.get<int64_t>();
+    if (v < 0)
+      throw Error(where + "shape " + show(js) + ": dimension " + std::to_string(i) +
+                  " is negative (" + std::to_string(v) + ")");
+    e.view.shape.push_back(v);
+  }
+  const int64_t numel = numel_of(e.view.shape, where);
+  const size_t esize = dtype_size(e.view.dtype);
+  uint64_t nbytes = 0;
+  if (__builtin_mul_overflow(uint64_t(numel), uint64_t(esize), &nbytes))
+    throw Error(where + "shape " + short_shape(e.view.shape) + ": byte count of dtype " +
+                dtype_name(e.view.dtype) + " overflows uint64");
+
+  const json& jo = j.at("data_offsets");
+  if (!(jo.is_array() && jo.size() == 2 && get_u64(jo[0], e.begin) && get_u64(jo[1], e.end)))
+    throw Error(where + "data_offsets is not an array of 2 non-negative integers: " + show(jo));
+  const std::string offsets =
+      "data_offsets [" + std::to_string(e.begin) + ", " + std::to_string(e.end) + "]";
+  if (e.begin > e.end) throw Error(where + offsets + ": begin is after end");
+  if (e.end - e.begin != nbytes)
+    throw Error(where + offsets + " do not match dtype " + dtype_name(e.view.dtype) +
+                " and shape " + short_shape(e.view.shape) + " (" + std::to_string(nbytes) +
+                " bytes)");
+  if (e.end > buffer_size)
+    throw Error(where + offsets + " reach beyond the data buffer (" + std::to_string(buffer_size) +
+                " bytes)");
+  return e;
+}
+
+struct FdCloser {
+  int fd;
+  ~FdCloser() { ::close(fd); }
+};
+
+// Writes all of [data, data + n) to fd; returns 0 or an errno value.
+int write_all(int fd, const void* data, size_t n) {
+  const char* p = static_cast<const char*>(data);
+  while (n > 0) {
+    const ssize_t w = ::write(fd, p, n);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      return errno;
+    }
+    p += w;
+    n -= size_t(w);
+  }
+  return 0;
+}
+
+}  // namespace
+
+// ---- dtypes ------------------------------------------------------------------------------------
+
+std::string dtype_name(DType dtype) { return info(dtype).name; }
+
+DType parse_dtype(const std::string& name) {
+  for (const DTypeInfo& d : kDTypes)
+    if (name == d.name) return d.dtype;
+  throw Error("unknown dtype '" + name + "'");
+}
+
+size_t dtype_size(DType dtype) { return info(dtype).size; }
+
+// ---- file --------------------------------------------------------------------------------------
+
+const TensorView* SafetensorsFile::find(const std::string& name) const {
+  for (const TensorView& t : tensors)
+    if (t.name == name) return &t;
+  return nullptr;
+}
+
+const TensorView& SafetensorsFile::get(const std::string& name) const {
+  const TensorView* t = find(name);
+  if (!t) throw Error(source + ": tensor '" + name + "' is missing");
+  return *t;
+}
+
+SafetensorsFile parse_safetensors(const uint8_t* data, size_t size,
+                                  const std::string& name_for_errors) {
+  const std::string& file = name_for_errors;
+  if (data == nullptr && size != 0) throw Error(file + ": no data");
+  if (size < 8)
+    throw Error(file + ": file is " + std::to_string(size) +
+                " bytes, shorter than the 8-byte header length");
+  const uint64_t n = read_le64(data);
+  const uint64_t after = uint64_t(size) - 8;
+  if (n == 0) throw Error(file + ": header length is 0");
+  if (n > kMaxHeaderBytes)
+    throw Error(file + ": header length " + std::to_string(n) + " is absurd (limit " +
+                std::to_string(kMaxHeaderBytes) + " bytes)");
+  if (n > after)
+    throw Error(file + ": header length " + std::to_string(n) + " exceeds the " +
+                std::to_string(after) + " bytes after the length field");
+  const char* hbegin = reinterpret_cast<const char*>(data + 8);
+  // nlohmann skips a leading UTF-8 byte-order mark; JSON (RFC 8259) and the reference library do
+  // not accept one.
+  if (n >= 3 && std::memcmp(hbegin, "\xEF\xBB\xBF", 3) == 0)
+    throw Error(file + ": header: invalid JSON: starts with a UTF-8 byte-order mark");
+  // nlohmann's lexer takes a NUL byte for the end of input and would ignore what follows it; a
+  // NUL is never valid in JSON text (outside strings it is not whitespace, inside it must be
+  // escaped), so refuse it here.
+  if (const void* nul = std::memchr(hbegin, 0, size_t(n)))
+    throw Error(file + ": header: invalid JSON: NUL byte at header offset " +
+                std::to_string(static_cast<const char*>(nul) - hbegin));
+  const json header = parse_header(hbegin, hbegin + n, file);
+  if (!header.is_object()) throw Error(file + ": header: not a JSON object");
+
+  const uint8_t* buffer = data + 8 + n;
+  const uint64_t buffer_size = after - n;
+
+  SafetensorsFile out;
+  out.source = file;
+  std::vector<Entry> entries;
+  for (const auto& [key, value] : header.items()) {
+    if (key == kMetadataKey) {
+      if (!value.is_object())
+        throw Error(file + ": header: __metadata__ is not an object: " + show(value));
+      for (const auto& [mk, mv] : value.items()) {
+        if (!mv.is_string())
+          throw Error(file + ": header: __metadata__: value of '" + mk +
+                      "' is not a string: " + show(mv));
+        out.metadata[mk] = mv.get<std::string>();
+      }
+      continue;
+    }
+    entries.push_back(parse_entry(key, value, buffer_size, file));
+  }
+
+  // The ranges sorted by (begin, end) must tile [0, buffer_size) exactly.
+  std::sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) {
+    return std::tie(a.begin, a.end, a.view.name) < std::tie(b.begin, b.end, b.view.name);
+  });
+  uint64_t pos = 0;
+  const Entry* prev = nullptr;
+  for (const Entry& e : entries) {
+    auto where = [&] {
+      return file + ": header: tensor '" + e.view.name + "': data_offsets [" +
+             std::to_string(e.begin) + ", " + std::to_string(e.end) + "]";
+    };
+    if (e.begin < pos)
+      throw Error(where() + " overlap tensor '" + (prev ? prev->view.name : "") +
+                  "' (which ends at " + std::to_string(pos) + ")");
+    if (e.begin != pos)
+      throw Error(where() + " leave a hole: bytes [" + std::to_string(pos) + ", " +
+                  std::to_string(e.begin) + ") of the data buffer belong to no tensor");
+    pos = e.end;
+    prev = &e;
+  }
+  if (pos != buffer_size)
+    throw Error(file + ": header: data_offsets: the tensors end at byte " + std::to_string(pos) +
+                " but the data buffer has " + std::to_string(buffer_size) +
+                " bytes (trailing bytes)");
+
+  out.tensors.reserve(entries.size());
+  for (Entry& e : entries) {
+    e.view.bytes.assign(buffer + e.begin, buffer + e.end);
+    out.tensors.push_back(std::move(e.view));
+  }
+  return out;
+}
+
+SafetensorsFile read_safetensors(const std::string& path, uint64_t max_bytes) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw Error(path + ": cannot open: " + os_error(errno));
+  const FdCloser closer{fd};
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) throw Error(path + ": cannot stat: " + os_error(errno));
+  if (!S_ISREG(st.st_mode)) throw Error(path + ": not a regular file");
+  const uint64_t size = uint64_t(st.st_size);
+  if (size > max_bytes)
+    throw Error(path + ": file size " + std::to_string(size) + " bytes exceeds the limit of " +
+                std::to_string(max_bytes) + " bytes");
+  std::vector<uint8_t> bytes(static_cast<size_t>(size));
+  size_t got = 0;
+  while (got < bytes.size()) {
+    const ssize_t r = ::read(fd, bytes.data() + got, bytes.size() - got);
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      throw Error(path + ": cannot read: " + os_error(errno));
+    }
+    if (r == 0) throw Error(path + ": file shrank while reading");
+    got += size_t(r);
+  }
+  return parse_safetensors(bytes.data(), bytes.size(), path);
+}
+
+// ---- writer ------------------------------------------------------------------------------------
+
+void write_safetensors(const std::string& path, const std::vector<TensorView>& tensors,
+                       const std::map<std::string, std::string>& metadata) {
+  json header = json::object();
+  uint64_t offset = 0;
+  for (const TensorView& t : tensors) {
+    const std::string where = path + ": tensor '" + t.name + "': ";
+    if (t.name == kMetadataKey) throw Error(where + "the name is reserved for metadata");
+    if (header.contains(t.name)) throw Error(where + "duplicate name");
+    const int64_t numel = numel_of(t.shape, where);
+    uint64_t nbytes = 0;
+    if (__builtin_mul_overflow(uint64_t(numel), uint64_t(dtype_size(t.dtype)), &nbytes) ||
+        nbytes != t.bytes.size())
+      throw Error(where + std::to_string(t.bytes.size()) + " bytes do not match dtype " +
+                  dtype_name(t.dtype) + " and shape " + short_shape(t.shape));
+    header[t.name] = json{{"dtype", dtype_name(t.dtype)},
+                          {"shape", json(t.shape)},
+                          {"data_offsets", json::array({offset, offset + nbytes})}};
+    offset += nbytes;
+  }
+  if (!metadata.empty()) header[kMetadataKey] = json(metadata);
+
+  std::string text;
+  try {
+    // std::map-backed objects dump their keys sorted: the bytes depend on the input only.
+    text = header.dump(-1, ' ', false, json::error_handler_t::strict);
+  } catch (const json::exception& e) {
+    throw Error(path + ": header: " + e.what());
+  }
+  text.append((8 - text.size() % 8) % 8, ' ');
+  if (text.size() > kMaxHeaderBytes)
+    throw Error(path + ": header of " + std::to_string(text.size()) + " bytes is too large");
+  uint8_t len[8];
+  for (int i = 0; i < 8; ++i) len[i] = uint8_t(uint64_t(text.size()) >> (8 * i));
+
+  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw Error(path + ": cannot create temporary file " + tmp + ": " + os_error(errno));
+  auto fail = [&](const char* what, int err, bool close_fd) {
+    if (close_fd) ::close(fd);
+    ::unlink(tmp.c_str());
+    throw Error(path + ": " + what + " " + tmp + ": " + os_error(err));
+  };
+  int err = write_all(fd, len, sizeof len);
+  if (!err) err = write_all(fd, text.data(), text.size());
+  for (const TensorView& t : tensors)
+    if (!err) err = write_all(fd, t.bytes.data(), t.bytes.size());
+  if (err) fail("cannot write", err, true);
+  if (::fsync(fd) != 0) fail("cannot sync", errno, true);
+  if (::close(fd) != 0) fail("cannot close", errno, false);
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int e = errno;
+    ::unlink(tmp.c_str());
+    throw Error(path + ": cannot rename " + tmp + " to it: " + os_error(e));
+  }
+}
+
+// ---- hashes ------------------------------------------------------------------------------------
+
+namespace {
+
+struct Sha256 {
+  std::unique_ptr<EVP_MD_CTX, void (*)(EVP_MD_CTX*)> ctx{EVP_MD_CTX_new(), EVP_MD_CTX_free};
+  Sha256() {
+    if (!ctx || EVP_DigestInit_ex(ctx.get(), EVP_sha256(), nullptr) != 1)
+      throw Error("sha256: OpenSSL EVP initialisation failed");
+  }
+  void update(const void* data, size_t n) {
+    if (n != 0 && EVP_DigestUpdate(ctx.get(), data, n) != 1)
+      throw Error("sha256: OpenSSL update failed");
+  }
+  std::string hex() {
+    unsigned char md[EVP_MAX_MD_SIZE];
+    unsigned int len = 0;
+    if (EVP_DigestFinal_ex(ctx.get(), md, &len) != 1) throw Error("sha256: OpenSSL final failed");
+    static const char digits[] = "0123456789abcdef";
+    std::string s;
+    for (unsigned int i = 0; i < len; ++i) {
+      s += digits[md[i] >> 4];
+      s += digits[md[i] & 15];
+    }
+    return s;
+  }
+};
+
+}  // namespace
+
+std::string sha256_hex(const uint8_t* data, size_t n) {
+  Sha256 h;
+  h.update(data, n);
+  return h.hex();
+}
+
+std::string sha256_file(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw Error(path + ": cannot open: " + os_error(errno));
+  Sha256 h;
+  std::vector<uint8_t> buf(1 << 20);
+  for (;;) {
+    const ssize_t r = ::read(fd, buf.data(), buf.size());
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      const int e = errno;
+      ::close(fd);
+      throw Error(path + ": cannot read: " + os_error(e));
+    }
+    if (r == 0) break;
+    h.update(buf.data(), size_t(r));
+  }
+  ::close(fd);
+  return h.hex();
+}
+
+// ---- typed access ------------------------------------------------------------------------------
+
+void expect_shape(const TensorView& view, const Shape& expected, const std::string& file) {
+  if (view.shape != expected)
+    throw Error(file + ": tensor '" + view.name + "': expected shape " + short_shape(expected) +
+                ", got " + short_shape(view.shape));
+}
+
+namespace detail {
+
+int64_t check_view(const TensorView& view, DType want, const std::string& file) {
+  const std::string where = file + ": tensor '" + view.name + "': ";
+  if (view.dtype != want)
+    throw Error(where + "dtype is " + dtype_name(view.dtype) + ", expected " + dtype_name(want));
+  const int64_t numel = numel_of(view.shape, where);
+  uint64_t nbytes = 0;
+  if (__builtin_mul_overflow(uint64_t(numel), uint64_t(dtype_size(want)), &nbytes) ||
+      nbytes != view.bytes.size())
+    throw Error(where + std::to_string(view.bytes.size()) + " bytes do not match dtype " +
+                dtype_name(want) + " and shape " + short_shape(view.shape));
+  return numel;
+}
+
+}  // namespace detail
+
+}  // namespace indexshare::io

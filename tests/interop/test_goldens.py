@@ -103,7 +103,37 @@ def check_set(cli, d):
                         if np.float32(acc * float(ksc[s])) != logits[r, s]:
                             errors.append(f"{p}indexer.logits[{r},{s}] differs from the NumPy recomputation")
                             break
-        if layer["kind"] == "shared" and m["kind"] == "stack":
+        if p + "attn.indices_physical" in t:
+            # Decode sets: physical = block_table[b, pos // page] * page + pos % page, -1 kept.
+            bt, page = A("block_table"), A(p + "attn.kv_cache_fp8").shape[1]
+            phys = A(p + "attn.indices_physical")
+            b, nn = phys.shape[0], phys.shape[1]
+            rows = ind.reshape(b, nn, -1)
+            seq_kv = cfg["s_kv"] // b
+            expect = np.where(rows >= 0, bt[np.arange(b)[:, None, None], (rows - np.arange(b)[:, None, None] * seq_kv) // page] * page
+                              + (rows - np.arange(b)[:, None, None] * seq_kv) % page, -1)
+            if not np.array_equal(expect, phys):
+                errors.append(p + "attn.indices_physical != block_table mapping of attn.indices")
+            cache = A(p + "attn.kv_cache_fp8")
+            used = set(int(v) for v in phys.ravel() if v >= 0)
+            flat = cache.reshape(-1, 656)
+            lat = flat[:, :512].view(ml_dtypes.float8_e4m3fn).astype(np.float32)
+            scales = flat[:, 512:528].copy().view(np.float32)
+            deq = (lat.reshape(-1, 4, 128) * scales[:, :, None]).reshape(-1, 512).astype(ml_dtypes.bfloat16).astype(np.float32)
+            kvd = A(p + "attn.kv")[:, 0, :512].astype(np.float32)
+            for r in range(ind.shape[0]):
+                for j in range(ind.shape[1]):
+                    v = ind[r, j]
+                    if v >= 0 and not np.array_equal(deq[phys.reshape(-1, phys.shape[2])[r, j]], kvd[v]):
+                        errors.append(f"{p}: kv_cache_fp8 slot of row {v} does not dequantize to attn.kv")
+            valid_slots = set()
+            for bb in range(b):
+                for pos in range(A("cache_seqlens")[bb]):
+                    valid_slots.add(int(bt[bb, pos // page] * page + pos % page))
+            unused = [s_ for s_ in range(flat.shape[0]) if s_ not in valid_slots]
+            if unused and not np.all(np.isnan(lat[unused])):
+                errors.append(p + "attn.kv_cache_fp8: an unused slot is not NaN")
+        if layer["kind"] == "shared" and m["kind"] in ("stack", "decode"):
             src = f"layers.{layer['source']}."
             expect = A(src + "indexer.topk")
             ks = A(src + "indexer.ks")

@@ -1,0 +1,147 @@
+// indexshare: a strict safetensors reader and a deterministic writer.
+//
+// Format (https://github.com/huggingface/safetensors):
+//   8 bytes   little-endian u64 N, the header length
+//   N bytes   UTF-8 JSON object: tensor name -> {"dtype": str, "shape": [int], "data_offsets":
+//             [begin, end]} with offsets relative to the data buffer, plus an optional
+//             "__metadata__" object of string -> string
+//   rest      the data buffer; tensors are little-endian, row-major, contiguous
+//
+// The reader refuses anything the reference library would refuse and a little more (extra
+// fields, duplicate keys, a null "__metadata__", which the reference accepts): every violation
+// throws indexshare::Error whose message starts with the file name and names the field, e.g.
+// "x.safetensors: header: tensor 'a': data_offsets [0, 12] do not match dtype F32 and shape [2,2]
+// (16 bytes)". Refused: a file shorter than 8 bytes; a header length of 0, beyond the file, or
+// over 100 MB; a header that is not a UTF-8 JSON object (a byte-order mark and NUL bytes, which
+// nlohmann would skip or stop at, included); duplicate keys at any depth; a tensor entry that is
+// not an object with exactly dtype, shape and data_offsets; an unknown dtype; a shape that is not
+// an array of non-negative int64 dims or whose element count overflows; data_offsets that are not
+// two non-negative integers with begin <= end, or whose length is not numel * dtype size; a range
+// beyond the data buffer; overlapping ranges; holes between ranges or bytes after the last one
+// (the tensors sorted by offsets must tile the data buffer exactly, as the reference library
+// checks); a "__metadata__" that is not an object of strings.
+//
+// The writer stores the tensors in the given order, contiguously, with a compact header JSON whose
+// keys are sorted, padded with spaces to a multiple of 8 bytes: the same input gives the same bytes
+// on any machine. It writes "<path>.tmp.<pid>" and renames it, so the final name never holds a
+// partial file.
+#pragma once
+
+#include <bit>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "ref/error.h"
+#include "ref/tensor.h"
+
+namespace indexshare::io {
+
+static_assert(std::endian::native == std::endian::little,
+              "safetensors data is little-endian; this reader copies bytes as they are");
+
+enum class DType { F64, F32, F16, BF16, F8_E4M3, F8_E5M2, I64, I32, I16, I8, U8, BOOL };
+
+// The safetensors spelling: "F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2", "I64", "I32",
+// "I16", "I8", "U8", "BOOL".
+std::string dtype_name(DType dtype);
+// Inverse of dtype_name; throws Error("unknown dtype '<value>'") for anything else.
+DType parse_dtype(const std::string& name);
+// Bytes per element.
+size_t dtype_size(DType dtype);
+
+struct TensorView {
+  std::string name;
+  DType dtype = DType::F32;
+  Shape shape;
+  std::vector<uint8_t> bytes;  // numel * dtype_size bytes, little-endian, row-major
+};
+
+struct SafetensorsFile {
+  std::string source;  // the file name used in error messages
+  std::map<std::string, std::string> metadata;
+  std::vector<TensorView> tensors;  // in offset order
+
+  // nullptr when absent.
+  const TensorView* find(const std::string& name) const;
+  // Throws Error("<source>: tensor '<name>' is missing") when absent.
+  const TensorView& get(const std::string& name) const;
+};
+
+// Largest header the reader accepts (the reference library's limit).
+inline constexpr uint64_t kMaxHeaderBytes = 100'000'000;
+
+// Reads and validates a whole file; throws Error naming `path` when it cannot be read, when it is
+// larger than max_bytes, or when it is malformed.
+SafetensorsFile read_safetensors(const std::string& path, uint64_t max_bytes = 1ull << 34);
+// Validates and parses an in-memory file; `name_for_errors` starts every error message.
+SafetensorsFile parse_safetensors(const uint8_t* data, size_t size,
+                                  const std::string& name_for_errors);
+
+// Writes `tensors` in the given order. Throws Error naming `path` on invalid input (duplicate or
+// reserved names, a byte count that does not match dtype and shape, names or metadata that are not
+// valid UTF-8) and on any OS error (with strerror); the temporary file is removed on failure.
+void write_safetensors(const std::string& path, const std::vector<TensorView>& tensors,
+                       const std::map<std::string, std::string>& metadata = {});
+
+// Lower-case hex SHA-256 (OpenSSL EVP).
+std::string sha256_hex(const uint8_t* data, size_t n);
+// SHA-256 of a file's bytes; throws Error naming `path` when it cannot be read.
+std::string sha256_file(const std::string& path);
+
+// Throws Error("<file>: tensor '<name>': expected shape [..], got [..]") when the shapes differ.
+void expect_shape(const TensorView& view, const Shape& expected, const std::string& file);
+
+// ---- typed access ---------------------------------------------------------------------------
+
+// The dtype stored for an element type; defined for float, double, int32_t, int64_t, uint8_t,
+// bf16_t and e4m3_t.
+template <class T>
+struct dtype_of;
+template <> struct dtype_of<double> { static constexpr DType value = DType::F64; };
+template <> struct dtype_of<float> { static constexpr DType value = DType::F32; };
+template <> struct dtype_of<bf16_t> { static constexpr DType value = DType::BF16; };
+template <> struct dtype_of<e4m3_t> { static constexpr DType value = DType::F8_E4M3; };
+template <> struct dtype_of<int64_t> { static constexpr DType value = DType::I64; };
+template <> struct dtype_of<int32_t> { static constexpr DType value = DType::I32; };
+template <> struct dtype_of<uint8_t> { static constexpr DType value = DType::U8; };
+
+namespace detail {
+// Checks that `view` holds `want` and that its byte count matches its shape; returns numel.
+// Throws Error("<file>: tensor '<name>': dtype is X, expected Y") on a dtype mismatch.
+int64_t check_view(const TensorView& view, DType want, const std::string& file);
+}  // namespace detail
+
+template <class T>
+Tensor<T> as_tensor(const TensorView& view, const std::string& file) {
+  constexpr DType want = dtype_of<T>::value;
+  static_assert(std::is_trivially_copyable_v<T>);
+  const int64_t numel = detail::check_view(view, want, file);
+  Tensor<T> t;
+  t.shape = view.shape;
+  t.data.resize(size_t(numel));
+  static_assert(sizeof(T) == sizeof(t.data[0]));
+  if (numel > 0) std::memcpy(t.data.data(), view.bytes.data(), view.bytes.size());
+  return t;
+}
+
+template <class T>
+TensorView make_view(const std::string& name, const Tensor<T>& t) {
+  static_assert(std::is_trivially_copyable_v<T>);
+  TensorView v;
+  v.name = name;
+  v.dtype = dtype_of<T>::value;
+  v.shape = t.shape;
+  const int64_t numel = shape_numel(t.shape);
+  require(numel == t.numel(), "make_view: tensor '" + name + "': shape " + shape_str(t.shape) +
+                                  " does not match " + std::to_string(t.numel()) + " elements");
+  v.bytes.resize(t.data.size() * sizeof(T));
+  if (!v.bytes.empty()) std::memcpy(v.bytes.data(), t.data.data(), v.bytes.size());
+  return v;
+}
+
+}  // namespace indexshare::io
