@@ -1,1 +1,599 @@
+// Tests of simd/ against ref/, on every compiled Highway target and with 1 and 2 OpenMP threads.
+//
+//   indexer logits (FP8 and f32)   bit-identical to ref (NaN: same positions)
+//   topk, streaming indexer_topk   identical to ref (ties, -1 padding, error messages)
+//   attention                      within the tolerance derived below; bit-identical across thread
+//                                  counts; the present kernels are also bit-identical to ref, which
+//                                  is checked too (a reordering kernel would drop only that check)
 #include <doctest/doctest.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "hwy/targets.h"
+#include "ref/attention.h"
+#include "ref/indexer.h"
+#include "ref/numerics.h"
+#include "ref/rng.h"
+#include "ref/topk.h"
+#include "simd/simd.h"
+
+using namespace indexshare;
+
+namespace {
+
+constexpr float kInf = std::numeric_limits<float>::infinity();
+
+// Restores Highway's own target choice and the OpenMP thread count, also when a check fails.
+struct TargetGuard {
+  int threads = omp_get_max_threads();
+  ~TargetGuard() {
+    hwy::SetSupportedTargetsForTest(0);
+    omp_set_num_threads(threads);
+  }
+};
+
+// fn(target name, threads) on every compiled and supported target, with 1 and 2 threads.
+template <class Fn>
+void for_each_target(Fn&& fn) {
+  TargetGuard guard;
+  const std::vector<int64_t> targets = hwy::SupportedAndGeneratedTargets();
+  REQUIRE(!targets.empty());
+  for (int64_t target : targets) {
+    hwy::SetSupportedTargetsForTest(target);
+    const std::string name = hwy::TargetName(target);
+    CAPTURE(name);
+    REQUIRE(simd::current_target() == name);
+    for (int threads : {1, 2}) {
+      CAPTURE(threads);
+      omp_set_num_threads(threads);
+      fn(name, threads);
+    }
+  }
+}
+
+// Equal bits, or both NaN (a NaN's sign and payload are whatever the hardware propagates).
+bool same_bits(float a, float b) {
+  if (std::isnan(a) || std::isnan(b)) return std::isnan(a) && std::isnan(b);
+  return std::memcmp(&a, &b, sizeof a) == 0;
+}
+
+// Index of the first element whose bits differ, or -1.
+int64_t first_diff(const Tensor<float>& a, const Tensor<float>& b) {
+  REQUIRE(a.shape == b.shape);
+  for (int64_t i = 0; i < a.numel(); ++i)
+    if (!same_bits(a[i], b[i])) return i;
+  return -1;
+}
+
+template <class Fn>
+std::string error_of(Fn&& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+// ---- indexer inputs -----------------------------------------------------------------------------
+
+struct IndexerInputs {
+  Tensor<e4m3_t> q, k;
+  Tensor<float> k_scale, w;
+  Tensor<int32_t> ks, ke;
+};
+
+// Windows: "varied" mixes empty rows (row 0 always), short and long windows at varied offsets;
+// "causal" is the last s_q rows of a causal prefill (ks = 0, ke = s_kv - s_q + t + 1).
+enum class Windows { varied, causal };
+
+void set_windows(IndexerInputs& in, int64_t s_q, int64_t s_kv, Windows windows) {
+  in.ks = Tensor<int32_t>({s_q});
+  in.ke = Tensor<int32_t>({s_q});
+  for (int64_t t = 0; t < s_q; ++t) {
+    if (windows == Windows::causal) {
+      in.ks[t] = 0;
+      in.ke[t] = int32_t(std::clamp<int64_t>(s_kv - s_q + t + 1, 0, s_kv));
+    } else {
+      in.ks[t] = int32_t((t * 3) % (s_kv / 2 + 1));
+      in.ke[t] = int32_t(std::min<int64_t>(s_kv, in.ks[t] + (t * 7) % (s_kv + 1)));
+    }
+  }
+}
+
+IndexerInputs make_indexer(int64_t s_q, int64_t s_kv, int64_t H, int64_t D, Dist dist,
+                           uint64_t seed, Windows windows = Windows::varied) {
+  IndexerInputs in;
+  Tensor<float> qf({s_q, H, D}), kf({s_kv, D});
+  fill(qf.ptr(), qf.numel(), dist, 3.0f, seed, 1);
+  fill(kf.ptr(), kf.numel(), dist, 3.0f, seed, 2);
+  in.q = quantize(qf, int(D), ScaleRule::deepseek_ue8m0, "q").codes;
+  Quantized kq = quantize(kf, int(D), ScaleRule::deepseek_ue8m0, "k");
+  in.k = kq.codes;
+  in.k_scale = Tensor<float>({s_kv});
+  in.k_scale.data = kq.scales.data;
+  in.w = Tensor<float>({s_q, H});
+  fill(in.w.ptr(), in.w.numel(), dist == Dist::ties ? Dist::ties : Dist::normal, 0.1f, seed, 3);
+  set_windows(in, s_q, s_kv, windows);
+  return in;
+}
+
+struct Shape4 {
+  int64_t s_q, s_kv, H, D;
+};
+
+}  // namespace
+
+TEST_CASE("simd: dispatch lists, selects and refuses targets") {
+  TargetGuard guard;
+  const std::vector<std::string> names = simd::compiled_targets();
+  REQUIRE(!names.empty());
+  for (const std::string& name : names) {
+    simd::set_target(name);
+    CHECK(simd::current_target() == name);
+  }
+  simd::set_target("best");
+  CHECK(simd::current_target() == names.front());
+  CHECK_THROWS_WITH_AS(simd::set_target("NO_SUCH_TARGET"),
+                       doctest::Contains("unknown or unsupported target 'NO_SUCH_TARGET'"), Error);
+}
+
+TEST_CASE("simd: FP8 indexer logits are bit-identical to ref on every target and thread count") {
+  // Prime sizes, D not a multiple of any lane count (7, 33), H not a multiple of a tile (5, 17),
+  // one-element problems, causal and varied windows (with empty rows).
+  const std::vector<Shape4> shapes = {{1, 1, 1, 1},   {9, 23, 5, 7},  {13, 61, 8, 33},
+                                      {7, 50, 16, 64}, {5, 97, 3, 128}, {3, 29, 17, 1}};
+  for (const Shape4& sh : shapes) {
+    for (Dist dist : {Dist::normal, Dist::ties}) {
+      for (Windows windows : {Windows::varied, Windows::causal}) {
+        CAPTURE(sh.s_q);
+        CAPTURE(sh.s_kv);
+        CAPTURE(sh.H);
+        CAPTURE(sh.D);
+        CAPTURE(dist_name(dist));
+        const IndexerInputs in = make_indexer(sh.s_q, sh.s_kv, sh.H, sh.D, dist, 7 + uint64_t(sh.D), windows);
+        const Tensor<float> exp = ref::indexer_logits_fp8(in.q, in.k, in.k_scale, in.w, in.ks, in.ke);
+        for_each_target([&](const std::string&, int) {
+          const Tensor<float> got = simd::indexer_logits_fp8(in.q, in.k, in.k_scale, in.w, in.ks, in.ke);
+          REQUIRE(first_diff(got, exp) == -1);
+        });
+      }
+    }
+  }
+}
+
+TEST_CASE("simd: f32 indexer logits are bit-identical to ref on every target and thread count") {
+  // Full-precision f32 values (not bf16-rounded), so partial sums of the dot round in double. The
+  // double rounding rarely reaches the f32 result, so the data also carries a cancelling pair per
+  // key (+big at d = 0, -big at d = D - 1, q = 1 there): the small terms in between are rounded at
+  // big's ulp, and the f32 result depends on the summation order. Only ref's ascending-d order per
+  // key reproduces the bits (reversing d fails this test).
+  for (const Shape4& sh : std::vector<Shape4>{{6, 31, 4, 96}, {4, 17, 9, 7}, {3, 41, 3, 33}}) {
+    CAPTURE(sh.D);
+    Tensor<float> q({sh.s_q, sh.H, sh.D}), k({sh.s_kv, sh.D}), w({sh.s_q, sh.H}), ksc({sh.s_kv});
+    fill(q.ptr(), q.numel(), Dist::normal, 1.0f, 11, 1);
+    fill(k.ptr(), k.numel(), Dist::uniform, 1.0f, 11, 2);
+    fill(w.ptr(), w.numel(), Dist::normal, 1.0f, 11, 3);
+    fill(ksc.ptr(), ksc.numel(), Dist::uniform, 2.0f, 11, 4);
+    for (int64_t t = 0; t < sh.s_q; ++t)
+      for (int64_t h = 0; h < sh.H; ++h) q.at(t, h, 0) = q.at(t, h, sh.D - 1) = 1.0f;
+    for (int64_t s = 0; s < sh.s_kv; ++s) {
+      k.at(s, 0) = std::ldexp(1.0f + float(s) / 64, 36);
+      k.at(s, sh.D - 1) = -k.at(s, 0);
+    }
+    IndexerInputs win;
+    set_windows(win, sh.s_q, sh.s_kv, Windows::varied);
+    const Tensor<float> exp = ref::indexer_logits_f32(q, k, ksc, w, win.ks, win.ke);
+    for_each_target([&](const std::string&, int) {
+      const Tensor<float> got = simd::indexer_logits_f32(q, k, ksc, w, win.ks, win.ke);
+      REQUIRE(first_diff(got, exp) == -1);
+    });
+  }
+}
+
+TEST_CASE("simd: indexer NaN propagates as in ref, and input errors carry ref's messages") {
+  IndexerInputs in = make_indexer(6, 19, 5, 9, Dist::normal, 3);
+  in.q.at(3, 1, 0) = e4m3_t{0x7F};  // NaN code in a query head
+  in.k.at(4, 8) = e4m3_t{0xFF};     // NaN code in a key
+  in.w.at(5, 4) = std::numeric_limits<float>::quiet_NaN();
+  in.k_scale[7] = std::numeric_limits<float>::quiet_NaN();
+  in.w.at(2, 0) = kInf;  // inf * relu(0) = NaN where a dot is <= 0
+  const Tensor<float> exp = ref::indexer_logits_fp8(in.q, in.k, in.k_scale, in.w, in.ks, in.ke);
+  int64_t nans = 0;
+  for (float x : exp.data) nans += std::isnan(x);
+  REQUIRE(nans > 0);
+  for_each_target([&](const std::string&, int) {
+    REQUIRE(first_diff(simd::indexer_logits_fp8(in.q, in.k, in.k_scale, in.w, in.ks, in.ke), exp) == -1);
+  });
+  Tensor<int32_t> bad_ke = in.ke;
+  bad_ke[2] = 20;
+  const std::string msg = error_of([&] { ref::indexer_logits_fp8(in.q, in.k, in.k_scale, in.w, in.ks, bad_ke); });
+  CHECK(error_of([&] { simd::indexer_logits_fp8(in.q, in.k, in.k_scale, in.w, in.ks, bad_ke); }) == msg);
+  CHECK(error_of([&] { simd::indexer_topk_fp8(in.q, in.k, in.k_scale, in.w, in.ks, bad_ke, 4); }) == msg);
+  Tensor<float> w_bad({6, 4});
+  CHECK(error_of([&] { simd::indexer_logits_fp8(in.q, in.k, in.k_scale, w_bad, in.ks, in.ke); }) ==
+        error_of([&] { ref::indexer_logits_fp8(in.q, in.k, in.k_scale, w_bad, in.ks, in.ke); }));
+}
+
+TEST_CASE("simd: top-k equals ref (ties, signed zeros, infinities, short rows, every k)") {
+  const int64_t s_q = 11, s_kv = 37;
+  Tensor<int32_t> ks({s_q}), ke({s_q});
+  for (int64_t t = 0; t < s_q; ++t) {  // empty, length-1, full, and varied windows
+    ks[t] = int32_t((t * 5) % 13);
+    ke[t] = int32_t(std::min<int64_t>(s_kv, ks[t] + (t * 11) % 38));
+  }
+  ks[1] = 0, ke[1] = s_kv;  // full row
+  ks[2] = 36, ke[2] = 37;   // one element
+  ks[3] = 20, ke[3] = 20;   // empty
+  std::vector<Tensor<float>> cases;
+  for (Dist dist : {Dist::ties, Dist::normal, Dist::integer}) {
+    Tensor<float> x({s_q, s_kv});
+    fill(x.ptr(), x.numel(), dist, 1.0f, 21, uint64_t(dist));
+    cases.push_back(x);
+  }
+  Tensor<float> special({s_q, s_kv});
+  const float pool[] = {-kInf, kInf, -0.0f, 0.0f, 1.0f, -1.0f, 1e-45f, -1e-45f, 3.0f};
+  Xoshiro256 pick(17);
+  for (int64_t i = 0; i < special.numel(); ++i) special[i] = pool[pick.below(9)];
+  cases.push_back(special);
+  for (size_t c = 0; c < cases.size(); ++c) {
+    for (int64_t k : {1, 2, 3, 16, 36, 37, 40, 100}) {
+      CAPTURE(c);
+      CAPTURE(k);
+      const Tensor<int32_t> exp = ref::topk(cases[c], ks, ke, k);
+      for_each_target([&](const std::string&, int) {
+        const Tensor<int32_t> got = simd::topk(cases[c], ks, ke, k);
+        REQUIRE(got.shape == exp.shape);
+        REQUIRE(got.data == exp.data);
+      });
+    }
+  }
+  // Long rows: the pruning and the vector pre-filter run many times (ascending, descending and
+  // random scores, and ties).
+  const int64_t n = 1500;
+  Tensor<float> rows({4, n});
+  fill(rows.ptr(), n, Dist::normal, 1.0f, 5, 1);
+  for (int64_t i = 0; i < n; ++i) rows.at(1, i) = float(i);
+  for (int64_t i = 0; i < n; ++i) rows.at(2, i) = float(-i);
+  fill(rows.ptr() + 3 * n, n, Dist::ties, 1.0f, 5, 2);
+  Tensor<int32_t> lks({4}, 3), lke({4}, int32_t(n - 2));
+  for (int64_t k : {1, 7, 64, 700, 1495, 1496}) {
+    CAPTURE(k);
+    const Tensor<int32_t> exp = ref::topk(rows, lks, lke, k);
+    for_each_target([&](const std::string&, int) { REQUIRE(simd::topk(rows, lks, lke, k).data == exp.data); });
+  }
+}
+
+TEST_CASE("simd: top-k errors are ref's, for the same first fault") {
+  Tensor<float> x({4, 10});
+  fill(x.ptr(), x.numel(), Dist::normal, 1.0f, 2, 1);
+  Tensor<int32_t> ks({4}, 0), ke({4}, 10);
+  x.at(2, 7) = std::numeric_limits<float>::quiet_NaN();
+  x.at(2, 4) = std::numeric_limits<float>::quiet_NaN();
+  x.at(3, 1) = std::numeric_limits<float>::quiet_NaN();
+  Tensor<int32_t> ke_bad = ke;
+  ke_bad[3] = 11;
+  Tensor<int32_t> ks_short = ks;
+  ks_short[2] = 8;  // NaN at column 4 and 7 now outside row 2's window
+  for_each_target([&](const std::string&, int) {
+    for (int64_t k : {1, 5}) {
+      CHECK(error_of([&] { simd::topk(x, ks, ke, k); }) == error_of([&] { ref::topk(x, ks, ke, k); }));
+      CHECK(error_of([&] { simd::topk(x, ks, ke_bad, k); }) == error_of([&] { ref::topk(x, ks, ke_bad, k); }));
+      CHECK(error_of([&] { simd::topk(x, ks_short, ke, k); }) ==
+            error_of([&] { ref::topk(x, ks_short, ke, k); }));
+    }
+    CHECK(error_of([&] { simd::topk(x, ks, ke, 0); }) == error_of([&] { ref::topk(x, ks, ke, 0); }));
+    Tensor<float> x3({4, 10, 1});
+    CHECK(error_of([&] { simd::topk(x3, ks, ke, 2); }) == error_of([&] { ref::topk(x3, ks, ke, 2); }));
+  });
+  CHECK(error_of([&] { ref::topk(x, ks, ke, 3); }) == "topk logits: NaN at row 2, column 4");
+}
+
+TEST_CASE("simd: streaming indexer top-k equals ref::topk of ref logits") {
+  struct Case {
+    Shape4 sh;
+    Dist dist;
+    Windows windows;
+  };
+  const std::vector<Case> cases = {
+      {{9, 23, 5, 7}, Dist::ties, Windows::varied},   {{13, 61, 8, 33}, Dist::normal, Windows::varied},
+      {{1, 53, 3, 16}, Dist::ties, Windows::causal},  {{6, 47, 9, 33}, Dist::integer, Windows::causal},
+      {{4, 5, 2, 7}, Dist::normal, Windows::varied},
+  };
+  for (const Case& c : cases) {
+    CAPTURE(c.sh.s_q);
+    CAPTURE(c.sh.s_kv);
+    CAPTURE(c.sh.D);
+    CAPTURE(dist_name(c.dist));
+    const IndexerInputs in = make_indexer(c.sh.s_q, c.sh.s_kv, c.sh.H, c.sh.D, c.dist, 31, c.windows);
+    const Tensor<float> logits = ref::indexer_logits_fp8(in.q, in.k, in.k_scale, in.w, in.ks, in.ke);
+    // Blocks of 1 key, of a few keys (not a multiple of any panel), and longer than every row.
+    std::vector<int64_t> blocks = {7, 4096, std::numeric_limits<int64_t>::max()};
+    if (c.sh.s_kv <= 32) blocks.push_back(1);
+    for (int64_t k : {int64_t(1), int64_t(4), c.sh.s_kv, c.sh.s_kv + 5}) {
+      CAPTURE(k);
+      const Tensor<int32_t> exp = ref::topk(logits, in.ks, in.ke, k);
+      for_each_target([&](const std::string&, int) {
+        for (int64_t block : blocks) {
+          CAPTURE(block);
+          const Tensor<int32_t> got =
+              simd::indexer_topk_fp8(in.q, in.k, in.k_scale, in.w, in.ks, in.ke, k, block);
+          REQUIRE(got.shape == exp.shape);
+          REQUIRE(got.data == exp.data);
+        }
+      });
+    }
+  }
+}
+
+TEST_CASE("simd: streaming top-k reports ref's NaN error and refuses bad k") {
+  IndexerInputs in = make_indexer(7, 29, 4, 8, Dist::normal, 5);
+  in.k.at(20, 3) = e4m3_t{0x7F};  // key 20 is NaN for every row whose window holds it
+  in.k.at(9, 0) = e4m3_t{0xFF};
+  const std::string exp = error_of([&] {
+    ref::topk(ref::indexer_logits_fp8(in.q, in.k, in.k_scale, in.w, in.ks, in.ke), in.ks, in.ke, 3);
+  });
+  REQUIRE(exp.find("NaN at row") != std::string::npos);
+  for_each_target([&](const std::string&, int) {
+    for (int64_t block : {3, 4096})
+      CHECK(error_of([&] { simd::indexer_topk_fp8(in.q, in.k, in.k_scale, in.w, in.ks, in.ke, 3, block); }) == exp);
+  });
+  CHECK(error_of([&] { simd::indexer_topk_fp8(in.q, in.k, in.k_scale, in.w, in.ks, in.ke, 0); }) ==
+        error_of([&] { ref::topk(Tensor<float>({7, 29}), in.ks, in.ke, 0); }));
+  CHECK_THROWS_WITH_AS(simd::indexer_topk_fp8(in.q, in.k, in.k_scale, in.w, in.ks, in.ke, 3, 0),
+                       doctest::Contains("key_block must be >= 1"), Error);
+}
+
+// ---- attention ----------------------------------------------------------------------------------
+//
+// Tolerance (the contract between simd and ref attention; the present kernels are exact, see the
+// header of simd/attention.cc). Both compute in double and round each output to f32 once, so
+// the double-level difference is bounded first, then one f32 rounding step is added. With
+// u = 2^-53, gamma(k) = k u / (1 - k u) (Higham's bound for a k-term sum in any order), for one
+// (t, h) over n valid rows with d = d_qk:
+//   logits   P_i = sm * sum_j q_j k_ij: |dP| <= dP := gamma(d + 1) |sm| max_i S_i,
+//            S_i = sum_j |q_j k_ij| (products are exact; the +1 is the scale multiply)
+//   max      m is a max of computed logits: |dm| <= dP
+//   exp      e_i = exp(P_i - m): argument error <= 2 dP + u R (R = max_i |P_i - m|, the
+//            subtraction's rounding), exp's own error <= 2u relative, so
+//            rel(e_i) <= eps_e := 2 dP + u R + 2u (first order)
+//   sum      l = sum_i e_i: rel(l) <= eps_l := eps_e + gamma(n)
+//   lse      m + log(l): |dlse| <= dlse := dP + eps_l + 2u |lse|
+//   sink     g = 1 / (1 + exp(s - lse)): rel(g) <= dlse + 4u (dg/dlse = g (1 - g))
+//   out      (sum_i e_i v_ic) / l * g: |dout_c| <= (2 eps_l + dlse + 8u) M_c with
+//            M_c = g sum_i softmax_i |v_ic| (>= |out_c|; covers the numerator's and l's errors)
+// The bound is first order, so it is doubled. Rounding two doubles within E of each other to f32
+// gives values within E + ulp_f32 (each rounding moves at most half an ulp); out_bf16 adds
+// ulp_bf16 on top of out's bound. Non-finite reference values (empty rows: lse +inf, max -inf;
+// a +inf sink: out exactly 0) must match exactly.
+namespace {
+
+struct AttnCase {
+  Tensor<bf16_t> q, kv;
+  float sm_scale = 0;
+  int64_t d_v = 0;
+  Tensor<int32_t> indices, topk_length, ks, ke;
+  Tensor<float> sink;
+  bool dense = false, use_topk_length = false, use_sink = false;
+};
+
+AttnCase make_attention(int64_t s_q, int64_t h_q, int64_t d_qk, int64_t d_v, int64_t s_kv,
+                        int64_t topk, uint64_t seed) {
+  AttnCase c;
+  Tensor<float> qf({s_q, h_q, d_qk}), kf({s_kv, 1, d_qk});
+  fill(qf.ptr(), qf.numel(), Dist::normal, 1.0f, seed, 1);
+  fill(kf.ptr(), kf.numel(), Dist::normal, 1.0f, seed, 2);
+  c.q = Tensor<bf16_t>(qf.shape);
+  c.kv = Tensor<bf16_t>(kf.shape);
+  for (int64_t i = 0; i < qf.numel(); ++i) c.q[i] = f32_to_bf16(qf[i]);
+  for (int64_t i = 0; i < kf.numel(); ++i) c.kv[i] = f32_to_bf16(kf[i]);
+  c.sm_scale = 1.0f / std::sqrt(float(d_qk));
+  c.d_v = d_v;
+  // Indices in [-3, s_kv + 3): invalid ones on both sides, duplicates; row 1 all invalid.
+  c.indices = Tensor<int32_t>({s_q, 1, topk});
+  Xoshiro256 g(seed);
+  for (int64_t i = 0; i < c.indices.numel(); ++i) c.indices[i] = int32_t(int64_t(g.below(uint64_t(s_kv + 6))) - 3);
+  if (s_q > 1)
+    for (int64_t j = 0; j < topk; ++j) c.indices[topk + j] = (j % 2) ? -1 : int32_t(s_kv + j);
+  c.topk_length = Tensor<int32_t>({s_q});
+  for (int64_t t = 0; t < s_q; ++t) c.topk_length[t] = int32_t((t * 5) % (topk + 1));
+  c.sink = Tensor<float>({h_q});
+  fill(c.sink.ptr(), h_q, Dist::normal, 2.0f, seed, 3);
+  c.sink[0] = kInf;
+  if (h_q > 1) c.sink[1] = -kInf;
+  c.ks = Tensor<int32_t>({s_q});
+  c.ke = Tensor<int32_t>({s_q});
+  for (int64_t t = 0; t < s_q; ++t) {  // causal windows, one empty
+    c.ks[t] = int32_t((t * 2) % 5);
+    c.ke[t] = int32_t(std::min<int64_t>(s_kv, s_kv - s_q + t + 1));
+  }
+  c.ks[0] = c.ke[0];
+  return c;
+}
+
+ref::AttentionOut run_ref(const AttnCase& c) {
+  const Tensor<float>* sink = c.use_sink ? &c.sink : nullptr;
+  if (c.dense) return ref::dense_attention(c.q, c.kv, c.sm_scale, c.d_v, c.ks, c.ke, sink);
+  return ref::sparse_attention(c.q, c.kv, c.indices, c.sm_scale, c.d_v,
+                               c.use_topk_length ? &c.topk_length : nullptr, sink);
+}
+
+ref::AttentionOut run_simd(const AttnCase& c) {
+  const Tensor<float>* sink = c.use_sink ? &c.sink : nullptr;
+  if (c.dense) return simd::dense_attention(c.q, c.kv, c.sm_scale, c.d_v, c.ks, c.ke, sink);
+  return simd::sparse_attention(c.q, c.kv, c.indices, c.sm_scale, c.d_v,
+                                c.use_topk_length ? &c.topk_length : nullptr, sink);
+}
+
+// The valid kv rows of query t, as the semantics define them (independent of both implementations).
+std::vector<int64_t> valid_rows(const AttnCase& c, int64_t t) {
+  std::vector<int64_t> rows;
+  const int64_t s_kv = c.kv.dim(0);
+  if (c.dense) {
+    for (int64_t i = c.ks[t]; i < c.ke[t]; ++i) rows.push_back(i);
+  } else {
+    const int64_t topk = c.indices.dim(2), len = c.use_topk_length ? c.topk_length[t] : topk;
+    for (int64_t j = 0; j < len; ++j) {
+      const int64_t i = c.indices[t * topk + j];
+      if (0 <= i && i < s_kv) rows.push_back(i);
+    }
+  }
+  return rows;
+}
+
+double ulp_f32(double x) {
+  const float f = float(std::fabs(x));
+  if (!std::isfinite(f)) return kInf;
+  return double(std::nextafter(f, kInf)) - double(f);
+}
+double ulp_bf16(double x) { return ulp_f32(x) * 65536.0; }
+
+bool within(float got, float exp, double tol) {
+  if (!std::isfinite(exp)) return same_bits(got, exp);
+  return std::fabs(double(got) - double(exp)) <= tol;
+}
+
+// Checks got against exp with the bound derived above; returns the number of violations.
+int64_t attention_violations(const AttnCase& c, const ref::AttentionOut& got, const ref::AttentionOut& exp) {
+  const double u = std::ldexp(1.0, -53);
+  const auto gamma = [u](double k) { return k * u / (1.0 - k * u); };
+  const int64_t s_q = c.q.dim(0), h_q = c.q.dim(1), d = c.q.dim(2), d_v = c.d_v;
+  const double sm = double(c.sm_scale);
+  int64_t bad = 0;
+  for (int64_t t = 0; t < s_q; ++t) {
+    const std::vector<int64_t> rows = valid_rows(c, t);
+    const double n = double(rows.size());
+    for (int64_t h = 0; h < h_q; ++h) {
+      const int64_t th = t * h_q + h;
+      double s_max = 0, p_max = -kInf, p_min = kInf;
+      std::vector<double> p(rows.size());
+      for (size_t i = 0; i < rows.size(); ++i) {
+        double s = 0, dot = 0;
+        for (int64_t j = 0; j < d; ++j) {
+          const double prod = double(bf16_to_f32(c.q.at(t, h, j))) * double(bf16_to_f32(c.kv[rows[i] * d + j]));
+          s += std::fabs(prod);
+          dot += prod;
+        }
+        s_max = std::max(s_max, s);
+        p[i] = dot * sm;
+        p_max = std::max(p_max, p[i]);
+        p_min = std::min(p_min, p[i]);
+      }
+      const double dP = gamma(double(d + 1)) * std::fabs(sm) * s_max;
+      const double range = rows.empty() ? 0.0 : p_max - p_min;
+      const double eps_e = 2 * dP + u * range + 2 * u;
+      const double eps_l = eps_e + gamma(n);
+      const double lse = double(exp.lse[th]);
+      const double dlse = dP + eps_l + 2 * u * (std::isfinite(lse) ? std::fabs(lse) : 0.0);
+      double g = 1.0;
+      if (c.use_sink && std::isfinite(lse)) g = 1.0 / (1.0 + std::exp(double(c.sink[h]) - lse));
+      double l = 0;
+      for (double x : p) l += std::exp(x - p_max);
+      std::vector<double> softmax(p.size());
+      for (size_t i = 0; i < p.size(); ++i) softmax[i] = std::exp(p[i] - p_max) / l;
+      bad += !within(got.max_logits[th], exp.max_logits[th], 2 * dP + ulp_f32(exp.max_logits[th]));
+      bad += !within(got.lse[th], exp.lse[th], 2 * dlse + ulp_f32(exp.lse[th]));
+      for (int64_t col = 0; col < d_v; ++col) {
+        double mc = 0;
+        for (size_t i = 0; i < rows.size(); ++i)
+          mc += softmax[i] * std::fabs(double(bf16_to_f32(c.kv[rows[i] * d + col])));
+        mc *= g;
+        const double e = 2 * (2 * eps_l + dlse + 8 * u) * mc;
+        const int64_t o = th * d_v + col;
+        const double tol = e + ulp_f32(std::fabs(double(exp.out[o])) + e);
+        bad += !within(got.out[o], exp.out[o], tol);
+        const float gb = bf16_to_f32(got.out_bf16[o]), eb = bf16_to_f32(exp.out_bf16[o]);
+        bad += !within(gb, eb, tol + ulp_bf16(std::fabs(double(exp.out[o])) + tol));
+      }
+    }
+  }
+  return bad;
+}
+
+bool attention_bitwise(const ref::AttentionOut& a, const ref::AttentionOut& b) {
+  return first_diff(a.out, b.out) == -1 && first_diff(a.lse, b.lse) == -1 &&
+         first_diff(a.max_logits, b.max_logits) == -1 && a.out_bf16.data == b.out_bf16.data;
+}
+
+void check_attention(const AttnCase& c) {
+  const ref::AttentionOut exp = run_ref(c);
+  std::map<std::string, ref::AttentionOut> one_thread;
+  for_each_target([&](const std::string& target, int threads) {
+    const ref::AttentionOut got = run_simd(c);
+    REQUIRE(attention_violations(c, got, exp) == 0);
+    CHECK(attention_bitwise(got, exp));  // property of the present kernels, stronger than the contract
+    if (threads == 1)
+      one_thread.emplace(target, got);
+    else
+      REQUIRE(attention_bitwise(got, one_thread.at(target)));
+  });
+}
+
+}  // namespace
+
+TEST_CASE("simd: sparse and dense attention within the derived tolerance, bitwise across threads") {
+  struct Dims {
+    int64_t s_q, h_q, d_qk, d_v, s_kv, topk;
+  };
+  // h_q not a multiple of a head tile (9, 3), d_qk / d_v not multiples of a lane count.
+  for (const Dims& dm : std::vector<Dims>{{6, 9, 40, 32, 53, 24}, {4, 3, 33, 7, 29, 31}, {2, 1, 1, 1, 5, 3}}) {
+    CAPTURE(dm.d_qk);
+    CAPTURE(dm.d_v);
+    AttnCase c = make_attention(dm.s_q, dm.h_q, dm.d_qk, dm.d_v, dm.s_kv, dm.topk, 40 + uint64_t(dm.d_qk));
+    for (int variant = 0; variant < 5; ++variant) {
+      CAPTURE(variant);
+      c.dense = variant == 4;
+      c.use_topk_length = variant == 1 || variant == 3;
+      c.use_sink = variant >= 2;
+      check_attention(c);
+    }
+  }
+}
+
+TEST_CASE("simd: attention errors are ref's") {
+  AttnCase c = make_attention(3, 2, 8, 8, 10, 4, 9);
+  const Tensor<int32_t> bad_len({3}, 5);
+  CHECK(error_of([&] { simd::sparse_attention(c.q, c.kv, c.indices, 1.0f, 8, &bad_len); }) ==
+        error_of([&] { ref::sparse_attention(c.q, c.kv, c.indices, 1.0f, 8, &bad_len); }));
+  CHECK(error_of([&] { simd::sparse_attention(c.q, c.kv, c.indices, 1.0f, 9); }) ==
+        error_of([&] { ref::sparse_attention(c.q, c.kv, c.indices, 1.0f, 9); }));
+  Tensor<int32_t> ke_bad = c.ke;
+  ke_bad[1] = 11;
+  CHECK(error_of([&] { simd::dense_attention(c.q, c.kv, 1.0f, 8, c.ks, ke_bad); }) ==
+        error_of([&] { ref::dense_attention(c.q, c.kv, 1.0f, 8, c.ks, ke_bad); }));
+  const Tensor<float> sink_bad({3});
+  CHECK(error_of([&] { simd::dense_attention(c.q, c.kv, 1.0f, 8, c.ks, c.ke, &sink_bad); }) ==
+        error_of([&] { ref::dense_attention(c.q, c.kv, 1.0f, 8, c.ks, c.ke, &sink_bad); }));
+}
+
+// Larger shapes (DeepSeek-like head counts and dims), skipped by default; run with
+//   indexshare_tests -tc='simd: slow:*' --no-skip
+TEST_CASE("simd: slow: realistic shapes on every target" * doctest::skip()) {
+  {
+    const IndexerInputs in = make_indexer(48, 1100, 64, 128, Dist::normal, 77, Windows::causal);
+    const Tensor<float> logits = ref::indexer_logits_fp8(in.q, in.k, in.k_scale, in.w, in.ks, in.ke);
+    const Tensor<int32_t> exp = ref::topk(logits, in.ks, in.ke, 256);
+    for_each_target([&](const std::string&, int) {
+      REQUIRE(first_diff(simd::indexer_logits_fp8(in.q, in.k, in.k_scale, in.w, in.ks, in.ke), logits) == -1);
+      REQUIRE(simd::topk(logits, in.ks, in.ke, 256).data == exp.data);
+      for (int64_t block : {333, 4096})
+        REQUIRE(simd::indexer_topk_fp8(in.q, in.k, in.k_scale, in.w, in.ks, in.ke, 256, block).data == exp.data);
+    });
+  }
+  {
+    AttnCase c = make_attention(4, 32, 576, 512, 700, 256, 78);
+    for (int variant : {0, 3, 4}) {
+      c.dense = variant == 4;
+      c.use_topk_length = variant == 3;
+      c.use_sink = variant == 3;
+      check_attention(c);
+    }
+  }
+}

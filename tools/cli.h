@@ -20,5 +20,7 @@ Action register_golden(CLI::App& app);
 Action register_presets(CLI::App& app);
 Action register_verify(CLI::App& app);
 Action register_diff(CLI::App& app);
+Action register_overlap(CLI::App& app);
+Action register_search(CLI::App& app);
 
 }  // namespace indexshare::cli

@@ -394,8 +394,7 @@ GoldenSet build_model(const ModelSpec& spec, const std::string& replay) {
   return g;
 }
 
-GoldenSet build_from(const std::string& file, Problem p, bool with_logits, const std::string& replay) {
-  const io::SafetensorsFile f = io::read_safetensors(file);
+StackInputs load_stack_inputs(const io::SafetensorsFile& f, const std::string& file, Problem p) {
   int L = 0;
   while (f.find("layers." + std::to_string(L) + ".attn.q")) ++L;
   require(L > 0, file + ": no tensor 'layers.0.attn.q': expected per-layer inputs under the golden tensor names");
@@ -457,7 +456,13 @@ GoldenSet build_from(const std::string& file, Problem p, bool with_logits, const
     in.kv = io::as_tensor<bf16_t>(get("attn.kv", {s_kv, 1, p.d_qk}), file);
     if (f.find(pre + "attn.sink")) in.sink = io::as_tensor<float>(get("attn.sink", {p.h_q}), file);
   }
-  GoldenSet g = build_stack(p, inputs, "stack", with_logits, replay);
+  return StackInputs{p, std::move(inputs)};
+}
+
+GoldenSet build_from(const std::string& file, Problem p, bool with_logits, const std::string& replay) {
+  StackInputs si = load_stack_inputs(io::read_safetensors(file), file, std::move(p));
+  const Problem& q = si.problem;
+  GoldenSet g = build_stack(q, si.inputs, "stack", with_logits, replay);
   g.manifest["kind"] = "stack-from-file";
   g.manifest["source_file"] = file;
   return g;
@@ -609,6 +614,30 @@ std::string summary(const Loaded& g) {
   os << "bytes     " << bytes << " in " << kTensorFile << "\n";
   os << "replay    " << m.value("replay", "") << "\n";
   return os.str();
+}
+
+}  // namespace indexshare::golden
+
+namespace indexshare::golden {
+
+StackInputs stack_inputs_of(const Loaded& g) {
+  const json& c = g.manifest["config"];
+  const std::string where = g.dir + "/manifest.json";
+  Problem p;
+  try {
+    p.d_v = c.at("d_v").get<int64_t>();
+    p.index_topk = c.at("topk").get<int64_t>();
+    p.sm = c.at("sm_scale").get<float>();
+    p.seed = c.at("seed").get<uint64_t>();
+    std::string pattern;
+    for (const json& l : g.manifest.at("layers")) pattern += l.at("kind") == "full" ? 'F' : 'S';
+    p.sched = pattern;
+    p.n_layers = int64_t(pattern.size());
+  } catch (const json::exception& e) {
+    throw Error(where + ": config or layers: " + e.what());
+  }
+  p.s_q = p.s_kv = 1;  // replaced from the tensors
+  return load_stack_inputs(g.data, g.dir + "/" + kTensorFile, p);
 }
 
 }  // namespace indexshare::golden

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "ref/layer.h"
 #include "ref/problem.h"
 #include "tools/safetensors.h"
 
@@ -61,6 +62,16 @@ GoldenSet build_model(const ModelSpec& spec, const std::string& replay);
 // replace p's, the rest (top-k, d_v, sm, schedule) from p.
 GoldenSet build_from(const std::string& file, Problem p, bool with_logits, const std::string& replay);
 
+// Per-layer kernel inputs read from a safetensors file under the golden tensor names (a dump for
+// --from, or a golden set's own tensors): shapes from the file replace p's (s_q, s_kv, h_q, d_qk,
+// H, D, n_layers, indexer mode, n_seqs); the rest of p (top-k, d_v, sm, schedule) is kept.
+struct StackInputs {
+  Problem problem;
+  std::vector<ref::LayerInputs> inputs;
+};
+StackInputs load_stack_inputs(const io::SafetensorsFile& f, const std::string& file, Problem p);
+
+
 // Writes `set` to `dir` atomically. The folder must not exist, or be empty, unless `force`
 // (then an existing golden set there is replaced in one rename).
 void write(const std::string& dir, GoldenSet set, bool force);
@@ -77,6 +88,9 @@ struct Loaded {
 // Reads and verifies a golden set: manifest fields, every tensor's presence, dtype, shape and
 // SHA-256. Errors name the file and the field.
 Loaded read(const std::string& dir);
+
+// A golden set's problem (from its manifest's config and layer schedule) and its layer inputs.
+StackInputs stack_inputs_of(const Loaded& g);
 
 // One line per layer and a total, for the tool's output.
 std::string summary(const Loaded& g);

@@ -18,7 +18,8 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", std::string(INDEXSHARE_VERSION));
   const std::vector<cli::Action> actions = {
       cli::register_run(app), cli::register_golden(app), cli::register_presets(app),
-      cli::register_verify(app), cli::register_diff(app), cli::register_cost(app)};
+      cli::register_verify(app), cli::register_diff(app), cli::register_overlap(app),
+      cli::register_search(app), cli::register_cost(app)};
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

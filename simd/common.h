@@ -1,0 +1,80 @@
+// indexshare simd/: target-independent pieces shared by the per-target code (plain C++, no
+// Highway): problem views passed through the dispatch boundary, the e4m3 decode table, and the
+// 64-bit top-k key.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <cstring>
+
+#include "ref/numerics.h"
+
+namespace indexshare::simd::detail {
+
+// e4m3 code -> exact double value (ref decodes the same way: double(e4m3_to_f32(code))).
+inline const double* e4m3_table() {
+  static const std::array<double, 256> table = [] {
+    std::array<double, 256> t{};
+    for (int c = 0; c < 256; ++c) t[size_t(c)] = double(e4m3_to_f32(e4m3_t{uint8_t(c)}));
+    return t;
+  }();
+  return table.data();
+}
+
+// bf16 code -> exact double.
+inline double bf16_to_double(uint16_t bits) {
+  const uint32_t u = uint32_t(bits) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return double(f);
+}
+
+// The indexer problem as raw pointers (shapes already checked by ref::check_indexer_inputs).
+// q [s_q, H, D] and k [s_kv, D] are e4m3 codes (fp8 = true) or f32 values.
+struct IndexerView {
+  const void* q = nullptr;
+  const void* k = nullptr;
+  bool fp8 = true;
+  const float* k_scale = nullptr;  // [s_kv]
+  const float* weights = nullptr;  // [s_q, H]
+  const int32_t* ks = nullptr;     // [s_q]
+  const int32_t* ke = nullptr;     // [s_q]
+  int64_t s_q = 0, H = 0, D = 0, s_kv = 0;
+};
+
+// Top-k key: a bigger key is a better (score, index) pair under ref::topk_before.
+//   bits 63..32  the score's f32 bits mapped to an unsigned integer with the same order
+//                (negative: all bits flipped; positive: sign bit set); -0.0 is first made +0.0
+//                because ref treats them as equal scores;
+//   bits 31..0   0xFFFFFFFF - local index, so the lower index wins a tie.
+// Keys of one row are distinct (distinct indices), so every selection algorithm that keeps the
+// k largest keys returns the same set, and sorting it descending gives ref's order.
+inline uint64_t topk_key(float score, int64_t local) {
+  if (score == 0.0f) score = 0.0f;
+  uint32_t b;
+  std::memcpy(&b, &score, sizeof b);
+  const uint32_t ordered = (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+  return (uint64_t(ordered) << 32) | uint64_t(0xFFFFFFFFu - uint32_t(local));
+}
+inline int32_t topk_key_local(uint64_t key) {
+  return int32_t(0xFFFFFFFFu - uint32_t(key & 0xFFFFFFFFu));
+}
+
+// Attention inputs as raw pointers (shapes checked by the wrapper). q [s_q, h_q, d_qk] bf16,
+// kv [s_kv, d_qk] bf16 (the single kv head), V = kv[:, :d_v].
+struct AttentionView {
+  const uint16_t* q = nullptr;
+  const uint16_t* kv = nullptr;
+  int64_t s_q = 0, h_q = 0, d_qk = 0, s_kv = 0, d_v = 0;
+  double sm_scale = 0.0;
+  const float* sink = nullptr;  // [h_q] or null
+  // Sparse: indices [s_q, topk] (+ optional topk_length [s_q]); dense: ks / ke [s_q].
+  const int32_t* indices = nullptr;
+  const int32_t* topk_length = nullptr;
+  int64_t topk = 0;
+  const int32_t* ks = nullptr;
+  const int32_t* ke = nullptr;
+  bool dense = false;
+};
+
+}  // namespace indexshare::simd::detail

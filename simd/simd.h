@@ -1,0 +1,69 @@
+// indexshare: the Highway + OpenMP path. It mirrors ref/ function for function (same names,
+// same argument order, same errors), and each function picks its Highway target once per call.
+//
+// Agreement with ref/ (checked by tests/test_simd.cc on every compiled target, 1 and 2 threads):
+//   indexer_logits_fp8 / _f32   bit-identical (the same per-(t, s) operation sequence; see
+//                               simd/indexer-inl.h for why the vector order is the ref order)
+//   topk, indexer_topk_fp8      identical output (exact selection under a total order)
+//   sparse/dense_attention      contract: within a tolerance derived from the reduction lengths;
+//                               the present kernels in fact reproduce ref's operation order and are
+//                               bit-identical to it. Always bit-identical across thread counts.
+// NaN outputs are NaN at the same positions as in ref; the sign and payload bits of a NaN are
+// whatever the hardware propagates and are not part of the contract.
+//
+// OpenMP splits only over query rows (independent outputs), so the thread count never changes a
+// bit. Errors are thrown from the calling thread with ref's messages, for the same first fault.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "ref/attention.h"
+#include "ref/tensor.h"
+
+namespace indexshare::simd {
+
+using AttentionOut = ref::AttentionOut;
+
+// ---- dispatch (simd/dispatch.cc) -------------------------------------------------------------
+// Names (hwy::TargetName) of the targets that are both compiled in and supported by this CPU,
+// best first, e.g. {"AVX3", "AVX2", "SSE4", "SSSE3", "SCALAR"}.
+std::vector<std::string> compiled_targets();
+// "best" restores Highway's own choice; otherwise one of compiled_targets(). Throws Error for an
+// unknown or unsupported name. Process-wide (hwy::SetSupportedTargetsForTest).
+void set_target(const std::string& name);
+// The target the next simd call will run on.
+std::string current_target();
+
+// ---- indexer (simd/indexer.cc) ---------------------------------------------------------------
+Tensor<float> indexer_logits_fp8(const Tensor<e4m3_t>& q, const Tensor<e4m3_t>& k,
+                                 const Tensor<float>& k_scale, const Tensor<float>& weights,
+                                 const Tensor<int32_t>& ks, const Tensor<int32_t>& ke);
+Tensor<float> indexer_logits_f32(const Tensor<float>& q, const Tensor<float>& k,
+                                 const Tensor<float>& k_scale, const Tensor<float>& weights,
+                                 const Tensor<int32_t>& ks, const Tensor<int32_t>& ke);
+
+// ---- top-k (simd/topk.cc) --------------------------------------------------------------------
+Tensor<int32_t> topk(const Tensor<float>& logits, const Tensor<int32_t>& ks,
+                     const Tensor<int32_t>& ke, int64_t topk);
+
+// Fused, streaming indexer + top-k: equals ref::topk(ref::indexer_logits_fp8(q, k, k_scale,
+// weights, ks, ke), ks, ke, topk) exactly (ties and errors included), without materialising the
+// [s_q, s_kv] logits. Keys are walked in blocks of `key_block` columns; memory is
+// O(s_q * topk + key_block * D) plus per-thread scratch of O(key_block + H * D).
+Tensor<int32_t> indexer_topk_fp8(const Tensor<e4m3_t>& q, const Tensor<e4m3_t>& k,
+                                 const Tensor<float>& k_scale, const Tensor<float>& weights,
+                                 const Tensor<int32_t>& ks, const Tensor<int32_t>& ke, int64_t topk,
+                                 int64_t key_block = 4096);
+
+// ---- attention (simd/attention.cc) -----------------------------------------------------------
+AttentionOut sparse_attention(const Tensor<bf16_t>& q, const Tensor<bf16_t>& kv,
+                              const Tensor<int32_t>& indices, float sm_scale, int64_t d_v,
+                              const Tensor<int32_t>* topk_length = nullptr,
+                              const Tensor<float>* attn_sink = nullptr);
+AttentionOut dense_attention(const Tensor<bf16_t>& q, const Tensor<bf16_t>& kv, float sm_scale,
+                             int64_t d_v, const Tensor<int32_t>& ks, const Tensor<int32_t>& ke,
+                             const Tensor<float>* attn_sink = nullptr);
+
+}  // namespace indexshare::simd

@@ -1,0 +1,121 @@
+// indexshare overlap / search: cross-layer top-k overlap statistics and the greedy IndexCache
+// pattern search, on a golden set, a generated problem, or inputs dumped from a model.
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include "ref/error.h"
+#include "ref/overlap.h"
+#include "ref/stack.h"
+#include "tools/cli.h"
+#include "tools/golden.h"
+#include "tools/svg.h"
+
+namespace indexshare::cli {
+
+namespace {
+
+struct Source {  // where the layers come from: exactly one of the three
+  std::string golden, problem, from, from_problem;
+};
+
+golden::StackInputs load(const Source& s, bool all_indexers) {
+  const int given = !s.golden.empty() + !s.problem.empty() + !s.from.empty();
+  require(given == 1, "give exactly one of --golden, --problem and --from");
+  if (!s.golden.empty()) return golden::stack_inputs_of(golden::read(s.golden));
+  if (!s.from.empty()) {
+    std::string text = s.from_problem.empty() ? "sq1 skv1" : s.from_problem;
+    const io::SafetensorsFile f = io::read_safetensors(s.from);
+    int L = 0;
+    while (f.find("layers." + std::to_string(L) + ".attn.q")) ++L;
+    if (text.find("nl") == std::string::npos) text += " nl" + std::to_string(std::max(L, 1));
+    return golden::load_stack_inputs(f, s.from, parse_problem(text));
+  }
+  Problem p = parse_problem(s.problem);
+  if (all_indexers) p.own = true;
+  return {p, ref::make_stack_inputs(p, p.schedule())};
+}
+
+void add_source(CLI::App* c, Source& s) {
+  c->add_option("--golden,-g", s.golden, "A golden set folder");
+  c->add_option("--problem,-p", s.problem, "A generated kernel-level stack (problem descriptor)");
+  c->add_option("--from", s.from, "Per-layer inputs dumped from a model (golden tensor names)");
+  c->add_option("--from-problem", s.from_problem, "With --from: top-k, dv, sm and the schedule, e.g. \"k2048 dv512 sched=glm-5.2\"");
+}
+
+struct OverlapArgs {
+  Source src;
+  std::string json, csv, svg, svg_position;
+  int buckets = 8;
+  bool no_shared_stats = false;
+};
+
+int cmd_overlap(const OverlapArgs& a) {
+  const golden::StackInputs si = load(a.src, false);
+  const Problem& p = si.problem;
+  const auto outs = ref::run_stack(p, p.schedule(), si.inputs, false);
+  ref::OverlapOptions opt;
+  opt.n_buckets = a.buckets;
+  opt.shared_stats = !a.no_shared_stats;
+  const ref::OverlapReport r = ref::overlap_report(p, si.inputs, outs, opt);
+  std::printf("%s", io::overlap_table(r).c_str());
+  if (!a.json.empty()) io::write_text_file(a.json, io::overlap_to_json(r).dump(2) + "\n");
+  if (!a.csv.empty()) io::write_text_file(a.csv, io::overlap_csv(r));
+  if (!a.svg.empty()) io::write_text_file(a.svg, io::overlap_heatmap_svg(r, {"Top-k overlap between layers: " + p.sched, false, 0, 1}));
+  if (!a.svg_position.empty()) io::write_text_file(a.svg_position, io::overlap_by_position_svg(r, "Adjacent-layer overlap by query position"));
+  std::printf("__REPRO: indexshare overlap --problem \"%s\"\n", to_string(p).c_str());
+  return 0;
+}
+
+struct SearchArgs {
+  Source src;
+  int full_layers = 1;
+  std::string loss = "output", json, csv, svg;
+};
+
+int cmd_search(const SearchArgs& a) {
+  const golden::StackInputs si = load(a.src, true);
+  for (size_t l = 0; l < si.inputs.size(); ++l)
+    require(si.inputs[l].has_indexer, "search: layer " + std::to_string(l) +
+                                          " has no indexer inputs; every layer needs its own (golden sets made with own=yes)");
+  ref::SearchOptions opt;
+  opt.n_full = a.full_layers;
+  opt.loss = ref::parse_search_loss(a.loss);
+  const ref::SearchResult r = ref::greedy_search(si.problem, si.inputs, opt);
+  std::printf("%s", io::search_table(r).c_str());
+  if (!a.json.empty()) io::write_text_file(a.json, io::search_to_json(r).dump(2) + "\n");
+  if (!a.csv.empty()) io::write_text_file(a.csv, io::search_csv(r));
+  if (!a.svg.empty()) io::write_text_file(a.svg, io::search_loss_svg(r, "Greedy search: " + a.loss + " loss"));
+  std::printf("pattern   %s\n__REPRO: indexshare search --problem \"%s\" --full-layers %d --loss %s\n", r.pattern.c_str(),
+              to_string(si.problem).c_str(), a.full_layers, a.loss.c_str());
+  return 0;
+}
+
+}  // namespace
+
+Action register_overlap(CLI::App& app) {
+  auto a = std::make_shared<OverlapArgs>();
+  CLI::App* c = app.add_subcommand("overlap", "Cross-layer top-k overlap statistics (table, JSON, CSV, SVG heatmap)");
+  add_source(c, a->src);
+  c->add_option("--json", a->json, "Write the statistics as JSON");
+  c->add_option("--csv", a->csv, "Write the statistics as CSV");
+  c->add_option("--svg", a->svg, "Write the layers x layers overlap heatmap (SVG)");
+  c->add_option("--svg-position", a->svg_position, "Write overlap vs query position (SVG)");
+  c->add_option("--buckets", a->buckets, "Query-position buckets")->capture_default_str();
+  c->add_flag("--no-shared-stats", a->no_shared_stats, "Skip the dense-attention statistics of Shared layers");
+  return [c, a]() { return *c ? cmd_overlap(*a) : -1; };
+}
+
+Action register_search(CLI::App& app) {
+  auto a = std::make_shared<SearchArgs>();
+  CLI::App* c = app.add_subcommand("search", "Training-free greedy Full/Shared pattern search (IndexCache)");
+  add_source(c, a->src);
+  c->add_option("--full-layers,-n", a->full_layers, "Stop at this many Full layers")->capture_default_str();
+  c->add_option("--loss", a->loss, "Proxy loss: output, mass or kl")->capture_default_str();
+  c->add_option("--json", a->json, "Write the search as JSON");
+  c->add_option("--csv", a->csv, "Write the loss per step as CSV");
+  c->add_option("--svg", a->svg, "Write the loss curve (SVG)");
+  return [c, a]() { return *c ? cmd_search(*a) : -1; };
+}
+
+}  // namespace indexshare::cli
