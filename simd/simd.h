@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "ref/attention.h"
+#include "ref/stack.h"
 #include "ref/tensor.h"
 
 namespace indexshare::simd {
@@ -65,5 +66,17 @@ AttentionOut sparse_attention(const Tensor<bf16_t>& q, const Tensor<bf16_t>& kv,
 AttentionOut dense_attention(const Tensor<bf16_t>& q, const Tensor<bf16_t>& kv, float sm_scale,
                              int64_t d_v, const Tensor<int32_t>& ks, const Tensor<int32_t>& ke,
                              const Tensor<float>* attn_sink = nullptr);
+
+// ---- stack (simd/stack.cc) -------------------------------------------------------------------
+// ref::run_stack on these kernels, step for step. keep_logits = false in FP8 mode uses the
+// streaming fused indexer + top-k. Logits and positions are bit-identical to ref; attention is
+// within the attention tolerance (bit-identical in practice, see above).
+std::vector<ref::StackLayerOutputs> run_stack(const Problem& p, const Schedule& schedule,
+                                              const std::vector<ref::LayerInputs>& inputs, bool keep_logits = true);
+
+// ---- measurement (simd/probe.cc) --------------------------------------------------------------
+// This machine's double-precision FMA peak in GFLOP/s (2 flops per lane per FMA) with `threads`
+// OpenMP threads, measured now by independent FMA chains on the best target.
+double fma_peak_gflops(int threads);
 
 }  // namespace indexshare::simd

@@ -22,5 +22,6 @@ Action register_verify(CLI::App& app);
 Action register_diff(CLI::App& app);
 Action register_overlap(CLI::App& app);
 Action register_search(CLI::App& app);
+Action register_bench(CLI::App& app);
 
 }  // namespace indexshare::cli

@@ -19,7 +19,7 @@ int main(int argc, char** argv) {
   const std::vector<cli::Action> actions = {
       cli::register_run(app), cli::register_golden(app), cli::register_presets(app),
       cli::register_verify(app), cli::register_diff(app), cli::register_overlap(app),
-      cli::register_search(app), cli::register_cost(app)};
+      cli::register_search(app), cli::register_bench(app), cli::register_cost(app)};
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
