@@ -85,3 +85,41 @@ TEST_CASE("cli: golden writes a set, verify checks it, bad input exits 2 without
   CHECK(r.out.find("glm-5.2") != std::string::npos);
   std::system(("rm -rf " + dir).c_str());
 }
+
+TEST_CASE("cli: --impl simd reproduces ref's outputs; --target and --max-memory are honoured") {
+  const std::string prob = "--problem 'sq8 skv40 hq2 dqk16 dv8 ih4 id16 k4 nl3 sched=FSF seed5'";
+  auto layers = [](const std::string& out) {  // the per-layer lines, fingerprints included
+    std::string lines;
+    size_t pos = 0;
+    while ((pos = out.find("layer ", pos)) != std::string::npos) {
+      const size_t end = out.find('\n', pos);
+      lines += out.substr(pos, end - pos) + "\n";
+      pos = end;
+    }
+    return lines;
+  };
+  const Result r = cli("run --impl ref " + prob), s = cli("run --impl simd " + prob);
+  const Result t = cli("run --impl simd --target SCALAR " + prob);
+  CHECK(r.status == 0);
+  CHECK(s.status == 0);
+  CHECK(t.status == 0);
+  CHECK(!layers(r.out).empty());
+  CHECK(layers(r.out) == layers(s.out));
+  CHECK(layers(r.out) == layers(t.out));
+  CHECK(t.out.find("Highway target SCALAR") != std::string::npos);
+  Result bad = cli("run --impl simd --target NOPE " + prob);
+  CHECK(bad.status == 2);
+  bad = cli("run --max-memory 1K " + prob);
+  CHECK(bad.status == 2);
+  CHECK(bad.out.find("--max-memory") != std::string::npos);
+  CHECK(cli("run --max-memory lots " + prob).status == 2);
+  // golden --impl simd writes the same tensors as ref.
+  const std::string dir = "/tmp/indexshare-cli-simd-" + std::to_string(::getpid());
+  std::system(("rm -rf " + dir).c_str());
+  CHECK(cli("golden --impl ref --problem 'sq8 skv40 hq2 dqk16 dv8 ih4 id16 k4 nl2 sched=FS' --out " + dir + "/r").status == 0);
+  CHECK(cli("golden --impl simd --problem 'sq8 skv40 hq2 dqk16 dv8 ih4 id16 k4 nl2 sched=FS' --out " + dir + "/s").status == 0);
+  const std::string cmp = "cmp -s " + dir + "/r/tensors.safetensors " + dir + "/s/tensors.safetensors";
+  CHECK(std::system(cmp.c_str()) == 0);
+  CHECK(cli("golden --max-memory 1K --problem 'sq8 skv40' --out " + dir + "/m").status == 2);
+  std::system(("rm -rf " + dir).c_str());
+}

@@ -14,7 +14,8 @@ namespace indexshare::cli {
 namespace {
 
 struct GoldenArgs {
-  std::string preset, problem, kind = "stack", out, impl = "ref", model, from, schedule, variant = "deepseek_fp8";
+  std::string preset, problem, kind = "stack", out, impl = "ref", model, from, schedule, variant = "deepseek_fp8", target,
+      max_memory = "8G";
   int64_t layers = 0, seq = 0;
   int64_t seed = -1;
   float sim = 0.8f;
@@ -34,7 +35,7 @@ int publish(golden::GoldenSet set, const GoldenArgs& a, const std::string& repla
 
 int cmd_golden(const GoldenArgs& a) {
   require(!a.out.empty(), "golden: --out DIR is required");
-  require(a.impl == "ref", "--impl: only 'ref' is available in this build, got '" + a.impl + "'");
+  apply_target(a.target);
   const auto t0 = std::chrono::steady_clock::now();
   const bool module_preset = !a.preset.empty() && golden::preset(a.preset).kind == "module";
   if (!a.model.empty() || module_preset) {  // module level: the toy model with a preset's shapes
@@ -86,10 +87,13 @@ int cmd_golden(const GoldenArgs& a) {
   if (a.seq > 0) { p.s_kv = a.seq; p.s_q = std::min(p.s_q, a.seq); }
   if (a.seed >= 0) p.seed = uint64_t(a.seed);
   p.validate();
+  check_memory(p, !a.no_logits, parse_bytes(a.max_memory));
+  const std::string impl = resolve_impl(a.impl, p);
   const std::string replay = "indexshare golden --problem " + quote(to_string(p)) + " --kind " + kind +
+                             (impl == "simd" ? " --impl simd" : "") +
                              (a.no_logits ? " --no-logits" : "") + " --out " + a.out;
   std::fprintf(stderr, "golden: computing %s (%lld layers)...\n", to_string(p).c_str(), (long long)p.n_layers);
-  return publish(golden::build(p, kind, !a.no_logits, replay), a, replay, t0);
+  return publish(golden::build(p, kind, !a.no_logits, replay, impl == "simd"), a, replay, t0);
 }
 
 }  // namespace
@@ -108,7 +112,9 @@ Action register_golden(CLI::App& app) {
   c->add_option("--schedule", a->schedule, "Layer schedule (--model)");
   c->add_option("--sim", a->sim, "Cross-layer weight similarity (--model)")->capture_default_str();
   c->add_option("--variant", a->variant, "Indexer variant deepseek_fp8 or hf_bf16 (--model)")->capture_default_str();
-  c->add_option("--impl", a->impl, "Implementation: ref")->capture_default_str();
+  c->add_option("--impl", a->impl, "Implementation of kernel-level stacks: ref, simd or auto")->capture_default_str();
+  c->add_option("--target", a->target, "Highway target for simd (default best)");
+  c->add_option("--max-memory", a->max_memory, "Refuse problems whose estimated memory exceeds this (e.g. 8G)")->capture_default_str();
   c->add_flag("--no-logits", a->no_logits, "Leave out the [s_q, s_kv] indexer logits");
   c->add_flag("--force", a->force, "Replace an existing golden set in --out");
   c->add_option("--out,-o", a->out, "Output folder (written atomically)");

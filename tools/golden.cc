@@ -19,6 +19,7 @@
 #include "ref/stack.h"
 #include "ref/topk.h"
 #include "tools/paged.h"
+#include "simd/simd.h"
 
 namespace indexshare::golden {
 
@@ -103,10 +104,10 @@ void edge_indices(Tensor<int32_t>& ind, Tensor<int32_t>& topk_length, int64_t s_
 
 namespace {
 GoldenSet build_stack(const Problem& p, const std::vector<ref::LayerInputs>& inputs, const std::string& kind,
-                      bool with_logits, const std::string& replay);
+                      bool with_logits, const std::string& replay, bool use_simd = false);
 }
 
-GoldenSet build(const Problem& p, const std::string& kind, bool with_logits, const std::string& replay) {
+GoldenSet build(const Problem& p, const std::string& kind, bool with_logits, const std::string& replay, bool use_simd) {
   require(kind == "stack" || kind == "attention-edge" || kind == "decode",
           "golden: unknown kind '" + kind + "' (expected stack, attention-edge or decode)");
   std::vector<ref::LayerInputs> inputs = ref::make_stack_inputs(p, p.schedule());
@@ -117,7 +118,7 @@ GoldenSet build(const Problem& p, const std::string& kind, bool with_logits, con
     require(p.d_qk == paged::kFlashMlaDqk, "golden decode: the V32 FP8 KV cache needs dqk576");
     for (ref::LayerInputs& in : inputs) in.kv = paged::flashmla_quant_dequant(in.kv);
   }
-  return build_stack(p, inputs, kind, with_logits, replay);
+  return build_stack(p, inputs, kind, with_logits, replay, use_simd);
 }
 
 namespace {
@@ -155,9 +156,10 @@ void add_paged(GoldenSet& g, const Problem& p, const ref::LayerInputs& in, const
 }
 
 GoldenSet build_stack(const Problem& p, const std::vector<ref::LayerInputs>& inputs, const std::string& kind,
-                      bool with_logits, const std::string& replay) {
+                      bool with_logits, const std::string& replay, bool use_simd) {
   const Schedule sched = p.schedule();
-  const std::vector<ref::StackLayerOutputs> outs = ref::run_stack(p, sched, inputs, true);
+  const std::vector<ref::StackLayerOutputs> outs =
+      use_simd ? simd::run_stack(p, sched, inputs, true) : ref::run_stack(p, sched, inputs, true);
   GoldenSet g;
   json layers = json::array(), budgets = json::object();
   paged::PagedLayout layout;
@@ -226,7 +228,7 @@ GoldenSet build_stack(const Problem& p, const std::vector<ref::LayerInputs>& inp
   g.manifest = {
       {"format", "indexshare-golden"},
       {"format_version", kFormatVersion},
-      {"generator", std::string("indexshare ") + INDEXSHARE_VERSION},
+      {"generator", std::string("indexshare ") + INDEXSHARE_VERSION + (use_simd ? " (simd)" : " (ref)")},
       {"kind", kind},
       {"problem", to_string(p)},
       {"replay", replay},

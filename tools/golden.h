@@ -41,7 +41,10 @@ const Preset& preset(const std::string& name);  // Error naming the unknown pres
 
 // Builds a golden set. `replay` is the command line recorded in the manifest.
 // with_logits = false leaves out indexer.logits (large sets).
-GoldenSet build(const Problem& p, const std::string& kind, bool with_logits, const std::string& replay);
+// use_simd computes the stack with simd::run_stack (logits and positions bit-identical to ref;
+// attention within the attention tolerance, bit-identical in practice); the manifest records it.
+GoldenSet build(const Problem& p, const std::string& kind, bool with_logits, const std::string& replay,
+                bool use_simd = false);
 
 // A module-level golden set from the toy model (ref/model.h): per layer the hidden states, the
 // bf16 weights, the indexer and MLA intermediates, and the kernel-level tensors of `build`.
