@@ -123,3 +123,26 @@ TEST_CASE("cli: --impl simd reproduces ref's outputs; --target and --max-memory 
   CHECK(cli("golden --max-memory 1K --problem 'sq8 skv40' --out " + dir + "/m").status == 2);
   std::system(("rm -rf " + dir).c_str());
 }
+
+TEST_CASE("cli: overlap and search write their reports; bad sources exit 2") {
+  const std::string dir = "/tmp/indexshare-cli-ovl-" + std::to_string(::getpid());
+  std::system(("rm -rf " + dir + " && mkdir -p " + dir).c_str());
+  Result r = cli("overlap --golden " + std::string(INDEXSHARE_SOURCE_DIR) + "/golden/glm-5.2 --json " + dir + "/o.json --csv " + dir +
+                 "/o.csv --svg " + dir + "/o.svg --svg-position " + dir + "/p.svg");
+  CHECK(r.status == 0);
+  CHECK(r.out.find("adjacent own-top-k overlap") != std::string::npos);
+  CHECK(r.out.find("__REPRO: indexshare overlap --golden") != std::string::npos);
+  for (const char* f : {"/o.json", "/o.csv", "/o.svg", "/p.svg"}) CHECK(std::system(("test -s " + dir + f).c_str()) == 0);
+  // The SVGs are XML.
+  CHECK(std::system(("python3 -c 'import xml.dom.minidom,sys; [xml.dom.minidom.parse(f) for f in sys.argv[1:]]' " + dir + "/o.svg " +
+                     dir + "/p.svg").c_str()) == 0);
+  r = cli("search --problem 'sq8 skv48 hq2 dqk32 dv16 ih4 id32 k8 nl4 sim=0.5' --full-layers 2 --svg " + dir + "/s.svg --json " + dir + "/s.json");
+  CHECK(r.status == 0);
+  CHECK(r.out.find("n_full") != std::string::npos);
+  CHECK(std::system(("test -s " + dir + "/s.svg").c_str()) == 0);
+  CHECK(cli("overlap").status == 2);                                     // no source
+  CHECK(cli("overlap --golden " + dir + "/none").status == 2);           // not a golden set
+  CHECK(cli("search --problem 'sq8 skv48 nl4' --full-layers 9").status == 2);
+  CHECK(cli("search --problem 'sq8 skv48 nl4' --loss cosine").status == 2);
+  std::system(("rm -rf " + dir).c_str());
+}

@@ -36,6 +36,12 @@ golden::StackInputs load(const Source& s, bool all_indexers) {
   return {p, ref::make_stack_inputs(p, p.schedule())};
 }
 
+std::string replay_source(const Source& s, const Problem& p) {
+  if (!s.golden.empty()) return "--golden " + s.golden;
+  if (!s.from.empty()) return "--from " + s.from + (s.from_problem.empty() ? "" : " --from-problem \"" + s.from_problem + "\"");
+  return "--problem \"" + to_string(p) + "\"";
+}
+
 void add_source(CLI::App* c, Source& s) {
   c->add_option("--golden,-g", s.golden, "A golden set folder");
   c->add_option("--problem,-p", s.problem, "A generated kernel-level stack (problem descriptor)");
@@ -63,7 +69,7 @@ int cmd_overlap(const OverlapArgs& a) {
   if (!a.csv.empty()) io::write_text_file(a.csv, io::overlap_csv(r));
   if (!a.svg.empty()) io::write_text_file(a.svg, io::overlap_heatmap_svg(r, {"Top-k overlap between layers: " + p.sched, false, 0, 1}));
   if (!a.svg_position.empty()) io::write_text_file(a.svg_position, io::overlap_by_position_svg(r, "Adjacent-layer overlap by query position"));
-  std::printf("__REPRO: indexshare overlap --problem \"%s\"\n", to_string(p).c_str());
+  std::printf("__REPRO: indexshare overlap %s\n", replay_source(a.src, p).c_str());
   return 0;
 }
 
@@ -86,8 +92,8 @@ int cmd_search(const SearchArgs& a) {
   if (!a.json.empty()) io::write_text_file(a.json, io::search_to_json(r).dump(2) + "\n");
   if (!a.csv.empty()) io::write_text_file(a.csv, io::search_csv(r));
   if (!a.svg.empty()) io::write_text_file(a.svg, io::search_loss_svg(r, "Greedy search: " + a.loss + " loss"));
-  std::printf("pattern   %s\n__REPRO: indexshare search --problem \"%s\" --full-layers %d --loss %s\n", r.pattern.c_str(),
-              to_string(si.problem).c_str(), a.full_layers, a.loss.c_str());
+  std::printf("__REPRO: indexshare search %s --full-layers %d --loss %s\n", replay_source(a.src, si.problem).c_str(),
+              a.full_layers, a.loss.c_str());
   return 0;
 }
 
