@@ -146,3 +146,14 @@ TEST_CASE("cli: overlap and search write their reports; bad sources exit 2") {
   CHECK(cli("search --problem 'sq8 skv48 nl4' --loss cosine").status == 2);
   std::system(("rm -rf " + dir).c_str());
 }
+
+TEST_CASE("cli: bench runs a small problem, checks simd against ref and writes JSON") {
+  const std::string json = "/tmp/indexshare-cli-bench-" + std::to_string(::getpid()) + ".json";
+  const Result r = cli("bench --problem 'sq8 skv64 hq2 dqk64 dv32 ih4 id32 k8' --repeats 1 --stack-seq 256 --json " + json);
+  CHECK(r.status == 0);
+  CHECK(r.out.find("__REPRO: indexshare bench") != std::string::npos);
+  CHECK(std::system(("python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); "
+                     "assert all(k in d for k in (\"stages\", \"stack\", \"targets\", \"peak_gflops\", \"agreement\"))' " + json).c_str()) == 0);
+  std::remove(json.c_str());
+  CHECK(cli("bench --problem 'sq8 skv4'").status == 2);
+}
