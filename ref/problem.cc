@@ -57,6 +57,13 @@ void Problem::validate() const {
   if (sm) require(std::isfinite(*sm), "problem field sm must be finite");
   pos(n_layers, "nl");
   pos(n_seqs, "nseq");
+  // Size limits: int32 indices everywhere, and a layer count a schedule (int) can hold.
+  const int64_t kMaxDim = (int64_t(1) << 31) - 1;
+  const std::pair<int64_t, const char*> dims[] = {{s_q, "sq"}, {h_q, "hq"}, {d_qk, "dqk"}, {d_v, "dv"},
+                                                  {index_n_heads, "ih"}, {index_topk, "k"}, {n_seqs, "nseq"}};
+  for (const auto& [v, name] : dims)
+    require(v <= kMaxDim, std::string("problem field ") + name + " must be <= 2^31 - 1, got " + std::to_string(v));
+  require(n_layers <= 1000000, "problem field nl must be <= 1000000, got " + std::to_string(n_layers));
   require(s_q % n_seqs == 0 && s_kv % n_seqs == 0,
           "problem field nseq (" + std::to_string(n_seqs) + ") must divide sq and skv");
   require(sim >= 0.0f && sim <= 1.0f, "problem field sim must be in [0, 1], got " + std::to_string(sim));

@@ -1,5 +1,6 @@
 // Helpers shared by the subcommands (tools/cli.h).
 #include <cctype>
+#include <cstdint>
 #include <cstdio>
 
 #include "ref/error.h"
@@ -26,7 +27,8 @@ uint64_t estimate_stack_bytes(const Problem& p, bool keep_logits) {
                            + sq * double(p.index_topk) * 12                       // top-k, used, indices
                            + sq * double(p.h_q) * double(p.d_qk) * 2 + skv * double(p.d_qk) * 2  // attn q, kv
                            + sq * double(p.h_q) * (double(p.d_v) * 6 + 8);        // out, out_bf16, lse, max
-  return uint64_t(per_layer * double(p.n_layers));
+  const double total = per_layer * double(p.n_layers);
+  return total >= 1.8e19 ? UINT64_MAX : uint64_t(total);  // saturate instead of overflowing
 }
 
 void check_memory(const Problem& p, bool keep_logits, uint64_t max_bytes) {

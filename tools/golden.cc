@@ -548,6 +548,60 @@ const io::TensorView& Loaded::get(const std::string& name) const {
   return *v;
 }
 
+namespace {
+// The manifest fields the tools rely on: present, of the right type and range, and consistent
+// with the tensors. Every refusal names the manifest and the field.
+void check_manifest(const Loaded& g, const std::string& mpath) {
+  const json& m = g.manifest;
+  auto fail = [&](const std::string& field, const std::string& what) { throw Error(mpath + ": field '" + field + "' " + what); };
+  for (const char* f : {"kind", "problem", "replay"})
+    if (!m.contains(f) || !m[f].is_string()) fail(f, "is missing or not a string");
+  const std::string kind = m["kind"];
+  if (kind != "stack" && kind != "attention-edge" && kind != "decode" && kind != "module" && kind != "stack-from-file")
+    fail("kind", "is '" + kind + "', not a known kind");
+  if (!m.contains("budgets") || !m["budgets"].is_object()) fail("budgets", "is missing or not an object");
+  if (!m.contains("config") || !m["config"].is_object()) fail("config", "is missing or not an object");
+  const json& c = m["config"];
+  auto int_field = [&](const char* f, int64_t lo, int64_t hi) {
+    if (!c.contains(f) || !c[f].is_number_integer()) fail(std::string("config.") + f, "is missing or not an integer");
+    const int64_t v = c[f].get<int64_t>();
+    if (v < lo || v > hi) fail(std::string("config.") + f, "is " + std::to_string(v) + ", outside [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+    return v;
+  };
+  const int64_t kMax = (int64_t(1) << 31) - 1;
+  const int64_t s_q = int_field("s_q", 1, kMax), s_kv = int_field("s_kv", 1, kMax), topk = int_field("topk", 1, kMax);
+  const int64_t h_q = int_field("h_q", 1, kMax), d_qk = int_field("d_qk", 1, kMax), d_v = int_field("d_v", 1, d_qk);
+  if (!c.contains("sm_scale") || !c["sm_scale"].is_number()) fail("config.sm_scale", "is missing or not a number");
+  const double sm = c["sm_scale"].get<double>();
+  if (!std::isfinite(sm) || std::fabs(sm) > 3.4e38) fail("config.sm_scale", "is not a finite f32 number");
+  if (!m.contains("layers") || !m["layers"].is_array() || m["layers"].empty()) fail("layers", "is missing, empty or not an array");
+  const json& layers = m["layers"];
+  for (size_t l = 0; l < layers.size(); ++l) {
+    const std::string f = "layers[" + std::to_string(l) + "]";
+    const json& e = layers[l];
+    if (!e.is_object() || !e.contains("kind") || !e["kind"].is_string() || (e["kind"] != "full" && e["kind"] != "shared"))
+      fail(f + ".kind", "is missing or not \"full\" / \"shared\"");
+    if (!e.contains("source") || !e["source"].is_number_integer()) fail(f + ".source", "is missing or not an integer");
+    const int64_t src = e["source"].get<int64_t>();
+    if (src < 0 || src > int64_t(l) || layers[size_t(src)]["kind"] != "full" || (e["kind"] == "full" && src != int64_t(l)))
+      fail(f + ".source", "is " + std::to_string(src) + ": not this layer (Full) or an earlier Full layer (Shared)");
+    // Every layer's attention tensors must be there, with the config's shapes.
+    const std::string pre = "layers." + std::to_string(l) + ".";
+    const io::TensorView* q = g.data.find(pre + "attn.q");
+    if (!q) fail("layers", "lists layer " + std::to_string(l) + ", but tensor '" + pre + "attn.q' is missing");
+    if (q->shape != Shape{s_q, h_q, d_qk}) fail("config.s_q/h_q/d_qk", "disagree with " + pre + "attn.q " + shape_str(q->shape));
+    const io::TensorView* kv = g.data.find(pre + "attn.kv");
+    if (!kv || kv->shape != Shape{s_kv, 1, d_qk}) fail("config.s_kv", "disagrees with " + pre + "attn.kv");
+    const io::TensorView* ind = g.data.find(pre + "attn.indices");
+    if (!ind || ind->shape != Shape{s_q, 1, topk}) fail("config.topk", "disagrees with " + pre + "attn.indices");
+    const io::TensorView* out = g.data.find(pre + "attn.out");
+    if (!out || out->shape != Shape{s_q, h_q, d_v}) fail("config.d_v", "disagrees with " + pre + "attn.out");
+  }
+  if (g.data.find("layers." + std::to_string(layers.size()) + ".attn.q"))
+    fail("layers", "lists " + std::to_string(layers.size()) + " layers, but the file holds more");
+}
+}  // namespace
+
 Loaded read(const std::string& dir) {
   Loaded g;
   g.dir = dir;
@@ -598,6 +652,7 @@ Loaded read(const std::string& dir) {
   if (tensors.size() != g.data.tensors.size())
     throw Error(dir + "/" + kTensorFile + ": holds " + std::to_string(g.data.tensors.size()) +
                 " tensors, the manifest lists " + std::to_string(tensors.size()));
+  check_manifest(g, mpath);
   return g;
 }
 
