@@ -1,6 +1,8 @@
 // Tests of the indexshare command line: exit codes, summary and replay line, clear errors.
 #include <doctest/doctest.h>
 
+#include "tests/cli_util.h"
+
 #include <array>
 #include <cstdio>
 #include <string>
@@ -10,19 +12,8 @@
 #include <cstdlib>
 
 namespace {
-struct Result { int status; std::string out; };
-// Runs the CLI with `args`, capturing stdout and stderr together.
-Result cli(const std::string& args) {
-  const std::string cmd = std::string(INDEXSHARE_CLI) + " " + args + " 2>&1";
-  FILE* f = popen(cmd.c_str(), "r");
-  REQUIRE(f != nullptr);
-  std::string out;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), f)) > 0) out.append(buf.data(), n);
-  const int st = pclose(f);
-  return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
-}
+using Result = indexshare::testing::CliResult;
+Result cli(const std::string& args) { return indexshare::testing::run_cli(args); }
 }  // namespace
 
 TEST_CASE("cli: run prints a summary and a replay line") {

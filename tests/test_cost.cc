@@ -2,6 +2,8 @@
 // by hand below, not with the code), the published GLM-5.2 shape, JSON configs, and the CLI.
 #include <doctest/doctest.h>
 
+#include "tests/cli_util.h"
+
 #include <array>
 #include <cstdio>
 #include <fstream>
@@ -76,18 +78,8 @@ std::string hand_json_with(const std::string& from, const std::string& to) {
   return t.replace(p, from.size(), to);
 }
 
-struct Result { int status; std::string out; };
-Result cli(const std::string& args) {
-  const std::string cmd = std::string(INDEXSHARE_CLI) + " " + args + " 2>&1";
-  FILE* f = popen(cmd.c_str(), "r");
-  REQUIRE(f != nullptr);
-  std::string out;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), f)) > 0) out.append(buf.data(), n);
-  const int st = pclose(f);
-  return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
-}
+using Result = indexshare::testing::CliResult;
+Result cli(const std::string& args) { return indexshare::testing::run_cli(args); }
 
 }  // namespace
 

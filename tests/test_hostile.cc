@@ -25,6 +25,7 @@
 #include <thread>
 #include <vector>
 
+#include "tests/cli_util.h"
 #include "tools/golden.h"
 #include "tools/safetensors.h"
 
@@ -35,24 +36,11 @@ namespace fs = std::filesystem;
 
 namespace {
 
-struct Result {
-  int status;
-  std::string out;
-};
+using Result = indexshare::testing::CliResult;
 
-// Runs the CLI with `args` under `timeout SECONDS`, capturing stdout and stderr together. A timeout
-// shows up as status 124, a crash as 128 + the signal (the shell's convention) or -1.
-Result cli(const std::string& args, int seconds = 60) {
-  const std::string cmd = "timeout " + std::to_string(seconds) + " " + std::string(INDEXSHARE_CLI) + " " + args + " 2>&1";
-  FILE* f = popen(cmd.c_str(), "r");
-  REQUIRE(f != nullptr);
-  std::string out;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), f)) > 0) out.append(buf.data(), n);
-  const int st = pclose(f);
-  return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
-}
+// Runs the CLI with `args` under `timeout SECONDS`: a timeout shows up as status 124, a crash as
+// 128 + the signal (the shell's convention) or -1.
+Result cli(const std::string& args, int seconds = 60) { return indexshare::testing::run_cli(args, seconds); }
 
 bool has(const std::string& text, const std::string& needle) { return text.find(needle) != std::string::npos; }
 
@@ -365,13 +353,13 @@ TEST_CASE("hostile: a golden whose manifest disagrees with its tensors is refuse
   }
 }
 
-// KNOWN BUG (may_fail until fixed): golden::read verifies the manifest's "tensors" list but none of
-// the other fields its consumers use ("kind", "layers", "config", "budgets"; they are not covered by
-// any SHA-256). golden::summary (verify) and diff::judge read them with nlohmann's const
-// operator[] (undefined behaviour for a missing key: an assertion with assertions on) and get<>
-// (json::type_error, reported as "internal error", exit 3), and judge indexes its layer table with
-// "source" unchecked (a segfault for source >= n_layers). Found by tests/fuzz/fuzz_manifest. Each
-// edit below must be refused with exit 2 naming manifest.json and the field.
+// Regression (found by tests/fuzz/fuzz_manifest, fixed): golden::read verified only the manifest's
+// "tensors" list, not the other fields its consumers use ("kind", "layers", "config", "budgets";
+// no SHA-256 covers them). golden::summary (verify) and diff::judge read them with nlohmann's const
+// operator[] (undefined behaviour for a missing key) and get<> (json::type_error, reported as
+// "internal error", exit 3), and judge indexed its layer table with an unchecked "source" (a
+// segfault for source >= n_layers). Each edit below must be refused with exit 2 naming
+// manifest.json and the field.
 TEST_CASE("hostile: a golden whose manifest fields are missing, mistyped or out of range is refused") {
   TmpDir tmp;
   const std::string set = tmp / "set", manifest = set + "/manifest.json";
