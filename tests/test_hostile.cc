@@ -400,6 +400,28 @@ TEST_CASE("hostile: a golden whose manifest fields are missing, mistyped or out 
   }
 }
 
+// Regression found by tests/fuzz/fuzz_manifest (reproducers in tests/fuzz/regressions/fuzz_manifest/
+// budget-entry-*.json), fixed: budget entries that are not objects with a finite numeric
+// budget_max_abs were read unchecked (undefined behaviour or a json::type_error, exit 3); they
+// are now refused with exit 2 naming manifest.json and the field.
+TEST_CASE("hostile: a golden whose attention budgets are malformed is refused") {
+  TmpDir tmp;
+  const std::string set = tmp / "set", manifest = set + "/manifest.json";
+  copy_golden("attention-edge", set);
+  const nlohmann::json original = nlohmann::json::parse(read_bytes(manifest));
+  const std::string cand = tmp / "cand.safetensors";
+  io::write_safetensors(cand, faithful_edge());
+  for (const nlohmann::json& entry : {nlohmann::json::object(), nlohmann::json(5),
+                                      nlohmann::json({{"budget_max_abs", "x"}}), nlohmann::json({{"budget_max_abs", -1}})}) {
+    CAPTURE(entry.dump());
+    nlohmann::json m = original;
+    m["budgets"]["layers.0.attn.out"] = entry;
+    write_bytes(manifest, m.dump(2));
+    refused(cli("verify --golden " + set), {manifest, "budgets"});
+    refused(cli(diff_cmd(set, cand)), {manifest, "budgets"});
+  }
+}
+
 TEST_CASE("hostile: a golden whose tensor bytes no longer match the manifest is refused as tampered") {
   TmpDir tmp;
   const std::string set = tmp / "set", tensors = set + "/" + golden::kTensorFile;
@@ -668,7 +690,7 @@ TEST_CASE("hostile: a golden writer killed at any moment leaves no half-written 
     check_out(out, std::string("killed ") + std::to_string(ms) + " ms after the start");
   }
   // 2. Kills while writing: wait for the temporary folder to appear, then kill after a delay.
-  for (int us : {0, 500, 2000, 5000, 20000}) {
+  for (int us : {0, 500, 2000, 5000, 20000, 100000, 300000}) {
     std::string name = "w";
     name += std::to_string(us);
     const std::string out = tmp / name;
@@ -687,7 +709,7 @@ TEST_CASE("hostile: a golden writer killed at any moment leaves no half-written 
     killed += c.kill_at(std::chrono::steady_clock::now() + std::chrono::microseconds(us));
     check_out(out, std::string("--force killed ") + std::to_string(us) + " us after the temporary folder appeared");
   }
-  MESSAGE("killed writers: " << killed << " of 12; output complete " << complete << ", absent " << absent
+  MESSAGE("killed writers: " << killed << " of 14; output complete " << complete << ", absent " << absent
                              << ", leftover .tmp folders " << leftovers << "\n" << log);
   CHECK(killed >= 4);  // at least the early kills hit a running writer
 }

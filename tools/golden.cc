@@ -560,6 +560,13 @@ void check_manifest(const Loaded& g, const std::string& mpath) {
   if (kind != "stack" && kind != "attention-edge" && kind != "decode" && kind != "module" && kind != "stack-from-file")
     fail("kind", "is '" + kind + "', not a known kind");
   if (!m.contains("budgets") || !m["budgets"].is_object()) fail("budgets", "is missing or not an object");
+  for (const auto& [name, e] : m["budgets"].items()) {
+    const std::string f = "budgets." + name;
+    if (!e.is_object() || !e.contains("budget_max_abs") || !e["budget_max_abs"].is_number())
+      fail(f, "is not an object with a numeric budget_max_abs");
+    const double b = e["budget_max_abs"].get<double>();
+    if (!std::isfinite(b) || b < 0) fail(f + ".budget_max_abs", "is not a finite number >= 0");
+  }
   if (!m.contains("config") || !m["config"].is_object()) fail("config", "is missing or not an object");
   const json& c = m["config"];
   auto int_field = [&](const char* f, int64_t lo, int64_t hi) {
@@ -638,9 +645,11 @@ Loaded read(const std::string& dir) {
     if (io::dtype_name(v->dtype) != t["dtype"].get<std::string>())
       throw Error(where + " ('" + name + "'): dtype " + t["dtype"].get<std::string>() + " in the manifest, " +
                   io::dtype_name(v->dtype) + " in the file");
-    Shape shape;
-    try { shape = t["shape"].get<Shape>(); } catch (const json::exception&) {
-      throw Error(where + " ('" + name + "'): field 'shape' is not a list of integers");
+    Shape shape;  // element by element: a float such as 1e21 must not reach an integer conversion
+    if (!t["shape"].is_array()) throw Error(where + " ('" + name + "'): field 'shape' is not a list of integers");
+    for (const json& d : t["shape"]) {
+      if (!d.is_number_integer()) throw Error(where + " ('" + name + "'): field 'shape' is not a list of integers");
+      shape.push_back(d.get<int64_t>());
     }
     if (shape != v->shape)
       throw Error(where + " ('" + name + "'): shape " + shape_str(shape) + " in the manifest, " +
@@ -685,6 +694,7 @@ StackInputs stack_inputs_of(const Loaded& g) {
     p.d_v = c.at("d_v").get<int64_t>();
     p.index_topk = c.at("topk").get<int64_t>();
     p.sm = c.at("sm_scale").get<float>();
+    if (!c.at("seed").is_number_integer() || c.at("seed").get<int64_t>() < 0) throw Error(where + ": field 'config.seed' is not an integer >= 0");
     p.seed = c.at("seed").get<uint64_t>();
     std::string pattern;
     for (const json& l : g.manifest.at("layers")) pattern += l.at("kind") == "full" ? 'F' : 'S';

@@ -212,7 +212,37 @@ def diff_corpus():
                                           ("layers.3.attn.out", "BF16") + stack["layers.3.attn.out_bf16"][1:]]))
 
 
+def regressions():
+    """Inputs that once crashed a target (tests/fuzz/regressions/<target>/): run.sh replays them first."""
+    def add(target, name, data):
+        d = os.path.join(HERE, "regressions", target)
+        os.makedirs(d, exist_ok=True)
+        with open(os.path.join(d, name), "wb") as f:
+            f.write(data.encode() if isinstance(data, str) else data)
+    # nl was truncated to int when the schedule was built, and unbounded.
+    add("fuzz_problem", "nl-truncated-to-int", "nl44444444444432")
+    add("fuzz_problem", "nl-huge", "sq4 skv8 nl2147483647")
+    with open(os.path.join(SMALL, "edge", "manifest.json")) as f:
+        text = f.read()
+
+    def manifest(name, edit):
+        m = json.loads(text)
+        edit(m)
+        add("fuzz_manifest", name, json.dumps(m, indent=1))
+    # Fields golden::read did not check and its consumers used unchecked.
+    manifest("no-config.json", lambda m: m.pop("config"))
+    manifest("no-budgets.json", lambda m: m.pop("budgets"))
+    manifest("kind-number.json", lambda m: m.update(kind=5))
+    manifest("layers-number.json", lambda m: m.update(layers=5))
+    manifest("source-out-of-range.json", lambda m: m["layers"][0].update(source=100000))
+    manifest("sm-scale-beyond-float.json", lambda m: m["config"].update(sm_scale=1e300))
+    manifest("budget-entry-empty.json", lambda m: m["budgets"].update({"layers.0.attn.out": {}}))
+    manifest("budget-entry-number.json", lambda m: m["budgets"].update({"layers.0.attn.out": 5}))
+    manifest("budget-entry-string.json", lambda m: m["budgets"]["layers.0.attn.out"].update(budget_max_abs="x"))
+
+
 if __name__ == "__main__":
+    regressions()
     safetensors_corpus()
     problem_corpus()
     schedule_corpus()

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets with clang and runs each on a copy of its seed corpus.
 #
-#   tests/fuzz/run.sh [SECONDS_PER_TARGET] [TARGET...]     default: 20 s, every target
+#   tests/fuzz/run.sh [SECONDS_PER_TARGET] [TARGET...]     default: 20 s (at least 1), every target
 #
 # Environment: BUILD_DIR (default build-fuzz, in the repository root), WORK_DIR (default
 # $BUILD_DIR/fuzz-work: working corpora, crash files and logs), JOBS (build jobs, default nproc),
@@ -11,8 +11,10 @@
 # exits non-zero if any target found something (crash, leak, UB, timeout, OOM, or a violated
 # property: see tests/fuzz/fuzz_common.h); the crash file's path is printed, and
 #   $BUILD_DIR/tests/fuzz/<target> <crash file>
-# reproduces it. The seed corpora in tests/fuzz/corpus/ are only read: each run starts from a
-# fresh copy in WORK_DIR (regenerate the seeds with tests/fuzz/make_corpus.py).
+# reproduces it. Inputs that once found a bug live in tests/fuzz/regressions/<target>/ and are
+# replayed before each target runs (add a crash file there once its bug is fixed). The seed corpora
+# in tests/fuzz/corpus/ are only read: each run starts from a fresh copy in WORK_DIR (regenerate
+# seeds and regression inputs with tests/fuzz/make_corpus.py).
 #
 # Long runs: give more seconds, e.g. an hour per target, and keep the grown corpus between runs:
 #   WORK_DIR=/var/tmp/indexshare-fuzz KEEP_CORPUS=1 tests/fuzz/run.sh 3600
@@ -33,7 +35,7 @@ WORK_DIR="${WORK_DIR:-$BUILD_DIR/fuzz-work}"
 JOBS="${JOBS:-$(nproc)}"
 CXX="${CXX:-clang++}"
 WORK_DIR=$(realpath -m "$WORK_DIR")
-case "$secs" in ''|*[!0-9]*) echo "usage: tests/fuzz/run.sh [SECONDS_PER_TARGET] [TARGET...]" >&2; exit 2 ;; esac
+case "$secs" in ''|0|*[!0-9]*) echo "usage: tests/fuzz/run.sh [SECONDS_PER_TARGET] [TARGET...]" >&2; exit 2 ;; esac
 
 echo "== configure $BUILD_DIR ($CXX)"
 mkdir -p "$BUILD_DIR"
@@ -56,6 +58,16 @@ for t in "${targets[@]}"; do
     cp tests/fuzz/corpus/"$t"/* "$w/corpus/"
   fi
   rm -f "$w/artifacts"/*
+  # Inputs that once crashed the target (tests/fuzz/regressions/<target>/) are replayed first.
+  for r in tests/fuzz/regressions/"$t"/*; do
+    [ -f "$r" ] || continue
+    if ! timeout 120 "$BUILD_DIR/tests/fuzz/$t" "$r" >"$w/regression.log" 2>&1; then
+      status=1
+      echo "!! $t: regression input $r fails again (reproduce: $BUILD_DIR/tests/fuzz/$t $r)"
+      grep -E 'FUZZ FINDING|Assertion|runtime error|ERROR: AddressSanitizer|SUMMARY' "$w/regression.log" | head -5
+      summary+=$(printf '%-18s regression %s FAILS\n' "$t" "$(basename "$r")")$'\n'
+    fi
+  done
   echo "== $t: ${secs} s on $(ls "$w/corpus" | wc -l) inputs"
   # -timeout: one input running longer is a finding (a hang); -rss_limit_mb: OOM is a finding.
   # shellcheck disable=SC2086
@@ -68,7 +80,7 @@ for t in "${targets[@]}"; do
   if [ $rc -ne 0 ] || [ -n "$crashes" ]; then
     status=1
     echo "!! $t: FINDING (exit $rc) after ${execs:-?} executions; log $w/log"
-    grep -E 'ERROR|FUZZ FINDING|runtime error|SUMMARY|Test unit written|deadly signal' "$w/log" | head -20
+    grep -E 'ERROR|FUZZ FINDING|Assertion|runtime error|SUMMARY|Test unit written|deadly signal' "$w/log" | head -20
     for c in $crashes; do echo "   crash file: $w/artifacts/$c"; done
     summary+=$(printf '%-18s %12s executions  FINDING\n' "$t" "${execs:-?}")$'\n'
   else
