@@ -12,16 +12,6 @@ namespace indexshare::ref {
 
 namespace {
 
-void check_q_kv(const Tensor<bf16_t>& q, const Tensor<bf16_t>& kv, int64_t d_v,
-                const Tensor<float>* attn_sink) {
-  require(q.rank() == 3, "attention q: expected rank 3 [s_q, h_q, d_qk], got " + shape_str(q.shape));
-  require(kv.rank() == 3 && kv.dim(1) == 1,
-          "attention kv: expected [s_kv, 1, d_qk], got " + shape_str(kv.shape));
-  require(kv.dim(2) == q.dim(2), "attention kv: d_qk " + std::to_string(kv.dim(2)) +
-                                     " differs from q's " + std::to_string(q.dim(2)));
-  require(1 <= d_v && d_v <= q.dim(2), "attention: d_v must be in [1, d_qk], got " + std::to_string(d_v));
-  if (attn_sink) require_shape(*attn_sink, {q.dim(1)}, "attention attn_sink");
-}
 
 // The whole computation for one (t, h) over an ascending list of kv rows.
 void attend(const Tensor<bf16_t>& q, const Tensor<bf16_t>& kv, int64_t t, int64_t h,
@@ -74,10 +64,21 @@ void finish_bf16(AttentionOut& o) {
 
 }  // namespace
 
+void check_attention_inputs(const Tensor<bf16_t>& q, const Tensor<bf16_t>& kv, int64_t d_v,
+                const Tensor<float>* attn_sink) {
+  require(q.rank() == 3, "attention q: expected rank 3 [s_q, h_q, d_qk], got " + shape_str(q.shape));
+  require(kv.rank() == 3 && kv.dim(1) == 1,
+          "attention kv: expected [s_kv, 1, d_qk], got " + shape_str(kv.shape));
+  require(kv.dim(2) == q.dim(2), "attention kv: d_qk " + std::to_string(kv.dim(2)) +
+                                     " differs from q's " + std::to_string(q.dim(2)));
+  require(1 <= d_v && d_v <= q.dim(2), "attention: d_v must be in [1, d_qk], got " + std::to_string(d_v));
+  if (attn_sink) require_shape(*attn_sink, {q.dim(1)}, "attention attn_sink");
+}
+
 AttentionOut sparse_attention(const Tensor<bf16_t>& q, const Tensor<bf16_t>& kv,
                               const Tensor<int32_t>& indices, float sm_scale, int64_t d_v,
                               const Tensor<int32_t>* topk_length, const Tensor<float>* attn_sink) {
-  check_q_kv(q, kv, d_v, attn_sink);
+  check_attention_inputs(q, kv, d_v, attn_sink);
   const int64_t s_q = q.dim(0), h_q = q.dim(1), s_kv = kv.dim(0);
   require(indices.rank() == 3 && indices.dim(0) == s_q && indices.dim(1) == 1,
           "attention indices: expected [s_q=" + std::to_string(s_q) + ", 1, topk], got " +
@@ -110,7 +111,7 @@ AttentionOut sparse_attention(const Tensor<bf16_t>& q, const Tensor<bf16_t>& kv,
 AttentionOut dense_attention(const Tensor<bf16_t>& q, const Tensor<bf16_t>& kv, float sm_scale,
                              int64_t d_v, const Tensor<int32_t>& ks, const Tensor<int32_t>& ke,
                              const Tensor<float>* attn_sink) {
-  check_q_kv(q, kv, d_v, attn_sink);
+  check_attention_inputs(q, kv, d_v, attn_sink);
   const int64_t s_q = q.dim(0), h_q = q.dim(1), s_kv = kv.dim(0);
   require_shape(ks, {s_q}, "attention ks");
   require_shape(ke, {s_q}, "attention ke");

@@ -37,6 +37,11 @@ struct AttentionOut {
   Tensor<float> lse;       // [s_q, h_q]
 };
 
+// The shape checks both attention functions start with (q rank 3, kv [s_kv, 1, d_qk] with q's
+// d_qk, 1 <= d_v <= d_qk, sink [h_q]); throws Error naming the tensor. simd/ calls it too.
+void check_attention_inputs(const Tensor<bf16_t>& q, const Tensor<bf16_t>& kv, int64_t d_v,
+                            const Tensor<float>* attn_sink);
+
 AttentionOut sparse_attention(const Tensor<bf16_t>& q, const Tensor<bf16_t>& kv,
                               const Tensor<int32_t>& indices, float sm_scale, int64_t d_v,
                               const Tensor<int32_t>* topk_length = nullptr,

@@ -7,13 +7,18 @@
 
 namespace indexshare::ref {
 
-Tensor<int32_t> topk(const Tensor<float>& logits, const Tensor<int32_t>& ks,
-                     const Tensor<int32_t>& ke, int64_t topk) {
+void check_topk_inputs(const Tensor<float>& logits, const Tensor<int32_t>& ks, const Tensor<int32_t>& ke,
+                       int64_t topk) {
   require(logits.rank() == 2, "topk logits: expected rank 2 [s_q, s_kv], got " + shape_str(logits.shape));
   require(topk >= 1, "topk: k must be >= 1, got " + std::to_string(topk));
+  require_shape(ks, {logits.dim(0)}, "topk ks");
+  require_shape(ke, {logits.dim(0)}, "topk ke");
+}
+
+Tensor<int32_t> topk(const Tensor<float>& logits, const Tensor<int32_t>& ks,
+                     const Tensor<int32_t>& ke, int64_t topk) {
+  check_topk_inputs(logits, ks, ke, topk);
   const int64_t s_q = logits.dim(0), s_kv = logits.dim(1);
-  require_shape(ks, {s_q}, "topk ks");
-  require_shape(ke, {s_q}, "topk ke");
   Tensor<int32_t> out({s_q, topk}, -1);
   std::vector<int64_t> cand;
   for (int64_t t = 0; t < s_q; ++t) {

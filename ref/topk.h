@@ -27,6 +27,9 @@ inline bool topk_before(float score_a, int64_t a, float score_b, int64_t b) {
 
 Tensor<int32_t> topk(const Tensor<float>& logits, const Tensor<int32_t>& ks,
                      const Tensor<int32_t>& ke, int64_t topk);
+// The shape checks topk starts with (rank 2 logits, ks/ke [s_q], k >= 1); simd/ calls it too.
+void check_topk_inputs(const Tensor<float>& logits, const Tensor<int32_t>& ks, const Tensor<int32_t>& ke,
+                       int64_t topk);
 
 // [s_q, topk] local positions -> [s_q, 1, topk] rows of the flattened kv tensor
 // (local + ks[t]; -1 stays -1), the `indices` layout of flash_mla_sparse_fwd.

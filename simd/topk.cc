@@ -13,6 +13,7 @@
 
 #include "ref/indexer.h"
 #include "simd/common.h"
+#include "ref/topk.h"
 #include "simd/simd.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -93,11 +94,8 @@ namespace {
 
 Tensor<int32_t> topk(const Tensor<float>& logits, const Tensor<int32_t>& ks,
                      const Tensor<int32_t>& ke, int64_t topk) {
-  require(logits.rank() == 2, "topk logits: expected rank 2 [s_q, s_kv], got " + shape_str(logits.shape));
-  require(topk >= 1, "topk: k must be >= 1, got " + std::to_string(topk));
+  ref::check_topk_inputs(logits, ks, ke, topk);
   const int64_t s_q = logits.dim(0), s_kv = logits.dim(1);
-  require_shape(ks, {s_q}, "topk ks");
-  require_shape(ke, {s_q}, "topk ke");
   Tensor<int32_t> out({s_q, topk}, -1);
   std::vector<uint8_t> bad_bounds(size_t(s_q), 0);
   std::vector<int64_t> nan_col(size_t(s_q), -1);
