@@ -5,8 +5,10 @@
 #
 #   tests/sanitize.sh [CTEST_ARGS...]          e.g. tests/sanitize.sh -R hostile
 #
-# Environment: BUILD_DIR (default build-sanitize, in the repository root), CXX (default g++; clang++
-# works too), JOBS (default nproc). Assertions stay enabled (no NDEBUG). Leaks are errors
+# Environment: BUILD_DIR (default build-sanitize, in the repository root), CXX (default g++),
+# JOBS (default nproc). Besides the top-level's -fsanitize=address,undefined this adds
+# -fsanitize=float-cast-overflow (out-of-range float-to-int conversions; GCC's "undefined" group
+# leaves it out, clang's includes it). Assertions stay enabled (no NDEBUG). Leaks are errors
 # (detect_leaks=1), UB halts (halt_on_error=1); a sanitizer report exits with status 99, so it is
 # never mistaken for the CLI's "check failed" status 1. allocator_may_return_null=1 makes an
 # impossible allocation throw std::bad_alloc as it does unsanitized (the hostile tests ask for
@@ -19,9 +21,10 @@ JOBS="${JOBS:-$(nproc)}"
 CXX="${CXX:-g++}"
 start=$(date +%s)
 
-echo "== configure $BUILD_DIR ($CXX, -fsanitize=address,undefined)"
+echo "== configure $BUILD_DIR ($CXX, -fsanitize=address,undefined,float-cast-overflow)"
 cmake -S . -B "$BUILD_DIR" -DCMAKE_CXX_COMPILER="$CXX" -DINDEXSHARE_SANITIZE=ON -DINDEXSHARE_WERROR=ON \
-  -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g" >/dev/null
+  -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g" \
+  -DCMAKE_CXX_FLAGS="-fsanitize=float-cast-overflow -fno-sanitize-recover=float-cast-overflow" >/dev/null
 echo "== build"
 cmake --build "$BUILD_DIR" -j "$JOBS" >"$BUILD_DIR/sanitize-build.log" 2>&1 || { tail -50 "$BUILD_DIR/sanitize-build.log"; exit 2; }
 built=$(date +%s)

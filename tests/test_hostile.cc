@@ -657,7 +657,7 @@ struct Child {
 TEST_CASE("hostile: a golden writer killed at any moment leaves no half-written set") {
   TmpDir tmp;
   // Large enough that computing takes a while and the files take a few milliseconds to write.
-  const std::string problem = "sq64 skv512 hq16 dqk576 dv512 ih16 id128 k64 nl2";
+  const std::string problem = "sq32 skv256 hq16 dqk576 dv512 ih16 id128 k64 nl2";  // 0.4 s, 5 MB
   int killed = 0, complete = 0, absent = 0, leftovers = 0;
   std::string log;
   auto check_out = [&](const std::string& out, const std::string& what) {
@@ -682,7 +682,7 @@ TEST_CASE("hostile: a golden writer killed at any moment leaves no half-written 
     log += "\n";
   };
   // 1. Kills at fixed delays after the start (mostly while computing).
-  for (int ms : {0, 50, 150, 400}) {
+  for (int ms : {0, 50, 150, 300}) {
     const std::string out = tmp / (std::string("a") + std::to_string(ms));
     const auto t0 = std::chrono::steady_clock::now();
     Child c{spawn_cli({"golden", "--problem", problem, "--out", out})};

@@ -47,13 +47,16 @@ uint64_t parse_bytes(const std::string& text) {
   while (i < text.size() && std::isdigit(static_cast<unsigned char>(text[i]))) ++i;
   const std::string digits = text.substr(0, i), unit = text.substr(i);
   if (digits.empty() || digits.size() > 15) throw Error("--max-memory: cannot read '" + text + "' (e.g. 8G, 512M, 1000000)");
-  uint64_t v = std::stoull(digits);
-  if (unit == "" || unit == "B") return v;
-  if (unit == "K" || unit == "KB") return v << 10;
-  if (unit == "M" || unit == "MB") return v << 20;
-  if (unit == "G" || unit == "GB") return v << 30;
-  if (unit == "T" || unit == "TB") return v << 40;
-  throw Error("--max-memory: unknown unit in '" + text + "' (expected K, M, G or T)");
+  const uint64_t v = std::stoull(digits);
+  int shift = -1;
+  if (unit == "" || unit == "B") shift = 0;
+  if (unit == "K" || unit == "KB") shift = 10;
+  if (unit == "M" || unit == "MB") shift = 20;
+  if (unit == "G" || unit == "GB") shift = 30;
+  if (unit == "T" || unit == "TB") shift = 40;
+  if (shift < 0) throw Error("--max-memory: unknown unit in '" + text + "' (expected K, M, G or T)");
+  if (v > (UINT64_MAX >> shift)) throw Error("--max-memory: '" + text + "' does not fit in 64 bits");
+  return v << shift;
 }
 
 }  // namespace indexshare::cli

@@ -58,6 +58,10 @@ for t in "${targets[@]}"; do
     cp tests/fuzz/corpus/"$t"/* "$w/corpus/"
   fi
   rm -f "$w/artifacts"/*
+  # The targets' scratch folders (fuzz_common.h) go here, not to /tmp, with whatever a crash leaves.
+  export TMPDIR="$w/tmp"
+  rm -rf "$TMPDIR"
+  mkdir -p "$TMPDIR"
   # Inputs that once crashed the target (tests/fuzz/regressions/<target>/) are replayed first.
   for r in tests/fuzz/regressions/"$t"/*; do
     [ -f "$r" ] || continue
