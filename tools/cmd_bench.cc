@@ -80,6 +80,7 @@
 #include "ref/topk.h"
 #include "simd/simd.h"
 #include "tools/cli.h"
+#include "tools/svg.h"
 
 namespace indexshare::cli {
 
@@ -180,24 +181,6 @@ json stage_json(const StageResult& r) {
   j["speedup_vs_ref"] = r.speedup > 0 ? json(r.speedup) : json(nullptr);
   if (!r.note.empty()) j["note"] = r.note;
   return j;
-}
-
-// Writes to PATH.tmp.PID, then renames it to PATH, so a reader never sees a half-written file.
-void write_json_file(const std::string& path, const json& j) {
-  const std::string tmp = path + ".tmp." + std::to_string(getpid());
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    require(bool(f), "--json: cannot write '" + tmp + "'");
-    f << j.dump(2) << "\n";
-    f.close();
-    require(bool(f), "--json: cannot write '" + tmp + "'");
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) {
-    std::filesystem::remove(tmp, ec);
-    throw Error("--json: cannot rename '" + tmp + "' to '" + path + "'");
-  }
 }
 
 std::vector<std::string> parse_impls(const std::string& text) {
@@ -539,7 +522,7 @@ int cmd_bench(const BenchArgs& a) {
                       " --stack-seq " + std::to_string(a.stack_seq) + " --stack-sq " + std::to_string(a.stack_sq) +
                       " --stack-topk " + std::to_string(a.stack_topk) + " --budget " + fmt("%g", a.budget);
   if (!a.json_path.empty()) {
-    write_json_file(a.json_path, j);
+    io::write_text_file(a.json_path, j.dump(2) + "\n");
     repro += " --json " + a.json_path;
   }
   std::printf("__REPRO: %s\n", repro.c_str());

@@ -17,6 +17,7 @@
 #include "ref/error.h"
 #include "ref/schedule.h"
 #include "tools/cli.h"
+#include "tools/svg.h"
 
 namespace indexshare::cli {
 
@@ -90,24 +91,6 @@ json options_json(const CostOptions& o) {
   return {{"flops_per_mac", o.flops_per_mac}, {"fp8_score_weight", o.fp8_score_weight},
           {"topk_ops_per_key", o.topk_ops_per_key}, {"mtp_layers", o.mtp_layers},
           {"fp8_weight_bytes", o.fp8_weight_bytes}, {"prefill_query_tile", o.prefill_query_tile}};
-}
-
-// Writes to PATH.tmp.PID, then renames it to PATH, so a reader never sees a half-written file.
-void write_json_file(const std::string& path, const json& j) {
-  const std::string tmp = path + ".tmp." + std::to_string(getpid());
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    require(bool(f), "--json: cannot write '" + tmp + "'");
-    f << j.dump(2) << "\n";
-    f.close();
-    require(bool(f), "--json: cannot write '" + tmp + "'");
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) {
-    std::filesystem::remove(tmp, ec);
-    throw Error("--json: cannot rename '" + tmp + "' to '" + path + "'");
-  }
 }
 
 void print_mode(CostMode mode, const ModelConfig& cfg, const Schedule& sched, const Schedule& full,
@@ -207,7 +190,7 @@ int cmd_cost(const CostArgs& a) {
                     {"items", acc.items}, {"ratios", ratios}});
   }
   out["alternatives"] = alts;
-  if (!a.json_path.empty()) write_json_file(a.json_path, out);
+  if (!a.json_path.empty()) io::write_text_file(a.json_path, out.dump(2) + "\n");
   return 0;
 }
 

@@ -10,6 +10,7 @@
 #include "ref/error.h"
 #include "tools/cli.h"
 #include "tools/diff.h"
+#include "tools/svg.h"
 
 namespace indexshare::cli {
 
@@ -25,17 +26,7 @@ int cmd_diff(const DiffArgs& a) {
   std::string replay = "indexshare diff --golden " + a.golden + " --candidate " + a.candidate;
   if (!a.layers.empty()) replay += " --layers " + a.layers;
   std::printf("%s", r.text(replay).c_str());
-  if (!a.json.empty()) {  // written to a temporary name, then renamed
-    const std::string tmp = a.json + ".tmp." + std::to_string(::getpid());
-    {
-      std::ofstream f(tmp);
-      f << r.json().dump(2) << "\n";
-      if (!f) { std::remove(tmp.c_str()); throw Error(a.json + ": cannot write the JSON report"); }
-    }
-    std::error_code ec;
-    std::filesystem::rename(tmp, a.json, ec);
-    if (ec) { std::remove(tmp.c_str()); throw Error(a.json + ": cannot write the JSON report: " + ec.message()); }
-  }
+  if (!a.json.empty()) io::write_text_file(a.json, r.json().dump(2) + "\n");  // atomic
   return r.exit_code();
 }
 }  // namespace

@@ -1,3 +1,5 @@
+#include <unistd.h>
+#include <filesystem>
 #include "tools/svg.h"
 
 #include <algorithm>
@@ -654,11 +656,24 @@ std::string search_loss_svg(const ref::SearchResult& r, const std::string& title
 }
 
 void write_text_file(const std::string& path, const std::string& text) {
-  std::ofstream f(path, std::ios::binary);
-  require(bool(f), "cannot open '" + path + "' for writing");
-  f << text;
-  f.close();
-  require(bool(f), "cannot write '" + path + "'");
+  // Written to PATH.tmp.PID, then renamed, so a reader never sees a half-written file.
+  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  {
+    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+    require(bool(f), path + ": cannot write '" + tmp + "'");
+    f << text;
+    f.close();
+    if (!f) {
+      std::remove(tmp.c_str());
+      throw Error(path + ": cannot write '" + tmp + "'");
+    }
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) {
+    std::filesystem::remove(tmp, ec);
+    throw Error(path + ": cannot rename '" + tmp + "' into place");
+  }
 }
 
 }  // namespace indexshare::io

@@ -66,6 +66,7 @@ std::string overlap_by_position_svg(const ref::OverlapReport& r, const std::stri
 std::string search_loss_svg(const ref::SearchResult& r, const std::string& title = "");
 
 // Writes `text` to `path`; throws Error naming the file if it cannot.
+// Writes `text` to `path` atomically (a temporary name, then rename); Error names the path.
 void write_text_file(const std::string& path, const std::string& text);
 
 }  // namespace indexshare::io
