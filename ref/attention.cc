@@ -12,6 +12,13 @@ namespace indexshare::ref {
 
 namespace {
 
+// q . k in the 8-part order of the header: part r sums q[d] * k[d] over d = r (mod 8), d
+// ascending (each product exact in double), then the parts are folded in halves.
+double dot8(const std::vector<double>& q, const bf16_t* k) {
+  double part[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  for (size_t d = 0; d < q.size(); ++d) part[d % 8] += q[d] * double(bf16_to_f32(k[d]));
+  return ((part[0] + part[4]) + (part[2] + part[6])) + ((part[1] + part[5]) + (part[3] + part[7]));
+}
 
 // The whole computation for one (t, h) over an ascending list of kv rows.
 void attend(const Tensor<bf16_t>& q, const Tensor<bf16_t>& kv, int64_t t, int64_t h,
@@ -26,27 +33,25 @@ void attend(const Tensor<bf16_t>& q, const Tensor<bf16_t>& kv, int64_t t, int64_
     o.max_logits[th] = -std::numeric_limits<float>::infinity();
     return;
   }
-  // Pass 1: logits P_i = (q . k_i) * sm_scale, in double, d ascending.
+  // Pass 1: logits P_i = (q . k_i) * sm_scale and their maximum m.
   std::vector<double> qd(static_cast<size_t>(d_qk)), p(rows.size());
   for (int64_t d = 0; d < d_qk; ++d) qd[size_t(d)] = bf16_to_f32(q.at(t, h, d));
   double m = -std::numeric_limits<double>::infinity();
   for (size_t i = 0; i < rows.size(); ++i) {
-    const bf16_t* k = kv.ptr() + rows[i] * d_qk;
-    double dot = 0.0;
-    for (int64_t d = 0; d < d_qk; ++d) dot += qd[size_t(d)] * double(bf16_to_f32(k[d]));
-    p[i] = dot * sm_scale;
+    p[i] = dot8(qd, kv.ptr() + rows[i] * d_qk) * sm_scale;
     m = std::max(m, p[i]);
   }
-  // Pass 2: unnormalised probabilities and their sum (ascending rows), lse = m + ln(l).
+  // Pass 2: unnormalised probabilities and their sum (rows ascending), lse = m + ln(l).
   double l = 0.0;
-  for (size_t i = 0; i < rows.size(); ++i) l += (p[i] = std::exp(p[i] - m));
+  for (size_t i = 0; i < rows.size(); ++i) l += (p[i] = exp_portable(p[i] - m));
   const double lse = m + std::log(l);
-  // Pass 3: out = sum_i p_i V_i / l, times the sink factor.
+  // Pass 3: out = sum_i p_i V_i / l (fused multiply-adds, rows ascending), times the sink factor.
   double factor = 1.0 / l;
-  if (attn_sink) factor *= 1.0 / (1.0 + std::exp(double((*attn_sink)[h]) - lse));
+  if (attn_sink) factor *= 1.0 / (1.0 + exp_portable(double((*attn_sink)[h]) - lse));
   for (int64_t c = 0; c < d_v; ++c) {
     double acc = 0.0;
-    for (size_t i = 0; i < rows.size(); ++i) acc += p[i] * double(bf16_to_f32(kv[rows[i] * d_qk + c]));
+    for (size_t i = 0; i < rows.size(); ++i)
+      acc = std::fma(p[i], double(bf16_to_f32(kv[rows[i] * d_qk + c])), acc);
     out[c] = float(acc * factor);
   }
   o.lse[th] = float(lse);

@@ -16,11 +16,18 @@
 //   sink     out *= exp(lse) / (exp(lse) + exp(sink[h])) = 1 / (1 + exp(sink[h] - lse));
 //            sink +inf gives out = 0, -inf leaves out unchanged; lse and max_logits unaffected.
 //   empty    a row with no valid index: out = 0, lse = +inf, max_logits = -inf (FlashMLA HEAD).
-// Reduction order: the valid indices are sorted ascending by kv row before any sum, so the result
-// does not depend on the order of the slots (slot order carries no meaning in any GPU stack) and
-// a sparse call that selects every key equals the dense call bit for bit. Dot products run over
-// d ascending in double (bf16 x bf16 products are exact in double); exp and log are the C
-// library's double functions; each output is rounded to f32 once at the end.
+// Arithmetic, all in double, each output rounded to f32 once at the end:
+//   order    the valid indices are sorted ascending by kv row before any sum, so the result does
+//            not depend on the order of the slots (slot order carries no meaning in any GPU
+//            stack) and a sparse call that selects every key equals the dense call bit for bit.
+//   q . k    the 8-part order (dot8 below): part r (r = 0..7) sums the products of the dims
+//            d = r (mod 8) with d ascending; dot = ((part0 + part4) + (part2 + part6)) +
+//            ((part1 + part5) + (part3 + part7)): what an 8-wide vector loop over d followed by
+//            halving folds computes, so simd/ performs exactly these operations. bf16 x bf16
+//            products are exact in double.
+//   exp      exp_portable (ref/numerics.h): the same bits on every machine and in simd/.
+//   lse      m + log(l) with the C library's log (once per row and head).
+//   P . V    acc = fma(p_i, V[i][c], acc) over i ascending, one fused multiply-add per term.
 #pragma once
 
 #include <cstdint>

@@ -1,5 +1,6 @@
 #include "ref/numerics.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -160,6 +161,16 @@ Tensor<float> dequantize(const Quantized& q, int block) {
     for (int64_t c = 0; c < cols; ++c)
       out[r * cols + c] = e4m3_to_f32(q.codes[r * cols + c]) * q.scales[r * nblocks + c / block];
   return out;
+}
+
+double exp_portable(double x) {
+  if (std::isnan(x)) return x;
+  x = std::min(std::max(x, kExpLo), kExpHi);
+  const double k = std::nearbyint(x * kLog2e);
+  const double r = (x - k * kLn2Hi) - k * kLn2Lo;
+  double p = kExpCoefficients[kExpDegree];
+  for (int n = kExpDegree - 1; n >= 0; --n) p = p * r + kExpCoefficients[size_t(n)];
+  return std::ldexp(p, static_cast<int>(k));
 }
 
 }  // namespace indexshare

@@ -28,6 +28,7 @@
 //   is a power of two); dequantized value: e4m3_to_f32(code) * s in f32.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <string>
 
@@ -68,5 +69,41 @@ struct Quantized {
 Quantized quantize(const Tensor<float>& x, int block, ScaleRule rule, const std::string& what);
 // Inverse: value = e4m3_to_f32(code) * scale, in f32.
 Tensor<float> dequantize(const Quantized& q, int block);
+
+// ---- exp ------------------------------------------------------------------------------------
+// exp(x) in double by a fixed sequence of IEEE-754 operations, the exponential of the attention
+// softmax. The C library's exp is not specified to the bit (glibc, musl, MSVC and vector math
+// libraries differ in the last place), so goldens computed with it could change from machine to
+// machine; this one cannot, and simd/ performs the very same operations lane by lane, so its
+// softmax equals ref's bit for bit on every target. Error: within 2 ulp of the true exp (measured
+// against the C library in tests/test_numerics.cc); not correctly rounded.
+//
+//   NaN        returned unchanged
+//   clamp      x to [kExpLo, kExpHi] = [-746, 710]: beyond them the result is 0 (the true value
+//              is below half the smallest subnormal) or +inf (above the largest double) anyway
+//   reduce     k = nearbyint(x * kLog2e)          (round half to even; |k| <= 1076)
+//              r = (x - k * kLn2Hi) - k * kLn2Lo  (Cody-Waite: kLn2Hi has 32 significant bits, so
+//                                                  k * kLn2Hi is exact; |r| <= ~0.347)
+//   polynomial p = Taylor series of exp(r) to degree 13, by Horner's rule from the top:
+//              p = c13; p = p * r + c_n for n = 12 .. 0 (a multiply then an add, never fused),
+//              c_n = 1 / n! rounded to double (truncation error < 5e-18 on |r| <= 0.347)
+//   scale      p * 2^k (std::ldexp: exact unless the result is subnormal or overflows, then one
+//              rounding, which is what p * 2^floor(k/2) * 2^(k - floor(k/2)) gives too)
+constexpr double kExpLo = -746.0, kExpHi = 710.0;
+constexpr double kLog2e = 1.4426950408889634;            // 0x1.71547652b82fep+0
+constexpr double kLn2Hi = 6.93147180369123816490e-01;    // 0x1.62e42feep-1
+constexpr double kLn2Lo = 1.90821492927058770002e-10;    // 0x1.a39ef35793c76p-33
+constexpr int kExpDegree = 13;
+// c_n = 1 / n! (n! is exact in double for n <= 18, so each c_n is one correctly rounded division).
+constexpr std::array<double, kExpDegree + 1> kExpCoefficients = [] {
+  std::array<double, kExpDegree + 1> c{};
+  double factorial = 1.0;
+  for (int n = 0; n <= kExpDegree; ++n) {
+    if (n > 1) factorial *= n;
+    c[size_t(n)] = 1.0 / factorial;
+  }
+  return c;
+}();
+double exp_portable(double x);
 
 }  // namespace indexshare

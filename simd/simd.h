@@ -5,9 +5,10 @@
 //   indexer_logits_fp8 / _f32   bit-identical (the same per-(t, s) operation sequence; see
 //                               simd/indexer-inl.h for why the vector order is the ref order)
 //   topk, indexer_topk_fp8      identical output (exact selection under a total order)
-//   sparse/dense_attention      contract: within a tolerance derived from the reduction lengths;
-//                               the present kernels in fact reproduce ref's operation order and are
-//                               bit-identical to it. Always bit-identical across thread counts.
+//   sparse/dense_attention      bit-identical: ref fixes every operation (the 8-part dot order,
+//                               exp_portable, fused P.V accumulation; ref/attention.h) and the
+//                               kernels perform the same ones (simd/attention.cc)
+//   exp_portable                bit-identical
 // NaN outputs are NaN at the same positions as in ref; the sign and payload bits of a NaN are
 // whatever the hardware propagates and are not part of the contract.
 //
@@ -67,10 +68,13 @@ AttentionOut dense_attention(const Tensor<bf16_t>& q, const Tensor<bf16_t>& kv, 
                              int64_t d_v, const Tensor<int32_t>& ks, const Tensor<int32_t>& ke,
                              const Tensor<float>* attn_sink = nullptr);
 
+// y[i] = ref's exp_portable(x[i]) for i < n, lane by lane (the softmax exponential of attention).
+void exp_portable(const double* x, double* y, int64_t n);
+
 // ---- stack (simd/stack.cc) -------------------------------------------------------------------
 // ref::run_stack on these kernels, step for step. keep_logits = false in FP8 mode uses the
 // streaming fused indexer + top-k. Logits and positions are bit-identical to ref; attention is
-// within the attention tolerance (bit-identical in practice, see above).
+// bit-identical too.
 std::vector<ref::StackLayerOutputs> run_stack(const Problem& p, const Schedule& schedule,
                                               const std::vector<ref::LayerInputs>& inputs, bool keep_logits = true);
 

@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "ref/numerics.h"
+#include "ref/rng.h"
 
 using namespace indexshare;
 
@@ -171,4 +172,45 @@ TEST_CASE("numerics: block quantization and dequantization") {
   x.at(1, 3) = std::numeric_limits<float>::infinity();
   CHECK_THROWS_AS(quantize(x, 2, ScaleRule::deepseek_ue8m0, "x"), Error);
   CHECK_THROWS_AS(quantize(x, 0, ScaleRule::deepseek_ue8m0, "x"), Error);
+}
+
+// exp_portable against the C library's exp (glibc's is within 1 ulp of the true value; in
+// practice correctly rounded): the documented bound is 2 ulp of the C library's result. Ulps are
+// counted as the distance between the bit patterns of two non-negative doubles, which counts
+// subnormal steps too.
+TEST_CASE("numerics: exp_portable is within 2 ulp of the C library's exp and exact at 0") {
+  const auto ulps = [](double a, double b) {
+    int64_t ia, ib;
+    std::memcpy(&ia, &a, 8);
+    std::memcpy(&ib, &b, 8);
+    return ia > ib ? ia - ib : ib - ia;
+  };
+  Xoshiro256 g(2026);
+  const auto uniform = [&](double lo, double hi) { return lo + (hi - lo) * double(g.next() >> 11) * 0x1p-53; };
+  int64_t worst = 0;
+  double worst_x = 0;
+  const auto check = [&](double x) {
+    const int64_t u = ulps(exp_portable(x), std::exp(x));
+    if (u > worst) worst = u, worst_x = x;
+  };
+  for (int i = 0; i < 400000; ++i) check(uniform(-745.2, 709.78));   // the whole finite range
+  for (int i = 0; i < 200000; ++i) check(uniform(-40.0, 0.0));       // where softmax arguments live
+  for (int i = 0; i < 100000; ++i) check(uniform(-1e-3, 1e-3));      // around 0
+  for (int k = -1074; k <= 1023; ++k) {                              // the range-reduction seams
+    const double seam = (k + 0.5) * 0.69314718055994530942;
+    for (double x : {std::nextafter(seam, -1e9), seam, std::nextafter(seam, 1e9)}) check(x);
+  }
+  CAPTURE(worst_x);
+  CHECK(worst <= 2);
+  CHECK(exp_portable(0.0) == 1.0);
+  CHECK(exp_portable(-0.0) == 1.0);
+  CHECK(exp_portable(1.0) == doctest::Approx(2.718281828459045).epsilon(1e-15));
+  CHECK(exp_portable(-std::numeric_limits<double>::infinity()) == 0.0);
+  CHECK(exp_portable(-746.0) == 0.0);
+  CHECK(exp_portable(-1e300) == 0.0);
+  CHECK(exp_portable(std::numeric_limits<double>::infinity()) == std::numeric_limits<double>::infinity());
+  CHECK(exp_portable(709.79) == std::numeric_limits<double>::infinity());
+  CHECK(std::isfinite(exp_portable(709.78)));
+  CHECK(exp_portable(-745.13) > 0.0);  // the smallest subnormal, 2^-1074 = exp(-744.44)
+  CHECK(std::isnan(exp_portable(std::numeric_limits<double>::quiet_NaN())));
 }
