@@ -39,7 +39,7 @@ Tensor<float> toy_hidden(const ModelConfig& cfg, uint64_t seed, int64_t start, i
   return h;
 }
 
-ToyForward forward(const ToyModel& m, ToyCache& cache, const Tensor<float>& h_in) {
+ToyForward forward(const ToyModel& m, ToyCache& cache, const Tensor<float>& h_in, const ModelKernels& k) {
   const ModelConfig& cfg = m.cfg;
   require(h_in.rank() == 2 && h_in.dim(1) == cfg.dim, "toy forward h: expected [S, dim=" + std::to_string(cfg.dim) +
                                                           "], got " + shape_str(h_in.shape));
@@ -64,24 +64,29 @@ ToyForward forward(const ToyModel& m, ToyCache& cache, const Tensor<float>& h_in
     for (int64_t r = 0; r < S; ++r)
       rms_norm(h.ptr() + r * cfg.dim, tr.x.ptr() + r * cfg.dim, cfg.dim, layer.attn_norm.ptr(), cfg.rms_eps);
     round_bf16_inplace(tr.x);
-    const MlaQuery mq = mla_query(cfg, layer.mla, tr.x, start);
+    const MlaQuery mq = mla_query(cfg, layer.mla, tr.x, start, k.linear);
     tr.q = mq.q;
-    cache.kv[size_t(l)] = concat_rows(cache.kv[size_t(l)], mla_kv(cfg, layer.mla, tr.x, start, m.fp8_kv_roundtrip));
-    // 2. Own indexer (Full layers, and Shared layers that carry one): keys cached, logits, top-k.
+    cache.kv[size_t(l)] =
+        concat_rows(cache.kv[size_t(l)], mla_kv(cfg, layer.mla, tr.x, start, m.fp8_kv_roundtrip, k.linear));
+    // 2. Own indexer (Full layers, and Shared layers that carry one): keys cached, logits, top-k
+    //    (the kernels of indexer_module_logits).
     if (layer.has_indexer) {
-      tr.indexer = indexer_module(cfg, layer.indexer, tr.x, mq.qr, start, m.variant);
-      cache.index_keys[size_t(l)] = concat_keys(cache.index_keys[size_t(l)], indexer_keys(tr.indexer));
-      tr.logits = indexer_module_logits(tr.indexer, cache.index_keys[size_t(l)], m.variant, ks, ke);
-      tr.own_topk = topk(tr.logits, ks, ke, cfg.index_topk);
+      tr.indexer = indexer_module(cfg, layer.indexer, tr.x, mq.qr, start, m.variant, k.linear);
+      const IndexerKeys& keys = cache.index_keys[size_t(l)] =
+          concat_keys(cache.index_keys[size_t(l)], indexer_keys(tr.indexer));
+      tr.logits = m.variant == IndexerVariant::deepseek_fp8
+                      ? k.logits_fp8(tr.indexer.q8, keys.k8, keys.k_scale, tr.indexer.weights, ks, ke)
+                      : k.logits_f32(tr.indexer.q, keys.k, keys.k_scale, tr.indexer.weights, ks, ke);
+      tr.own_topk = k.topk(tr.logits, ks, ke, cfg.index_topk);
     }
     require(!m.schedule.is_full(int(l)) || layer.has_indexer, "toy model: Full layer " + std::to_string(l) + " has no indexer");
     // 3. Positions: fresh for Full layers, the most recent Full layer's for Shared ones.
     if (m.schedule.is_full(int(l))) current = &tr.own_topk;
     tr.used_topk = *current;
     // 4. Sparse attention over this layer's own cache, output projection, residual.
-    tr.attn = sparse_attention(tr.q, cache.kv[size_t(l)], local_to_kv_rows(tr.used_topk, ks),
-                               float(cfg.softmax_scale()), cfg.d_v());
-    tr.out = mla_output(cfg, layer.mla, tr.attn.out);
+    tr.attn = k.sparse_attention(tr.q, cache.kv[size_t(l)], local_to_kv_rows(tr.used_topk, ks),
+                                 float(cfg.softmax_scale()), cfg.d_v(), nullptr, nullptr);
+    tr.out = mla_output(cfg, layer.mla, tr.attn.out, k.linear);
     for (int64_t i = 0; i < h.numel(); ++i) h[i] = round_bf16(h[i] + tr.out[i]);
   }
   cache.len += S;

@@ -157,7 +157,8 @@ IndexerVariant parse_indexer_variant(const std::string& name) {
 }
 
 IndexerModuleOut indexer_module(const ModelConfig& cfg, const IndexerWeights& w, const Tensor<float>& x,
-                                const Tensor<float>& qr, int64_t start_pos, IndexerVariant v) {
+                                const Tensor<float>& qr, int64_t start_pos, IndexerVariant v,
+                                LinearFn linear_fn) {
   const int64_t H = cfg.index_n_heads, D = cfg.index_head_dim, rope = cfg.qk_rope_head_dim;
   const int64_t S = require_rows(x, cfg.dim, "indexer_module x");
   require_shape(qr, {S, cfg.q_lora_rank}, "indexer_module qr");
@@ -169,7 +170,8 @@ IndexerModuleOut indexer_module(const ModelConfig& cfg, const IndexerWeights& w,
   IndexerModuleOut o;
 
   // 1-2. q: projection, RoPE on the leading pe slice of each head, bf16.
-  o.q_proj = linear_bf16(qr, w.wq_b);
+  o.q_proj = linear_fn(qr, w.wq_b);
+  round_bf16_inplace(o.q_proj);
   o.q_proj.shape = {S, H, D};
   o.q_rope = o.q_proj;
   rope_slices(o.q_rope.ptr(), S * H, D, 0, rope, inv, cfg.indexer_rope,
@@ -177,7 +179,8 @@ IndexerModuleOut indexer_module(const ModelConfig& cfg, const IndexerWeights& w,
   round_bf16_inplace(o.q_rope);
 
   // 3. k: projection, LayerNorm (bf16), RoPE on the leading pe slice, bf16.
-  o.k_proj = linear_bf16(x, w.wk);
+  o.k_proj = linear_fn(x, w.wk);
+  round_bf16_inplace(o.k_proj);
   o.k_norm = Tensor<float>({S, D});
   for (int64_t t = 0; t < S; ++t)
     layer_norm(o.k_proj.ptr() + t * D, o.k_norm.ptr() + t * D, D, w.k_norm_w.ptr(), w.k_norm_b.ptr(),
@@ -188,7 +191,7 @@ IndexerModuleOut indexer_module(const ModelConfig& cfg, const IndexerWeights& w,
   round_bf16_inplace(o.k_rope);
 
   // 6 (first half). wp = weights_proj(x.float()) in f32, times f32(H^-0.5).
-  const Tensor<float> wp = linear(x, w.weights_proj);
+  const Tensor<float> wp = linear_fn(x, w.weights_proj);
   const float h_scale = inv_sqrt_f32(H), d_scale = inv_sqrt_f32(D);
 
   if (v == IndexerVariant::deepseek_fp8) {
@@ -258,7 +261,8 @@ Tensor<float> indexer_module_logits(const IndexerModuleOut& out, IndexerVariant 
 
 // ---- MLA ------------------------------------------------------------------------------------
 
-MlaQuery mla_query(const ModelConfig& cfg, const MlaWeights& w, const Tensor<float>& x, int64_t start_pos) {
+MlaQuery mla_query(const ModelConfig& cfg, const MlaWeights& w, const Tensor<float>& x, int64_t start_pos,
+                   LinearFn linear_fn) {
   const int64_t nh = cfg.n_heads, nope = cfg.qk_nope_head_dim, rope = cfg.qk_rope_head_dim,
                 v = cfg.v_head_dim, kvl = cfg.kv_lora_rank, qlr = cfg.q_lora_rank;
   const int64_t S = require_rows(x, cfg.dim, "mla_query x");
@@ -268,12 +272,14 @@ MlaQuery mla_query(const ModelConfig& cfg, const MlaWeights& w, const Tensor<flo
   MlaQuery o;
 
   // qr = bf16(RMSNorm(wq_a x)).
-  o.qr = linear_bf16(x, w.wq_a);
+  o.qr = linear_fn(x, w.wq_a);
+  round_bf16_inplace(o.qr);
   for (int64_t t = 0; t < S; ++t) rms_norm(o.qr.ptr() + t * qlr, o.qr.ptr() + t * qlr, qlr, w.q_norm.ptr(), cfg.rms_eps);
   round_bf16_inplace(o.qr);
 
   // q = wq_b qr viewed [S, nh, nope + rope]; interleaved RoPE on the trailing pe slice, bf16.
-  Tensor<float> q = linear_bf16(o.qr, w.wq_b);
+  Tensor<float> q = linear_fn(o.qr, w.wq_b);
+  round_bf16_inplace(q);
   q.shape = {S, nh, nope + rope};
   rope_slices(q.ptr(), S * nh, nope + rope, nope, rope, inv, RopeLayout::interleaved,
               [&](int64_t i) { return start_pos + i / nh; });
@@ -300,14 +306,15 @@ MlaQuery mla_query(const ModelConfig& cfg, const MlaWeights& w, const Tensor<flo
 }
 
 Tensor<bf16_t> mla_kv(const ModelConfig& cfg, const MlaWeights& w, const Tensor<float>& x, int64_t start_pos,
-                      bool fp8_roundtrip) {
+                      bool fp8_roundtrip, LinearFn linear_fn) {
   const int64_t rope = cfg.qk_rope_head_dim, kvl = cfg.kv_lora_rank;
   const int64_t S = require_rows(x, cfg.dim, "mla_kv x");
   check_mla_weights(cfg, w);
   require_start_pos(start_pos, "mla_kv");
   const std::vector<float> inv = cfg.rope_inv_freq();
 
-  Tensor<float> kv = linear_bf16(x, w.wkv_a);  // [S, kvl + rope]
+  Tensor<float> kv = linear_fn(x, w.wkv_a);  // [S, kvl + rope]
+  round_bf16_inplace(kv);
   // Latent: RMSNorm over the first kvl columns, bf16.
   Tensor<float> latent({S, kvl});
   for (int64_t t = 0; t < S; ++t) rms_norm(kv.ptr() + t * (kvl + rope), latent.ptr() + t * kvl, kvl, w.kv_norm.ptr(), cfg.rms_eps);
@@ -353,10 +360,13 @@ Tensor<float> mla_value_up(const ModelConfig& cfg, const MlaWeights& w, const Te
   return o;
 }
 
-Tensor<float> mla_output(const ModelConfig& cfg, const MlaWeights& w, const Tensor<float>& o_lat) {
+Tensor<float> mla_output(const ModelConfig& cfg, const MlaWeights& w, const Tensor<float>& o_lat,
+                         LinearFn linear_fn) {
   Tensor<float> o = mla_value_up(cfg, w, o_lat);
   o.shape = {o.dim(0), cfg.n_heads * cfg.v_head_dim};
-  return linear_bf16(o, w.wo);
+  Tensor<float> y = linear_fn(o, w.wo);
+  round_bf16_inplace(y);
+  return y;
 }
 
 }  // namespace indexshare::ref

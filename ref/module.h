@@ -31,6 +31,7 @@
 #include <string>
 
 #include "ref/config.h"
+#include "ref/module_ops.h"
 #include "ref/error.h"
 #include "ref/numerics.h"
 #include "ref/tensor.h"
@@ -164,8 +165,11 @@ struct IndexerModuleOut {
 // Keys and queries of a row depend only on that row (and its position), so a sequence may be
 // computed in chunks (start_pos = rows before the chunk): concatenating the chunks' keys with
 // concat_rows / concat_keys gives the keys of the whole sequence bit for bit.
+// linear_fn: the projection engine (ref::linear, or simd::linear: the same bits, faster); every
+// linear layer of the module functions below goes through it, all other steps are ref's.
 IndexerModuleOut indexer_module(const ModelConfig& cfg, const IndexerWeights& w, const Tensor<float>& x,
-                                const Tensor<float>& qr, int64_t start_pos, IndexerVariant v);
+                                const Tensor<float>& qr, int64_t start_pos, IndexerVariant v,
+                                LinearFn linear_fn = linear);
 
 // The key side of the indexer (what a k-cache holds), possibly longer than the query rows.
 struct IndexerKeys {
@@ -204,7 +208,8 @@ struct MlaQuery {
 //            with W_uk[h][n][c] = wkv_b[h*(nope+v) + n, c]; products exact in double, the sum in
 //            double, rounded to f32 then to bf16 (an fp32-accumulating bf16 einsum)
 //   q[t, h] = [q_abs (kv_lora) | q_pe (rope)]
-MlaQuery mla_query(const ModelConfig& cfg, const MlaWeights& w, const Tensor<float>& x, int64_t start_pos);
+MlaQuery mla_query(const ModelConfig& cfg, const MlaWeights& w, const Tensor<float>& x, int64_t start_pos,
+                   LinearFn linear_fn = linear);
 
 // The absorbed MQA key/value rows of x: [S, 1, kv_lora + rope] (the kv of sparse_attention;
 // V = the first kv_lora columns).
@@ -217,7 +222,7 @@ MlaQuery mla_query(const ModelConfig& cfg, const MlaWeights& w, const Tensor<flo
 //   k_pe   = bf16(apply_rope(kv[kv_lora:], start_pos + t, cfg.rope_inv_freq(), interleaved))
 //   row    = [latent | k_pe]
 Tensor<bf16_t> mla_kv(const ModelConfig& cfg, const MlaWeights& w, const Tensor<float>& x, int64_t start_pos,
-                      bool fp8_roundtrip);
+                      bool fp8_roundtrip, LinearFn linear_fn = linear);
 
 // The value up-projection of the absorbed form: o_lat [S, n_heads, kv_lora] (f32 attention output,
 // AttentionOut::out) -> [S, n_heads, v] bf16 values:
@@ -228,6 +233,7 @@ Tensor<float> mla_value_up(const ModelConfig& cfg, const MlaWeights& w, const Te
 // The layer's attention output: linear_bf16(mla_value_up(o_lat) viewed [S, n_heads*v], wo) ->
 // [S, dim] bf16 values. The softmax scale of the attention in between is cfg.softmax_scale()
 // (qk_head_dim^-0.5, times the YaRN mscale^2 for DeepSeek), d_v = cfg.kv_lora_rank.
-Tensor<float> mla_output(const ModelConfig& cfg, const MlaWeights& w, const Tensor<float>& o_lat);
+Tensor<float> mla_output(const ModelConfig& cfg, const MlaWeights& w, const Tensor<float>& o_lat,
+                         LinearFn linear_fn = linear);
 
 }  // namespace indexshare::ref

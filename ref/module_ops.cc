@@ -173,13 +173,17 @@ void rms_norm(const float* x, float* y, int64_t n, const float* weight, float ep
 
 // ---- Linear ---------------------------------------------------------------------------------
 
-Tensor<float> linear(const Tensor<float>& x, const Tensor<float>& w) {
+void check_linear_inputs(const Tensor<float>& x, const Tensor<float>& w) {
   require(x.rank() == 2, "linear x: expected rank 2 [rows, in], got " + shape_str(x.shape));
   require(w.rank() == 2, "linear w: expected rank 2 [out, in], got " + shape_str(w.shape));
+  require(w.dim(1) == x.dim(1), "linear w: in-features " + std::to_string(w.dim(1)) +
+                                    " differ from x's " + std::to_string(x.dim(1)) + " (x " +
+                                    shape_str(x.shape) + ", w " + shape_str(w.shape) + ")");
+}
+
+Tensor<float> linear(const Tensor<float>& x, const Tensor<float>& w) {
+  check_linear_inputs(x, w);
   const int64_t rows = x.dim(0), in = x.dim(1), out = w.dim(0);
-  require(w.dim(1) == in, "linear w: in-features " + std::to_string(w.dim(1)) +
-                              " differ from x's " + std::to_string(in) + " (x " +
-                              shape_str(x.shape) + ", w " + shape_str(w.shape) + ")");
   Tensor<float> y({rows, out});
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t o = 0; o < out; ++o) {

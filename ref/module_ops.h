@@ -126,6 +126,12 @@ void rms_norm(const float* x, float* y, int64_t n, const float* weight, float ep
 //   y[r, o] = f32( sum_{k ascending} double(x[r, k]) * double(w[o, k]) )
 // Each f32 x f32 product is exact in double; the sum is rounded once to f32.
 Tensor<float> linear(const Tensor<float>& x, const Tensor<float>& w);
+// The shape checks linear starts with (x [rows, in], w [out, in]); throws Error naming the tensor.
+// simd::linear calls it too.
+void check_linear_inputs(const Tensor<float>& x, const Tensor<float>& w);
+// A projection engine with linear's signature and result bits: ref::linear, or simd::linear (the
+// same sums, vectorized). The module functions take one so that both paths share their code.
+using LinearFn = Tensor<float> (*)(const Tensor<float>& x, const Tensor<float>& w);
 
 // As linear, then each output rounded f32 -> bf16 (nearest even), returned as f32 holding bf16
 // values. The double -> f32 -> bf16 double rounding is deliberate: it mirrors a GPU GEMM with an

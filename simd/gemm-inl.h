@@ -47,15 +47,16 @@ constexpr size_t kTileVecs = 3;
 // Keys per panel (kTileVecs vectors).
 HWY_INLINE size_t TileKeys() { return kTileVecs * hn::Lanes(DF64()); }
 
-// dots[h][v] = the tile product described above.
-HWY_INLINE void TileDots(const double* HWY_RESTRICT qp, const double* HWY_RESTRICT kp, size_t dim,
-                         VF64 (&dots)[kTileHeads][kTileVecs]) {
+// dots[h][v] += the tile product described above (continuing the sums already in dots, so a long
+// dim can be walked in chunks, d still ascending).
+HWY_INLINE void TileDotsAcc(const double* HWY_RESTRICT qp, const double* HWY_RESTRICT kp, size_t dim,
+                            VF64 (&dots)[kTileHeads][kTileVecs]) {
   const DF64 d;
   const size_t N = hn::Lanes(d);
   const size_t stride = kTileVecs * N;
   VF64 acc[kTileHeads][kTileVecs];
   for (size_t h = 0; h < kTileHeads; ++h)
-    for (size_t v = 0; v < kTileVecs; ++v) acc[h][v] = hn::Zero(d);
+    for (size_t v = 0; v < kTileVecs; ++v) acc[h][v] = dots[h][v];
   for (size_t j = 0; j < dim; ++j) {
     VF64 kv[kTileVecs];
     for (size_t v = 0; v < kTileVecs; ++v) kv[v] = hn::Load(d, kp + j * stride + v * N);
@@ -67,6 +68,15 @@ HWY_INLINE void TileDots(const double* HWY_RESTRICT qp, const double* HWY_RESTRI
   }
   for (size_t h = 0; h < kTileHeads; ++h)
     for (size_t v = 0; v < kTileVecs; ++v) dots[h][v] = acc[h][v];
+}
+
+// dots[h][v] = the tile product described above.
+HWY_INLINE void TileDots(const double* HWY_RESTRICT qp, const double* HWY_RESTRICT kp, size_t dim,
+                         VF64 (&dots)[kTileHeads][kTileVecs]) {
+  const DF64 d;
+  for (size_t h = 0; h < kTileHeads; ++h)
+    for (size_t v = 0; v < kTileVecs; ++v) dots[h][v] = hn::Zero(d);
+  TileDotsAcc(qp, kp, dim, dots);
 }
 
 // Packs rows [0, rows) of a row-major [rows, dim] matrix into head-block tiles
@@ -95,13 +105,14 @@ template <typename Elem, class RowPtr, class Decode>
 HWY_INLINE void PackPanel(RowPtr row, int64_t count, int64_t dim, Decode decode,
                           double* HWY_RESTRICT dst) {
   const int64_t nk = int64_t(TileKeys());
-  for (int64_t i = 0; i < nk; ++i) {
-    if (i < count) {
-      const Elem* r = row(i);
-      for (int64_t j = 0; j < dim; ++j) dst[j * nk + i] = decode(r[j]);
-    } else {
-      for (int64_t j = 0; j < dim; ++j) dst[j * nk + i] = 0.0;
-    }
+  constexpr int64_t kMaxKeys = int64_t(kTileVecs) * 8;
+  const Elem* r[kMaxKeys];
+  for (int64_t i = 0; i < count; ++i) r[i] = row(i);
+  // j outer: the stores run sequentially through the panel, the loads along `count` rows.
+  for (int64_t j = 0; j < dim; ++j) {
+    double* HWY_RESTRICT out = dst + j * nk;
+    for (int64_t i = 0; i < count; ++i) out[i] = decode(r[i][j]);
+    for (int64_t i = count; i < nk; ++i) out[i] = 0.0;
   }
 }
 

@@ -21,6 +21,8 @@
 #include <vector>
 
 #include "ref/attention.h"
+#include "ref/model.h"
+#include "ref/module.h"
 #include "ref/stack.h"
 #include "ref/tensor.h"
 
@@ -70,6 +72,16 @@ AttentionOut dense_attention(const Tensor<bf16_t>& q, const Tensor<bf16_t>& kv, 
 
 // y[i] = ref's exp_portable(x[i]) for i < n, lane by lane (the softmax exponential of attention).
 void exp_portable(const double* x, double* y, int64_t n);
+
+// ---- module level (simd/linear.cc) ------------------------------------------------------------
+// y = x W^T, bit-identical to ref::linear (the register tile of the indexer with output features
+// as lanes; f32 x f32 products are exact in double and the sum runs k ascending, as in ref).
+Tensor<float> linear(const Tensor<float>& x, const Tensor<float>& w);
+// ref::indexer_module with every projection through simd::linear: the same bits.
+ref::IndexerModuleOut indexer_module(const ModelConfig& cfg, const ref::IndexerWeights& w, const Tensor<float>& x,
+                                     const Tensor<float>& qr, int64_t start_pos, ref::IndexerVariant v);
+// The toy model's kernels on this path (linear, logits, top-k, sparse attention), for ref::forward.
+ref::ModelKernels model_kernels();
 
 // ---- stack (simd/stack.cc) -------------------------------------------------------------------
 // ref::run_stack on these kernels, step for step. keep_logits = false in FP8 mode uses the

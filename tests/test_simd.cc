@@ -19,6 +19,10 @@
 
 #include "hwy/targets.h"
 #include "ref/attention.h"
+#include "ref/config.h"
+#include "ref/model.h"
+#include "ref/module.h"
+#include "ref/module_ops.h"
 #include "ref/indexer.h"
 #include "ref/numerics.h"
 #include "ref/rng.h"
@@ -625,4 +629,101 @@ TEST_CASE("simd: exp_portable equals ref's bit for bit on every target, tails an
       CHECK(bad == 0);
     });
   }
+}
+
+// ---- module level ---------------------------------------------------------------------------------
+
+TEST_CASE("simd: linear equals ref::linear bit for bit on every target (odd shapes, NaN and inf)") {
+  struct Dims {
+    int64_t rows, in, out;
+  };
+  for (const Dims& dm : std::vector<Dims>{{1, 1, 1}, {3, 7, 5}, {9, 33, 25}, {17, 130, 49}, {8, 64, 24}, {2, 0, 3}}) {
+    CAPTURE(dm.rows);
+    CAPTURE(dm.in);
+    CAPTURE(dm.out);
+    Tensor<float> x({dm.rows, dm.in}), w({dm.out, dm.in});
+    fill(x.ptr(), x.numel(), Dist::normal, 1.0f, 11, stream_tag("x"));
+    fill(w.ptr(), w.numel(), Dist::uniform, 0.25f, 11, stream_tag("w"));  // f32 values, not only bf16
+    if (dm.rows > 2 && dm.in > 2) {
+      x.at(1, 2) = std::numeric_limits<float>::quiet_NaN();
+      x.at(2, 0) = std::numeric_limits<float>::infinity();
+    }
+    const Tensor<float> expect = ref::linear(x, w);
+    for_each_target([&](const std::string&, int) {
+      const Tensor<float> got = simd::linear(x, w);
+      REQUIRE(got.shape == expect.shape);
+      CHECK(first_diff(got, expect) == -1);
+    });
+  }
+  Tensor<float> x({2, 3}), w({4, 5});
+  CHECK(error_of([&] { simd::linear(x, w); }) == error_of([&] { ref::linear(x, w); }));
+}
+
+TEST_CASE("simd: the module-level indexer and the toy model give ref's bits") {
+  for (const char* preset : {"tiny-glm", "tiny-deepseek"}) {
+    CAPTURE(preset);
+    const ModelConfig cfg = model_preset(preset);
+    const Schedule s = cfg.resolve_schedule();
+    for (auto variant : {ref::IndexerVariant::deepseek_fp8, ref::IndexerVariant::hf_bf16}) {
+      const ref::ToyModel m = ref::make_toy_model(cfg, s, 5, 0.7f, variant, true);
+      ref::ToyCache c_ref;
+      const ref::ToyForward f = ref::forward(m, c_ref, ref::toy_hidden(cfg, 5, 0, 40));
+      const ref::ToyLayerTrace& l0 = f.layers[0];
+      for_each_target([&](const std::string&, int) {
+        const Tensor<float> qr = ref::mla_query(cfg, m.layers[0].mla, l0.x, 0).qr;
+        const ref::IndexerModuleOut o = simd::indexer_module(cfg, m.layers[0].indexer, l0.x, qr, 0, variant);
+        CHECK(first_diff(o.q, l0.indexer.q) == -1);
+        CHECK(first_diff(o.k, l0.indexer.k) == -1);
+        CHECK(first_diff(o.weights, l0.indexer.weights) == -1);
+        CHECK(o.q8.data == l0.indexer.q8.data);
+        ref::ToyCache c_simd;
+        const ref::ToyForward g = ref::forward(m, c_simd, ref::toy_hidden(cfg, 5, 0, 40), simd::model_kernels());
+        CHECK(first_diff(g.h_out, f.h_out) == -1);
+        for (size_t l = 0; l < f.layers.size(); ++l) {
+          CAPTURE(l);
+          CHECK(g.layers[l].used_topk.data == f.layers[l].used_topk.data);
+          CHECK(first_diff(g.layers[l].logits, f.layers[l].logits) == -1);
+          CHECK(first_diff(g.layers[l].attn.lse, f.layers[l].attn.lse) == -1);
+        }
+      });
+    }
+  }
+}
+
+// Reduction order matters only under cancellation; random inputs rarely show it after the f32
+// rounding. These inputs do: products 2^60, 1, -2^60 in different parts / positions, so that an
+// order other than the specified one gives another f32 result.
+TEST_CASE("simd: reduction orders are the specified ones (cancellation-sensitive inputs)") {
+  // Attention: one valid key, so lse = max_logits = P = (q . k) * sm_scale; d_qk = 24. With
+  // q[d] * k[d] = 2^60 at d = 0, 1 at d = 1, -2^60 at d = 8: the 8-part order gives
+  // part0 = 2^60 + -2^60 = 0, part1 = 1: dot 1; a sequential sum would lose the 1 (2^60 + 1 rounds
+  // to 2^60) and give 0.
+  const int64_t d_qk = 24;
+  Tensor<bf16_t> q({1, 1, d_qk}), kv({1, 1, d_qk});
+  const auto b = [](float v) { return f32_to_bf16(v); };
+  for (int64_t d = 0; d < d_qk; ++d) q[d] = kv[d] = b(0.0f);
+  q[0] = b(0x1p30f), kv[0] = b(0x1p30f);
+  q[1] = b(1.0f), kv[1] = b(1.0f);
+  q[8] = b(-0x1p30f), kv[8] = b(0x1p30f);
+  Tensor<int32_t> idx({1, 1, 1}, 0);
+  const ref::AttentionOut r = ref::sparse_attention(q, kv, idx, 1.0f, 8);
+  CHECK(r.lse[0] == 1.0f);  // the 8-part order, worked out above
+  for_each_target([&](const std::string&, int threads) {
+    if (threads != 1) return;
+    const ref::AttentionOut s = simd::sparse_attention(q, kv, idx, 1.0f, 8);
+    CHECK(s.lse[0] == 1.0f);
+    CHECK(s.max_logits[0] == 1.0f);
+  });
+  // Linear: sum over k ascending: x . w = 2^60 + 1 - 2^60 = 0 in that order (any pairing of the
+  // two large terms first gives 1).
+  Tensor<float> x({1, 3}), w({2, 3});
+  x[0] = 0x1p30f, x[1] = 1.0f, x[2] = -0x1p30f;
+  for (int64_t o = 0; o < 2; ++o) w.at(o, 0) = 0x1p30f, w.at(o, 1) = 1.0f, w.at(o, 2) = 0x1p30f;
+  CHECK(ref::linear(x, w)[0] == 0.0f);
+  for_each_target([&](const std::string&, int threads) {
+    if (threads != 1) return;
+    const Tensor<float> y = simd::linear(x, w);
+    CHECK(y[0] == 0.0f);
+    CHECK(y[1] == 0.0f);
+  });
 }

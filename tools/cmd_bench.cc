@@ -20,7 +20,13 @@
 //                       (computed once, untimed; both impls get the same indices).
 //                       FLOPs = 2 * h_q * (d_qk + d_v) * V, V = valid indices summed over rows:
 //                       the "matrix part" (Q.K^T and P.V); softmax, exp and the gather not counted.
-//   module projections  not benchmarked: there is no simd module path (ref/module.h is ref only).
+//   module projections  the three projections of the module-level indexer (ref/module.h) of the
+//                       --module-preset model config for S = --module-rows rows, random bf16-valued
+//                       weights and inputs (the problem's seed): wq_b on qr [S, q_lora], wk and
+//                       weights_proj on x [S, dim], through ref::linear / simd::linear.
+//                       FLOPs = 2 * S * (H * D * q_lora + D * dim + H * dim). The rest of the
+//                       module (RoPE, LayerNorm, Hadamard, FP8 quantization: O(S * H * D log D),
+//                       ref's code on both paths) is not timed. --module-preset none skips it.
 // ref/ is single-threaded; simd/ runs on --threads OpenMP threads. Each GFLOP/s is compared with
 // simd::fma_peak_gflops at the same thread count (1 for ref, --threads for simd) on the best
 // Highway target whatever --target says, probed in this run before the first stage and again
@@ -72,10 +78,14 @@
 #include <nlohmann/json.hpp>
 
 #include "ref/attention.h"
+#include "ref/config.h"
 #include "ref/error.h"
 #include "ref/indexer.h"
 #include "ref/layer.h"
+#include "ref/module.h"
+#include "ref/module_ops.h"
 #include "ref/problem.h"
+#include "ref/rng.h"
 #include "ref/stack.h"
 #include "ref/topk.h"
 #include "simd/simd.h"
@@ -93,13 +103,14 @@ using nlohmann::json;
 // core (ref: ~4 GFLOP/s indexer, ~1-2 GFLOP/s attention) and the whole default bench, stack
 // included, in a few minutes on 2 cores.
 constexpr const char* kDefaultProblem = "sq128 skv2048 hq16 dqk576 dv512 ih64 id128 k256 seed1";
-constexpr const char* kNoModule = "not benchmarked: no simd module path";
 constexpr double kWarmupDiscard = 0.5;  // seconds
 
 struct BenchArgs {
   std::string problem, impl = "ref,simd", target = "best", json_path;
   int repeats = 5, threads = 0;
   int64_t stack_seq = 8192, stack_sq = 512, stack_topk = 2048;
+  std::string module_preset = "deepseek-v3.2";
+  int64_t module_rows = 128;
   double budget = 15.0;
 };
 
@@ -277,6 +288,9 @@ int cmd_bench(const BenchArgs& a) {
   p.validate();
   const bool fp8 = p.indexer == IndexerMode::fp8;
   const bool do_stack = a.stack_seq > 0 && do_simd;
+  const bool do_module = a.module_preset != "none";
+  require(a.module_rows >= 1, "--module-rows must be >= 1, got " + std::to_string(a.module_rows));
+  if (do_module) (void)model_preset(a.module_preset);  // an unknown name fails before any timing
   Problem sp[2];
   const char* scheds[2] = {"all-full", "one-full-three-shared"};
   if (do_stack)
@@ -336,7 +350,6 @@ int cmd_bench(const BenchArgs& a) {
 
   std::vector<StageResult> rows;
   std::vector<std::string> mismatches;
-  rows.push_back({"module projections", "-", 1, {}, 0, 0, 0, 0, kNoModule});
   double ref_logits = 0, ref_topk = 0, ref_attn = 0;
   // Stage outputs of the last run, for the agreement checks.
   Tensor<float> out_logits;
@@ -351,6 +364,37 @@ int cmd_bench(const BenchArgs& a) {
     rows.push_back(r);
     return r.med();
   };
+  // Module projections (see the header).
+  if (do_module) {
+    progress("generating the " + a.module_preset + " indexer weights and " + std::to_string(a.module_rows) + " rows");
+    const ModelConfig mcfg = model_preset(a.module_preset);
+    const ref::IndexerWeights iw = ref::random_indexer_weights(mcfg, p.seed, "bench.", 0.0f, "bench.base.");
+    Tensor<float> mx({a.module_rows, mcfg.dim}), mqr({a.module_rows, mcfg.q_lora_rank});
+    fill(mx.ptr(), mx.numel(), Dist::normal, 1.0f, p.seed, stream_tag("bench.x"));
+    fill(mqr.ptr(), mqr.numel(), Dist::normal, 1.0f, p.seed, stream_tag("bench.qr"));
+    ref::round_bf16_inplace(mx);
+    ref::round_bf16_inplace(mqr);
+    const double H = double(mcfg.index_n_heads), D = double(mcfg.index_head_dim);
+    const double f_mod = 2.0 * double(a.module_rows) * (H * D * double(mcfg.q_lora_rank) + D * double(mcfg.dim) + H * double(mcfg.dim));
+    const std::string note = a.module_preset + " indexer, " + std::to_string(a.module_rows) + " rows";
+    struct Proj {
+      Tensor<float> q, k, w;
+    } pref, psimd;
+    double ref_mod = 0;
+    if (do_ref)
+      ref_mod = add("module projections", "ref", f_mod, 0,
+                    [&] { pref = {ref::linear(mqr, iw.wq_b), ref::linear(mx, iw.wk), ref::linear(mx, iw.weights_proj)}; },
+                    0, note);
+    if (do_simd) {
+      add("module projections", "simd", f_mod, 0,
+          [&] { psimd = {simd::linear(mqr, iw.wq_b), simd::linear(mx, iw.wk), simd::linear(mx, iw.weights_proj)}; },
+          ref_mod, note);
+      if (do_ref && !(same_floats(psimd.q, pref.q) && same_floats(psimd.k, pref.k) && same_floats(psimd.w, pref.w)))
+        mismatches.push_back("module projections");
+    }
+  } else {
+    rows.push_back({"module projections", "-", 1, {}, 0, 0, 0, 0, "skipped (--module-preset none)"});
+  }
   const std::string index_name = fp8 ? "indexer logits" : "indexer logits f32";
   if (do_ref) {
     ref_logits = add(index_name, "ref", f_index, 0, [&] { out_logits = logits_ref(); }, 0, "");
@@ -451,7 +495,7 @@ int cmd_bench(const BenchArgs& a) {
   for (const StageResult& r : rows) print_stage(r);
   if (do_ref && do_simd)
     std::printf("agreement simd vs ref: %s\n",
-                mismatches.empty() ? "logits, top-k, fused top-k and attention bit-identical" : "MISMATCH");
+                mismatches.empty() ? "module projections, logits, top-k, fused top-k and attention bit-identical" : "MISMATCH");
   for (const std::string& m : mismatches) std::printf("agreement MISMATCH in %s\n", m.c_str());
 
   json j = {{"problem", to_string(p)},
@@ -463,7 +507,7 @@ int cmd_bench(const BenchArgs& a) {
             {"peak_gflops", {{"threads_1", {{"used", peak1}, {"start", pk.start1}, {"end", pk.end1}}},
                              {"threads_n", {{"threads", threads}, {"used", peakn}, {"start", pk.startn}, {"end", pk.endn}}}}},
             {"flops", {{"indexer", f_index}, {"attention", f_attn}, {"window_keys", window}, {"valid_indices", valid}}},
-            {"module_projections", kNoModule},
+            {"module", {{"preset", a.module_preset}, {"rows", a.module_rows}}},
             {"agreement", {{"checked", do_ref && do_simd}, {"mismatches", mismatches}}}};
   json stages = json::array();
   for (const StageResult& r : rows) stages.push_back(stage_json(r));
@@ -520,7 +564,8 @@ int cmd_bench(const BenchArgs& a) {
   std::string repro = "indexshare bench --problem \"" + to_string(p) + "\" --impl " + a.impl + " --repeats " +
                       std::to_string(a.repeats) + " --threads " + std::to_string(threads) + " --target " + a.target +
                       " --stack-seq " + std::to_string(a.stack_seq) + " --stack-sq " + std::to_string(a.stack_sq) +
-                      " --stack-topk " + std::to_string(a.stack_topk) + " --budget " + fmt("%g", a.budget);
+                      " --stack-topk " + std::to_string(a.stack_topk) + " --module-preset " + a.module_preset +
+                      " --module-rows " + std::to_string(a.module_rows) + " --budget " + fmt("%g", a.budget);
   if (!a.json_path.empty()) {
     io::write_text_file(a.json_path, j.dump(2) + "\n");
     repro += " --json " + a.json_path;
@@ -545,6 +590,8 @@ Action register_bench(CLI::App& app) {
   c->add_option("--stack-seq", a->stack_seq, "Keys (s_kv) of the stack comparison; 0 skips it")->capture_default_str();
   c->add_option("--stack-sq", a->stack_sq, "Query rows of the stack comparison (clamped to --stack-seq)")->capture_default_str();
   c->add_option("--stack-topk", a->stack_topk, "Top-k of the stack comparison (clamped to --stack-seq)")->capture_default_str();
+  c->add_option("--module-preset", a->module_preset, "Model config of the module projections stage (none: skip)")->capture_default_str();
+  c->add_option("--module-rows", a->module_rows, "Query rows of the module projections stage")->capture_default_str();
   c->add_option("--budget", a->budget, "Seconds after which a stage stops repeating (stack: 4x)")->capture_default_str();
   return [c, a]() { return *c ? cmd_bench(*a) : -1; };
 }

@@ -2,6 +2,8 @@
 //
 // Exit status: 0 success, 1 a check failed, 2 bad input or usage (the message names the file,
 // tensor, field or token at fault), 3 internal error.
+#include <malloc.h>
+
 #include <cstdio>
 #include <exception>
 #include <string>
@@ -12,6 +14,11 @@
 
 int main(int argc, char** argv) {
   using namespace indexshare;
+  // Keep freed blocks up to 32 MiB (glibc's maximum) in the heap instead of returning each one to
+  // the OS: kernels called in a loop (bench repeats, stacks) would otherwise fault and zero their
+  // scratch pages again on every call. Performance only.
+  mallopt(M_MMAP_THRESHOLD, 32 << 20);
+  mallopt(M_TRIM_THRESHOLD, 256 << 20);
   CLI::App app{"indexshare: CPU reference and correctness oracle for DeepSeek Sparse Attention "
                "with cross-layer index sharing"};
   app.require_subcommand(1);

@@ -1,0 +1,109 @@
+// indexshare simd/: linear (y = x W^T), bit-identical to ref::linear (ref/module_ops.h).
+//
+// ref computes y[r, o] = f32(sum over k ascending of double(x[r, k]) * double(w[o, k])). Here the
+// register tile of simd/gemm-inl.h runs with x rows in the place of query heads and rows of w
+// (output features) in the place of keys: each lane is one (r, o) and performs
+// dot = dot + x * w for k ascending with MulAdd. The product of two f32 values is exact in double,
+// so the fused add rounds like ref's add, and the order is ref's: the same bits on every target.
+// OpenMP splits over panels of output features (independent outputs); x is packed once, each
+// panel of w once, by the thread that computes it.
+
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "simd/linear.cc"
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
+#include "hwy/highway.h"
+#include "simd/gemm-inl.h"
+
+#include <algorithm>
+
+#include "hwy/aligned_allocator.h"
+#include "ref/module_ops.h"
+#include "simd/simd.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace indexshare::simd::HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+// Columns of x and w per chunk: a chunk of a w panel (kInChunk x TileKeys() doubles, 24 KiB on
+// AVX3) and of an x tile (8 KiB) stay in L1 while the tile walks it.
+constexpr int64_t kInChunk = 128;
+
+void LinearRows(const float* x, const float* w, int64_t rows, int64_t in, int64_t out, float* y) {
+  const DF64 d;
+  const int64_t N = int64_t(hn::Lanes(d));
+  const int64_t nk = int64_t(TileKeys());
+  const int64_t row_tiles = (rows + int64_t(kTileHeads) - 1) / int64_t(kTileHeads);
+  const auto dec = [](float v) { return double(v); };
+  auto xp = hwy::AllocateAligned<double>(size_t(std::max<int64_t>(1, row_tiles * int64_t(kTileHeads) * in)));
+  PackTiles(x, rows, in, dec, xp.get());
+  const int64_t panels = (out + nk - 1) / nk;
+#pragma omp parallel
+  {
+    auto wp = hwy::AllocateAligned<double>(size_t(nk * kInChunk));
+    // The running sums of every row tile against the present panel, kept in memory between chunks.
+    const int64_t tile_sums = int64_t(kTileHeads * kTileVecs) * N;
+    auto state = hwy::AllocateAligned<double>(size_t(row_tiles * tile_sums));
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t pi = 0; pi < panels; ++pi) {
+      const int64_t o0 = pi * nk, count = std::min(nk, out - o0);
+      std::fill(state.get(), state.get() + row_tiles * tile_sums, 0.0);
+      for (int64_t k0 = 0; k0 < in; k0 += kInChunk) {  // in ascending: ref's order, chunk by chunk
+        const int64_t kc = std::min(kInChunk, in - k0);
+        PackPanel<float>([&](int64_t i) { return w + (o0 + i) * in + k0; }, count, kc, dec, wp.get());
+        for (int64_t rt = 0; rt < row_tiles; ++rt) {
+          double* s = state.get() + rt * tile_sums;
+          VF64 acc[kTileHeads][kTileVecs];
+          for (size_t h = 0; h < kTileHeads; ++h)
+            for (size_t u = 0; u < kTileVecs; ++u) acc[h][u] = hn::Load(d, s + int64_t(h * kTileVecs + u) * N);
+          TileDotsAcc(xp.get() + (rt * in + k0) * int64_t(kTileHeads), wp.get(), size_t(kc), acc);
+          for (size_t h = 0; h < kTileHeads; ++h)
+            for (size_t u = 0; u < kTileVecs; ++u) hn::Store(acc[h][u], d, s + int64_t(h * kTileVecs + u) * N);
+        }
+      }
+      for (int64_t rt = 0; rt < row_tiles; ++rt) {
+        const double* s = state.get() + rt * tile_sums;
+        for (size_t h = 0; h < kTileHeads; ++h) {
+          const int64_t r = rt * int64_t(kTileHeads) + int64_t(h);
+          if (r >= rows) break;
+          for (int64_t i = 0; i < count; ++i) y[r * out + o0 + i] = float(s[int64_t(h * kTileVecs) * N + i]);
+        }
+      }
+    }
+  }
+}
+
+}  // namespace indexshare::simd::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace indexshare::simd {
+
+HWY_EXPORT(LinearRows);
+
+ref::IndexerModuleOut indexer_module(const ModelConfig& cfg, const ref::IndexerWeights& w, const Tensor<float>& x,
+                                     const Tensor<float>& qr, int64_t start_pos, ref::IndexerVariant v) {
+  return ref::indexer_module(cfg, w, x, qr, start_pos, v, simd::linear);
+}
+
+ref::ModelKernels model_kernels() {
+  ref::ModelKernels k;
+  k.linear = simd::linear;
+  k.logits_fp8 = simd::indexer_logits_fp8;
+  k.logits_f32 = simd::indexer_logits_f32;
+  k.topk = [](const Tensor<float>& logits, const Tensor<int32_t>& ks, const Tensor<int32_t>& ke, int64_t topk) {
+    return simd::topk(logits, ks, ke, topk);
+  };
+  k.sparse_attention = simd::sparse_attention;
+  return k;
+}
+
+Tensor<float> linear(const Tensor<float>& x, const Tensor<float>& w) {
+  ref::check_linear_inputs(x, w);
+  const int64_t rows = x.dim(0), in = x.dim(1), out = w.dim(0);
+  Tensor<float> y({rows, out});
+  if (rows > 0 && out > 0) HWY_DYNAMIC_DISPATCH(LinearRows)(x.ptr(), w.ptr(), rows, in, out, y.ptr());
+  return y;
+}
+
+}  // namespace indexshare::simd
+#endif  // HWY_ONCE
