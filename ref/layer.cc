@@ -1,5 +1,6 @@
 #include "ref/layer.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -15,6 +16,58 @@ Tensor<float> generate(const Problem& p, const std::string& name, const Shape& s
   return t;
 }
 
+Tensor<float> generate_rows(const Problem& p, const std::string& name, const Shape& shape,
+                            std::span<const int64_t> rows, float scale) {
+  require(!shape.empty(), "generate_rows: " + name + ": shape must have a leading row dim");
+  const int64_t row_len = shape[0] > 0 ? shape_numel(shape) / shape[0] : 0;
+  Shape out_shape = shape;
+  out_shape[0] = int64_t(rows.size());
+  Tensor<float> t(out_shape);
+  // A run of consecutive rows is one range of the stream (all rows in order: exactly `generate`).
+  for (size_t i = 0; i < rows.size();) {
+    size_t j = i + 1;
+    while (j < rows.size() && rows[j] == rows[j - 1] + 1) ++j;
+    require(rows[i] >= 0 && rows[j - 1] < shape[0],
+            "generate_rows: " + name + ": row outside [0, " + std::to_string(shape[0]) + ")");
+    fill_range(t.ptr() + int64_t(i) * row_len, rows[i] * row_len, int64_t(j - i) * row_len, p.dist, scale, p.seed,
+               stream_tag(name));
+    i = j;
+  }
+  return t;
+}
+
+std::vector<int64_t> all_rows(const Problem& p) {
+  std::vector<int64_t> rows(static_cast<size_t>(p.s_q));
+  for (int64_t t = 0; t < p.s_q; ++t) rows[size_t(t)] = t;
+  return rows;
+}
+
+void check_rows(const Problem& p, std::span<const int64_t> rows) {
+  require(!rows.empty(), "rows: the row list is empty");
+  std::vector<bool> seen(static_cast<size_t>(p.s_q), false);
+  for (int64_t t : rows) {
+    require(t >= 0 && t < p.s_q, "rows: row " + std::to_string(t) + " is outside [0, sq = " + std::to_string(p.s_q) + ")");
+    require(!seen[size_t(t)], "rows: row " + std::to_string(t) + " is listed twice");
+    seen[size_t(t)] = true;
+  }
+}
+
+std::string format_rows(std::span<const int64_t> rows) {
+  std::string out;
+  for (size_t i = 0; i < rows.size();) {
+    size_t j = i + 1;
+    while (j < rows.size() && rows[j] == rows[j - 1] + 1) ++j;
+    if (!out.empty()) out += ',';
+    out += std::to_string(rows[i]);
+    if (j - i > 1) {
+      out += '-';
+      out += std::to_string(rows[j - 1]);
+    }
+    i = j;
+  }
+  return out;
+}
+
 namespace {
 
 Tensor<bf16_t> to_bf16(const Tensor<float>& x) {
@@ -23,81 +76,118 @@ Tensor<bf16_t> to_bf16(const Tensor<float>& x) {
   return y;
 }
 
-// a * base + b * own, elementwise in f32 (a = sim, b = f32(sqrt(1 - sim^2))).
-Tensor<float> mixed(const Problem& p, const std::string& name, int layer, const Shape& shape) {
+// Rows [s0, s0 + n) as a list, for the key-side tensors generated in blocks.
+std::vector<int64_t> row_range(int64_t s0, int64_t n) {
+  std::vector<int64_t> r(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) r[size_t(i)] = s0 + i;
+  return r;
+}
+
+// a * base + b * own, elementwise in f32 (a = sim, b = f32(sqrt(1 - sim^2))), for the given rows
+// of a tensor of `shape`.
+Tensor<float> mixed(const Problem& p, const std::string& name, int layer, const Shape& shape,
+                    std::span<const int64_t> rows) {
   const float a = p.sim, b = float(std::sqrt(1.0 - double(p.sim) * double(p.sim)));
-  Tensor<float> base = generate(p, "stack." + name, shape);
-  const Tensor<float> own = generate(p, "layers." + std::to_string(layer) + "." + name, shape);
+  Tensor<float> base = generate_rows(p, "stack." + name, shape, rows);
+  const Tensor<float> own = generate_rows(p, "layers." + std::to_string(layer) + "." + name, shape, rows);
   for (int64_t i = 0; i < base.numel(); ++i) base[i] = a * base[i] + b * own[i];
   return base;
 }
+
+// Key-side tensors are generated in blocks of kKeyBlock keys, so that a long context never holds
+// its f32 draws whole (1M keys x 576 dims would be 2.4 GB of f32 for attn.kv alone).
+constexpr int64_t kKeyBlock = 4096;
 
 }  // namespace
 
 LayerInputs make_layer_inputs(const Problem& p, int layer, bool with_indexer) {
   p.validate();
-  const int64_t s_q = p.s_q, s_kv = p.s_kv, H = p.index_n_heads, D = p.index_head_dim;
+  return make_layer_inputs(p, layer, with_indexer, all_rows(p));
+}
+
+LayerInputs make_layer_inputs(const Problem& p, int layer, bool with_indexer, std::span<const int64_t> rows) {
+  p.validate();
+  check_rows(p, rows);
+  const int64_t n = int64_t(rows.size()), s_q = p.s_q, s_kv = p.s_kv, H = p.index_n_heads, D = p.index_head_dim;
   const std::string prefix = "layers." + std::to_string(layer) + ".";
   LayerInputs in;
   in.has_indexer = with_indexer;
   // Causal bounds: query row t belongs to sequence i = t / seq_q, whose keys are the kv rows
   // [i * seq_kv, (i + 1) * seq_kv); it is position start + (t mod seq_q) of that sequence and sees
-  // its keys [0, start + (t mod seq_q)].
-  in.ks = Tensor<int32_t>({s_q});
-  in.ke = Tensor<int32_t>({s_q});
-  for (int64_t t = 0; t < s_q; ++t) {
-    const int64_t seq = t / p.seq_q(), local = t % p.seq_q();
-    in.ks[t] = int32_t(seq * p.seq_kv());
-    in.ke[t] = int32_t(seq * p.seq_kv() + p.start_pos() + local + 1);
+  // its keys [0, start + (t mod seq_q)]. Row r of the inputs is the problem's row t = rows[r].
+  in.ks = Tensor<int32_t>({n});
+  in.ke = Tensor<int32_t>({n});
+  for (int64_t r = 0; r < n; ++r) {
+    const int64_t t = rows[size_t(r)], seq = t / p.seq_q(), local = t % p.seq_q();
+    in.ks[r] = int32_t(seq * p.seq_kv());
+    in.ke[r] = int32_t(seq * p.seq_kv() + p.start_pos() + local + 1);
   }
 
   if (with_indexer) {
-    // 1. Cross-layer mix of q, k and the raw head weights.
-    Tensor<float> q = mixed(p, "indexer.q", layer, {s_q, H, D});
-    Tensor<float> k = mixed(p, "indexer.k", layer, {s_kv, D});
-    Tensor<float> w = mixed(p, "indexer.weights", layer, {s_q, H});
-    // 2. Recency and sink dims (see the header).
     const float g = float(2.0 * std::pow(double(D), 0.25));
-    if (D >= 2 && (p.recency > 0 || p.sinks > 0)) {
-      for (int64_t t = 0; t < s_q; ++t)
+    const bool biased = D >= 2 && (p.recency > 0 || p.sinks > 0);
+    // Query side, the sampled rows only. 1. Cross-layer mix of q and the raw head weights.
+    Tensor<float> q = mixed(p, "indexer.q", layer, {s_q, H, D}, rows);
+    Tensor<float> w = mixed(p, "indexer.weights", layer, {s_q, H}, rows);
+    // 2. Recency and sink dims (see the header).
+    if (biased)
+      for (int64_t r = 0; r < n; ++r)
         for (int64_t h = 0; h < H; ++h) {
-          const float sg = w.at(t, h) < 0 ? -g : g;
-          q.at(t, h, D - 1) = sg;
-          q.at(t, h, D - 2) = sg;
+          const float sg = w.at(r, h) < 0 ? -g : g;
+          q.at(r, h, D - 1) = sg;
+          q.at(r, h, D - 2) = sg;
         }
-      for (int64_t s = 0; s < s_kv; ++s) {
-        k.at(s, D - 1) = p.recency * g * float(s + 1) / float(s_kv);
-        k.at(s, D - 2) = s < p.sinks ? g : 0.0f;
-      }
-    }
     // 3. bf16, then FP8 codes with one scale per head vector (fp8 mode).
     for (float& v : q.data) v = round_bf16(v);
-    for (float& v : k.data) v = round_bf16(v);
     if (p.indexer == IndexerMode::fp8) {
       Quantized qq = quantize(q, int(D), p.scale, prefix + "indexer.q");
-      Quantized kq = quantize(k, int(D), p.scale, prefix + "indexer.k");
       in.index_q8 = std::move(qq.codes);
-      in.index_k8 = std::move(kq.codes);
-      in.index_q_scale = Tensor<float>({s_q, H});
+      in.index_q_scale = Tensor<float>({n, H});
       in.index_q_scale.data = std::move(qq.scales.data);
-      in.index_k_scale = Tensor<float>({s_kv});
-      in.index_k_scale.data = std::move(kq.scales.data);
     } else {
       in.index_q = std::move(q);
-      in.index_k = std::move(k);
-      in.index_q_scale = Tensor<float>({s_q, H}, 1.0f);
+      in.index_q_scale = Tensor<float>({n, H}, 1.0f);
+    }
+    // Key side, every key (each row scores them all): the same steps 1-3, a block of keys at a
+    // time (the mix, the overwrite and the per-key quantization are all per key).
+    if (p.indexer == IndexerMode::fp8) {
+      in.index_k8 = Tensor<e4m3_t>({s_kv, D});
+      in.index_k_scale = Tensor<float>({s_kv});
+    } else {
+      in.index_k = Tensor<float>({s_kv, D});
       in.index_k_scale = Tensor<float>({s_kv}, 1.0f);
+    }
+    for (int64_t s0 = 0; s0 < s_kv; s0 += kKeyBlock) {
+      const int64_t nb = std::min(kKeyBlock, s_kv - s0);
+      Tensor<float> k = mixed(p, "indexer.k", layer, {s_kv, D}, row_range(s0, nb));
+      if (biased)
+        for (int64_t j = 0; j < nb; ++j) {
+          const int64_t s = s0 + j;
+          k.at(j, D - 1) = p.recency * g * float(s + 1) / float(s_kv);
+          k.at(j, D - 2) = s < p.sinks ? g : 0.0f;
+        }
+      for (float& v : k.data) v = round_bf16(v);
+      if (p.indexer == IndexerMode::fp8)
+        quantize_rows(k.ptr(), nb, D, int(D), p.scale, in.index_k8.ptr() + s0 * D, in.index_k_scale.ptr() + s0,
+                      prefix + "indexer.k");
+      else
+        std::copy(k.data.begin(), k.data.end(), in.index_k.data.begin() + s0 * D);
     }
     // 4. Weights: weights_proj(x) * H^-0.5 * q_scale * D^-0.5, left to right in f32.
     const float h_scale = float(1.0 / std::sqrt(double(H))), d_scale = float(1.0 / std::sqrt(double(D)));
     in.index_weights = std::move(w);
-    for (int64_t i = 0; i < s_q * H; ++i)
+    for (int64_t i = 0; i < n * H; ++i)
       in.index_weights[i] = in.index_weights[i] * h_scale * in.index_q_scale[i] * d_scale;
   }
 
-  // Attention inputs: the layer's own streams.
-  in.q = to_bf16(generate(p, prefix + "attn.q", {s_q, p.h_q, p.d_qk}));
-  in.kv = to_bf16(generate(p, prefix + "attn.kv", {s_kv, 1, p.d_qk}));
+  // Attention inputs, the layer's own streams: q for the sampled rows, kv for every key (in blocks).
+  in.q = to_bf16(generate_rows(p, prefix + "attn.q", {s_q, p.h_q, p.d_qk}, rows));
+  in.kv = Tensor<bf16_t>({s_kv, 1, p.d_qk});
+  for (int64_t s0 = 0; s0 < s_kv; s0 += kKeyBlock) {
+    const int64_t nb = std::min(kKeyBlock, s_kv - s0);
+    const Tensor<float> kv = generate_rows(p, prefix + "attn.kv", {s_kv, 1, p.d_qk}, row_range(s0, nb));
+    for (int64_t i = 0; i < kv.numel(); ++i) in.kv[s0 * p.d_qk + i] = f32_to_bf16(kv[i]);
+  }
   if (p.sink != SinkMode::none) {
     const float inf = std::numeric_limits<float>::infinity();
     if (p.sink == SinkMode::random) in.sink = generate(p, prefix + "attn.sink", {p.h_q});

@@ -30,10 +30,22 @@
 //   attn.q          [s_q, h_q, d_qk]   bf16(dist), the layer's own stream
 //   attn.kv         [s_kv, 1, d_qk]    bf16(dist), the layer's own stream
 //   attn.sink       [h_q]              per the sink option: dist, +inf or -inf
+//
+// Sampled query rows (make_layer_inputs with `rows`, the CLI's --rows): the inputs of a chosen
+// list of query rows only, for exact goldens of a few rows at 128K-1M context. Every per-row
+// tensor (indexer q, q_scale, weights, ks, ke and attn q) holds in its row r exactly the bytes the
+// full problem holds in row rows[r]: each generated stream is read from the element range of
+// that row (ref/rng.h fill_range), and every per-row step (the cross-layer mix, the recency/sink
+// overwrite, bf16, the FP8 scale of each (t, h), the weights' scaling) depends on that row alone;
+// ks/ke are the original row's window, so the indexer, top-k and attention need no other change.
+// Key-side tensors (indexer k, k_scale, attn kv, sink) are whole: every row scores every key.
+// Key-side tensors are generated a block of keys at a time (same bytes, bounded f32 scratch).
 #pragma once
 
 #include <optional>
+#include <span>
 #include <string>
+#include <vector>
 
 #include "ref/attention.h"
 #include "ref/problem.h"
@@ -68,6 +80,17 @@ struct LayerOutputs {
 // Inputs of layer `layer`; with_indexer = false leaves the indexer tensors empty (ks/ke are
 // always filled: the attention of every layer uses the same causal windows).
 LayerInputs make_layer_inputs(const Problem& p, int layer = 0, bool with_indexer = true);
+// Inputs of the query rows `rows` only (problem row numbers in [0, s_q), any order, no
+// duplicates; see the header comment): per-row tensors have rows.size() rows, in that order.
+// make_layer_inputs(p, l, w) equals make_layer_inputs(p, l, w, all_rows(p)).
+LayerInputs make_layer_inputs(const Problem& p, int layer, bool with_indexer, std::span<const int64_t> rows);
+// 0, 1, ..., s_q - 1.
+std::vector<int64_t> all_rows(const Problem& p);
+// Error ("rows: row 7 is listed twice", "... outside [0, sq = 8)", "... empty") unless `rows` is a
+// non-empty list of distinct rows in [0, s_q).
+void check_rows(const Problem& p, std::span<const int64_t> rows);
+// A row list as text: runs of consecutive ascending rows as A-B, e.g. "0,17,100-131".
+std::string format_rows(std::span<const int64_t> rows);
 // The layer's indexer logits [s_q, s_kv] (fp8 or bf16 mode per the problem).
 Tensor<float> layer_logits(const Problem& p, const LayerInputs& in);
 // The layer's sparse attention over `indices` [s_q, 1, topk] (kv rows).
@@ -77,5 +100,9 @@ LayerOutputs run_layer(const Problem& p, const LayerInputs& in);
 
 // Generated tensor of `shape` from the stream `name` (values of p.dist times `scale`).
 Tensor<float> generate(const Problem& p, const std::string& name, const Shape& shape, float scale = 1.0f);
+// The rows `rows` (along dim 0) of generate(p, name, shape, scale), without generating the others:
+// shape [rows.size(), shape[1:]], bit-identical to the corresponding rows of the full tensor.
+Tensor<float> generate_rows(const Problem& p, const std::string& name, const Shape& shape,
+                            std::span<const int64_t> rows, float scale = 1.0f);
 
 }  // namespace indexshare::ref

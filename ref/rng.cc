@@ -93,14 +93,30 @@ float draw(Xoshiro256& g, Dist dist) {
   return 0.0f;
 }
 
+namespace {
+// The generator of chunk c of stream (seed, tag), positioned at the chunk's first element.
+Xoshiro256 chunk_generator(uint64_t seed, uint64_t tag, int64_t c) {
+  uint64_t st = seed ^ 0x5DEECE66Dull;
+  st = splitmix64(st) ^ tag;
+  st = splitmix64(st) ^ uint64_t(c);
+  return Xoshiro256(splitmix64(st));
+}
+}  // namespace
+
 void fill(float* out, int64_t n, Dist dist, float scale, uint64_t seed, uint64_t tag) {
-  for (int64_t c0 = 0; c0 < n; c0 += kChunk) {
-    uint64_t st = seed ^ 0x5DEECE66Dull;
-    st = splitmix64(st) ^ tag;
-    st = splitmix64(st) ^ uint64_t(c0 / kChunk);
-    Xoshiro256 g(splitmix64(st));
-    const int64_t c1 = c0 + kChunk < n ? c0 + kChunk : n;
-    for (int64_t i = c0; i < c1; ++i) out[i] = draw(g, dist) * scale;
+  fill_range(out, 0, n, dist, scale, seed, tag);
+}
+
+void fill_range(float* out, int64_t start, int64_t n, Dist dist, float scale, uint64_t seed, uint64_t tag) {
+  require(start >= 0 && n >= 0, "fill_range: start and n must be >= 0");
+  const int64_t end = start + n;
+  for (int64_t c0 = start - start % kChunk; c0 < end; c0 += kChunk) {
+    Xoshiro256 g = chunk_generator(seed, tag, c0 / kChunk);
+    // Values before `start` in the first chunk are drawn and discarded: a draw may consume a
+    // variable number of generator outputs (rejection), so there is no shortcut to element i.
+    for (int64_t i = c0; i < start; ++i) (void)draw(g, dist);
+    const int64_t c1 = c0 + kChunk < end ? c0 + kChunk : end;
+    for (int64_t i = c0 < start ? start : c0; i < c1; ++i) out[i - start] = draw(g, dist) * scale;
   }
 }
 

@@ -56,5 +56,11 @@ constexpr int64_t kChunk = 4096;
 // Fills out[0, n) with values of `dist`, times `scale` (one f32 multiply each), from the stream
 // (seed, tag). Chunked as described above.
 void fill(float* out, int64_t n, Dist dist, float scale, uint64_t seed, uint64_t tag);
+// Elements [start, start + n) of the same stream into out[0, n), bit-identical to the slice
+// out_full[start, start + n) of fill(out_full, N, ...) for any N >= start + n. Chunks before the
+// one holding `start` are never generated (their generators are seeded directly), so a range of a
+// huge tensor costs O(n + kChunk) draws: e.g. one query row of q [s_q, H, D] is the range
+// [t H D, (t + 1) H D).
+void fill_range(float* out, int64_t start, int64_t n, Dist dist, float scale, uint64_t seed, uint64_t tag);
 
 }  // namespace indexshare

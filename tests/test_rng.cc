@@ -92,3 +92,45 @@ TEST_CASE("rng: filling is reproducible, stream-separated and independent of the
   CHECK(parse_dist("ties") == Dist::ties);
   CHECK_THROWS_WITH_AS(parse_dist("gauss"), doctest::Contains("'gauss'"), Error);
 }
+
+TEST_CASE("rng: fill_range equals the slice of a full fill, across chunk boundaries") {
+  // An independent statement of the stream layout (ref/rng.h): chunk c's generator is seeded
+  // from splitmix64 applied to (seed ^ 0x5DEECE66D) ^ tag ^ c, then draws in order.
+  auto chunk_values = [](Dist d, uint64_t seed, uint64_t tag, int64_t c) {
+    uint64_t st = seed ^ 0x5DEECE66Dull;
+    st = splitmix64(st) ^ tag;
+    st = splitmix64(st) ^ uint64_t(c);
+    Xoshiro256 g(splitmix64(st));
+    std::vector<float> v(static_cast<size_t>(kChunk));
+    for (float& x : v) x = draw(g, d) * 0.5f;
+    return v;
+  };
+  const uint64_t tag = stream_tag("layers.3.attn.q");
+  for (Dist d : {Dist::normal, Dist::integer, Dist::narrow, Dist::ties}) {  // rejection (below) included
+    CAPTURE(dist_name(d));
+    const int64_t N = 5 * kChunk + 123;
+    std::vector<float> full(static_cast<size_t>(N));
+    fill(full.data(), N, d, 0.5f, 9, tag);
+    for (int64_t c = 0; c < 5; ++c) {  // the full fill itself follows the layout
+      const std::vector<float> ref = chunk_values(d, 9, tag, c);
+      REQUIRE(std::equal(ref.begin(), ref.end(), full.begin() + c * kChunk));
+    }
+    Xoshiro256 pick(1234);
+    std::vector<std::pair<int64_t, int64_t>> ranges = {{0, 0}, {0, N}, {kChunk - 1, 2}, {kChunk, kChunk},
+                                                       {3 * kChunk + 7, 2 * kChunk + 116}, {N - 1, 1}};
+    for (int i = 0; i < 40; ++i) {
+      const int64_t start = int64_t(pick.below(uint64_t(N)));
+      ranges.push_back({start, int64_t(pick.below(uint64_t(N - start + 1)))});
+    }
+    for (const auto& [start, n] : ranges) {
+      CAPTURE(start);
+      CAPTURE(n);
+      std::vector<float> part(static_cast<size_t>(n) + 1, -7.0f);  // one sentinel past the end
+      fill_range(part.data(), start, n, d, 0.5f, 9, tag);
+      CHECK(std::equal(part.begin(), part.begin() + n, full.begin() + start));
+      CHECK(part.back() == -7.0f);
+    }
+  }
+  std::vector<float> x(1);
+  CHECK_THROWS_AS(fill_range(x.data(), -1, 1, Dist::normal, 1.0f, 1, tag), Error);
+}

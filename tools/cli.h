@@ -26,19 +26,32 @@ Action register_bench(CLI::App& app);
 
 }  // namespace indexshare::cli
 
+#include <cstdint>
+#include <vector>
+
 #include "ref/problem.h"
 
 namespace indexshare::cli {
 
 // --impl: "ref", "simd", or "auto" (simd when the indexer work of the problem exceeds about
-// 2^28 multiply-accumulates, where ref takes a second or more). Returns "ref" or "simd".
-std::string resolve_impl(const std::string& impl, const Problem& p);
+// 2^28 multiply-accumulates, where ref takes a second or more; n_rows > 0: that many query rows,
+// --rows). Returns "ref" or "simd".
+std::string resolve_impl(const std::string& impl, const Problem& p, int64_t n_rows = 0);
 // --target: a Highway target for the simd path ("best" = Highway's choice); Error if unknown.
 void apply_target(const std::string& target);
 // --max-memory: the bytes a kernel-level stack of p allocates (inputs, logits when kept, outputs,
-// all layers); Error naming the estimate and the budget when it exceeds max_bytes.
-uint64_t estimate_stack_bytes(const Problem& p, bool keep_logits);
-void check_memory(const Problem& p, bool keep_logits, uint64_t max_bytes);
+// all layers) for `n_rows` query rows (--rows; 0: all s_q rows): per-row tensors scale with
+// n_rows, key-side ones (indexer k, attn kv) with s_kv; `golden` counts the second copy a golden
+// set makes of every tensor. Error naming the estimate and the budget when it exceeds max_bytes.
+uint64_t estimate_stack_bytes(const Problem& p, bool keep_logits, int64_t n_rows = 0, bool golden = false);
+void check_memory(const Problem& p, bool keep_logits, uint64_t max_bytes, int64_t n_rows = 0, bool golden = false);
+// --rows: a comma-separated list of items, each
+//   N          row N                      A-B        rows A..B (inclusive, A <= B)
+//   last:N     the last N rows            every:N    rows 0, N, 2N, ... (< s_q)
+// in the order written. Every row must be in [0, s_q) and appear once; Error naming --rows and the
+// item otherwise (an empty list too). ref::format_rows prints the canonical text:
+// parse_rows(ref::format_rows(r), p) == r.
+std::vector<int64_t> parse_rows(const std::string& text, const Problem& p);
 // Parses "8G", "512M", "1000000" (bytes); Error naming the text otherwise.
 uint64_t parse_bytes(const std::string& text);
 

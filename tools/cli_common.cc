@@ -1,7 +1,11 @@
 // Helpers shared by the subcommands (tools/cli.h).
+#include <algorithm>
 #include <cctype>
 #include <cstdint>
 #include <cstdio>
+#include <optional>
+#include <string>
+#include <vector>
 
 #include "ref/error.h"
 #include "simd/simd.h"
@@ -9,10 +13,10 @@
 
 namespace indexshare::cli {
 
-std::string resolve_impl(const std::string& impl, const Problem& p) {
+std::string resolve_impl(const std::string& impl, const Problem& p, int64_t n_rows) {
   if (impl == "ref" || impl == "simd") return impl;
   require(impl == "auto", "--impl: expected ref, simd or auto, got '" + impl + "'");
-  const double macs = double(p.s_q) * double(p.seq_kv()) * double(p.index_n_heads) * double(p.index_head_dim) * double(p.n_layers);
+  const double macs = double(n_rows > 0 ? n_rows : p.s_q) * double(p.seq_kv()) * double(p.index_n_heads) * double(p.index_head_dim) * double(p.n_layers);
   return macs > double(1 << 28) ? "simd" : "ref";
 }
 
@@ -20,24 +24,30 @@ void apply_target(const std::string& target) {
   if (!target.empty()) simd::set_target(target);
 }
 
-uint64_t estimate_stack_bytes(const Problem& p, bool keep_logits) {
-  const double H = double(p.index_n_heads), D = double(p.index_head_dim), sq = double(p.s_q), skv = double(p.s_kv);
-  const double per_layer = sq * H * D * 5 + skv * D * 5 + sq * H * 8 + sq * 8  // indexer q, k, scales, weights, bounds
+uint64_t estimate_stack_bytes(const Problem& p, bool keep_logits, int64_t n_rows, bool golden) {
+  const double H = double(p.index_n_heads), D = double(p.index_head_dim), skv = double(p.s_kv);
+  const double sq = double(n_rows > 0 ? n_rows : p.s_q);  // query rows actually computed
+  // Key-side inputs are generated in blocks of 4096 keys (ref/layer.cc): a bounded f32 scratch.
+  const double scratch = 4096.0 * (3 * D + 2 * double(p.d_qk)) * 4;
+  const double index_k = p.indexer == IndexerMode::fp8 ? skv * (D + 4) : skv * (D * 4 + 4);  // k, k_scale
+  const double per_layer = sq * H * D * 5 + index_k + sq * H * 8 + sq * 8     // indexer q, k, scales, weights, bounds
                            + (keep_logits ? sq * skv * 4 : 0.0)                  // logits
                            + sq * double(p.index_topk) * 12                       // top-k, used, indices
                            + sq * double(p.h_q) * double(p.d_qk) * 2 + skv * double(p.d_qk) * 2  // attn q, kv
                            + sq * double(p.h_q) * (double(p.d_v) * 6 + 8);        // out, out_bf16, lse, max
-  const double total = per_layer * double(p.n_layers);
+  // A golden set copies every tensor once more into its safetensors views before writing.
+  const double total = per_layer * double(p.n_layers) * (golden ? 2 : 1) + scratch;
   return total >= 1.8e19 ? UINT64_MAX : uint64_t(total);  // saturate instead of overflowing
 }
 
-void check_memory(const Problem& p, bool keep_logits, uint64_t max_bytes) {
-  const uint64_t need = estimate_stack_bytes(p, keep_logits);
+void check_memory(const Problem& p, bool keep_logits, uint64_t max_bytes, int64_t n_rows, bool golden) {
+  const uint64_t need = estimate_stack_bytes(p, keep_logits, n_rows, golden);
   if (need > max_bytes) {
-    char buf[256];
-    std::snprintf(buf, sizeof buf, "the problem needs about %.3g GB (%s logits), above --max-memory %.3g GB: "
-                  "use --no-logits / fewer rows or layers, or raise --max-memory",
-                  double(need) / 1e9, keep_logits ? "with" : "without", double(max_bytes) / 1e9);
+    char buf[320];
+    std::snprintf(buf, sizeof buf, "the problem needs about %.3g GB (%lld query rows, %s logits%s), above --max-memory %.3g GB: "
+                  "use --no-logits, --rows (fewer query rows), fewer layers, or raise --max-memory",
+                  double(need) / 1e9, (long long)(n_rows > 0 ? n_rows : p.s_q), keep_logits ? "with" : "without",
+                  golden ? ", golden set" : "", double(max_bytes) / 1e9);
     throw Error(buf);
   }
 }
@@ -57,6 +67,64 @@ uint64_t parse_bytes(const std::string& text) {
   if (shift < 0) throw Error("--max-memory: unknown unit in '" + text + "' (expected K, M, G or T)");
   if (v > (UINT64_MAX >> shift)) throw Error("--max-memory: '" + text + "' does not fit in 64 bits");
   return v << shift;
+}
+
+namespace {
+// A non-negative decimal integer of at most 18 digits (no sign, no spaces), else nullopt.
+std::optional<int64_t> read_count(const std::string& s) {
+  if (s.empty() || s.size() > 18) return std::nullopt;
+  for (char c : s)
+    if (!std::isdigit(static_cast<unsigned char>(c))) return std::nullopt;
+  return std::stoll(s);
+}
+}  // namespace
+
+std::vector<int64_t> parse_rows(const std::string& text, const Problem& p) {
+  const int64_t s_q = p.s_q;
+  std::vector<int64_t> rows;
+  std::vector<bool> seen(static_cast<size_t>(s_q), false);
+  auto bad = [&](const std::string& item, const std::string& why) {
+    throw Error("--rows: item '" + item + "' in '" + text + "': " + why);
+  };
+  auto push = [&](const std::string& item, int64_t t) {
+    if (t < 0 || t >= s_q) bad(item, "row " + std::to_string(t) + " is outside [0, sq = " + std::to_string(s_q) + ")");
+    if (seen[size_t(t)]) bad(item, "row " + std::to_string(t) + " is already listed");
+    seen[size_t(t)] = true;
+    rows.push_back(t);
+  };
+  size_t pos = 0;
+  while (pos <= text.size()) {
+    const size_t comma = std::min(text.find(',', pos), text.size());
+    const std::string item = text.substr(pos, comma - pos);
+    pos = comma + 1;
+    const std::string usage = "expected N, A-B, last:N or every:N";
+    if (item.empty()) bad(item, "empty item (" + usage + ")");
+    const size_t colon = item.find(':'), dash = item.find('-');
+    if (colon != std::string::npos) {
+      const std::string key = item.substr(0, colon);
+      const std::optional<int64_t> n = read_count(item.substr(colon + 1));
+      if (!n || *n < 1) bad(item, "the count must be an integer >= 1 (" + usage + ")");
+      if (key == "last") {
+        if (*n > s_q) bad(item, "sq is " + std::to_string(s_q) + ", fewer than " + std::to_string(*n) + " rows");
+        for (int64_t t = s_q - *n; t < s_q; ++t) push(item, t);
+      } else if (key == "every") {
+        for (int64_t t = 0; t < s_q; t += *n) push(item, t);
+      } else {
+        bad(item, "unknown selector '" + key + "' (" + usage + ")");
+      }
+    } else if (dash != std::string::npos) {
+      const std::optional<int64_t> a = read_count(item.substr(0, dash)), b = read_count(item.substr(dash + 1));
+      if (!a || !b) bad(item, "not a range of two row numbers (" + usage + ")");
+      if (*b < *a) bad(item, "the range ends before it starts");
+      if (*b >= s_q) bad(item, "row " + std::to_string(*b) + " is outside [0, sq = " + std::to_string(s_q) + ")");
+      for (int64_t t = *a; t <= *b; ++t) push(item, t);
+    } else {
+      const std::optional<int64_t> t = read_count(item);
+      if (!t) bad(item, "not a row number (" + usage + ")");
+      push(item, *t);
+    }
+  }
+  return rows;
 }
 
 }  // namespace indexshare::cli

@@ -3,8 +3,10 @@
 #include <cstdio>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "ref/error.h"
+#include "ref/layer.h"
 #include "ref/problem.h"
 #include "tools/cli.h"
 #include "tools/golden.h"
@@ -15,11 +17,12 @@ namespace {
 
 struct GoldenArgs {
   std::string preset, problem, kind = "stack", out, impl = "ref", model, from, schedule, variant = "deepseek_fp8", target,
-      max_memory = "8G";
+      max_memory = "8G", rows;
   int64_t layers = 0, seq = 0;
   int64_t seed = -1;
   float sim = 0.8f;
   bool no_logits = false, force = false;
+  bool rows_given = false;  // --rows was on the command line (even as an empty string)
 };
 
 std::string quote(const std::string& s) { return "\"" + s + "\""; }
@@ -41,6 +44,7 @@ int cmd_golden(const GoldenArgs& a) {
   if (!a.model.empty() || module_preset) {  // module level: the toy model with a preset's shapes
     require(a.problem.empty() && a.from.empty() && (a.preset.empty() || a.model.empty()),
             "golden: --model excludes --preset, --problem and --from");
+    require(!a.rows_given, "golden: --rows works with --problem or a kernel-level --preset, not module-level sets");
     golden::ModelSpec spec;
     spec.preset = module_preset ? golden::preset(a.preset).problem : a.model;
     spec.layers = int(a.layers);
@@ -62,6 +66,7 @@ int cmd_golden(const GoldenArgs& a) {
   }
   if (!a.from.empty()) {  // kernel inputs dumped from a real model
     require(a.preset.empty(), "golden: --from excludes --preset (use --problem for top-k, dv, sm and sched)");
+    require(!a.rows_given, "golden: --rows works with generated problems, not --from (the dump's rows are given)");
     // The layer count comes from the file; the problem gives top-k, d_v, sm and the schedule.
     std::string text = a.problem.empty() ? "sq1 skv1" : a.problem;
     if (text.find("nl") == std::string::npos) {
@@ -87,13 +92,23 @@ int cmd_golden(const GoldenArgs& a) {
   if (a.seq > 0) { p.s_kv = a.seq; p.s_q = std::min(p.s_q, a.seq); }
   if (a.seed >= 0) p.seed = uint64_t(a.seed);
   p.validate();
-  check_memory(p, !a.no_logits, parse_bytes(a.max_memory));
-  const std::string impl = resolve_impl(a.impl, p);
+  // --rows: a sampled set of those query rows (golden.h); the replay line carries the list.
+  std::vector<int64_t> rows;
+  if (a.rows_given) {
+    require(kind == "stack", "--rows: sampled sets are kind stack only, not '" + kind + "'");
+    rows = parse_rows(a.rows, p);
+  }
+  const int64_t n_rows = a.rows_given ? int64_t(rows.size()) : p.s_q;
+  check_memory(p, !a.no_logits, parse_bytes(a.max_memory), n_rows, true);
+  const std::string impl = resolve_impl(a.impl, p, n_rows);
   const std::string replay = "indexshare golden --problem " + quote(to_string(p)) + " --kind " + kind +
+                             (a.rows_given ? " --rows " + ref::format_rows(rows) : "") +
                              (impl == "simd" ? " --impl simd" : "") +
-                             (a.no_logits ? " --no-logits" : "") + " --out " + a.out;
-  std::fprintf(stderr, "golden: computing %s (%lld layers)...\n", to_string(p).c_str(), (long long)p.n_layers);
-  return publish(golden::build(p, kind, !a.no_logits, replay, impl == "simd"), a, replay, t0);
+                             (a.no_logits ? " --no-logits" : "") +
+                             (a.max_memory != "8G" ? " --max-memory " + a.max_memory : "") + " --out " + a.out;
+  std::fprintf(stderr, "golden: computing %s (%lld layers%s)...\n", to_string(p).c_str(), (long long)p.n_layers,
+               a.rows_given ? (", " + std::to_string(n_rows) + " query rows").c_str() : "");
+  return publish(golden::build(p, kind, !a.no_logits, replay, impl == "simd", a.rows_given ? &rows : nullptr), a, replay, t0);
 }
 
 }  // namespace
@@ -115,10 +130,14 @@ Action register_golden(CLI::App& app) {
   c->add_option("--impl", a->impl, "Implementation of kernel-level stacks: ref, simd or auto")->capture_default_str();
   c->add_option("--target", a->target, "Highway target for simd (default best)");
   c->add_option("--max-memory", a->max_memory, "Refuse problems whose estimated memory exceeds this (e.g. 8G)")->capture_default_str();
+  CLI::Option* rows = c->add_option("--rows", a->rows, "Sampled set of these query rows, e.g. 0,17,100-131,last:64,every:1024 (kind stack)");
   c->add_flag("--no-logits", a->no_logits, "Leave out the [s_q, s_kv] indexer logits");
   c->add_flag("--force", a->force, "Replace an existing golden set in --out");
   c->add_option("--out,-o", a->out, "Output folder (written atomically)");
-  return [c, a]() { return *c ? cmd_golden(*a) : -1; };
+  return [c, a, rows]() {
+    a->rows_given = rows->count() > 0;
+    return *c ? cmd_golden(*a) : -1;
+  };
 }
 
 Action register_presets(CLI::App& app) {

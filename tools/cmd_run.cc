@@ -30,9 +30,10 @@ constexpr const char* kDefaultProblem =
     "sq128 skv512 hq16 dqk576 dv512 ih32 id128 k64 seed1 nl4 sched=FFFS recency=0.25 sinks=4";
 
 struct RunArgs {
-  std::string problem, model, schedule, impl = "auto", variant = "deepseek_fp8", target, max_memory = "8G";
+  std::string problem, model, schedule, impl = "auto", variant = "deepseek_fp8", target, max_memory = "8G", rows;
   int64_t layers = 0, seq = 0, seed = 1;
   float sim = 0.8f;
+  bool rows_given = false;  // --rows was on the command line (even as an empty string)
 };
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
@@ -82,24 +83,29 @@ int run_problem(const RunArgs& a) {
   if (!a.schedule.empty()) p.sched = a.schedule;
   p.validate();
   const Schedule s = p.schedule();
-  const std::string impl = resolve_impl(a.impl, p);
-  check_memory(p, false, parse_bytes(a.max_memory));
+  // --rows: only the chosen query rows (ref/layer.h); their outputs equal the full problem's rows.
+  const std::vector<int64_t> rows = a.rows_given ? parse_rows(a.rows, p) : ref::all_rows(p);
+  const int64_t n_rows = int64_t(rows.size());
+  const std::string impl = resolve_impl(a.impl, p, n_rows);
+  check_memory(p, false, parse_bytes(a.max_memory), n_rows);
   apply_target(a.target);
   std::printf("problem   %s\nschedule  %s (%d full of %d)\nimpl      %s%s\n", to_string(p).c_str(), s.pattern().c_str(),
               s.n_full(), s.n_layers(), impl.c_str(), impl == "simd" ? (" (Highway target " + simd::current_target() + ")").c_str() : "");
+  if (a.rows_given) std::printf("rows      %lld of %lld query rows: %s\n", (long long)n_rows, (long long)p.s_q, ref::format_rows(rows).c_str());
   auto t0 = std::chrono::steady_clock::now();
-  const auto in = ref::make_stack_inputs(p, s);
+  const auto in = ref::make_stack_inputs(p, s, rows);
   const double t_gen = seconds_since(t0);
   t0 = std::chrono::steady_clock::now();
   const auto out = impl == "simd" ? simd::run_stack(p, s, in, false) : ref::run_stack(p, s, in, false);
   const double t_run = seconds_since(t0);
   int64_t short_rows = 0;
-  for (int64_t t = 0; t < p.s_q; ++t) short_rows += in[0].ke[t] - in[0].ks[t] <= p.index_topk;
+  for (int64_t t = 0; t < n_rows; ++t) short_rows += in[0].ke[t] - in[0].ks[t] <= p.index_topk;
   std::printf("top-k     k=%lld; %lld of %lld rows are shorter than k (dense)\n", (long long)p.index_topk,
-              (long long)short_rows, (long long)p.s_q);
+              (long long)short_rows, (long long)n_rows);
   for (const auto& o : out) print_layer(o.layer, o.kind == LayerKind::full, o.source, o.own_topk, o.used_topk, o.attn);
   std::printf("time      inputs %.3f s, stack %.3f s (impl %s)\n", t_gen, t_run, impl.c_str());
-  std::printf("__REPRO: indexshare run --impl %s --problem \"%s\"\n", impl.c_str(), to_string(p).c_str());
+  std::printf("__REPRO: indexshare run --impl %s --problem \"%s\"%s\n", impl.c_str(), to_string(p).c_str(),
+              a.rows_given ? (" --rows " + ref::format_rows(rows)).c_str() : "");
   return 0;
 }
 
@@ -136,6 +142,7 @@ int run_model(const RunArgs& a) {
 int cmd_run(const RunArgs& a) {
   require(a.problem.empty() || a.model.empty(), "run: give --problem or --model, not both");
   require(a.model.empty() || a.impl != "simd", "--impl simd: the module-level model has no simd path yet (use ref)");
+  require(a.model.empty() || !a.rows_given, "--rows: only with --problem (kernel-level stacks), not --model");
   return a.model.empty() ? run_problem(a) : run_model(a);
 }
 
@@ -154,8 +161,12 @@ Action register_run(CLI::App& app) {
   c->add_option("--variant", a->variant, "Indexer: deepseek_fp8 or hf_bf16 (--model)")->capture_default_str();
   c->add_option("--impl", a->impl, "Implementation: ref, simd or auto (simd for large problems)")->capture_default_str();
   c->add_option("--target", a->target, "Highway target for simd: best, AVX3, AVX2, SSE4, ... (default best)");
+  CLI::Option* rows = c->add_option("--rows", a->rows, "Only these query rows, e.g. 0,17,100-131,last:64,every:1024 (outputs equal the full problem's rows)");
   c->add_option("--max-memory", a->max_memory, "Refuse problems whose estimated memory exceeds this (e.g. 8G)")->capture_default_str();
-  return [c, a]() { return *c ? cmd_run(*a) : -1; };
+  return [c, a, rows]() {
+    a->rows_given = rows->count() > 0;
+    return *c ? cmd_run(*a) : -1;
+  };
 }
 
 }  // namespace indexshare::cli

@@ -113,7 +113,8 @@ LayerData load_layer(const golden::Loaded& g, int l) {
       auto widen = [](const Tensor<bf16_t>& b) { Tensor<float> f(b.shape); for (int64_t i = 0; i < b.numel(); ++i) f[i] = bf16_to_f32(b[i]); return f; };
       d.logits = ref::indexer_logits_f32(widen(g.tensor<bf16_t>(p + "indexer.q")), widen(g.tensor<bf16_t>(p + "indexer.k")), ksc, w, d.ks, d.ke);
     }
-    if (fp8) d.logits_rule = cmp::indexer_logits_rule(q8, k8, ksc, w, d.logits);
+    // d.logits_rule (the per-element logits bound, O(s_q s_kv H D)) is computed in judge, and only
+    // when the candidate holds logits: for a sampled 1M-key set it costs minutes.
   }
   d.q = g.tensor<bf16_t>(p + "attn.q");
   d.kv = g.tensor<bf16_t>(p + "attn.kv");
@@ -264,6 +265,10 @@ Result judge(const golden::Loaded& g, const io::SafetensorsFile& c, const std::s
     if (has(l, "indexer.logits")) {
       if (!d.has_indexer) throw Error(c.source + ": " + name(l, "indexer.logits") + ": layer " + std::to_string(l) + " has no indexer in the golden set");
       cand_logits = cand_float(c, name(l, "indexer.logits"), {s_q, s_kv});
+      const std::string p = name(l, "");
+      if (g.get(p + "indexer.q").dtype == io::DType::F8_E4M3)
+        data[size_t(l)].logits_rule = cmp::indexer_logits_rule(g.tensor<e4m3_t>(p + "indexer.q"), g.tensor<e4m3_t>(p + "indexer.k"),
+                                                               g.tensor<float>(p + "indexer.k_scale"), g.tensor<float>(p + "indexer.weights"), d.logits);
       cmp::FloatRule rule = d.logits_rule;
       if (rule.bound.empty()) {  // bf16-mode sets: the same 14-bit-accumulator rule on f32 data
         rule.bound.assign(size_t(d.logits.numel()), 0.0);

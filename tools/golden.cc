@@ -104,13 +104,17 @@ void edge_indices(Tensor<int32_t>& ind, Tensor<int32_t>& topk_length, int64_t s_
 
 namespace {
 GoldenSet build_stack(const Problem& p, const std::vector<ref::LayerInputs>& inputs, const std::string& kind,
-                      bool with_logits, const std::string& replay, bool use_simd = false);
+                      bool with_logits, const std::string& replay, bool use_simd = false,
+                      const std::vector<int64_t>* rows = nullptr);
 }
 
-GoldenSet build(const Problem& p, const std::string& kind, bool with_logits, const std::string& replay, bool use_simd) {
+GoldenSet build(const Problem& p, const std::string& kind, bool with_logits, const std::string& replay, bool use_simd,
+                const std::vector<int64_t>* rows) {
   require(kind == "stack" || kind == "attention-edge" || kind == "decode",
           "golden: unknown kind '" + kind + "' (expected stack, attention-edge or decode)");
-  std::vector<ref::LayerInputs> inputs = ref::make_stack_inputs(p, p.schedule());
+  require(!rows || kind == "stack", "golden: --rows (sampled query rows) works with --kind stack only, not '" + kind + "'");
+  std::vector<ref::LayerInputs> inputs = rows ? ref::make_stack_inputs(p, p.schedule(), *rows)
+                                              : ref::make_stack_inputs(p, p.schedule());
   if (kind == "decode") {
     // The decode kernels read the FP8 KV cache: the reference attention runs on the quantized
     // then dequantized latent rows (FlashMLA's own tests do the same), identical in value to what
@@ -118,7 +122,7 @@ GoldenSet build(const Problem& p, const std::string& kind, bool with_logits, con
     require(p.d_qk == paged::kFlashMlaDqk, "golden decode: the V32 FP8 KV cache needs dqk576");
     for (ref::LayerInputs& in : inputs) in.kv = paged::flashmla_quant_dequant(in.kv);
   }
-  return build_stack(p, inputs, kind, with_logits, replay, use_simd);
+  return build_stack(p, inputs, kind, with_logits, replay, use_simd, rows);
 }
 
 namespace {
@@ -156,7 +160,7 @@ void add_paged(GoldenSet& g, const Problem& p, const ref::LayerInputs& in, const
 }
 
 GoldenSet build_stack(const Problem& p, const std::vector<ref::LayerInputs>& inputs, const std::string& kind,
-                      bool with_logits, const std::string& replay, bool use_simd) {
+                      bool with_logits, const std::string& replay, bool use_simd, const std::vector<int64_t>* rows) {
   const Schedule sched = p.schedule();
   const std::vector<ref::StackLayerOutputs> outs =
       use_simd ? simd::run_stack(p, sched, inputs, true) : ref::run_stack(p, sched, inputs, true);
@@ -220,10 +224,18 @@ GoldenSet build_stack(const Problem& p, const std::vector<ref::LayerInputs>& inp
                                  {"emulation", "f32 logits and softmax, P rounded to bf16, f32 accumulation, bf16 out"}};
   }
   // Sequence boundaries of the flattened rows, FlashMLA / varlen style.
+  // A sampled set's query rows are not whole sequences: no cu_seqlens_q (ks/ke hold each row's
+  // window), and `rows` maps each of its rows to the problem's row number.
   Tensor<int32_t> cu_q({p.n_seqs + 1}), cu_k({p.n_seqs + 1});
   for (int64_t i = 0; i <= p.n_seqs; ++i) { cu_q[i] = int32_t(i * p.seq_q()); cu_k[i] = int32_t(i * p.seq_kv()); }
-  add(g, "cu_seqlens_q", cu_q, Role::input);
+  if (!rows) add(g, "cu_seqlens_q", cu_q, Role::input);
   add(g, "cu_seqlens_k", cu_k, Role::input);
+  const int64_t s_q_set = rows ? int64_t(rows->size()) : p.s_q;
+  if (rows) {
+    Tensor<int32_t> rt({s_q_set});
+    for (int64_t i = 0; i < s_q_set; ++i) rt[i] = int32_t((*rows)[size_t(i)]);
+    add(g, "rows", rt, Role::reference);
+  }
   const float sm = p.sm_scale();
   g.manifest = {
       {"format", "indexshare-golden"},
@@ -233,7 +245,7 @@ GoldenSet build_stack(const Problem& p, const std::vector<ref::LayerInputs>& inp
       {"problem", to_string(p)},
       {"replay", replay},
       {"config",
-       {{"s_q", p.s_q}, {"s_kv", p.s_kv}, {"topk", p.index_topk}, {"index_n_heads", p.index_n_heads},
+       {{"s_q", s_q_set}, {"s_kv", p.s_kv}, {"topk", p.index_topk}, {"index_n_heads", p.index_n_heads},
         {"index_head_dim", p.index_head_dim}, {"h_q", p.h_q}, {"d_qk", p.d_qk}, {"d_v", p.d_v},
         {"sm_scale", sm}, {"n_layers", p.n_layers}, {"seed", p.seed}, {"start_pos", p.start_pos()}, {"n_seqs", p.n_seqs},
         {"indexer", indexer_mode_name(p.indexer)}}},
@@ -266,6 +278,13 @@ GoldenSet build_stack(const Problem& p, const std::vector<ref::LayerInputs>& inp
       {"layers", layers},
       {"budgets", budgets},
   };
+  if (rows) {
+    g.manifest["rows"] = {{"count", s_q_set}, {"problem_s_q", p.s_q}, {"list", ref::format_rows(*rows)}, {"tensor", "rows"},
+                          {"meaning", "sampled query rows: row r of every per-row tensor (indexer q, q_scale, weights, "
+                                      "ks, ke, logits, topk; attn q, indices, out, out_bf16, lse, max_logits) is the "
+                                      "problem's query row rows[r]; key-side tensors (indexer k, k_scale, attn kv) are "
+                                      "whole; config.s_q is the number of rows in the set"}};
+  }
   return g;
 }
 }  // namespace
@@ -606,6 +625,31 @@ void check_manifest(const Loaded& g, const std::string& mpath) {
   }
   if (g.data.find("layers." + std::to_string(layers.size()) + ".attn.q"))
     fail("layers", "lists " + std::to_string(layers.size()) + " layers, but the file holds more");
+  // Sampled sets (--rows): the row list, the `rows` tensor and config.s_q agree.
+  if (m.contains("rows")) {
+    const json& r = m["rows"];
+    if (!r.is_object() || !r.contains("count") || !r["count"].is_number_integer() || r["count"].get<int64_t>() != s_q)
+      fail("rows.count", "is missing or differs from config.s_q (" + std::to_string(s_q) + ")");
+    if (!r.contains("problem_s_q") || !r["problem_s_q"].is_number_integer() || r["problem_s_q"].get<int64_t>() < s_q ||
+        r["problem_s_q"].get<int64_t>() > s_kv)
+      fail("rows.problem_s_q", "is missing or outside [config.s_q, config.s_kv]");
+    if (!r.contains("list") || !r["list"].is_string()) fail("rows.list", "is missing or not a string");
+    const io::TensorView* rt = g.data.find("rows");
+    if (!rt || rt->dtype != io::DType::I32 || rt->shape != Shape{s_q})
+      fail("rows", "needs tensor 'rows' I32 [" + std::to_string(s_q) + "] (config.s_q)");
+    const Tensor<int32_t> rv = io::as_tensor<int32_t>(*rt, g.dir + "/" + kTensorFile);
+    std::vector<int64_t> list(rv.data.begin(), rv.data.end());
+    Problem whole;
+    whole.s_q = r["problem_s_q"].get<int64_t>();
+    try {
+      ref::check_rows(whole, list);
+    } catch (const Error& e) {
+      fail("rows", std::string("tensor 'rows': ") + e.what());
+    }
+    if (ref::format_rows(list) != r["list"].get<std::string>()) fail("rows.list", "differs from tensor 'rows'");
+  } else if (g.data.find("rows")) {
+    fail("rows", "is missing, but the file holds tensor 'rows'");
+  }
 }
 }  // namespace
 
@@ -689,6 +733,8 @@ namespace indexshare::golden {
 StackInputs stack_inputs_of(const Loaded& g) {
   const json& c = g.manifest["config"];
   const std::string where = g.dir + "/manifest.json";
+  require(!g.manifest.contains("rows"), where + ": field 'rows': the set holds sampled query rows (--rows); overlap "
+                                        "statistics and position buckets need every row: use --problem with its problem");
   Problem p;
   try {
     p.d_v = c.at("d_v").get<int64_t>();

@@ -43,8 +43,13 @@ const Preset& preset(const std::string& name);  // Error naming the unknown pres
 // with_logits = false leaves out indexer.logits (large sets).
 // use_simd computes the stack with simd::run_stack (logits and positions bit-identical to ref;
 // attention within the attention tolerance, bit-identical in practice); the manifest records it.
+// rows (kind "stack" only): a sampled set of those query rows (ref/layer.h; the CLI's --rows):
+// every per-row tensor has rows->size() rows, in that order, equal to the full set's rows; the
+// key-side tensors are whole; tensor `rows` (I32) holds the problem row numbers; config.s_q is the
+// number of rows in the set and the manifest's `rows` object records the list; cu_seqlens_q is
+// left out (the rows are no longer whole sequences: ks/ke give each row's window).
 GoldenSet build(const Problem& p, const std::string& kind, bool with_logits, const std::string& replay,
-                bool use_simd = false);
+                bool use_simd = false, const std::vector<int64_t>* rows = nullptr);
 
 // A module-level golden set from the toy model (ref/model.h): per layer the hidden states, the
 // bf16 weights, the indexer and MLA intermediates, and the kernel-level tensors of `build`.
