@@ -112,6 +112,17 @@ TEST_CASE("cli: --impl simd reproduces ref's outputs; --target and --max-memory 
   const std::string cmp = "cmp -s " + dir + "/r/tensors.safetensors " + dir + "/s/tensors.safetensors";
   CHECK(std::system(cmp.c_str()) == 0);
   CHECK(cli("golden --max-memory 1K --problem 'sq8 skv40' --out " + dir + "/m").status == 2);
+  // The module-level toy model: run and golden --model on the simd kernels give ref's results.
+  const std::string model = "--model tiny-deepseek --layers 4 --seq 24 --variant hf_bf16";
+  const Result mr = cli("run --impl ref " + model), ms = cli("run --impl simd --target SCALAR " + model);
+  CHECK(mr.status == 0);
+  CHECK(ms.status == 0);
+  CHECK(!layers(mr.out).empty());
+  CHECK(layers(mr.out) == layers(ms.out));
+  CHECK(ms.out.find("(impl simd)") != std::string::npos);
+  CHECK(cli("golden --impl ref " + model + " --out " + dir + "/mr").status == 0);
+  CHECK(cli("golden --impl simd " + model + " --out " + dir + "/ms").status == 0);
+  CHECK(std::system(("cmp -s " + dir + "/mr/tensors.safetensors " + dir + "/ms/tensors.safetensors").c_str()) == 0);
   std::system(("rm -rf " + dir).c_str());
 }
 

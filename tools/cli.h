@@ -29,6 +29,7 @@ Action register_bench(CLI::App& app);
 #include <cstdint>
 #include <vector>
 
+#include "ref/config.h"
 #include "ref/problem.h"
 
 namespace indexshare::cli {
@@ -37,6 +38,9 @@ namespace indexshare::cli {
 // 2^28 multiply-accumulates, where ref takes a second or more; n_rows > 0: that many query rows,
 // --rows). Returns "ref" or "simd".
 std::string resolve_impl(const std::string& impl, const Problem& p, int64_t n_rows = 0);
+// --impl for the module-level toy model (run/golden --model): "auto" takes simd when the layers'
+// projections exceed about 2^28 multiply-accumulates (layers, seq: 0 = the config's).
+std::string resolve_model_impl(const std::string& impl, const ModelConfig& cfg, int64_t layers, int64_t seq);
 // --target: a Highway target for the simd path ("best" = Highway's choice); Error if unknown.
 void apply_target(const std::string& target);
 // --max-memory: the bytes a kernel-level stack of p allocates (inputs, logits when kept, outputs,

@@ -20,6 +20,15 @@ std::string resolve_impl(const std::string& impl, const Problem& p, int64_t n_ro
   return macs > double(1 << 28) ? "simd" : "ref";
 }
 
+std::string resolve_model_impl(const std::string& impl, const ModelConfig& cfg, int64_t layers, int64_t seq) {
+  if (impl == "ref" || impl == "simd") return impl;
+  require(impl == "auto", "--impl: expected ref, simd or auto, got '" + impl + "'");
+  const double L = double(layers > 0 ? layers : cfg.n_layers), S = double(seq > 0 ? seq : cfg.seq);
+  const double per_row = double(cfg.dim) * double(cfg.q_lora_rank + cfg.kv_lora_rank) +
+                         double(cfg.q_lora_rank) * double(cfg.index_n_heads * cfg.index_head_dim);
+  return L * S * per_row > double(1 << 28) ? "simd" : "ref";
+}
+
 void apply_target(const std::string& target) {
   if (!target.empty()) simd::set_target(target);
 }

@@ -53,6 +53,7 @@ int cmd_golden(const GoldenArgs& a) {
     spec.seed = a.seed >= 0 ? uint64_t(a.seed) : 1;
     spec.sim = a.sim;
     spec.variant = a.variant;
+    spec.simd = resolve_model_impl(a.impl, model_preset(spec.preset), spec.layers, spec.seq) == "simd";
     char sim[32];
     std::snprintf(sim, sizeof sim, "%.9g", double(spec.sim));
     std::string replay = "indexshare golden --model " + spec.preset + " --seed " + std::to_string(spec.seed) + " --sim " + sim +
@@ -60,6 +61,7 @@ int cmd_golden(const GoldenArgs& a) {
     if (spec.layers) replay += " --layers " + std::to_string(spec.layers);
     if (spec.seq) replay += " --seq " + std::to_string(spec.seq);
     if (!spec.schedule.empty()) replay += " --schedule " + spec.schedule;
+    if (spec.simd) replay += " --impl simd";
     replay += " --out " + a.out;
     std::fprintf(stderr, "golden: computing the %s toy model...\n", spec.preset.c_str());
     return publish(golden::build_model(spec, replay), a, replay, t0);
@@ -127,7 +129,7 @@ Action register_golden(CLI::App& app) {
   c->add_option("--schedule", a->schedule, "Layer schedule (--model)");
   c->add_option("--sim", a->sim, "Cross-layer weight similarity (--model)")->capture_default_str();
   c->add_option("--variant", a->variant, "Indexer variant deepseek_fp8 or hf_bf16 (--model)")->capture_default_str();
-  c->add_option("--impl", a->impl, "Implementation of kernel-level stacks: ref, simd or auto")->capture_default_str();
+  c->add_option("--impl", a->impl, "Implementation: ref, simd or auto (the same bytes; auto takes simd for large problems)")->capture_default_str();
   c->add_option("--target", a->target, "Highway target for simd (default best)");
   c->add_option("--max-memory", a->max_memory, "Refuse problems whose estimated memory exceeds this (e.g. 8G)")->capture_default_str();
   CLI::Option* rows = c->add_option("--rows", a->rows, "Sampled set of these query rows, e.g. 0,17,100-131,last:64,every:1024 (kind stack)");

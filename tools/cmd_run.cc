@@ -126,22 +126,23 @@ int run_model(const RunArgs& a) {
   const double t_gen = seconds_since(t0);
   t0 = std::chrono::steady_clock::now();
   ref::ToyCache cache;
-  const ref::ToyForward f = ref::forward(m, cache, ref::toy_hidden(cfg, uint64_t(a.seed), 0, cfg.seq));
+  const std::string impl = resolve_model_impl(a.impl, cfg, cfg.n_layers, cfg.seq);
+  const ref::ToyForward f = ref::forward(m, cache, ref::toy_hidden(cfg, uint64_t(a.seed), 0, cfg.seq),
+                                         impl == "simd" ? simd::model_kernels() : ref::ModelKernels{});
   const double t_run = seconds_since(t0);
   for (int l = 0; l < s.n_layers(); ++l) {
     const auto& tr = f.layers[size_t(l)];
     print_layer(l, s.is_full(l), s.source(l), tr.own_topk, tr.used_topk, tr.attn);
   }
-  std::printf("time      weights %.3f s, forward %.3f s\n", t_gen, t_run);
-  std::printf("__REPRO: indexshare run --model %s --layers %d --seq %lld --seed %lld --sim %.9g --variant %s%s\n",
-              a.model.c_str(), cfg.n_layers, (long long)cfg.seq, (long long)a.seed, double(a.sim), a.variant.c_str(),
+  std::printf("time      weights %.3f s, forward %.3f s (impl %s)\n", t_gen, t_run, impl.c_str());
+  std::printf("__REPRO: indexshare run --model %s --impl %s --layers %d --seq %lld --seed %lld --sim %.9g --variant %s%s\n",
+              a.model.c_str(), impl.c_str(), cfg.n_layers, (long long)cfg.seq, (long long)a.seed, double(a.sim), a.variant.c_str(),
               a.schedule.empty() ? "" : (" --schedule " + a.schedule).c_str());
   return 0;
 }
 
 int cmd_run(const RunArgs& a) {
   require(a.problem.empty() || a.model.empty(), "run: give --problem or --model, not both");
-  require(a.model.empty() || a.impl != "simd", "--impl simd: the module-level model has no simd path yet (use ref)");
   require(a.model.empty() || !a.rows_given, "--rows: only with --problem (kernel-level stacks), not --model");
   return a.model.empty() ? run_problem(a) : run_model(a);
 }
