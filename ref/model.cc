@@ -39,7 +39,7 @@ Tensor<float> toy_hidden(const ModelConfig& cfg, uint64_t seed, int64_t start, i
   return h;
 }
 
-ToyForward forward(const ToyModel& m, ToyCache& cache, const Tensor<float>& h_in, const ModelKernels& k) {
+ToyForward forward(const ToyModel& m, ToyCache& cache, const Tensor<float>& h_in, const Kernels& k) {
   const ModelConfig& cfg = m.cfg;
   require(h_in.rank() == 2 && h_in.dim(1) == cfg.dim, "toy forward h: expected [S, dim=" + std::to_string(cfg.dim) +
                                                           "], got " + shape_str(h_in.shape));

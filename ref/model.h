@@ -24,10 +24,9 @@
 
 #include "ref/attention.h"
 #include "ref/config.h"
-#include "ref/indexer.h"
+#include "ref/kernels.h"
 #include "ref/module.h"
 #include "ref/schedule.h"
-#include "ref/topk.h"
 
 namespace indexshare::ref {
 
@@ -76,23 +75,7 @@ struct ToyForward {
   Tensor<float> h_out;             // [S, dim]
 };
 
-// The kernels a forward pass runs: ref's by default; simd::model_kernels() (simd/simd.h) gives
-// the simd ones. Each simd kernel returns ref's bits, so a trace does not depend on the choice.
-struct ModelKernels {
-  LinearFn linear = ref::linear;
-  Tensor<float> (*logits_fp8)(const Tensor<e4m3_t>&, const Tensor<e4m3_t>&, const Tensor<float>&,
-                              const Tensor<float>&, const Tensor<int32_t>&, const Tensor<int32_t>&) =
-      indexer_logits_fp8;
-  Tensor<float> (*logits_f32)(const Tensor<float>&, const Tensor<float>&, const Tensor<float>&,
-                              const Tensor<float>&, const Tensor<int32_t>&, const Tensor<int32_t>&) =
-      indexer_logits_f32;
-  Tensor<int32_t> (*topk)(const Tensor<float>&, const Tensor<int32_t>&, const Tensor<int32_t>&, int64_t) =
-      ref::topk;
-  AttentionOut (*sparse_attention)(const Tensor<bf16_t>&, const Tensor<bf16_t>&, const Tensor<int32_t>&, float,
-                                   int64_t, const Tensor<int32_t>*, const Tensor<float>*) = ref::sparse_attention;
-};
-
 // One forward pass over S rows at positions [cache.len, cache.len + S); appends to the cache.
-ToyForward forward(const ToyModel& m, ToyCache& cache, const Tensor<float>& h, const ModelKernels& k = {});
+ToyForward forward(const ToyModel& m, ToyCache& cache, const Tensor<float>& h, const Kernels& k = {});
 
 }  // namespace indexshare::ref

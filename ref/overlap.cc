@@ -13,6 +13,17 @@ namespace indexshare::ref {
 
 namespace {
 
+// layer_logits / layer_attention (ref/layer.h) on the kernels of k.
+Tensor<float> logits_with(const Kernels& k, const Problem& p, const LayerInputs& in) {
+  require(in.has_indexer, "layer_logits: this layer has no indexer inputs");
+  return p.indexer == IndexerMode::fp8
+             ? k.logits_fp8(in.index_q8, in.index_k8, in.index_k_scale, in.index_weights, in.ks, in.ke)
+             : k.logits_f32(in.index_q, in.index_k, in.index_k_scale, in.index_weights, in.ks, in.ke);
+}
+AttentionOut attention_with(const Kernels& k, const Problem& p, const LayerInputs& in, const Tensor<int32_t>& indices) {
+  return k.sparse_attention(in.q, in.kv, indices, p.sm_scale(), p.d_v, nullptr, in.sink ? &*in.sink : nullptr);
+}
+
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
 // |a ∩ b| of two ascending position lists.
@@ -381,7 +392,7 @@ OverlapReport overlap_report(const Problem& p, const std::vector<LayerInputs>& i
     st.mass_used = summarize_distribution(mass_used);
     st.mass_own = summarize_distribution(mass_own);
     st.mass_recall = summarize_distribution(mass_recall);
-    const AttentionOut own_attn = layer_attention(p, li, local_to_kv_rows(o.own_topk, li.ks));
+    const AttentionOut own_attn = attention_with(opt.kernels, p, li, local_to_kv_rows(o.own_topk, li.ks));
     st.out_rel_error = relative_error(o.attn.out, own_attn.out);
     r.shared.push_back(st);
   }
@@ -391,7 +402,7 @@ OverlapReport overlap_report(const Problem& p, const std::vector<LayerInputs>& i
 OverlapReport overlap_report(const Problem& p, const OverlapOptions& opt) {
   const Schedule s = p.schedule();
   const std::vector<LayerInputs> in = make_stack_inputs(p, s);
-  const std::vector<StackLayerOutputs> out = run_stack(p, s, in, /*keep_logits=*/false);
+  const std::vector<StackLayerOutputs> out = opt.kernels.run_stack(p, s, in, /*keep_logits=*/false);
   return overlap_report(p, in, out, opt);
 }
 
@@ -415,8 +426,9 @@ SearchLoss parse_search_loss(const std::string& name) {
   throw Error("search loss: unknown '" + name + "' (known: output, mass, kl)");
 }
 
-ScheduleEvaluator::ScheduleEvaluator(const Problem& p, const std::vector<LayerInputs>& in, SearchLoss loss)
-    : p_(p), in_(in), loss_(loss) {
+ScheduleEvaluator::ScheduleEvaluator(const Problem& p, const std::vector<LayerInputs>& in, SearchLoss loss,
+                                     const Kernels& k)
+    : p_(p), in_(in), loss_(loss), k_(k) {
   require(!in.empty() && int64_t(in.size()) == p.n_layers,
           "search: " + std::to_string(in.size()) + " layer inputs for a problem of nl" + std::to_string(p.n_layers));
   for (size_t l = 0; l < in.size(); ++l)
@@ -426,8 +438,8 @@ ScheduleEvaluator::ScheduleEvaluator(const Problem& p, const std::vector<LayerIn
   valid_len_ = valid_lengths(in[0].ks, in[0].ke);
   // Each layer's own top-k once; for the output loss also its all-Full attention output.
   for (const LayerInputs& li : in) {
-    own_.push_back(topk(layer_logits(p, li), li.ks, li.ke, p.index_topk));
-    if (loss == SearchLoss::output) own_out_.push_back(layer_attention(p, li, local_to_kv_rows(own_.back(), li.ks)).out);
+    own_.push_back(k_.topk(logits_with(k_, p, li), li.ks, li.ke, p.index_topk));
+    if (loss == SearchLoss::output) own_out_.push_back(attention_with(k_, p, li, local_to_kv_rows(own_.back(), li.ks)).out);
   }
 }
 
@@ -443,7 +455,7 @@ double ScheduleEvaluator::layer_cost(int layer, int source) {
   const Tensor<int32_t>& used = own_[size_t(source)];
   double cost = 0.0;
   if (loss_ == SearchLoss::output) {
-    cost = relative_error(layer_attention(p_, li, local_to_kv_rows(used, li.ks)).out, own_out_[size_t(layer)]);
+    cost = relative_error(attention_with(k_, p_, li, local_to_kv_rows(used, li.ks)).out, own_out_[size_t(layer)]);
   } else {
     double sum = 0.0;
     int64_t rows = 0;
@@ -469,7 +481,7 @@ double ScheduleEvaluator::schedule_loss(const Schedule& s) {
 }
 
 SearchResult greedy_search(const Problem& p, const std::vector<LayerInputs>& in, const SearchOptions& opt) {
-  ScheduleEvaluator ev(p, in, opt.loss);
+  ScheduleEvaluator ev(p, in, opt.loss, opt.kernels);
   const int n = ev.n_layers();
   require(1 <= opt.n_full && opt.n_full <= n, "search: n_full must be in [1, nl=" + std::to_string(n) +
                                                   "], got " + std::to_string(opt.n_full));

@@ -71,6 +71,7 @@
 #include <utility>
 #include <vector>
 
+#include "ref/kernels.h"
 #include "ref/layer.h"
 #include "ref/problem.h"
 #include "ref/schedule.h"
@@ -175,6 +176,7 @@ RowDivergence row_divergence(const Problem& p, const LayerInputs& in, int64_t t,
 struct OverlapOptions {
   int n_buckets = 8;        // query-position buckets
   bool shared_stats = true; // compute the per-Shared-layer costs (dense attention: the slow part)
+  Kernels kernels;          // the kernels of the recomputations (ref's; simd::kernels(): the same bits)
 };
 
 struct LayerInfo {
@@ -240,7 +242,8 @@ class ScheduleEvaluator {
  public:
   // Throws Error unless in.size() == p.n_layers, every layer has indexer inputs and all layers
   // share layer 0's causal windows. Computes every layer's own top-k.
-  ScheduleEvaluator(const Problem& p, const std::vector<LayerInputs>& in, SearchLoss loss);
+  // k: the kernels of the logits, top-k and attention it recomputes (the same bits either way).
+  ScheduleEvaluator(const Problem& p, const std::vector<LayerInputs>& in, SearchLoss loss, const Kernels& k = {});
 
   int n_layers() const { return int(own_.size()); }
   SearchLoss loss() const { return loss_; }
@@ -254,6 +257,7 @@ class ScheduleEvaluator {
   const Problem& p_;
   const std::vector<LayerInputs>& in_;
   SearchLoss loss_;
+  Kernels k_;
   std::vector<int64_t> valid_len_;
   std::vector<Tensor<int32_t>> own_;
   std::vector<Tensor<float>> own_out_;  // attention output over own positions (output loss)
@@ -263,6 +267,7 @@ class ScheduleEvaluator {
 struct SearchOptions {
   int n_full = 1;                       // stop when this many layers are Full (1 <= n_full <= nl)
   SearchLoss loss = SearchLoss::output;
+  Kernels kernels;                      // as OverlapOptions::kernels
 };
 
 struct SearchStep {

@@ -85,8 +85,8 @@ ref::IndexerModuleOut indexer_module(const ModelConfig& cfg, const ref::IndexerW
   return ref::indexer_module(cfg, w, x, qr, start_pos, v, simd::linear);
 }
 
-ref::ModelKernels model_kernels() {
-  ref::ModelKernels k;
+ref::Kernels kernels() {
+  ref::Kernels k;
   k.linear = simd::linear;
   k.logits_fp8 = simd::indexer_logits_fp8;
   k.logits_f32 = simd::indexer_logits_f32;
@@ -94,6 +94,7 @@ ref::ModelKernels model_kernels() {
     return simd::topk(logits, ks, ke, topk);
   };
   k.sparse_attention = simd::sparse_attention;
+  k.run_stack = simd::run_stack;
   return k;
 }
 

@@ -21,7 +21,7 @@
 #include <vector>
 
 #include "ref/attention.h"
-#include "ref/model.h"
+#include "ref/kernels.h"
 #include "ref/module.h"
 #include "ref/stack.h"
 #include "ref/tensor.h"
@@ -80,8 +80,8 @@ Tensor<float> linear(const Tensor<float>& x, const Tensor<float>& w);
 // ref::indexer_module with every projection through simd::linear: the same bits.
 ref::IndexerModuleOut indexer_module(const ModelConfig& cfg, const ref::IndexerWeights& w, const Tensor<float>& x,
                                      const Tensor<float>& qr, int64_t start_pos, ref::IndexerVariant v);
-// The toy model's kernels on this path (linear, logits, top-k, sparse attention), for ref::forward.
-ref::ModelKernels model_kernels();
+// The kernel table (ref/kernels.h) of this path: linear, logits, top-k, sparse attention, stack.
+ref::Kernels kernels();
 
 // ---- stack (simd/stack.cc) -------------------------------------------------------------------
 // ref::run_stack on these kernels, step for step. keep_logits = false in FP8 mode uses the

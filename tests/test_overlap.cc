@@ -373,7 +373,7 @@ TEST_CASE("overlap: the report of a generated stack matches a direct computation
   const Schedule s = p.schedule();
   const auto in = ref::make_stack_inputs(p, s);
   const auto out = ref::run_stack(p, s, in);
-  const ref::OverlapReport r = ref::overlap_report(p, in, out, {4, true});
+  const ref::OverlapReport r = ref::overlap_report(p, in, out, {4, true, {}});
   CHECK(r.pattern == "FSFSS");
   CHECK(r.n_layers == 5);
   // Row t sees 48 - 16 + t + 1 = 33 + t keys > 8: no trivial row.
@@ -451,7 +451,7 @@ TEST_CASE("overlap: greedy search recovers planted indexer blocks, for each loss
   const Planted planted;
   for (ref::SearchLoss loss : {ref::SearchLoss::output, ref::SearchLoss::mass, ref::SearchLoss::kl}) {
     CAPTURE(ref::search_loss_name(loss));
-    const ref::SearchResult r = ref::greedy_search(planted.p, planted.in, {3, loss});
+    const ref::SearchResult r = ref::greedy_search(planted.p, planted.in, {3, loss, {}});
     // Flipping a layer inside a block costs exactly 0 (its source has the same top-k); flipping a
     // block's first layer costs > 0. So the five zero-cost flips go first, lowest index first.
     CHECK(r.pattern == "FSSFSFSS");
@@ -469,7 +469,7 @@ TEST_CASE("overlap: greedy search recovers planted indexer blocks, for each loss
     CHECK(r.steps[4].pattern == "FSSFSFSS");
 
     // One block fewer: the sixth flip must remove a block head, at a positive loss.
-    const ref::SearchResult r2 = ref::greedy_search(planted.p, planted.in, {2, loss});
+    const ref::SearchResult r2 = ref::greedy_search(planted.p, planted.in, {2, loss, {}});
     REQUIRE(r2.flips.size() == 6);
     CHECK((r2.pattern == "FSSSSFSS" || r2.pattern == "FSSFSSSS"));
     CHECK(r2.losses.back() > 0.0);
@@ -479,7 +479,7 @@ TEST_CASE("overlap: greedy search recovers planted indexer blocks, for each loss
 
 TEST_CASE("overlap: greedy search bookkeeping and errors") {
   const Problem p = parse_problem("sq8 skv32 hq2 dqk16 dv8 ih4 id32 k4 seed4 nl6 sim=0.6 sched=FSSSSS own=no");
-  const ref::SearchResult r = ref::greedy_search(p, {2, ref::SearchLoss::output});  // own/sched ignored
+  const ref::SearchResult r = ref::greedy_search(p, {2, ref::SearchLoss::output, {}});  // own/sched ignored
   CHECK(r.n_layers == 6);
   REQUIRE(r.flips.size() == 4);
   CHECK(std::count(r.pattern.begin(), r.pattern.end(), 'F') == 2);
@@ -499,12 +499,12 @@ TEST_CASE("overlap: greedy search bookkeeping and errors") {
   for (double c : r.layer_costs) sum += c;
   CHECK(sum / 6.0 == doctest::Approx(r.losses.back()));
   // n_full = nl: nothing to flip.
-  CHECK(ref::greedy_search(p, {6, ref::SearchLoss::kl}).pattern == "FFFFFF");
+  CHECK(ref::greedy_search(p, {6, ref::SearchLoss::kl, {}}).pattern == "FFFFFF");
 
-  CHECK_THROWS_WITH_AS(ref::greedy_search(p, {0, ref::SearchLoss::output}), doctest::Contains("n_full"), Error);
-  CHECK_THROWS_WITH_AS(ref::greedy_search(p, {7, ref::SearchLoss::output}), doctest::Contains("n_full"), Error);
+  CHECK_THROWS_WITH_AS(ref::greedy_search(p, {0, ref::SearchLoss::output, {}}), doctest::Contains("n_full"), Error);
+  CHECK_THROWS_WITH_AS(ref::greedy_search(p, {7, ref::SearchLoss::output, {}}), doctest::Contains("n_full"), Error);
   const auto no_indexer = ref::make_stack_inputs(p, p.schedule());  // own=no: Shared layers lack one
-  CHECK_THROWS_WITH_AS(ref::greedy_search(p, no_indexer, {2, ref::SearchLoss::output}),
+  CHECK_THROWS_WITH_AS(ref::greedy_search(p, no_indexer, {2, ref::SearchLoss::output, {}}),
                        doctest::Contains("use own=yes"), Error);
 }
 
@@ -529,7 +529,7 @@ TEST_CASE("overlap: JSON, CSV and table renderers") {
   CHECK(csv.find("matrix,0,1,,,,overlap,,nan,,,,,\n") != std::string::npos);
   CHECK(io::overlap_table(r).find("trivial") != std::string::npos);
 
-  const ref::SearchResult s = ref::greedy_search(p, {2, ref::SearchLoss::mass});
+  const ref::SearchResult s = ref::greedy_search(p, {2, ref::SearchLoss::mass, {}});
   const nlohmann::json js = io::search_to_json(s);
   CHECK(js["pattern"] == s.pattern);
   CHECK(js["losses"].size() == 2);
@@ -548,8 +548,8 @@ TEST_CASE("overlap: SVG figures are well-formed XML with escaped text") {
   CHECK(xml_problem("<a x=\"1\" y=\"x=b\"/>").empty());
 
   const Problem p = parse_problem("sq24 skv40 hq2 dqk16 dv8 ih4 id32 k8 seed8 nl6 sched=FSSFSS sim=0.7 recency=0.3");
-  const ref::OverlapReport r = ref::overlap_report(p, {8, true});
-  const ref::SearchResult s = ref::greedy_search(p, {2, ref::SearchLoss::output});
+  const ref::OverlapReport r = ref::overlap_report(p, {8, true, {}});
+  const ref::SearchResult s = ref::greedy_search(p, {2, ref::SearchLoss::output, {}});
   io::HeatmapOptions jac;
   jac.jaccard = true;
   jac.title = "Jaccard <between> layers & \"friends\"";

@@ -284,6 +284,11 @@ TEST_CASE("rows: golden --rows stores exactly the full set's rows, replays bit f
   r = run_cli("diff --golden " + samp + " --candidate " + cpath);
   CHECK(r.status == 1);
   CHECK(r.out.find("one key too short") != std::string::npos);
+  // The simd kernels recompute the same expectations: the same report, word for word.
+  const auto rs = run_cli("diff --impl simd --golden " + samp + " --candidate " + cpath);
+  CHECK(rs.status == r.status);
+  CHECK(rs.out == r.out);
+  CHECK(run_cli("diff --impl fast --golden " + samp + " --candidate " + cpath).status == 2);
 
   // overlap needs every row: a sampled set is refused by name.
   r = run_cli("overlap --golden " + samp);

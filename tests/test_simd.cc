@@ -25,9 +25,12 @@
 #include "ref/module_ops.h"
 #include "ref/indexer.h"
 #include "ref/numerics.h"
+#include "ref/overlap.h"
+#include "ref/problem.h"
 #include "ref/rng.h"
 #include "ref/topk.h"
 #include "simd/simd.h"
+#include "tools/svg.h"
 
 using namespace indexshare;
 
@@ -677,7 +680,7 @@ TEST_CASE("simd: the module-level indexer and the toy model give ref's bits") {
         CHECK(first_diff(o.weights, l0.indexer.weights) == -1);
         CHECK(o.q8.data == l0.indexer.q8.data);
         ref::ToyCache c_simd;
-        const ref::ToyForward g = ref::forward(m, c_simd, ref::toy_hidden(cfg, 5, 0, 40), simd::model_kernels());
+        const ref::ToyForward g = ref::forward(m, c_simd, ref::toy_hidden(cfg, 5, 0, 40), simd::kernels());
         CHECK(first_diff(g.h_out, f.h_out) == -1);
         for (size_t l = 0; l < f.layers.size(); ++l) {
           CAPTURE(l);
@@ -726,4 +729,18 @@ TEST_CASE("simd: reduction orders are the specified ones (cancellation-sensitive
     CHECK(y[0] == 0.0f);
     CHECK(y[1] == 0.0f);
   });
+}
+
+TEST_CASE("simd: overlap statistics and the pattern search on simd::kernels() equal ref's") {
+  const Problem p = parse_problem("sq24 skv48 hq2 dqk16 dv8 ih4 id16 k6 nl4 sched=FSFS own=yes sim=0.6 seed3");
+  ref::OverlapOptions ro, so;
+  so.kernels = simd::kernels();
+  CHECK(io::overlap_to_json(ref::overlap_report(p, so)).dump() == io::overlap_to_json(ref::overlap_report(p, ro)).dump());
+  for (auto loss : {ref::SearchLoss::output, ref::SearchLoss::mass}) {
+    ref::SearchOptions rs, ss;
+    rs.n_full = ss.n_full = 2;
+    rs.loss = ss.loss = loss;
+    ss.kernels = simd::kernels();
+    CHECK(io::search_to_json(ref::greedy_search(p, ss)).dump() == io::search_to_json(ref::greedy_search(p, rs)).dump());
+  }
 }

@@ -10,19 +10,32 @@
 #include "ref/error.h"
 #include "tools/cli.h"
 #include "tools/diff.h"
+#include "simd/simd.h"
 #include "tools/svg.h"
 
 namespace indexshare::cli {
 
 namespace {
 struct DiffArgs {
-  std::string golden, candidate, layers, json;
+  std::string golden, candidate, layers, json, impl = "auto";
 };
+
+// --impl for the recomputations of diff (the same bits either way): auto takes simd for sets
+// above 64 MiB of tensors.
+bool diff_uses_simd(const DiffArgs& a) {
+  if (a.impl == "ref" || a.impl == "simd") return a.impl == "simd";
+  require(a.impl == "auto", "--impl: expected ref, simd or auto, got '" + a.impl + "'");
+  std::error_code ec;
+  const auto bytes = std::filesystem::file_size(a.golden + "/tensors.safetensors", ec);
+  return !ec && bytes > (uint64_t{64} << 20);
+}
 
 int cmd_diff(const DiffArgs& a) {
   const golden::Loaded g = golden::read(a.golden);
   const io::SafetensorsFile c = io::read_safetensors(a.candidate);
-  const diff::Result r = diff::judge(g, c, a.layers.empty() ? std::set<int>{} : diff::parse_layers(a.layers));
+  const bool use_simd = diff_uses_simd(a);
+  const diff::Result r = diff::judge(g, c, a.layers.empty() ? std::set<int>{} : diff::parse_layers(a.layers),
+                                     use_simd ? simd::kernels() : ref::Kernels{});
   std::string replay = "indexshare diff --golden " + a.golden + " --candidate " + a.candidate;
   if (!a.layers.empty()) replay += " --layers " + a.layers;
   std::printf("%s", r.text(replay).c_str());
@@ -38,6 +51,7 @@ Action register_diff(CLI::App& app) {
   c->add_option("--candidate,-c", a->candidate, "Candidate safetensors file with any subset of the golden's output names")->required();
   c->add_option("--layers", a->layers, "Layers to judge, e.g. 0,3-5 (default: every layer the candidate holds)");
   c->add_option("--json", a->json, "Also write the report as JSON");
+  c->add_option("--impl", a->impl, "Kernels of the recomputed expectations: ref, simd or auto (the same results)")->capture_default_str();
   return [c, a]() { return *c ? cmd_diff(*a) : -1; };
 }
 

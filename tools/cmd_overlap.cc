@@ -9,6 +9,7 @@
 #include "ref/stack.h"
 #include "tools/cli.h"
 #include "tools/golden.h"
+#include "simd/simd.h"
 #include "tools/svg.h"
 
 namespace indexshare::cli {
@@ -17,7 +18,14 @@ namespace {
 
 struct Source {  // where the layers come from: exactly one of the three
   std::string golden, problem, from, from_problem;
+  std::string impl = "auto";  // the kernels of the recomputations: ref, simd, auto
 };
+
+// --impl: the kernel table (the same bits either way); auto: simd for stacks whose indexer work
+// exceeds about 2^28 multiply-accumulates (as run).
+ref::Kernels kernels_for(const Source& s, const Problem& p) {
+  return resolve_impl(s.impl, p) == "simd" ? simd::kernels() : ref::Kernels{};
+}
 
 golden::StackInputs load(const Source& s, bool all_indexers) {
   const int given = !s.golden.empty() + !s.problem.empty() + !s.from.empty();
@@ -47,6 +55,7 @@ void add_source(CLI::App* c, Source& s) {
   c->add_option("--problem,-p", s.problem, "A generated kernel-level stack (problem descriptor)");
   c->add_option("--from", s.from, "Per-layer inputs dumped from a model (golden tensor names)");
   c->add_option("--from-problem", s.from_problem, "With --from: top-k, dv, sm and the schedule, e.g. \"k2048 dv512 sched=glm-5.2\"");
+  c->add_option("--impl", s.impl, "Kernels of the recomputations: ref, simd or auto (the same results)")->capture_default_str();
 }
 
 struct OverlapArgs {
@@ -59,8 +68,9 @@ struct OverlapArgs {
 int cmd_overlap(const OverlapArgs& a) {
   const golden::StackInputs si = load(a.src, false);
   const Problem& p = si.problem;
-  const auto outs = ref::run_stack(p, p.schedule(), si.inputs, false);
   ref::OverlapOptions opt;
+  opt.kernels = kernels_for(a.src, p);
+  const auto outs = opt.kernels.run_stack(p, p.schedule(), si.inputs, false);
   opt.n_buckets = a.buckets;
   opt.shared_stats = !a.no_shared_stats;
   const ref::OverlapReport r = ref::overlap_report(p, si.inputs, outs, opt);
@@ -87,6 +97,7 @@ int cmd_search(const SearchArgs& a) {
   ref::SearchOptions opt;
   opt.n_full = a.full_layers;
   opt.loss = ref::parse_search_loss(a.loss);
+  opt.kernels = kernels_for(a.src, si.problem);
   const ref::SearchResult r = ref::greedy_search(si.problem, si.inputs, opt);
   std::printf("%s", io::search_table(r).c_str());
   if (!a.json.empty()) io::write_text_file(a.json, io::search_to_json(r).dump(2) + "\n");

@@ -128,7 +128,7 @@ int run_model(const RunArgs& a) {
   ref::ToyCache cache;
   const std::string impl = resolve_model_impl(a.impl, cfg, cfg.n_layers, cfg.seq);
   const ref::ToyForward f = ref::forward(m, cache, ref::toy_hidden(cfg, uint64_t(a.seed), 0, cfg.seq),
-                                         impl == "simd" ? simd::model_kernels() : ref::ModelKernels{});
+                                         impl == "simd" ? simd::kernels() : ref::Kernels{});
   const double t_run = seconds_since(t0);
   for (int l = 0; l < s.n_layers(); ++l) {
     const auto& tr = f.layers[size_t(l)];

@@ -86,7 +86,7 @@ struct LayerData {  // everything the judge needs from the golden for one layer
   Tensor<float> out, lse, max_logits;
 };
 
-LayerData load_layer(const golden::Loaded& g, int l) {
+LayerData load_layer(const golden::Loaded& g, int l, const ref::Kernels& k) {
   const json& m = g.manifest;
   const std::string p = "layers." + std::to_string(l) + ".";
   LayerData d;
@@ -108,10 +108,10 @@ LayerData load_layer(const golden::Loaded& g, int l) {
     if (g.find(p + "indexer.logits")) {
       d.logits = g.tensor<float>(p + "indexer.logits");
     } else if (fp8) {
-      d.logits = ref::indexer_logits_fp8(q8, k8, ksc, w, d.ks, d.ke);
+      d.logits = k.logits_fp8(q8, k8, ksc, w, d.ks, d.ke);
     } else {
       auto widen = [](const Tensor<bf16_t>& b) { Tensor<float> f(b.shape); for (int64_t i = 0; i < b.numel(); ++i) f[i] = bf16_to_f32(b[i]); return f; };
-      d.logits = ref::indexer_logits_f32(widen(g.tensor<bf16_t>(p + "indexer.q")), widen(g.tensor<bf16_t>(p + "indexer.k")), ksc, w, d.ks, d.ke);
+      d.logits = k.logits_f32(widen(g.tensor<bf16_t>(p + "indexer.q")), widen(g.tensor<bf16_t>(p + "indexer.k")), ksc, w, d.ks, d.ke);
     }
     // d.logits_rule (the per-element logits bound, O(s_q s_kv H D)) is computed in judge, and only
     // when the candidate holds logits: for a sampled 1M-key set it costs minutes.
@@ -133,11 +133,12 @@ struct Expected {
   cmp::AttentionBounds bounds;
   double budget = -1;
 };
-Expected expected_attention(const LayerData& d, const Tensor<int32_t>& indices, float sm, int64_t d_v) {
+Expected expected_attention(const LayerData& d, const Tensor<int32_t>& indices, float sm, int64_t d_v,
+                            const ref::Kernels& k) {
   const Tensor<int32_t>* tl = d.topk_length.numel() ? &d.topk_length : nullptr;
   const Tensor<float>* sink = d.sink ? &*d.sink : nullptr;
   Expected e;
-  e.attn = ref::sparse_attention(d.q, d.kv, indices, sm, d_v, tl, sink);
+  e.attn = k.sparse_attention(d.q, d.kv, indices, sm, d_v, tl, sink);
   e.bounds = cmp::attention_bounds(d.q, d.kv, indices, sm, d_v, tl, e.attn);
   e.budget = cmp::attention_budget(e.attn.out, cmp::emulate_attention_lowp(d.q, d.kv, indices, sm, d_v, tl, sink).out);
   return e;
@@ -159,7 +160,8 @@ struct SwappedRope {
   Tensor<float> logits;
   Tensor<int32_t> topk;
 };
-std::optional<SwappedRope> swapped_rope(const golden::Loaded& g, int l, const Tensor<int32_t>& ks, const Tensor<int32_t>& ke) {
+std::optional<SwappedRope> swapped_rope(const golden::Loaded& g, int l, const Tensor<int32_t>& ks, const Tensor<int32_t>& ke,
+                                        const ref::Kernels& k) {
   const json& m = g.manifest;
   const std::string p = "layers." + std::to_string(l) + ".";
   if (m.value("kind", "") != "module" || !m.contains("model_config") || !g.find(p + "indexer.wq_b")) return std::nullopt;
@@ -175,9 +177,12 @@ std::optional<SwappedRope> swapped_rope(const golden::Loaded& g, int l, const Te
                         f32("indexer.weights_proj")};
   const ref::IndexerVariant v = m["conventions"].value("indexer_variant", "deepseek_fp8") == "hf_bf16"
                                     ? ref::IndexerVariant::hf_bf16 : ref::IndexerVariant::deepseek_fp8;
-  const ref::IndexerModuleOut o = ref::indexer_module(cfg, w, f32("attn.x"), f32("mla.qr"), 0, v);
-  SwappedRope r{ref::rope_layout_name(cfg.indexer_rope), ref::indexer_module_logits(o, v, ks, ke), {}};
-  r.topk = ref::topk(r.logits, ks, ke, m["config"]["topk"].get<int64_t>());
+  const ref::IndexerModuleOut o = ref::indexer_module(cfg, w, f32("attn.x"), f32("mla.qr"), 0, v, k.linear);
+  SwappedRope r{ref::rope_layout_name(cfg.indexer_rope),
+                v == ref::IndexerVariant::deepseek_fp8 ? k.logits_fp8(o.q8, o.k8, o.k_scale, o.weights, ks, ke)
+                                                       : k.logits_f32(o.q, o.k, o.k_scale, o.weights, ks, ke),
+                {}};
+  r.topk = k.topk(r.logits, ks, ke, m["config"]["topk"].get<int64_t>());
   return r;
 }
 
@@ -216,7 +221,8 @@ std::set<int> parse_layers(const std::string& text) {
   return out;
 }
 
-Result judge(const golden::Loaded& g, const io::SafetensorsFile& c, const std::set<int>& wanted) {
+Result judge(const golden::Loaded& g, const io::SafetensorsFile& c, const std::set<int>& wanted,
+             const ref::Kernels& k) {
   const json& m = g.manifest;
   const int n_layers = int(m["layers"].size());
   const json& cfg = m["config"];
@@ -245,7 +251,7 @@ Result judge(const golden::Loaded& g, const io::SafetensorsFile& c, const std::s
   std::vector<LayerData> data(static_cast<size_t>(n_layers));
   std::vector<bool> loaded(size_t(n_layers), false);
   auto layer = [&](int l) -> const LayerData& {
-    if (!loaded[size_t(l)]) { data[size_t(l)] = load_layer(g, l); loaded[size_t(l)] = true; }
+    if (!loaded[size_t(l)]) { data[size_t(l)] = load_layer(g, l, k); loaded[size_t(l)] = true; }
     return data[size_t(l)];
   };
   auto has = [&](int l, const std::string& n) { return c.find("layers." + std::to_string(l) + "." + n) != nullptr; };
@@ -276,7 +282,7 @@ Result judge(const golden::Loaded& g, const io::SafetensorsFile& c, const std::s
           if (std::isfinite(d.logits[i])) rule.bound[size_t(i)] = 4 * std::sqrt(double(topk) + 2) * 0x1p-14 * std::fabs(double(d.logits[i]));
       }
       if (add(l, "indexer.logits", cmp::compare_floats("", d.logits, cand_logits, rule)) == cmp::Verdict::fail)
-        if (const auto sw = swapped_rope(g, l, d.ks, d.ke))
+        if (const auto sw = swapped_rope(g, l, d.ks, d.ke, k))
           if (passes(cmp::compare_floats("", sw->logits, cand_logits, rule)))
             res.diagnoses.push_back(P + ": indexer.logits match the indexer with its RoPE layout swapped (" + sw->layout +
                                     " instead of the model's)");
@@ -298,7 +304,7 @@ Result judge(const golden::Loaded& g, const io::SafetensorsFile& c, const std::s
         }
       if (!sorted) res.notes.push_back(P + ": indexer.topk is not in score order (fine: slot order carries no meaning)");
       if (v == cmp::Verdict::fail) {
-        if (const auto sw = swapped_rope(g, l, d.ks, d.ke))
+        if (const auto sw = swapped_rope(g, l, d.ks, d.ke, k))
           if (passes(cmp::compare_topk("", sw->logits, d.ks, d.ke, sw->topk, ct, {})))
             res.diagnoses.push_back(P + ": indexer.topk is the top-k of the indexer with its RoPE layout swapped (" + sw->layout +
                                     " instead of the model's)");
@@ -312,9 +318,9 @@ Result judge(const golden::Loaded& g, const io::SafetensorsFile& c, const std::s
           (void)gp;
           const std::string p = name(l, "");
           if (g.find(p + "indexer.q") && g.get(p + "indexer.q").dtype == io::DType::F8_E4M3)
-            l2 = ref::indexer_logits_fp8(g.tensor<e4m3_t>(p + "indexer.q"), g.tensor<e4m3_t>(p + "indexer.k"),
+            l2 = k.logits_fp8(g.tensor<e4m3_t>(p + "indexer.q"), g.tensor<e4m3_t>(p + "indexer.k"),
                                          g.tensor<float>(p + "indexer.k_scale"), g.tensor<float>(p + "indexer.weights"), d.ks, ke2);
-          const Tensor<int32_t> t2 = ref::topk(l2, d.ks, ke2, topk);
+          const Tensor<int32_t> t2 = k.topk(l2, d.ks, ke2, topk);
           if (passes(cmp::compare_topk("", l2, d.ks, ke2, t2, ct, {})))
             res.diagnoses.push_back(P + ": indexer.topk matches a causal window " + (delta > 0 ? "one key too long (row t sees key t+1: causal bound off by one)"
                                                                                               : "one key too short (row t misses its own key: causal bound off by one)"));
@@ -373,9 +379,9 @@ Result judge(const golden::Loaded& g, const io::SafetensorsFile& c, const std::s
             bool ok = true;
             for (int64_t t = 0; t < s_q; ++t) { ke2[t] += delta; ok = ok && ke2[t] >= src.ks[t] && ke2[t] <= s_kv; }
             if (!ok || !g.find(name(d.source, "indexer.q")) || g.get(name(d.source, "indexer.q")).dtype != io::DType::F8_E4M3) continue;
-            const Tensor<float> l2 = ref::indexer_logits_fp8(g.tensor<e4m3_t>(name(d.source, "indexer.q")), g.tensor<e4m3_t>(name(d.source, "indexer.k")),
+            const Tensor<float> l2 = k.logits_fp8(g.tensor<e4m3_t>(name(d.source, "indexer.q")), g.tensor<e4m3_t>(name(d.source, "indexer.k")),
                                                              g.tensor<float>(name(d.source, "indexer.k_scale")), g.tensor<float>(name(d.source, "indexer.weights")), src.ks, ke2);
-            if (cs == row_sets(ref::local_to_kv_rows(ref::topk(l2, src.ks, ke2, topk), src.ks), s_kv))
+            if (cs == row_sets(ref::local_to_kv_rows(k.topk(l2, src.ks, ke2, topk), src.ks), s_kv))
               res.diagnoses.push_back(P + ": attn.indices are the top-k of a causal window one key too " + (delta > 0 ? "long" : "short") +
                                       " (causal bound off by one)");
           }
@@ -418,7 +424,7 @@ Result judge(const golden::Loaded& g, const io::SafetensorsFile& c, const std::s
         const json& b = m["budgets"];
         e.budget = b.contains(name(l, "attn.out")) ? b[name(l, "attn.out")]["budget_max_abs"].get<double>() : -1;
       } else {
-        e = expected_attention(d, use_indices, sm, d_v);
+        e = expected_attention(d, use_indices, sm, d_v, k);
       }
       std::vector<std::string> attn_fail;
       if (has(l, "attn.out")) {
@@ -430,19 +436,19 @@ Result judge(const golden::Loaded& g, const io::SafetensorsFile& c, const std::s
             if (j == d.source) continue;
             const LayerData& o = layer(j);
             if (!o.full) continue;
-            const Expected x = expected_attention(d, o.indices, sm, d_v);
+            const Expected x = expected_attention(d, o.indices, sm, d_v, k);
             if (passes(cmp::compare_floats("", x.attn.out, co, bound_rule(x.bounds.out))))
               res.diagnoses.push_back(P + ": attn.out is the attention over Full layer " + std::to_string(j) + "'s positions instead of layer " +
                                       std::to_string(d.source) + "'s");
           }
           if (!d.full && d.has_indexer) {
-            const Expected x = expected_attention(d, ref::local_to_kv_rows(d.topk, d.ks), sm, d_v);
+            const Expected x = expected_attention(d, ref::local_to_kv_rows(d.topk, d.ks), sm, d_v, k);
             if (passes(cmp::compare_floats("", x.attn.out, co, bound_rule(x.bounds.out))))
               res.diagnoses.push_back(P + ": attn.out is the attention over the layer's own fresh top-k (a Shared layer that recomputes)");
           }
           if (d.sink) {
             Expected x;
-            x.attn = ref::sparse_attention(d.q, d.kv, use_indices, sm, d_v, d.topk_length.numel() ? &d.topk_length : nullptr, nullptr);
+            x.attn = k.sparse_attention(d.q, d.kv, use_indices, sm, d_v, d.topk_length.numel() ? &d.topk_length : nullptr, nullptr);
             x.bounds = cmp::attention_bounds(d.q, d.kv, use_indices, sm, d_v, d.topk_length.numel() ? &d.topk_length : nullptr, x.attn);
             if (passes(cmp::compare_floats("", x.attn.out, co, bound_rule(x.bounds.out))))
               res.diagnoses.push_back(P + ": attn.out ignores the attention sink");

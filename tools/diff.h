@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "ref/compare.h"
+#include "ref/kernels.h"
 #include "tools/golden.h"
 #include "tools/safetensors.h"
 
@@ -51,7 +52,10 @@ struct Result {
 // Judges `candidate` against `golden`. layers: empty = every layer the candidate covers.
 // Throws Error (exit 2) for bad input: an unknown or mis-shaped tensor, a wrong dtype, a layer
 // outside the golden set, a candidate with nothing to judge.
-Result judge(const golden::Loaded& golden, const io::SafetensorsFile& candidate, const std::set<int>& layers);
+// k: the kernels that recompute expected values (ref's by default; simd::kernels() gives the same
+// bits faster on large sets).
+Result judge(const golden::Loaded& golden, const io::SafetensorsFile& candidate, const std::set<int>& layers,
+             const ref::Kernels& k = {});
 
 // "0,3-5" -> {0, 3, 4, 5}; throws Error naming the bad text.
 std::set<int> parse_layers(const std::string& text);

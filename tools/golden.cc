@@ -307,7 +307,7 @@ GoldenSet build_model(const ModelSpec& spec, const std::string& replay) {
   const int64_t S = cfg.seq;
   const Tensor<float> h0 = ref::toy_hidden(cfg, spec.seed, 0, S);
   ref::ToyCache cache;
-  const ref::ToyForward f = ref::forward(m, cache, h0, spec.simd ? simd::model_kernels() : ref::ModelKernels{});
+  const ref::ToyForward f = ref::forward(m, cache, h0, spec.simd ? simd::kernels() : ref::Kernels{});
   GoldenSet g;
   json layers = json::array(), budgets = json::object();
   Tensor<int32_t> ks({S}, 0), ke({S});

@@ -61,7 +61,7 @@ struct ModelSpec {
   uint64_t seed = 1;
   float sim = 0.8f;
   std::string variant = "deepseek_fp8";
-  bool simd = false;       // ref::forward on simd::model_kernels() (the same bytes)
+  bool simd = false;       // ref::forward on simd::kernels() (the same bytes)
 };
 GoldenSet build_model(const ModelSpec& spec, const std::string& replay);
 
