@@ -28,6 +28,42 @@ namespace hn = hwy::HWY_NAMESPACE;
 // AVX3) and of an x tile (8 KiB) stay in L1 while the tile walks it.
 constexpr int64_t kInChunk = 128;
 
+// Output panel pi (features [pi * TileKeys(), ...)) of y for every row; wp and state are the
+// calling thread's scratch. Not inlined into the OpenMP region (see AttentionRow in
+// simd/attention.cc: an outlined region need not carry the target's instruction set).
+HWY_NOINLINE void LinearPanel(const double* xp, const float* w, int64_t rows, int64_t in, int64_t out, int64_t pi,
+                              double* wp, double* state, float* y) {
+  const DF64 d;
+  const int64_t N = int64_t(hn::Lanes(d));
+  const int64_t nk = int64_t(TileKeys());
+  const int64_t row_tiles = (rows + int64_t(kTileHeads) - 1) / int64_t(kTileHeads);
+  const int64_t tile_sums = int64_t(kTileHeads * kTileVecs) * N;
+  const auto dec = [](float v) { return double(v); };
+  const int64_t o0 = pi * nk, count = std::min(nk, out - o0);
+  std::fill(state, state + row_tiles * tile_sums, 0.0);
+  for (int64_t k0 = 0; k0 < in; k0 += kInChunk) {  // in ascending: ref's order, chunk by chunk
+    const int64_t kc = std::min(kInChunk, in - k0);
+    PackPanel<float>([&](int64_t i) { return w + (o0 + i) * in + k0; }, count, kc, dec, wp);
+    for (int64_t rt = 0; rt < row_tiles; ++rt) {
+      double* s = state + rt * tile_sums;
+      VF64 acc[kTileHeads][kTileVecs];
+      for (size_t h = 0; h < kTileHeads; ++h)
+        for (size_t u = 0; u < kTileVecs; ++u) acc[h][u] = hn::Load(d, s + int64_t(h * kTileVecs + u) * N);
+      TileDotsAcc(xp + (rt * in + k0) * int64_t(kTileHeads), wp, size_t(kc), acc);
+      for (size_t h = 0; h < kTileHeads; ++h)
+        for (size_t u = 0; u < kTileVecs; ++u) hn::Store(acc[h][u], d, s + int64_t(h * kTileVecs + u) * N);
+    }
+  }
+  for (int64_t rt = 0; rt < row_tiles; ++rt) {
+    const double* s = state + rt * tile_sums;
+    for (size_t h = 0; h < kTileHeads; ++h) {
+      const int64_t r = rt * int64_t(kTileHeads) + int64_t(h);
+      if (r >= rows) break;
+      for (int64_t i = 0; i < count; ++i) y[r * out + o0 + i] = float(s[int64_t(h * kTileVecs) * N + i]);
+    }
+  }
+}
+
 void LinearRows(const float* x, const float* w, int64_t rows, int64_t in, int64_t out, float* y) {
   const DF64 d;
   const int64_t N = int64_t(hn::Lanes(d));
@@ -37,38 +73,14 @@ void LinearRows(const float* x, const float* w, int64_t rows, int64_t in, int64_
   auto xp = hwy::AllocateAligned<double>(size_t(std::max<int64_t>(1, row_tiles * int64_t(kTileHeads) * in)));
   PackTiles(x, rows, in, dec, xp.get());
   const int64_t panels = (out + nk - 1) / nk;
+  const int64_t tile_sums = int64_t(kTileHeads * kTileVecs) * N;
 #pragma omp parallel
   {
+    // The panel of w, and the running sums of every row tile against it (kept between chunks).
     auto wp = hwy::AllocateAligned<double>(size_t(nk * kInChunk));
-    // The running sums of every row tile against the present panel, kept in memory between chunks.
-    const int64_t tile_sums = int64_t(kTileHeads * kTileVecs) * N;
     auto state = hwy::AllocateAligned<double>(size_t(row_tiles * tile_sums));
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t pi = 0; pi < panels; ++pi) {
-      const int64_t o0 = pi * nk, count = std::min(nk, out - o0);
-      std::fill(state.get(), state.get() + row_tiles * tile_sums, 0.0);
-      for (int64_t k0 = 0; k0 < in; k0 += kInChunk) {  // in ascending: ref's order, chunk by chunk
-        const int64_t kc = std::min(kInChunk, in - k0);
-        PackPanel<float>([&](int64_t i) { return w + (o0 + i) * in + k0; }, count, kc, dec, wp.get());
-        for (int64_t rt = 0; rt < row_tiles; ++rt) {
-          double* s = state.get() + rt * tile_sums;
-          VF64 acc[kTileHeads][kTileVecs];
-          for (size_t h = 0; h < kTileHeads; ++h)
-            for (size_t u = 0; u < kTileVecs; ++u) acc[h][u] = hn::Load(d, s + int64_t(h * kTileVecs + u) * N);
-          TileDotsAcc(xp.get() + (rt * in + k0) * int64_t(kTileHeads), wp.get(), size_t(kc), acc);
-          for (size_t h = 0; h < kTileHeads; ++h)
-            for (size_t u = 0; u < kTileVecs; ++u) hn::Store(acc[h][u], d, s + int64_t(h * kTileVecs + u) * N);
-        }
-      }
-      for (int64_t rt = 0; rt < row_tiles; ++rt) {
-        const double* s = state.get() + rt * tile_sums;
-        for (size_t h = 0; h < kTileHeads; ++h) {
-          const int64_t r = rt * int64_t(kTileHeads) + int64_t(h);
-          if (r >= rows) break;
-          for (int64_t i = 0; i < count; ++i) y[r * out + o0 + i] = float(s[int64_t(h * kTileVecs) * N + i]);
-        }
-      }
-    }
+    for (int64_t pi = 0; pi < panels; ++pi) LinearPanel(xp.get(), w, rows, in, out, pi, wp.get(), state.get(), y);
   }
 }
 
