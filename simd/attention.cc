@@ -1,7 +1,7 @@
 // indexshare simd/: sparse and dense attention with ref/attention.cc's semantics, operation for
 // operation, so the outputs equal ref's bit for bit on every target.
 //
-// Per query row t (OpenMP splits over rows only, so the thread count never changes a bit):
+// Per query row t (OpenMP splits over chunks of rows only, so the thread count never changes a bit):
 //   rows     the valid kv rows, sorted ascending, duplicates kept (exactly ref's list)
 //   pass 1   P[h][i] = (q[t,h,:] . k_i) * sm_scale with lanes over d: the accumulator lanes of
 //            one dot are ref's 8 parts (lane l of accumulator a holds part a * N + l, N lanes per
@@ -20,6 +20,8 @@
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/highway.h"
 #include "simd/exp-inl.h"
+
+#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
@@ -227,172 +229,146 @@ void ExpArray(const double* x, double* y, int64_t n) {
   }
 }
 
-// Per-thread scratch of AttentionRows and the shapes it is sized for.
-struct RowScratch {
-  int64_t N = 0, dpad = 0, hpad = 0, q_tile = 0, cw = 0, dvp = 0;
-  hwy::AlignedFreeUniquePtr<double[]> qd, kbuf, vbuf, acc, pbuf;
-  int64_t pbuf_size = 0;
-  std::vector<int64_t> rows;
-  std::vector<double> factor, l, mx;
-};
-
-HWY_NOINLINE void InitScratch(const detail::AttentionView& v, RowScratch& s) {
+// Query rows [t0, t1), all heads, with this call's own scratch. No OpenMP in here: the caller
+// (the HWY_ONCE part) splits the rows into chunks across threads. An OpenMP region inside a target
+// function is outlined by the compiler into a function that need not carry the target's
+// instruction set (clang 14 then fails to select SSE4.1 roundpd).
+void AttentionChunk(const detail::AttentionView& v, int64_t t0, int64_t t1, float* out, float* lse_out,
+                    float* max_out) {
   const DF64 d;
-  s.N = int64_t(hn::Lanes(d));
-  s.dpad = (v.d_qk + int64_t(kParts) - 1) / int64_t(kParts) * int64_t(kParts);
-  s.hpad = (v.h_q + int64_t(kDotHeads) - 1) / int64_t(kDotHeads) * int64_t(kDotHeads);
-  s.q_tile = int64_t(kDotHeads) * s.dpad;      // doubles per head tile of q
-  s.cw = int64_t(kPVVecs) * s.N;               // columns per P.V tile
-  s.dvp = (v.d_v + s.cw - 1) / s.cw * s.cw;    // d_v padded to whole tiles
-  s.qd = hwy::AllocateAligned<double>(size_t(s.hpad * s.dpad));
-  s.kbuf = hwy::AllocateAligned<double>(size_t(kKeyBlock * s.dpad));
-  s.vbuf = hwy::AllocateAligned<double>(size_t(kPVRows * s.cw));
-  s.acc = hwy::AllocateAligned<double>(size_t(std::max<int64_t>(1, v.h_q * s.dvp)));
-  s.factor.assign(static_cast<size_t>(v.h_q), 0.0);
-  s.l.assign(static_cast<size_t>(v.h_q), 0.0);
-  s.mx.assign(static_cast<size_t>(v.h_q), 0.0);
-  std::fill(s.qd.get(), s.qd.get() + s.hpad * s.dpad, 0.0);  // padding heads stay zero
-}
-
-// Query row t, all heads. A separate, non-inlined function of this target: the OpenMP region of
-// AttentionRows is outlined by the compiler into a function that need not carry the target's
-// instruction set (clang 14 then fails to select SSE4.1 roundpd), so the region only calls this.
-HWY_NOINLINE void AttentionRow(const detail::AttentionView& v, int64_t t, RowScratch& s, float* out,
-                               float* lse_out, float* max_out) {
-  const DF64 d;
+  const int64_t N = int64_t(hn::Lanes(d));
   const int64_t h_q = v.h_q, d_qk = v.d_qk, d_v = v.d_v;
-  const int64_t N = s.N, dpad = s.dpad, hpad = s.hpad, q_tile = s.q_tile, cw = s.cw, dvp = s.dvp;
-  auto& qd = s.qd;
-  auto& kbuf = s.kbuf;
-  auto& vbuf = s.vbuf;
-  auto& acc = s.acc;
-  auto& pbuf = s.pbuf;
-  int64_t& pbuf_size = s.pbuf_size;
-  auto& rows = s.rows;
-  auto& factor = s.factor;
-  auto& l = s.l;
-  auto& mx = s.mx;
-    rows.clear();
-    if (v.dense) {
-      for (int64_t i = v.ks[t]; i < v.ke[t]; ++i) rows.push_back(i);
-    } else {
-      const int64_t len = v.topk_length ? v.topk_length[t] : v.topk;
-      for (int64_t j = 0; j < len; ++j) {
-        const int64_t i = v.indices[t * v.topk + j];
-        if (0 <= i && i < v.s_kv) rows.push_back(i);
-      }
-      std::sort(rows.begin(), rows.end());
-    }
-    const int64_t n = int64_t(rows.size());
-    if (n == 0) {  // lonely query: FlashMLA HEAD convention
-      std::fill(out + t * h_q * d_v, out + (t + 1) * h_q * d_v, 0.0f);
-      for (int64_t h = 0; h < h_q; ++h) {
-        lse_out[t * h_q + h] = std::numeric_limits<float>::infinity();
-        max_out[t * h_q + h] = -std::numeric_limits<float>::infinity();
-      }
-      return;
-    }
-    const int64_t n_pad = (n + kKeyBlock - 1) / kKeyBlock * kKeyBlock;
-    if (hpad * n_pad > pbuf_size) {
-      pbuf_size = hpad * n_pad;
-      pbuf = hwy::AllocateAligned<double>(size_t(pbuf_size));
-    }
-    // Pass 1: P[h][i] = (q[t,h,:] . kv[rows[i]]) * sm_scale. q is decoded once per row into
-    // head tiles, kv rows kKeyBlock at a time, both interleaved (see DotTile).
-    for (int64_t h = 0; h < h_q; ++h)
-      DecodeBf16Blocks(v.q + (t * h_q + h) * d_qk, d_qk, dpad, int64_t(kDotHeads * kParts),
-                       qd.get() + (h / int64_t(kDotHeads)) * q_tile + (h % int64_t(kDotHeads)) * int64_t(kParts));
-    PrefetchRows(v.kv, d_qk, rows, 0, kKeyBlock, d_qk * 2);
-    for (int64_t i0 = 0; i0 < n; i0 += kKeyBlock) {
-      const int64_t bn = std::min(kKeyBlock, n - i0);
-      PrefetchRows(v.kv, d_qk, rows, i0 + kKeyBlock, kKeyBlock, d_qk * 2);
-      for (int64_t i = 0; i < kKeyBlock; ++i) {
-        if (i < bn)
-          DecodeBf16Blocks(v.kv + rows[size_t(i0 + i)] * d_qk, d_qk, dpad, int64_t(kDotKeys * kParts),
-                           kbuf.get() + i * int64_t(kParts));
-        else
-          DecodeBf16Blocks(nullptr, 0, dpad, int64_t(kDotKeys * kParts), kbuf.get() + i * int64_t(kParts));
-      }
-      for (int64_t h0 = 0; h0 < hpad; h0 += int64_t(kDotHeads))
-        DotTile(qd.get() + (h0 / int64_t(kDotHeads)) * q_tile, kbuf.get(), dpad, v.sm_scale,
-                pbuf.get() + h0 * n_pad + i0, n_pad);
-    }
-    // Pass 2: softmax statistics per head, in ref's order.
-    for (int64_t h = 0; h < h_q; ++h) {
-      double* p = pbuf.get() + h * n_pad;
-      int64_t i = 0;
-      VF64 mv = hn::Set(d, -std::numeric_limits<double>::infinity());
-      for (; i + N <= n; i += N) {
-        const VF64 x = hn::LoadU(d, p + i);
-        mv = hn::IfThenElse(hn::Lt(mv, x), x, mv);
-      }
-      HWY_ALIGN double lanes[kParts] = {};
-      hn::Store(mv, d, lanes);
-      double m = -std::numeric_limits<double>::infinity();
-      for (int64_t e = 0; e < N; ++e) m = std::max(m, lanes[e]);
-      for (; i < n; ++i) m = std::max(m, p[i]);
-      const VF64 mb = hn::Set(d, m);
-      for (i = 0; i + N <= n; i += N) hn::StoreU(ExpPortable(d, hn::Sub(hn::LoadU(d, p + i), mb)), d, p + i);
-      for (; i < n; ++i) p[i] = indexshare::exp_portable(p[i] - m);
-      mx[size_t(h)] = m;
-    }
-    // l[h] = sum_i p[h][i], i ascending (independent chains for several heads at once).
-    constexpr int64_t kSumHeads = 8;
-    for (int64_t h0 = 0; h0 < h_q; h0 += kSumHeads) {
-      const int64_t hc = std::min(kSumHeads, h_q - h0);
-      double s[kSumHeads] = {0, 0, 0, 0, 0, 0, 0, 0};
-      for (int64_t i = 0; i < n; ++i)
-        for (int64_t e = 0; e < hc; ++e) s[e] += pbuf[size_t((h0 + e) * n_pad + i)];
-      for (int64_t e = 0; e < hc; ++e) l[size_t(h0 + e)] = s[e];
-    }
-    for (int64_t h = 0; h < h_q; ++h) {
-      const double lse = mx[size_t(h)] + std::log(l[size_t(h)]);
-      double f = 1.0 / l[size_t(h)];
-      if (v.sink) f *= 1.0 / (1.0 + indexshare::exp_portable(double(v.sink[h]) - lse));
-      factor[size_t(h)] = f;
-      lse_out[t * h_q + h] = float(lse);
-      max_out[t * h_q + h] = float(mx[size_t(h)]);
-    }
-    // Pass 3: acc[h][c] = sum_i p[h][i] * V[rows[i]][c], rows ascending, fused.
-    std::fill(acc.get(), acc.get() + h_q * dvp, 0.0);
-    PrefetchRows(v.kv, d_qk, rows, 0, kPVRows, d_v * 2);
-    for (int64_t r0 = 0; r0 < n; r0 += kPVRows) {
-      const int64_t rn = std::min(kPVRows, n - r0);
-      PrefetchRows(v.kv, d_qk, rows, r0 + kPVRows, kPVRows, d_v * 2);
-      for (int64_t c0 = 0; c0 < dvp; c0 += cw) {
-        const int64_t cn = std::min(cw, d_v - c0);
-        for (int64_t i = 0; i < rn; ++i) DecodeBf16(v.kv + rows[size_t(r0 + i)] * d_qk + c0, cn, cw, vbuf.get() + i * cw);
-        int64_t h = 0;
-        for (; h + int64_t(kPVHeads) <= h_q; h += int64_t(kPVHeads)) {
-          const double* ps[kPVHeads];
-          double* as[kPVHeads];
-          for (size_t e = 0; e < kPVHeads; ++e) {
-            ps[e] = pbuf.get() + (h + int64_t(e)) * n_pad + r0;
-            as[e] = acc.get() + (h + int64_t(e)) * dvp;
-          }
-          PVTile<kPVHeads>(ps, vbuf.get(), rn, c0, as);
-        }
-        for (; h < h_q; ++h) {
-          const double* ps[1] = {pbuf.get() + h * n_pad + r0};
-          double* as[1] = {acc.get() + h * dvp};
-          PVTile<1>(ps, vbuf.get(), rn, c0, as);
-        }
-      }
-    }
-    for (int64_t h = 0; h < h_q; ++h) {
-      float* o = out + (t * h_q + h) * d_v;
-      const double* a = acc.get() + h * dvp;
-      for (int64_t c = 0; c < d_v; ++c) o[c] = float(a[c] * factor[size_t(h)]);
-    }
-}
+  const int64_t dpad = (d_qk + int64_t(kParts) - 1) / int64_t(kParts) * int64_t(kParts);
+  const int64_t hpad = (h_q + int64_t(kDotHeads) - 1) / int64_t(kDotHeads) * int64_t(kDotHeads);
+  const int64_t q_tile = int64_t(kDotHeads) * dpad;  // doubles per head tile of q
+  const int64_t cw = int64_t(kPVVecs) * N;      // columns per P.V tile
+  const int64_t dvp = (d_v + cw - 1) / cw * cw;  // d_v padded to whole tiles
 
-void AttentionRows(const detail::AttentionView& v, float* out, float* lse_out, float* max_out) {
-#pragma omp parallel
   {
-    RowScratch s;
-    InitScratch(v, s);
-#pragma omp for schedule(dynamic, 1)
-    for (int64_t t = 0; t < v.s_q; ++t) AttentionRow(v, t, s, out, lse_out, max_out);
+    auto qd = hwy::AllocateAligned<double>(size_t(hpad * dpad));
+    auto kbuf = hwy::AllocateAligned<double>(size_t(kKeyBlock * dpad));
+    auto vbuf = hwy::AllocateAligned<double>(size_t(kPVRows * cw));
+    auto acc = hwy::AllocateAligned<double>(size_t(h_q * dvp));
+    hwy::AlignedFreeUniquePtr<double[]> pbuf;
+    int64_t pbuf_size = 0;
+    std::vector<int64_t> rows;
+    std::vector<double> factor(static_cast<size_t>(h_q)), l(static_cast<size_t>(h_q)), mx(static_cast<size_t>(h_q));
+    std::fill(qd.get(), qd.get() + hpad * dpad, 0.0);  // padding heads stay zero
+
+    for (int64_t t = t0; t < t1; ++t) {
+      rows.clear();
+      if (v.dense) {
+        for (int64_t i = v.ks[t]; i < v.ke[t]; ++i) rows.push_back(i);
+      } else {
+        const int64_t len = v.topk_length ? v.topk_length[t] : v.topk;
+        for (int64_t j = 0; j < len; ++j) {
+          const int64_t i = v.indices[t * v.topk + j];
+          if (0 <= i && i < v.s_kv) rows.push_back(i);
+        }
+        std::sort(rows.begin(), rows.end());
+      }
+      const int64_t n = int64_t(rows.size());
+      if (n == 0) {  // lonely query: FlashMLA HEAD convention
+        std::fill(out + t * h_q * d_v, out + (t + 1) * h_q * d_v, 0.0f);
+        for (int64_t h = 0; h < h_q; ++h) {
+          lse_out[t * h_q + h] = std::numeric_limits<float>::infinity();
+          max_out[t * h_q + h] = -std::numeric_limits<float>::infinity();
+        }
+        continue;
+      }
+      const int64_t n_pad = (n + kKeyBlock - 1) / kKeyBlock * kKeyBlock;
+      if (hpad * n_pad > pbuf_size) {
+        pbuf_size = hpad * n_pad;
+        pbuf = hwy::AllocateAligned<double>(size_t(pbuf_size));
+      }
+      // Pass 1: P[h][i] = (q[t,h,:] . kv[rows[i]]) * sm_scale. q is decoded once per row into
+      // head tiles, kv rows kKeyBlock at a time, both interleaved (see DotTile).
+      for (int64_t h = 0; h < h_q; ++h)
+        DecodeBf16Blocks(v.q + (t * h_q + h) * d_qk, d_qk, dpad, int64_t(kDotHeads * kParts),
+                         qd.get() + (h / int64_t(kDotHeads)) * q_tile + (h % int64_t(kDotHeads)) * int64_t(kParts));
+      PrefetchRows(v.kv, d_qk, rows, 0, kKeyBlock, d_qk * 2);
+      for (int64_t i0 = 0; i0 < n; i0 += kKeyBlock) {
+        const int64_t bn = std::min(kKeyBlock, n - i0);
+        PrefetchRows(v.kv, d_qk, rows, i0 + kKeyBlock, kKeyBlock, d_qk * 2);
+        for (int64_t i = 0; i < kKeyBlock; ++i) {
+          if (i < bn)
+            DecodeBf16Blocks(v.kv + rows[size_t(i0 + i)] * d_qk, d_qk, dpad, int64_t(kDotKeys * kParts),
+                             kbuf.get() + i * int64_t(kParts));
+          else
+            DecodeBf16Blocks(nullptr, 0, dpad, int64_t(kDotKeys * kParts), kbuf.get() + i * int64_t(kParts));
+        }
+        for (int64_t h0 = 0; h0 < hpad; h0 += int64_t(kDotHeads))
+          DotTile(qd.get() + (h0 / int64_t(kDotHeads)) * q_tile, kbuf.get(), dpad, v.sm_scale,
+                  pbuf.get() + h0 * n_pad + i0, n_pad);
+      }
+      // Pass 2: softmax statistics per head, in ref's order.
+      for (int64_t h = 0; h < h_q; ++h) {
+        double* p = pbuf.get() + h * n_pad;
+        int64_t i = 0;
+        VF64 mv = hn::Set(d, -std::numeric_limits<double>::infinity());
+        for (; i + N <= n; i += N) {
+          const VF64 x = hn::LoadU(d, p + i);
+          mv = hn::IfThenElse(hn::Lt(mv, x), x, mv);
+        }
+        HWY_ALIGN double lanes[kParts] = {};
+        hn::Store(mv, d, lanes);
+        double m = -std::numeric_limits<double>::infinity();
+        for (int64_t e = 0; e < N; ++e) m = std::max(m, lanes[e]);
+        for (; i < n; ++i) m = std::max(m, p[i]);
+        const VF64 mb = hn::Set(d, m);
+        for (i = 0; i + N <= n; i += N) hn::StoreU(ExpPortable(d, hn::Sub(hn::LoadU(d, p + i), mb)), d, p + i);
+        for (; i < n; ++i) p[i] = indexshare::exp_portable(p[i] - m);
+        mx[size_t(h)] = m;
+      }
+      // l[h] = sum_i p[h][i], i ascending (independent chains for several heads at once).
+      constexpr int64_t kSumHeads = 8;
+      for (int64_t h0 = 0; h0 < h_q; h0 += kSumHeads) {
+        const int64_t hc = std::min(kSumHeads, h_q - h0);
+        double s[kSumHeads] = {0, 0, 0, 0, 0, 0, 0, 0};
+        for (int64_t i = 0; i < n; ++i)
+          for (int64_t e = 0; e < hc; ++e) s[e] += pbuf[size_t((h0 + e) * n_pad + i)];
+        for (int64_t e = 0; e < hc; ++e) l[size_t(h0 + e)] = s[e];
+      }
+      for (int64_t h = 0; h < h_q; ++h) {
+        const double lse = mx[size_t(h)] + std::log(l[size_t(h)]);
+        double f = 1.0 / l[size_t(h)];
+        if (v.sink) f *= 1.0 / (1.0 + indexshare::exp_portable(double(v.sink[h]) - lse));
+        factor[size_t(h)] = f;
+        lse_out[t * h_q + h] = float(lse);
+        max_out[t * h_q + h] = float(mx[size_t(h)]);
+      }
+      // Pass 3: acc[h][c] = sum_i p[h][i] * V[rows[i]][c], rows ascending, fused.
+      std::fill(acc.get(), acc.get() + h_q * dvp, 0.0);
+      PrefetchRows(v.kv, d_qk, rows, 0, kPVRows, d_v * 2);
+      for (int64_t r0 = 0; r0 < n; r0 += kPVRows) {
+        const int64_t rn = std::min(kPVRows, n - r0);
+        PrefetchRows(v.kv, d_qk, rows, r0 + kPVRows, kPVRows, d_v * 2);
+        for (int64_t c0 = 0; c0 < dvp; c0 += cw) {
+          const int64_t cn = std::min(cw, d_v - c0);
+          for (int64_t i = 0; i < rn; ++i) DecodeBf16(v.kv + rows[size_t(r0 + i)] * d_qk + c0, cn, cw, vbuf.get() + i * cw);
+          int64_t h = 0;
+          for (; h + int64_t(kPVHeads) <= h_q; h += int64_t(kPVHeads)) {
+            const double* ps[kPVHeads];
+            double* as[kPVHeads];
+            for (size_t e = 0; e < kPVHeads; ++e) {
+              ps[e] = pbuf.get() + (h + int64_t(e)) * n_pad + r0;
+              as[e] = acc.get() + (h + int64_t(e)) * dvp;
+            }
+            PVTile<kPVHeads>(ps, vbuf.get(), rn, c0, as);
+          }
+          for (; h < h_q; ++h) {
+            const double* ps[1] = {pbuf.get() + h * n_pad + r0};
+            double* as[1] = {acc.get() + h * dvp};
+            PVTile<1>(ps, vbuf.get(), rn, c0, as);
+          }
+        }
+      }
+      for (int64_t h = 0; h < h_q; ++h) {
+        float* o = out + (t * h_q + h) * d_v;
+        const double* a = acc.get() + h * dvp;
+        for (int64_t c = 0; c < d_v; ++c) o[c] = float(a[c] * factor[size_t(h)]);
+      }
+    }
   }
 }
 
@@ -402,7 +378,7 @@ HWY_AFTER_NAMESPACE();
 #if HWY_ONCE
 namespace indexshare::simd {
 
-HWY_EXPORT(AttentionRows);
+HWY_EXPORT(AttentionChunk);
 HWY_EXPORT(ExpArray);
 
 void exp_portable(const double* x, double* y, int64_t n) { HWY_DYNAMIC_DISPATCH(ExpArray)(x, y, n); }
@@ -428,7 +404,15 @@ detail::AttentionView make_view(const Tensor<bf16_t>& q, const Tensor<bf16_t>& k
 AttentionOut run(const detail::AttentionView& v) {
   AttentionOut o{Tensor<float>({v.s_q, v.h_q, v.d_v}), Tensor<bf16_t>({v.s_q, v.h_q, v.d_v}),
                  Tensor<float>({v.s_q, v.h_q}), Tensor<float>({v.s_q, v.h_q})};
-  HWY_DYNAMIC_DISPATCH(AttentionRows)(v, o.out.ptr(), o.lse.ptr(), o.max_logits.ptr());
+  // Chunks of up to 8 query rows over the threads (independent outputs, so neither the thread
+  // count nor the chunk size changes a bit); each chunk allocates its scratch once. Small s_q gets
+  // smaller chunks so that every thread has some.
+  const int64_t kChunkRows = std::clamp<int64_t>(v.s_q / (4 * int64_t(omp_get_max_threads())), 1, 8);
+  const int64_t chunks = (v.s_q + kChunkRows - 1) / kChunkRows;
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int64_t c = 0; c < chunks; ++c)
+    HWY_DYNAMIC_DISPATCH(AttentionChunk)(v, c * kChunkRows, std::min(v.s_q, (c + 1) * kChunkRows), o.out.ptr(),
+                                         o.lse.ptr(), o.max_logits.ptr());
   for (int64_t i = 0; i < o.out.numel(); ++i) o.out_bf16[i] = f32_to_bf16(o.out[i]);
   return o;
 }
