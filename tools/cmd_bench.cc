@@ -495,7 +495,9 @@ int cmd_bench(const BenchArgs& a) {
   for (const StageResult& r : rows) print_stage(r);
   if (do_ref && do_simd)
     std::printf("agreement simd vs ref: %s\n",
-                mismatches.empty() ? "module projections, logits, top-k, fused top-k and attention bit-identical" : "MISMATCH");
+                mismatches.empty() ? (std::string(do_module ? "module projections, " : "") +
+                                           "logits, top-k, fused top-k and attention bit-identical").c_str()
+                                        : "MISMATCH");
   for (const std::string& m : mismatches) std::printf("agreement MISMATCH in %s\n", m.c_str());
 
   json j = {{"problem", to_string(p)},
