@@ -1,18 +1,15 @@
-// indexshare: the table of kernels a computation runs, so that the toy model and the tools have
-// one code path for ref/ and simd/. Kernels{} holds ref's functions; simd::kernels()
-// (simd/simd.h) holds the simd ones, each of which returns ref's bits, so no result depends on
-// the choice.
+// indexshare: the table of kernels a computation runs, so that the layer, the stack, the toy
+// model and the tools have one code path for ref/ and simd/. Kernels{} holds ref's functions;
+// simd::kernels() (simd/simd.h) holds the simd ones, each of which returns ref's bits, so no
+// result depends on the choice. The functions that take a table (layer_logits, layer_attention,
+// run_stack, indexer_module_logits, forward, the overlap evaluators) default to Kernels{}.
 #pragma once
 
 #include <cstdint>
-#include <vector>
 
 #include "ref/attention.h"
 #include "ref/indexer.h"
-#include "ref/layer.h"
 #include "ref/module_ops.h"
-#include "ref/schedule.h"
-#include "ref/stack.h"
 #include "ref/tensor.h"
 #include "ref/topk.h"
 
@@ -30,8 +27,11 @@ struct Kernels {
       ref::topk;
   AttentionOut (*sparse_attention)(const Tensor<bf16_t>&, const Tensor<bf16_t>&, const Tensor<int32_t>&, float,
                                    int64_t, const Tensor<int32_t>*, const Tensor<float>*) = ref::sparse_attention;
-  std::vector<StackLayerOutputs> (*run_stack)(const Problem&, const Schedule&, const std::vector<LayerInputs>&,
-                                              bool) = ref::run_stack;
+  // Optional fused, streaming FP8 indexer + top-k (the result of topk(logits_fp8(...))) that
+  // run_stack uses when the logits are not kept; null: the logits are materialised.
+  Tensor<int32_t> (*fused_topk_fp8)(const Tensor<e4m3_t>&, const Tensor<e4m3_t>&, const Tensor<float>&,
+                                    const Tensor<float>&, const Tensor<int32_t>&, const Tensor<int32_t>&,
+                                    int64_t) = nullptr;
 };
 
 }  // namespace indexshare::ref

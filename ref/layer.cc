@@ -197,15 +197,15 @@ LayerInputs make_layer_inputs(const Problem& p, int layer, bool with_indexer, st
   return in;
 }
 
-Tensor<float> layer_logits(const Problem& p, const LayerInputs& in) {
+Tensor<float> layer_logits(const Problem& p, const LayerInputs& in, const Kernels& k) {
   require(in.has_indexer, "layer_logits: this layer has no indexer inputs");
   return p.indexer == IndexerMode::fp8
-             ? indexer_logits_fp8(in.index_q8, in.index_k8, in.index_k_scale, in.index_weights, in.ks, in.ke)
-             : indexer_logits_f32(in.index_q, in.index_k, in.index_k_scale, in.index_weights, in.ks, in.ke);
+             ? k.logits_fp8(in.index_q8, in.index_k8, in.index_k_scale, in.index_weights, in.ks, in.ke)
+             : k.logits_f32(in.index_q, in.index_k, in.index_k_scale, in.index_weights, in.ks, in.ke);
 }
 
-AttentionOut layer_attention(const Problem& p, const LayerInputs& in, const Tensor<int32_t>& indices) {
-  return sparse_attention(in.q, in.kv, indices, p.sm_scale(), p.d_v, nullptr, in.sink ? &*in.sink : nullptr);
+AttentionOut layer_attention(const Problem& p, const LayerInputs& in, const Tensor<int32_t>& indices, const Kernels& k) {
+  return k.sparse_attention(in.q, in.kv, indices, p.sm_scale(), p.d_v, nullptr, in.sink ? &*in.sink : nullptr);
 }
 
 LayerOutputs run_layer(const Problem& p, const LayerInputs& in) {

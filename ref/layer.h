@@ -48,6 +48,7 @@
 #include <vector>
 
 #include "ref/attention.h"
+#include "ref/kernels.h"
 #include "ref/problem.h"
 #include "ref/tensor.h"
 
@@ -92,9 +93,10 @@ void check_rows(const Problem& p, std::span<const int64_t> rows);
 // A row list as text: runs of consecutive ascending rows as A-B, e.g. "0,17,100-131".
 std::string format_rows(std::span<const int64_t> rows);
 // The layer's indexer logits [s_q, s_kv] (fp8 or bf16 mode per the problem).
-Tensor<float> layer_logits(const Problem& p, const LayerInputs& in);
+Tensor<float> layer_logits(const Problem& p, const LayerInputs& in, const Kernels& k = {});
 // The layer's sparse attention over `indices` [s_q, 1, topk] (kv rows).
-AttentionOut layer_attention(const Problem& p, const LayerInputs& in, const Tensor<int32_t>& indices);
+AttentionOut layer_attention(const Problem& p, const LayerInputs& in, const Tensor<int32_t>& indices,
+                             const Kernels& k = {});
 // One Full layer: logits -> top-k -> kv rows -> sparse attention.
 LayerOutputs run_layer(const Problem& p, const LayerInputs& in);
 

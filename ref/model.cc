@@ -68,15 +68,11 @@ ToyForward forward(const ToyModel& m, ToyCache& cache, const Tensor<float>& h_in
     tr.q = mq.q;
     cache.kv[size_t(l)] =
         concat_rows(cache.kv[size_t(l)], mla_kv(cfg, layer.mla, tr.x, start, m.fp8_kv_roundtrip, k.linear));
-    // 2. Own indexer (Full layers, and Shared layers that carry one): keys cached, logits, top-k
-    //    (the kernels of indexer_module_logits).
+    // 2. Own indexer (Full layers, and Shared layers that carry one): keys cached, logits, top-k.
     if (layer.has_indexer) {
       tr.indexer = indexer_module(cfg, layer.indexer, tr.x, mq.qr, start, m.variant, k.linear);
-      const IndexerKeys& keys = cache.index_keys[size_t(l)] =
-          concat_keys(cache.index_keys[size_t(l)], indexer_keys(tr.indexer));
-      tr.logits = m.variant == IndexerVariant::deepseek_fp8
-                      ? k.logits_fp8(tr.indexer.q8, keys.k8, keys.k_scale, tr.indexer.weights, ks, ke)
-                      : k.logits_f32(tr.indexer.q, keys.k, keys.k_scale, tr.indexer.weights, ks, ke);
+      cache.index_keys[size_t(l)] = concat_keys(cache.index_keys[size_t(l)], indexer_keys(tr.indexer));
+      tr.logits = indexer_module_logits(tr.indexer, cache.index_keys[size_t(l)], m.variant, ks, ke, k);
       tr.own_topk = k.topk(tr.logits, ks, ke, cfg.index_topk);
     }
     require(!m.schedule.is_full(int(l)) || layer.has_indexer, "toy model: Full layer " + std::to_string(l) + " has no indexer");

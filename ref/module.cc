@@ -243,20 +243,20 @@ IndexerKeys concat_keys(const IndexerKeys& earlier, const IndexerKeys& later) {
 }
 
 Tensor<float> indexer_module_logits(const IndexerModuleOut& queries, const IndexerKeys& keys, IndexerVariant v,
-                                    const Tensor<int32_t>& ks, const Tensor<int32_t>& ke) {
+                                    const Tensor<int32_t>& ks, const Tensor<int32_t>& ke, const Kernels& k) {
   if (v == IndexerVariant::deepseek_fp8) {
     require(queries.q8.rank() == 3 && keys.k8.rank() == 2,
             "indexer_module_logits: deepseek_fp8 needs q8 [S, H, D] and k8 [s_kv, D], got q8 " +
                 shape_str(queries.q8.shape) + " and k8 " + shape_str(keys.k8.shape) +
                 " (an hf_bf16 output has no FP8 codes)");
-    return indexer_logits_fp8(queries.q8, keys.k8, keys.k_scale, queries.weights, ks, ke);
+    return k.logits_fp8(queries.q8, keys.k8, keys.k_scale, queries.weights, ks, ke);
   }
-  return indexer_logits_f32(queries.q, keys.k, keys.k_scale, queries.weights, ks, ke);
+  return k.logits_f32(queries.q, keys.k, keys.k_scale, queries.weights, ks, ke);
 }
 
 Tensor<float> indexer_module_logits(const IndexerModuleOut& out, IndexerVariant v, const Tensor<int32_t>& ks,
-                                    const Tensor<int32_t>& ke) {
-  return indexer_module_logits(out, indexer_keys(out), v, ks, ke);
+                                    const Tensor<int32_t>& ke, const Kernels& k) {
+  return indexer_module_logits(out, indexer_keys(out), v, ks, ke, k);
 }
 
 // ---- MLA ------------------------------------------------------------------------------------

@@ -33,6 +33,7 @@
 #include "ref/config.h"
 #include "ref/module_ops.h"
 #include "ref/error.h"
+#include "ref/kernels.h"
 #include "ref/numerics.h"
 #include "ref/tensor.h"
 
@@ -185,11 +186,13 @@ IndexerKeys concat_keys(const IndexerKeys& earlier, const IndexerKeys& later);
 //   deepseek_fp8: indexer_logits_fp8(queries.q8, keys.k8, keys.k_scale, queries.weights, ks, ke)
 //   hf_bf16:      indexer_logits_f32(queries.q,  keys.k,  keys.k_scale, queries.weights, ks, ke)
 // ks / ke [s_q]: the half-open key bounds of each row (causal: ks = 0, ke = start_pos + t + 1).
+// k: the kernel table (ref/kernels.h) the logits run on.
 Tensor<float> indexer_module_logits(const IndexerModuleOut& queries, const IndexerKeys& keys,
-                                    IndexerVariant v, const Tensor<int32_t>& ks, const Tensor<int32_t>& ke);
+                                    IndexerVariant v, const Tensor<int32_t>& ks, const Tensor<int32_t>& ke,
+                                    const Kernels& k = {});
 // Same, with the keys of the same rows (indexer_keys(out)).
 Tensor<float> indexer_module_logits(const IndexerModuleOut& out, IndexerVariant v, const Tensor<int32_t>& ks,
-                                    const Tensor<int32_t>& ke);
+                                    const Tensor<int32_t>& ke, const Kernels& k = {});
 
 // ---- MLA (absorbed / MQA form) ------------------------------------------------------------------
 

@@ -13,17 +13,6 @@ namespace indexshare::ref {
 
 namespace {
 
-// layer_logits / layer_attention (ref/layer.h) on the kernels of k.
-Tensor<float> logits_with(const Kernels& k, const Problem& p, const LayerInputs& in) {
-  require(in.has_indexer, "layer_logits: this layer has no indexer inputs");
-  return p.indexer == IndexerMode::fp8
-             ? k.logits_fp8(in.index_q8, in.index_k8, in.index_k_scale, in.index_weights, in.ks, in.ke)
-             : k.logits_f32(in.index_q, in.index_k, in.index_k_scale, in.index_weights, in.ks, in.ke);
-}
-AttentionOut attention_with(const Kernels& k, const Problem& p, const LayerInputs& in, const Tensor<int32_t>& indices) {
-  return k.sparse_attention(in.q, in.kv, indices, p.sm_scale(), p.d_v, nullptr, in.sink ? &*in.sink : nullptr);
-}
-
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
 // |a ∩ b| of two ascending position lists.
@@ -392,7 +381,7 @@ OverlapReport overlap_report(const Problem& p, const std::vector<LayerInputs>& i
     st.mass_used = summarize_distribution(mass_used);
     st.mass_own = summarize_distribution(mass_own);
     st.mass_recall = summarize_distribution(mass_recall);
-    const AttentionOut own_attn = attention_with(opt.kernels, p, li, local_to_kv_rows(o.own_topk, li.ks));
+    const AttentionOut own_attn = layer_attention(p, li, local_to_kv_rows(o.own_topk, li.ks), opt.kernels);
     st.out_rel_error = relative_error(o.attn.out, own_attn.out);
     r.shared.push_back(st);
   }
@@ -402,7 +391,7 @@ OverlapReport overlap_report(const Problem& p, const std::vector<LayerInputs>& i
 OverlapReport overlap_report(const Problem& p, const OverlapOptions& opt) {
   const Schedule s = p.schedule();
   const std::vector<LayerInputs> in = make_stack_inputs(p, s);
-  const std::vector<StackLayerOutputs> out = opt.kernels.run_stack(p, s, in, /*keep_logits=*/false);
+  const std::vector<StackLayerOutputs> out = run_stack(p, s, in, /*keep_logits=*/false, opt.kernels);
   return overlap_report(p, in, out, opt);
 }
 
@@ -438,8 +427,8 @@ ScheduleEvaluator::ScheduleEvaluator(const Problem& p, const std::vector<LayerIn
   valid_len_ = valid_lengths(in[0].ks, in[0].ke);
   // Each layer's own top-k once; for the output loss also its all-Full attention output.
   for (const LayerInputs& li : in) {
-    own_.push_back(k_.topk(logits_with(k_, p, li), li.ks, li.ke, p.index_topk));
-    if (loss == SearchLoss::output) own_out_.push_back(attention_with(k_, p, li, local_to_kv_rows(own_.back(), li.ks)).out);
+    own_.push_back(k_.topk(layer_logits(p, li, k_), li.ks, li.ke, p.index_topk));
+    if (loss == SearchLoss::output) own_out_.push_back(layer_attention(p, li, local_to_kv_rows(own_.back(), li.ks), k_).out);
   }
 }
 
@@ -455,7 +444,7 @@ double ScheduleEvaluator::layer_cost(int layer, int source) {
   const Tensor<int32_t>& used = own_[size_t(source)];
   double cost = 0.0;
   if (loss_ == SearchLoss::output) {
-    cost = relative_error(attention_with(k_, p_, li, local_to_kv_rows(used, li.ks)).out, own_out_[size_t(layer)]);
+    cost = relative_error(layer_attention(p_, li, local_to_kv_rows(used, li.ks), k_).out, own_out_[size_t(layer)]);
   } else {
     double sum = 0.0;
     int64_t rows = 0;

@@ -22,7 +22,7 @@ std::vector<LayerInputs> make_stack_inputs(const Problem& p, const Schedule& sch
 }
 
 std::vector<StackLayerOutputs> run_stack(const Problem& p, const Schedule& schedule,
-                                         const std::vector<LayerInputs>& inputs, bool keep_logits) {
+                                         const std::vector<LayerInputs>& inputs, bool keep_logits, const Kernels& k) {
   schedule.validate();
   require(int(inputs.size()) == schedule.n_layers(),
           "stack: " + std::to_string(inputs.size()) + " layer inputs for a schedule of " +
@@ -39,16 +39,21 @@ std::vector<StackLayerOutputs> run_stack(const Problem& p, const Schedule& sched
     if (o.kind == LayerKind::full)
       require(in.has_indexer, "stack: Full layer " + std::to_string(l) + " has no indexer inputs");
     if (in.has_indexer) {
-      Tensor<float> logits = layer_logits(p, in);
-      o.own_topk = topk(logits, in.ks, in.ke, p.index_topk);
-      if (keep_logits) o.logits = std::move(logits);
+      if (!keep_logits && p.indexer == IndexerMode::fp8 && k.fused_topk_fp8) {  // logits never materialised
+        o.own_topk = k.fused_topk_fp8(in.index_q8, in.index_k8, in.index_k_scale, in.index_weights, in.ks, in.ke,
+                                      p.index_topk);
+      } else {
+        Tensor<float> logits = layer_logits(p, in, k);
+        o.own_topk = k.topk(logits, in.ks, in.ke, p.index_topk);
+        if (keep_logits) o.logits = std::move(logits);
+      }
     }
     // 2. The positions the attention uses: fresh for Full, the source's for Shared.
     if (o.kind == LayerKind::full) current = &o.own_topk;
     o.used_topk = *current;
     // 3. The layer's own attention over those positions.
     o.indices = local_to_kv_rows(o.used_topk, in.ks);
-    o.attn = layer_attention(p, in, o.indices);
+    o.attn = layer_attention(p, in, o.indices, k);
   }
   return out;
 }

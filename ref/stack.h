@@ -47,6 +47,7 @@ std::vector<LayerInputs> make_stack_inputs(const Problem& p, const Schedule& sch
 
 // Runs the stack. keep_logits = false drops each layer's [s_q, s_kv] logits after its top-k.
 std::vector<StackLayerOutputs> run_stack(const Problem& p, const Schedule& schedule,
-                                         const std::vector<LayerInputs>& inputs, bool keep_logits = true);
+                                         const std::vector<LayerInputs>& inputs, bool keep_logits = true,
+                                         const Kernels& k = {});
 
 }  // namespace indexshare::ref

@@ -67,37 +67,9 @@ constexpr size_t kPVVecs = 4, kPVHeads = 2;
 #endif
 constexpr int64_t kPVRows = 128;
 
-// dst[0, n) = the bf16 codes src[0, n) as doubles (exact), dst[n, n_pad) = 0.
-HWY_INLINE void DecodeBf16(const uint16_t* HWY_RESTRICT src, int64_t n, int64_t n_pad,
-                           double* HWY_RESTRICT dst) {
-  const DF64 d;
-  const hn::Rebind<uint16_t, DF64> d16;
-  const hn::Rebind<uint32_t, DF64> d32;
-  const hn::Rebind<float, DF64> df32;
-  const int64_t N = int64_t(hn::Lanes(d));
-  int64_t i = 0;
-  for (; i + N <= n; i += N) {
-    const auto u = hn::ShiftLeft<16>(hn::PromoteTo(d32, hn::LoadU(d16, src + i)));
-    hn::Store(hn::PromoteTo(d, hn::BitCast(df32, u)), d, dst + i);
-  }
-  for (; i < n; ++i) dst[i] = detail::bf16_to_double(src[i]);
-  for (; i < n_pad; ++i) dst[i] = 0.0;
-}
-
-// Prefetches the kv rows rows[from, from + count) (bytes each) into the cache: the rows of the next
-// block are fetched while the present block is computed (gathered rows defeat the hardware
-// prefetcher, which only follows a row once it has started).
-HWY_INLINE void PrefetchRows(const uint16_t* kv, int64_t d_qk, const std::vector<int64_t>& rows,
-                             int64_t from, int64_t count, int64_t bytes) {
-  const int64_t end = std::min<int64_t>(int64_t(rows.size()), from + count);
-  for (int64_t i = from; i < end; ++i) {
-    const char* row = reinterpret_cast<const char*>(kv + rows[size_t(i)] * d_qk);
-    for (int64_t b = 0; b < bytes; b += 64) hwy::Prefetch(row + b);
-  }
-}
-
-// Like DecodeBf16, into the interleaved layout of pass 1: element e goes to
-// dst[(e / 8) * stride + e % 8] (the 8-part blocks of consecutive rows or heads sit side by side).
+// The bf16 codes src[0, n) as doubles (exact), zeros up to n_pad, element e at
+// dst[(e / 8) * stride + e % 8]: the interleaved layout of pass 1 (the 8-part blocks of
+// consecutive rows or heads side by side); stride 8 gives a plain row (DecodeBf16).
 HWY_INLINE void DecodeBf16Blocks(const uint16_t* HWY_RESTRICT src, int64_t n, int64_t n_pad,
                                  int64_t stride, double* HWY_RESTRICT dst) {
   const DF64 d;
@@ -114,6 +86,23 @@ HWY_INLINE void DecodeBf16Blocks(const uint16_t* HWY_RESTRICT src, int64_t n, in
   for (; i < n; ++i) *at(i) = detail::bf16_to_double(src[i]);
   for (; i < n_pad; ++i) *at(i) = 0.0;
 }
+
+HWY_INLINE void DecodeBf16(const uint16_t* HWY_RESTRICT src, int64_t n, int64_t n_pad, double* HWY_RESTRICT dst) {
+  DecodeBf16Blocks(src, n, n_pad, int64_t(kParts), dst);
+}
+
+// Prefetches the kv rows rows[from, from + count) (bytes each) into the cache: the rows of the next
+// block are fetched while the present block is computed (gathered rows defeat the hardware
+// prefetcher, which only follows a row once it has started).
+HWY_INLINE void PrefetchRows(const uint16_t* kv, int64_t d_qk, const std::vector<int64_t>& rows,
+                             int64_t from, int64_t count, int64_t bytes) {
+  const int64_t end = std::min<int64_t>(int64_t(rows.size()), from + count);
+  for (int64_t i = from; i < end; ++i) {
+    const char* row = reinterpret_cast<const char*>(kv + rows[size_t(i)] * d_qk);
+    for (int64_t b = 0; b < bytes; b += 64) hwy::Prefetch(row + b);
+  }
+}
+
 
 // ref's fold of the 8 parts, ((p0 + p4) + (p2 + p6)) + ((p1 + p5) + (p3 + p7)), for two dots x
 // and y from their PartVecs() accumulators. With 8 or 4 lanes the folds are vector adds of

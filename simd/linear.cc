@@ -106,7 +106,9 @@ ref::Kernels kernels() {
     return simd::topk(logits, ks, ke, topk);
   };
   k.sparse_attention = simd::sparse_attention;
-  k.run_stack = simd::run_stack;
+  k.fused_topk_fp8 = [](const Tensor<e4m3_t>& q, const Tensor<e4m3_t>& kk, const Tensor<float>& k_scale,
+                        const Tensor<float>& weights, const Tensor<int32_t>& ks, const Tensor<int32_t>& ke,
+                        int64_t topk) { return simd::indexer_topk_fp8(q, kk, k_scale, weights, ks, ke, topk); };
   return k;
 }
 

@@ -80,7 +80,8 @@ Tensor<float> linear(const Tensor<float>& x, const Tensor<float>& w);
 // ref::indexer_module with every projection through simd::linear: the same bits.
 ref::IndexerModuleOut indexer_module(const ModelConfig& cfg, const ref::IndexerWeights& w, const Tensor<float>& x,
                                      const Tensor<float>& qr, int64_t start_pos, ref::IndexerVariant v);
-// The kernel table (ref/kernels.h) of this path: linear, logits, top-k, sparse attention, stack.
+// The kernel table (ref/kernels.h) of this path: linear, logits, top-k, the fused streaming
+// indexer + top-k, sparse attention.
 ref::Kernels kernels();
 
 // ---- stack (simd/stack.cc) -------------------------------------------------------------------

@@ -38,6 +38,8 @@ namespace indexshare::cli {
 // 2^28 multiply-accumulates, where ref takes a second or more; n_rows > 0: that many query rows,
 // --rows). Returns "ref" or "simd".
 std::string resolve_impl(const std::string& impl, const Problem& p, int64_t n_rows = 0);
+// The rule under both: "ref" or "simd" as given, "auto" -> simd when `large`; Error otherwise.
+std::string choose_impl(const std::string& impl, bool large);
 // --impl for the module-level toy model (run/golden --model): "auto" takes simd when the layers'
 // projections exceed about 2^28 multiply-accumulates (layers, seq: 0 = the config's).
 std::string resolve_model_impl(const std::string& impl, const ModelConfig& cfg, int64_t layers, int64_t seq);

@@ -23,11 +23,10 @@ struct DiffArgs {
 // --impl for the recomputations of diff (the same bits either way): auto takes simd for sets
 // above 64 MiB of tensors.
 bool diff_uses_simd(const DiffArgs& a) {
-  if (a.impl == "ref" || a.impl == "simd") return a.impl == "simd";
-  require(a.impl == "auto", "--impl: expected ref, simd or auto, got '" + a.impl + "'");
+  if (a.impl != "auto") return choose_impl(a.impl, false) == "simd";
   std::error_code ec;
   const auto bytes = std::filesystem::file_size(a.golden + "/tensors.safetensors", ec);
-  return !ec && bytes > (uint64_t{64} << 20);
+  return choose_impl(a.impl, !ec && bytes > (uint64_t{64} << 20)) == "simd";
 }
 
 int cmd_diff(const DiffArgs& a) {

@@ -70,7 +70,7 @@ int cmd_overlap(const OverlapArgs& a) {
   const Problem& p = si.problem;
   ref::OverlapOptions opt;
   opt.kernels = kernels_for(a.src, p);
-  const auto outs = opt.kernels.run_stack(p, p.schedule(), si.inputs, false);
+  const auto outs = ref::run_stack(p, p.schedule(), si.inputs, false, opt.kernels);
   opt.n_buckets = a.buckets;
   opt.shared_stats = !a.no_shared_stats;
   const ref::OverlapReport r = ref::overlap_report(p, si.inputs, outs, opt);

@@ -178,10 +178,7 @@ std::optional<SwappedRope> swapped_rope(const golden::Loaded& g, int l, const Te
   const ref::IndexerVariant v = m["conventions"].value("indexer_variant", "deepseek_fp8") == "hf_bf16"
                                     ? ref::IndexerVariant::hf_bf16 : ref::IndexerVariant::deepseek_fp8;
   const ref::IndexerModuleOut o = ref::indexer_module(cfg, w, f32("attn.x"), f32("mla.qr"), 0, v, k.linear);
-  SwappedRope r{ref::rope_layout_name(cfg.indexer_rope),
-                v == ref::IndexerVariant::deepseek_fp8 ? k.logits_fp8(o.q8, o.k8, o.k_scale, o.weights, ks, ke)
-                                                       : k.logits_f32(o.q, o.k, o.k_scale, o.weights, ks, ke),
-                {}};
+  SwappedRope r{ref::rope_layout_name(cfg.indexer_rope), ref::indexer_module_logits(o, v, ks, ke, k), {}};
   r.topk = k.topk(r.logits, ks, ke, m["config"]["topk"].get<int64_t>());
   return r;
 }
