@@ -151,11 +151,28 @@ TEST_CASE("cli: overlap and search write their reports; bad sources exit 2") {
 
 TEST_CASE("cli: bench runs a small problem, checks simd against ref and writes JSON") {
   const std::string json = "/tmp/indexshare-cli-bench-" + std::to_string(::getpid()) + ".json";
-  const Result r = cli("bench --problem 'sq8 skv64 hq2 dqk64 dv32 ih4 id32 k8' --repeats 1 --stack-seq 256 --json " + json);
+  const Result r = cli("bench --problem 'sq8 skv64 hq2 dqk64 dv32 ih4 id32 k8' --repeats 1 --stack-seq 256 "
+                       "--module-preset tiny-deepseek --module-rows 8 --json " + json);
   CHECK(r.status == 0);
   CHECK(r.out.find("__REPRO: indexshare bench") != std::string::npos);
+  CHECK(r.out.find("module projections    simd") != std::string::npos);
+  CHECK(r.out.find("agreement simd vs ref: module projections, logits") != std::string::npos);
   CHECK(std::system(("python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); "
                      "assert all(k in d for k in (\"stages\", \"stack\", \"targets\", \"peak_gflops\", \"agreement\"))' " + json).c_str()) == 0);
   std::remove(json.c_str());
   CHECK(cli("bench --problem 'sq8 skv4'").status == 2);
+  // Bad module-stage options are refused before any timing.
+  Result bad = cli("bench --module-preset nope --stack-seq 0");
+  CHECK(bad.status == 2);
+  CHECK(bad.out.find("nope") != std::string::npos);
+  bad = cli("bench --module-rows 0 --stack-seq 0");
+  CHECK(bad.status == 2);
+  CHECK(bad.out.find("--module-rows") != std::string::npos);
+  // --impl is checked on overlap and search as on run.
+  const std::string prob = "--problem 'sq8 skv24 hq2 dqk16 dv8 ih4 id16 k4 nl2 own=yes'";
+  CHECK(cli("overlap --impl simd " + prob).status == 0);
+  bad = cli("overlap --impl fast " + prob);
+  CHECK(bad.status == 2);
+  CHECK(bad.out.find("--impl") != std::string::npos);
+  CHECK(cli("search --impl fast " + prob).status == 2);
 }
