@@ -2,7 +2,8 @@
 // operation, so the outputs equal ref's bit for bit on every target.
 //
 // Per query row t (OpenMP splits over chunks of rows only, so the thread count never changes a bit):
-//   rows     the valid kv rows, sorted ascending, duplicates kept (exactly ref's list)
+//   rows     the valid kv rows, sorted ascending, duplicates kept (exactly ref's list; a radix
+//            sort for long lists)
 //   pass 1   P[h][i] = (q[t,h,:] . k_i) * sm_scale with lanes over d: the accumulator lanes of
 //            one dot are ref's 8 parts (lane l of accumulator a holds part a * N + l, N lanes per
 //            vector, 8 / N accumulators), each part summing d ascending with MulAdd (bf16 x bf16
@@ -13,7 +14,10 @@
 //            std::max from -inf), exp_portable lane by lane (simd/exp-inl.h), the sum l in ref's
 //            order (i ascending; several heads interleaved), lse = m + log(l), the sink factor
 //   pass 3   out = sum_i p_i * V_i, lanes over d_v columns, i ascending, one fused multiply-add
-//            per term as ref's std::fma (targets without FMA instructions call std::fma per lane)
+//            per term as ref's std::fma (targets without FMA instructions call std::fma per lane);
+//            V is gathered and decoded a slice of columns x a sub-chunk of rows at a time into L1,
+//            where every head tile reads it
+//   output   out = f32(acc * factor) and its bf16 (ref's f32_to_bf16 lane by lane), per row
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "simd/attention.cc"
@@ -55,54 +59,115 @@ constexpr size_t kDotHeads = 2, kDotKeys = 2;
 #else
 constexpr size_t kDotHeads = 2, kDotKeys = 2;
 #endif
-// Keys decoded at a time: one tile's worth, so that they stay in L1 while every head tile passes
-// over them (the q rows stream from L2, kDotHeads loads per kDotHeads * kDotKeys MulAdds).
-constexpr int64_t kKeyBlock = kDotKeys;
-// Pass 3 tile: vectors of d_v x heads (accumulators), and rows of V decoded at a time (one
-// kPVRows x kPVVecs-vector slice of V, 16 KiB on AVX3, stays in L1 for every head tile).
+// Pass 3 tile: vectors of d_v x heads (accumulators). V is gathered and decoded again, one L1-sized
+// slice at a time (PVFromRows). (Keeping pass 1's decoded rows for pass 3 was measured slower: the
+// buffer, 4.5 KiB per row, spills out of L2, and writing it costs more than decoding twice.)
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
 constexpr size_t kPVVecs = 3, kPVHeads = 8;
 #else
-constexpr size_t kPVVecs = 4, kPVHeads = 2;
+// A slice is a whole number of 8-column groups (the key-block layout): 8 single-lane vectors on
+// SCALAR, 4 elsewhere.
+constexpr size_t kPVVecs = HWY_LANES(double) >= 2 ? 4 : 8, kPVHeads = 2;
 #endif
-constexpr int64_t kPVRows = 128;
+static_assert((kPVVecs * HWY_LANES(double)) % kParts == 0, "a P.V slice must be whole 8-column groups");
+// PVFromRows keeps a slice of V and the p of every head for its rows within this many bytes of L1.
+constexpr size_t kPVL1Bytes = 32 * 1024;
+// kv rows are prefetched this many rows ahead of the row being decoded (about one key block of
+// pass 1's work, several hundred cycles per row).
+constexpr int64_t kPrefetchRows = int64_t(kDotKeys);
 
-// The bf16 codes src[0, n) as doubles (exact), zeros up to n_pad, element e at
-// dst[(e / 8) * stride + e % 8]: the interleaved layout of pass 1 (the 8-part blocks of
-// consecutive rows or heads side by side); stride 8 gives a plain row (DecodeBf16).
-HWY_INLINE void DecodeBf16Blocks(const uint16_t* HWY_RESTRICT src, int64_t n, int64_t n_pad,
-                                 int64_t stride, double* HWY_RESTRICT dst) {
+// The key-block layout: row i of a list, column c at
+//   base[(i / kDotKeys) * kDotKeys * cols + (c / 8) * kDotKeys * 8 + (i % kDotKeys) * 8 + c % 8]
+// (cols a multiple of 8): a block of kDotKeys rows has its 8-column groups side by side, the
+// operand stream of DotTile, and a run of 8 columns of one row is one aligned vector for PVTile.
+HWY_INLINE double* KeyBlockAt(double* base, int64_t cols, int64_t i) {
+  return base + (i / int64_t(kDotKeys)) * int64_t(kDotKeys) * cols + (i % int64_t(kDotKeys)) * int64_t(kParts);
+}
+
+// 8 bf16 codes -> doubles (exact), as one or more vectors of N lanes stored at dst[0, 8).
+HWY_INLINE void Bf16x8ToF64(const uint16_t* HWY_RESTRICT src, double* HWY_RESTRICT dst) {
   const DF64 d;
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+  // The 16 bytes in both 128-bit halves (a load-port broadcast), one byte shuffle placing each code
+  // in the upper half of a 32-bit lane (the f32 with the same value), one conversion to 8 doubles:
+  // three vector ALU uops for 8 values where zero-extend + shift + convert take four.
+  const __m256i b = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src)));
+  const __m256i idx = _mm256_setr_epi8(-1, -1, 0, 1, -1, -1, 2, 3, -1, -1, 4, 5, -1, -1, 6, 7,  //
+                                       -1, -1, 8, 9, -1, -1, 10, 11, -1, -1, 12, 13, -1, -1, 14, 15);
+  const hn::Rebind<float, DF64> df32;
+  hn::Store(hn::PromoteTo(d, hn::Vec<decltype(df32)>{_mm256_castsi256_ps(_mm256_shuffle_epi8(b, idx))}), d, dst);
+#else
   const hn::Rebind<uint16_t, DF64> d16;
   const hn::Rebind<uint32_t, DF64> d32;
   const hn::Rebind<float, DF64> df32;
-  const int64_t N = int64_t(hn::Lanes(d));
-  const auto at = [&](int64_t e) { return dst + (e / int64_t(kParts)) * stride + e % int64_t(kParts); };
-  int64_t i = 0;
-  for (; i + N <= n; i += N) {
-    const auto u = hn::ShiftLeft<16>(hn::PromoteTo(d32, hn::LoadU(d16, src + i)));
-    hn::Store(hn::PromoteTo(d, hn::BitCast(df32, u)), d, at(i));
+  const size_t N = hn::Lanes(d);
+  for (size_t a = 0; a < kParts / N; ++a) {
+    const auto u = hn::ShiftLeft<16>(hn::PromoteTo(d32, hn::LoadU(d16, src + a * N)));
+    hn::Store(hn::PromoteTo(d, hn::BitCast(df32, u)), d, dst + a * N);
   }
-  for (; i < n; ++i) *at(i) = detail::bf16_to_double(src[i]);
-  for (; i < n_pad; ++i) *at(i) = 0.0;
+#endif
 }
 
-HWY_INLINE void DecodeBf16(const uint16_t* HWY_RESTRICT src, int64_t n, int64_t n_pad, double* HWY_RESTRICT dst) {
-  DecodeBf16Blocks(src, n, n_pad, int64_t(kParts), dst);
+// The bf16 codes src[0, n) as doubles (exact), zeros up to n_pad (a multiple of 8), element e at
+// dst[(e / 8) * stride + e % 8]: the interleaved layouts of pass 1 (the 8-part blocks of
+// consecutive rows or heads side by side); stride 8 gives a plain row.
+HWY_INLINE void DecodeBf16Blocks(const uint16_t* HWY_RESTRICT src, int64_t n, int64_t n_pad,
+                                 int64_t stride, double* HWY_RESTRICT dst) {
+  const int64_t full = n / int64_t(kParts) * int64_t(kParts);
+  double* o = dst;
+  for (int64_t e = 0; e < full; e += int64_t(kParts), o += stride) Bf16x8ToF64(src + e, o);
+  for (int64_t e = full; e < n_pad; e += int64_t(kParts), o += stride)
+    for (int64_t r = 0; r < int64_t(kParts); ++r)
+      o[r] = e + r < n ? detail::bf16_to_double(src[e + r]) : 0.0;
 }
 
-// Prefetches the kv rows rows[from, from + count) (bytes each) into the cache: the rows of the next
-// block are fetched while the present block is computed (gathered rows defeat the hardware
-// prefetcher, which only follows a row once it has started).
-HWY_INLINE void PrefetchRows(const uint16_t* kv, int64_t d_qk, const std::vector<int64_t>& rows,
-                             int64_t from, int64_t count, int64_t bytes) {
-  const int64_t end = std::min<int64_t>(int64_t(rows.size()), from + count);
-  for (int64_t i = from; i < end; ++i) {
-    const char* row = reinterpret_cast<const char*>(kv + rows[size_t(i)] * d_qk);
-    for (int64_t b = 0; b < bytes; b += 64) hwy::Prefetch(row + b);
+// Prefetches the cache line at p into L2 (x86; elsewhere into L1, the one hint Highway offers).
+HWY_INLINE void PrefetchL2(const char* p) {
+#if HWY_ARCH_X86
+  _mm_prefetch(p, _MM_HINT_T1);
+#else
+  hwy::Prefetch(p);
+#endif
+}
+
+// Prefetches the first `bytes` of kv row `row` (a row of the next block, while the present one is
+// decoded or computed: gathered rows defeat the hardware prefetcher).
+HWY_INLINE void PrefetchRow(const uint16_t* kv, int64_t d_qk, int64_t row, int64_t bytes) {
+  const char* p = reinterpret_cast<const char*>(kv + row * d_qk);
+  for (int64_t b = 0; b < bytes; b += 64) hwy::Prefetch(p + b);
+}
+
+// Rows rows[from, to) of kv, their first `cols` columns, decoded into the key-block layout with
+// `pad_cols` columns (zeros past `cols`), list position i at KeyBlockAt(base, pad_cols, i - from);
+// the rows kPrefetchRows ahead are prefetched as each row is decoded.
+// rows sorted ascending (duplicates kept), every value in [0, bound): std::sort for short lists,
+// else a least-significant-digit radix sort over 8-bit digits (stable, so the result is the same
+// list; 2 passes up to 65536 keys, 3 up to 2^24), an order of magnitude faster at top-k 2048.
+HWY_INLINE void SortRows(std::vector<int64_t>& rows, int64_t bound, std::vector<int64_t>& tmp) {
+  const size_t n = rows.size();
+  if (n < 128) {
+    std::sort(rows.begin(), rows.end());
+    return;
+  }
+  tmp.resize(n);
+  for (int shift = 0; shift < 64 && (bound - 1) >> shift != 0; shift += 8) {
+    size_t count[257] = {};
+    for (size_t i = 0; i < n; ++i) ++count[size_t((rows[i] >> shift) & 0xFF) + 1];
+    for (size_t b = 1; b < 257; ++b) count[b] += count[b - 1];
+    for (size_t i = 0; i < n; ++i) tmp[count[size_t((rows[i] >> shift) & 0xFF)]++] = rows[i];
+    rows.swap(tmp);
   }
 }
 
+HWY_INLINE void DecodeRows(const uint16_t* kv, int64_t d_qk, const std::vector<int64_t>& rows,
+                           int64_t from, int64_t to, int64_t cols, int64_t pad_cols, double* base) {
+  const int64_t n = int64_t(rows.size());
+  for (int64_t i = from; i < to; ++i) {
+    if (i + kPrefetchRows < n) PrefetchRow(kv, d_qk, rows[size_t(i + kPrefetchRows)], cols * 2);
+    DecodeBf16Blocks(kv + rows[size_t(i)] * d_qk, cols, pad_cols, int64_t(kDotKeys * kParts),
+                     KeyBlockAt(base, pad_cols, i - from));
+  }
+}
 
 // ref's fold of the 8 parts, ((p0 + p4) + (p2 + p6)) + ((p1 + p5) + (p3 + p7)), for two dots x
 // and y from their PartVecs() accumulators. With 8 or 4 lanes the folds are vector adds of
@@ -139,6 +204,8 @@ HWY_INLINE void FoldPair(const VF64* x, const VF64* y, double& ox, double& oy) {
 #endif
 }
 
+constexpr int64_t kQAhead = 8;  // DotTile's q prefetch distance, in 8-column steps
+
 // P[h][key] for a tile of kDotHeads heads and kDotKeys keys, both in the interleaved layout:
 // qt[jb * kDotHeads * 8 + h * 8 + r] = q[h][8 jb + r], kt[jb * kDotKeys * 8 + key * 8 + r] likewise,
 // jb < dpad / 8 (so each operand is one contiguous stream); out[h * out_stride + key] = dot * scale.
@@ -154,6 +221,10 @@ HWY_INLINE void DotTile(const double* HWY_RESTRICT qt, const double* HWY_RESTRIC
   for (int64_t jb = 0; jb < dpad / int64_t(kParts); ++jb) {
     const double* HWY_RESTRICT qb = qt + jb * int64_t(kDotHeads * kParts);
     const double* HWY_RESTRICT kb = kt + jb * int64_t(kDotKeys * kParts);
+    // q's head tiles stream from L2 (all of q does not fit in L1 beside the key block): fetch a
+    // few steps ahead (past the end of a tile this touches the next tile, or harmless memory).
+    const uintptr_t ahead = reinterpret_cast<uintptr_t>(qb + kQAhead * int64_t(kDotHeads * kParts));
+    for (size_t b = 0; b < kDotHeads * kParts * sizeof(double); b += 64) hwy::Prefetch(reinterpret_cast<const char*>(ahead + b));
     for (size_t a = 0; a < A; ++a) {
       VF64 kv[kDotKeys];
       for (size_t k = 0; k < kDotKeys; ++k) kv[k] = hn::Load(d, kb + k * kParts + a * N);
@@ -173,35 +244,128 @@ HWY_INLINE void DotTile(const double* HWY_RESTRICT qt, const double* HWY_RESTRIC
     }
 }
 
-// acc[h][c0 .. c0 + kPVVecs * N) = fma(p[h][i], V[i][same columns], acc) for i ascending, with
-// vbuf[i * cw + (0 .. cw)] = V[i][c0 .. c0 + cw), cw = kPVVecs * N.
+// acc[h][0 .. kPVVecs * N) = fma(p[h][i], V_i[vc0 + same columns], acc) for i ascending in [0, rn),
+// V_i row i of a key-block buffer (KeyBlockAt(base, cols, i), cols >= vc0 + kPVVecs * N); acc[h]
+// points at the tile's first column.
 template <size_t kHeads>
-HWY_INLINE void PVTile(const double* const* HWY_RESTRICT p, const double* HWY_RESTRICT vbuf,
-                       int64_t rn, int64_t c0, double* const* HWY_RESTRICT acc) {
+HWY_INLINE void PVTile(const double* const* HWY_RESTRICT p, const double* HWY_RESTRICT base, int64_t cols,
+                       int64_t vc0, int64_t rn, double* const* HWY_RESTRICT acc) {
   const DF64 d;
-  const size_t N = hn::Lanes(d);
+  const int64_t N = int64_t(hn::Lanes(d));
+  int64_t off[kPVVecs];  // offset of each vector of columns within a row of a block
+  for (size_t u = 0; u < kPVVecs; ++u) {
+    const int64_t c = vc0 + int64_t(u) * N;
+    off[u] = (c / int64_t(kParts)) * int64_t(kDotKeys * kParts) + c % int64_t(kParts);
+  }
 #if HWY_NATIVE_FMA
+  // No lambdas or helpers that take the accumulators by reference: GCC then keeps them in memory.
   VF64 a[kHeads][kPVVecs];
   for (size_t h = 0; h < kHeads; ++h)
-    for (size_t u = 0; u < kPVVecs; ++u) a[h][u] = hn::Load(d, acc[h] + c0 + u * N);
-  for (int64_t i = 0; i < rn; ++i) {
-    const double* HWY_RESTRICT vrow = vbuf + i * int64_t(kPVVecs * N);
-    VF64 vv[kPVVecs];
-    for (size_t u = 0; u < kPVVecs; ++u) vv[u] = hn::Load(d, vrow + u * N);
-    for (size_t h = 0; h < kHeads; ++h) {
-      const VF64 pb = hn::Set(d, p[h][i]);
-      for (size_t u = 0; u < kPVVecs; ++u) a[h][u] = hn::MulAdd(pb, vv[u], a[h][u]);
+    for (size_t u = 0; u < kPVVecs; ++u) a[h][u] = hn::Load(d, acc[h] + int64_t(u) * N);
+  for (int64_t b0 = 0; b0 < rn; b0 += int64_t(kDotKeys)) {  // blocks of kDotKeys rows
+    const double* HWY_RESTRICT blk = base + b0 * cols;
+    const int64_t kn = std::min(int64_t(kDotKeys), rn - b0);
+    for (int64_t k = 0; k < kn; ++k) {
+      const double* HWY_RESTRICT vrow = blk + k * int64_t(kParts);
+      VF64 vv[kPVVecs];
+      for (size_t u = 0; u < kPVVecs; ++u) vv[u] = hn::Load(d, vrow + off[u]);
+      for (size_t h = 0; h < kHeads; ++h) {
+        const VF64 pb = hn::Set(d, p[h][b0 + k]);
+        for (size_t u = 0; u < kPVVecs; ++u) a[h][u] = hn::MulAdd(pb, vv[u], a[h][u]);
+      }
     }
   }
   for (size_t h = 0; h < kHeads; ++h)
-    for (size_t u = 0; u < kPVVecs; ++u) hn::Store(a[h][u], d, acc[h] + c0 + u * N);
+    for (size_t u = 0; u < kPVVecs; ++u) hn::Store(a[h][u], d, acc[h] + int64_t(u) * N);
 #else
   // No fused multiply-add instruction on this target: Highway's MulAdd would round twice.
   for (size_t h = 0; h < kHeads; ++h)
-    for (int64_t i = 0; i < rn; ++i)
-      for (size_t c = 0; c < kPVVecs * N; ++c)
-        acc[h][c0 + int64_t(c)] = std::fma(p[h][i], vbuf[i * int64_t(kPVVecs * N) + int64_t(c)], acc[h][c0 + int64_t(c)]);
+    for (int64_t i = 0; i < rn; ++i) {
+      const double* vrow = base + (i / int64_t(kDotKeys)) * int64_t(kDotKeys) * cols + (i % int64_t(kDotKeys)) * int64_t(kParts);
+      for (size_t u = 0; u < kPVVecs; ++u)
+        for (int64_t l = 0; l < N; ++l) {
+          double& y = acc[h][int64_t(u) * N + l];
+          y = std::fma(p[h][i], vrow[off[u] + l], y);
+        }
+    }
 #endif
+}
+
+// Every head tile over one slice of columns: acc[h][c0, c0 + cw) += sum over rows [0, rn) of
+// p[h][r0 + i] * V_i[vc0 + (0, cw)], V_i in a key-block buffer.
+HWY_INLINE void PVHeads(const double* pbuf, int64_t n_pad, int64_t r0, int64_t h_q, const double* base,
+                        int64_t cols, int64_t vc0, int64_t rn, int64_t c0, int64_t dvp, double* acc) {
+  int64_t h = 0;
+  for (; h + int64_t(kPVHeads) <= h_q; h += int64_t(kPVHeads)) {
+    const double* ps[kPVHeads];
+    double* as[kPVHeads];
+    for (size_t e = 0; e < kPVHeads; ++e) {
+      ps[e] = pbuf + (h + int64_t(e)) * n_pad + r0;
+      as[e] = acc + (h + int64_t(e)) * dvp + c0;
+    }
+    PVTile<kPVHeads>(ps, base, cols, vc0, rn, as);
+  }
+  for (; h < h_q; ++h) {
+    const double* ps[1] = {pbuf + h * n_pad + r0};
+    double* as[1] = {acc + h * dvp + c0};
+    PVTile<1>(ps, base, cols, vc0, rn, as);
+  }
+}
+
+// Rows per P.V sub-chunk: a multiple of kDotKeys such that one slice of V (sub x cw doubles) and
+// the p of every head for those rows (h_q x sub) stay in L1 while every head tile passes over
+// them. The accumulators go through memory between sub-chunks; ref's order is per element,
+// i ascending, so this changes no bit.
+HWY_INLINE int64_t PVSubRows(int64_t h_q, int64_t cw) {
+  const int64_t fit = int64_t(kPVL1Bytes) / (int64_t(sizeof(double)) * (cw + h_q));
+  return std::max<int64_t>(int64_t(kDotKeys), fit / int64_t(kDotKeys) * int64_t(kDotKeys));
+}
+
+// acc[h][0, dvp) += P.V over all n rows, V gathered again from kv: per sub-chunk of rows and slice
+// of columns, the slice is decoded into an L1 buffer (key-block layout, cw columns) that every head
+// tile then reads; the next sub-chunk's lines of the same columns are prefetched into L2 meanwhile.
+HWY_INLINE void PVFromRows(const double* pbuf, int64_t n_pad, int64_t h_q, const uint16_t* kv, int64_t d_qk,
+                           int64_t d_v, const std::vector<int64_t>& rows, int64_t dvp, double* slice,
+                           double* acc) {
+  const int64_t cw = int64_t(kPVVecs * hn::Lanes(DF64()));
+  const int64_t sub = PVSubRows(h_q, cw);
+  const int64_t n = int64_t(rows.size());
+  for (int64_t s0 = 0; s0 < n; s0 += sub) {
+    const int64_t sn = std::min(sub, n - s0);
+    const int64_t next_end = std::min(n, s0 + sub + sub);
+    for (int64_t c0 = 0; c0 < dvp; c0 += cw) {
+      const int64_t cn = std::min(cw, d_v - c0);
+      // Lines of the next sub-chunk's rows that hold columns [c0, c0 + cn) (32 bf16 per line).
+      for (int64_t i = s0 + sub; i < next_end; ++i) {
+        const char* row = reinterpret_cast<const char*>(kv + rows[size_t(i)] * d_qk);
+        for (int64_t b = (c0 * 2) / 64 * 64; b < (c0 + cn) * 2; b += 64) PrefetchL2(row + b);
+      }
+      for (int64_t i = 0; i < sn; ++i)
+        DecodeBf16Blocks(kv + rows[size_t(s0 + i)] * d_qk + c0, cn, cw, int64_t(kDotKeys * kParts),
+                         KeyBlockAt(slice, cw, i));
+      PVHeads(pbuf, n_pad, s0, h_q, slice, cw, 0, sn, c0, dvp, acc);
+    }
+  }
+}
+
+// dst[i] = f32_to_bf16(src[i]).bits for i < n: ref's rounding (to nearest, ties to even, on the
+// bits; NaN -> quiet NaN with the sign kept), lane by lane on 32-bit integers.
+HWY_INLINE void F32ToBf16(const float* HWY_RESTRICT src, uint16_t* HWY_RESTRICT dst, int64_t n) {
+  const hn::ScalableTag<int32_t> di;
+  const hn::RebindToUnsigned<decltype(di)> du;
+  const hn::Rebind<uint16_t, decltype(di)> d16;
+  const int64_t N = int64_t(hn::Lanes(di));
+  int64_t i = 0;
+  for (; i + N <= n; i += N) {
+    const auto u = hn::LoadU(di, reinterpret_cast<const int32_t*>(src + i));
+    const auto hi = hn::BitCast(di, hn::ShiftRight<16>(hn::BitCast(du, u)));  // u >> 16, logical
+    const auto is_nan = hn::Gt(hn::And(u, hn::Set(di, 0x7FFFFFFF)), hn::Set(di, 0x7F800000));
+    const auto lsb = hn::And(hi, hn::Set(di, 1));
+    const auto rounded = hn::BitCast(di, hn::ShiftRight<16>(hn::BitCast(du, hn::Add(hn::Add(u, hn::Set(di, 0x7FFF)), lsb))));
+    const auto nan = hn::Or(hn::And(hi, hn::Set(di, 0x8000)), hn::Set(di, 0x7FC0));
+    hn::StoreU(hn::DemoteTo(d16, hn::IfThenElse(is_nan, nan, rounded)), d16, dst + i);
+  }
+  for (; i < n; ++i) dst[i] = f32_to_bf16(src[i]).bits;
 }
 
 // y[i] = exp_portable(x[i]) (the export behind simd::exp_portable, for the tests).
@@ -222,141 +386,129 @@ void ExpArray(const double* x, double* y, int64_t n) {
 // (the HWY_ONCE part) splits the rows into chunks across threads. An OpenMP region inside a target
 // function is outlined by the compiler into a function that need not carry the target's
 // instruction set (clang 14 then fails to select SSE4.1 roundpd).
-void AttentionChunk(const detail::AttentionView& v, int64_t t0, int64_t t1, float* out, float* lse_out,
-                    float* max_out) {
+void AttentionChunk(const detail::AttentionView& v, int64_t t0, int64_t t1, float* out, uint16_t* out_bf16,
+                    float* lse_out, float* max_out) {
   const DF64 d;
   const int64_t N = int64_t(hn::Lanes(d));
   const int64_t h_q = v.h_q, d_qk = v.d_qk, d_v = v.d_v;
+  const int64_t kb = int64_t(kDotKeys);
   const int64_t dpad = (d_qk + int64_t(kParts) - 1) / int64_t(kParts) * int64_t(kParts);
   const int64_t hpad = (h_q + int64_t(kDotHeads) - 1) / int64_t(kDotHeads) * int64_t(kDotHeads);
   const int64_t q_tile = int64_t(kDotHeads) * dpad;  // doubles per head tile of q
   const int64_t cw = int64_t(kPVVecs) * N;      // columns per P.V tile
   const int64_t dvp = (d_v + cw - 1) / cw * cw;  // d_v padded to whole tiles
 
-  {
-    auto qd = hwy::AllocateAligned<double>(size_t(hpad * dpad));
-    auto kbuf = hwy::AllocateAligned<double>(size_t(kKeyBlock * dpad));
-    auto vbuf = hwy::AllocateAligned<double>(size_t(kPVRows * cw));
-    auto acc = hwy::AllocateAligned<double>(size_t(h_q * dvp));
-    hwy::AlignedFreeUniquePtr<double[]> pbuf;
-    int64_t pbuf_size = 0;
-    std::vector<int64_t> rows;
-    std::vector<double> factor(static_cast<size_t>(h_q)), l(static_cast<size_t>(h_q)), mx(static_cast<size_t>(h_q));
-    std::fill(qd.get(), qd.get() + hpad * dpad, 0.0);  // padding heads stay zero
+  auto qd = hwy::AllocateAligned<double>(size_t(hpad * dpad));
+  auto slice = hwy::AllocateAligned<double>(size_t(PVSubRows(h_q, cw) * cw));  // PVFromRows' slice of V
+  auto acc = hwy::AllocateAligned<double>(size_t(h_q * dvp));
+  auto kbuf = hwy::AllocateAligned<double>(size_t(kb * dpad));  // one key block, pass 1's layout
+  hwy::AlignedFreeUniquePtr<double[]> pbuf;
+  int64_t pbuf_size = 0;
+  std::vector<int64_t> rows, sort_tmp;
+  std::vector<double> factor(static_cast<size_t>(h_q)), l(static_cast<size_t>(h_q)), mx(static_cast<size_t>(h_q));
+  std::fill(qd.get(), qd.get() + hpad * dpad, 0.0);  // padding heads stay zero
 
-    for (int64_t t = t0; t < t1; ++t) {
-      rows.clear();
-      if (v.dense) {
-        for (int64_t i = v.ks[t]; i < v.ke[t]; ++i) rows.push_back(i);
-      } else {
-        const int64_t len = v.topk_length ? v.topk_length[t] : v.topk;
-        for (int64_t j = 0; j < len; ++j) {
-          const int64_t i = v.indices[t * v.topk + j];
-          if (0 <= i && i < v.s_kv) rows.push_back(i);
-        }
-        std::sort(rows.begin(), rows.end());
+  for (int64_t t = t0; t < t1; ++t) {
+    rows.clear();
+    if (v.dense) {
+      for (int64_t i = v.ks[t]; i < v.ke[t]; ++i) rows.push_back(i);
+    } else {
+      const int64_t len = v.topk_length ? v.topk_length[t] : v.topk;
+      for (int64_t j = 0; j < len; ++j) {
+        const int64_t i = v.indices[t * v.topk + j];
+        if (0 <= i && i < v.s_kv) rows.push_back(i);
       }
-      const int64_t n = int64_t(rows.size());
-      if (n == 0) {  // lonely query: FlashMLA HEAD convention
-        std::fill(out + t * h_q * d_v, out + (t + 1) * h_q * d_v, 0.0f);
-        for (int64_t h = 0; h < h_q; ++h) {
-          lse_out[t * h_q + h] = std::numeric_limits<float>::infinity();
-          max_out[t * h_q + h] = -std::numeric_limits<float>::infinity();
-        }
-        continue;
-      }
-      const int64_t n_pad = (n + kKeyBlock - 1) / kKeyBlock * kKeyBlock;
-      if (hpad * n_pad > pbuf_size) {
-        pbuf_size = hpad * n_pad;
-        pbuf = hwy::AllocateAligned<double>(size_t(pbuf_size));
-      }
-      // Pass 1: P[h][i] = (q[t,h,:] . kv[rows[i]]) * sm_scale. q is decoded once per row into
-      // head tiles, kv rows kKeyBlock at a time, both interleaved (see DotTile).
-      for (int64_t h = 0; h < h_q; ++h)
-        DecodeBf16Blocks(v.q + (t * h_q + h) * d_qk, d_qk, dpad, int64_t(kDotHeads * kParts),
-                         qd.get() + (h / int64_t(kDotHeads)) * q_tile + (h % int64_t(kDotHeads)) * int64_t(kParts));
-      PrefetchRows(v.kv, d_qk, rows, 0, kKeyBlock, d_qk * 2);
-      for (int64_t i0 = 0; i0 < n; i0 += kKeyBlock) {
-        const int64_t bn = std::min(kKeyBlock, n - i0);
-        PrefetchRows(v.kv, d_qk, rows, i0 + kKeyBlock, kKeyBlock, d_qk * 2);
-        for (int64_t i = 0; i < kKeyBlock; ++i) {
-          if (i < bn)
-            DecodeBf16Blocks(v.kv + rows[size_t(i0 + i)] * d_qk, d_qk, dpad, int64_t(kDotKeys * kParts),
-                             kbuf.get() + i * int64_t(kParts));
-          else
-            DecodeBf16Blocks(nullptr, 0, dpad, int64_t(kDotKeys * kParts), kbuf.get() + i * int64_t(kParts));
-        }
-        for (int64_t h0 = 0; h0 < hpad; h0 += int64_t(kDotHeads))
-          DotTile(qd.get() + (h0 / int64_t(kDotHeads)) * q_tile, kbuf.get(), dpad, v.sm_scale,
-                  pbuf.get() + h0 * n_pad + i0, n_pad);
-      }
-      // Pass 2: softmax statistics per head, in ref's order.
+      SortRows(rows, v.s_kv, sort_tmp);
+    }
+    const int64_t n = int64_t(rows.size());
+    if (n == 0) {  // lonely query: FlashMLA HEAD convention
+      std::fill(out + t * h_q * d_v, out + (t + 1) * h_q * d_v, 0.0f);
+      std::fill(out_bf16 + t * h_q * d_v, out_bf16 + (t + 1) * h_q * d_v, uint16_t{0});
       for (int64_t h = 0; h < h_q; ++h) {
-        double* p = pbuf.get() + h * n_pad;
-        int64_t i = 0;
-        VF64 mv = hn::Set(d, -std::numeric_limits<double>::infinity());
-        for (; i + N <= n; i += N) {
-          const VF64 x = hn::LoadU(d, p + i);
-          mv = hn::IfThenElse(hn::Lt(mv, x), x, mv);
-        }
-        HWY_ALIGN double lanes[kParts] = {};
-        hn::Store(mv, d, lanes);
-        double m = -std::numeric_limits<double>::infinity();
-        for (int64_t e = 0; e < N; ++e) m = std::max(m, lanes[e]);
-        for (; i < n; ++i) m = std::max(m, p[i]);
-        const VF64 mb = hn::Set(d, m);
-        for (i = 0; i + N <= n; i += N) hn::StoreU(ExpPortable(d, hn::Sub(hn::LoadU(d, p + i), mb)), d, p + i);
-        for (; i < n; ++i) p[i] = indexshare::exp_portable(p[i] - m);
-        mx[size_t(h)] = m;
+        lse_out[t * h_q + h] = std::numeric_limits<float>::infinity();
+        max_out[t * h_q + h] = -std::numeric_limits<float>::infinity();
       }
-      // l[h] = sum_i p[h][i], i ascending (independent chains for several heads at once).
-      constexpr int64_t kSumHeads = 8;
-      for (int64_t h0 = 0; h0 < h_q; h0 += kSumHeads) {
-        const int64_t hc = std::min(kSumHeads, h_q - h0);
-        double s[kSumHeads] = {0, 0, 0, 0, 0, 0, 0, 0};
-        for (int64_t i = 0; i < n; ++i)
-          for (int64_t e = 0; e < hc; ++e) s[e] += pbuf[size_t((h0 + e) * n_pad + i)];
-        for (int64_t e = 0; e < hc; ++e) l[size_t(h0 + e)] = s[e];
+      continue;
+    }
+    const int64_t n_pad = (n + kb - 1) / kb * kb;
+    if (hpad * n_pad > pbuf_size) {
+      pbuf_size = hpad * n_pad;
+      pbuf = hwy::AllocateAligned<double>(size_t(pbuf_size));
+    }
+    // Pass 1: P[h][i] = (q[t,h,:] . kv[rows[i]]) * sm_scale. q is decoded once per row into
+    // head tiles, kv rows a key block at a time, both interleaved (see DotTile).
+    for (int64_t h = 0; h < h_q; ++h)
+      DecodeBf16Blocks(v.q + (t * h_q + h) * d_qk, d_qk, dpad, int64_t(kDotHeads * kParts),
+                       qd.get() + (h / int64_t(kDotHeads)) * q_tile + (h % int64_t(kDotHeads)) * int64_t(kParts));
+    for (int64_t i = 0; i < std::min(n, kPrefetchRows); ++i) PrefetchRow(v.kv, d_qk, rows[size_t(i)], d_qk * 2);
+    // The next query row's q is fetched into L2 a few lines per key block, so that its decode
+    // does not wait on memory.
+    const char* q_next = t + 1 < t1 ? reinterpret_cast<const char*>(v.q + (t + 1) * h_q * d_qk) : nullptr;
+    const int64_t q_bytes = h_q * d_qk * 2;
+    const int64_t q_step = ((q_bytes + 63) / 64 + n_pad / kb - 1) / (n_pad / kb) * 64;  // bytes per block
+    for (int64_t i0 = 0; i0 < n; i0 += kb) {
+      const int64_t bn = std::min(kb, n - i0);
+      double* blk = kbuf.get();
+      if (q_next)
+        for (int64_t b = (i0 / kb) * q_step; b < std::min(q_bytes, (i0 / kb + 1) * q_step); b += 64)
+          PrefetchL2(q_next + b);
+      DecodeRows(v.kv, d_qk, rows, i0, i0 + bn, d_qk, dpad, blk);
+      for (int64_t i = bn; i < kb; ++i)  // padding keys of the last block: zeros
+        DecodeBf16Blocks(nullptr, 0, dpad, kb * int64_t(kParts), KeyBlockAt(blk, dpad, i));
+      for (int64_t h0 = 0; h0 < hpad; h0 += int64_t(kDotHeads))
+        DotTile(qd.get() + (h0 / int64_t(kDotHeads)) * q_tile, blk, dpad, v.sm_scale,
+                pbuf.get() + h0 * n_pad + i0, n_pad);
+    }
+    // Pass 2: softmax statistics per head, in ref's order.
+    for (int64_t h = 0; h < h_q; ++h) {
+      double* p = pbuf.get() + h * n_pad;
+      int64_t i = 0;
+      VF64 mv = hn::Set(d, -std::numeric_limits<double>::infinity());
+      for (; i + N <= n; i += N) {
+        const VF64 x = hn::LoadU(d, p + i);
+        mv = hn::IfThenElse(hn::Lt(mv, x), x, mv);
       }
-      for (int64_t h = 0; h < h_q; ++h) {
-        const double lse = mx[size_t(h)] + std::log(l[size_t(h)]);
-        double f = 1.0 / l[size_t(h)];
-        if (v.sink) f *= 1.0 / (1.0 + indexshare::exp_portable(double(v.sink[h]) - lse));
-        factor[size_t(h)] = f;
-        lse_out[t * h_q + h] = float(lse);
-        max_out[t * h_q + h] = float(mx[size_t(h)]);
-      }
-      // Pass 3: acc[h][c] = sum_i p[h][i] * V[rows[i]][c], rows ascending, fused.
-      std::fill(acc.get(), acc.get() + h_q * dvp, 0.0);
-      PrefetchRows(v.kv, d_qk, rows, 0, kPVRows, d_v * 2);
-      for (int64_t r0 = 0; r0 < n; r0 += kPVRows) {
-        const int64_t rn = std::min(kPVRows, n - r0);
-        PrefetchRows(v.kv, d_qk, rows, r0 + kPVRows, kPVRows, d_v * 2);
-        for (int64_t c0 = 0; c0 < dvp; c0 += cw) {
-          const int64_t cn = std::min(cw, d_v - c0);
-          for (int64_t i = 0; i < rn; ++i) DecodeBf16(v.kv + rows[size_t(r0 + i)] * d_qk + c0, cn, cw, vbuf.get() + i * cw);
-          int64_t h = 0;
-          for (; h + int64_t(kPVHeads) <= h_q; h += int64_t(kPVHeads)) {
-            const double* ps[kPVHeads];
-            double* as[kPVHeads];
-            for (size_t e = 0; e < kPVHeads; ++e) {
-              ps[e] = pbuf.get() + (h + int64_t(e)) * n_pad + r0;
-              as[e] = acc.get() + (h + int64_t(e)) * dvp;
-            }
-            PVTile<kPVHeads>(ps, vbuf.get(), rn, c0, as);
-          }
-          for (; h < h_q; ++h) {
-            const double* ps[1] = {pbuf.get() + h * n_pad + r0};
-            double* as[1] = {acc.get() + h * dvp};
-            PVTile<1>(ps, vbuf.get(), rn, c0, as);
-          }
-        }
-      }
-      for (int64_t h = 0; h < h_q; ++h) {
-        float* o = out + (t * h_q + h) * d_v;
-        const double* a = acc.get() + h * dvp;
-        for (int64_t c = 0; c < d_v; ++c) o[c] = float(a[c] * factor[size_t(h)]);
-      }
+      HWY_ALIGN double lanes[kParts] = {};
+      hn::Store(mv, d, lanes);
+      double m = -std::numeric_limits<double>::infinity();
+      for (int64_t e = 0; e < N; ++e) m = std::max(m, lanes[e]);
+      for (; i < n; ++i) m = std::max(m, p[i]);
+      const VF64 mb = hn::Set(d, m);
+      for (i = 0; i + N <= n; i += N) hn::StoreU(ExpPortable(d, hn::Sub(hn::LoadU(d, p + i), mb)), d, p + i);
+      for (; i < n; ++i) p[i] = indexshare::exp_portable(p[i] - m);
+      mx[size_t(h)] = m;
+    }
+    // l[h] = sum_i p[h][i], i ascending (independent chains for several heads at once).
+    constexpr int64_t kSumHeads = 8;
+    for (int64_t h0 = 0; h0 < h_q; h0 += kSumHeads) {
+      const int64_t hc = std::min(kSumHeads, h_q - h0);
+      double s[kSumHeads] = {0, 0, 0, 0, 0, 0, 0, 0};
+      for (int64_t i = 0; i < n; ++i)
+        for (int64_t e = 0; e < hc; ++e) s[e] += pbuf[size_t((h0 + e) * n_pad + i)];
+      for (int64_t e = 0; e < hc; ++e) l[size_t(h0 + e)] = s[e];
+    }
+    for (int64_t h = 0; h < h_q; ++h) {
+      const double lse = mx[size_t(h)] + std::log(l[size_t(h)]);
+      double f = 1.0 / l[size_t(h)];
+      if (v.sink) f *= 1.0 / (1.0 + indexshare::exp_portable(double(v.sink[h]) - lse));
+      factor[size_t(h)] = f;
+      lse_out[t * h_q + h] = float(lse);
+      max_out[t * h_q + h] = float(mx[size_t(h)]);
+    }
+    // Pass 3: acc[h][c] = sum_i p[h][i] * V[rows[i]][c], rows ascending, fused; the rows are
+    // gathered and decoded again (in L1-sized slices).
+    std::fill(acc.get(), acc.get() + h_q * dvp, 0.0);
+    PVFromRows(pbuf.get(), n_pad, h_q, v.kv, d_qk, d_v, rows, dvp, slice.get(), acc.get());
+    for (int64_t h = 0; h < h_q; ++h) {  // out = f32(acc * factor) (one rounding, as ref), and its bf16
+      float* o = out + (t * h_q + h) * d_v;
+      uint16_t* ob = out_bf16 + (t * h_q + h) * d_v;
+      const double* a = acc.get() + h * dvp;
+      const hn::Rebind<float, DF64> df32;
+      const VF64 fv = hn::Set(d, factor[size_t(h)]);
+      int64_t c = 0;
+      for (; c + N <= d_v; c += N) hn::StoreU(hn::DemoteTo(df32, hn::Mul(hn::Load(d, a + c), fv)), df32, o + c);
+      for (; c < d_v; ++c) o[c] = float(a[c] * factor[size_t(h)]);
+      F32ToBf16(o, ob, d_v);
     }
   }
 }
@@ -401,8 +553,8 @@ AttentionOut run(const detail::AttentionView& v) {
 #pragma omp parallel for schedule(dynamic, 1)
   for (int64_t c = 0; c < chunks; ++c)
     HWY_DYNAMIC_DISPATCH(AttentionChunk)(v, c * kChunkRows, std::min(v.s_q, (c + 1) * kChunkRows), o.out.ptr(),
-                                         o.lse.ptr(), o.max_logits.ptr());
-  for (int64_t i = 0; i < o.out.numel(); ++i) o.out_bf16[i] = f32_to_bf16(o.out[i]);
+                                         reinterpret_cast<uint16_t*>(o.out_bf16.ptr()), o.lse.ptr(),
+                                         o.max_logits.ptr());
   return o;
 }
 

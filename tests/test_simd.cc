@@ -550,8 +550,10 @@ TEST_CASE("simd: sparse and dense attention bit-identical to ref on every target
   struct Dims {
     int64_t s_q, h_q, d_qk, d_v, s_kv, topk;
   };
-  // h_q not a multiple of a head tile (9, 3), d_qk / d_v not multiples of a lane count.
-  for (const Dims& dm : std::vector<Dims>{{6, 9, 40, 32, 53, 24}, {4, 3, 33, 7, 29, 31}, {2, 1, 1, 1, 5, 3}}) {
+  // h_q not a multiple of a head tile (9, 3), d_qk / d_v not multiples of a lane count; the last
+  // shape has rows lists of 128+ (the radix sort) and more rows than one P.V sub-chunk.
+  for (const Dims& dm : std::vector<Dims>{
+           {6, 9, 40, 32, 53, 24}, {4, 3, 33, 7, 29, 31}, {2, 1, 1, 1, 5, 3}, {3, 5, 24, 20, 700, 600}}) {
     CAPTURE(dm.d_qk);
     CAPTURE(dm.d_v);
     AttnCase c = make_attention(dm.s_q, dm.h_q, dm.d_qk, dm.d_v, dm.s_kv, dm.topk, 40 + uint64_t(dm.d_qk));
@@ -717,6 +719,24 @@ TEST_CASE("simd: reduction orders are the specified ones (cancellation-sensitive
     CHECK(s.lse[0] == 1.0f);
     CHECK(s.max_logits[0] == 1.0f);
   });
+  // P.V runs over the valid rows in ascending index order, whatever their order in the indices:
+  // 200 rows (long enough for the radix sort), equal scores (q = 0, so every p = 1), V[:, 0] = 1 at
+  // row 2, 2^60 at 256, -2^60 at 257, 0 elsewhere. Ascending: 1 + 2^60 rounds to 2^60, minus 2^60
+  // gives 0. Sorting on the low byte only (256, 257, 2) would give 1 / 200 instead.
+  {
+    const int64_t s_kv = 600, n = 200;
+    Tensor<bf16_t> q0({1, 1, 8}), kv0({s_kv, 1, 8});
+    kv0.at(2, 0, 0) = b(1.0f), kv0.at(256, 0, 0) = b(0x1p60f), kv0.at(257, 0, 0) = b(-0x1p60f);
+    Tensor<int32_t> rows({1, 1, n});
+    rows[0] = 257, rows[1] = 256, rows[2] = 2;
+    for (int64_t j = 3; j < n; ++j) rows[j] = int32_t(597 - j);  // descending, none of the three
+    const ref::AttentionOut r0 = ref::sparse_attention(q0, kv0, rows, 1.0f, 8);
+    CHECK(r0.out[0] == 0.0f);
+    for_each_target([&](const std::string&, int threads) {
+      if (threads != 1) return;
+      CHECK(simd::sparse_attention(q0, kv0, rows, 1.0f, 8).out[0] == 0.0f);
+    });
+  }
   // Linear: sum over k ascending: x . w = 2^60 + 1 - 2^60 = 0 in that order (any pairing of the
   // two large terms first gives 1).
   Tensor<float> x({1, 3}), w({2, 3});
