@@ -326,7 +326,7 @@ HWY_INLINE int64_t PVSubRows(int64_t h_q, int64_t cw) {
 // tile then reads; the next sub-chunk's lines of the same columns are prefetched into L2 meanwhile.
 HWY_INLINE void PVFromRows(const double* pbuf, int64_t n_pad, int64_t h_q, const uint16_t* kv, int64_t d_qk,
                            int64_t d_v, const std::vector<int64_t>& rows, int64_t dvp, double* slice,
-                           double* acc) {
+                           double* acc, detail::PhaseClock& clk, AttentionPhases& ph) {
   const int64_t cw = int64_t(kPVVecs * hn::Lanes(DF64()));
   const int64_t sub = PVSubRows(h_q, cw);
   const int64_t n = int64_t(rows.size());
@@ -343,7 +343,9 @@ HWY_INLINE void PVFromRows(const double* pbuf, int64_t n_pad, int64_t h_q, const
       for (int64_t i = 0; i < sn; ++i)
         DecodeBf16Blocks(kv + rows[size_t(s0 + i)] * d_qk + c0, cn, cw, int64_t(kDotKeys * kParts),
                          KeyBlockAt(slice, cw, i));
+      clk.lap(&ph.v_gather);
       PVHeads(pbuf, n_pad, s0, h_q, slice, cw, 0, sn, c0, dvp, acc);
+      clk.lap(&ph.pv_tiles);
     }
   }
 }
@@ -387,7 +389,12 @@ void ExpArray(const double* x, double* y, int64_t n) {
 // function is outlined by the compiler into a function that need not carry the target's
 // instruction set (clang 14 then fails to select SSE4.1 roundpd).
 void AttentionChunk(const detail::AttentionView& v, int64_t t0, int64_t t1, float* out, uint16_t* out_bf16,
-                    float* lse_out, float* max_out) {
+                    float* lse_out, float* max_out, AttentionPhases* phases) {
+  AttentionPhases ph;
+  double other = 0;  // row lists, accumulator reset, output: total minus the named phases
+  detail::PhaseClock clk;
+  clk.on = phases != nullptr;
+  clk.start();
   const DF64 d;
   const int64_t N = int64_t(hn::Lanes(d));
   const int64_t h_q = v.h_q, d_qk = v.d_qk, d_v = v.d_v;
@@ -435,11 +442,13 @@ void AttentionChunk(const detail::AttentionView& v, int64_t t0, int64_t t1, floa
       pbuf_size = hpad * n_pad;
       pbuf = hwy::AllocateAligned<double>(size_t(pbuf_size));
     }
+    clk.lap(&other);
     // Pass 1: P[h][i] = (q[t,h,:] . kv[rows[i]]) * sm_scale. q is decoded once per row into
     // head tiles, kv rows a key block at a time, both interleaved (see DotTile).
     for (int64_t h = 0; h < h_q; ++h)
       DecodeBf16Blocks(v.q + (t * h_q + h) * d_qk, d_qk, dpad, int64_t(kDotHeads * kParts),
                        qd.get() + (h / int64_t(kDotHeads)) * q_tile + (h % int64_t(kDotHeads)) * int64_t(kParts));
+    clk.lap(&ph.q_decode);
     for (int64_t i = 0; i < std::min(n, kPrefetchRows); ++i) PrefetchRow(v.kv, d_qk, rows[size_t(i)], d_qk * 2);
     // The next query row's q is fetched into L2 a few lines per key block, so that its decode
     // does not wait on memory.
@@ -455,9 +464,11 @@ void AttentionChunk(const detail::AttentionView& v, int64_t t0, int64_t t1, floa
       DecodeRows(v.kv, d_qk, rows, i0, i0 + bn, d_qk, dpad, blk);
       for (int64_t i = bn; i < kb; ++i)  // padding keys of the last block: zeros
         DecodeBf16Blocks(nullptr, 0, dpad, kb * int64_t(kParts), KeyBlockAt(blk, dpad, i));
+      clk.lap(&ph.k_gather);
       for (int64_t h0 = 0; h0 < hpad; h0 += int64_t(kDotHeads))
         DotTile(qd.get() + (h0 / int64_t(kDotHeads)) * q_tile, blk, dpad, v.sm_scale,
                 pbuf.get() + h0 * n_pad + i0, n_pad);
+      clk.lap(&ph.qk_tiles);
     }
     // Pass 2: softmax statistics per head, in ref's order.
     for (int64_t h = 0; h < h_q; ++h) {
@@ -495,10 +506,12 @@ void AttentionChunk(const detail::AttentionView& v, int64_t t0, int64_t t1, floa
       lse_out[t * h_q + h] = float(lse);
       max_out[t * h_q + h] = float(mx[size_t(h)]);
     }
+    clk.lap(&ph.softmax);
     // Pass 3: acc[h][c] = sum_i p[h][i] * V[rows[i]][c], rows ascending, fused; the rows are
     // gathered and decoded again (in L1-sized slices).
     std::fill(acc.get(), acc.get() + h_q * dvp, 0.0);
-    PVFromRows(pbuf.get(), n_pad, h_q, v.kv, d_qk, d_v, rows, dvp, slice.get(), acc.get());
+    clk.lap(&other);
+    PVFromRows(pbuf.get(), n_pad, h_q, v.kv, d_qk, d_v, rows, dvp, slice.get(), acc.get(), clk, ph);
     for (int64_t h = 0; h < h_q; ++h) {  // out = f32(acc * factor) (one rounding, as ref), and its bf16
       float* o = out + (t * h_q + h) * d_v;
       uint16_t* ob = out_bf16 + (t * h_q + h) * d_v;
@@ -510,6 +523,11 @@ void AttentionChunk(const detail::AttentionView& v, int64_t t0, int64_t t1, floa
       for (; c < d_v; ++c) o[c] = float(a[c] * factor[size_t(h)]);
       F32ToBf16(o, ob, d_v);
     }
+  }
+  clk.lap(&other);
+  if (phases) {
+    ph.total = ph.qk_tiles + ph.pv_tiles + ph.k_gather + ph.v_gather + ph.q_decode + ph.softmax + other;
+    *phases = ph;
   }
 }
 
@@ -523,6 +541,12 @@ HWY_EXPORT(AttentionChunk);
 HWY_EXPORT(ExpArray);
 
 void exp_portable(const double* x, double* y, int64_t n) { HWY_DYNAMIC_DISPATCH(ExpArray)(x, y, n); }
+
+AttentionPhases& AttentionPhases::operator+=(const AttentionPhases& o) {
+  qk_tiles += o.qk_tiles, pv_tiles += o.pv_tiles, k_gather += o.k_gather, v_gather += o.v_gather;
+  q_decode += o.q_decode, softmax += o.softmax, total += o.total;
+  return *this;
+}
 
 namespace {
 
@@ -542,7 +566,7 @@ detail::AttentionView make_view(const Tensor<bf16_t>& q, const Tensor<bf16_t>& k
   return v;
 }
 
-AttentionOut run(const detail::AttentionView& v) {
+AttentionOut run(const detail::AttentionView& v, AttentionPhases* phases) {
   AttentionOut o{Tensor<float>({v.s_q, v.h_q, v.d_v}), Tensor<bf16_t>({v.s_q, v.h_q, v.d_v}),
                  Tensor<float>({v.s_q, v.h_q}), Tensor<float>({v.s_q, v.h_q})};
   // Chunks of up to 8 query rows over the threads (independent outputs, so neither the thread
@@ -550,11 +574,16 @@ AttentionOut run(const detail::AttentionView& v) {
   // smaller chunks so that every thread has some.
   const int64_t kChunkRows = std::clamp<int64_t>(v.s_q / (4 * int64_t(omp_get_max_threads())), 1, 8);
   const int64_t chunks = (v.s_q + kChunkRows - 1) / kChunkRows;
+  std::vector<AttentionPhases> chunk_phases(phases ? size_t(chunks) : 0);
 #pragma omp parallel for schedule(dynamic, 1)
   for (int64_t c = 0; c < chunks; ++c)
     HWY_DYNAMIC_DISPATCH(AttentionChunk)(v, c * kChunkRows, std::min(v.s_q, (c + 1) * kChunkRows), o.out.ptr(),
                                          reinterpret_cast<uint16_t*>(o.out_bf16.ptr()), o.lse.ptr(),
-                                         o.max_logits.ptr());
+                                         o.max_logits.ptr(), phases ? &chunk_phases[size_t(c)] : nullptr);
+  if (phases) {
+    *phases = AttentionPhases{};
+    for (const AttentionPhases& cp : chunk_phases) *phases += cp;
+  }
   return o;
 }
 
@@ -562,7 +591,8 @@ AttentionOut run(const detail::AttentionView& v) {
 
 AttentionOut sparse_attention(const Tensor<bf16_t>& q, const Tensor<bf16_t>& kv,
                               const Tensor<int32_t>& indices, float sm_scale, int64_t d_v,
-                              const Tensor<int32_t>* topk_length, const Tensor<float>* attn_sink) {
+                              const Tensor<int32_t>* topk_length, const Tensor<float>* attn_sink,
+                              AttentionPhases* phases) {
   ref::check_attention_inputs(q, kv, d_v, attn_sink);
   const int64_t s_q = q.dim(0);
   require(indices.rank() == 3 && indices.dim(0) == s_q && indices.dim(1) == 1,
@@ -580,12 +610,12 @@ AttentionOut sparse_attention(const Tensor<bf16_t>& q, const Tensor<bf16_t>& kv,
   v.indices = indices.ptr();
   v.topk = topk;
   v.topk_length = topk_length ? topk_length->ptr() : nullptr;
-  return run(v);
+  return run(v, phases);
 }
 
 AttentionOut dense_attention(const Tensor<bf16_t>& q, const Tensor<bf16_t>& kv, float sm_scale,
                              int64_t d_v, const Tensor<int32_t>& ks, const Tensor<int32_t>& ke,
-                             const Tensor<float>* attn_sink) {
+                             const Tensor<float>* attn_sink, AttentionPhases* phases) {
   ref::check_attention_inputs(q, kv, d_v, attn_sink);
   const int64_t s_q = q.dim(0), s_kv = kv.dim(0);
   require_shape(ks, {s_q}, "attention ks");
@@ -597,7 +627,7 @@ AttentionOut dense_attention(const Tensor<bf16_t>& q, const Tensor<bf16_t>& kv, 
   v.dense = true;
   v.ks = ks.ptr();
   v.ke = ke.ptr();
-  return run(v);
+  return run(v, phases);
 }
 
 }  // namespace indexshare::simd

@@ -4,10 +4,15 @@
 #pragma once
 
 #include <array>
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 
 #include "ref/numerics.h"
+
+namespace indexshare::simd {
+struct AttentionPhases;  // simd/simd.h
+}  // namespace indexshare::simd
 
 namespace indexshare::simd::detail {
 
@@ -75,6 +80,23 @@ struct AttentionView {
   const int32_t* ks = nullptr;
   const int32_t* ke = nullptr;
   bool dense = false;
+};
+
+// Phase timing of one chunk of attention rows (see simd::AttentionPhases): a steady_clock read at
+// each boundary when on, nothing when off.
+struct PhaseClock {
+  bool on = false;
+  std::chrono::steady_clock::time_point last{};
+  void start() {
+    if (on) last = std::chrono::steady_clock::now();
+  }
+  // Adds the seconds since the previous lap (or start) to *slot.
+  void lap(double* slot) {
+    if (!on) return;
+    const auto t = std::chrono::steady_clock::now();
+    *slot += std::chrono::duration<double>(t - last).count();
+    last = t;
+  }
 };
 
 }  // namespace indexshare::simd::detail

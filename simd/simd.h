@@ -62,13 +62,30 @@ Tensor<int32_t> indexer_topk_fp8(const Tensor<e4m3_t>& q, const Tensor<e4m3_t>& 
                                  int64_t key_block = 4096);
 
 // ---- attention (simd/attention.cc) -----------------------------------------------------------
+// Where the time of one attention call goes, in seconds summed over the threads (so the parts add
+// up to `total`, which is thread count x wall time when the threads are evenly loaded). Filled when
+// a call is given one; the timing (a steady_clock read at each phase boundary) costs about 1-3 %
+// of the call and is off otherwise. `qk_tiles` and `pv_tiles` are the matrix part: the register
+// tiles of Q.K^T (with the fold of the 8 parts and the scale) and of P.V, on operands already
+// decoded to doubles in L1/L2.
+struct AttentionPhases {
+  double qk_tiles = 0;  // pass 1 register tiles
+  double pv_tiles = 0;  // pass 3 register tiles
+  double k_gather = 0;  // pass 1: gathering the kv rows and decoding them (bf16 -> f64)
+  double v_gather = 0;  // pass 3: gathering V again and decoding it, slice by slice
+  double q_decode = 0;  // each query row's q to f64 head tiles
+  double softmax = 0;   // max, exp_portable, the sums, lse and the sink factor
+  double total = 0;     // every chunk of rows, start to end (the rest: row lists, output)
+  AttentionPhases& operator+=(const AttentionPhases& o);
+};
+
 AttentionOut sparse_attention(const Tensor<bf16_t>& q, const Tensor<bf16_t>& kv,
                               const Tensor<int32_t>& indices, float sm_scale, int64_t d_v,
                               const Tensor<int32_t>* topk_length = nullptr,
-                              const Tensor<float>* attn_sink = nullptr);
+                              const Tensor<float>* attn_sink = nullptr, AttentionPhases* phases = nullptr);
 AttentionOut dense_attention(const Tensor<bf16_t>& q, const Tensor<bf16_t>& kv, float sm_scale,
                              int64_t d_v, const Tensor<int32_t>& ks, const Tensor<int32_t>& ke,
-                             const Tensor<float>* attn_sink = nullptr);
+                             const Tensor<float>* attn_sink = nullptr, AttentionPhases* phases = nullptr);
 
 // y[i] = ref's exp_portable(x[i]) for i < n, lane by lane (the softmax exponential of attention).
 void exp_portable(const double* x, double* y, int64_t n);

@@ -159,6 +159,16 @@ TEST_CASE("cli: bench runs a small problem, checks simd against ref and writes J
   CHECK(r.out.find("agreement simd vs ref: module projections, logits") != std::string::npos);
   CHECK(std::system(("python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); "
                      "assert all(k in d for k in (\"stages\", \"stack\", \"targets\", \"peak_gflops\", \"agreement\"))' " + json).c_str()) == 0);
+  // The attention phases of the profiled call: the named parts are a share of its thread-seconds
+  // (non-negative, at most the total) and the matrix part's rate is reported and targeted.
+  CHECK(r.out.find("attention phases (simd, one profiled call") != std::string::npos);
+  CHECK(r.out.find("target    simd sparse attention, matrix part: share of peak") != std::string::npos);
+  CHECK(r.out.find("(the whole attention call, gathers, decode and softmax included:") != std::string::npos);
+  CHECK(std::system(("python3 -c 'import json,sys; a=json.load(open(sys.argv[1]))[\"attention_phases\"]; "
+                     "t=a[\"thread_seconds\"]; parts=[t[k] for k in (\"qk_tiles\",\"pv_tiles\",\"kv_gather_decode\","
+                     "\"v_gather_decode\",\"q_decode\",\"softmax\")]; "
+                     "assert t[\"total\"] > 0 and all(x >= 0 for x in parts) and sum(parts) <= t[\"total\"] * (1 + 1e-9); "
+                     "assert a[\"matrix_part_peak_share\"] > 0 and a[\"whole_call_peak_share\"] > 0' " + json).c_str()) == 0);
   std::remove(json.c_str());
   CHECK(cli("bench --problem 'sq8 skv4'").status == 2);
   // Bad module-stage options are refused before any timing.

@@ -537,6 +537,16 @@ void check_attention(const AttnCase& c) {
     const ref::AttentionOut got = run_simd(c);
     REQUIRE(attention_violations(c, got, exp) == 0);
     REQUIRE(attention_bitwise(got, exp));
+    // Profiling the call (simd::AttentionPhases) changes no bit; its parts fit in its total.
+    simd::AttentionPhases ph;
+    const Tensor<float>* sink = c.use_sink ? &c.sink : nullptr;
+    const ref::AttentionOut prof =
+        c.dense ? simd::dense_attention(c.q, c.kv, c.sm_scale, c.d_v, c.ks, c.ke, sink, &ph)
+                : simd::sparse_attention(c.q, c.kv, c.indices, c.sm_scale, c.d_v,
+                                         c.use_topk_length ? &c.topk_length : nullptr, sink, &ph);
+    REQUIRE(attention_bitwise(prof, exp));
+    CHECK(ph.total > 0);
+    CHECK(ph.qk_tiles + ph.pv_tiles + ph.k_gather + ph.v_gather + ph.q_decode + ph.softmax <= ph.total * (1 + 1e-9));
     if (threads == 1)
       one_thread.emplace(target, got);
     else

@@ -19,7 +19,12 @@
 //   attention (sparse)  ref/simd sparse_attention over the kv rows of the top-k selection
 //                       (computed once, untimed; both impls get the same indices).
 //                       FLOPs = 2 * h_q * (d_qk + d_v) * V, V = valid indices summed over rows:
-//                       the "matrix part" (Q.K^T and P.V); softmax, exp and the gather not counted.
+//                       the matrix products Q.K^T and P.V; softmax, exp and the gather not counted.
+//                       The stage's rate is the whole call's (gathers, decode, softmax included).
+//                       One more simd call, untimed, is profiled (simd::AttentionPhases): the
+//                       share of its thread-seconds per phase, and the matrix part's rate: the
+//                       FLOPs over the thread-seconds of the two register-tile passes (q.k tiles
+//                       with their fold and scale, P.V tiles), against one thread's peak.
 //   module projections  the three projections of the module-level indexer (ref/module.h) of the
 //                       --module-preset model config for S = --module-rows rows, random bf16-valued
 //                       weights and inputs (the problem's seed): wq_b on qr [S, q_lora], wk and
@@ -57,7 +62,8 @@
 // Output: progress lines on stderr while timing; the report on stdout once everything (the end
 // probe included) has run: the stage table, the stack table, one "target" line per target of the
 // issue (indexer >= 60 % of peak and >= 20x ref, sparse attention matrix part >= 50 % of peak,
-// stack measured / predicted >= 90 %; evaluated on this run's problem), then __REPRO. --json FILE
+// judged on the profiled tile passes, with the whole call's share printed under it; stack
+// measured / predicted >= 90 %; evaluated on this run's problem), then __REPRO. --json FILE
 // writes the same numbers (FILE.tmp.PID, then renamed); its writability is checked up front.
 #include <omp.h>
 #include <unistd.h>
@@ -395,6 +401,8 @@ int cmd_bench(const BenchArgs& a) {
   } else {
     rows.push_back({"module projections", "-", 1, {}, 0, 0, 0, 0, "skipped (--module-preset none)"});
   }
+  simd::AttentionPhases attn_phases;
+  bool have_phases = false;
   const std::string index_name = fp8 ? "indexer logits" : "indexer logits f32";
   if (do_ref) {
     ref_logits = add(index_name, "ref", f_index, 0, [&] { out_logits = logits_ref(); }, 0, "");
@@ -423,6 +431,9 @@ int cmd_bench(const BenchArgs& a) {
         [&] { out_attn = simd::sparse_attention(in.q, in.kv, indices, p.sm_scale(), p.d_v, nullptr, sink); }, ref_attn, "");
     if (do_ref && !(same_floats(out_attn.out, ref_attn_out.out) && same_floats(out_attn.lse, ref_attn_out.lse)))
       mismatches.push_back("attention (sparse)");
+    progress("attention phases (simd, one profiled call)");
+    simd::sparse_attention(in.q, in.kv, indices, p.sm_scale(), p.d_v, nullptr, sink, &attn_phases);
+    have_phases = true;
   }
 
   // ---- stack ----------------------------------------------------------------------------------
@@ -515,6 +526,43 @@ int cmd_bench(const BenchArgs& a) {
   for (const StageResult& r : rows) stages.push_back(stage_json(r));
   j["stages"] = stages;
 
+  // The attention phases: shares of the profiled call's thread-seconds, and the rate of the two
+  // register-tile passes against one thread's peak (their FLOPs over their thread-seconds).
+  double matrix_share = 0, whole_share = 0;
+  if (have_phases) {
+    const simd::AttentionPhases& ph = attn_phases;
+    const double per_thread_peak = peakn / threads;
+    const double f_qk = f_attn * double(p.d_qk) / double(p.d_qk + p.d_v), f_pv = f_attn - f_qk;
+    const auto rate = [&](double flops, double sec) { return sec > 0 ? flops / sec / 1e9 / per_thread_peak : 0.0; };
+    const auto pct = [&](double sec) { return ph.total > 0 ? 100 * sec / ph.total : 0.0; };
+    const double rest = ph.total - (ph.qk_tiles + ph.pv_tiles + ph.k_gather + ph.v_gather + ph.q_decode + ph.softmax);
+    matrix_share = rate(f_attn, ph.qk_tiles + ph.pv_tiles);
+    if (const StageResult* r = [&]() -> const StageResult* {
+          for (const StageResult& x : rows)
+            if (x.stage == "attention (sparse)" && x.impl == "simd" && !x.samples.empty()) return &x;
+          return nullptr;
+        }())
+      whole_share = r->share();
+    std::printf("\nattention phases (simd, one profiled call, %.4f thread-seconds over %d thread(s)):\n", ph.total,
+                threads);
+    std::printf("          q.k tiles %.1f%% (%.1f%% of peak), P.V tiles %.1f%% (%.1f%% of peak), kv gather+decode "
+                "%.1f%%, V gather+decode %.1f%%, q decode %.1f%%, softmax %.1f%%, rest %.1f%%\n",
+                pct(ph.qk_tiles), 100 * rate(f_qk, ph.qk_tiles), pct(ph.pv_tiles), 100 * rate(f_pv, ph.pv_tiles),
+                pct(ph.k_gather), pct(ph.v_gather), pct(ph.q_decode), pct(ph.softmax), pct(rest));
+    std::printf("          matrix part (q.k and P.V tiles): %.1f%% of peak; the whole call (table above): %.1f%%\n",
+                100 * matrix_share, 100 * whole_share);
+    j["attention_phases"] = {{"thread_seconds", {{"qk_tiles", ph.qk_tiles}, {"pv_tiles", ph.pv_tiles},
+                                                 {"kv_gather_decode", ph.k_gather}, {"v_gather_decode", ph.v_gather},
+                                                 {"q_decode", ph.q_decode}, {"softmax", ph.softmax},
+                                                 {"rest", rest}, {"total", ph.total}}},
+                             {"qk_tiles_peak_share", rate(f_qk, ph.qk_tiles)},
+                             {"pv_tiles_peak_share", rate(f_pv, ph.pv_tiles)},
+                             {"matrix_part_peak_share", matrix_share},
+                             {"whole_call_peak_share", whole_share}};
+  } else {
+    j["attention_phases"] = nullptr;
+  }
+
   if (do_stack) {
     Problem shown = sp[1];
     std::printf("\nstack     %s\n", to_string(shown).c_str());
@@ -558,8 +606,11 @@ int cmd_bench(const BenchArgs& a) {
     target_line("simd indexer logits (FP8): share of FMA peak", 100 * r->share(), 60, "%");
     if (r->speedup > 0) target_line("simd indexer logits (FP8): speedup over ref", r->speedup, 20, "x");
   }
-  if (const StageResult* r = find("attention (sparse)", "simd"))
-    target_line("simd sparse attention, matrix part: share of peak", 100 * r->share(), 50, "%");
+  if (have_phases) {
+    target_line("simd sparse attention, matrix part: share of peak", 100 * matrix_share, 50, "%");
+    std::printf("          (the whole attention call, gathers, decode and softmax included: %.1f%% of peak)\n",
+                100 * whole_share);
+  }
   if (do_stack) target_line("F S S S over all-full: measured / predicted speedup", 100 * stack_ratio, 90, "%");
   j["targets"] = tj;
 
