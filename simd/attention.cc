@@ -108,6 +108,20 @@ HWY_INLINE void Bf16x8ToF64(const uint16_t* HWY_RESTRICT src, double* HWY_RESTRI
 #endif
 }
 
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+// 8 bf16 codes -> one vector of 8 doubles (Bf16x8ToF64 without the store).
+HWY_INLINE VF64 Bf16x8Vec(const uint16_t* HWY_RESTRICT src) {
+  const __m256i b = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src)));
+  const __m256i idx = _mm256_setr_epi8(-1, -1, 0, 1, -1, -1, 2, 3, -1, -1, 4, 5, -1, -1, 6, 7,  //
+                                       -1, -1, 8, 9, -1, -1, 10, 11, -1, -1, 12, 13, -1, -1, 14, 15);
+  const hn::Rebind<float, DF64> df32;
+  return hn::PromoteTo(DF64(), hn::Vec<decltype(df32)>{_mm256_castsi256_ps(_mm256_shuffle_epi8(b, idx))});
+}
+constexpr bool kDecodeInTile = true;
+#else
+constexpr bool kDecodeInTile = false;
+#endif
+
 // The bf16 codes src[0, n) as doubles (exact), zeros up to n_pad (a multiple of 8), element e at
 // dst[(e / 8) * stride + e % 8]: the interleaved layouts of pass 1 (the 8-part blocks of
 // consecutive rows or heads side by side); stride 8 gives a plain row.
@@ -209,8 +223,16 @@ constexpr int64_t kQAhead = 8;  // DotTile's q prefetch distance, in 8-column st
 // P[h][key] for a tile of kDotHeads heads and kDotKeys keys, both in the interleaved layout:
 // qt[jb * kDotHeads * 8 + h * 8 + r] = q[h][8 jb + r], kt[jb * kDotKeys * 8 + key * 8 + r] likewise,
 // jb < dpad / 8 (so each operand is one contiguous stream); out[h * out_stride + key] = dot * scale.
+// kDecode (AVX3 only, whole key blocks, d_qk a multiple of 8): the keys are not read from kt but
+// decoded from the bf16 rows src[k] as the tile goes and stored into kt for the following head
+// tiles, while the rows of the next block (next[k]) are prefetched a line every 4 steps: the first
+// head tile of a block hides the gather and decode among its FMAs.
+template <bool kDecode = false>
 HWY_INLINE void DotTile(const double* HWY_RESTRICT qt, const double* HWY_RESTRICT kt, int64_t dpad,
-                        double scale, double* out, int64_t out_stride) {
+                        double scale, double* out, int64_t out_stride,
+                        const uint16_t* const* HWY_RESTRICT src = nullptr,
+                        const uint16_t* const* HWY_RESTRICT next = nullptr) {
+  (void)src, (void)next;  // read only by the kDecode tile on AVX3
   const DF64 d;
   const size_t N = hn::Lanes(d);
   const size_t A = PartVecs();
@@ -227,7 +249,18 @@ HWY_INLINE void DotTile(const double* HWY_RESTRICT qt, const double* HWY_RESTRIC
     for (size_t b = 0; b < kDotHeads * kParts * sizeof(double); b += 64) hwy::Prefetch(reinterpret_cast<const char*>(ahead + b));
     for (size_t a = 0; a < A; ++a) {
       VF64 kv[kDotKeys];
-      for (size_t k = 0; k < kDotKeys; ++k) kv[k] = hn::Load(d, kb + k * kParts + a * N);
+      if constexpr (kDecode && kDecodeInTile) {
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+        if ((jb & 3) == 0)
+          for (size_t k = 0; k < kDotKeys; ++k) hwy::Prefetch(next[k] + jb * int64_t(kParts));
+        for (size_t k = 0; k < kDotKeys; ++k) {
+          kv[k] = Bf16x8Vec(src[k] + jb * int64_t(kParts));
+          hn::Store(kv[k], d, const_cast<double*>(kb) + k * kParts);
+        }
+#endif
+      } else {
+        for (size_t k = 0; k < kDotKeys; ++k) kv[k] = hn::Load(d, kb + k * kParts + a * N);
+      }
       for (size_t h = 0; h < kDotHeads; ++h) {
         const VF64 qv = hn::Load(d, qb + h * kParts + a * N);
         for (size_t k = 0; k < kDotKeys; ++k) acc[h][k][a] = hn::MulAdd(qv, kv[k], acc[h][k][a]);
@@ -247,9 +280,14 @@ HWY_INLINE void DotTile(const double* HWY_RESTRICT qt, const double* HWY_RESTRIC
 // acc[h][0 .. kPVVecs * N) = fma(p[h][i], V_i[vc0 + same columns], acc) for i ascending in [0, rn),
 // V_i row i of a key-block buffer (KeyBlockAt(base, cols, i), cols >= vc0 + kPVVecs * N); acc[h]
 // points at the tile's first column.
-template <size_t kHeads>
+// kDecode (AVX3 only): V is not read from base but decoded from the bf16 rows src[i] + vc0 as the
+// tile goes, and stored at its place in base (then a plain key-block buffer with vc0 = 0 as seen
+// by the following tiles): the first head tile of a slice hides the decode among its FMAs.
+template <size_t kHeads, bool kDecode = false>
 HWY_INLINE void PVTile(const double* const* HWY_RESTRICT p, const double* HWY_RESTRICT base, int64_t cols,
-                       int64_t vc0, int64_t rn, double* const* HWY_RESTRICT acc) {
+                       int64_t vc0, int64_t rn, double* const* HWY_RESTRICT acc,
+                       const uint16_t* const* HWY_RESTRICT src = nullptr) {
+  (void)src;  // read only by the kDecode tile on AVX3
   const DF64 d;
   const int64_t N = int64_t(hn::Lanes(d));
   int64_t off[kPVVecs];  // offset of each vector of columns within a row of a block
@@ -268,7 +306,16 @@ HWY_INLINE void PVTile(const double* const* HWY_RESTRICT p, const double* HWY_RE
     for (int64_t k = 0; k < kn; ++k) {
       const double* HWY_RESTRICT vrow = blk + k * int64_t(kParts);
       VF64 vv[kPVVecs];
-      for (size_t u = 0; u < kPVVecs; ++u) vv[u] = hn::Load(d, vrow + off[u]);
+      if constexpr (kDecode && kDecodeInTile) {
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+        for (size_t u = 0; u < kPVVecs; ++u) {
+          vv[u] = Bf16x8Vec(src[b0 + k] + vc0 + int64_t(u) * N);
+          hn::Store(vv[u], d, const_cast<double*>(vrow) + int64_t(u) * int64_t(kDotKeys * kParts));
+        }
+#endif
+      } else {
+        for (size_t u = 0; u < kPVVecs; ++u) vv[u] = hn::Load(d, vrow + off[u]);
+      }
       for (size_t h = 0; h < kHeads; ++h) {
         const VF64 pb = hn::Set(d, p[h][b0 + k]);
         for (size_t u = 0; u < kPVVecs; ++u) a[h][u] = hn::MulAdd(pb, vv[u], a[h][u]);
@@ -294,8 +341,9 @@ HWY_INLINE void PVTile(const double* const* HWY_RESTRICT p, const double* HWY_RE
 // Every head tile over one slice of columns: acc[h][c0, c0 + cw) += sum over rows [0, rn) of
 // p[h][r0 + i] * V_i[vc0 + (0, cw)], V_i in a key-block buffer.
 HWY_INLINE void PVHeads(const double* pbuf, int64_t n_pad, int64_t r0, int64_t h_q, const double* base,
-                        int64_t cols, int64_t vc0, int64_t rn, int64_t c0, int64_t dvp, double* acc) {
-  int64_t h = 0;
+                        int64_t cols, int64_t vc0, int64_t rn, int64_t c0, int64_t dvp, double* acc,
+                        int64_t h_first = 0) {
+  int64_t h = h_first;
   for (; h + int64_t(kPVHeads) <= h_q; h += int64_t(kPVHeads)) {
     const double* ps[kPVHeads];
     double* as[kPVHeads];
@@ -330,15 +378,32 @@ HWY_INLINE void PVFromRows(const double* pbuf, int64_t n_pad, int64_t h_q, const
   const int64_t cw = int64_t(kPVVecs * hn::Lanes(DF64()));
   const int64_t sub = PVSubRows(h_q, cw);
   const int64_t n = int64_t(rows.size());
+  std::vector<const uint16_t*> src;  // the sub-chunk's kv rows
   for (int64_t s0 = 0; s0 < n; s0 += sub) {
     const int64_t sn = std::min(sub, n - s0);
     const int64_t next_end = std::min(n, s0 + sub + sub);
+    src.resize(size_t(sn));
+    for (int64_t i = 0; i < sn; ++i) src[size_t(i)] = kv + rows[size_t(s0 + i)] * d_qk;
     for (int64_t c0 = 0; c0 < dvp; c0 += cw) {
       const int64_t cn = std::min(cw, d_v - c0);
       // Lines of the next sub-chunk's rows that hold columns [c0, c0 + cn) (32 bf16 per line).
       for (int64_t i = s0 + sub; i < next_end; ++i) {
         const char* row = reinterpret_cast<const char*>(kv + rows[size_t(i)] * d_qk);
         for (int64_t b = (c0 * 2) / 64 * 64; b < (c0 + cn) * 2; b += 64) PrefetchL2(row + b);
+      }
+      if (kDecodeInTile && !clk.on && cn == cw && h_q >= int64_t(kPVHeads)) {
+        // The first head tile decodes the slice as it goes (not when profiling: see pass 1).
+        const double* ps[kPVHeads];
+        double* as[kPVHeads];
+        for (size_t e = 0; e < kPVHeads; ++e) {
+          ps[e] = pbuf + int64_t(e) * n_pad + s0;
+          as[e] = acc + int64_t(e) * dvp + c0;
+        }
+        PVTile<kPVHeads, true>(ps, slice, cw, c0, sn, as, src.data());
+        if (h_q > int64_t(kPVHeads))
+          PVHeads(pbuf, n_pad, s0, h_q, slice, cw, 0, sn, c0, dvp, acc, int64_t(kPVHeads));
+        clk.lap(&ph.pv_tiles);
+        continue;
       }
       for (int64_t i = 0; i < sn; ++i)
         DecodeBf16Blocks(kv + rows[size_t(s0 + i)] * d_qk + c0, cn, cw, int64_t(kDotKeys * kParts),
@@ -461,6 +526,21 @@ void AttentionChunk(const detail::AttentionView& v, int64_t t0, int64_t t1, floa
       if (q_next)
         for (int64_t b = (i0 / kb) * q_step; b < std::min(q_bytes, (i0 / kb + 1) * q_step); b += 64)
           PrefetchL2(q_next + b);
+      // Whole blocks decode inside the first head tile, except when profiling (the phases then
+      // time the decode and the tiles apart, on the same operations).
+      if (kDecodeInTile && !clk.on && bn == kb && d_qk % int64_t(kParts) == 0) {
+        const uint16_t* src[kDotKeys];
+        const uint16_t* next[kDotKeys];
+        for (int64_t k = 0; k < kb; ++k) {
+          src[k] = v.kv + rows[size_t(i0 + k)] * d_qk;
+          next[k] = i0 + kb + k < n ? v.kv + rows[size_t(i0 + kb + k)] * d_qk : src[k];
+        }
+        DotTile<true>(qd.get(), blk, dpad, v.sm_scale, pbuf.get() + i0, n_pad, src, next);
+        for (int64_t h0 = int64_t(kDotHeads); h0 < hpad; h0 += int64_t(kDotHeads))
+          DotTile(qd.get() + (h0 / int64_t(kDotHeads)) * q_tile, blk, dpad, v.sm_scale,
+                  pbuf.get() + h0 * n_pad + i0, n_pad);
+        continue;
+      }
       DecodeRows(v.kv, d_qk, rows, i0, i0 + bn, d_qk, dpad, blk);
       for (int64_t i = bn; i < kb; ++i)  // padding keys of the last block: zeros
         DecodeBf16Blocks(nullptr, 0, dpad, kb * int64_t(kParts), KeyBlockAt(blk, dpad, i));
