@@ -277,59 +277,59 @@ HWY_INLINE void DotTile(const double* HWY_RESTRICT qt, const double* HWY_RESTRIC
     }
 }
 
-// acc[h][0 .. kPVVecs * N) = fma(p[h][i], V_i[vc0 + same columns], acc) for i ascending in [0, rn),
-// V_i row i of a key-block buffer (KeyBlockAt(base, cols, i), cols >= vc0 + kPVVecs * N); acc[h]
-// points at the tile's first column.
+// acc[h][0 .. kVecs * N) = fma(p[h][i], V_i[vc0 + same columns], acc) for i ascending in [0, rn),
+// V_i row i of a key-block buffer (KeyBlockAt(base, cols, i), cols >= vc0 + kVecs * N); acc[h]
+// points at the tile's first column. kVecs = kPVVecs but in the last, narrower slice.
 // kDecode (AVX3 only): V is not read from base but decoded from the bf16 rows src[i] + vc0 as the
 // tile goes, and stored at its place in base (then a plain key-block buffer with vc0 = 0 as seen
 // by the following tiles): the first head tile of a slice hides the decode among its FMAs.
-template <size_t kHeads, bool kDecode = false>
+template <size_t kHeads, size_t kVecs, bool kDecode = false>
 HWY_INLINE void PVTile(const double* const* HWY_RESTRICT p, const double* HWY_RESTRICT base, int64_t cols,
                        int64_t vc0, int64_t rn, double* const* HWY_RESTRICT acc,
                        const uint16_t* const* HWY_RESTRICT src = nullptr) {
   (void)src;  // read only by the kDecode tile on AVX3
   const DF64 d;
   const int64_t N = int64_t(hn::Lanes(d));
-  int64_t off[kPVVecs];  // offset of each vector of columns within a row of a block
-  for (size_t u = 0; u < kPVVecs; ++u) {
+  int64_t off[kVecs];  // offset of each vector of columns within a row of a block
+  for (size_t u = 0; u < kVecs; ++u) {
     const int64_t c = vc0 + int64_t(u) * N;
     off[u] = (c / int64_t(kParts)) * int64_t(kDotKeys * kParts) + c % int64_t(kParts);
   }
 #if HWY_NATIVE_FMA
   // No lambdas or helpers that take the accumulators by reference: GCC then keeps them in memory.
-  VF64 a[kHeads][kPVVecs];
+  VF64 a[kHeads][kVecs];
   for (size_t h = 0; h < kHeads; ++h)
-    for (size_t u = 0; u < kPVVecs; ++u) a[h][u] = hn::Load(d, acc[h] + int64_t(u) * N);
+    for (size_t u = 0; u < kVecs; ++u) a[h][u] = hn::Load(d, acc[h] + int64_t(u) * N);
   for (int64_t b0 = 0; b0 < rn; b0 += int64_t(kDotKeys)) {  // blocks of kDotKeys rows
     const double* HWY_RESTRICT blk = base + b0 * cols;
     const int64_t kn = std::min(int64_t(kDotKeys), rn - b0);
     for (int64_t k = 0; k < kn; ++k) {
       const double* HWY_RESTRICT vrow = blk + k * int64_t(kParts);
-      VF64 vv[kPVVecs];
+      VF64 vv[kVecs];
       if constexpr (kDecode && kDecodeInTile) {
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
-        for (size_t u = 0; u < kPVVecs; ++u) {
+        for (size_t u = 0; u < kVecs; ++u) {
           vv[u] = Bf16x8Vec(src[b0 + k] + vc0 + int64_t(u) * N);
           hn::Store(vv[u], d, const_cast<double*>(vrow) + int64_t(u) * int64_t(kDotKeys * kParts));
         }
 #endif
       } else {
-        for (size_t u = 0; u < kPVVecs; ++u) vv[u] = hn::Load(d, vrow + off[u]);
+        for (size_t u = 0; u < kVecs; ++u) vv[u] = hn::Load(d, vrow + off[u]);
       }
       for (size_t h = 0; h < kHeads; ++h) {
         const VF64 pb = hn::Set(d, p[h][b0 + k]);
-        for (size_t u = 0; u < kPVVecs; ++u) a[h][u] = hn::MulAdd(pb, vv[u], a[h][u]);
+        for (size_t u = 0; u < kVecs; ++u) a[h][u] = hn::MulAdd(pb, vv[u], a[h][u]);
       }
     }
   }
   for (size_t h = 0; h < kHeads; ++h)
-    for (size_t u = 0; u < kPVVecs; ++u) hn::Store(a[h][u], d, acc[h] + int64_t(u) * N);
+    for (size_t u = 0; u < kVecs; ++u) hn::Store(a[h][u], d, acc[h] + int64_t(u) * N);
 #else
   // No fused multiply-add instruction on this target: Highway's MulAdd would round twice.
   for (size_t h = 0; h < kHeads; ++h)
     for (int64_t i = 0; i < rn; ++i) {
       const double* vrow = base + (i / int64_t(kDotKeys)) * int64_t(kDotKeys) * cols + (i % int64_t(kDotKeys)) * int64_t(kParts);
-      for (size_t u = 0; u < kPVVecs; ++u)
+      for (size_t u = 0; u < kVecs; ++u)
         for (int64_t l = 0; l < N; ++l) {
           double& y = acc[h][int64_t(u) * N + l];
           y = std::fma(p[h][i], vrow[off[u] + l], y);
@@ -338,8 +338,9 @@ HWY_INLINE void PVTile(const double* const* HWY_RESTRICT p, const double* HWY_RE
 #endif
 }
 
-// Every head tile over one slice of columns: acc[h][c0, c0 + cw) += sum over rows [0, rn) of
-// p[h][r0 + i] * V_i[vc0 + (0, cw)], V_i in a key-block buffer.
+// Every head tile over one slice of columns: acc[h][c0, c0 + kVecs N) += sum over rows [0, rn) of
+// p[h][r0 + i] * V_i[vc0 + (0, kVecs N)], V_i in a key-block buffer.
+template <size_t kVecs>
 HWY_INLINE void PVHeads(const double* pbuf, int64_t n_pad, int64_t r0, int64_t h_q, const double* base,
                         int64_t cols, int64_t vc0, int64_t rn, int64_t c0, int64_t dvp, double* acc,
                         int64_t h_first = 0) {
@@ -351,12 +352,12 @@ HWY_INLINE void PVHeads(const double* pbuf, int64_t n_pad, int64_t r0, int64_t h
       ps[e] = pbuf + (h + int64_t(e)) * n_pad + r0;
       as[e] = acc + (h + int64_t(e)) * dvp + c0;
     }
-    PVTile<kPVHeads>(ps, base, cols, vc0, rn, as);
+    PVTile<kPVHeads, kVecs>(ps, base, cols, vc0, rn, as);
   }
   for (; h < h_q; ++h) {
     const double* ps[1] = {pbuf + h * n_pad + r0};
     double* as[1] = {acc + h * dvp + c0};
-    PVTile<1>(ps, base, cols, vc0, rn, as);
+    PVTile<1, kVecs>(ps, base, cols, vc0, rn, as);
   }
 }
 
@@ -375,7 +376,8 @@ HWY_INLINE int64_t PVSubRows(int64_t h_q, int64_t cw) {
 HWY_INLINE void PVFromRows(const double* pbuf, int64_t n_pad, int64_t h_q, const uint16_t* kv, int64_t d_qk,
                            int64_t d_v, const std::vector<int64_t>& rows, int64_t dvp, double* slice,
                            double* acc, detail::PhaseClock& clk, AttentionPhases& ph) {
-  const int64_t cw = int64_t(kPVVecs * hn::Lanes(DF64()));
+  const int64_t N = int64_t(hn::Lanes(DF64()));
+  const int64_t cw = int64_t(kPVVecs) * N;
   const int64_t sub = PVSubRows(h_q, cw);
   const int64_t n = int64_t(rows.size());
   std::vector<const uint16_t*> src;  // the sub-chunk's kv rows
@@ -385,7 +387,7 @@ HWY_INLINE void PVFromRows(const double* pbuf, int64_t n_pad, int64_t h_q, const
     src.resize(size_t(sn));
     for (int64_t i = 0; i < sn; ++i) src[size_t(i)] = kv + rows[size_t(s0 + i)] * d_qk;
     for (int64_t c0 = 0; c0 < dvp; c0 += cw) {
-      const int64_t cn = std::min(cw, d_v - c0);
+      const int64_t w = std::min(cw, dvp - c0), cn = std::min(w, d_v - c0);  // slice width, data columns
       // Lines of the next sub-chunk's rows that hold columns [c0, c0 + cn) (32 bf16 per line).
       for (int64_t i = s0 + sub; i < next_end; ++i) {
         const char* row = reinterpret_cast<const char*>(kv + rows[size_t(i)] * d_qk);
@@ -399,17 +401,22 @@ HWY_INLINE void PVFromRows(const double* pbuf, int64_t n_pad, int64_t h_q, const
           ps[e] = pbuf + int64_t(e) * n_pad + s0;
           as[e] = acc + int64_t(e) * dvp + c0;
         }
-        PVTile<kPVHeads, true>(ps, slice, cw, c0, sn, as, src.data());
+        PVTile<kPVHeads, kPVVecs, true>(ps, slice, cw, c0, sn, as, src.data());
         if (h_q > int64_t(kPVHeads))
-          PVHeads(pbuf, n_pad, s0, h_q, slice, cw, 0, sn, c0, dvp, acc, int64_t(kPVHeads));
+          PVHeads<kPVVecs>(pbuf, n_pad, s0, h_q, slice, cw, 0, sn, c0, dvp, acc, int64_t(kPVHeads));
         clk.lap(&ph.pv_tiles);
         continue;
       }
       for (int64_t i = 0; i < sn; ++i)
-        DecodeBf16Blocks(kv + rows[size_t(s0 + i)] * d_qk + c0, cn, cw, int64_t(kDotKeys * kParts),
-                         KeyBlockAt(slice, cw, i));
+        DecodeBf16Blocks(kv + rows[size_t(s0 + i)] * d_qk + c0, cn, w, int64_t(kDotKeys * kParts),
+                         KeyBlockAt(slice, w, i));
       clk.lap(&ph.v_gather);
-      PVHeads(pbuf, n_pad, s0, h_q, slice, cw, 0, sn, c0, dvp, acc);
+      if (w == cw) {
+        PVHeads<kPVVecs>(pbuf, n_pad, s0, h_q, slice, w, 0, sn, c0, dvp, acc);
+      } else {  // the last, narrower slice: one vector of columns at a time (columns are independent)
+        for (int64_t u = 0; u < w / N; ++u)
+          PVHeads<1>(pbuf, n_pad, s0, h_q, slice, w, u * N, sn, c0 + u * N, dvp, acc);
+      }
       clk.lap(&ph.pv_tiles);
     }
   }
@@ -467,8 +474,10 @@ void AttentionChunk(const detail::AttentionView& v, int64_t t0, int64_t t1, floa
   const int64_t dpad = (d_qk + int64_t(kParts) - 1) / int64_t(kParts) * int64_t(kParts);
   const int64_t hpad = (h_q + int64_t(kDotHeads) - 1) / int64_t(kDotHeads) * int64_t(kDotHeads);
   const int64_t q_tile = int64_t(kDotHeads) * dpad;  // doubles per head tile of q
-  const int64_t cw = int64_t(kPVVecs) * N;      // columns per P.V tile
-  const int64_t dvp = (d_v + cw - 1) / cw * cw;  // d_v padded to whole tiles
+  const int64_t cw = int64_t(kPVVecs) * N;  // columns per P.V tile
+  // d_v padded to whole 8-column groups (every lane count divides 8): the last P.V slice may be
+  // narrower than cw (d_v 512 = 21 slices of 24 + one of 8 on AVX3, no padded FMAs).
+  const int64_t dvp = (d_v + int64_t(kParts) - 1) / int64_t(kParts) * int64_t(kParts);
 
   auto qd = hwy::AllocateAligned<double>(size_t(hpad * dpad));
   auto slice = hwy::AllocateAligned<double>(size_t(PVSubRows(h_q, cw) * cw));  // PVFromRows' slice of V
