@@ -84,18 +84,29 @@ HWY_INLINE double* KeyBlockAt(double* base, int64_t cols, int64_t i) {
   return base + (i / int64_t(kDotKeys)) * int64_t(kDotKeys) * cols + (i % int64_t(kDotKeys)) * int64_t(kParts);
 }
 
-// 8 bf16 codes -> doubles (exact), as one or more vectors of N lanes stored at dst[0, 8).
-HWY_INLINE void Bf16x8ToF64(const uint16_t* HWY_RESTRICT src, double* HWY_RESTRICT dst) {
-  const DF64 d;
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
-  // The 16 bytes in both 128-bit halves (a load-port broadcast), one byte shuffle placing each code
-  // in the upper half of a 32-bit lane (the f32 with the same value), one conversion to 8 doubles:
-  // three vector ALU uops for 8 values where zero-extend + shift + convert take four.
+// 8 bf16 codes -> one vector of 8 doubles (exact). The 16 bytes in both 128-bit halves (a
+// load-port broadcast), one byte shuffle placing each code in the upper half of a 32-bit lane (the
+// f32 with the same value), one conversion to 8 doubles: three vector ALU uops for 8 values where
+// zero-extend + shift + convert take four.
+HWY_INLINE VF64 Bf16x8Vec(const uint16_t* HWY_RESTRICT src) {
   const __m256i b = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src)));
   const __m256i idx = _mm256_setr_epi8(-1, -1, 0, 1, -1, -1, 2, 3, -1, -1, 4, 5, -1, -1, 6, 7,  //
                                        -1, -1, 8, 9, -1, -1, 10, 11, -1, -1, 12, 13, -1, -1, 14, 15);
   const hn::Rebind<float, DF64> df32;
-  hn::Store(hn::PromoteTo(d, hn::Vec<decltype(df32)>{_mm256_castsi256_ps(_mm256_shuffle_epi8(b, idx))}), d, dst);
+  return hn::PromoteTo(DF64(), hn::Vec<decltype(df32)>{_mm256_castsi256_ps(_mm256_shuffle_epi8(b, idx))});
+}
+// The first head tile of a block or slice can decode its operands as it goes (DotTile, PVTile).
+constexpr bool kDecodeInTile = true;
+#else
+constexpr bool kDecodeInTile = false;
+#endif
+
+// 8 bf16 codes -> doubles (exact), as one or more vectors of N lanes stored at dst[0, 8).
+HWY_INLINE void Bf16x8ToF64(const uint16_t* HWY_RESTRICT src, double* HWY_RESTRICT dst) {
+  const DF64 d;
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+  hn::Store(Bf16x8Vec(src), d, dst);
 #else
   const hn::Rebind<uint16_t, DF64> d16;
   const hn::Rebind<uint32_t, DF64> d32;
@@ -107,20 +118,6 @@ HWY_INLINE void Bf16x8ToF64(const uint16_t* HWY_RESTRICT src, double* HWY_RESTRI
   }
 #endif
 }
-
-#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
-// 8 bf16 codes -> one vector of 8 doubles (Bf16x8ToF64 without the store).
-HWY_INLINE VF64 Bf16x8Vec(const uint16_t* HWY_RESTRICT src) {
-  const __m256i b = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src)));
-  const __m256i idx = _mm256_setr_epi8(-1, -1, 0, 1, -1, -1, 2, 3, -1, -1, 4, 5, -1, -1, 6, 7,  //
-                                       -1, -1, 8, 9, -1, -1, 10, 11, -1, -1, 12, 13, -1, -1, 14, 15);
-  const hn::Rebind<float, DF64> df32;
-  return hn::PromoteTo(DF64(), hn::Vec<decltype(df32)>{_mm256_castsi256_ps(_mm256_shuffle_epi8(b, idx))});
-}
-constexpr bool kDecodeInTile = true;
-#else
-constexpr bool kDecodeInTile = false;
-#endif
 
 // The bf16 codes src[0, n) as doubles (exact), zeros up to n_pad (a multiple of 8), element e at
 // dst[(e / 8) * stride + e % 8]: the interleaved layouts of pass 1 (the 8-part blocks of
@@ -151,9 +148,6 @@ HWY_INLINE void PrefetchRow(const uint16_t* kv, int64_t d_qk, int64_t row, int64
   for (int64_t b = 0; b < bytes; b += 64) hwy::Prefetch(p + b);
 }
 
-// Rows rows[from, to) of kv, their first `cols` columns, decoded into the key-block layout with
-// `pad_cols` columns (zeros past `cols`), list position i at KeyBlockAt(base, pad_cols, i - from);
-// the rows kPrefetchRows ahead are prefetched as each row is decoded.
 // rows sorted ascending (duplicates kept), every value in [0, bound): std::sort for short lists,
 // else a least-significant-digit radix sort over 8-bit digits (stable, so the result is the same
 // list; 2 passes up to 65536 keys, 3 up to 2^24), an order of magnitude faster at top-k 2048.
@@ -173,6 +167,9 @@ HWY_INLINE void SortRows(std::vector<int64_t>& rows, int64_t bound, std::vector<
   }
 }
 
+// Rows rows[from, to) of kv, their first `cols` columns, decoded into the key-block layout with
+// `pad_cols` columns (zeros past `cols`), list position i at KeyBlockAt(base, pad_cols, i - from);
+// the rows kPrefetchRows ahead are prefetched as each row is decoded.
 HWY_INLINE void DecodeRows(const uint16_t* kv, int64_t d_qk, const std::vector<int64_t>& rows,
                            int64_t from, int64_t to, int64_t cols, int64_t pad_cols, double* base) {
   const int64_t n = int64_t(rows.size());
@@ -339,12 +336,13 @@ HWY_INLINE void PVTile(const double* const* HWY_RESTRICT p, const double* HWY_RE
 }
 
 // Every head tile over one slice of columns: acc[h][c0, c0 + kVecs N) += sum over rows [0, rn) of
-// p[h][r0 + i] * V_i[vc0 + (0, kVecs N)], V_i in a key-block buffer.
+// p[h][r0 + i] * V_i[vc0 + (0, kVecs N)], V_i in a key-block buffer. With src (AVX3, a full first
+// head tile, vc0 = 0), that tile first decodes V_i from the bf16 rows src[i] + c0 into base.
 template <size_t kVecs>
 HWY_INLINE void PVHeads(const double* pbuf, int64_t n_pad, int64_t r0, int64_t h_q, const double* base,
                         int64_t cols, int64_t vc0, int64_t rn, int64_t c0, int64_t dvp, double* acc,
-                        int64_t h_first = 0) {
-  int64_t h = h_first;
+                        const uint16_t* const* src = nullptr) {
+  int64_t h = 0;
   for (; h + int64_t(kPVHeads) <= h_q; h += int64_t(kPVHeads)) {
     const double* ps[kPVHeads];
     double* as[kPVHeads];
@@ -352,7 +350,10 @@ HWY_INLINE void PVHeads(const double* pbuf, int64_t n_pad, int64_t r0, int64_t h
       ps[e] = pbuf + (h + int64_t(e)) * n_pad + r0;
       as[e] = acc + (h + int64_t(e)) * dvp + c0;
     }
-    PVTile<kPVHeads, kVecs>(ps, base, cols, vc0, rn, as);
+    if (h == 0 && src)
+      PVTile<kPVHeads, kVecs, true>(ps, base, cols, c0, rn, as, src);
+    else
+      PVTile<kPVHeads, kVecs>(ps, base, cols, vc0, rn, as);
   }
   for (; h < h_q; ++h) {
     const double* ps[1] = {pbuf + h * n_pad + r0};
@@ -395,15 +396,7 @@ HWY_INLINE void PVFromRows(const double* pbuf, int64_t n_pad, int64_t h_q, const
       }
       if (kDecodeInTile && !clk.on && cn == cw && h_q >= int64_t(kPVHeads)) {
         // The first head tile decodes the slice as it goes (not when profiling: see pass 1).
-        const double* ps[kPVHeads];
-        double* as[kPVHeads];
-        for (size_t e = 0; e < kPVHeads; ++e) {
-          ps[e] = pbuf + int64_t(e) * n_pad + s0;
-          as[e] = acc + int64_t(e) * dvp + c0;
-        }
-        PVTile<kPVHeads, kPVVecs, true>(ps, slice, cw, c0, sn, as, src.data());
-        if (h_q > int64_t(kPVHeads))
-          PVHeads<kPVVecs>(pbuf, n_pad, s0, h_q, slice, cw, 0, sn, c0, dvp, acc, int64_t(kPVHeads));
+        PVHeads<kPVVecs>(pbuf, n_pad, s0, h_q, slice, cw, 0, sn, c0, dvp, acc, src.data());
         clk.lap(&ph.pv_tiles);
         continue;
       }

@@ -29,7 +29,7 @@ namespace hn = hwy::HWY_NAMESPACE;
 constexpr int64_t kInChunk = 128;
 
 // Output panel pi (features [pi * TileKeys(), ...)) of y for every row; wp and state are the
-// calling thread's scratch. Not inlined into the OpenMP region (see AttentionRow in
+// calling thread's scratch. Not inlined into the OpenMP region (see AttentionChunk in
 // simd/attention.cc: an outlined region need not carry the target's instruction set).
 HWY_NOINLINE void LinearPanel(const double* xp, const float* w, int64_t rows, int64_t in, int64_t out, int64_t pi,
                               double* wp, double* state, float* y) {

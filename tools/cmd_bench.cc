@@ -526,6 +526,11 @@ int cmd_bench(const BenchArgs& a) {
   for (const StageResult& r : rows) stages.push_back(stage_json(r));
   j["stages"] = stages;
 
+  const auto find = [&](const std::string& stage, const std::string& impl) -> const StageResult* {
+    for (const StageResult& r : rows)
+      if (r.stage == stage && r.impl == impl && !r.samples.empty()) return &r;
+    return nullptr;
+  };
   // The attention phases: shares of the profiled call's thread-seconds, and the rate of the two
   // register-tile passes against one thread's peak (their FLOPs over their thread-seconds).
   double matrix_share = 0, whole_share = 0;
@@ -537,12 +542,7 @@ int cmd_bench(const BenchArgs& a) {
     const auto pct = [&](double sec) { return ph.total > 0 ? 100 * sec / ph.total : 0.0; };
     const double rest = ph.total - (ph.qk_tiles + ph.pv_tiles + ph.k_gather + ph.v_gather + ph.q_decode + ph.softmax);
     matrix_share = rate(f_attn, ph.qk_tiles + ph.pv_tiles);
-    if (const StageResult* r = [&]() -> const StageResult* {
-          for (const StageResult& x : rows)
-            if (x.stage == "attention (sparse)" && x.impl == "simd" && !x.samples.empty()) return &x;
-          return nullptr;
-        }())
-      whole_share = r->share();
+    if (const StageResult* r = find("attention (sparse)", "simd")) whole_share = r->share();
     std::printf("\nattention phases (simd, one profiled call, %.4f thread-seconds over %d thread(s)):\n", ph.total,
                 threads);
     std::printf("          q.k tiles %.1f%% (%.1f%% of peak), P.V tiles %.1f%% (%.1f%% of peak), kv gather+decode "
@@ -589,11 +589,6 @@ int cmd_bench(const BenchArgs& a) {
   }
 
   // ---- targets (of the issue; evaluated on this run's problem and machine) --------------------
-  const auto find = [&](const std::string& stage, const std::string& impl) -> const StageResult* {
-    for (const StageResult& r : rows)
-      if (r.stage == stage && r.impl == impl && !r.samples.empty()) return &r;
-    return nullptr;
-  };
   json tj = json::array();
   const auto target_line = [&](const std::string& what, double value, double goal, const char* unit) {
     const bool met = value >= goal;
