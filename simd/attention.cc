@@ -8,11 +8,12 @@
 //            one dot are ref's 8 parts (lane l of accumulator a holds part a * N + l, N lanes per
 //            vector, 8 / N accumulators), each part summing d ascending with MulAdd (bf16 x bf16
 //            products are exact in double, so fused or not rounds like ref's add); the parts are
-//            then folded in ref's tree. A tile of kDotHeads heads x kDotKeys keys is computed at
-//            once from q (decoded once per row) and a block of gathered, decoded kv rows.
-//   pass 2   per head: the maximum (order-free: P is never -0 and NaN never wins, as with
-//            std::max from -inf), exp_portable lane by lane (simd/exp-inl.h), the sum l in ref's
-//            order (i ascending; several heads interleaved), lse = m + log(l), the sink factor
+//            then folded in ref's tree (on AVX3 eight dots at once). A tile of kDotHeads heads x
+//            kDotKeys keys is computed at once from q (decoded once per row) and a block of
+//            gathered, decoded kv rows. P is kept key-major: P[i][h], the heads of a key side by side.
+//   pass 2   lanes over heads, each lane performing ref's loop for its head: the maximum (from
+//            -inf, i ascending, as std::max), exp_portable (simd/exp-inl.h) and the sum l
+//            (i ascending); then lse = m + log(l) and the sink factor per head
 //   pass 3   out = sum_i p_i * V_i, lanes over d_v columns, i ascending, one fused multiply-add
 //            per term as ref's std::fma (targets without FMA instructions call std::fma per lane);
 //            V is gathered and decoded a slice of columns x a sub-chunk of rows at a time into L1,
@@ -60,8 +61,10 @@ constexpr size_t kDotHeads = 2, kDotKeys = 2;
 constexpr size_t kDotHeads = 2, kDotKeys = 2;
 #endif
 // Pass 3 tile: vectors of d_v x heads (accumulators). V is gathered and decoded again, one L1-sized
-// slice at a time (PVFromRows). (Keeping pass 1's decoded rows for pass 3 was measured slower: the
-// buffer, 4.5 KiB per row, spills out of L2, and writing it costs more than decoding twice.)
+// slice at a time (PVFromRows). Measured and dropped: keeping pass 1's decoded rows for pass 3
+// (the buffer, 4.5 KiB per row, spills out of L2, and writing it costs more than decoding twice);
+// copying V's bf16 codes in pass 1 into a contiguous buffer for pass 3 (the copy costs more than
+// the gather it saves).
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
 constexpr size_t kPVVecs = 3, kPVHeads = 8;
 #else
@@ -180,21 +183,35 @@ HWY_INLINE void DecodeRows(const uint16_t* kv, int64_t d_qk, const std::vector<i
   }
 }
 
-// ref's fold of the 8 parts, ((p0 + p4) + (p2 + p6)) + ((p1 + p5) + (p3 + p7)), for two dots x
-// and y from their PartVecs() accumulators. With 8 or 4 lanes the folds are vector adds of
-// permuted copies (every lane add is one of ref's adds; IEEE addition is commutative);
-// otherwise the parts go through memory and the scalar tree.
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+// ref's fold of the 8 parts, ((p0 + p4) + (p2 + p6)) + ((p1 + p5) + (p3 + p7)), for eight dots at
+// once (one 8-lane accumulator each): 14 shuffles and 7 vector adds, every lane add one of ref's
+// adds (IEEE addition is commutative). The result's lanes hold the dots of v in the order
+// v[0], v[4], v[1], v[5], v[2], v[6], v[3], v[7].
+HWY_INLINE __m512d Fold8(const __m512d* v) {
+  // Level 1, per pair (x, y): [x0+x4, x1+x5, x2+x6, x3+x7, y0+y4, ..., y3+y7].
+  const auto halves = [](__m512d x, __m512d y) {
+    return _mm512_add_pd(_mm512_shuffle_f64x2(x, y, _MM_SHUFFLE(1, 0, 1, 0)),
+                         _mm512_shuffle_f64x2(x, y, _MM_SHUFFLE(3, 2, 3, 2)));
+  };
+  // Level 2, per pair of level-1 results (u, w): lanes 2j, 2j + 1 hold dot j's (p0+p4)+(p2+p6)
+  // and (p1+p5)+(p3+p7), dots in the order u's two, w's two.
+  const auto quarters = [](__m512d u, __m512d w) {
+    return _mm512_add_pd(_mm512_shuffle_f64x2(u, w, _MM_SHUFFLE(2, 0, 2, 0)),
+                         _mm512_shuffle_f64x2(u, w, _MM_SHUFFLE(3, 1, 3, 1)));
+  };
+  const __m512d a = quarters(halves(v[0], v[1]), halves(v[2], v[3]));
+  const __m512d b = quarters(halves(v[4], v[5]), halves(v[6], v[7]));
+  // Level 3: the two halves of each dot, a's dots interleaved with b's.
+  return _mm512_add_pd(_mm512_unpacklo_pd(a, b), _mm512_unpackhi_pd(a, b));
+}
+#else
+// ref's fold of the 8 parts for two dots x and y from their PartVecs() accumulators. With 4 lanes
+// the folds are vector adds of permuted copies (every lane add is one of ref's adds); otherwise
+// the parts go through memory and the scalar tree.
 HWY_INLINE void FoldPair(const VF64* x, const VF64* y, double& ox, double& oy) {
   const DF64 d;
-#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
-  // u = [x0+x4, x1+x5, x2+x6, x3+x7 | y0+y4, ...]; v: + the other 128-bit block of the same half;
-  // w: + the neighbouring lane. Lane 0 holds x's result, lane 4 y's.
-  const VF64 u = hn::Add(hn::ConcatLowerLower(d, y[0], x[0]), hn::ConcatUpperUpper(d, y[0], x[0]));
-  const VF64 v = hn::Add(u, hn::SwapAdjacentBlocks(u));
-  const VF64 w = hn::Add(v, hn::Shuffle01(v));
-  ox = hn::ExtractLane(w, 0);
-  oy = hn::ExtractLane(w, 4);
-#elif HWY_TARGET == HWY_AVX2
+#if HWY_TARGET == HWY_AVX2
   // Per dot: u = [p0+p4, p1+p5, p2+p6, p3+p7], v: + the other 128-bit half, w: + the neighbour.
   const auto fold = [&](const VF64* a) {
     const VF64 u = hn::Add(a[0], a[1]);
@@ -214,22 +231,26 @@ HWY_INLINE void FoldPair(const VF64* x, const VF64* y, double& ox, double& oy) {
   oy = fold(y);
 #endif
 }
+#endif
 
 constexpr int64_t kQAhead = 8;  // DotTile's q prefetch distance, in 8-column steps
 
 // P[h][key] for a tile of kDotHeads heads and kDotKeys keys, both in the interleaved layout:
 // qt[jb * kDotHeads * 8 + h * 8 + r] = q[h][8 jb + r], kt[jb * kDotKeys * 8 + key * 8 + r] likewise,
-// jb < dpad / 8 (so each operand is one contiguous stream); out[h * out_stride + key] = dot * scale.
+// jb < dpad / 8 (so each operand is one contiguous stream); out[key * out_stride + h] = dot * scale
+// (P is kept key-major: the heads of one key side by side, as softmax and P.V read them).
 // kDecode (AVX3 only, whole key blocks, d_qk a multiple of 8): the keys are not read from kt but
 // decoded from the bf16 rows src[k] as the tile goes and stored into kt for the following head
-// tiles, while the rows of the next block (next[k]) are prefetched a line every 4 steps: the first
-// head tile of a block hides the gather and decode among its FMAs.
+// tiles: the first head tile of a block hides the decode among its FMAs. The tile prefetches the
+// n_pf cache lines pf[0, n_pf) evenly over its steps (lines of the next block's kv rows).
 template <bool kDecode = false>
 HWY_INLINE void DotTile(const double* HWY_RESTRICT qt, const double* HWY_RESTRICT kt, int64_t dpad,
                         double scale, double* out, int64_t out_stride,
                         const uint16_t* const* HWY_RESTRICT src = nullptr,
-                        const uint16_t* const* HWY_RESTRICT next = nullptr) {
-  (void)src, (void)next;  // read only by the kDecode tile on AVX3
+                        const char* const* HWY_RESTRICT pf = nullptr, int64_t n_pf = 0) {
+  (void)src;  // read only by the kDecode tile on AVX3
+  const int64_t steps = dpad / int64_t(kParts);
+  int64_t pf_acc = 0, pf_i = 0;  // a line each time pf_acc passes `steps` (n_pf / steps per step)
   const DF64 d;
   const size_t N = hn::Lanes(d);
   const size_t A = PartVecs();
@@ -237,7 +258,8 @@ HWY_INLINE void DotTile(const double* HWY_RESTRICT qt, const double* HWY_RESTRIC
   for (size_t h = 0; h < kDotHeads; ++h)
     for (size_t k = 0; k < kDotKeys; ++k)
       for (size_t a = 0; a < A; ++a) acc[h][k][a] = hn::Zero(d);
-  for (int64_t jb = 0; jb < dpad / int64_t(kParts); ++jb) {
+  for (int64_t jb = 0; jb < steps; ++jb) {
+    for (pf_acc += n_pf; pf_acc >= steps; pf_acc -= steps) hwy::Prefetch(pf[pf_i++]);
     const double* HWY_RESTRICT qb = qt + jb * int64_t(kDotHeads * kParts);
     const double* HWY_RESTRICT kb = kt + jb * int64_t(kDotKeys * kParts);
     // q's head tiles stream from L2 (all of q does not fit in L1 beside the key block): fetch a
@@ -248,8 +270,6 @@ HWY_INLINE void DotTile(const double* HWY_RESTRICT qt, const double* HWY_RESTRIC
       VF64 kv[kDotKeys];
       if constexpr (kDecode && kDecodeInTile) {
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
-        if ((jb & 3) == 0)
-          for (size_t k = 0; k < kDotKeys; ++k) hwy::Prefetch(next[k] + jb * int64_t(kParts));
         for (size_t k = 0; k < kDotKeys; ++k) {
           kv[k] = Bf16x8Vec(src[k] + jb * int64_t(kParts));
           hn::Store(kv[k], d, const_cast<double*>(kb) + k * kParts);
@@ -264,24 +284,39 @@ HWY_INLINE void DotTile(const double* HWY_RESTRICT qt, const double* HWY_RESTRIC
       }
     }
   }
-  static_assert(kDotKeys % 2 == 0, "FoldPair takes the keys two by two");
+  static_assert(kDotKeys % 2 == 0, "the folds take the keys two by two");
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+  static_assert(kDotHeads == 4, "Fold8 folds 4 heads x 2 keys");
+  // Per pair of keys (k, k + 1), the 8 dots ordered so that Fold8's lanes are heads 0-3 of key k,
+  // then of key k + 1: two 4-lane stores, one per key.
+  const __m512d sv = _mm512_set1_pd(scale);
+  for (size_t k = 0; k < kDotKeys; k += 2) {
+    const __m512d v[8] = {acc[0][k][0].raw,     acc[2][k][0].raw, acc[0][k + 1][0].raw, acc[2][k + 1][0].raw,
+                          acc[1][k][0].raw,     acc[3][k][0].raw, acc[1][k + 1][0].raw, acc[3][k + 1][0].raw};
+    const __m512d r = _mm512_mul_pd(Fold8(v), sv);
+    _mm256_storeu_pd(out + int64_t(k) * out_stride, _mm512_castpd512_pd256(r));
+    _mm256_storeu_pd(out + int64_t(k + 1) * out_stride, _mm512_extractf64x4_pd(r, 1));
+  }
+#else
   for (size_t h = 0; h < kDotHeads; ++h)
     for (size_t k = 0; k < kDotKeys; k += 2) {
       double dx, dy;
       FoldPair(acc[h][k], acc[h][k + 1], dx, dy);
-      out[int64_t(h) * out_stride + int64_t(k)] = dx * scale;
-      out[int64_t(h) * out_stride + int64_t(k) + 1] = dy * scale;
+      out[int64_t(k) * out_stride + int64_t(h)] = dx * scale;
+      out[int64_t(k + 1) * out_stride + int64_t(h)] = dy * scale;
     }
+#endif
 }
 
-// acc[h][0 .. kVecs * N) = fma(p[h][i], V_i[vc0 + same columns], acc) for i ascending in [0, rn),
-// V_i row i of a key-block buffer (KeyBlockAt(base, cols, i), cols >= vc0 + kVecs * N); acc[h]
-// points at the tile's first column. kVecs = kPVVecs but in the last, narrower slice.
+// acc[h][0 .. kVecs * N) = fma(p[i * ps + h], V_i[vc0 + same columns], acc) for i ascending in [0, rn):
+// p points at the tile's first head in key-major P (ps doubles per key), V_i is row i of a
+// key-block buffer (KeyBlockAt(base, cols, i), cols >= vc0 + kVecs * N), acc[h] points at the
+// tile's first column. kVecs = kPVVecs but in the last, narrower slice.
 // kDecode (AVX3 only): V is not read from base but decoded from the bf16 rows src[i] + vc0 as the
 // tile goes, and stored at its place in base (then a plain key-block buffer with vc0 = 0 as seen
 // by the following tiles): the first head tile of a slice hides the decode among its FMAs.
 template <size_t kHeads, size_t kVecs, bool kDecode = false>
-HWY_INLINE void PVTile(const double* const* HWY_RESTRICT p, const double* HWY_RESTRICT base, int64_t cols,
+HWY_INLINE void PVTile(const double* HWY_RESTRICT p, int64_t ps, const double* HWY_RESTRICT base, int64_t cols,
                        int64_t vc0, int64_t rn, double* const* HWY_RESTRICT acc,
                        const uint16_t* const* HWY_RESTRICT src = nullptr) {
   (void)src;  // read only by the kDecode tile on AVX3
@@ -313,8 +348,9 @@ HWY_INLINE void PVTile(const double* const* HWY_RESTRICT p, const double* HWY_RE
       } else {
         for (size_t u = 0; u < kVecs; ++u) vv[u] = hn::Load(d, vrow + off[u]);
       }
+      const double* HWY_RESTRICT pi = p + (b0 + k) * ps;  // the tile's heads of row b0 + k
       for (size_t h = 0; h < kHeads; ++h) {
-        const VF64 pb = hn::Set(d, p[h][b0 + k]);
+        const VF64 pb = hn::Set(d, pi[h]);
         for (size_t u = 0; u < kVecs; ++u) a[h][u] = hn::MulAdd(pb, vv[u], a[h][u]);
       }
     }
@@ -329,57 +365,54 @@ HWY_INLINE void PVTile(const double* const* HWY_RESTRICT p, const double* HWY_RE
       for (size_t u = 0; u < kVecs; ++u)
         for (int64_t l = 0; l < N; ++l) {
           double& y = acc[h][int64_t(u) * N + l];
-          y = std::fma(p[h][i], vrow[off[u] + l], y);
+          y = std::fma(p[i * ps + int64_t(h)], vrow[off[u] + l], y);
         }
     }
 #endif
 }
 
 // Every head tile over one slice of columns: acc[h][c0, c0 + kVecs N) += sum over rows [0, rn) of
-// p[h][r0 + i] * V_i[vc0 + (0, kVecs N)], V_i in a key-block buffer. With src (AVX3, a full first
-// head tile, vc0 = 0), that tile first decodes V_i from the bf16 rows src[i] + c0 into base.
+// P[r0 + i][h] * V_i[vc0 + (0, kVecs N)] (P key-major, ps doubles per key), V_i in a key-block
+// buffer. With src (AVX3, a full first head tile, vc0 = 0), that tile first decodes V_i from the
+// bf16 rows src[i] + c0 into base.
 template <size_t kVecs>
-HWY_INLINE void PVHeads(const double* pbuf, int64_t n_pad, int64_t r0, int64_t h_q, const double* base,
+HWY_INLINE void PVHeads(const double* pbuf, int64_t ps, int64_t r0, int64_t h_q, const double* base,
                         int64_t cols, int64_t vc0, int64_t rn, int64_t c0, int64_t dvp, double* acc,
                         const uint16_t* const* src = nullptr) {
+  const double* p = pbuf + r0 * ps;
   int64_t h = 0;
   for (; h + int64_t(kPVHeads) <= h_q; h += int64_t(kPVHeads)) {
-    const double* ps[kPVHeads];
     double* as[kPVHeads];
-    for (size_t e = 0; e < kPVHeads; ++e) {
-      ps[e] = pbuf + (h + int64_t(e)) * n_pad + r0;
-      as[e] = acc + (h + int64_t(e)) * dvp + c0;
-    }
+    for (size_t e = 0; e < kPVHeads; ++e) as[e] = acc + (h + int64_t(e)) * dvp + c0;
     if (h == 0 && src)
-      PVTile<kPVHeads, kVecs, true>(ps, base, cols, c0, rn, as, src);
+      PVTile<kPVHeads, kVecs, true>(p + h, ps, base, cols, c0, rn, as, src);
     else
-      PVTile<kPVHeads, kVecs>(ps, base, cols, vc0, rn, as);
+      PVTile<kPVHeads, kVecs>(p + h, ps, base, cols, vc0, rn, as);
   }
   for (; h < h_q; ++h) {
-    const double* ps[1] = {pbuf + h * n_pad + r0};
     double* as[1] = {acc + h * dvp + c0};
-    PVTile<1, kVecs>(ps, base, cols, vc0, rn, as);
+    PVTile<1, kVecs>(p + h, ps, base, cols, vc0, rn, as);
   }
 }
 
 // Rows per P.V sub-chunk: a multiple of kDotKeys such that one slice of V (sub x cw doubles) and
-// the p of every head for those rows (h_q x sub) stay in L1 while every head tile passes over
+// the P of those rows (sub x ps doubles, ps per key) stay in L1 while every head tile passes over
 // them. The accumulators go through memory between sub-chunks; ref's order is per element,
 // i ascending, so this changes no bit.
-HWY_INLINE int64_t PVSubRows(int64_t h_q, int64_t cw) {
-  const int64_t fit = int64_t(kPVL1Bytes) / (int64_t(sizeof(double)) * (cw + h_q));
+HWY_INLINE int64_t PVSubRows(int64_t ps, int64_t cw) {
+  const int64_t fit = int64_t(kPVL1Bytes) / (int64_t(sizeof(double)) * (cw + ps));
   return std::max<int64_t>(int64_t(kDotKeys), fit / int64_t(kDotKeys) * int64_t(kDotKeys));
 }
 
 // acc[h][0, dvp) += P.V over all n rows, V gathered again from kv: per sub-chunk of rows and slice
 // of columns, the slice is decoded into an L1 buffer (key-block layout, cw columns) that every head
 // tile then reads; the next sub-chunk's lines of the same columns are prefetched into L2 meanwhile.
-HWY_INLINE void PVFromRows(const double* pbuf, int64_t n_pad, int64_t h_q, const uint16_t* kv, int64_t d_qk,
+HWY_INLINE void PVFromRows(const double* pbuf, int64_t ps, int64_t h_q, const uint16_t* kv, int64_t d_qk,
                            int64_t d_v, const std::vector<int64_t>& rows, int64_t dvp, double* slice,
                            double* acc, detail::PhaseClock& clk, AttentionPhases& ph) {
   const int64_t N = int64_t(hn::Lanes(DF64()));
   const int64_t cw = int64_t(kPVVecs) * N;
-  const int64_t sub = PVSubRows(h_q, cw);
+  const int64_t sub = PVSubRows(ps, cw);
   const int64_t n = int64_t(rows.size());
   std::vector<const uint16_t*> src;  // the sub-chunk's kv rows
   for (int64_t s0 = 0; s0 < n; s0 += sub) {
@@ -396,7 +429,7 @@ HWY_INLINE void PVFromRows(const double* pbuf, int64_t n_pad, int64_t h_q, const
       }
       if (kDecodeInTile && !clk.on && cn == cw && h_q >= int64_t(kPVHeads)) {
         // The first head tile decodes the slice as it goes (not when profiling: see pass 1).
-        PVHeads<kPVVecs>(pbuf, n_pad, s0, h_q, slice, cw, 0, sn, c0, dvp, acc, src.data());
+        PVHeads<kPVVecs>(pbuf, ps, s0, h_q, slice, cw, 0, sn, c0, dvp, acc, src.data());
         clk.lap(&ph.pv_tiles);
         continue;
       }
@@ -405,10 +438,10 @@ HWY_INLINE void PVFromRows(const double* pbuf, int64_t n_pad, int64_t h_q, const
                          KeyBlockAt(slice, w, i));
       clk.lap(&ph.v_gather);
       if (w == cw) {
-        PVHeads<kPVVecs>(pbuf, n_pad, s0, h_q, slice, w, 0, sn, c0, dvp, acc);
+        PVHeads<kPVVecs>(pbuf, ps, s0, h_q, slice, w, 0, sn, c0, dvp, acc);
       } else {  // the last, narrower slice: one vector of columns at a time (columns are independent)
         for (int64_t u = 0; u < w / N; ++u)
-          PVHeads<1>(pbuf, n_pad, s0, h_q, slice, w, u * N, sn, c0 + u * N, dvp, acc);
+          PVHeads<1>(pbuf, ps, s0, h_q, slice, w, u * N, sn, c0 + u * N, dvp, acc);
       }
       clk.lap(&ph.pv_tiles);
     }
@@ -467,19 +500,25 @@ void AttentionChunk(const detail::AttentionView& v, int64_t t0, int64_t t1, floa
   const int64_t dpad = (d_qk + int64_t(kParts) - 1) / int64_t(kParts) * int64_t(kParts);
   const int64_t hpad = (h_q + int64_t(kDotHeads) - 1) / int64_t(kDotHeads) * int64_t(kDotHeads);
   const int64_t q_tile = int64_t(kDotHeads) * dpad;  // doubles per head tile of q
+  // P is key-major, hs doubles per key (h_q rounded up to whole 8-lane groups: softmax runs with
+  // lanes over heads). Pass 1 never writes the heads past hpad: zero when pbuf is allocated, then
+  // whatever finite values softmax leaves there; no output reads them.
+  const int64_t hs = (h_q + int64_t(kParts) - 1) / int64_t(kParts) * int64_t(kParts);
   const int64_t cw = int64_t(kPVVecs) * N;  // columns per P.V tile
   // d_v padded to whole 8-column groups (every lane count divides 8): the last P.V slice may be
   // narrower than cw (d_v 512 = 21 slices of 24 + one of 8 on AVX3, no padded FMAs).
   const int64_t dvp = (d_v + int64_t(kParts) - 1) / int64_t(kParts) * int64_t(kParts);
 
   auto qd = hwy::AllocateAligned<double>(size_t(hpad * dpad));
-  auto slice = hwy::AllocateAligned<double>(size_t(PVSubRows(h_q, cw) * cw));  // PVFromRows' slice of V
+  auto slice = hwy::AllocateAligned<double>(size_t(PVSubRows(hs, cw) * cw));  // PVFromRows' slice of V
   auto acc = hwy::AllocateAligned<double>(size_t(h_q * dvp));
   auto kbuf = hwy::AllocateAligned<double>(size_t(kb * dpad));  // one key block, pass 1's layout
   hwy::AlignedFreeUniquePtr<double[]> pbuf;
   int64_t pbuf_size = 0;
   std::vector<int64_t> rows, sort_tmp;
-  std::vector<double> factor(static_cast<size_t>(h_q)), l(static_cast<size_t>(h_q)), mx(static_cast<size_t>(h_q));
+  std::vector<const char*> pf_lines(size_t(kb * ((d_qk * 2 + 63) / 64)));  // next block's kv lines
+  std::vector<double> factor(static_cast<size_t>(h_q));
+  auto l = hwy::AllocateAligned<double>(size_t(hs)), mx = hwy::AllocateAligned<double>(size_t(hs));
   std::fill(qd.get(), qd.get() + hpad * dpad, 0.0);  // padding heads stay zero
 
   for (int64_t t = t0; t < t1; ++t) {
@@ -505,9 +544,10 @@ void AttentionChunk(const detail::AttentionView& v, int64_t t0, int64_t t1, floa
       continue;
     }
     const int64_t n_pad = (n + kb - 1) / kb * kb;
-    if (hpad * n_pad > pbuf_size) {
-      pbuf_size = hpad * n_pad;
+    if (hs * n_pad > pbuf_size) {
+      pbuf_size = hs * n_pad;
       pbuf = hwy::AllocateAligned<double>(size_t(pbuf_size));
+      std::fill(pbuf.get(), pbuf.get() + pbuf_size, 0.0);
     }
     clk.lap(&other);
     // Pass 1: P[h][i] = (q[t,h,:] . kv[rows[i]]) * sm_scale. q is decoded once per row into
@@ -529,18 +569,30 @@ void AttentionChunk(const detail::AttentionView& v, int64_t t0, int64_t t1, floa
         for (int64_t b = (i0 / kb) * q_step; b < std::min(q_bytes, (i0 / kb + 1) * q_step); b += 64)
           PrefetchL2(q_next + b);
       // Whole blocks decode inside the first head tile, except when profiling (the phases then
-      // time the decode and the tiles apart, on the same operations).
+      // time the decode and the tiles apart, on the same operations). The head tiles run in
+      // alternating order from block to block (the last tile's q is still in L1 for the next
+      // block's first), and the lines of the next block's rows are prefetched spread over the
+      // tiles that do not decode (over the one tile when there is one).
       if (kDecodeInTile && !clk.on && bn == kb && d_qk % int64_t(kParts) == 0) {
         const uint16_t* src[kDotKeys];
-        const uint16_t* next[kDotKeys];
-        for (int64_t k = 0; k < kb; ++k) {
-          src[k] = v.kv + rows[size_t(i0 + k)] * d_qk;
-          next[k] = i0 + kb + k < n ? v.kv + rows[size_t(i0 + kb + k)] * d_qk : src[k];
+        for (int64_t k = 0; k < kb; ++k) src[k] = v.kv + rows[size_t(i0 + k)] * d_qk;
+        int64_t n_pf = 0;
+        for (int64_t k = i0 + kb; k < std::min(n, i0 + 2 * kb); ++k)
+          for (int64_t b = 0; b < d_qk * 2; b += 64)
+            pf_lines[size_t(n_pf++)] = reinterpret_cast<const char*>(v.kv + rows[size_t(k)] * d_qk) + b;
+        const int64_t tiles = hpad / int64_t(kDotHeads);
+        const bool reverse = (i0 / kb) % 2 == 1;
+        for (int64_t j = 0; j < tiles; ++j) {
+          const int64_t h0 = (reverse ? tiles - 1 - j : j) * int64_t(kDotHeads);
+          const double* qh = qd.get() + (h0 / int64_t(kDotHeads)) * q_tile;
+          double* o = pbuf.get() + i0 * hs + h0;
+          if (j == 0) {
+            DotTile<true>(qh, blk, dpad, v.sm_scale, o, hs, src, pf_lines.data(), tiles == 1 ? n_pf : 0);
+          } else {
+            const int64_t l0 = (j - 1) * n_pf / (tiles - 1), l1 = j * n_pf / (tiles - 1);
+            DotTile(qh, blk, dpad, v.sm_scale, o, hs, nullptr, pf_lines.data() + l0, l1 - l0);
+          }
         }
-        DotTile<true>(qd.get(), blk, dpad, v.sm_scale, pbuf.get() + i0, n_pad, src, next);
-        for (int64_t h0 = int64_t(kDotHeads); h0 < hpad; h0 += int64_t(kDotHeads))
-          DotTile(qd.get() + (h0 / int64_t(kDotHeads)) * q_tile, blk, dpad, v.sm_scale,
-                  pbuf.get() + h0 * n_pad + i0, n_pad);
         continue;
       }
       DecodeRows(v.kv, d_qk, rows, i0, i0 + bn, d_qk, dpad, blk);
@@ -549,51 +601,42 @@ void AttentionChunk(const detail::AttentionView& v, int64_t t0, int64_t t1, floa
       clk.lap(&ph.k_gather);
       for (int64_t h0 = 0; h0 < hpad; h0 += int64_t(kDotHeads))
         DotTile(qd.get() + (h0 / int64_t(kDotHeads)) * q_tile, blk, dpad, v.sm_scale,
-                pbuf.get() + h0 * n_pad + i0, n_pad);
+                pbuf.get() + i0 * hs + h0, hs);
       clk.lap(&ph.qk_tiles);
     }
-    // Pass 2: softmax statistics per head, in ref's order.
-    for (int64_t h = 0; h < h_q; ++h) {
-      double* p = pbuf.get() + h * n_pad;
-      int64_t i = 0;
+    // Pass 2: softmax statistics, lanes over heads (each lane performs ref's operations for its
+    // head, i ascending): the maximum (from -inf, x replaces m where m < x, as std::max(m, x)),
+    // then p = exp_portable(p - m) stored back and summed into l.
+    for (int64_t h0 = 0; h0 < hs; h0 += N) {
+      double* p = pbuf.get() + h0;
       VF64 mv = hn::Set(d, -std::numeric_limits<double>::infinity());
-      for (; i + N <= n; i += N) {
-        const VF64 x = hn::LoadU(d, p + i);
+      for (int64_t i = 0; i < n; ++i) {
+        const VF64 x = hn::Load(d, p + i * hs);
         mv = hn::IfThenElse(hn::Lt(mv, x), x, mv);
       }
-      HWY_ALIGN double lanes[kParts] = {};
-      hn::Store(mv, d, lanes);
-      double m = -std::numeric_limits<double>::infinity();
-      for (int64_t e = 0; e < N; ++e) m = std::max(m, lanes[e]);
-      for (; i < n; ++i) m = std::max(m, p[i]);
-      const VF64 mb = hn::Set(d, m);
-      for (i = 0; i + N <= n; i += N) hn::StoreU(ExpPortable(d, hn::Sub(hn::LoadU(d, p + i), mb)), d, p + i);
-      for (; i < n; ++i) p[i] = indexshare::exp_portable(p[i] - m);
-      mx[size_t(h)] = m;
-    }
-    // l[h] = sum_i p[h][i], i ascending (independent chains for several heads at once).
-    constexpr int64_t kSumHeads = 8;
-    for (int64_t h0 = 0; h0 < h_q; h0 += kSumHeads) {
-      const int64_t hc = std::min(kSumHeads, h_q - h0);
-      double s[kSumHeads] = {0, 0, 0, 0, 0, 0, 0, 0};
-      for (int64_t i = 0; i < n; ++i)
-        for (int64_t e = 0; e < hc; ++e) s[e] += pbuf[size_t((h0 + e) * n_pad + i)];
-      for (int64_t e = 0; e < hc; ++e) l[size_t(h0 + e)] = s[e];
+      VF64 sv = hn::Zero(d);
+      for (int64_t i = 0; i < n; ++i) {
+        const VF64 e = ExpPortable(d, hn::Sub(hn::Load(d, p + i * hs), mv));
+        hn::Store(e, d, p + i * hs);
+        sv = hn::Add(sv, e);
+      }
+      hn::Store(mv, d, mx.get() + h0);
+      hn::Store(sv, d, l.get() + h0);
     }
     for (int64_t h = 0; h < h_q; ++h) {
-      const double lse = mx[size_t(h)] + std::log(l[size_t(h)]);
-      double f = 1.0 / l[size_t(h)];
+      const double lse = mx[h] + std::log(l[h]);
+      double f = 1.0 / l[h];
       if (v.sink) f *= 1.0 / (1.0 + indexshare::exp_portable(double(v.sink[h]) - lse));
       factor[size_t(h)] = f;
       lse_out[t * h_q + h] = float(lse);
-      max_out[t * h_q + h] = float(mx[size_t(h)]);
+      max_out[t * h_q + h] = float(mx[h]);
     }
     clk.lap(&ph.softmax);
     // Pass 3: acc[h][c] = sum_i p[h][i] * V[rows[i]][c], rows ascending, fused; the rows are
     // gathered and decoded again (in L1-sized slices).
     std::fill(acc.get(), acc.get() + h_q * dvp, 0.0);
     clk.lap(&other);
-    PVFromRows(pbuf.get(), n_pad, h_q, v.kv, d_qk, d_v, rows, dvp, slice.get(), acc.get(), clk, ph);
+    PVFromRows(pbuf.get(), hs, h_q, v.kv, d_qk, d_v, rows, dvp, slice.get(), acc.get(), clk, ph);
     for (int64_t h = 0; h < h_q; ++h) {  // out = f32(acc * factor) (one rounding, as ref), and its bf16
       float* o = out + (t * h_q + h) * d_v;
       uint16_t* ob = out_bf16 + (t * h_q + h) * d_v;

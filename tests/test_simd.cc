@@ -561,9 +561,14 @@ TEST_CASE("simd: sparse and dense attention bit-identical to ref on every target
     int64_t s_q, h_q, d_qk, d_v, s_kv, topk;
   };
   // h_q not a multiple of a head tile (9, 3), d_qk / d_v not multiples of a lane count; the last
-  // shape has rows lists of 128+ (the radix sort) and more rows than one P.V sub-chunk.
-  for (const Dims& dm : std::vector<Dims>{
-           {6, 9, 40, 32, 53, 24}, {4, 3, 33, 7, 29, 31}, {2, 1, 1, 1, 5, 3}, {3, 5, 24, 20, 700, 600}}) {
+  // two shapes have rows lists of 128+ (the radix sort) and more rows than one P.V sub-chunk, with
+  // whole P.V slices (d_v 64) or a whole and a narrower last one (d_v 40: 32 + 8 columns on AVX3,
+  // 16 + 16 + 8 on AVX2), and four head tiles in pass 1 (h_q 16) or two (h_q 5).
+  for (const Dims& dm : std::vector<Dims>{{6, 9, 40, 32, 53, 24},
+                                          {4, 3, 33, 7, 29, 31},
+                                          {2, 1, 1, 1, 5, 3},
+                                          {3, 5, 48, 40, 700, 600},
+                                          {2, 16, 64, 64, 300, 256}}) {
     CAPTURE(dm.d_qk);
     CAPTURE(dm.d_v);
     AttnCase c = make_attention(dm.s_q, dm.h_q, dm.d_qk, dm.d_v, dm.s_kv, dm.topk, 40 + uint64_t(dm.d_qk));
