@@ -161,7 +161,7 @@ TEST_CASE("cli: bench runs a small problem, checks simd against ref and writes J
                      "assert all(k in d for k in (\"stages\", \"stack\", \"targets\", \"peak_gflops\", \"agreement\"))' " + json).c_str()) == 0);
   // The attention phases of the profiled call: the named parts are a share of its thread-seconds
   // (non-negative, at most the total) and the matrix part's rate is reported and targeted.
-  CHECK(r.out.find("attention phases (simd, one profiled call") != std::string::npos);
+  CHECK(r.out.find("attention phases (simd, the median of 1 profiled call(s)") != std::string::npos);
   CHECK(r.out.find("target    simd sparse attention, matrix part: share of peak") != std::string::npos);
   CHECK(r.out.find("(the whole attention call, gathers, decode and softmax included:") != std::string::npos);
   CHECK(std::system(("python3 -c 'import json,sys; a=json.load(open(sys.argv[1]))[\"attention_phases\"]; "
