@@ -508,7 +508,7 @@ void AttentionChunk(const detail::AttentionView& v, int64_t t0, int64_t t1, floa
   const int64_t hs = (h_q + int64_t(kParts) - 1) / int64_t(kParts) * int64_t(kParts);
   const int64_t cw = int64_t(kPVVecs) * N;  // columns per P.V tile
   // d_v padded to whole 8-column groups (every lane count divides 8): the last P.V slice may be
-  // narrower than cw (d_v 512 = 21 slices of 24 + one of 8 on AVX3, no padded FMAs).
+  // narrower than cw (d_v 40 = one slice of 32 + one of 8 on AVX3, no padded FMAs).
   const int64_t dvp = (d_v + int64_t(kParts) - 1) / int64_t(kParts) * int64_t(kParts);
 
   auto qd = hwy::AllocateAligned<double>(size_t(hpad * dpad));

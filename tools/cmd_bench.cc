@@ -404,7 +404,6 @@ int cmd_bench(const BenchArgs& a) {
   }
   simd::AttentionPhases attn_phases;
   bool have_phases = false;
-  int n_profiled = 0;
   const std::string index_name = fp8 ? "indexer logits" : "indexer logits f32";
   if (do_ref) {
     ref_logits = add(index_name, "ref", f_index, 0, [&] { out_logits = logits_ref(); }, 0, "");
@@ -442,7 +441,6 @@ int cmd_bench(const BenchArgs& a) {
     std::sort(profiled.begin(), profiled.end(),
               [](const simd::AttentionPhases& x, const simd::AttentionPhases& y) { return x.total < y.total; });
     attn_phases = profiled[profiled.size() / 2];
-    n_profiled = a.repeats;
     have_phases = true;
   }
 
@@ -554,7 +552,7 @@ int cmd_bench(const BenchArgs& a) {
     matrix_share = rate(f_attn, ph.qk_tiles + ph.pv_tiles);
     if (const StageResult* r = find("attention (sparse)", "simd")) whole_share = r->share();
     std::printf("\nattention phases (simd, the median of %d profiled call(s), %.4f thread-seconds over %d thread(s)):\n",
-                n_profiled, ph.total, threads);
+                a.repeats, ph.total, threads);
     std::printf("          q.k tiles %.1f%% (%.1f%% of peak), P.V tiles %.1f%% (%.1f%% of peak), kv gather+decode "
                 "%.1f%%, V gather+decode %.1f%%, q decode %.1f%%, softmax %.1f%%, rest %.1f%%\n",
                 pct(ph.qk_tiles), 100 * rate(f_qk, ph.qk_tiles), pct(ph.pv_tiles), 100 * rate(f_pv, ph.pv_tiles),
@@ -567,7 +565,7 @@ int cmd_bench(const BenchArgs& a) {
                                                  {"rest", rest}, {"total", ph.total}}},
                              {"qk_tiles_peak_share", rate(f_qk, ph.qk_tiles)},
                              {"pv_tiles_peak_share", rate(f_pv, ph.pv_tiles)},
-                             {"profiled_calls", n_profiled},
+                             {"profiled_calls", a.repeats},
                              {"matrix_part_peak_share", matrix_share},
                              {"whole_call_peak_share", whole_share}};
   } else {
