@@ -723,9 +723,12 @@ TEST_CASE("hostile: problems beyond --max-memory are refused before anything is 
   for (const char* p : {"sq1000000000 skv1000000000", "sq1 skv2147483647 k2147483647",
                         "sq100000 skv100000 hq1 dqk16 dv8 ih1 id16 k4", "sq1 skv1 hq1000000 dqk1000000 dv1"}) {
     CAPTURE(p);
-    // `run` streams the indexer (no [s_q, s_kv] logits), so the third problem fits in memory there
-    // (it is only slow); golden keeps the logits (40 GB) and must refuse it.
-    if (std::string(p).rfind("sq100000 ", 0) != 0) refused(cli(std::string("run --problem '") + p + "'", 20), {"above --max-memory"});
+    // `run`, `overlap` and `search` stream the indexer (no [s_q, s_kv] logits), so the third
+    // problem fits in memory there (it is only slow); golden keeps the logits (40 GB) and must
+    // refuse it.
+    if (std::string(p).rfind("sq100000 ", 0) != 0)
+      for (const char* cmd : {"run", "overlap", "search"})
+        refused(cli(std::string(cmd) + " --problem '" + p + "'", 20), {"above --max-memory"});
     refused(cli(std::string("golden --problem '") + p + "' --out " + tmp / "set", 20), {"above --max-memory"});
   }
   // The limit can be lowered; a bad limit is a usage error.

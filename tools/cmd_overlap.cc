@@ -19,6 +19,7 @@ namespace {
 struct Source {  // where the layers come from: exactly one of the three
   std::string golden, problem, from, from_problem;
   std::string impl = "auto";  // the kernels of the recomputations: ref, simd, auto
+  std::string max_memory = "8G";  // --problem: refused above this estimate, before generating
 };
 
 // --impl: the kernel table (the same bits either way); auto: simd for stacks whose indexer work
@@ -41,6 +42,7 @@ golden::StackInputs load(const Source& s, bool all_indexers) {
   }
   Problem p = parse_problem(s.problem);
   if (all_indexers) p.own = true;
+  check_memory(p, false, parse_bytes(s.max_memory), p.s_q);
   return {p, ref::make_stack_inputs(p, p.schedule())};
 }
 
@@ -56,6 +58,8 @@ void add_source(CLI::App* c, Source& s) {
   c->add_option("--from", s.from, "Per-layer inputs dumped from a model (golden tensor names)");
   c->add_option("--from-problem", s.from_problem, "With --from: top-k, dv, sm and the schedule, e.g. \"k2048 dv512 sched=glm-5.2\"");
   c->add_option("--impl", s.impl, "Kernels of the recomputations: ref, simd or auto (the same results)")->capture_default_str();
+  c->add_option("--max-memory", s.max_memory, "With --problem: refuse stacks whose estimated memory exceeds this (e.g. 8G)")
+      ->capture_default_str();
 }
 
 struct OverlapArgs {

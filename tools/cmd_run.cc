@@ -84,10 +84,12 @@ int run_problem(const RunArgs& a) {
   p.validate();
   const Schedule s = p.schedule();
   // --rows: only the chosen query rows (ref/layer.h); their outputs equal the full problem's rows.
-  const std::vector<int64_t> rows = a.rows_given ? parse_rows(a.rows, p) : ref::all_rows(p);
-  const int64_t n_rows = int64_t(rows.size());
+  // The full list (s_q entries) is built only once the memory estimate has accepted the problem.
+  std::vector<int64_t> rows = a.rows_given ? parse_rows(a.rows, p) : std::vector<int64_t>{};
+  const int64_t n_rows = a.rows_given ? int64_t(rows.size()) : p.s_q;
   const std::string impl = resolve_impl(a.impl, p, n_rows);
   check_memory(p, false, parse_bytes(a.max_memory), n_rows);
+  if (!a.rows_given) rows = ref::all_rows(p);
   apply_target(a.target);
   std::printf("problem   %s\nschedule  %s (%d full of %d)\nimpl      %s%s\n", to_string(p).c_str(), s.pattern().c_str(),
               s.n_full(), s.n_layers(), impl.c_str(), impl == "simd" ? (" (Highway target " + simd::current_target() + ")").c_str() : "");
