@@ -727,7 +727,7 @@ TEST_CASE("hostile: problems beyond --max-memory are refused before anything is 
     // problem fits in memory there (it is only slow); golden keeps the logits (40 GB) and must
     // refuse it.
     if (std::string(p).rfind("sq100000 ", 0) != 0)
-      for (const char* cmd : {"run", "overlap", "search"})
+      for (const char* cmd : {"run", "overlap", "search", "bench --stack-seq 0"})
         refused(cli(std::string(cmd) + " --problem '" + p + "'", 20), {"above --max-memory"});
     refused(cli(std::string("golden --problem '") + p + "' --out " + tmp / "set", 20), {"above --max-memory"});
   }
@@ -737,6 +737,8 @@ TEST_CASE("hostile: problems beyond --max-memory are refused before anything is 
   refused(cli(small + " --max-memory lots"), {"--max-memory", "'lots'"});
   refused(cli(small + " --max-memory 8Q"), {"--max-memory", "'8Q'"});
   CHECK(tmp.entries().empty());
+  // bench's stack comparison is estimated too (here at 2^31 - 1 keys).
+  refused(cli("bench --impl simd --module-preset none --stack-seq 2147483647", 20), {"above --max-memory"});
   // Element counts that overflow int64 are refused as such.
   refused(cli("run --problem 'sq1 skv1 hq1000000000000 dqk1000000000000 dv1' --max-memory 999999999999999"),
           {"problem field hq must be <= 2^31 - 1"});
