@@ -94,6 +94,11 @@ void check_rows(const Problem& p, std::span<const int64_t> rows);
 std::string format_rows(std::span<const int64_t> rows);
 // The layer's indexer logits [s_q, s_kv] (fp8 or bf16 mode per the problem).
 Tensor<float> layer_logits(const Problem& p, const LayerInputs& in, const Kernels& k = {});
+// The layer's own top-k positions [s_q, topk]: topk(layer_logits(...)), or, in FP8 mode when the
+// kernels have one (simd), the fused indexer + top-k that never holds the [s_q, s_kv] logits (the
+// same positions). layer_topk_streams says which of the two a call takes.
+Tensor<int32_t> layer_topk(const Problem& p, const LayerInputs& in, const Kernels& k = {});
+bool layer_topk_streams(const Problem& p, const Kernels& k);
 // The layer's sparse attention over `indices` [s_q, 1, topk] (kv rows).
 AttentionOut layer_attention(const Problem& p, const LayerInputs& in, const Tensor<int32_t>& indices,
                              const Kernels& k = {});

@@ -427,7 +427,7 @@ ScheduleEvaluator::ScheduleEvaluator(const Problem& p, const std::vector<LayerIn
   valid_len_ = valid_lengths(in[0].ks, in[0].ke);
   // Each layer's own top-k once; for the output loss also its all-Full attention output.
   for (const LayerInputs& li : in) {
-    own_.push_back(k_.topk(layer_logits(p, li, k_), li.ks, li.ke, p.index_topk));
+    own_.push_back(layer_topk(p, li, k_));
     if (loss == SearchLoss::output) own_out_.push_back(layer_attention(p, li, local_to_kv_rows(own_.back(), li.ks), k_).out);
   }
 }

@@ -39,13 +39,11 @@ std::vector<StackLayerOutputs> run_stack(const Problem& p, const Schedule& sched
     if (o.kind == LayerKind::full)
       require(in.has_indexer, "stack: Full layer " + std::to_string(l) + " has no indexer inputs");
     if (in.has_indexer) {
-      if (!keep_logits && p.indexer == IndexerMode::fp8 && k.fused_topk_fp8) {  // logits never materialised
-        o.own_topk = k.fused_topk_fp8(in.index_q8, in.index_k8, in.index_k_scale, in.index_weights, in.ks, in.ke,
-                                      p.index_topk);
+      if (!keep_logits) {  // streamed when the kernels can (logits never materialised)
+        o.own_topk = layer_topk(p, in, k);
       } else {
-        Tensor<float> logits = layer_logits(p, in, k);
-        o.own_topk = k.topk(logits, in.ks, in.ke, p.index_topk);
-        if (keep_logits) o.logits = std::move(logits);
+        o.logits = layer_logits(p, in, k);
+        o.own_topk = k.topk(o.logits, in.ks, in.ke, p.index_topk);
       }
     }
     // 2. The positions the attention uses: fresh for Full, the source's for Shared.

@@ -723,13 +723,41 @@ TEST_CASE("hostile: problems beyond --max-memory are refused before anything is 
   for (const char* p : {"sq1000000000 skv1000000000", "sq1 skv2147483647 k2147483647",
                         "sq100000 skv100000 hq1 dqk16 dv8 ih1 id16 k4", "sq1 skv1 hq1000000 dqk1000000 dv1"}) {
     CAPTURE(p);
-    // `run`, `overlap` and `search` stream the indexer (no [s_q, s_kv] logits), so the third
-    // problem fits in memory there (it is only slow); golden keeps the logits (40 GB) and must
-    // refuse it.
-    if (std::string(p).rfind("sq100000 ", 0) != 0)
-      for (const char* cmd : {"run", "overlap", "search", "bench --stack-seq 0"})
-        refused(cli(std::string(cmd) + " --problem '" + p + "'", 20), {"above --max-memory"});
-    refused(cli(std::string("golden --problem '") + p + "' --out " + tmp / "set", 20), {"above --max-memory"});
+    // The third problem fits in memory where the indexer streams (simd in FP8 mode, --impl auto
+    // takes simd there): it is only slow, so it runs only where the estimate must refuse it: with
+    // --impl ref, whose indexer materialises one layer's [s_q, s_kv] logits (40 GB).
+    const bool streams_fit = std::string(p).rfind("sq100000 ", 0) == 0;
+    // Each command suggests the remedies it offers, and no option it lacks.
+    struct Cmd {
+      std::string cmd;
+      std::vector<std::string> offers, lacks;
+    };
+    const std::vector<std::string> none = {"--rows", "--no-logits", "--stack-seq", "--impl simd"};
+    std::vector<Cmd> cmds;
+    if (streams_fit) {
+      const std::vector<std::string> via = {"use --impl simd (streams the indexer), "};
+      cmds = {{"run --impl ref", {via[0] + "--rows", "a smaller --problem"}, {"--no-logits", "--stack-seq"}},
+              {"overlap --impl ref", {via[0] + "a smaller --problem"}, {"--rows", "--no-logits", "--stack-seq"}},
+              {"search --impl ref", {via[0] + "a smaller --problem"}, {"--rows", "--no-logits", "--stack-seq"}},
+              {"golden --no-logits --out " + tmp / "set", {via[0] + "--rows"}, {"--no-logits", "--stack-seq"}},
+              {"golden --out " + tmp / "set", {"use --no-logits with --impl simd (the indexer then streams), --rows"}, {}}};
+    } else {
+      cmds = {{"run", {"use --rows", "a smaller --problem"}, {"--no-logits", "--stack-seq", "--impl simd"}},
+              {"overlap", {"use a smaller --problem"}, none},
+              {"search", {"use a smaller --problem"}, none},
+              {"bench --stack-seq 0", {"use a smaller --problem"}, none},
+              {"golden --out " + tmp / "set", {"use --no-logits, --rows", "a smaller --problem"}, {"--impl simd"}},
+              {"golden --impl simd --no-logits --out " + tmp / "set", {"use --rows"}, {"--no-logits", "--impl simd"}}};
+    }
+    for (const Cmd& c : cmds) {
+      CAPTURE(c.cmd);
+      const Result r = cli(c.cmd + " --problem '" + p + "'", 20);
+      std::vector<std::string> needles = c.offers;
+      needles.push_back("above --max-memory");
+      needles.push_back(", or raise --max-memory");
+      refused(r, needles);
+      for (const std::string& l : c.lacks) CHECK_MESSAGE(!has(r.out, l), "suggests '" << l << "'");
+    }
   }
   // The limit can be lowered; a bad limit is a usage error.
   const std::string small = "golden --problem 'sq4 skv12 hq2 dqk16 dv8 ih2 id16 k4' --out " + tmp / "set";
@@ -738,7 +766,8 @@ TEST_CASE("hostile: problems beyond --max-memory are refused before anything is 
   refused(cli(small + " --max-memory 8Q"), {"--max-memory", "'8Q'"});
   CHECK(tmp.entries().empty());
   // bench's stack comparison is estimated too (here at 2^31 - 1 keys).
-  refused(cli("bench --impl simd --module-preset none --stack-seq 2147483647", 20), {"above --max-memory"});
+  refused(cli("bench --impl simd --module-preset none --stack-seq 2147483647", 20),
+          {"above --max-memory", "for the stack: use a smaller --stack-seq or --stack-sq"});
   // Element counts that overflow int64 are refused as such.
   refused(cli("run --problem 'sq1 skv1 hq1000000000000 dqk1000000000000 dv1' --max-memory 999999999999999"),
           {"problem field hq must be <= 2^31 - 1"});

@@ -48,9 +48,21 @@ void apply_target(const std::string& target);
 // --max-memory: the bytes a kernel-level stack of p allocates (inputs, logits when kept, outputs,
 // all layers) for `n_rows` query rows (--rows; 0: all s_q rows): per-row tensors scale with
 // n_rows, key-side ones (indexer k, attn kv) with s_kv; `golden` counts the second copy a golden
-// set makes of every tensor. Error naming the estimate and the budget when it exceeds max_bytes.
-uint64_t estimate_stack_bytes(const Problem& p, bool keep_logits, int64_t n_rows = 0, bool golden = false);
-void check_memory(const Problem& p, bool keep_logits, uint64_t max_bytes, int64_t n_rows = 0, bool golden = false);
+// set makes of every tensor. Logits not kept still exist one layer at a time unless `streams`
+// (ref::layer_topk_streams: simd's fused indexer + top-k in FP8 mode). check_memory: Error naming
+// the estimate, the budget and `remedies` (what the calling command offers to shrink the problem)
+// when the estimate exceeds max_bytes.
+uint64_t estimate_stack_bytes(const Problem& p, bool keep_logits, bool streams, int64_t n_rows = 0, bool golden = false);
+void check_memory(const Problem& p, bool keep_logits, bool streams, uint64_t max_bytes, const std::string& remedies,
+                  int64_t n_rows = 0, bool golden = false);
+// `streams` for the kernels of a resolved --impl ("ref" or "simd").
+bool impl_streams(const std::string& impl, const Problem& p);
+// The start of check_memory's remedies for a command with --impl (and --no-logits when
+// `offers_no_logits`): "--no-logits, " where logits are kept, with " with --impl simd (the indexer
+// then streams)" or on its own "--impl simd (streams the indexer), " where the FP8 indexer does
+// not stream yet and streaming would bring the estimate within max_bytes; "" otherwise.
+std::string logits_remedy(const Problem& p, bool keep_logits, bool streams, uint64_t max_bytes, int64_t n_rows,
+                          bool golden, bool offers_no_logits);
 // --rows: a comma-separated list of items, each
 //   N          row N                      A-B        rows A..B (inclusive, A <= B)
 //   last:N     the last N rows            every:N    rows 0, N, 2N, ... (< s_q)

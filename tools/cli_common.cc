@@ -37,7 +37,11 @@ void apply_target(const std::string& target) {
   if (!target.empty()) simd::set_target(target);
 }
 
-uint64_t estimate_stack_bytes(const Problem& p, bool keep_logits, int64_t n_rows, bool golden) {
+bool impl_streams(const std::string& impl, const Problem& p) {
+  return ref::layer_topk_streams(p, impl == "simd" ? simd::kernels() : ref::Kernels{});
+}
+
+uint64_t estimate_stack_bytes(const Problem& p, bool keep_logits, bool streams, int64_t n_rows, bool golden) {
   const double H = double(p.index_n_heads), D = double(p.index_head_dim), skv = double(p.s_kv);
   const double sq = double(n_rows > 0 ? n_rows : p.s_q);  // query rows actually computed
   // Key-side inputs are generated in blocks of 4096 keys (ref/layer.cc): a bounded f32 scratch.
@@ -49,19 +53,31 @@ uint64_t estimate_stack_bytes(const Problem& p, bool keep_logits, int64_t n_rows
                            + sq * double(p.h_q) * double(p.d_qk) * 2 + skv * double(p.d_qk) * 2  // attn q, kv
                            + sq * double(p.h_q) * (double(p.d_v) * 6 + 8);        // out, out_bf16, lse, max
   // A golden set copies every tensor once more into its safetensors views before writing.
-  const double total = per_layer * double(p.n_layers) * (golden ? 2 : 1) + scratch;
+  // Logits computed but not kept: one layer's at a time, freed after its top-k.
+  const double transient = keep_logits || streams ? 0.0 : sq * skv * 4;
+  const double total = per_layer * double(p.n_layers) * (golden ? 2 : 1) + transient + scratch;
   return total >= 1.8e19 ? UINT64_MAX : uint64_t(total);  // saturate instead of overflowing
 }
 
-void check_memory(const Problem& p, bool keep_logits, uint64_t max_bytes, int64_t n_rows, bool golden) {
-  const uint64_t need = estimate_stack_bytes(p, keep_logits, n_rows, golden);
+std::string logits_remedy(const Problem& p, bool keep_logits, bool streams, uint64_t max_bytes, int64_t n_rows,
+                          bool golden, bool offers_no_logits) {
+  const bool simd_helps = !streams && p.indexer == IndexerMode::fp8 &&
+                          estimate_stack_bytes(p, false, true, n_rows, golden) <= max_bytes;
+  if (keep_logits && offers_no_logits)
+    return std::string("--no-logits") + (simd_helps ? " with --impl simd (the indexer then streams)" : "") + ", ";
+  return !keep_logits && simd_helps ? "--impl simd (streams the indexer), " : "";
+}
+
+void check_memory(const Problem& p, bool keep_logits, bool streams, uint64_t max_bytes, const std::string& remedies,
+                  int64_t n_rows, bool golden) {
+  const uint64_t need = estimate_stack_bytes(p, keep_logits, streams, n_rows, golden);
   if (need > max_bytes) {
-    char buf[320];
-    std::snprintf(buf, sizeof buf, "the problem needs about %.3g GB (%lld query rows, %s logits%s), above --max-memory %.3g GB: "
-                  "use --no-logits, --rows (fewer query rows), fewer layers, or raise --max-memory",
-                  double(need) / 1e9, (long long)(n_rows > 0 ? n_rows : p.s_q), keep_logits ? "with" : "without",
+    char buf[256];
+    std::snprintf(buf, sizeof buf, "the problem needs about %.3g GB (%lld query rows, %s%s), above --max-memory %.3g GB: ",
+                  double(need) / 1e9, (long long)(n_rows > 0 ? n_rows : p.s_q),
+                  keep_logits ? "logits kept" : streams ? "logits streamed" : "one layer's logits at a time",
                   golden ? ", golden set" : "", double(max_bytes) / 1e9);
-    throw Error(buf);
+    throw Error(buf + remedies + ", or raise --max-memory");
   }
 }
 

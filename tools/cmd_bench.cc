@@ -308,11 +308,11 @@ int cmd_bench(const BenchArgs& a) {
   const uint64_t max_bytes = parse_bytes(a.max_memory);
   Problem stage_layer = p;
   stage_layer.n_layers = 1;
-  check_memory(stage_layer, true, max_bytes);
+  check_memory(stage_layer, true, false, max_bytes, "use a smaller --problem (s_q, s_kv)");
   if (do_stack) {
     Problem both = sp[0];
     both.n_layers = 8;
-    check_memory(both, false, max_bytes);
+    check_memory(both, false, impl_streams("simd", both), max_bytes, "for the stack: use a smaller --stack-seq or --stack-sq, or --stack-seq 0 to skip it");
   }
   const int threads = a.threads > 0 ? a.threads : omp_get_max_threads();
   omp_set_num_threads(threads);

@@ -101,8 +101,13 @@ int cmd_golden(const GoldenArgs& a) {
     rows = parse_rows(a.rows, p);
   }
   const int64_t n_rows = a.rows_given ? int64_t(rows.size()) : p.s_q;
-  check_memory(p, !a.no_logits, parse_bytes(a.max_memory), n_rows, true);
   const std::string impl = resolve_impl(a.impl, p, n_rows);
+  const bool streams = impl_streams(impl, p);
+  const uint64_t max_bytes = parse_bytes(a.max_memory);
+  check_memory(p, !a.no_logits, streams, max_bytes,
+               "use " + logits_remedy(p, !a.no_logits, streams, max_bytes, n_rows, true, true) +
+                   (kind == "stack" ? "--rows (fewer query rows), " : "") + "a smaller --problem (s_q, s_kv, nl)",
+               n_rows, true);
   const std::string replay = "indexshare golden --problem " + quote(to_string(p)) + " --kind " + kind +
                              (a.rows_given ? " --rows " + ref::format_rows(rows) : "") +
                              (impl == "simd" ? " --impl simd" : "") +

@@ -42,7 +42,11 @@ golden::StackInputs load(const Source& s, bool all_indexers) {
   }
   Problem p = parse_problem(s.problem);
   if (all_indexers) p.own = true;
-  check_memory(p, false, parse_bytes(s.max_memory), p.s_q);
+  const bool streams = impl_streams(resolve_impl(s.impl, p), p);
+  const uint64_t max_bytes = parse_bytes(s.max_memory);
+  check_memory(p, false, streams, max_bytes,
+               "use " + logits_remedy(p, false, streams, max_bytes, p.s_q, false, false) + "a smaller --problem (s_q, s_kv, nl)",
+               p.s_q);
   return {p, ref::make_stack_inputs(p, p.schedule())};
 }
 

@@ -88,7 +88,12 @@ int run_problem(const RunArgs& a) {
   std::vector<int64_t> rows = a.rows_given ? parse_rows(a.rows, p) : std::vector<int64_t>{};
   const int64_t n_rows = a.rows_given ? int64_t(rows.size()) : p.s_q;
   const std::string impl = resolve_impl(a.impl, p, n_rows);
-  check_memory(p, false, parse_bytes(a.max_memory), n_rows);
+  const bool streams = impl_streams(impl, p);
+  const uint64_t max_bytes = parse_bytes(a.max_memory);
+  check_memory(p, false, streams, max_bytes,
+               "use " + logits_remedy(p, false, streams, max_bytes, n_rows, false, false) +
+                   "--rows (fewer query rows), a smaller --problem (s_q, s_kv, nl)",
+               n_rows);
   if (!a.rows_given) rows = ref::all_rows(p);
   apply_target(a.target);
   std::printf("problem   %s\nschedule  %s (%d full of %d)\nimpl      %s%s\n", to_string(p).c_str(), s.pattern().c_str(),
