@@ -716,6 +716,41 @@ TEST_CASE("hostile: a golden writer killed at any moment leaves no half-written 
 
 // ---- resource limits ------------------------------------------------------------------------
 
+TEST_CASE("hostile: an option the chosen mode does not read, or an override out of range, is refused") {
+  TmpDir tmp;
+  const std::string out = " --out " + tmp / "set";
+  // Out of range: never wrapped (4294967297 was int 1 layer) or ignored (negative meant the default).
+  for (const std::string& c : std::vector<std::string>{"run --layers -3", "run --layers 0",
+                                                      "run --model tiny-glm --layers 4294967297",
+                                                      "golden --preset ties --layers 1000001" + out})
+    refused(cli(c), {"--layers must be in [1, 10^6]"});
+  for (const std::string& c : std::vector<std::string>{"run --model tiny-glm --seq -5", "run --model tiny-glm --seq 2147483648",
+                                                      "golden --preset ties --seq 0" + out,
+                                                      "golden --model tiny-glm --seq -1" + out})
+    refused(cli(c), {"--seq must be in [1, 2^31 - 1]"});
+  // Options of another mode: before, each of these ran the default and ignored the option.
+  for (const char* o : {"--seq 100", "--seed 5", "--sim 0.5", "--variant hf_bf16"}) {
+    refused(cli(std::string("run ") + o), {std::string(o).substr(0, std::string(o).find(' ')) + " applies to --model only"});
+    refused(cli(std::string("run --problem 'sq4 skv12 hq2 dqk16 dv8 ih2 id16 k4' ") + o), {"applies to --model only"});
+  }
+  for (const char* o : {"--schedule FS", "--sim 0.5", "--variant hf_bf16"})
+    refused(cli(std::string("golden --preset ties ") + o + out), {"applies to --model only", "sched="});
+  for (const char* o : {"--kind stack", "--no-logits"})
+    refused(cli(std::string("golden --model tiny-glm ") + o + out), {"applies to kernel-level sets"});
+  for (const char* o : {"--seq 5", "--layers 2", "--seed 3", "--kind stack"})
+    refused(cli(std::string("golden --from ") + tmp / "dump.safetensors " + o + out),
+            {"applies to generated sets", "--from takes shapes"});
+  // The module-level toy model is estimated against --max-memory too (its traces keep every
+  // layer's [seq, seq] logits): a large --seq was std::bad_alloc, a real preset's 78 layers an
+  // allocation of tens of GB.
+  refused(cli("golden --model tiny-glm --seq 100000000" + out, 20), {"tiny-glm toy model needs about", "golden set",
+                                                                     "use a smaller --seq or --layers"});
+  refused(cli("run --model glm-5.2", 20), {"glm-5.2 toy model needs about", "above --max-memory"});
+  refused(cli("run --model tiny-glm --seq 64 --max-memory 1K"), {"above --max-memory"});
+  CHECK(cli("run --model tiny-glm --seq 64").status == 0);
+  CHECK(tmp.entries().empty());
+}
+
 TEST_CASE("hostile: problems beyond --max-memory are refused before anything is allocated or written") {
   TmpDir tmp;
   // Shapes whose tensors could never be allocated, or only just: refused at once by the estimate,

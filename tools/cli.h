@@ -55,6 +55,19 @@ void apply_target(const std::string& target);
 uint64_t estimate_stack_bytes(const Problem& p, bool keep_logits, bool streams, int64_t n_rows = 0, bool golden = false);
 void check_memory(const Problem& p, bool keep_logits, bool streams, uint64_t max_bytes, const std::string& remedies,
                   int64_t n_rows = 0, bool golden = false);
+// --max-memory for --model: the bytes of the toy model with cfg's shapes, layers and seq (weights
+// in f32, every layer's trace, which keeps its [seq, seq] indexer logits, and the caches), twice
+// for a golden set. check_model_memory: Error naming the estimate, the budget and the remedies.
+uint64_t estimate_model_bytes(const ModelConfig& cfg, bool golden);
+void check_model_memory(const ModelConfig& cfg, uint64_t max_bytes, bool golden);
+// The options given on a subcommand's command line (long names, "--seq"), for the checks below.
+std::vector<std::string> given_options(const CLI::App& c);
+// Error naming the first of `names` that was given: "--seq applies to --model only (<why>)", so
+// that an option the chosen mode does not read is never silently ignored.
+void reject_given(const std::vector<std::string>& given, std::initializer_list<const char*> names,
+                  const std::string& applies_to, const std::string& why);
+// --layers and --seq overrides, when given: layers in [1, 10^6], seq in [1, 2^31 - 1].
+void check_overrides(const std::vector<std::string>& given, int64_t layers, int64_t seq);
 // `streams` for the kernels of a resolved --impl ("ref" or "simd").
 bool impl_streams(const std::string& impl, const Problem& p);
 // The start of check_memory's remedies for a command with --impl (and --no-logits when

@@ -37,6 +37,59 @@ void apply_target(const std::string& target) {
   if (!target.empty()) simd::set_target(target);
 }
 
+uint64_t estimate_model_bytes(const ModelConfig& c, bool golden) {
+  const double S = double(c.seq), dim = double(c.dim), H = double(c.index_n_heads), D = double(c.index_head_dim);
+  const double nh = double(c.n_heads), ql = double(c.q_lora_rank), kl = double(c.kv_lora_rank);
+  const double rope = double(c.qk_rope_head_dim), nope = double(c.qk_nope_head_dim), v = double(c.v_head_dim);
+  const double weights = 4 * (H * D * ql + D * dim + 2 * D + H * dim                              // indexer
+                              + ql * dim + ql + nh * (nope + rope) * ql + (kl + rope) * dim + kl  // MLA down, norms
+                              + nh * (nope + v) * kl + dim * nh * v + dim);                       // up, wo, attn norm
+  const double trace = S * dim * 4 * 2                                      // x, out
+                       + S * H * D * (4 * 4 + 1) + S * D * (5 * 4 + 1)      // indexer q/k stages, FP8 codes
+                       + S * H * 8 + S * 4                                  // scales, head weights
+                       + S * S * 4                                          // logits [seq, seq]
+                       + S * double(c.index_topk) * 8                       // own and used top-k
+                       + S * nh * double(c.d_qk()) * (2 + 4)                // q (bf16), MLA's f32 intermediates
+                       + S * nh * (double(c.d_v()) * 6 + 8);                // attention outputs
+  const double cache = S * double(c.d_qk()) * 2 + S * D * 5 + S * 4;       // latent kv, indexer keys
+  const double total = (weights + trace + cache) * double(c.n_layers) * (golden ? 2 : 1) + S * dim * 4 * 2;
+  return total >= 1.8e19 ? UINT64_MAX : uint64_t(total);  // saturate instead of overflowing
+}
+
+void check_model_memory(const ModelConfig& c, uint64_t max_bytes, bool golden) {
+  const uint64_t need = estimate_model_bytes(c, golden);
+  if (need > max_bytes) {
+    char buf[320];
+    std::snprintf(buf, sizeof buf, "the %s toy model needs about %.3g GB (%d layers, seq %lld%s), above --max-memory %.3g GB: "
+                  "use a smaller --seq or --layers, or raise --max-memory",
+                  c.name.c_str(), double(need) / 1e9, c.n_layers, (long long)c.seq, golden ? ", golden set" : "",
+                  double(max_bytes) / 1e9);
+    throw Error(buf);
+  }
+}
+
+std::vector<std::string> given_options(const CLI::App& c) {
+  std::vector<std::string> given;
+  for (const CLI::Option* o : c.get_options())
+    if (o->count() > 0) given.push_back(o->get_name());
+  return given;
+}
+
+void reject_given(const std::vector<std::string>& given, std::initializer_list<const char*> names,
+                  const std::string& applies_to, const std::string& why) {
+  for (const char* n : names)
+    require(std::find(given.begin(), given.end(), n) == given.end(),
+            std::string(n) + " applies to " + applies_to + " only (" + why + ")");
+}
+
+void check_overrides(const std::vector<std::string>& given, int64_t layers, int64_t seq) {
+  const auto has = [&](const char* n) { return std::find(given.begin(), given.end(), n) != given.end(); };
+  if (has("--layers"))
+    require(1 <= layers && layers <= 1000000, "--layers must be in [1, 10^6], got " + std::to_string(layers));
+  if (has("--seq"))
+    require(1 <= seq && seq <= int64_t(INT32_MAX), "--seq must be in [1, 2^31 - 1], got " + std::to_string(seq));
+}
+
 bool impl_streams(const std::string& impl, const Problem& p) {
   return ref::layer_topk_streams(p, impl == "simd" ? simd::kernels() : ref::Kernels{});
 }

@@ -23,6 +23,7 @@ struct GoldenArgs {
   float sim = 0.8f;
   bool no_logits = false, force = false;
   bool rows_given = false;  // --rows was on the command line (even as an empty string)
+  std::vector<std::string> given;  // the options on the command line
 };
 
 std::string quote(const std::string& s) { return "\"" + s + "\""; }
@@ -41,10 +42,13 @@ int cmd_golden(const GoldenArgs& a) {
   apply_target(a.target);
   const auto t0 = std::chrono::steady_clock::now();
   const bool module_preset = !a.preset.empty() && golden::preset(a.preset).kind == "module";
+  check_overrides(a.given, a.layers, a.seq);
   if (!a.model.empty() || module_preset) {  // module level: the toy model with a preset's shapes
     require(a.problem.empty() && a.from.empty() && (a.preset.empty() || a.model.empty()),
             "golden: --model excludes --preset, --problem and --from");
     require(!a.rows_given, "golden: --rows works with --problem or a kernel-level --preset, not module-level sets");
+    reject_given(a.given, {"--kind", "--no-logits"}, "kernel-level sets (--problem, --preset, --from)",
+                 "a module-level set has its own tensor list");
     golden::ModelSpec spec;
     spec.preset = module_preset ? golden::preset(a.preset).problem : a.model;
     spec.layers = int(a.layers);
@@ -54,6 +58,10 @@ int cmd_golden(const GoldenArgs& a) {
     spec.sim = a.sim;
     spec.variant = a.variant;
     spec.simd = resolve_model_impl(a.impl, model_preset(spec.preset), spec.layers, spec.seq) == "simd";
+    ModelConfig cfg = model_preset(spec.preset);
+    if (spec.layers > 0) cfg.n_layers = spec.layers;
+    if (spec.seq > 0) cfg.seq = spec.seq;
+    check_model_memory(cfg, parse_bytes(a.max_memory), true);
     char sim[32];
     std::snprintf(sim, sizeof sim, "%.9g", double(spec.sim));
     std::string replay = "indexshare golden --model " + spec.preset + " --seed " + std::to_string(spec.seed) + " --sim " + sim +
@@ -69,6 +77,9 @@ int cmd_golden(const GoldenArgs& a) {
   if (!a.from.empty()) {  // kernel inputs dumped from a real model
     require(a.preset.empty(), "golden: --from excludes --preset (use --problem for top-k, dv, sm and sched)");
     require(!a.rows_given, "golden: --rows works with generated problems, not --from (the dump's rows are given)");
+    reject_given(a.given, {"--layers", "--seq", "--seed", "--schedule", "--sim", "--variant", "--kind"},
+                 "generated sets (--problem, --preset, --model)",
+                 "--from takes shapes, layers and values from the dump, top-k and sched= from --problem");
     // The layer count comes from the file; the problem gives top-k, d_v, sm and the schedule.
     std::string text = a.problem.empty() ? "sq1 skv1" : a.problem;
     if (text.find("nl") == std::string::npos) {
@@ -83,6 +94,8 @@ int cmd_golden(const GoldenArgs& a) {
     return publish(golden::build_from(a.from, p, !a.no_logits, replay), a, replay, t0);
   }
   require(a.preset.empty() != a.problem.empty(), "golden: give exactly one of --preset, --problem, --model and --from");
+  reject_given(a.given, {"--schedule", "--sim", "--variant"}, "--model",
+               "a kernel-level set takes them from its descriptor: sched=, sim=, the indexer mode");
   std::string desc = a.problem, kind = a.kind;
   if (!a.preset.empty()) {
     const golden::Preset& pr = golden::preset(a.preset);
@@ -143,6 +156,7 @@ Action register_golden(CLI::App& app) {
   c->add_option("--out,-o", a->out, "Output folder (written atomically)");
   return [c, a, rows]() {
     a->rows_given = rows->count() > 0;
+    a->given = given_options(*c);
     return *c ? cmd_golden(*a) : -1;
   };
 }

@@ -34,6 +34,7 @@ struct RunArgs {
   int64_t layers = 0, seq = 0, seed = 1;
   float sim = 0.8f;
   bool rows_given = false;  // --rows was on the command line (even as an empty string)
+  std::vector<std::string> given;  // the options on the command line
 };
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
@@ -123,6 +124,7 @@ int run_model(const RunArgs& a) {
   const Schedule s = a.schedule.empty() ? cfg.resolve_schedule() : parse_schedule(a.schedule, cfg.n_layers);
   require(a.sim >= 0 && a.sim <= 1, "--sim must be in [0, 1]");
   const ref::IndexerVariant v = ref::parse_indexer_variant(a.variant);
+  check_model_memory(cfg, parse_bytes(a.max_memory), false);
   std::printf("model     %s: %d layers, dim %lld, %lld heads, indexer %lldx%lld (%s rope), top-%lld, seq %lld\n",
               cfg.name.c_str(), cfg.n_layers, (long long)cfg.dim, (long long)cfg.n_heads, (long long)cfg.index_n_heads,
               (long long)cfg.index_head_dim, ref::rope_layout_name(cfg.indexer_rope).c_str(), (long long)cfg.index_topk,
@@ -151,6 +153,10 @@ int run_model(const RunArgs& a) {
 int cmd_run(const RunArgs& a) {
   require(a.problem.empty() || a.model.empty(), "run: give --problem or --model, not both");
   require(a.model.empty() || !a.rows_given, "--rows: only with --problem (kernel-level stacks), not --model");
+  check_overrides(a.given, a.layers, a.seq);
+  if (a.model.empty())
+    reject_given(a.given, {"--seq", "--seed", "--sim", "--variant"}, "--model",
+                 "a --problem descriptor sets skv, seed and the rest itself");
   return a.model.empty() ? run_problem(a) : run_model(a);
 }
 
@@ -173,6 +179,7 @@ Action register_run(CLI::App& app) {
   c->add_option("--max-memory", a->max_memory, "Refuse problems whose estimated memory exceeds this (e.g. 8G)")->capture_default_str();
   return [c, a, rows]() {
     a->rows_given = rows->count() > 0;
+    a->given = given_options(*c);
     return *c ? cmd_run(*a) : -1;
   };
 }
