@@ -164,6 +164,11 @@ TEST_CASE("cli: bench runs a small problem, checks simd against ref and writes J
   CHECK(r.out.find("attention phases (simd, the median of 1 profiled call(s)") != std::string::npos);
   CHECK(r.out.find("target    simd sparse attention, matrix part: share of peak") != std::string::npos);
   CHECK(r.out.find("(the whole attention call, gathers, decode and softmax included:") != std::string::npos);
+  // The stack's ratio per alternating pair (its noise), one value per pair in the JSON.
+  CHECK(r.out.find("          per alternating pair: ") != std::string::npos);
+  CHECK(std::system(("python3 -c 'import json,sys; s=json.load(open(sys.argv[1]))[\"stack\"]; "
+                     "p=s[\"pair_measured_over_predicted\"]; n=[r[\"runs\"] for r in s[\"runs\"]]; "
+                     "assert len(p) == min(n) >= 1 and all(x > 0 for x in p)' " + json).c_str()) == 0);
   CHECK(std::system(("python3 -c 'import json,sys; a=json.load(open(sys.argv[1]))[\"attention_phases\"]; "
                      "t=a[\"thread_seconds\"]; parts=[t[k] for k in (\"qk_tiles\",\"pv_tiles\",\"kv_gather_decode\","
                      "\"v_gather_decode\",\"q_decode\",\"softmax\")]; "

@@ -602,8 +602,18 @@ int cmd_bench(const BenchArgs& a) {
     }
     std::printf("speedup   shared over all-full: measured %.3fx, FLOP-predicted %.3fx, measured/predicted %.1f%%\n",
                 measured, predicted, 100 * stack_ratio);
+    // The same ratio within each alternating pair (the two runs back to back): its spread is this
+    // machine's run-to-run noise on the line above, which uses the medians of all runs.
+    std::vector<double> pairs;
+    for (size_t i = 0; i < runs[0].samples.size() && i < runs[1].samples.size(); ++i)
+      pairs.push_back(runs[0].samples[i] / runs[1].samples[i] / predicted);
+    std::vector<double> sorted = pairs;
+    std::sort(sorted.begin(), sorted.end());
+    std::printf("          per alternating pair: %zu pair(s), measured/predicted %.1f%% to %.1f%% (median %.1f%%)\n",
+                pairs.size(), 100 * sorted.front(), 100 * sorted.back(), 100 * median(pairs));
     j["stack"] = {{"problem", to_string(shown)}, {"runs", sj}, {"measured_speedup", measured},
-                  {"predicted_speedup", predicted}, {"measured_over_predicted", stack_ratio}};
+                  {"predicted_speedup", predicted}, {"measured_over_predicted", stack_ratio},
+                  {"pair_measured_over_predicted", pairs}};
   } else {
     std::printf("\nstack     not run (%s)\n", a.stack_seq == 0 ? "--stack-seq 0" : "needs --impl simd");
     j["stack"] = nullptr;
