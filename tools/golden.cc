@@ -9,6 +9,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <sstream>
 
 #include "ref/compare.h"
@@ -415,10 +416,289 @@ GoldenSet build_model(const ModelSpec& spec, const std::string& replay) {
   return g;
 }
 
+namespace {
+// ---- tensor names: what a golden set of each kind holds, and what --from reads ----------------
+
+// Kinds as bits, so one rule can name several.
+enum KindBit : unsigned { kKindStack = 1, kKindFromFile = 2, kKindEdge = 4, kKindDecode = 8, kKindModule = 16 };
+constexpr unsigned kKernelKinds = kKindStack | kKindFromFile | kKindEdge | kKindDecode;
+constexpr unsigned kAllKinds = kKernelKinds | kKindModule;
+
+unsigned kind_bit(const std::string& kind) {
+  if (kind == "stack") return kKindStack;
+  if (kind == "stack-from-file") return kKindFromFile;
+  if (kind == "attention-edge") return kKindEdge;
+  if (kind == "decode") return kKindDecode;
+  if (kind == "module") return kKindModule;
+  return 0;
+}
+
+// When a set holds a tensor: always; on layers with an indexer (has_indexer); on those with the
+// FP8 indexer; optional (on any layer, or only on layers with an indexer); in whole sets only (not
+// sampled with --rows); in sampled sets only.
+enum class Need { always, indexer, indexer_fp8, optional, optional_indexer, whole_rows, sampled };
+
+struct TensorRule {
+  const char* name;  // per-layer rules: the part after "layers.{l}."
+  bool per_layer;
+  Role role;
+  unsigned kinds;
+  Need need;
+};
+
+// Every tensor the builders above write (build_stack, add_paged, build_model), by kind. A change
+// there must be mirrored here: the checked-in sets of every kind are read in the tests.
+const std::vector<TensorRule>& tensor_rules() {
+  using R = Role;
+  static const std::vector<TensorRule> rules = {
+      {"indexer.q", true, R::input, kAllKinds, Need::indexer},
+      {"indexer.k", true, R::input, kAllKinds, Need::indexer},
+      {"indexer.k_scale", true, R::input, kAllKinds, Need::indexer},
+      {"indexer.q_scale", true, R::reference, kAllKinds, Need::indexer},
+      {"indexer.weights", true, R::input, kAllKinds, Need::indexer},
+      {"indexer.ks", true, R::input, kAllKinds, Need::indexer},
+      {"indexer.ke", true, R::input, kAllKinds, Need::indexer},
+      {"indexer.logits", true, R::output, kKernelKinds, Need::optional_indexer},  // --no-logits
+      {"indexer.logits", true, R::output, kKindModule, Need::indexer},
+      {"indexer.topk", true, R::output, kAllKinds, Need::indexer},
+      {"attn.q", true, R::input, kAllKinds, Need::always},
+      {"attn.kv", true, R::input, kAllKinds, Need::always},
+      {"attn.indices", true, R::input, kAllKinds, Need::always},
+      {"attn.topk_length", true, R::input, kKindEdge, Need::always},
+      {"attn.sink", true, R::input, kKernelKinds, Need::optional},
+      {"attn.out", true, R::output, kAllKinds, Need::always},
+      {"attn.out_bf16", true, R::output, kAllKinds, Need::always},
+      {"attn.lse", true, R::output, kAllKinds, Need::always},
+      {"attn.max_logits", true, R::output, kAllKinds, Need::always},
+      // decode: the paged layouts (tools/paged.h)
+      {"attn.kv_cache_fp8", true, R::input, kKindDecode, Need::always},
+      {"indexer.k_cache", true, R::input, kKindDecode, Need::indexer_fp8},
+      {"attn.indices_physical", true, R::input, kKindDecode, Need::always},
+      // module level: hidden states, bf16 weights, intermediates
+      {"hidden_in", true, R::input, kKindModule, Need::always},
+      {"attn_norm", true, R::input, kKindModule, Need::always},
+      {"mla.wq_a", true, R::input, kKindModule, Need::always},
+      {"mla.q_norm", true, R::input, kKindModule, Need::always},
+      {"mla.wq_b", true, R::input, kKindModule, Need::always},
+      {"mla.wkv_a", true, R::input, kKindModule, Need::always},
+      {"mla.kv_norm", true, R::input, kKindModule, Need::always},
+      {"mla.wkv_b", true, R::input, kKindModule, Need::always},
+      {"mla.wo", true, R::input, kKindModule, Need::always},
+      {"attn.x", true, R::reference, kKindModule, Need::always},
+      {"mla.qr", true, R::reference, kKindModule, Need::always},
+      {"indexer.wq_b", true, R::input, kKindModule, Need::indexer},
+      {"indexer.wk", true, R::input, kKindModule, Need::indexer},
+      {"indexer.k_norm_w", true, R::input, kKindModule, Need::indexer},
+      {"indexer.k_norm_b", true, R::input, kKindModule, Need::indexer},
+      {"indexer.weights_proj", true, R::input, kKindModule, Need::indexer},
+      {"indexer.q_proj", true, R::reference, kKindModule, Need::optional_indexer},  // written when non-empty
+      {"indexer.q_rope", true, R::reference, kKindModule, Need::optional_indexer},
+      {"indexer.q_hadamard", true, R::reference, kKindModule, Need::optional_indexer},
+      {"indexer.k_proj", true, R::reference, kKindModule, Need::optional_indexer},
+      {"indexer.k_norm", true, R::reference, kKindModule, Need::optional_indexer},
+      {"indexer.k_rope", true, R::reference, kKindModule, Need::optional_indexer},
+      {"indexer.k_hadamard", true, R::reference, kKindModule, Need::optional_indexer},
+      {"out", true, R::reference, kKindModule, Need::always},
+      // common to the set
+      {"cu_seqlens_q", false, R::input, kAllKinds, Need::whole_rows},
+      {"cu_seqlens_k", false, R::input, kAllKinds, Need::always},
+      {"rows", false, R::reference, kKindStack, Need::sampled},
+      {"block_table", false, R::input, kKindDecode, Need::always},
+      {"cache_seqlens", false, R::input, kKindDecode, Need::always},
+      {"hidden_out", false, R::output, kKindModule, Need::always},
+  };
+  return rules;
+}
+
+// Splits "layers.{l}.{rest}" (l written canonically: no sign, no leading zero); false otherwise.
+bool split_layer_name(const std::string& name, int64_t& layer, std::string& rest) {
+  static const std::string prefix = "layers.";
+  if (name.compare(0, prefix.size(), prefix) != 0) return false;
+  size_t i = prefix.size(), j = i;
+  while (j < name.size() && j - i < 10 && name[j] >= '0' && name[j] <= '9') ++j;
+  if (j == i || j >= name.size() || name[j] != '.' || (name[i] == '0' && j - i > 1)) return false;
+  layer = std::stoll(name.substr(i, j - i));
+  rest = name.substr(j + 1);
+  return true;
+}
+
+// The rule of `name` among those of `kinds`, with its layer (-1 for set-wide names); nullptr when
+// no rule of those kinds names it. Layers are not bounded here.
+const TensorRule* rule_of(const std::string& name, unsigned kinds, int64_t& layer) {
+  std::string rest;
+  const bool per_layer = split_layer_name(name, layer, rest);
+  if (!per_layer) layer = -1;
+  for (const TensorRule& r : tensor_rules())
+    if ((r.kinds & kinds) && r.per_layer == per_layer && (per_layer ? rest : name) == r.name) return &r;
+  return nullptr;
+}
+
+// The dtype and shape a kernel-level tensor has under the manifest's config (-1: any size), and
+// the config fields its shape comes from; module-level weights and intermediates are BF16 of the
+// model config's shapes (`shape` empty, `known_shape` false).
+struct Dims {
+  int64_t s_q, s_kv, topk, H, D, h_q, d_qk, d_v, n_seqs;
+  bool fp8;
+};
+struct Layout {
+  io::DType dtype;
+  Shape shape;
+  bool known_shape;
+  const char* fields;
+};
+Layout layout_of(const std::string& rest, const Dims& d) {
+  using io::DType;
+  const DType ix = d.fp8 ? DType::F8_E4M3 : DType::BF16;
+  if (rest == "indexer.q") return {ix, {d.s_q, d.H, d.D}, true, "config.s_q/index_n_heads/index_head_dim/indexer"};
+  if (rest == "indexer.k") return {ix, {d.s_kv, d.D}, true, "config.s_kv/index_head_dim/indexer"};
+  if (rest == "indexer.k_scale") return {DType::F32, {d.s_kv}, true, "config.s_kv"};
+  if (rest == "indexer.q_scale" || rest == "indexer.weights") return {DType::F32, {d.s_q, d.H}, true, "config.s_q/index_n_heads"};
+  if (rest == "indexer.ks" || rest == "indexer.ke" || rest == "attn.topk_length" || rest == "rows")
+    return {DType::I32, {d.s_q}, true, "config.s_q"};
+  if (rest == "indexer.logits") return {DType::F32, {d.s_q, d.s_kv}, true, "config.s_q/s_kv"};
+  if (rest == "indexer.topk") return {DType::I32, {d.s_q, d.topk}, true, "config.s_q/topk"};
+  if (rest == "attn.q") return {DType::BF16, {d.s_q, d.h_q, d.d_qk}, true, "config.s_q/h_q/d_qk"};
+  if (rest == "attn.kv") return {DType::BF16, {d.s_kv, 1, d.d_qk}, true, "config.s_kv/d_qk"};
+  if (rest == "attn.indices") return {DType::I32, {d.s_q, 1, d.topk}, true, "config.s_q/topk"};
+  if (rest == "attn.sink") return {DType::F32, {d.h_q}, true, "config.h_q"};
+  if (rest == "attn.out") return {DType::F32, {d.s_q, d.h_q, d.d_v}, true, "config.s_q/h_q/d_v"};
+  if (rest == "attn.out_bf16") return {DType::BF16, {d.s_q, d.h_q, d.d_v}, true, "config.s_q/h_q/d_v"};
+  if (rest == "attn.lse" || rest == "attn.max_logits") return {DType::F32, {d.s_q, d.h_q}, true, "config.s_q/h_q"};
+  if (rest == "attn.kv_cache_fp8") return {DType::U8, {-1, kDecodePage, 1, paged::kFlashMlaTokenBytes}, true, "config.d_qk"};
+  if (rest == "indexer.k_cache") return {DType::U8, {-1, kDecodePage, 1, d.D + 4}, true, "config.index_head_dim"};
+  if (rest == "attn.indices_physical")
+    return {DType::I32, {d.n_seqs, d.s_q / d.n_seqs, d.topk}, true, "config.n_seqs/s_q/topk"};
+  if (rest == "cu_seqlens_q" || rest == "cu_seqlens_k") return {DType::I32, {d.n_seqs + 1}, true, "config.n_seqs"};
+  if (rest == "block_table") return {DType::I32, {d.n_seqs, -1}, true, "config.n_seqs"};
+  if (rest == "cache_seqlens") return {DType::I32, {d.n_seqs}, true, "config.n_seqs"};
+  return {DType::BF16, {}, false, "kind"};  // module-level weights, hidden states and intermediates
+}
+
+bool shape_matches(const Shape& want, const Shape& got) {
+  if (want.size() != got.size()) return false;
+  for (size_t i = 0; i < want.size(); ++i)
+    if (want[i] != -1 && want[i] != got[i]) return false;
+  return true;
+}
+
+std::string layout_str(io::DType dtype, const Shape& shape) {
+  std::string s = io::dtype_name(dtype) + " [";
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (i) s += ',';
+    s += shape[i] == -1 ? std::string("*") : std::to_string(shape[i]);
+  }
+  return s + "]";
+}
+
+// The multi-dimensional index of flat element i, "[a,b,c]".
+std::string index_of(const Shape& shape, int64_t i) {
+  Shape idx(shape.size());
+  for (size_t d = shape.size(); d-- > 0;) {
+    idx[d] = shape[d] ? i % shape[d] : 0;
+    i = shape[d] ? i / shape[d] : 0;
+  }
+  return shape_str(idx);
+}
+
+// Refuses NaN (and +-inf unless allowed) in a float input, naming the file, the tensor and the
+// first bad element. Classified from the bits: bf16 exponent all ones; e4m3fn has no inf, its NaN
+// is S.1111.111.
+bool nonfinite(float x, bool allow_inf) { return std::isnan(x) || (!allow_inf && std::isinf(x)); }
+bool nonfinite(bf16_t x, bool allow_inf) {
+  return (x.bits & 0x7F80u) == 0x7F80u && ((x.bits & 0x007Fu) != 0 || !allow_inf);
+}
+bool nonfinite(e4m3_t x, bool) { return (x.bits & 0x7Fu) == 0x7Fu; }
+float value_of(float x) { return x; }
+float value_of(bf16_t x) { return bf16_to_f32(x); }
+float value_of(e4m3_t x) { return e4m3_to_f32(x); }
+template <class T>
+void require_finite(const Tensor<T>& t, const std::string& file, const std::string& name, bool allow_inf = false) {
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    if (!nonfinite(t[i], allow_inf)) continue;
+    const float v = value_of(t[i]);
+    throw Error(file + ": tensor '" + name + "': element " + index_of(t.shape, i) + " is " +
+                (std::isnan(v) ? "NaN" : v > 0 ? "+inf" : "-inf") +
+                (allow_inf ? " (NaN is not a valid value here)" : " (inputs must be finite)"));
+  }
+}
+
+// The names load_stack_inputs reads, for layers [0, L): layers.{l}.indexer.{q,k,k_scale,weights,
+// ks,ke}, layers.{l}.attn.{q,kv,sink}, and cu_seqlens_q / cu_seqlens_k. Anything else in a dump is
+// refused, not ignored: a misspelt `attn.sinks`, a layer after a gap, an `attn.topk_length` or
+// `indexer.q_scale` the stack would not apply.
+//
+// One exception, and only that one: a golden set's own tensors file may be read as a dump
+// (overlap --golden reads a set through here, and `golden --from DIR/tensors.safetensors` /
+// `overlap --from` take it). Such a file is recognised by the metadata golden::write gives it
+// (format = "indexshare-golden"); in it the other names a golden set holds (outputs, references,
+// the decode, attention-edge and module extras), exactly as tensor_rules() spells them and for
+// layers [0, L), are known and ignored. A sampled set (tensor `rows`) is refused: its query rows
+// are not whole sequences.
+void check_dump_names(const io::SafetensorsFile& f, const std::string& file, int L) {
+  static const std::set<std::string> kRead = {"indexer.q",  "indexer.k",  "indexer.k_scale", "indexer.weights",
+                                              "indexer.ks", "indexer.ke", "attn.q",          "attn.kv",
+                                              "attn.sink"};
+  auto it = f.metadata.find("format");
+  const bool golden_file = it != f.metadata.end() && it->second == "indexshare-golden";
+  const std::string expected = "layers.{l}.indexer.{q,k,k_scale,weights,ks,ke} and layers.{l}.attn.{q,kv,sink} for l in [0, " +
+                               std::to_string(L) + "), cu_seqlens_q, cu_seqlens_k";
+  for (const io::TensorView& v : f.tensors) {
+    int64_t l = -1;
+    std::string rest;
+    const bool per_layer = split_layer_name(v.name, l, rest);
+    if (per_layer && l >= L)
+      throw Error(file + ": tensor '" + v.name + "': layer " + std::to_string(l) + " is not read: layers must be numbered 0, 1, ... "
+                  "without gaps, and 'layers." + std::to_string(L) + ".attn.q' is missing (the file's layers are 0 to " +
+                  std::to_string(L - 1) + ")");
+    if (per_layer ? kRead.count(rest) : (v.name == "cu_seqlens_q" || v.name == "cu_seqlens_k")) continue;
+    if (v.name == "rows")
+      throw Error(file + ": tensor 'rows': the file holds sampled query rows (a golden set made with --rows), not whole "
+                  "sequences; give the inputs of every query row");
+    int64_t rl = -1;
+    if (golden_file && rule_of(v.name, kAllKinds, rl)) continue;  // a golden set's own output, reference or extra
+    throw Error(file + ": tensor '" + v.name + "' is not an input this reader takes (it reads " + expected +
+                (golden_file ? "; in a golden set's own file also the set's other tensors" : "") + ")");
+  }
+}
+
+// Sequences of a dump: cu_seqlens_q / cu_seqlens_k (I32 [n_seqs + 1]) when given, else one. The
+// number only: the boundaries are checked against it once the problem is validated.
+int64_t dump_n_seqs(const io::SafetensorsFile& f, const std::string& file) {
+  int64_t n_seqs = 0;
+  std::string from;
+  for (const char* name : {"cu_seqlens_q", "cu_seqlens_k"}) {
+    const io::TensorView* cu = f.find(name);
+    if (!cu) continue;
+    if (cu->dtype != io::DType::I32 || cu->shape.size() != 1 || cu->shape[0] < 2)
+      throw Error(file + ": tensor '" + name + "': expected I32 [n_seqs + 1] with n_seqs >= 1, got " +
+                  layout_str(cu->dtype, cu->shape));
+    if (n_seqs && cu->shape[0] - 1 != n_seqs)
+      throw Error(file + ": tensor '" + name + "' " + shape_str(cu->shape) + " and tensor '" + from + "' [" +
+                  std::to_string(n_seqs + 1) + "] disagree on the number of sequences");
+    n_seqs = cu->shape[0] - 1;
+    from = name;
+  }
+  return n_seqs ? n_seqs : 1;
+}
+
+// The boundaries must be those of the stack's flattened sequences of equal length: i * total / n.
+void check_boundaries(const io::SafetensorsFile& f, const std::string& file, const char* name, int64_t total, int64_t n_seqs) {
+  const io::TensorView* cu = f.find(name);
+  if (!cu) return;
+  const Tensor<int32_t> t = io::as_tensor<int32_t>(*cu, file);
+  for (int64_t i = 0; i <= n_seqs; ++i)
+    if (int64_t(t[i]) != i * (total / n_seqs))
+      throw Error(file + ": tensor '" + name + "': element [" + std::to_string(i) + "] is " + std::to_string(t[i]) +
+                  ", expected " + std::to_string(i * (total / n_seqs)) + " (the stack takes " + std::to_string(n_seqs) +
+                  " sequences of equal length: " + std::to_string(total / n_seqs) + " rows each)");
+}
+}  // namespace
+
 StackInputs load_stack_inputs(const io::SafetensorsFile& f, const std::string& file, Problem p) {
   int L = 0;
   while (f.find("layers." + std::to_string(L) + ".attn.q")) ++L;
   require(L > 0, file + ": no tensor 'layers.0.attn.q': expected per-layer inputs under the golden tensor names");
+  check_dump_names(f, file, L);
   const io::TensorView& q0 = f.get("layers.0.attn.q");
   const io::TensorView& kv0 = f.get("layers.0.attn.kv");
   require(q0.shape.size() == 3 && kv0.shape.size() == 3, file + ": layers.0.attn.q / attn.kv must be rank 3");
@@ -432,9 +712,14 @@ StackInputs load_stack_inputs(const io::SafetensorsFile& f, const std::string& f
   p.index_n_heads = iq0.shape[1];
   p.index_head_dim = iq0.shape[2];
   p.indexer = iq0.dtype == io::DType::F8_E4M3 ? IndexerMode::fp8 : IndexerMode::bf16;
-  p.n_seqs = 1;
-  if (const io::TensorView* cu = f.find("cu_seqlens_q")) p.n_seqs = cu->shape.at(0) - 1;
-  p.validate();
+  p.n_seqs = dump_n_seqs(f, file);
+  try {
+    p.validate();
+  } catch (const Error& e) {
+    throw Error(file + ": " + e.what() + " (shapes from the file's layers.0.attn.q, attn.kv, indexer.q and cu_seqlens)");
+  }
+  check_boundaries(f, file, "cu_seqlens_q", p.s_q, p.n_seqs);
+  check_boundaries(f, file, "cu_seqlens_k", p.s_kv, p.n_seqs);
   const Schedule sched = p.schedule();
   std::vector<ref::LayerInputs> inputs(static_cast<size_t>(L));
   const int64_t s_q = p.s_q, s_kv = p.s_kv, H = p.index_n_heads, D = p.index_head_dim;
@@ -453,16 +738,26 @@ StackInputs load_stack_inputs(const io::SafetensorsFile& f, const std::string& f
       io::expect_shape(v, shape, file);
       return v;
     };
+    // Every float input must be finite (attn.sink may be +-inf: the sink rule defines both): a NaN
+    // would otherwise reach the golden outputs, or surface late without the file and tensor.
     if (in.has_indexer) {
       if (p.indexer == IndexerMode::fp8) {
         in.index_q8 = io::as_tensor<e4m3_t>(get("indexer.q", {s_q, H, D}), file);
         in.index_k8 = io::as_tensor<e4m3_t>(get("indexer.k", {s_kv, D}), file);
+        require_finite(in.index_q8, file, pre + "indexer.q");
+        require_finite(in.index_k8, file, pre + "indexer.k");
       } else {
-        in.index_q = bf16_to_f(io::as_tensor<bf16_t>(get("indexer.q", {s_q, H, D}), file));
-        in.index_k = bf16_to_f(io::as_tensor<bf16_t>(get("indexer.k", {s_kv, D}), file));
+        const Tensor<bf16_t> q = io::as_tensor<bf16_t>(get("indexer.q", {s_q, H, D}), file);
+        const Tensor<bf16_t> k = io::as_tensor<bf16_t>(get("indexer.k", {s_kv, D}), file);
+        require_finite(q, file, pre + "indexer.q");
+        require_finite(k, file, pre + "indexer.k");
+        in.index_q = bf16_to_f(q);
+        in.index_k = bf16_to_f(k);
       }
       in.index_k_scale = io::as_tensor<float>(get("indexer.k_scale", {s_kv}), file);
       in.index_weights = io::as_tensor<float>(get("indexer.weights", {s_q, H}), file);
+      require_finite(in.index_k_scale, file, pre + "indexer.k_scale");
+      require_finite(in.index_weights, file, pre + "indexer.weights");
       in.index_q_scale = Tensor<float>({s_q, H}, 1.0f);  // folded into the weights upstream
       in.ks = io::as_tensor<int32_t>(get("indexer.ks", {s_q}), file);
       in.ke = io::as_tensor<int32_t>(get("indexer.ke", {s_q}), file);
@@ -475,7 +770,12 @@ StackInputs load_stack_inputs(const io::SafetensorsFile& f, const std::string& f
     }
     in.q = io::as_tensor<bf16_t>(get("attn.q", {s_q, p.h_q, p.d_qk}), file);
     in.kv = io::as_tensor<bf16_t>(get("attn.kv", {s_kv, 1, p.d_qk}), file);
-    if (f.find(pre + "attn.sink")) in.sink = io::as_tensor<float>(get("attn.sink", {p.h_q}), file);
+    require_finite(in.q, file, pre + "attn.q");
+    require_finite(in.kv, file, pre + "attn.kv");
+    if (f.find(pre + "attn.sink")) {
+      in.sink = io::as_tensor<float>(get("attn.sink", {p.h_q}), file);
+      require_finite(*in.sink, file, pre + "attn.sink", /*allow_inf=*/true);
+    }
   }
   return StackInputs{p, std::move(inputs)};
 }
@@ -496,6 +796,12 @@ namespace {
 }
 
 std::string read_text(const std::string& path) {
+  // A regular file only: a folder opens and reads as empty ("unexpected end of input"), a FIFO
+  // would block the reader.
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) os_error("cannot read", path);
+  if (!S_ISREG(st.st_mode))
+    throw Error(path + ": not a regular file (" + (S_ISDIR(st.st_mode) ? "a folder" : "a FIFO, socket or device") + ")");
   std::ifstream f(path, std::ios::binary);
   if (!f) os_error("cannot read", path);
   std::ostringstream ss;
@@ -523,8 +829,25 @@ void write(const std::string& dir, GoldenSet set, bool force) {
     const bool empty = fs::is_empty(target, ec);
     if (!empty) {
       require(force, dir + ": folder exists and is not empty (use --force to replace a golden set)");
-      require(fs::exists(target / "manifest.json", ec),
+      // --force deletes the folder: only what a golden set holds (its two files, the manifest a
+      // JSON object of format "indexshare-golden"), never a folder that merely has a manifest.json.
+      for (const fs::directory_entry& e : fs::directory_iterator(target, ec)) {
+        const std::string name = e.path().filename().string();
+        require((name == "manifest.json" || name == kTensorFile) && e.is_regular_file(ec),
+                dir + ": --force replaces only a golden set, and '" + name +
+                    "' is not one of its files (manifest.json, " + kTensorFile + ")");
+      }
+      if (ec) throw Error(dir + ": cannot list the folder: " + ec.message());
+      require(fs::is_regular_file(target / "manifest.json", ec),
               dir + ": --force replaces only a golden set (no manifest.json there)");
+      json m;
+      try {
+        m = json::parse(read_text((target / "manifest.json").string()));
+      } catch (const json::exception&) {
+      }
+      require(m.is_object() && m.contains("format") && m["format"] == "indexshare-golden",
+              dir + ": --force replaces only a golden set, and its manifest.json is not one (no \"format\": "
+                    "\"indexshare-golden\")");
       replace = true;
     }
   }
@@ -568,38 +891,123 @@ const io::TensorView& Loaded::get(const std::string& name) const {
 }
 
 namespace {
+// The JSON of a manifest, parsed with the approach of the safetensors header reader
+// (tools/safetensors.cc, whose handler is private to that file): nlohmann's own DOM builder driven
+// through SAX, refusing a duplicate key at any depth (the DOM builder keeps the last one silently,
+// and JSON readers disagree on which counts) with its path, and nesting deeper than 64 levels (a
+// manifest nests 5 deep).
+class ManifestSax {
+ public:
+  ManifestSax(json& root, const std::string& file) : dom_(root, /*allow_exceptions=*/true), file_(file) {}
+
+  bool null() { element(); return dom_.null(); }
+  bool boolean(bool v) { element(); return dom_.boolean(v); }
+  bool number_integer(json::number_integer_t v) { element(); return dom_.number_integer(v); }
+  bool number_unsigned(json::number_unsigned_t v) { element(); return dom_.number_unsigned(v); }
+  bool number_float(json::number_float_t v, const json::string_t& s) { element(); return dom_.number_float(v, s); }
+  bool string(json::string_t& v) { element(); return dom_.string(v); }
+  bool binary(json::binary_t& v) { element(); return dom_.binary(v); }
+  bool start_object(std::size_t n) { element(); open(false); return dom_.start_object(n); }
+  bool key(json::string_t& k) {
+    Frame& f = stack_.back();
+    if (!f.keys.insert(k).second) throw Error(file_ + ": duplicate key '" + path() + k + "' (each key may appear once)");
+    f.key = k;
+    return dom_.key(k);
+  }
+  bool end_object() { stack_.pop_back(); return dom_.end_object(); }
+  bool start_array(std::size_t n) { element(); open(true); return dom_.start_array(n); }
+  bool end_array() { stack_.pop_back(); return dom_.end_array(); }
+  template <class Exception>
+  bool parse_error(std::size_t position, const std::string& token, const Exception& ex) {
+    return dom_.parse_error(position, token, ex);  // throws ex
+  }
+
+ private:
+  struct Frame {  // an open object or array; `label` is how its parent names it
+    bool array = false;
+    std::set<std::string> keys;
+    std::string key, label;
+    size_t next = 0;
+  };
+  void element() {
+    if (!stack_.empty() && stack_.back().array) ++stack_.back().next;
+  }
+  void open(bool array) {
+    if (stack_.size() >= 64) throw Error(file_ + ": invalid JSON: nested deeper than 64 levels");
+    Frame f;
+    f.array = array;
+    if (!stack_.empty()) f.label = stack_.back().array ? "[" + std::to_string(stack_.back().next - 1) + "]" : stack_.back().key;
+    stack_.push_back(std::move(f));
+  }
+  std::string path() const {  // of the innermost open object, "config." or "tensors[3]."
+    std::string p;
+    for (size_t i = 1; i < stack_.size(); ++i)
+      p += (stack_[i].label.rfind('[', 0) == 0 || p.empty() ? "" : ".") + stack_[i].label;
+    return p.empty() ? p : p + ".";
+  }
+
+  nlohmann::detail::json_sax_dom_parser<json> dom_;
+  const std::string& file_;
+  std::vector<Frame> stack_;
+};
+
+json parse_manifest(const std::string& text, const std::string& mpath) {
+  json root;
+  ManifestSax sax(root, mpath);
+  try {
+    json::sax_parse(text, &sax, json::input_format_t::json, /*strict=*/true, /*ignore_comments=*/false);
+  } catch (const json::exception& e) {
+    throw Error(mpath + ": invalid JSON: " + e.what());
+  }
+  return root;
+}
+
 // The manifest fields the tools rely on: present, of the right type and range, and consistent
-// with the tensors. Every refusal names the manifest and the field.
+// with the tensors and with each other. Every refusal names the manifest and the field.
+// read() has checked the "tensors" list (names unique, each in the file with its dtype, shape and
+// SHA-256, roles known) and that the file holds nothing else.
 void check_manifest(const Loaded& g, const std::string& mpath) {
   const json& m = g.manifest;
   auto fail = [&](const std::string& field, const std::string& what) { throw Error(mpath + ": field '" + field + "' " + what); };
-  for (const char* f : {"kind", "problem", "replay"})
+  for (const char* f : {"generator", "kind", "problem", "replay"})
     if (!m.contains(f) || !m[f].is_string()) fail(f, "is missing or not a string");
   const std::string kind = m["kind"];
-  if (kind != "stack" && kind != "attention-edge" && kind != "decode" && kind != "module" && kind != "stack-from-file")
-    fail("kind", "is '" + kind + "', not a known kind");
+  const unsigned kbit = kind_bit(kind);
+  if (!kbit) fail("kind", "is '" + kind + "', not a known kind (stack, stack-from-file, attention-edge, decode, module)");
+  if (!m.contains("conventions") || !m["conventions"].is_object()) fail("conventions", "is missing or not an object");
   if (!m.contains("budgets") || !m["budgets"].is_object()) fail("budgets", "is missing or not an object");
-  for (const auto& [name, e] : m["budgets"].items()) {
-    const std::string f = "budgets." + name;
-    if (!e.is_object() || !e.contains("budget_max_abs") || !e["budget_max_abs"].is_number())
-      fail(f, "is not an object with a numeric budget_max_abs");
-    const double b = e["budget_max_abs"].get<double>();
-    if (!std::isfinite(b) || b < 0) fail(f + ".budget_max_abs", "is not a finite number >= 0");
-  }
+
+  // config: types and ranges.
   if (!m.contains("config") || !m["config"].is_object()) fail("config", "is missing or not an object");
   const json& c = m["config"];
-  auto int_field = [&](const char* f, int64_t lo, int64_t hi) {
-    if (!c.contains(f) || !c[f].is_number_integer()) fail(std::string("config.") + f, "is missing or not an integer");
+  auto int_field = [&](const char* f, int64_t lo, int64_t hi, const std::string& hi_name = "") {
+    const std::string field = std::string("config.") + f;
+    if (!c.contains(f) || !c[f].is_number_integer()) fail(field, "is missing or not an integer");
+    if (c[f].is_number_unsigned() && c[f].get<uint64_t>() > uint64_t(INT64_MAX)) fail(field, "must be <= " + std::to_string(hi) + hi_name + ", got " + c[f].dump());
     const int64_t v = c[f].get<int64_t>();
-    if (v < lo || v > hi) fail(std::string("config.") + f, "is " + std::to_string(v) + ", outside [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+    if (v < lo) fail(field, "must be >= " + std::to_string(lo) + ", got " + std::to_string(v));
+    if (v > hi) fail(field, "must be <= " + std::to_string(hi) + hi_name + ", got " + std::to_string(v));
     return v;
   };
   const int64_t kMax = (int64_t(1) << 31) - 1;
   const int64_t s_q = int_field("s_q", 1, kMax), s_kv = int_field("s_kv", 1, kMax), topk = int_field("topk", 1, kMax);
-  const int64_t h_q = int_field("h_q", 1, kMax), d_qk = int_field("d_qk", 1, kMax), d_v = int_field("d_v", 1, d_qk);
+  const int64_t h_q = int_field("h_q", 1, kMax), d_qk = int_field("d_qk", 1, kMax);
+  const int64_t d_v = int_field("d_v", 1, d_qk, " (config.d_qk)");
+  const int64_t H = int_field("index_n_heads", 1, kMax), D = int_field("index_head_dim", 1, int64_t(1) << 17);
+  const int64_t n_layers = int_field("n_layers", 1, 1000000), n_seqs = int_field("n_seqs", 1, kMax);
+  // seed: the generator's, replayed by overlap --golden; int64 >= 0 (what a descriptor and --seed hold).
+  if (!c.contains("seed") || !c["seed"].is_number_integer() ||
+      (c["seed"].is_number_unsigned() ? c["seed"].get<uint64_t>() > uint64_t(INT64_MAX) : c["seed"].get<int64_t>() < 0))
+    fail("config.seed", "is not an integer >= 0");
+  if (!c.contains("start_pos") || !c["start_pos"].is_number_integer()) fail("config.start_pos", "is missing or not an integer");
+  if (!c.contains("indexer") || !c["indexer"].is_string() || (c["indexer"] != "fp8" && c["indexer"] != "bf16"))
+    fail("config.indexer", "is " + (c.contains("indexer") ? c["indexer"].dump() : std::string("missing")) + ", not \"fp8\" or \"bf16\"");
+  const bool fp8 = c["indexer"] == "fp8";
   if (!c.contains("sm_scale") || !c["sm_scale"].is_number()) fail("config.sm_scale", "is missing or not a number");
   const double sm = c["sm_scale"].get<double>();
   if (!std::isfinite(sm) || std::fabs(sm) > 3.4e38) fail("config.sm_scale", "is not a finite f32 number");
+
+  // layers: index, kind, source (this layer if Full, an earlier Full layer if Shared), has_indexer.
   if (!m.contains("layers") || !m["layers"].is_array() || m["layers"].empty()) fail("layers", "is missing, empty or not an array");
   const json& layers = m["layers"];
   for (size_t l = 0; l < layers.size(); ++l) {
@@ -607,12 +1015,20 @@ void check_manifest(const Loaded& g, const std::string& mpath) {
     const json& e = layers[l];
     if (!e.is_object() || !e.contains("kind") || !e["kind"].is_string() || (e["kind"] != "full" && e["kind"] != "shared"))
       fail(f + ".kind", "is missing or not \"full\" / \"shared\"");
+    if (!e.contains("index") || !e["index"].is_number_integer() || e["index"] != l)
+      fail(f + ".index", "is " + (e.contains("index") ? e["index"].dump() : std::string("missing")) + ", not its position " + std::to_string(l));
     if (!e.contains("source") || !e["source"].is_number_integer()) fail(f + ".source", "is missing or not an integer");
-    const int64_t src = e["source"].get<int64_t>();
+    const int64_t src = e["source"].is_number_unsigned() && e["source"].get<uint64_t>() > uint64_t(INT64_MAX) ? -1 : e["source"].get<int64_t>();
     if (src < 0 || src > int64_t(l) || layers[size_t(src)]["kind"] != "full" || (e["kind"] == "full" && src != int64_t(l)))
-      fail(f + ".source", "is " + std::to_string(src) + ": not this layer (Full) or an earlier Full layer (Shared)");
-    // Every layer's attention tensors must be there, with the config's shapes.
+      fail(f + ".source", "is " + e["source"].dump() + ": not this layer (Full) or an earlier Full layer (Shared)");
+    if (!e.contains("has_indexer") || !e["has_indexer"].is_boolean()) fail(f + ".has_indexer", "is missing or not true / false");
+    const bool has_ix = e["has_indexer"].get<bool>();
+    if (e["kind"] == "full" && !has_ix) fail(f + ".has_indexer", "is false on a Full layer (a Full layer runs its indexer)");
     const std::string pre = "layers." + std::to_string(l) + ".";
+    if (has_ix != (g.data.find(pre + "indexer.q") != nullptr))
+      fail(f + ".has_indexer", std::string("is ") + (has_ix ? "true, but tensor '" : "false, but the file holds '") + pre + "indexer.q'" +
+                                   (has_ix ? " is missing" : ""));
+    // Every layer's attention tensors must be there, with the config's shapes.
     const io::TensorView* q = g.data.find(pre + "attn.q");
     if (!q) fail("layers", "lists layer " + std::to_string(l) + ", but tensor '" + pre + "attn.q' is missing");
     if (q->shape != Shape{s_q, h_q, d_qk}) fail("config.s_q/h_q/d_qk", "disagree with " + pre + "attn.q " + shape_str(q->shape));
@@ -625,8 +1041,13 @@ void check_manifest(const Loaded& g, const std::string& mpath) {
   }
   if (g.data.find("layers." + std::to_string(layers.size()) + ".attn.q"))
     fail("layers", "lists " + std::to_string(layers.size()) + " layers, but the file holds more");
+  if (int64_t(layers.size()) != n_layers)
+    fail("config.n_layers", "is " + std::to_string(n_layers) + ", but field 'layers' lists " + std::to_string(layers.size()) + " layers");
+
   // Sampled sets (--rows): the row list, the `rows` tensor and config.s_q agree.
-  if (m.contains("rows")) {
+  const bool sampled = m.contains("rows");
+  if (sampled) {
+    if (kind != "stack") fail("rows", "is present, but kind is '" + kind + "' (sampled query rows are for kind 'stack' only)");
     const json& r = m["rows"];
     if (!r.is_object() || !r.contains("count") || !r["count"].is_number_integer() || r["count"].get<int64_t>() != s_q)
       fail("rows.count", "is missing or differs from config.s_q (" + std::to_string(s_q) + ")");
@@ -650,6 +1071,138 @@ void check_manifest(const Loaded& g, const std::string& mpath) {
   } else if (g.data.find("rows")) {
     fail("rows", "is missing, but the file holds tensor 'rows'");
   }
+
+  // Sequences: n_seqs flattened sequences of equal length, the queries the last positions of each.
+  const int64_t s_q_all = sampled ? m["rows"]["problem_s_q"].get<int64_t>() : s_q;
+  const std::string sq_name = sampled ? "rows.problem_s_q" : "config.s_q";
+  if (s_q_all > s_kv) fail("config.s_q", "is " + std::to_string(s_q_all) + ", above config.s_kv (" + std::to_string(s_kv) + "): queries are the last positions");
+  if (s_q_all % n_seqs || s_kv % n_seqs)
+    fail("config.n_seqs", "is " + std::to_string(n_seqs) + ": it must divide " + sq_name + " (" + std::to_string(s_q_all) +
+                              ") and config.s_kv (" + std::to_string(s_kv) + ")");
+  const int64_t start = (s_kv - s_q_all) / n_seqs;
+  if (c["start_pos"] != start)
+    fail("config.start_pos", "is " + c["start_pos"].dump() + ", expected (config.s_kv - " + sq_name + ") / config.n_seqs = " +
+                                 std::to_string(start) + " (the first query row's position in its sequence)");
+
+  // Tensors: exactly the names a set of this kind holds (by the layers' has_indexer, the indexer
+  // mode, sampled or whole), each with its role, dtype and the config's shape.
+  const Dims dims{s_q, s_kv, topk, H, D, h_q, d_qk, d_v, n_seqs, fp8};
+  std::map<std::string, size_t> entry;  // name -> index in the manifest's list
+  for (size_t i = 0; i < m["tensors"].size(); ++i) entry[m["tensors"][i]["name"].get<std::string>()] = i;
+  for (const io::TensorView& v : g.data.tensors) {
+    int64_t l = -1;
+    const TensorRule* r = rule_of(v.name, kbit, l);
+    if (!r) {
+      int64_t other_l = -1;
+      std::string owners;
+      if (const TensorRule* o = rule_of(v.name, kAllKinds, other_l))
+        for (const char* k : {"stack", "stack-from-file", "attention-edge", "decode", "module"})
+          if (o->kinds & kind_bit(k)) owners += (owners.empty() ? "" : ", ") + std::string(k);
+      fail("kind", "is '" + kind + "', but the set holds tensor '" + v.name + "', " +
+                       (owners.empty() ? "not a golden tensor name" : "which only sets of kind " + owners + " hold"));
+    }
+    if (l >= n_layers) fail("layers", "lists " + std::to_string(n_layers) + " layers, but the set holds tensor '" + v.name + "'");
+    const bool has_ix = l >= 0 && layers[size_t(l)]["has_indexer"].get<bool>();
+    const std::string lf = "layers[" + std::to_string(l) + "].has_indexer";
+    if ((r->need == Need::indexer || r->need == Need::optional_indexer || r->need == Need::indexer_fp8) && !has_ix)
+      fail(lf, "is false, but the set holds tensor '" + v.name + "'");
+    if (r->need == Need::indexer_fp8 && !fp8) fail("config.indexer", "is \"bf16\", but the set holds tensor '" + v.name + "' (FP8 indexer cache)");
+    if (r->need == Need::whole_rows && sampled) fail("rows", "is present (sampled query rows), but the set holds tensor '" + v.name + "'");
+    const size_t i = entry.at(v.name);
+    const std::string role = m["tensors"][i]["role"];
+    if (role != role_name(r->role))
+      fail("tensors[" + std::to_string(i) + "].role", "is '" + role + "', but '" + v.name + "' is " + role_name(r->role));
+    const Layout want = layout_of(l >= 0 ? v.name.substr(v.name.find('.', 7) + 1) : v.name, dims);
+    if (v.dtype != want.dtype || (want.known_shape && !shape_matches(want.shape, v.shape)))
+      fail(want.fields, "disagrees with tensor '" + v.name + "': expected " +
+                            (want.known_shape ? layout_str(want.dtype, want.shape) : io::dtype_name(want.dtype)) +
+                            ", the set holds " + layout_str(v.dtype, v.shape));
+  }
+  for (const TensorRule& r : tensor_rules()) {
+    if (!(r.kinds & kbit)) continue;
+    for (int64_t l = r.per_layer ? 0 : -1; l < (r.per_layer ? n_layers : 0); ++l) {
+      const bool has_ix = l >= 0 && layers[size_t(l)]["has_indexer"].get<bool>();
+      const bool needed = r.need == Need::always || (r.need == Need::indexer && has_ix) ||
+                          (r.need == Need::indexer_fp8 && has_ix && fp8) || (r.need == Need::whole_rows && !sampled) ||
+                          (r.need == Need::sampled && sampled);
+      const std::string name = l >= 0 ? "layers." + std::to_string(l) + "." + r.name : std::string(r.name);
+      if (needed && !g.data.find(name)) fail("kind", "is '" + kind + "', but tensor '" + name + "' is missing (a " + kind + " set holds it)");
+    }
+  }
+
+  // The boundaries of those sequences.
+  for (const char* name : {"cu_seqlens_q", "cu_seqlens_k"}) {
+    const io::TensorView* cu = g.data.find(name);
+    if (!cu) continue;
+    const int64_t total = std::string(name) == "cu_seqlens_q" ? s_q : s_kv;
+    const Tensor<int32_t> t = io::as_tensor<int32_t>(*cu, g.dir + "/" + kTensorFile);
+    for (int64_t i = 0; i <= n_seqs; ++i)
+      if (int64_t(t[i]) != i * (total / n_seqs))
+        fail("config.n_seqs", "disagrees with tensor '" + std::string(name) + "': element [" + std::to_string(i) + "] is " +
+                                  std::to_string(t[i]) + ", expected " + std::to_string(i * (total / n_seqs)) +
+                                  " (sequences of equal length)");
+  }
+
+  // budgets: one per layer, for its attn.out.
+  for (const auto& [name, e] : m["budgets"].items()) {
+    const std::string f = "budgets." + name;
+    int64_t l = -1;
+    std::string rest;
+    if (!split_layer_name(name, l, rest) || rest != "attn.out" || l >= n_layers)
+      fail(f, "is not a budget of a layer's attn.out (expected 'layers.{l}.attn.out', l < " + std::to_string(n_layers) + ")");
+    if (!e.is_object() || !e.contains("budget_max_abs") || !e["budget_max_abs"].is_number())
+      fail(f, "is not an object with a numeric budget_max_abs");
+    const double b = e["budget_max_abs"].get<double>();
+    if (!std::isfinite(b) || b < 0) fail(f + ".budget_max_abs", "is not a finite number >= 0");
+    if (!e.contains("multiple") || !e["multiple"].is_number()) fail(f + ".multiple", "is missing or not a number");
+    const double mult = e["multiple"].get<double>();
+    if (!std::isfinite(mult) || mult <= 0) fail(f + ".multiple", "must be a finite number > 0, got " + e["multiple"].dump());
+    if (e.contains("emulation_max_abs") && (!e["emulation_max_abs"].is_number() || !std::isfinite(e["emulation_max_abs"].get<double>()) ||
+                                            e["emulation_max_abs"].get<double>() < 0))
+      fail(f + ".emulation_max_abs", "is not a finite number >= 0");
+    if (e.contains("emulation") && !e["emulation"].is_string()) fail(f + ".emulation", "is not a string");
+  }
+  for (int64_t l = 0; l < n_layers; ++l)
+    if (!m["budgets"].contains("layers." + std::to_string(l) + ".attn.out"))
+      fail("budgets", "has no entry 'layers." + std::to_string(l) + ".attn.out'");
+
+  // Kind-specific fields.
+  const json& conv = m["conventions"];
+  if (conv.contains("indexer_variant") &&
+      (!conv["indexer_variant"].is_string() || (conv["indexer_variant"] != "deepseek_fp8" && conv["indexer_variant"] != "hf_bf16")))
+    fail("conventions.indexer_variant", "is " + conv["indexer_variant"].dump() + ", not \"deepseek_fp8\" or \"hf_bf16\"");
+  if (kind == "module") {
+    if (!conv.contains("indexer_variant")) fail("conventions.indexer_variant", "is missing (a module set records its indexer variant)");
+    if ((conv["indexer_variant"] == "deepseek_fp8") != fp8)
+      fail("conventions.indexer_variant", "is " + conv["indexer_variant"].dump() + ", but config.indexer is " + c["indexer"].dump());
+    if (!m.contains("model_config") || !m["model_config"].is_object()) fail("model_config", "is missing or not an object (a module set)");
+    const ModelConfig mc = parse_config_json(m["model_config"].dump(), mpath + ": field 'model_config'");
+    const std::pair<const char*, std::pair<int64_t, int64_t>> agree[] = {
+        {"n_layers", {mc.n_layers, n_layers}},        {"h_q", {mc.n_heads, h_q}},
+        {"d_qk", {mc.d_qk(), d_qk}},                  {"d_v", {mc.d_v(), d_v}},
+        {"index_n_heads", {mc.index_n_heads, H}},     {"index_head_dim", {mc.index_head_dim, D}},
+        {"topk", {mc.index_topk, topk}},              {"s_q", {mc.seq, s_q}},
+        {"s_kv", {mc.seq, s_kv}}};
+    for (const auto& [f, ab] : agree)
+      if (ab.first != ab.second)
+        fail(std::string("config.") + f, "is " + std::to_string(ab.second) + ", but field 'model_config' gives " + std::to_string(ab.first));
+    std::string pattern;
+    for (const json& l : layers) pattern += l["kind"] == "full" ? 'F' : 'S';
+    std::string mc_pattern;
+    try {
+      mc_pattern = mc.resolve_schedule().pattern();
+    } catch (const Error& e) {
+      fail("model_config.schedule", e.what());
+    }
+    if (mc_pattern != pattern) fail("layers", "give the schedule " + pattern + ", field 'model_config' " + mc_pattern);
+  } else if (m.contains("model_config")) {
+    fail("model_config", "is present, but kind is '" + kind + "' (module sets only)");
+  }
+  if (kind == "stack-from-file") {
+    if (!m.contains("source_file") || !m["source_file"].is_string()) fail("source_file", "is missing or not a string (kind stack-from-file)");
+  } else if (m.contains("source_file")) {
+    fail("source_file", "is present, but kind is '" + kind + "' (stack-from-file sets only)");
+  }
 }
 }  // namespace
 
@@ -659,30 +1212,32 @@ Loaded read(const std::string& dir) {
   const std::string mpath = dir + "/manifest.json";
   std::error_code ec;
   require(fs::is_directory(dir, ec), dir + ": not a golden set folder");
-  try {
-    g.manifest = json::parse(read_text(mpath));
-  } catch (const json::exception& e) {
-    throw Error(mpath + ": invalid JSON: " + e.what());
-  }
+  g.manifest = parse_manifest(read_text(mpath), mpath);
   auto field = [&](const char* name) -> const json& {
     if (!g.manifest.is_object() || !g.manifest.contains(name)) throw Error(mpath + ": field '" + name + "' is missing");
     return g.manifest[name];
   };
   if (field("format") != "indexshare-golden") throw Error(mpath + ": field 'format' is not \"indexshare-golden\"");
   const json& ver = field("format_version");
-  if (!ver.is_number_integer() || ver.get<int>() != kFormatVersion)
+  if (!ver.is_number_integer() || ver != kFormatVersion)  // compared as JSON numbers: 2^32 + 1 is not 1
     throw Error(mpath + ": field 'format_version' is " + ver.dump() + ", this tool reads version " +
                 std::to_string(kFormatVersion) + " (regenerate with the replay command)");
   const json& tensors = field("tensors");
   if (!tensors.is_array()) throw Error(mpath + ": field 'tensors' is not an array");
   g.data = io::read_safetensors(dir + "/" + kTensorFile);
+  std::map<std::string, size_t> seen;
   for (size_t i = 0; i < tensors.size(); ++i) {
     const json& t = tensors[i];
     const std::string where = mpath + ": tensors[" + std::to_string(i) + "]";
-    for (const char* f : {"name", "file", "dtype", "shape", "sha256"})
+    for (const char* f : {"name", "file", "dtype", "shape", "sha256", "role"})
       if (!t.is_object() || !t.contains(f) || (std::string(f) != "shape" && !t[f].is_string()))
         throw Error(where + ": field '" + f + "' is missing or not a string");
     const std::string name = t["name"];
+    if (!seen.emplace(name, i).second)
+      throw Error(where + " ('" + name + "'): field 'name' repeats tensors[" + std::to_string(seen[name]) + "]");
+    const std::string role = t["role"];
+    if (role != role_name(Role::input) && role != role_name(Role::output) && role != role_name(Role::reference))
+      throw Error(where + " ('" + name + "'): field 'role' is '" + role + "', not input, output or reference");
     if (t["file"] != kTensorFile) throw Error(where + " ('" + name + "'): field 'file' must be " + kTensorFile);
     const io::TensorView* v = g.data.find(name);
     if (!v) throw Error(dir + "/" + kTensorFile + ": tensor '" + name + "' named in the manifest is missing");
