@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <fstream>
 #include <limits>
 #include <set>
@@ -68,10 +69,13 @@ double CostBreakdown::indexer_bytes_share() const {
 }
 
 void CostOptions::validate() const {
+  // Bounded above too: a factor of 1e300 turned every total into inf and every share into NaN.
   auto finite_pos = [](double v, const char* f, bool allow_zero) {
-    require(std::isfinite(v) && (allow_zero ? v >= 0 : v > 0),
+    char got[32];
+    std::snprintf(got, sizeof got, "%.6g", v);
+    require(std::isfinite(v) && (allow_zero ? v >= 0 : v > 0) && v <= 1e6,
             std::string("cost options: ") + f + " must be a finite number " + (allow_zero ? ">= 0" : "> 0") +
-                ", got " + std::to_string(v));
+                " and <= 1e6, got " + got);
   };
   finite_pos(flops_per_mac, "flops_per_mac", false);
   finite_pos(fp8_score_weight, "fp8_score_weight", true);

@@ -128,7 +128,9 @@ struct QueryBucket {
   int64_t pos_begin = 0, pos_end = 0;  // query positions start_pos + [t_begin, t_end)
 };
 
-// The n_buckets buckets of s_q query rows (see the header). Throws Error if n_buckets < 1.
+// The most query-position buckets a report takes.
+inline constexpr int kMaxBuckets = 4096;
+// The n_buckets buckets of s_q query rows (see the header). Throws Error unless 1 <= n_buckets <= kMaxBuckets.
 std::vector<QueryBucket> query_buckets(int64_t s_q, int n_buckets, int64_t start_pos = 0);
 
 struct PairOverlap {

@@ -69,6 +69,13 @@ void Problem::validate() const {
   require(sim >= 0.0f && sim <= 1.0f, "problem field sim must be in [0, 1], got " + std::to_string(sim));
   require(recency >= 0.0f && std::isfinite(recency), "problem field recency must be finite and >= 0");
   require(sinks >= 0 && sinks <= s_kv, "problem field sinks must be in [0, skv]");
+  // Fields the generator would not read are refused rather than ignored: the recency and sink
+  // dims are the last two of each indexer head (ref/layer.cc), and the scale rule quantizes FP8.
+  require((recency == 0.0f && sinks == 0) || index_head_dim >= 2,
+          "problem fields recency and sinks need id >= 2 (they bias the last two indexer dims), got id" +
+              std::to_string(index_head_dim));
+  require(indexer == IndexerMode::fp8 || scale == ScaleRule::deepseek_ue8m0,
+          "problem field scale applies to indexer=fp8 only (the bf16 indexer is not quantized)");
   (void)schedule();
 }
 

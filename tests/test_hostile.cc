@@ -8,6 +8,7 @@
 #include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -582,11 +583,27 @@ TEST_CASE("hostile: a refused golden leaves neither the folder nor a temporary o
   refused(cli("golden --problem 'sq4 skv2' --out " + out), {"skv (2) must be >= sq (4)"});
   refused(cli("golden --problem 'sq4 skv12 hq2 dqk16 dv8 ih2 id16 k4' --kind bogus --out " + out), {"unknown kind 'bogus'"});
   CHECK(tmp.entries().empty());
-  // --force never replaces a folder that is not a golden set, and leaves it untouched.
+  // --force never replaces a folder that is not a golden set, and leaves it untouched: a manifest.json
+  // beside other files, one that is not a golden manifest, or a folder named manifest.json (each of
+  // the first two deleted the folder before).
+  const std::string force = "golden --problem 'sq4 skv12 hq2 dqk16 dv8 ih2 id16 k4' --force --out " + out;
   fs::create_directories(out);
   write_bytes(out + "/keep.txt", "keep");
-  refused(cli("golden --problem 'sq4 skv12 hq2 dqk16 dv8 ih2 id16 k4' --force --out " + out), {"no manifest.json"});
+  refused(cli(force), {"'keep.txt' is not one of its files"});
   CHECK(read_bytes(out + "/keep.txt") == "keep");
+  write_bytes(out + "/manifest.json", "hello");
+  refused(cli(force), {"'keep.txt' is not one of its files"});
+  CHECK(read_bytes(out + "/keep.txt") == "keep");
+  fs::remove(out + "/keep.txt");
+  for (const char* text : {"hello", "{}", "{\"format\": \"other\"}", "[1]"}) {
+    write_bytes(out + "/manifest.json", text);
+    refused(cli(force), {"its manifest.json is not one"});
+    CHECK(read_bytes(out + "/manifest.json") == text);
+  }
+  fs::remove(out + "/manifest.json");
+  fs::create_directories(out + "/manifest.json");
+  refused(cli(force), {"'manifest.json' is not one of its files"});
+  CHECK(fs::is_directory(out + "/manifest.json"));
   CHECK(tmp.entries() == std::vector<std::string>{"set"});
 }
 
@@ -716,6 +733,39 @@ TEST_CASE("hostile: a golden writer killed at any moment leaves no half-written 
 
 // ---- resource limits ------------------------------------------------------------------------
 
+TEST_CASE("hostile: outputs are written all or none, never over a folder, FIFO or device, and limits hold") {
+  TmpDir tmp;
+  const std::string src = "overlap --problem 'sq16 skv64 hq4 dqk64 dv32 ih4 id32 k8 nl4 sched=FFSS'";
+  // One unwritable output: none of the others appears (json and csv were left behind before).
+  refused(cli(src + " --json " + tmp / "a.json" + " --csv " + tmp / "a.csv" + " --svg " + tmp / "no/such/dir/x.svg"),
+          {"x.svg", "cannot write"});
+  CHECK(tmp.entries().empty());
+  // Two outputs on one path (the CSV silently replaced the JSON).
+  refused(cli(src + " --json " + tmp / "b.json" + " --csv " + tmp / "./b.json"), {"b.json: named for two outputs"});
+  refused(cli("search --problem 'sq16 skv64 hq4 dqk64 dv32 ih4 id32 k8 nl2 own=yes' -n 1 --json " + tmp / "s" +
+              " --svg " + tmp / "s"),
+          {"named for two outputs"});
+  CHECK(tmp.entries().empty());
+  // A FIFO or a folder in an output's place is refused and left as it was (the rename replaced a
+  // FIFO, and /dev/full when run as root).
+  const std::string fifo = tmp / "fifo";
+  REQUIRE(::mkfifo(fifo.c_str(), 0644) == 0);
+  fs::create_directories(tmp / "dir");
+  for (const std::string& out : {fifo, tmp / "dir"}) {
+    refused(cli(src + " --json " + out), {"exists and is not a regular file"});
+    refused(cli("cost --preset glm-5.2 --context 4096 --json " + out), {"exists and is not a regular file"});
+    refused(cli("bench --stack-seq 0 --impl ref --module-preset none --json " + out), {"exists and is not a regular file"});
+  }
+  CHECK(fs::is_fifo(fifo));
+  CHECK(fs::is_directory(tmp / "dir"));
+  CHECK(tmp.entries() == std::vector<std::string>{"dir", "fifo"});
+  // Limits: 100000 threads crashed bench (SIGSEGV), 10^8 buckets ran out of memory, a cost factor
+  // of 1e300 printed inf and NaN shares.
+  refused(cli("bench --threads 100000 --stack-seq 0"), {"--threads must be in [1, 1024]"});
+  refused(cli(src + " --buckets 100000000"), {"--buckets must be in [1, 4096]"});
+  refused(cli("cost --preset glm-5.2 --context 4096 --flops-per-mac 1e300"), {"flops_per_mac", "<= 1e6, got 1e+300"});
+}
+
 TEST_CASE("hostile: an option the chosen mode does not read, or an override out of range, is refused") {
   TmpDir tmp;
   const std::string out = " --out " + tmp / "set";
@@ -728,6 +778,22 @@ TEST_CASE("hostile: an option the chosen mode does not read, or an override out 
                                                       "golden --preset ties --seq 0" + out,
                                                       "golden --model tiny-glm --seq -1" + out})
     refused(cli(c), {"--seq must be in [1, 2^31 - 1]"});
+  // Seeds: negative was "not given" (golden used seed 1), 2^64 - 1 saturated to 2^63 - 1.
+  refused(cli("golden --problem 'sq4 skv12 hq2 dqk16 dv8 ih2 id16 k4' --seed -7" + out), {"--seed must be >= 0, got -7"});
+  refused(cli("run --model tiny-glm --seq 16 --seed -1"), {"--seed must be >= 0, got -1"});
+  for (const char* v : {"18446744073709551615", "99999999999999999999"})
+    refused(cli(std::string("run --model tiny-glm --seq 16 --seed ") + v), {std::string("--seed: '") + v + "' is out of range"});
+  refused(cli("run --layers 99999999999999999999"), {"--layers: '99999999999999999999' is out of range"});
+  // Descriptor fields the generator would not read (the run was the same bytes without them).
+  refused(cli("run --problem 'sq16 skv64 hq4 dqk64 dv32 ih4 id1 k8 recency=5'"), {"recency and sinks need id >= 2"});
+  refused(cli("run --problem 'sq16 skv64 hq4 dqk64 dv32 ih4 id1 k8 sinks=8'"), {"recency and sinks need id >= 2"});
+  refused(cli("run --problem 'sq16 skv64 hq4 dqk64 dv32 ih4 id32 k8 indexer=bf16 scale=fp32_amax'"),
+          {"scale applies to indexer=fp8 only"});
+  // Usage errors carry the same prefix and name the token.
+  refused(cli("run --bogus"), {"--bogus"});
+  refused(cli("bogus"), {"unknown command 'bogus'", "run, golden"});
+  refused(cli("run --model tiny-glm --seed 1e3"), {"--seed", "1e3"});
+  refused(cli("verify"), {"--golden is required"});
   // Options of another mode: before, each of these ran the default and ignored the option.
   for (const char* o : {"--seq 100", "--seed 5", "--sim 0.5", "--variant hf_bf16"}) {
     refused(cli(std::string("run ") + o), {std::string(o).substr(0, std::string(o).find(' ')) + " applies to --model only"});

@@ -10,14 +10,19 @@ TEST_CASE("problem: canonical string round-trips") {
   CHECK(to_string(d) == "sq128 skv128 hq16 dqk576 dv512 ih8 id128 k64 seed1");
   CHECK(parse_problem(to_string(d)) == d);
   Problem p = parse_problem("seed7 sq1024 skv4096 hq64 dqk576 dv512 ih64 id128 k256 indexer=bf16 "
-                            "scale=flashmla_pow2 dist=ties sm=0.13523377478 sink=random");
+                            "dist=ties sm=0.13523377478 sink=random");
   CHECK(p.s_q == 1024);
   CHECK(p.s_kv == 4096);
   CHECK(p.index_topk == 256);
   CHECK(p.seed == 7);
   CHECK(p.indexer == IndexerMode::bf16);
-  CHECK(p.scale == ScaleRule::flashmla_pow2);
   CHECK(p.dist == Dist::ties);
+  // scale= is an FP8 rule: with the bf16 indexer it would be read by nothing, so it is refused.
+  const Problem q = parse_problem("seed7 sq8 skv16 k4 scale=flashmla_pow2");
+  CHECK(q.scale == ScaleRule::flashmla_pow2);
+  CHECK(parse_problem(to_string(q)) == q);
+  CHECK_THROWS_WITH_AS(parse_problem("sq8 skv16 k4 indexer=bf16 scale=flashmla_pow2"),
+                       doctest::Contains("scale applies to indexer=fp8 only"), Error);
   CHECK(p.sink == SinkMode::random);
   CHECK(*p.sm == 0.13523377478f);
   CHECK(parse_problem(to_string(p)) == p);

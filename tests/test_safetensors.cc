@@ -590,11 +590,12 @@ TEST_CASE("safetensors: the writer leaves no temporary file and never a partial 
     CHECK(!fs::exists(dir.path / "no_such_dir"));
     CHECK(dir.entries() == std::vector<std::string>{"out.safetensors"});
   }
-  SUBCASE("target is a directory: the rename fails, the temp file is removed") {
+  SUBCASE("target is a directory: refused before any temporary file, the folder untouched") {
     fs::create_directories(dir.path / "adir" / "inner");
     const std::string target = (dir.path / "adir").string();
     const std::string msg = error_of([&] { write_safetensors(target, {make_view("t", t)}, {}); });
-    CHECK(msg.rfind(target + ": cannot rename", 0) == 0);
+    CHECK(msg.rfind(target + ": exists and is not a regular file", 0) == 0);
+    CHECK(fs::is_directory(dir.path / "adir" / "inner"));
     CHECK(dir.entries() == std::vector<std::string>{"adir", "out.safetensors"});
   }
   SUBCASE("invalid input creates nothing and keeps the old file") {

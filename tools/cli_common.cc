@@ -1,6 +1,7 @@
 // Helpers shared by the subcommands (tools/cli.h).
 #include <algorithm>
 #include <cctype>
+#include <charconv>
 #include <cstdint>
 #include <cstdio>
 #include <optional>
@@ -82,12 +83,29 @@ void reject_given(const std::vector<std::string>& given, std::initializer_list<c
             std::string(n) + " applies to " + applies_to + " only (" + why + ")");
 }
 
-void check_overrides(const std::vector<std::string>& given, int64_t layers, int64_t seq) {
+void check_overrides(const std::vector<std::string>& given, int64_t layers, int64_t seq, int64_t seed) {
   const auto has = [&](const char* n) { return std::find(given.begin(), given.end(), n) != given.end(); };
+  if (has("--seed")) require(seed >= 0, "--seed must be >= 0, got " + std::to_string(seed));
   if (has("--layers"))
     require(1 <= layers && layers <= 1000000, "--layers must be in [1, 10^6], got " + std::to_string(layers));
   if (has("--seq"))
     require(1 <= seq && seq <= int64_t(INT32_MAX), "--seq must be in [1, 2^31 - 1], got " + std::to_string(seq));
+}
+
+void strict_integers(CLI::App& app) {
+  const CLI::Validator fits_int64(
+      [](std::string& s) -> std::string {
+        int64_t v = 0;
+        const char* b = s.data() + (!s.empty() && s[0] == '+');
+        const auto [end, ec] = std::from_chars(b, s.data() + s.size(), v);
+        if (ec == std::errc::result_out_of_range) return "'" + s + "' is out of range (a 64-bit integer)";
+        if (ec != std::errc() || end != s.data() + s.size()) return "'" + s + "' is not an integer";
+        return std::string();
+      },
+      "INT64", "int64");
+  for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; }))
+    for (CLI::Option* o : sub->get_options())
+      if (o->get_type_name() == "INT") o->check(fits_int64);
 }
 
 bool impl_streams(const std::string& impl, const Problem& p) {

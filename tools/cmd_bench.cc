@@ -97,6 +97,7 @@
 #include "ref/topk.h"
 #include "simd/simd.h"
 #include "tools/cli.h"
+#include "tools/safetensors.h"
 #include "tools/svg.h"
 
 namespace indexshare::cli {
@@ -287,7 +288,10 @@ int cmd_bench(const BenchArgs& a) {
   const bool do_ref = std::find(impls.begin(), impls.end(), "ref") != impls.end();
   const bool do_simd = std::find(impls.begin(), impls.end(), "simd") != impls.end();
   require(a.repeats >= 1, "--repeats must be >= 1, got " + std::to_string(a.repeats));
-  require(a.threads >= 0, "--threads must be >= 1 (0: OpenMP's default), got " + std::to_string(a.threads));
+  // An upper bound: libgomp fails to create ~40000 threads (exit 1, no message of ours) and
+  // crashed at 100000.
+  require(a.threads >= 0 && a.threads <= 1024,
+          "--threads must be in [1, 1024] (0: OpenMP's default), got " + std::to_string(a.threads));
   require(a.stack_seq >= 0, "--stack-seq must be >= 0 (0 skips the stack), got " + std::to_string(a.stack_seq));
   require(a.stack_sq >= 1, "--stack-sq must be >= 1, got " + std::to_string(a.stack_sq));
   require(a.stack_topk >= 1, "--stack-topk must be >= 1, got " + std::to_string(a.stack_topk));
@@ -326,6 +330,7 @@ int cmd_bench(const BenchArgs& a) {
   simd::set_target(a.target);  // throws Error for an unknown or unsupported name
   const std::string target = simd::current_target();
   if (!a.json_path.empty()) {  // fail now rather than after minutes of timing
+    io::check_output_path(a.json_path);
     const std::string tmp = a.json_path + ".tmp." + std::to_string(getpid());
     require(bool(std::ofstream(tmp, std::ios::binary | std::ios::trunc)), "--json: cannot write '" + tmp + "'");
     std::error_code ec;

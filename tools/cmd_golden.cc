@@ -42,7 +42,7 @@ int cmd_golden(const GoldenArgs& a) {
   apply_target(a.target);
   const auto t0 = std::chrono::steady_clock::now();
   const bool module_preset = !a.preset.empty() && golden::preset(a.preset).kind == "module";
-  check_overrides(a.given, a.layers, a.seq);
+  check_overrides(a.given, a.layers, a.seq, a.seed);
   if (!a.model.empty() || module_preset) {  // module level: the toy model with a preset's shapes
     require(a.problem.empty() && a.from.empty() && (a.preset.empty() || a.model.empty()),
             "golden: --model excludes --preset, --problem and --from");

@@ -83,10 +83,13 @@ int cmd_overlap(const OverlapArgs& a) {
   opt.shared_stats = !a.no_shared_stats;
   const ref::OverlapReport r = ref::overlap_report(p, si.inputs, outs, opt);
   std::printf("%s", io::overlap_table(r).c_str());
-  if (!a.json.empty()) io::write_text_file(a.json, io::overlap_to_json(r).dump(2) + "\n");
-  if (!a.csv.empty()) io::write_text_file(a.csv, io::overlap_csv(r));
-  if (!a.svg.empty()) io::write_text_file(a.svg, io::overlap_heatmap_svg(r, {"Top-k overlap between layers: " + p.sched, false, 0, 1}));
-  if (!a.svg_position.empty()) io::write_text_file(a.svg_position, io::overlap_by_position_svg(r, "Adjacent-layer overlap by query position"));
+  std::vector<std::pair<std::string, std::string>> files;  // written together: all or none
+  if (!a.json.empty()) files.emplace_back(a.json, io::overlap_to_json(r).dump(2) + "\n");
+  if (!a.csv.empty()) files.emplace_back(a.csv, io::overlap_csv(r));
+  if (!a.svg.empty()) files.emplace_back(a.svg, io::overlap_heatmap_svg(r, {"Top-k overlap between layers: " + p.sched, false, 0, 1}));
+  if (!a.svg_position.empty())
+    files.emplace_back(a.svg_position, io::overlap_by_position_svg(r, "Adjacent-layer overlap by query position"));
+  io::write_text_files(files);
   std::printf("__REPRO: indexshare overlap %s\n", replay_source(a.src, p).c_str());
   return 0;
 }
@@ -108,9 +111,11 @@ int cmd_search(const SearchArgs& a) {
   opt.kernels = kernels_for(a.src, si.problem);
   const ref::SearchResult r = ref::greedy_search(si.problem, si.inputs, opt);
   std::printf("%s", io::search_table(r).c_str());
-  if (!a.json.empty()) io::write_text_file(a.json, io::search_to_json(r).dump(2) + "\n");
-  if (!a.csv.empty()) io::write_text_file(a.csv, io::search_csv(r));
-  if (!a.svg.empty()) io::write_text_file(a.svg, io::search_loss_svg(r, "Greedy search: " + a.loss + " loss"));
+  std::vector<std::pair<std::string, std::string>> files;  // written together: all or none
+  if (!a.json.empty()) files.emplace_back(a.json, io::search_to_json(r).dump(2) + "\n");
+  if (!a.csv.empty()) files.emplace_back(a.csv, io::search_csv(r));
+  if (!a.svg.empty()) files.emplace_back(a.svg, io::search_loss_svg(r, "Greedy search: " + a.loss + " loss"));
+  io::write_text_files(files);
   std::printf("__REPRO: indexshare search %s --full-layers %d --loss %s\n", replay_source(a.src, si.problem).c_str(),
               a.full_layers, a.loss.c_str());
   return 0;

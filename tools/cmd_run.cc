@@ -153,7 +153,7 @@ int run_model(const RunArgs& a) {
 int cmd_run(const RunArgs& a) {
   require(a.problem.empty() || a.model.empty(), "run: give --problem or --model, not both");
   require(a.model.empty() || !a.rows_given, "--rows: only with --problem (kernel-level stacks), not --model");
-  check_overrides(a.given, a.layers, a.seq);
+  check_overrides(a.given, a.layers, a.seq, a.seed);
   if (a.model.empty())
     reject_given(a.given, {"--seq", "--seed", "--sim", "--variant"}, "--model",
                  "a --problem descriptor sets skv, seed and the rest itself");

@@ -27,11 +27,22 @@ int main(int argc, char** argv) {
       cli::register_run(app), cli::register_golden(app), cli::register_presets(app),
       cli::register_verify(app), cli::register_diff(app), cli::register_overlap(app),
       cli::register_search(app), cli::register_bench(app), cli::register_cost(app)};
+  cli::strict_integers(app);
+  // A first word that is neither an option nor a command: name it (CLI11 says only that a
+  // subcommand is required).
+  if (argc > 1 && argv[1][0] != '-' && app.get_subcommands([&](CLI::App* s) { return s->get_name() == argv[1]; }).empty()) {
+    std::string names;
+    for (const CLI::App* s : app.get_subcommands([](CLI::App*) { return true; })) names += (names.empty() ? "" : ", ") + s->get_name();
+    std::fprintf(stderr, "indexshare: error: unknown command '%s' (commands: %s)\n", argv[1], names.c_str());
+    return 2;
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    const int rc = app.exit(e);
-    return rc == 0 ? 0 : 2;
+    if (e.get_exit_code() == 0) return app.exit(e);  // --help, --version
+    // Usage errors read like every other bad input: the prefix, the option or token at fault.
+    std::fprintf(stderr, "indexshare: error: %s (see indexshare --help, or indexshare COMMAND --help)\n", e.what());
+    return 2;
   }
   try {
     for (const cli::Action& a : actions) {

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -405,6 +406,22 @@ SafetensorsFile read_safetensors(const std::string& path, uint64_t max_bytes) {
 
 // ---- writer ------------------------------------------------------------------------------------
 
+void check_output_path(const std::string& path) {
+  require(!path.empty(), "an output path is empty");
+  std::error_code ec;
+  const std::filesystem::file_status st = std::filesystem::symlink_status(path, ec);
+  if (st.type() == std::filesystem::file_type::not_found) return;
+  if (st.type() == std::filesystem::file_type::symlink) {  // the rename would replace the link
+    const std::filesystem::file_status target = std::filesystem::status(path, ec);
+    require(target.type() == std::filesystem::file_type::not_found ||
+                target.type() == std::filesystem::file_type::regular,
+            path + ": exists and is not a regular file (an output replaces only a file)");
+    return;
+  }
+  require(st.type() == std::filesystem::file_type::regular,
+          path + ": exists and is not a regular file (an output replaces only a file)");
+}
+
 void write_safetensors(const std::string& path, const std::vector<TensorView>& tensors,
                        const std::map<std::string, std::string>& metadata) {
   json header = json::object();
@@ -439,6 +456,7 @@ void write_safetensors(const std::string& path, const std::vector<TensorView>& t
   uint8_t len[8];
   for (int i = 0; i < 8; ++i) len[i] = uint8_t(uint64_t(text.size()) >> (8 * i));
 
+  check_output_path(path);  // never replace a folder, a FIFO or a device
   const std::string tmp = path + ".tmp." + std::to_string(::getpid());
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) throw Error(path + ": cannot create temporary file " + tmp + ": " + os_error(errno));

@@ -82,6 +82,10 @@ SafetensorsFile read_safetensors(const std::string& path, uint64_t max_bytes = 1
 SafetensorsFile parse_safetensors(const uint8_t* data, size_t size,
                                   const std::string& name_for_errors);
 
+// Error unless `path` is absent or a regular file (or a link to one): what a writer here (and
+// io::write_text_files) may replace; a folder, a FIFO or a device is never replaced.
+void check_output_path(const std::string& path);
+
 // Writes `tensors` in the given order. Throws Error naming `path` on invalid input (duplicate or
 // reserved names, a byte count that does not match dtype and shape, names or metadata that are not
 // valid UTF-8) and on any OS error (with strerror); the temporary file is removed on failure.

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "ref/error.h"
+#include "tools/safetensors.h"
 
 namespace indexshare::io {
 
@@ -655,25 +656,45 @@ std::string search_loss_svg(const ref::SearchResult& r, const std::string& title
   return svg.finish(title);
 }
 
-void write_text_file(const std::string& path, const std::string& text) {
-  // Written to PATH.tmp.PID, then renamed, so a reader never sees a half-written file.
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  {
+void write_text_files(const std::vector<std::pair<std::string, std::string>>& files) {
+  // Written to PATH.tmp.PID, then renamed, so a reader never sees a half-written file, and a
+  // failure on one output leaves none: every temporary is written before the first rename.
+  for (size_t i = 0; i < files.size(); ++i) {
+    check_output_path(files[i].first);
+    for (size_t j = 0; j < i; ++j)
+      require(std::filesystem::path(files[i].first).lexically_normal() !=
+                  std::filesystem::path(files[j].first).lexically_normal(),
+              files[i].first + ": named for two outputs");
+  }
+  std::vector<std::string> tmps;
+  std::error_code ec;
+  const auto remove_tmps = [&] {
+    for (const std::string& t : tmps) std::filesystem::remove(t, ec);
+  };
+  for (const auto& [path, text] : files) {
+    const std::string tmp = path + ".tmp." + std::to_string(::getpid());
     std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    require(bool(f), path + ": cannot write '" + tmp + "'");
+    if (!f) {
+      remove_tmps();
+      throw Error(path + ": cannot write '" + tmp + "'");
+    }
+    tmps.push_back(tmp);
     f << text;
     f.close();
     if (!f) {
-      std::remove(tmp.c_str());
+      remove_tmps();
       throw Error(path + ": cannot write '" + tmp + "'");
     }
   }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) {
-    std::filesystem::remove(tmp, ec);
-    throw Error(path + ": cannot rename '" + tmp + "' into place");
+  for (size_t i = 0; i < files.size(); ++i) {
+    std::filesystem::rename(tmps[i], files[i].first, ec);
+    if (ec) {  // a rename that fails after the checks above (a race): the rest are not published
+      for (size_t j = i; j < tmps.size(); ++j) std::filesystem::remove(tmps[j], ec);
+      throw Error(files[i].first + ": cannot rename '" + tmps[i] + "' into place");
+    }
   }
 }
+
+void write_text_file(const std::string& path, const std::string& text) { write_text_files({{path, text}}); }
 
 }  // namespace indexshare::io

@@ -25,6 +25,8 @@
 #include <nlohmann/json.hpp>
 
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "ref/overlap.h"
 
@@ -65,8 +67,12 @@ std::string overlap_heatmap_svg(const ref::OverlapReport& r, const HeatmapOption
 std::string overlap_by_position_svg(const ref::OverlapReport& r, const std::string& title = "");
 std::string search_loss_svg(const ref::SearchResult& r, const std::string& title = "");
 
-// Writes `text` to `path`; throws Error naming the file if it cannot.
 // Writes `text` to `path` atomically (a temporary name, then rename); Error names the path.
 void write_text_file(const std::string& path, const std::string& text);
+// Writes several files as one: every (path, text) to PATH.tmp.PID first, and only once all are
+// written are they renamed into place, so a failure leaves none of them. Error, before writing
+// anything, if two outputs share a path or a path exists and is not a regular file (a report
+// never replaces a folder, a FIFO or a device).
+void write_text_files(const std::vector<std::pair<std::string, std::string>>& files);
 
 }  // namespace indexshare::io
