@@ -754,7 +754,7 @@ TEST_CASE("hostile: outputs are written all or none, never over a folder, FIFO o
   for (const std::string& out : {fifo, tmp / "dir"}) {
     refused(cli(src + " --json " + out), {"exists and is not a regular file"});
     refused(cli("cost --preset glm-5.2 --context 4096 --json " + out), {"exists and is not a regular file"});
-    refused(cli("bench --stack-seq 0 --impl ref --module-preset none --json " + out), {"exists and is not a regular file"});
+    refused(cli("bench --impl ref --module-preset none --json " + out), {"exists and is not a regular file"});
   }
   CHECK(fs::is_fifo(fifo));
   CHECK(fs::is_directory(tmp / "dir"));
@@ -789,6 +789,40 @@ TEST_CASE("hostile: an option the chosen mode does not read, or an override out 
   refused(cli("run --problem 'sq16 skv64 hq4 dqk64 dv32 ih4 id1 k8 sinks=8'"), {"recency and sinks need id >= 2"});
   refused(cli("run --problem 'sq16 skv64 hq4 dqk64 dv32 ih4 id32 k8 indexer=bf16 scale=fp32_amax'"),
           {"scale applies to indexer=fp8 only"});
+  // Options of a part the command skips, or of another source (each ran and ignored the option).
+  const struct {
+    const char* cmd;
+    const char* says;
+  } skipped[] = {
+      {"bench --impl ref --threads 3", "--threads applies to --impl simd only"},
+      {"bench --impl ref --target AVX2", "--target applies to --impl simd only"},
+      {"bench --stack-seq 0 --stack-sq 7", "--stack-sq applies to the stack only"},
+      {"bench --stack-seq 0 --stack-topk 9", "--stack-topk applies to the stack only"},
+      {"bench --stack-seq 0 --module-preset none --module-rows 5", "--module-rows applies to the module stage only"},
+      {"cost --preset glm-5.2 --print-config --json x.json", "--json applies to the cost tables only"},
+      {"cost --preset glm-5.2 --print-config --context 4096", "--context applies to the cost tables only"},
+      {"cost --preset glm-5.2 --mode decode --prefill-tile 32", "--prefill-tile applies to --mode prefill or both only"},
+      {"overlap --golden GOLDEN --from-problem k8", "--from-problem applies to --from only"},
+      {"overlap --golden GOLDEN --max-memory 1K", "--max-memory applies to --problem only"},
+      {"search --golden GOLDEN --max-memory 1K -n 1", "--max-memory applies to --problem only"},
+      {"search --problem 'sq8 skv24 hq2 dqk16 dv8 ih4 id16 k4 nl2 sched=FS' -n 1", "sched=FS is not read"},
+      {"golden --preset ties --kind attention-edge OUT", "--kind applies to --problem only"},
+      {"golden --problem 'sq4 skv12 hq2 dqk16 dv8 ih2 id16 k4' --impl ref --target AVX2 OUT", "--target applies to the simd path"},
+      {"run --problem 'sq4 skv12 hq2 dqk16 dv8 ih2 id16 k4' --impl ref --target AVX2", "--target applies to the simd path"},
+      {"run --model tiny-glm --seq 16 --impl ref --target AVX2", "--target applies to the simd path"},
+      // Empty values meant "not given" (--json "" wrote nothing, --problem "" ran the default).
+      {"run --problem ''", "--problem: an empty value"},
+      {"overlap --golden GOLDEN --json ''", "--json: an empty value"},
+      {"cost --preset glm-5.2 --json ''", "--json: an empty value"},
+  };
+  for (const auto& s : skipped) {
+    std::string c = s.cmd;
+    for (const auto& [from, to] : {std::pair<std::string, std::string>{"GOLDEN", kEdge.substr(0, kEdge.rfind('/')) + "/ties"},
+                                   {"OUT", out.substr(1)}})
+      if (const size_t at = c.find(from); at != std::string::npos) c.replace(at, from.size(), to);
+    CAPTURE(c);
+    refused(cli(c), {s.says});
+  }
   // Usage errors carry the same prefix and name the token.
   refused(cli("run --bogus"), {"--bogus"});
   refused(cli("bogus"), {"unknown command 'bogus'", "run, golden"});

@@ -69,9 +69,10 @@ void reject_given(const std::vector<std::string>& given, std::initializer_list<c
 // --layers, --seq and --seed overrides, when given: layers in [1, 10^6], seq in [1, 2^31 - 1],
 // seed >= 0 (a negative seed was taken as "not given").
 void check_overrides(const std::vector<std::string>& given, int64_t layers, int64_t seq, int64_t seed);
-// Adds a check to every integer option of `app`'s subcommands: the value must fit in int64
-// (CLI11 2.1 saturates 99999999999999999999 to 2^63 - 1 without a word).
-void strict_integers(CLI::App& app);
+// Adds checks to the options of `app`'s subcommands: an integer must fit in int64 (CLI11 2.1
+// saturates 99999999999999999999 to 2^63 - 1 without a word); a text value must not be empty
+// (--json "" meant "no JSON", --problem "" the default problem).
+void strict_values(CLI::App& app);
 // `streams` for the kernels of a resolved --impl ("ref" or "simd").
 bool impl_streams(const std::string& impl, const Problem& p);
 // The start of check_memory's remedies for a command with --impl (and --no-logits when

@@ -92,7 +92,7 @@ void check_overrides(const std::vector<std::string>& given, int64_t layers, int6
     require(1 <= seq && seq <= int64_t(INT32_MAX), "--seq must be in [1, 2^31 - 1], got " + std::to_string(seq));
 }
 
-void strict_integers(CLI::App& app) {
+void strict_values(CLI::App& app) {
   const CLI::Validator fits_int64(
       [](std::string& s) -> std::string {
         int64_t v = 0;
@@ -103,9 +103,13 @@ void strict_integers(CLI::App& app) {
         return std::string();
       },
       "INT64", "int64");
+  const CLI::Validator non_empty([](std::string& s) { return s.empty() ? std::string("an empty value") : std::string(); },
+                                 "", "non-empty");
   for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; }))
-    for (CLI::Option* o : sub->get_options())
+    for (CLI::Option* o : sub->get_options()) {
       if (o->get_type_name() == "INT") o->check(fits_int64);
+      if (o->get_type_name() == "TEXT") o->check(non_empty);
+    }
 }
 
 bool impl_streams(const std::string& impl, const Problem& p) {

@@ -121,6 +121,7 @@ struct BenchArgs {
   int64_t module_rows = 128;
   double budget = 15.0;
   std::string max_memory = "8G";
+  std::vector<std::string> given;  // the options on the command line
 };
 
 double now_s() {
@@ -300,6 +301,13 @@ int cmd_bench(const BenchArgs& a) {
   p.validate();
   const bool fp8 = p.indexer == IndexerMode::fp8;
   const bool do_stack = a.stack_seq > 0 && do_simd;
+  // Options of parts this run skips are refused, not ignored.
+  if (!do_simd)
+    reject_given(a.given, {"--threads", "--target", "--stack-seq", "--stack-sq", "--stack-topk"}, "--impl simd",
+                 "ref is single-threaded scalar code, and the stack runs on simd");
+  else if (a.stack_seq == 0)
+    reject_given(a.given, {"--stack-sq", "--stack-topk"}, "the stack", "--stack-seq 0 skips it");
+  if (a.module_preset == "none") reject_given(a.given, {"--module-rows"}, "the module stage", "--module-preset none skips it");
   const bool do_module = a.module_preset != "none";
   require(a.module_rows >= 1, "--module-rows must be >= 1, got " + std::to_string(a.module_rows));
   if (do_module) (void)model_preset(a.module_preset);  // an unknown name fails before any timing
@@ -678,7 +686,10 @@ Action register_bench(CLI::App& app) {
   c->add_option("--module-rows", a->module_rows, "Query rows of the module projections stage")->capture_default_str();
   c->add_option("--budget", a->budget, "Seconds after which a stage stops repeating (stack: 4x)")->capture_default_str();
   c->add_option("--max-memory", a->max_memory, "Refuse problems whose estimated memory exceeds this (e.g. 8G)")->capture_default_str();
-  return [c, a]() { return *c ? cmd_bench(*a) : -1; };
+  return [c, a]() {
+    a->given = given_options(*c);
+    return *c ? cmd_bench(*a) : -1;
+  };
 }
 
 }  // namespace indexshare::cli

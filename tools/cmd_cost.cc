@@ -31,6 +31,7 @@ struct CostArgs {
   std::string preset, config, contexts = kDefaultContexts, schedule, mode = "both", json_path;
   bool alternatives = false, print_config = false;
   CostOptions options;
+  std::vector<std::string> given;  // the options on the command line
 };
 
 // "4096,16K,1M": decimal integers, optional suffix K (x1024) or M (x1048576).
@@ -134,11 +135,15 @@ int cmd_cost(const CostArgs& a) {
   require(a.preset.empty() != a.config.empty(), "cost: give exactly one of --preset NAME or --config FILE");
   const ModelConfig cfg = a.preset.empty() ? load_config_json(a.config) : model_preset(a.preset);
   if (a.print_config) {
+    reject_given(a.given, {"--context", "--schedule", "--mode", "--json", "--alternatives", "--flops-per-mac",
+                           "--fp8-score-weight", "--topk-ops-per-key", "--mtp-layers", "--weight-bytes", "--prefill-tile"},
+                 "the cost tables", "--print-config prints the model config and exits");
     std::printf("%s", config_json_text(cfg).c_str());
     return 0;
   }
   require(a.mode == "decode" || a.mode == "prefill" || a.mode == "both",
           "--mode: expected decode, prefill or both, got '" + a.mode + "'");
+  if (a.mode == "decode") reject_given(a.given, {"--prefill-tile"}, "--mode prefill or both", "decode has no query tiles");
   a.options.validate();
   const std::vector<int64_t> contexts = parse_contexts(a.contexts);
   const Schedule sched = a.schedule.empty() ? cfg.resolve_schedule() : parse_schedule(a.schedule, cfg.n_layers);
@@ -221,7 +226,10 @@ Action register_cost(CLI::App& app) {
       ->capture_default_str();
   c->add_option("--prefill-tile", a->options.prefill_query_tile,
                 "Prefill queries sharing one read of the indexer k cache")->capture_default_str();
-  return [c, a]() { return *c ? cmd_cost(*a) : -1; };
+  return [c, a]() {
+    a->given = given_options(*c);
+    return *c ? cmd_cost(*a) : -1;
+  };
 }
 
 }  // namespace indexshare::cli

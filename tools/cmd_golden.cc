@@ -58,6 +58,7 @@ int cmd_golden(const GoldenArgs& a) {
     spec.sim = a.sim;
     spec.variant = a.variant;
     spec.simd = resolve_model_impl(a.impl, model_preset(spec.preset), spec.layers, spec.seq) == "simd";
+    if (!spec.simd) reject_given(a.given, {"--target"}, "the simd path", "this set is computed by ref; add --impl simd");
     ModelConfig cfg = model_preset(spec.preset);
     if (spec.layers > 0) cfg.n_layers = spec.layers;
     if (spec.seq > 0) cfg.seq = spec.seq;
@@ -96,6 +97,7 @@ int cmd_golden(const GoldenArgs& a) {
   require(a.preset.empty() != a.problem.empty(), "golden: give exactly one of --preset, --problem, --model and --from");
   reject_given(a.given, {"--schedule", "--sim", "--variant"}, "--model",
                "a kernel-level set takes them from its descriptor: sched=, sim=, the indexer mode");
+  if (!a.preset.empty()) reject_given(a.given, {"--kind"}, "--problem", "a preset has its own kind");
   std::string desc = a.problem, kind = a.kind;
   if (!a.preset.empty()) {
     const golden::Preset& pr = golden::preset(a.preset);
@@ -115,6 +117,7 @@ int cmd_golden(const GoldenArgs& a) {
   }
   const int64_t n_rows = a.rows_given ? int64_t(rows.size()) : p.s_q;
   const std::string impl = resolve_impl(a.impl, p, n_rows);
+  if (impl == "ref") reject_given(a.given, {"--target"}, "the simd path", "this set is computed by ref; add --impl simd");
   const bool streams = impl_streams(impl, p);
   const uint64_t max_bytes = parse_bytes(a.max_memory);
   check_memory(p, !a.no_logits, streams, max_bytes,

@@ -20,6 +20,7 @@ struct Source {  // where the layers come from: exactly one of the three
   std::string golden, problem, from, from_problem;
   std::string impl = "auto";  // the kernels of the recomputations: ref, simd, auto
   std::string max_memory = "8G";  // --problem: refused above this estimate, before generating
+  std::vector<std::string> given;  // the options on the command line
 };
 
 // --impl: the kernel table (the same bits either way); auto: simd for stacks whose indexer work
@@ -31,6 +32,9 @@ ref::Kernels kernels_for(const Source& s, const Problem& p) {
 golden::StackInputs load(const Source& s, bool all_indexers) {
   const int given = !s.golden.empty() + !s.problem.empty() + !s.from.empty();
   require(given == 1, "give exactly one of --golden, --problem and --from");
+  if (s.from.empty()) reject_given(s.given, {"--from-problem"}, "--from", "the other sources carry their own problem");
+  if (s.problem.empty())
+    reject_given(s.given, {"--max-memory"}, "--problem", "it estimates generated problems; --golden and --from read existing files");
   if (!s.golden.empty()) return golden::stack_inputs_of(golden::read(s.golden));
   if (!s.from.empty()) {
     std::string text = s.from_problem.empty() ? "sq1 skv1" : s.from_problem;
@@ -41,6 +45,9 @@ golden::StackInputs load(const Source& s, bool all_indexers) {
     return golden::load_stack_inputs(f, s.from, parse_problem(text));
   }
   Problem p = parse_problem(s.problem);
+  require(!all_indexers || p.sched == Problem{}.sched,
+          "search: the problem's sched=" + p.sched + " is not read (the search starts from all-Full and chooses the "
+          "Shared layers itself); leave sched= out");
   if (all_indexers) p.own = true;
   const bool streams = impl_streams(resolve_impl(s.impl, p), p);
   const uint64_t max_bytes = parse_bytes(s.max_memory);
@@ -133,7 +140,10 @@ Action register_overlap(CLI::App& app) {
   c->add_option("--svg-position", a->svg_position, "Write overlap vs query position (SVG)");
   c->add_option("--buckets", a->buckets, "Query-position buckets")->capture_default_str();
   c->add_flag("--no-shared-stats", a->no_shared_stats, "Skip the dense-attention statistics of Shared layers");
-  return [c, a]() { return *c ? cmd_overlap(*a) : -1; };
+  return [c, a]() {
+    a->src.given = given_options(*c);
+    return *c ? cmd_overlap(*a) : -1;
+  };
 }
 
 Action register_search(CLI::App& app) {
@@ -145,7 +155,10 @@ Action register_search(CLI::App& app) {
   c->add_option("--json", a->json, "Write the search as JSON");
   c->add_option("--csv", a->csv, "Write the loss per step as CSV");
   c->add_option("--svg", a->svg, "Write the loss curve (SVG)");
-  return [c, a]() { return *c ? cmd_search(*a) : -1; };
+  return [c, a]() {
+    a->src.given = given_options(*c);
+    return *c ? cmd_search(*a) : -1;
+  };
 }
 
 }  // namespace indexshare::cli

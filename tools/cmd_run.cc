@@ -89,6 +89,7 @@ int run_problem(const RunArgs& a) {
   std::vector<int64_t> rows = a.rows_given ? parse_rows(a.rows, p) : std::vector<int64_t>{};
   const int64_t n_rows = a.rows_given ? int64_t(rows.size()) : p.s_q;
   const std::string impl = resolve_impl(a.impl, p, n_rows);
+  if (impl == "ref") reject_given(a.given, {"--target"}, "the simd path", "this run uses ref; add --impl simd");
   const bool streams = impl_streams(impl, p);
   const uint64_t max_bytes = parse_bytes(a.max_memory);
   check_memory(p, false, streams, max_bytes,
@@ -136,6 +137,7 @@ int run_model(const RunArgs& a) {
   t0 = std::chrono::steady_clock::now();
   ref::ToyCache cache;
   const std::string impl = resolve_model_impl(a.impl, cfg, cfg.n_layers, cfg.seq);
+  if (impl == "ref") reject_given(a.given, {"--target"}, "the simd path", "this run uses ref; add --impl simd");
   const ref::ToyForward f = ref::forward(m, cache, ref::toy_hidden(cfg, uint64_t(a.seed), 0, cfg.seq),
                                          impl == "simd" ? simd::kernels() : ref::Kernels{});
   const double t_run = seconds_since(t0);
