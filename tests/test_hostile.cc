@@ -823,6 +823,20 @@ TEST_CASE("hostile: an option the chosen mode does not read, or an override out 
     CAPTURE(c);
     refused(cli(c), {s.says});
   }
+  // A model config with a duplicated key (the last one won) or that is a folder ("invalid JSON").
+  {
+    const std::string cfg = tmp / "cfg.json";
+    write_bytes(tmp / "cfg0.json", cli("cost --preset tiny-glm --print-config").out);
+    std::string text = read_bytes(tmp / "cfg0.json");
+    REQUIRE(text.find("\"n_layers\"") != std::string::npos);
+    text.replace(text.find("\"n_layers\""), 0, "\"n_layers\": 78, ");
+    write_bytes(cfg, text);
+    refused(cli("cost --config " + cfg), {cfg + ": duplicate key 'n_layers'"});
+    CHECK(cli("cost --config " + tmp / "cfg0.json").status == 0);
+    refused(cli("cost --config " + tmp.path.string()), {"not a regular file (a folder)"});
+    fs::remove(cfg);
+    fs::remove(tmp / "cfg0.json");
+  }
   // Usage errors carry the same prefix and name the token.
   refused(cli("run --bogus"), {"--bogus"});
   refused(cli("bogus"), {"unknown command 'bogus'", "run, golden"});

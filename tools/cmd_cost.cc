@@ -17,6 +17,7 @@
 #include "ref/error.h"
 #include "ref/schedule.h"
 #include "tools/cli.h"
+#include "tools/json_io.h"
 #include "tools/svg.h"
 
 namespace indexshare::cli {
@@ -133,7 +134,16 @@ void print_mode(CostMode mode, const ModelConfig& cfg, const Schedule& sched, co
 
 int cmd_cost(const CostArgs& a) {
   require(a.preset.empty() != a.config.empty(), "cost: give exactly one of --preset NAME or --config FILE");
-  const ModelConfig cfg = a.preset.empty() ? load_config_json(a.config) : model_preset(a.preset);
+  ModelConfig cfg;
+  if (a.preset.empty()) {
+    // A regular file of strict JSON first (a duplicated key silently took the last value, a folder
+    // read as "invalid JSON"), then the config's own fields.
+    const std::string text = io::read_text_file(a.config);
+    (void)io::parse_json_strict(text, a.config);
+    cfg = parse_config_json(text, a.config);
+  } else {
+    cfg = model_preset(a.preset);
+  }
   if (a.print_config) {
     reject_given(a.given, {"--context", "--schedule", "--mode", "--json", "--alternatives", "--flops-per-mac",
                            "--fp8-score-weight", "--topk-ops-per-key", "--mtp-layers", "--weight-bytes", "--prefill-tile"},

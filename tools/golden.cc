@@ -19,6 +19,7 @@
 #include "ref/numerics.h"
 #include "ref/stack.h"
 #include "ref/topk.h"
+#include "tools/json_io.h"
 #include "tools/paged.h"
 #include "simd/simd.h"
 
@@ -795,19 +796,7 @@ namespace {
   throw Error(path + ": " + what + ": " + std::strerror(errno));
 }
 
-std::string read_text(const std::string& path) {
-  // A regular file only: a folder opens and reads as empty ("unexpected end of input"), a FIFO
-  // would block the reader.
-  struct stat st;
-  if (::stat(path.c_str(), &st) != 0) os_error("cannot read", path);
-  if (!S_ISREG(st.st_mode))
-    throw Error(path + ": not a regular file (" + (S_ISDIR(st.st_mode) ? "a folder" : "a FIFO, socket or device") + ")");
-  std::ifstream f(path, std::ios::binary);
-  if (!f) os_error("cannot read", path);
-  std::ostringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
+std::string read_text(const std::string& path) { return io::read_text_file(path); }
 
 void write_text(const std::string& path, const std::string& text) {
   FILE* f = std::fopen(path.c_str(), "wb");
@@ -891,76 +880,6 @@ const io::TensorView& Loaded::get(const std::string& name) const {
 }
 
 namespace {
-// The JSON of a manifest, parsed with the approach of the safetensors header reader
-// (tools/safetensors.cc, whose handler is private to that file): nlohmann's own DOM builder driven
-// through SAX, refusing a duplicate key at any depth (the DOM builder keeps the last one silently,
-// and JSON readers disagree on which counts) with its path, and nesting deeper than 64 levels (a
-// manifest nests 5 deep).
-class ManifestSax {
- public:
-  ManifestSax(json& root, const std::string& file) : dom_(root, /*allow_exceptions=*/true), file_(file) {}
-
-  bool null() { element(); return dom_.null(); }
-  bool boolean(bool v) { element(); return dom_.boolean(v); }
-  bool number_integer(json::number_integer_t v) { element(); return dom_.number_integer(v); }
-  bool number_unsigned(json::number_unsigned_t v) { element(); return dom_.number_unsigned(v); }
-  bool number_float(json::number_float_t v, const json::string_t& s) { element(); return dom_.number_float(v, s); }
-  bool string(json::string_t& v) { element(); return dom_.string(v); }
-  bool binary(json::binary_t& v) { element(); return dom_.binary(v); }
-  bool start_object(std::size_t n) { element(); open(false); return dom_.start_object(n); }
-  bool key(json::string_t& k) {
-    Frame& f = stack_.back();
-    if (!f.keys.insert(k).second) throw Error(file_ + ": duplicate key '" + path() + k + "' (each key may appear once)");
-    f.key = k;
-    return dom_.key(k);
-  }
-  bool end_object() { stack_.pop_back(); return dom_.end_object(); }
-  bool start_array(std::size_t n) { element(); open(true); return dom_.start_array(n); }
-  bool end_array() { stack_.pop_back(); return dom_.end_array(); }
-  template <class Exception>
-  bool parse_error(std::size_t position, const std::string& token, const Exception& ex) {
-    return dom_.parse_error(position, token, ex);  // throws ex
-  }
-
- private:
-  struct Frame {  // an open object or array; `label` is how its parent names it
-    bool array = false;
-    std::set<std::string> keys;
-    std::string key, label;
-    size_t next = 0;
-  };
-  void element() {
-    if (!stack_.empty() && stack_.back().array) ++stack_.back().next;
-  }
-  void open(bool array) {
-    if (stack_.size() >= 64) throw Error(file_ + ": invalid JSON: nested deeper than 64 levels");
-    Frame f;
-    f.array = array;
-    if (!stack_.empty()) f.label = stack_.back().array ? "[" + std::to_string(stack_.back().next - 1) + "]" : stack_.back().key;
-    stack_.push_back(std::move(f));
-  }
-  std::string path() const {  // of the innermost open object, "config." or "tensors[3]."
-    std::string p;
-    for (size_t i = 1; i < stack_.size(); ++i)
-      p += (stack_[i].label.rfind('[', 0) == 0 || p.empty() ? "" : ".") + stack_[i].label;
-    return p.empty() ? p : p + ".";
-  }
-
-  nlohmann::detail::json_sax_dom_parser<json> dom_;
-  const std::string& file_;
-  std::vector<Frame> stack_;
-};
-
-json parse_manifest(const std::string& text, const std::string& mpath) {
-  json root;
-  ManifestSax sax(root, mpath);
-  try {
-    json::sax_parse(text, &sax, json::input_format_t::json, /*strict=*/true, /*ignore_comments=*/false);
-  } catch (const json::exception& e) {
-    throw Error(mpath + ": invalid JSON: " + e.what());
-  }
-  return root;
-}
 
 // The manifest fields the tools rely on: present, of the right type and range, and consistent
 // with the tensors and with each other. Every refusal names the manifest and the field.
@@ -1212,7 +1131,7 @@ Loaded read(const std::string& dir) {
   const std::string mpath = dir + "/manifest.json";
   std::error_code ec;
   require(fs::is_directory(dir, ec), dir + ": not a golden set folder");
-  g.manifest = parse_manifest(read_text(mpath), mpath);
+  g.manifest = io::parse_json_strict(read_text(mpath), mpath);
   auto field = [&](const char* name) -> const json& {
     if (!g.manifest.is_object() || !g.manifest.contains(name)) throw Error(mpath + ": field '" + name + "' is missing");
     return g.manifest[name];
