@@ -11,12 +11,6 @@
 
 namespace indexshare::cmp {
 
-namespace {
-
-constexpr double kBf16U = 0x1p-8;   // bf16 unit roundoff
-constexpr double kF32E = 0x1p-24;   // f32 unit roundoff
-constexpr double kFp8AccU = 0x1p-14;  // Hopper FP8 tensor-core accumulation, ~14 bits
-
 std::vector<int64_t> unflatten(int64_t flat, const Shape& shape) {
   std::vector<int64_t> idx(shape.size());
   for (size_t d = shape.size(); d-- > 0;) {
@@ -25,6 +19,12 @@ std::vector<int64_t> unflatten(int64_t flat, const Shape& shape) {
   }
   return idx;
 }
+
+namespace {
+
+constexpr double kBf16U = 0x1p-8;   // bf16 unit roundoff
+constexpr double kF32E = 0x1p-24;   // f32 unit roundoff
+constexpr double kFp8AccU = 0x1p-14;  // Hopper FP8 tensor-core accumulation, ~14 bits
 
 const char* fclass(float v) {
   if (std::isnan(v)) return "NaN";

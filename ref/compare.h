@@ -31,6 +31,8 @@ using ref::AttentionOut;
 
 enum class Verdict { pass, fail, mistrusted };
 std::string verdict_name(Verdict v);  // "PASS", "FAIL", "MISTRUSTED"
+// The multi-dimensional index of row-major element `flat` of a tensor of `shape`.
+std::vector<int64_t> unflatten(int64_t flat, const Shape& shape);
 
 struct Mismatch {
   std::vector<int64_t> index;  // multi-dimensional index into the tensor

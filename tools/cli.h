@@ -62,10 +62,13 @@ uint64_t estimate_model_bytes(const ModelConfig& cfg, bool golden);
 void check_model_memory(const ModelConfig& cfg, uint64_t max_bytes, bool golden);
 // The options given on a subcommand's command line (long names, "--seq"), for the checks below.
 std::vector<std::string> given_options(const CLI::App& c);
+bool was_given(const std::vector<std::string>& given, const std::string& name);
 // Error naming the first of `names` that was given: "--seq applies to --model only (<why>)", so
 // that an option the chosen mode does not read is never silently ignored.
 void reject_given(const std::vector<std::string>& given, std::initializer_list<const char*> names,
                   const std::string& applies_to, const std::string& why);
+// --target where the computation resolved to ref (it would be read by nothing).
+void reject_target_on_ref(const std::vector<std::string>& given, const std::string& impl);
 // --layers, --seq and --seed overrides, when given: layers in [1, 10^6], seq in [1, 2^31 - 1],
 // seed >= 0 (a negative seed was taken as "not given").
 void check_overrides(const std::vector<std::string>& given, int64_t layers, int64_t seq, int64_t seed);

@@ -76,19 +76,25 @@ std::vector<std::string> given_options(const CLI::App& c) {
   return given;
 }
 
+bool was_given(const std::vector<std::string>& given, const std::string& name) {
+  return std::find(given.begin(), given.end(), name) != given.end();
+}
+
 void reject_given(const std::vector<std::string>& given, std::initializer_list<const char*> names,
                   const std::string& applies_to, const std::string& why) {
   for (const char* n : names)
-    require(std::find(given.begin(), given.end(), n) == given.end(),
-            std::string(n) + " applies to " + applies_to + " only (" + why + ")");
+    require(!was_given(given, n), std::string(n) + " applies to " + applies_to + " only (" + why + ")");
+}
+
+void reject_target_on_ref(const std::vector<std::string>& given, const std::string& impl) {
+  if (impl == "ref") reject_given(given, {"--target"}, "the simd path", "this computation runs on ref; add --impl simd");
 }
 
 void check_overrides(const std::vector<std::string>& given, int64_t layers, int64_t seq, int64_t seed) {
-  const auto has = [&](const char* n) { return std::find(given.begin(), given.end(), n) != given.end(); };
-  if (has("--seed")) require(seed >= 0, "--seed must be >= 0, got " + std::to_string(seed));
-  if (has("--layers"))
+  if (was_given(given, "--seed")) require(seed >= 0, "--seed must be >= 0, got " + std::to_string(seed));
+  if (was_given(given, "--layers"))
     require(1 <= layers && layers <= 1000000, "--layers must be in [1, 10^6], got " + std::to_string(layers));
-  if (has("--seq"))
+  if (was_given(given, "--seq"))
     require(1 <= seq && seq <= int64_t(INT32_MAX), "--seq must be in [1, 2^31 - 1], got " + std::to_string(seq));
 }
 

@@ -620,10 +620,9 @@ int cmd_bench(const BenchArgs& a) {
     std::vector<double> pairs;
     for (size_t i = 0; i < runs[0].samples.size() && i < runs[1].samples.size(); ++i)
       pairs.push_back(runs[0].samples[i] / runs[1].samples[i] / predicted);
-    std::vector<double> sorted = pairs;
-    std::sort(sorted.begin(), sorted.end());
+    const auto [lo, hi] = std::minmax_element(pairs.begin(), pairs.end());
     std::printf("          per alternating pair: %zu pair(s), measured/predicted %.1f%% to %.1f%% (median %.1f%%)\n",
-                pairs.size(), 100 * sorted.front(), 100 * sorted.back(), 100 * median(pairs));
+                pairs.size(), 100 * *lo, 100 * *hi, 100 * median(pairs));
     j["stack"] = {{"problem", to_string(shown)}, {"runs", sj}, {"measured_speedup", measured},
                   {"predicted_speedup", predicted}, {"measured_over_predicted", stack_ratio},
                   {"pair_measured_over_predicted", pairs}};

@@ -22,8 +22,8 @@ struct GoldenArgs {
   int64_t seed = -1;
   float sim = 0.8f;
   bool no_logits = false, force = false;
-  bool rows_given = false;  // --rows was on the command line (even as an empty string)
   std::vector<std::string> given;  // the options on the command line
+  bool rows_given = false;         // --rows among them
 };
 
 std::string quote(const std::string& s) { return "\"" + s + "\""; }
@@ -58,7 +58,7 @@ int cmd_golden(const GoldenArgs& a) {
     spec.sim = a.sim;
     spec.variant = a.variant;
     spec.simd = resolve_model_impl(a.impl, model_preset(spec.preset), spec.layers, spec.seq) == "simd";
-    if (!spec.simd) reject_given(a.given, {"--target"}, "the simd path", "this set is computed by ref; add --impl simd");
+    reject_target_on_ref(a.given, spec.simd ? "simd" : "ref");
     ModelConfig cfg = model_preset(spec.preset);
     if (spec.layers > 0) cfg.n_layers = spec.layers;
     if (spec.seq > 0) cfg.seq = spec.seq;
@@ -117,7 +117,7 @@ int cmd_golden(const GoldenArgs& a) {
   }
   const int64_t n_rows = a.rows_given ? int64_t(rows.size()) : p.s_q;
   const std::string impl = resolve_impl(a.impl, p, n_rows);
-  if (impl == "ref") reject_given(a.given, {"--target"}, "the simd path", "this set is computed by ref; add --impl simd");
+  reject_target_on_ref(a.given, impl);
   const bool streams = impl_streams(impl, p);
   const uint64_t max_bytes = parse_bytes(a.max_memory);
   check_memory(p, !a.no_logits, streams, max_bytes,
@@ -153,13 +153,13 @@ Action register_golden(CLI::App& app) {
   c->add_option("--impl", a->impl, "Implementation: ref, simd or auto (the same bytes; auto takes simd for large problems)")->capture_default_str();
   c->add_option("--target", a->target, "Highway target for simd (default best)");
   c->add_option("--max-memory", a->max_memory, "Refuse problems whose estimated memory exceeds this (e.g. 8G)")->capture_default_str();
-  CLI::Option* rows = c->add_option("--rows", a->rows, "Sampled set of these query rows, e.g. 0,17,100-131,last:64,every:1024 (kind stack)");
+  c->add_option("--rows", a->rows, "Sampled set of these query rows, e.g. 0,17,100-131,last:64,every:1024 (kind stack)");
   c->add_flag("--no-logits", a->no_logits, "Leave out the [s_q, s_kv] indexer logits");
   c->add_flag("--force", a->force, "Replace an existing golden set in --out");
   c->add_option("--out,-o", a->out, "Output folder (written atomically)");
-  return [c, a, rows]() {
-    a->rows_given = rows->count() > 0;
+  return [c, a]() {
     a->given = given_options(*c);
+    a->rows_given = was_given(a->given, "--rows");
     return *c ? cmd_golden(*a) : -1;
   };
 }

@@ -33,8 +33,8 @@ struct RunArgs {
   std::string problem, model, schedule, impl = "auto", variant = "deepseek_fp8", target, max_memory = "8G", rows;
   int64_t layers = 0, seq = 0, seed = 1;
   float sim = 0.8f;
-  bool rows_given = false;  // --rows was on the command line (even as an empty string)
   std::vector<std::string> given;  // the options on the command line
+  bool rows_given = false;         // --rows among them
 };
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
@@ -89,7 +89,7 @@ int run_problem(const RunArgs& a) {
   std::vector<int64_t> rows = a.rows_given ? parse_rows(a.rows, p) : std::vector<int64_t>{};
   const int64_t n_rows = a.rows_given ? int64_t(rows.size()) : p.s_q;
   const std::string impl = resolve_impl(a.impl, p, n_rows);
-  if (impl == "ref") reject_given(a.given, {"--target"}, "the simd path", "this run uses ref; add --impl simd");
+  reject_target_on_ref(a.given, impl);
   const bool streams = impl_streams(impl, p);
   const uint64_t max_bytes = parse_bytes(a.max_memory);
   check_memory(p, false, streams, max_bytes,
@@ -137,7 +137,7 @@ int run_model(const RunArgs& a) {
   t0 = std::chrono::steady_clock::now();
   ref::ToyCache cache;
   const std::string impl = resolve_model_impl(a.impl, cfg, cfg.n_layers, cfg.seq);
-  if (impl == "ref") reject_given(a.given, {"--target"}, "the simd path", "this run uses ref; add --impl simd");
+  reject_target_on_ref(a.given, impl);
   const ref::ToyForward f = ref::forward(m, cache, ref::toy_hidden(cfg, uint64_t(a.seed), 0, cfg.seq),
                                          impl == "simd" ? simd::kernels() : ref::Kernels{});
   const double t_run = seconds_since(t0);
@@ -177,11 +177,11 @@ Action register_run(CLI::App& app) {
   c->add_option("--variant", a->variant, "Indexer: deepseek_fp8 or hf_bf16 (--model)")->capture_default_str();
   c->add_option("--impl", a->impl, "Implementation: ref, simd or auto (simd for large problems)")->capture_default_str();
   c->add_option("--target", a->target, "Highway target for simd: best, AVX3, AVX2, SSE4, ... (default best)");
-  CLI::Option* rows = c->add_option("--rows", a->rows, "Only these query rows, e.g. 0,17,100-131,last:64,every:1024 (outputs equal the full problem's rows)");
+  c->add_option("--rows", a->rows, "Only these query rows, e.g. 0,17,100-131,last:64,every:1024 (outputs equal the full problem's rows)");
   c->add_option("--max-memory", a->max_memory, "Refuse problems whose estimated memory exceeds this (e.g. 8G)")->capture_default_str();
-  return [c, a, rows]() {
-    a->rows_given = rows->count() > 0;
+  return [c, a]() {
     a->given = given_options(*c);
+    a->rows_given = was_given(a->given, "--rows");
     return *c ? cmd_run(*a) : -1;
   };
 }

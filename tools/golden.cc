@@ -591,16 +591,6 @@ std::string layout_str(io::DType dtype, const Shape& shape) {
   return s + "]";
 }
 
-// The multi-dimensional index of flat element i, "[a,b,c]".
-std::string index_of(const Shape& shape, int64_t i) {
-  Shape idx(shape.size());
-  for (size_t d = shape.size(); d-- > 0;) {
-    idx[d] = shape[d] ? i % shape[d] : 0;
-    i = shape[d] ? i / shape[d] : 0;
-  }
-  return shape_str(idx);
-}
-
 // Refuses NaN (and +-inf unless allowed) in a float input, naming the file, the tensor and the
 // first bad element. Classified from the bits: bf16 exponent all ones; e4m3fn has no inf, its NaN
 // is S.1111.111.
@@ -617,7 +607,7 @@ void require_finite(const Tensor<T>& t, const std::string& file, const std::stri
   for (int64_t i = 0; i < t.numel(); ++i) {
     if (!nonfinite(t[i], allow_inf)) continue;
     const float v = value_of(t[i]);
-    throw Error(file + ": tensor '" + name + "': element " + index_of(t.shape, i) + " is " +
+    throw Error(file + ": tensor '" + name + "': element " + shape_str(cmp::unflatten(i, t.shape)) + " is " +
                 (std::isnan(v) ? "NaN" : v > 0 ? "+inf" : "-inf") +
                 (allow_inf ? " (NaN is not a valid value here)" : " (inputs must be finite)"));
   }
@@ -796,8 +786,6 @@ namespace {
   throw Error(path + ": " + what + ": " + std::strerror(errno));
 }
 
-std::string read_text(const std::string& path) { return io::read_text_file(path); }
-
 void write_text(const std::string& path, const std::string& text) {
   FILE* f = std::fopen(path.c_str(), "wb");
   if (!f) os_error("cannot write", path);
@@ -831,7 +819,7 @@ void write(const std::string& dir, GoldenSet set, bool force) {
               dir + ": --force replaces only a golden set (no manifest.json there)");
       json m;
       try {
-        m = json::parse(read_text((target / "manifest.json").string()));
+        m = json::parse(io::read_text_file((target / "manifest.json").string()));
       } catch (const json::exception&) {
       }
       require(m.is_object() && m.contains("format") && m["format"] == "indexshare-golden",
@@ -1131,7 +1119,7 @@ Loaded read(const std::string& dir) {
   const std::string mpath = dir + "/manifest.json";
   std::error_code ec;
   require(fs::is_directory(dir, ec), dir + ": not a golden set folder");
-  g.manifest = io::parse_json_strict(read_text(mpath), mpath);
+  g.manifest = io::parse_json_strict(io::read_text_file(mpath), mpath);
   auto field = [&](const char* name) -> const json& {
     if (!g.manifest.is_object() || !g.manifest.contains(name)) throw Error(mpath + ": field '" + name + "' is missing");
     return g.manifest[name];

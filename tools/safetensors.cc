@@ -408,17 +408,10 @@ SafetensorsFile read_safetensors(const std::string& path, uint64_t max_bytes) {
 
 void check_output_path(const std::string& path) {
   require(!path.empty(), "an output path is empty");
+  // status() follows links: a link to a regular file may be replaced, a dangling one is not_found.
   std::error_code ec;
-  const std::filesystem::file_status st = std::filesystem::symlink_status(path, ec);
-  if (st.type() == std::filesystem::file_type::not_found) return;
-  if (st.type() == std::filesystem::file_type::symlink) {  // the rename would replace the link
-    const std::filesystem::file_status target = std::filesystem::status(path, ec);
-    require(target.type() == std::filesystem::file_type::not_found ||
-                target.type() == std::filesystem::file_type::regular,
-            path + ": exists and is not a regular file (an output replaces only a file)");
-    return;
-  }
-  require(st.type() == std::filesystem::file_type::regular,
+  const std::filesystem::file_type t = std::filesystem::status(path, ec).type();
+  require(t == std::filesystem::file_type::not_found || t == std::filesystem::file_type::regular,
           path + ": exists and is not a regular file (an output replaces only a file)");
 }
 
