@@ -484,6 +484,35 @@ void ExpArray(const double* x, double* y, int64_t n) {
   }
 }
 
+// Pass 2 for kV vectors of heads side by side (independent chains, so the exps of both overlap):
+// per lane, ref's loop for its head, i ascending: the maximum m (from -inf, x replaces m where
+// m < x, as std::max(m, x)), then p = exp_portable(p - m) stored back and summed into l.
+template <size_t kV>
+HWY_INLINE void SoftmaxStats(double* HWY_RESTRICT p, int64_t hs, int64_t n, double* HWY_RESTRICT mx,
+                             double* HWY_RESTRICT l) {
+  const DF64 d;
+  const int64_t N = int64_t(hn::Lanes(d));
+  VF64 mv[kV], sv[kV];
+  for (size_t u = 0; u < kV; ++u) mv[u] = hn::Set(d, -std::numeric_limits<double>::infinity());
+  for (int64_t i = 0; i < n; ++i)
+    for (size_t u = 0; u < kV; ++u) {
+      const VF64 x = hn::Load(d, p + i * hs + int64_t(u) * N);
+      mv[u] = hn::IfThenElse(hn::Lt(mv[u], x), x, mv[u]);
+    }
+  for (size_t u = 0; u < kV; ++u) sv[u] = hn::Zero(d);
+  for (int64_t i = 0; i < n; ++i)
+    for (size_t u = 0; u < kV; ++u) {
+      double* pi = p + i * hs + int64_t(u) * N;
+      const VF64 e = ExpPortable(d, hn::Sub(hn::Load(d, pi), mv[u]));
+      hn::Store(e, d, pi);
+      sv[u] = hn::Add(sv[u], e);
+    }
+  for (size_t u = 0; u < kV; ++u) {
+    hn::Store(mv[u], d, mx + int64_t(u) * N);
+    hn::Store(sv[u], d, l + int64_t(u) * N);
+  }
+}
+
 // Query rows [t0, t1), all heads, with this call's own scratch. No OpenMP in here: the caller
 // (the HWY_ONCE part) splits the rows into chunks across threads. An OpenMP region inside a target
 // function is outlined by the compiler into a function that need not carry the target's
@@ -606,24 +635,11 @@ void AttentionChunk(const detail::AttentionView& v, int64_t t0, int64_t t1, floa
                 pbuf.get() + i0 * hs + h0, hs);
       clk.lap(&ph.qk_tiles);
     }
-    // Pass 2: softmax statistics, lanes over heads (each lane performs ref's operations for its
-    // head, i ascending): the maximum (from -inf, x replaces m where m < x, as std::max(m, x)),
-    // then p = exp_portable(p - m) stored back and summed into l.
-    for (int64_t h0 = 0; h0 < hs; h0 += N) {
-      double* p = pbuf.get() + h0;
-      VF64 mv = hn::Set(d, -std::numeric_limits<double>::infinity());
-      for (int64_t i = 0; i < n; ++i) {
-        const VF64 x = hn::Load(d, p + i * hs);
-        mv = hn::IfThenElse(hn::Lt(mv, x), x, mv);
-      }
-      VF64 sv = hn::Zero(d);
-      for (int64_t i = 0; i < n; ++i) {
-        const VF64 e = ExpPortable(d, hn::Sub(hn::Load(d, p + i * hs), mv));
-        hn::Store(e, d, p + i * hs);
-        sv = hn::Add(sv, e);
-      }
-      hn::Store(mv, d, mx.get() + h0);
-      hn::Store(sv, d, l.get() + h0);
+    // Pass 2: softmax statistics, lanes over heads (SoftmaxStats), two vectors of heads at a time.
+    {
+      int64_t h0 = 0;
+      for (; h0 + 2 * N <= hs; h0 += 2 * N) SoftmaxStats<2>(pbuf.get() + h0, hs, n, mx.get() + h0, l.get() + h0);
+      for (; h0 < hs; h0 += N) SoftmaxStats<1>(pbuf.get() + h0, hs, n, mx.get() + h0, l.get() + h0);
     }
     for (int64_t h = 0; h < h_q; ++h) {
       const double lse = mx[h] + std::log(l[h]);
