@@ -70,8 +70,8 @@ constexpr size_t kDotHeads = 2, kDotKeys = 2;
 // vectors, 24 columns that straddle lines, measured 5 % slower at h_q 16, 3 % at h_q 64).
 constexpr size_t kPVVecs = 4, kPVHeads = 4;
 #else
-// A slice is a whole number of 8-column groups (the key-block layout): 8 single-lane vectors on
-// SCALAR, 4 elsewhere.
+// A slice is a whole number of 8-column groups (the unit of DecodeBf16Blocks): 8 single-lane
+// vectors on SCALAR, 4 elsewhere.
 constexpr size_t kPVVecs = HWY_LANES(double) >= 2 ? 4 : 8, kPVHeads = 2;
 #endif
 static_assert((kPVVecs * HWY_LANES(double)) % kParts == 0, "a P.V slice must be whole 8-column groups");
@@ -84,7 +84,7 @@ constexpr int64_t kPrefetchRows = int64_t(kDotKeys);
 // The key-block layout: row i of a list, column c at
 //   base[(i / kDotKeys) * kDotKeys * cols + (c / 8) * kDotKeys * 8 + (i % kDotKeys) * 8 + c % 8]
 // (cols a multiple of 8): a block of kDotKeys rows has its 8-column groups side by side, the
-// operand stream of DotTile, and a run of 8 columns of one row is one aligned vector for PVTile.
+// operand stream of DotTile. (P.V's slices are plain row-major: PVTile reads whole rows.)
 HWY_INLINE double* KeyBlockAt(double* base, int64_t cols, int64_t i) {
   return base + (i / int64_t(kDotKeys)) * int64_t(kDotKeys) * cols + (i % int64_t(kDotKeys)) * int64_t(kParts);
 }
@@ -312,11 +312,11 @@ HWY_INLINE void DotTile(const double* HWY_RESTRICT qt, const double* HWY_RESTRIC
 
 // acc[h][0 .. kVecs * N) = fma(p[i * ps + h], V_i[vc0 + same columns], acc) for i ascending in [0, rn):
 // p points at the tile's first head in key-major P (ps doubles per key), V_i is row i of a
-// key-block buffer (KeyBlockAt(base, cols, i), cols >= vc0 + kVecs * N), acc[h] points at the
+// row-major slice buffer (row i at base + i * cols, cols >= vc0 + kVecs * N), acc[h] points at the
 // tile's first column. kVecs = kPVVecs but in the last, narrower slice.
-// kDecode (AVX3 only): V is not read from base but decoded from the bf16 rows src[i] + vc0 as the
-// tile goes, and stored at its place in base (then a plain key-block buffer with vc0 = 0 as seen
-// by the following tiles): the first head tile of a slice hides the decode among its FMAs.
+// kDecode (AVX3 only, vc0 = 0): V is not read from base but decoded from the bf16 rows src[i]
+// (pointing at the slice's first column) as the tile goes, and stored into base for the following
+// tiles: the first head tile of a slice hides the decode among its FMAs.
 template <size_t kHeads, size_t kVecs, bool kDecode = false>
 HWY_INLINE void PVTile(const double* HWY_RESTRICT p, int64_t ps, const double* HWY_RESTRICT base, int64_t cols,
                        int64_t vc0, int64_t rn, double* const* HWY_RESTRICT acc,
@@ -324,37 +324,28 @@ HWY_INLINE void PVTile(const double* HWY_RESTRICT p, int64_t ps, const double* H
   (void)src;  // read only by the kDecode tile on AVX3
   const DF64 d;
   const int64_t N = int64_t(hn::Lanes(d));
-  int64_t off[kVecs];  // offset of each vector of columns within a row of a block
-  for (size_t u = 0; u < kVecs; ++u) {
-    const int64_t c = vc0 + int64_t(u) * N;
-    off[u] = (c / int64_t(kParts)) * int64_t(kDotKeys * kParts) + c % int64_t(kParts);
-  }
 #if HWY_NATIVE_FMA
   // No lambdas or helpers that take the accumulators by reference: GCC then keeps them in memory.
   VF64 a[kHeads][kVecs];
   for (size_t h = 0; h < kHeads; ++h)
     for (size_t u = 0; u < kVecs; ++u) a[h][u] = hn::Load(d, acc[h] + int64_t(u) * N);
-  for (int64_t b0 = 0; b0 < rn; b0 += int64_t(kDotKeys)) {  // blocks of kDotKeys rows
-    const double* HWY_RESTRICT blk = base + b0 * cols;
-    const int64_t kn = std::min(int64_t(kDotKeys), rn - b0);
-    for (int64_t k = 0; k < kn; ++k) {
-      const double* HWY_RESTRICT vrow = blk + k * int64_t(kParts);
-      VF64 vv[kVecs];
-      if constexpr (kDecode && kDecodeInTile) {
+  for (int64_t i = 0; i < rn; ++i) {
+    const double* HWY_RESTRICT vrow = base + i * cols + vc0;
+    VF64 vv[kVecs];
+    if constexpr (kDecode && kDecodeInTile) {
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
-        for (size_t u = 0; u < kVecs; ++u) {
-          vv[u] = Bf16x8Vec(src[b0 + k] + vc0 + int64_t(u) * N);
-          hn::Store(vv[u], d, const_cast<double*>(vrow) + int64_t(u) * int64_t(kDotKeys * kParts));
-        }
+      for (size_t u = 0; u < kVecs; ++u) {
+        vv[u] = Bf16x8Vec(src[i] + int64_t(u) * N);
+        hn::Store(vv[u], d, const_cast<double*>(vrow) + int64_t(u) * N);
+      }
 #endif
-      } else {
-        for (size_t u = 0; u < kVecs; ++u) vv[u] = hn::Load(d, vrow + off[u]);
-      }
-      const double* HWY_RESTRICT pi = p + (b0 + k) * ps;  // the tile's heads of row b0 + k
-      for (size_t h = 0; h < kHeads; ++h) {
-        const VF64 pb = hn::Set(d, pi[h]);
-        for (size_t u = 0; u < kVecs; ++u) a[h][u] = hn::MulAdd(pb, vv[u], a[h][u]);
-      }
+    } else {
+      for (size_t u = 0; u < kVecs; ++u) vv[u] = hn::Load(d, vrow + int64_t(u) * N);
+    }
+    const double* HWY_RESTRICT pi = p + i * ps;  // the tile's heads of row i
+    for (size_t h = 0; h < kHeads; ++h) {
+      const VF64 pb = hn::Set(d, pi[h]);
+      for (size_t u = 0; u < kVecs; ++u) a[h][u] = hn::MulAdd(pb, vv[u], a[h][u]);
     }
   }
   for (size_t h = 0; h < kHeads; ++h)
@@ -363,20 +354,19 @@ HWY_INLINE void PVTile(const double* HWY_RESTRICT p, int64_t ps, const double* H
   // No fused multiply-add instruction on this target: Highway's MulAdd would round twice.
   for (size_t h = 0; h < kHeads; ++h)
     for (int64_t i = 0; i < rn; ++i) {
-      const double* vrow = base + (i / int64_t(kDotKeys)) * int64_t(kDotKeys) * cols + (i % int64_t(kDotKeys)) * int64_t(kParts);
-      for (size_t u = 0; u < kVecs; ++u)
-        for (int64_t l = 0; l < N; ++l) {
-          double& y = acc[h][int64_t(u) * N + l];
-          y = std::fma(p[i * ps + int64_t(h)], vrow[off[u] + l], y);
-        }
+      const double* vrow = base + i * cols + vc0;
+      for (int64_t c = 0; c < int64_t(kVecs) * N; ++c) {
+        double& y = acc[h][c];
+        y = std::fma(p[i * ps + int64_t(h)], vrow[c], y);
+      }
     }
 #endif
 }
 
 // Every head tile over one slice of columns: acc[h][c0, c0 + kVecs N) += sum over rows [0, rn) of
-// P[r0 + i][h] * V_i[vc0 + (0, kVecs N)] (P key-major, ps doubles per key), V_i in a key-block
-// buffer. With src (AVX3, a full first head tile, vc0 = 0), that tile first decodes V_i from the
-// bf16 rows src[i] + c0 into base.
+// P[r0 + i][h] * V_i[vc0 + (0, kVecs N)] (P key-major, ps doubles per key), V_i in a row-major
+// slice buffer. With src (AVX3, a full first head tile, vc0 = 0), that tile first decodes V_i
+// from the bf16 rows src[i] into base.
 template <size_t kVecs>
 HWY_INLINE void PVHeads(const double* pbuf, int64_t ps, int64_t r0, int64_t h_q, const double* base,
                         int64_t cols, int64_t vc0, int64_t rn, int64_t c0, int64_t dvp, double* acc,
@@ -387,7 +377,7 @@ HWY_INLINE void PVHeads(const double* pbuf, int64_t ps, int64_t r0, int64_t h_q,
     double* as[kPVHeads];
     for (size_t e = 0; e < kPVHeads; ++e) as[e] = acc + (h + int64_t(e)) * dvp + c0;
     if (h == 0 && src)
-      PVTile<kPVHeads, kVecs, true>(p + h, ps, base, cols, c0, rn, as, src);
+      PVTile<kPVHeads, kVecs, true>(p + h, ps, base, cols, 0, rn, as, src);
     else
       PVTile<kPVHeads, kVecs>(p + h, ps, base, cols, vc0, rn, as);
   }
@@ -397,18 +387,18 @@ HWY_INLINE void PVHeads(const double* pbuf, int64_t ps, int64_t r0, int64_t h_q,
   }
 }
 
-// Rows per P.V sub-chunk: a multiple of kDotKeys such that one slice of V (sub x cw doubles) and
-// the P of those rows (sub x ps doubles, ps per key) stay in L1 while every head tile passes over
-// them. The accumulators go through memory between sub-chunks; ref's order is per element,
-// i ascending, so this changes no bit.
+// Rows per P.V sub-chunk: such that one slice of V (sub x cw doubles) and the P of those rows
+// (sub x ps doubles, ps per key) stay in L1 while every head tile passes over them. The
+// accumulators go through memory between sub-chunks; ref's order is per element, i ascending, so
+// this changes no bit.
 HWY_INLINE int64_t PVSubRows(int64_t ps, int64_t cw) {
   const int64_t fit = int64_t(kPVL1Bytes) / (int64_t(sizeof(double)) * (cw + ps));
-  return std::max<int64_t>(int64_t(kDotKeys), fit / int64_t(kDotKeys) * int64_t(kDotKeys));
+  return std::max<int64_t>(8, fit / 8 * 8);
 }
 
 // acc[h][0, dvp) += P.V over all n rows, V gathered again from kv: per sub-chunk of rows and slice
-// of columns, the slice is decoded into an L1 buffer (key-block layout, cw columns) that every head
-// tile then reads; the next sub-chunk's lines of the same columns are prefetched into L2 meanwhile.
+// of columns, the slice is decoded into an L1 buffer (row-major, cw columns) that every head tile
+// then reads; the next sub-chunk's lines of the same columns are prefetched into L2 meanwhile.
 HWY_INLINE void PVFromRows(const double* pbuf, int64_t ps, int64_t h_q, const uint16_t* kv, int64_t d_qk,
                            int64_t d_v, const std::vector<int64_t>& rows, int64_t dvp, double* slice,
                            double* acc, detail::PhaseClock& clk, AttentionPhases& ph) {
@@ -416,12 +406,11 @@ HWY_INLINE void PVFromRows(const double* pbuf, int64_t ps, int64_t h_q, const ui
   const int64_t cw = int64_t(kPVVecs) * N;
   const int64_t sub = PVSubRows(ps, cw);
   const int64_t n = int64_t(rows.size());
-  std::vector<const uint16_t*> src;  // the sub-chunk's kv rows
+  std::vector<const uint16_t*> src;  // the sub-chunk's kv rows at the slice's first column
   for (int64_t s0 = 0; s0 < n; s0 += sub) {
     const int64_t sn = std::min(sub, n - s0);
     const int64_t next_end = std::min(n, s0 + sub + sub);
     src.resize(size_t(sn));
-    for (int64_t i = 0; i < sn; ++i) src[size_t(i)] = kv + rows[size_t(s0 + i)] * d_qk;
     for (int64_t c0 = 0; c0 < dvp; c0 += cw) {
       const int64_t w = std::min(cw, dvp - c0), cn = std::min(w, d_v - c0);  // slice width, data columns
       // Lines of the next sub-chunk's rows that hold columns [c0, c0 + cn) (32 bf16 per line).
@@ -431,13 +420,13 @@ HWY_INLINE void PVFromRows(const double* pbuf, int64_t ps, int64_t h_q, const ui
       }
       if (kDecodeInTile && !clk.on && cn == cw && h_q >= int64_t(kPVHeads)) {
         // The first head tile decodes the slice as it goes (not when profiling: see pass 1).
+        for (int64_t i = 0; i < sn; ++i) src[size_t(i)] = kv + rows[size_t(s0 + i)] * d_qk + c0;
         PVHeads<kPVVecs>(pbuf, ps, s0, h_q, slice, cw, 0, sn, c0, dvp, acc, src.data());
         clk.lap(&ph.pv_tiles);
         continue;
       }
       for (int64_t i = 0; i < sn; ++i)
-        DecodeBf16Blocks(kv + rows[size_t(s0 + i)] * d_qk + c0, cn, w, int64_t(kDotKeys * kParts),
-                         KeyBlockAt(slice, w, i));
+        DecodeBf16Blocks(kv + rows[size_t(s0 + i)] * d_qk + c0, cn, w, int64_t(kParts), slice + i * w);
       clk.lap(&ph.v_gather);
       if (w == cw) {
         PVHeads<kPVVecs>(pbuf, ps, s0, h_q, slice, w, 0, sn, c0, dvp, acc);
