@@ -313,3 +313,23 @@ TEST_CASE("diff: decode sets — physical indices where logical were expected, a
   CHECK(rb.failed());
   CHECK(diagnosed(rb, "are logical kv rows; physical (paged) slots were expected"));
 }
+
+TEST_CASE("diff: I64 positions are read; a value outside int32 fails and the diagnosis shows its real value") {
+  const golden::Loaded g = golden::read(golden_dir("deepseek-v3.2"));
+  const Tensor<int32_t> topk = g.tensor<int32_t>("layers.0.indexer.topk");
+  Tensor<int64_t> wide(topk.shape);
+  for (int64_t i = 0; i < topk.numel(); ++i) wide[i] = topk[i];
+  Candidate c = faithful(g);
+  c.set("layers.0.indexer.topk", wide);
+  const diff::Result ok = judge(g, c);
+  CHECK(verdict(ok, 0, "indexer.topk") != cmp::Verdict::fail);
+  CHECK(!diagnosed(ok, "outside the int32 range"));
+  // 2^40 + a valid position: a plain int32 cast would wrap it to the valid position.
+  wide.at(3, 1) = (int64_t{1} << 40) + topk.at(3, 1);
+  wide.at(4, 0) = -(int64_t{1} << 33);
+  c.set("layers.0.indexer.topk", wide);
+  const diff::Result bad = judge(g, c);
+  CHECK(verdict(bad, 0, "indexer.topk") == cmp::Verdict::fail);
+  CHECK(diagnosed(bad, "2 I64 value(s) outside the int32 range, the first at [3, 1] = " +
+                           std::to_string((int64_t{1} << 40) + topk.at(3, 1))));
+}

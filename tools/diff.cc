@@ -36,14 +36,30 @@ Tensor<float> cand_float(const io::SafetensorsFile& c, const std::string& name, 
   return io::as_tensor<float>(v, c.source);
 }
 
-Tensor<int32_t> cand_int(const io::SafetensorsFile& c, const std::string& name, const Shape& shape) {
+// A candidate's integer positions as int32 (I32, or I64 as many frameworks write them). I64 values
+// outside the int32 range are out of range as positions either way: they are judged as the
+// nearest int32 bound, and a diagnosis names the first one with its real value (the reports
+// below would show the clamped value).
+Tensor<int32_t> cand_int(const io::SafetensorsFile& c, const std::string& name, const Shape& shape,
+                         std::vector<std::string>& diagnoses) {
   const io::TensorView& v = c.get(name);
   io::expect_shape(v, shape, c.source);
   if (v.dtype == io::DType::I64) {
     const Tensor<int64_t> w = io::as_tensor<int64_t>(v, c.source);
     Tensor<int32_t> t(w.shape);
-    for (int64_t i = 0; i < w.numel(); ++i)
-      t[i] = w[i] < INT32_MIN ? INT32_MIN : w[i] > INT32_MAX ? INT32_MAX : int32_t(w[i]);  // out of range either way
+    int64_t outside = 0, first = -1;
+    for (int64_t i = 0; i < w.numel(); ++i) {
+      const bool in = w[i] >= INT32_MIN && w[i] <= INT32_MAX;
+      if (!in && outside++ == 0) first = i;
+      t[i] = w[i] < INT32_MIN ? INT32_MIN : w[i] > INT32_MAX ? INT32_MAX : int32_t(w[i]);
+    }
+    if (outside > 0) {
+      std::string at;
+      for (const int64_t x : cmp::unflatten(first, w.shape)) at += (at.empty() ? "" : ", ") + std::to_string(x);
+      diagnoses.push_back(c.source + ": " + name + ": " + std::to_string(outside) +
+                          " I64 value(s) outside the int32 range, the first at [" + at + "] = " +
+                          std::to_string(w[first]) + " (reported above as the nearest int32 bound)");
+    }
     return t;
   }
   return io::as_tensor<int32_t>(v, c.source);
@@ -287,7 +303,7 @@ Result judge(const golden::Loaded& g, const io::SafetensorsFile& c, const std::s
     // 2. Top-k positions.
     if (has(l, "indexer.topk")) {
       if (!d.has_indexer) throw Error(c.source + ": " + name(l, "indexer.topk") + ": layer " + std::to_string(l) + " has no indexer in the golden set");
-      const Tensor<int32_t> ct = cand_int(c, name(l, "indexer.topk"), {s_q, topk});
+      const Tensor<int32_t> ct = cand_int(c, name(l, "indexer.topk"), {s_q, topk}, res.diagnoses);
       cmp::TopkOptions o;
       if (cand_logits.numel()) { o.candidate_logits = &cand_logits; o.logits_rule = &d.logits_rule; }
       const cmp::Verdict v = add(l, "indexer.topk", cmp::compare_topk("", d.logits, d.ks, d.ke, d.topk, ct, o));
@@ -328,7 +344,7 @@ Result judge(const golden::Loaded& g, const io::SafetensorsFile& c, const std::s
     Tensor<int32_t> use_indices = d.indices;
     std::string cond_note;
     if (has(l, "attn.indices")) {
-      const Tensor<int32_t> ci = cand_int(c, name(l, "attn.indices"), {s_q, 1, topk});
+      const Tensor<int32_t> ci = cand_int(c, name(l, "attn.indices"), {s_q, 1, topk}, res.diagnoses);
       const LayerData& src = layer(d.source);  // the layer whose indexer chose the positions
       cmp::Report r;
       if (src.has_indexer) {
@@ -338,8 +354,10 @@ Result judge(const golden::Loaded& g, const io::SafetensorsFile& c, const std::s
         r = cmp::compare_exact("", d.indices, ci);
       }
       if (!d.full && passes(r) && has(d.source, "attn.indices")) {
-        // IndexShare: exactly the source layer's positions in the candidate's own pipeline.
-        const auto a = row_sets(ci, s_kv), b = row_sets(cand_int(c, name(d.source, "attn.indices"), {s_q, 1, topk}), s_kv);
+        // IndexShare: exactly the source layer's positions in the candidate's own pipeline (the
+        // source layer's own check diagnoses its values).
+        std::vector<std::string> ignored;
+        const auto a = row_sets(ci, s_kv), b = row_sets(cand_int(c, name(d.source, "attn.indices"), {s_q, 1, topk}, ignored), s_kv);
         if (a != b) {
           r.verdict = cmp::Verdict::fail;
           r.reasons.push_back("the Shared layer's positions differ from its source layer " + std::to_string(d.source) + "'s in the candidate");
@@ -389,7 +407,7 @@ Result judge(const golden::Loaded& g, const io::SafetensorsFile& c, const std::s
       require(g.find(name(l, "attn.indices_physical")) != nullptr,
               c.source + ": " + name(l, "attn.indices_physical") + ": the golden set is not a decode set");
       const Tensor<int32_t> gp = g.tensor<int32_t>(name(l, "attn.indices_physical"));
-      Tensor<int32_t> cp = cand_int(c, name(l, "attn.indices_physical"), gp.shape);
+      Tensor<int32_t> cp = cand_int(c, name(l, "attn.indices_physical"), gp.shape, res.diagnoses);
       Tensor<int32_t> gflat = gp, cflat = cp;
       gflat.shape = cflat.shape = {s_q, 1, topk};
       cmp::Report r;
