@@ -21,7 +21,11 @@ float parse_float(const std::string& value) {
   errno = 0;
   char* end = nullptr;
   const float v = std::strtof(value.c_str(), &end);
-  if (value.empty() || *end || errno || !std::isfinite(v)) throw Error("expected a finite number");
+  if (value.empty() || *end) throw Error("expected a number");
+  if (errno == ERANGE)  // finite as written, but not a float (1e300, 1e-60)
+    throw Error(std::isinf(v) ? "outside the float range (magnitude above 3.4e38)"
+                              : "too small for a float (nonzero magnitude below 1.2e-38)");
+  if (errno || !std::isfinite(v)) throw Error("expected a finite number");
   return v;
 }
 }  // namespace

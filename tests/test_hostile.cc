@@ -806,6 +806,7 @@ TEST_CASE("hostile: an option the chosen mode does not read, or an override out 
       {"overlap --golden GOLDEN --max-memory 1K", "--max-memory applies to --problem only"},
       {"search --golden GOLDEN --max-memory 1K -n 1", "--max-memory applies to --problem only"},
       {"search --problem 'sq8 skv24 hq2 dqk16 dv8 ih4 id16 k4 nl2 sched=FS' -n 1", "sched=FS is not read"},
+      {"search --problem 'sq8 skv24 hq2 dqk16 dv8 ih4 id16 k4 nl2 own=no' -n 1", "own=no is not read"},
       {"golden --preset ties --kind attention-edge OUT", "--kind applies to --problem only"},
       {"golden --problem 'sq4 skv12 hq2 dqk16 dv8 ih2 id16 k4' --impl ref --target AVX2 OUT", "--target applies to the simd path"},
       {"run --problem 'sq4 skv12 hq2 dqk16 dv8 ih2 id16 k4' --impl ref --target AVX2", "--target applies to the simd path"},

@@ -54,6 +54,10 @@ TEST_CASE("problem: parse errors name the bad token") {
       {"sm=abc", "'sm=abc'"},
       {"sm=nan", "'sm=nan'"},
       {"sm=1e999", "'sm=1e999'"},
+      {"sm=abc", "expected a number"},
+      {"sm=nan", "expected a finite number"},
+      {"sim=1e300", "outside the float range"},  // finite, but not a float: not "expected a finite number"
+      {"recency=1e-60", "too small for a float"},
       {"colour=red", "'colour=red'"},
       {"sq10 sq20", "given twice"},
       {"sq0", "sq must be >= 1"},

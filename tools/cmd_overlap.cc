@@ -48,7 +48,10 @@ golden::StackInputs load(const Source& s, bool all_indexers) {
   require(!all_indexers || p.sched == Problem{}.sched,
           "search: the problem's sched=" + p.sched + " is not read (the search starts from all-Full and chooses the "
           "Shared layers itself); leave sched= out");
-  if (all_indexers) p.own = true;
+  // own=yes is the default, so p.own false means own=no was written.
+  require(!all_indexers || p.own,
+          "search: the problem's own=no is not read (the search evaluates every layer as Full and as "
+          "Shared, so every layer carries its own indexer inputs); leave own= out");
   const bool streams = impl_streams(resolve_impl(s.impl, p), p);
   const uint64_t max_bytes = parse_bytes(s.max_memory);
   check_memory(p, false, streams, max_bytes,
