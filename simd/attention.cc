@@ -387,13 +387,13 @@ HWY_INLINE void PVHeads(const double* pbuf, int64_t ps, int64_t r0, int64_t h_q,
   }
 }
 
-// Rows per P.V sub-chunk: such that one slice of V (sub x cw doubles) and the P of those rows
-// (sub x ps doubles, ps per key) stay in L1 while every head tile passes over them. The
+// Rows per P.V sub-chunk (at least one): such that one slice of V (sub x cw doubles) and the P of
+// those rows (sub x ps doubles, ps per key) stay in L1 while every head tile passes over them. The
 // accumulators go through memory between sub-chunks; ref's order is per element, i ascending, so
 // this changes no bit.
 HWY_INLINE int64_t PVSubRows(int64_t ps, int64_t cw) {
   const int64_t fit = int64_t(kPVL1Bytes) / (int64_t(sizeof(double)) * (cw + ps));
-  return std::max<int64_t>(8, fit / 8 * 8);
+  return std::max<int64_t>(1, fit);
 }
 
 // acc[h][0, dvp) += P.V over all n rows, V gathered again from kv: per sub-chunk of rows and slice

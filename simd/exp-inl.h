@@ -13,8 +13,9 @@
 //               the same separate multiplies and subtractions
 //   polynomial  Horner with a separate Mul and Add per step (never MulAdd: ref does not fuse)
 //   scale       (p * 2^k1) * 2^k2 with k1 = floor(k / 2) (an arithmetic shift of the integer k),
-//               k2 = k - k1, each power of two built from its exponent bits. |k| <= 1076 keeps both powers normal and p * 2^k1 exact, so the
-//               second multiply is the single rounding that std::ldexp(p, k) performs.
+//               k2 = k - k1, each power of two built from its exponent bits. |k| <= 1076 keeps
+//               both powers normal and p * 2^k1 exact, so the second multiply is the single
+//               rounding that std::ldexp(p, k) performs.
 
 #if defined(INDEXSHARE_SIMD_EXP_INL_H_) == defined(HWY_TARGET_TOGGLE)
 #ifdef INDEXSHARE_SIMD_EXP_INL_H_

@@ -49,9 +49,8 @@ Tensor<int32_t> cand_int(const io::SafetensorsFile& c, const std::string& name, 
     Tensor<int32_t> t(w.shape);
     int64_t outside = 0, first = -1;
     for (int64_t i = 0; i < w.numel(); ++i) {
-      const bool in = w[i] >= INT32_MIN && w[i] <= INT32_MAX;
-      if (!in && outside++ == 0) first = i;
-      t[i] = w[i] < INT32_MIN ? INT32_MIN : w[i] > INT32_MAX ? INT32_MAX : int32_t(w[i]);
+      t[i] = int32_t(std::clamp<int64_t>(w[i], INT32_MIN, INT32_MAX));
+      if (t[i] != w[i] && outside++ == 0) first = i;
     }
     if (outside > 0) {
       std::string at;
