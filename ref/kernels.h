@@ -17,6 +17,7 @@ namespace indexshare::ref {
 
 struct Kernels {
   LinearFn linear = ref::linear;
+  HeadLinearFn head_linear = ref::head_linear;  // MLA's absorbed einsums
   Tensor<float> (*logits_fp8)(const Tensor<e4m3_t>&, const Tensor<e4m3_t>&, const Tensor<float>&,
                               const Tensor<float>&, const Tensor<int32_t>&, const Tensor<int32_t>&) =
       indexer_logits_fp8;

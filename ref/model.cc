@@ -64,8 +64,9 @@ ToyForward forward(const ToyModel& m, ToyCache& cache, const Tensor<float>& h_in
     for (int64_t r = 0; r < S; ++r)
       rms_norm(h.ptr() + r * cfg.dim, tr.x.ptr() + r * cfg.dim, cfg.dim, layer.attn_norm.ptr(), cfg.rms_eps);
     round_bf16_inplace(tr.x);
-    const MlaQuery mq = mla_query(cfg, layer.mla, tr.x, start, k.linear);
+    const MlaQuery mq = mla_query(cfg, layer.mla, tr.x, start, k.linear, k.head_linear);
     tr.q = mq.q;
+    tr.qr = mq.qr;
     cache.kv[size_t(l)] =
         concat_rows(cache.kv[size_t(l)], mla_kv(cfg, layer.mla, tr.x, start, m.fp8_kv_roundtrip, k.linear));
     // 2. Own indexer (Full layers, and Shared layers that carry one): keys cached, logits, top-k.
@@ -82,7 +83,7 @@ ToyForward forward(const ToyModel& m, ToyCache& cache, const Tensor<float>& h_in
     // 4. Sparse attention over this layer's own cache, output projection, residual.
     tr.attn = k.sparse_attention(tr.q, cache.kv[size_t(l)], local_to_kv_rows(tr.used_topk, ks),
                                  float(cfg.softmax_scale()), cfg.d_v(), nullptr, nullptr);
-    tr.out = mla_output(cfg, layer.mla, tr.attn.out, k.linear);
+    tr.out = mla_output(cfg, layer.mla, tr.attn.out, k.linear, k.head_linear);
     for (int64_t i = 0; i < h.numel(); ++i) h[i] = round_bf16(h[i] + tr.out[i]);
   }
   cache.len += S;

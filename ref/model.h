@@ -61,6 +61,7 @@ struct ToyCache {  // per layer: the latent KV rows and the indexer keys of posi
 
 struct ToyLayerTrace {
   Tensor<float> x;                 // [S, dim] normed input
+  Tensor<float> qr;                // [S, q_lora] MlaQuery::qr (shared by MLA and the indexer)
   IndexerModuleOut indexer;        // empty without an indexer
   Tensor<float> logits;            // [S, len + S] own indexer logits (empty without an indexer)
   Tensor<int32_t> own_topk;        // [S, topk] own top-k (Full: used; Shared: would-be)

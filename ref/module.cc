@@ -262,7 +262,7 @@ Tensor<float> indexer_module_logits(const IndexerModuleOut& out, IndexerVariant 
 // ---- MLA ------------------------------------------------------------------------------------
 
 MlaQuery mla_query(const ModelConfig& cfg, const MlaWeights& w, const Tensor<float>& x, int64_t start_pos,
-                   LinearFn linear_fn) {
+                   LinearFn linear_fn, HeadLinearFn head_fn) {
   const int64_t nh = cfg.n_heads, nope = cfg.qk_nope_head_dim, rope = cfg.qk_rope_head_dim,
                 v = cfg.v_head_dim, kvl = cfg.kv_lora_rank, qlr = cfg.q_lora_rank;
   const int64_t S = require_rows(x, cfg.dim, "mla_query x");
@@ -285,20 +285,18 @@ MlaQuery mla_query(const ModelConfig& cfg, const MlaWeights& w, const Tensor<flo
               [&](int64_t i) { return start_pos + i / nh; });
   round_bf16_inplace(q);
 
-  // Absorb W_uk into q_nope: q_abs[c] = sum_n q_nope[n] W_uk[n][c] (double, n ascending).
+  // Absorb W_uk into q_nope: q_abs[t, h, c] = sum_n q_nope[t, h, n] W_uk[h][n][c] (double, n
+  // ascending), W_uk[h] read in place from wkv_b as an [out = kv_lora, in = nope] matrix.
   o.q_nope = Tensor<float>({S, nh, nope});
+  for (int64_t t = 0; t < S; ++t)
+    for (int64_t h = 0; h < nh; ++h)
+      for (int64_t n = 0; n < nope; ++n) o.q_nope.at(t, h, n) = q.at(t, h, n);
+  const HeadWeights w_uk{w.wkv_b.ptr(), nh, kvl, nope, (nope + v) * kvl, /*o_stride=*/1, /*i_stride=*/kvl};
+  const Tensor<float> q_abs = head_fn(o.q_nope, w_uk);
   o.q = Tensor<bf16_t>({S, nh, kvl + rope});
-  std::vector<double> acc(static_cast<size_t>(kvl));
   for (int64_t t = 0; t < S; ++t) {
     for (int64_t h = 0; h < nh; ++h) {
-      std::fill(acc.begin(), acc.end(), 0.0);
-      for (int64_t n = 0; n < nope; ++n) {
-        const double qn = double(q.at(t, h, n));
-        o.q_nope.at(t, h, n) = q.at(t, h, n);
-        const float* wuk = w.wkv_b.ptr() + (h * (nope + v) + n) * kvl;
-        for (int64_t c = 0; c < kvl; ++c) acc[size_t(c)] += qn * double(wuk[c]);
-      }
-      for (int64_t c = 0; c < kvl; ++c) o.q.at(t, h, c) = f32_to_bf16(float(acc[size_t(c)]));
+      for (int64_t c = 0; c < kvl; ++c) o.q.at(t, h, c) = f32_to_bf16(q_abs.at(t, h, c));
       for (int64_t r = 0; r < rope; ++r) o.q.at(t, h, kvl + r) = f32_to_bf16(q.at(t, h, nope + r));
     }
   }
@@ -337,32 +335,27 @@ Tensor<bf16_t> mla_kv(const ModelConfig& cfg, const MlaWeights& w, const Tensor<
   return out;
 }
 
-Tensor<float> mla_value_up(const ModelConfig& cfg, const MlaWeights& w, const Tensor<float>& o_lat) {
+Tensor<float> mla_value_up(const ModelConfig& cfg, const MlaWeights& w, const Tensor<float>& o_lat,
+                           HeadLinearFn head_fn) {
   const int64_t nh = cfg.n_heads, nope = cfg.qk_nope_head_dim, v = cfg.v_head_dim, kvl = cfg.kv_lora_rank;
   require(o_lat.rank() == 3, "mla_value_up o_lat: expected rank 3 [S, n_heads, kv_lora], got " +
                                  shape_str(o_lat.shape));
   const int64_t S = o_lat.dim(0);
   require_shape(o_lat, {S, nh, kvl}, "mla_value_up o_lat");
   check_mla_weights(cfg, w);
-  Tensor<float> o({S, nh, v});
-  std::vector<double> lat(static_cast<size_t>(kvl));
-  for (int64_t t = 0; t < S; ++t) {
-    for (int64_t h = 0; h < nh; ++h) {
-      for (int64_t c = 0; c < kvl; ++c) lat[size_t(c)] = double(round_bf16(o_lat.at(t, h, c)));
-      for (int64_t j = 0; j < v; ++j) {
-        const float* wuv = w.wkv_b.ptr() + (h * (nope + v) + nope + j) * kvl;
-        double acc = 0.0;
-        for (int64_t c = 0; c < kvl; ++c) acc += lat[size_t(c)] * double(wuv[c]);
-        o.at(t, h, j) = round_bf16(float(acc));
-      }
-    }
-  }
+  // o = bf16(head_linear(bf16(o_lat), W_uv)): W_uv[h] read in place from wkv_b's rows
+  // h * (nope + v) + nope + j as an [out = v, in = kv_lora] matrix.
+  Tensor<float> lat = o_lat;
+  round_bf16_inplace(lat);
+  const HeadWeights w_uv{w.wkv_b.ptr() + nope * kvl, nh, v, kvl, (nope + v) * kvl, /*o_stride=*/kvl, /*i_stride=*/1};
+  Tensor<float> o = head_fn(lat, w_uv);
+  round_bf16_inplace(o);
   return o;
 }
 
 Tensor<float> mla_output(const ModelConfig& cfg, const MlaWeights& w, const Tensor<float>& o_lat,
-                         LinearFn linear_fn) {
-  Tensor<float> o = mla_value_up(cfg, w, o_lat);
+                         LinearFn linear_fn, HeadLinearFn head_fn) {
+  Tensor<float> o = mla_value_up(cfg, w, o_lat, head_fn);
   o.shape = {o.dim(0), cfg.n_heads * cfg.v_head_dim};
   Tensor<float> y = linear_fn(o, w.wo);
   round_bf16_inplace(y);

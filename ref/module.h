@@ -209,10 +209,12 @@ struct MlaQuery {
 //   q_pe   = bf16(apply_rope(pe, start_pos + t, cfg.rope_inv_freq(), interleaved))  (f32 rope)
 //   q_abs[t, h, c] = bf16(f32( sum_{n = 0..nope-1 ascending} q_nope[t,h,n] * W_uk[h][n][c] ))
 //            with W_uk[h][n][c] = wkv_b[h*(nope+v) + n, c]; products exact in double, the sum in
-//            double, rounded to f32 then to bf16 (an fp32-accumulating bf16 einsum)
+//            double, rounded to f32 then to bf16 (an fp32-accumulating bf16 einsum): head_linear
+//            of q_nope with W_uk[h] read transposed (HeadWeights in ref/module_ops.h)
 //   q[t, h] = [q_abs (kv_lora) | q_pe (rope)]
+// linear_fn runs the projections, head_fn the absorption (ref's or simd's: the same bits).
 MlaQuery mla_query(const ModelConfig& cfg, const MlaWeights& w, const Tensor<float>& x, int64_t start_pos,
-                   LinearFn linear_fn = linear);
+                   LinearFn linear_fn = linear, HeadLinearFn head_fn = head_linear);
 
 // The absorbed MQA key/value rows of x: [S, 1, kv_lora + rope] (the kv of sparse_attention;
 // V = the first kv_lora columns).
@@ -230,13 +232,15 @@ Tensor<bf16_t> mla_kv(const ModelConfig& cfg, const MlaWeights& w, const Tensor<
 // The value up-projection of the absorbed form: o_lat [S, n_heads, kv_lora] (f32 attention output,
 // AttentionOut::out) -> [S, n_heads, v] bf16 values:
 //   o[t, h, j] = bf16(f32( sum_{c ascending} bf16(o_lat[t,h,c]) * W_uv[h][j][c] ))   (double sum)
-//   with W_uv[h][j][c] = wkv_b[h*(nope+v) + nope + j, c].
-Tensor<float> mla_value_up(const ModelConfig& cfg, const MlaWeights& w, const Tensor<float>& o_lat);
+//   with W_uv[h][j][c] = wkv_b[h*(nope+v) + nope + j, c]: head_linear of bf16(o_lat) with W_uv[h]
+//   (run by head_fn), rounded to bf16.
+Tensor<float> mla_value_up(const ModelConfig& cfg, const MlaWeights& w, const Tensor<float>& o_lat,
+                           HeadLinearFn head_fn = head_linear);
 
 // The layer's attention output: linear_bf16(mla_value_up(o_lat) viewed [S, n_heads*v], wo) ->
 // [S, dim] bf16 values. The softmax scale of the attention in between is cfg.softmax_scale()
 // (qk_head_dim^-0.5, times the YaRN mscale^2 for DeepSeek), d_v = cfg.kv_lora_rank.
 Tensor<float> mla_output(const ModelConfig& cfg, const MlaWeights& w, const Tensor<float>& o_lat,
-                         LinearFn linear_fn = linear);
+                         LinearFn linear_fn = linear, HeadLinearFn head_fn = head_linear);
 
 }  // namespace indexshare::ref

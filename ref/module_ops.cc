@@ -201,6 +201,33 @@ Tensor<float> linear_bf16(const Tensor<float>& x, const Tensor<float>& w) {
   return y;
 }
 
+void check_head_linear_inputs(const Tensor<float>& x, const HeadWeights& w) {
+  require(x.rank() == 3, "head_linear x: expected rank 3 [rows, heads, in], got " + shape_str(x.shape));
+  require(w.heads >= 0 && w.out >= 0 && w.in >= 0 && w.head_stride >= 0 && w.o_stride >= 0 && w.i_stride >= 0,
+          "head_linear w: sizes and strides must be >= 0");
+  require(x.dim(1) == w.heads && x.dim(2) == w.in,
+          "head_linear x: expected [rows, heads=" + std::to_string(w.heads) + ", in=" + std::to_string(w.in) +
+              "], got " + shape_str(x.shape));
+  require(w.base != nullptr || w.heads * w.out * w.in == 0, "head_linear w: no data");
+}
+
+Tensor<float> head_linear(const Tensor<float>& x, const HeadWeights& w) {
+  check_head_linear_inputs(x, w);
+  const int64_t rows = x.dim(0), heads = w.heads, in = w.in, out = w.out;
+  Tensor<float> y({rows, heads, out});
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t h = 0; h < heads; ++h) {
+      const float* wh = w.base + h * w.head_stride;
+      for (int64_t o = 0; o < out; ++o) {
+        double acc = 0.0;
+        for (int64_t i = 0; i < in; ++i) acc += double(x.at(r, h, i)) * double(wh[o * w.o_stride + i * w.i_stride]);
+        y.at(r, h, o) = float(acc);
+      }
+    }
+  }
+  return y;
+}
+
 // ---- Helpers --------------------------------------------------------------------------------
 
 void round_bf16_inplace(Tensor<float>& t) {

@@ -133,6 +133,28 @@ void check_linear_inputs(const Tensor<float>& x, const Tensor<float>& w);
 // same sums, vectorized). The module functions take one so that both paths share their code.
 using LinearFn = Tensor<float> (*)(const Tensor<float>& x, const Tensor<float>& w);
 
+// A stack of per-head weight matrices read in place from a larger tensor: head h's element
+// (o, i) (output feature o < out, input feature i < in) is
+//   base[h * head_stride + o * o_stride + i * i_stride].
+// MLA's absorbed einsums read wkv_b [heads * (nope + v), kv_lora] this way (ref/module.h):
+//   W_uk[h] as [out = kv_lora, in = nope]: o_stride 1, i_stride kv_lora (read transposed)
+//   W_uv[h] as [out = v, in = kv_lora]:    o_stride kv_lora, i_stride 1 (torch's layout)
+struct HeadWeights {
+  const float* base = nullptr;
+  int64_t heads = 0, out = 0, in = 0;
+  int64_t head_stride = 0, o_stride = 0, i_stride = 0;
+};
+
+// linear, head by head. x: [rows, heads, in]; returns [rows, heads, out] f32:
+//   y[r, h, o] = f32( sum_{i ascending} double(x[r, h, i]) * double(W_h(o, i)) )
+// Exact products, one rounding to f32, the order of linear: an fp32-accumulating per-head einsum.
+Tensor<float> head_linear(const Tensor<float>& x, const HeadWeights& w);
+// The checks head_linear starts with (x [rows, heads, in] against w's heads and in; w's sizes
+// and strides >= 0, base set when w has elements); throws Error. simd::head_linear calls it too.
+void check_head_linear_inputs(const Tensor<float>& x, const HeadWeights& w);
+// An engine with head_linear's signature and result bits (ref's, or simd::head_linear).
+using HeadLinearFn = Tensor<float> (*)(const Tensor<float>& x, const HeadWeights& w);
+
 // As linear, then each output rounded f32 -> bf16 (nearest even), returned as f32 holding bf16
 // values. The double -> f32 -> bf16 double rounding is deliberate: it mirrors a GPU GEMM with an
 // fp32 accumulator whose result is cast to bf16.

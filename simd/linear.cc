@@ -1,12 +1,15 @@
-// indexshare simd/: linear (y = x W^T), bit-identical to ref::linear (ref/module_ops.h).
+// indexshare simd/: linear (y = x W^T) and head_linear (the same per head, weights read in place
+// with strides: MLA's absorbed einsums), bit-identical to ref::linear / ref::head_linear
+// (ref/module_ops.h).
 //
 // ref computes y[r, o] = f32(sum over k ascending of double(x[r, k]) * double(w[o, k])). Here the
 // register tile of simd/gemm-inl.h runs with x rows in the place of query heads and rows of w
 // (output features) in the place of keys: each lane is one (r, o) and performs
 // dot = dot + x * w for k ascending with MulAdd. The product of two f32 values is exact in double,
 // so the fused add rounds like ref's add, and the order is ref's: the same bits on every target.
-// OpenMP splits over panels of output features (independent outputs); x is packed once, each
-// panel of w once, by the thread that computes it.
+// linear: OpenMP splits over panels of output features (independent outputs); x is packed once,
+// each panel of w once, by the thread that computes it. head_linear: OpenMP splits over heads; the
+// thread packs the head's rows of x, then runs its panels.
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "simd/linear.cc"
@@ -28,22 +31,30 @@ namespace hn = hwy::HWY_NAMESPACE;
 // AVX3) and of an x tile (8 KiB) stay in L1 while the tile walks it.
 constexpr int64_t kInChunk = 128;
 
-// Output panel pi (features [pi * TileKeys(), ...)) of y for every row; wp and state are the
-// calling thread's scratch. Not inlined into the OpenMP region (see AttentionChunk in
-// simd/attention.cc: an outlined region need not carry the target's instruction set).
-HWY_NOINLINE void LinearPanel(const double* xp, const float* w, int64_t rows, int64_t in, int64_t out, int64_t pi,
-                              double* wp, double* state, float* y) {
+// Output panel pi (features [pi * TileKeys(), ...)) of y for every row: weight (o, k) at
+// w[o * o_stride + k * i_stride] (linear: o_stride = in, i_stride = 1), y row r at y + r * y_stride.
+// wp and state are the calling thread's scratch. Not inlined into the OpenMP region (see
+// AttentionChunk in simd/attention.cc: an outlined region need not carry the target's
+// instruction set).
+HWY_NOINLINE void LinearPanel(const double* xp, const float* w, int64_t o_stride, int64_t i_stride, int64_t rows,
+                              int64_t in, int64_t out, int64_t pi, double* wp, double* state, float* y,
+                              int64_t y_stride) {
   const DF64 d;
   const int64_t N = int64_t(hn::Lanes(d));
   const int64_t nk = int64_t(TileKeys());
   const int64_t row_tiles = (rows + int64_t(kTileHeads) - 1) / int64_t(kTileHeads);
   const int64_t tile_sums = int64_t(kTileHeads * kTileVecs) * N;
-  const auto dec = [](float v) { return double(v); };
   const int64_t o0 = pi * nk, count = std::min(nk, out - o0);
   std::fill(state, state + row_tiles * tile_sums, 0.0);
   for (int64_t k0 = 0; k0 < in; k0 += kInChunk) {  // in ascending: ref's order, chunk by chunk
     const int64_t kc = std::min(kInChunk, in - k0);
-    PackPanel<float>([&](int64_t i) { return w + (o0 + i) * in + k0; }, count, kc, dec, wp);
+    // The panel (PackPanel's layout wp[j * nk + i] = w(o0 + i, k0 + j), zeros past count).
+    for (int64_t j = 0; j < kc; ++j) {
+      const float* col = w + o0 * o_stride + (k0 + j) * i_stride;
+      double* HWY_RESTRICT dst = wp + j * nk;
+      for (int64_t i = 0; i < count; ++i) dst[i] = double(col[i * o_stride]);
+      for (int64_t i = count; i < nk; ++i) dst[i] = 0.0;
+    }
     for (int64_t rt = 0; rt < row_tiles; ++rt) {
       double* s = state + rt * tile_sums;
       VF64 acc[kTileHeads][kTileVecs];
@@ -59,7 +70,7 @@ HWY_NOINLINE void LinearPanel(const double* xp, const float* w, int64_t rows, in
     for (size_t h = 0; h < kTileHeads; ++h) {
       const int64_t r = rt * int64_t(kTileHeads) + int64_t(h);
       if (r >= rows) break;
-      for (int64_t i = 0; i < count; ++i) y[r * out + o0 + i] = float(s[int64_t(h * kTileVecs) * N + i]);
+      for (int64_t i = 0; i < count; ++i) y[r * y_stride + o0 + i] = float(s[int64_t(h * kTileVecs) * N + i]);
     }
   }
 }
@@ -80,7 +91,48 @@ void LinearRows(const float* x, const float* w, int64_t rows, int64_t in, int64_
     auto wp = hwy::AllocateAligned<double>(size_t(nk * kInChunk));
     auto state = hwy::AllocateAligned<double>(size_t(row_tiles * tile_sums));
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t pi = 0; pi < panels; ++pi) LinearPanel(xp.get(), w, rows, in, out, pi, wp.get(), state.get(), y);
+    for (int64_t pi = 0; pi < panels; ++pi)
+      LinearPanel(xp.get(), w, in, 1, rows, in, out, pi, wp.get(), state.get(), y, out);
+  }
+}
+
+// Head h of head_linear: its rows of x (row r at x + (r * heads + h) * in) packed into xp, then
+// every panel of its weights (element (o, i) at wh[o * o_stride + i * i_stride]) into
+// y + h * out (row stride heads * out).
+HWY_NOINLINE void HeadRows(const float* x, int64_t rows, int64_t heads, int64_t in, int64_t out, int64_t h,
+                           const float* wh, int64_t o_stride, int64_t i_stride, double* xp, double* wp,
+                           double* state, float* y) {
+  const int64_t row_tiles = (rows + int64_t(kTileHeads) - 1) / int64_t(kTileHeads);
+  for (int64_t rt = 0; rt < row_tiles; ++rt) {  // PackTiles' layout, rows strided by heads * in
+    double* tile = xp + rt * in * int64_t(kTileHeads);
+    for (int64_t e = 0; e < int64_t(kTileHeads); ++e) {
+      const int64_t r = rt * int64_t(kTileHeads) + e;
+      const float* row = x + (r * heads + h) * in;
+      for (int64_t j = 0; j < in; ++j) tile[j * int64_t(kTileHeads) + e] = r < rows ? double(row[j]) : 0.0;
+    }
+  }
+  const int64_t nk = int64_t(TileKeys());
+  const int64_t panels = (out + nk - 1) / nk;
+  for (int64_t pi = 0; pi < panels; ++pi)
+    LinearPanel(xp, wh, o_stride, i_stride, rows, in, out, pi, wp, state, y + h * out, heads * out);
+}
+
+void HeadLinearRows(const float* x, int64_t rows, int64_t heads, int64_t in, int64_t out, const float* w,
+                    int64_t head_stride, int64_t o_stride, int64_t i_stride, float* y) {
+  const DF64 d;
+  const int64_t N = int64_t(hn::Lanes(d));
+  const int64_t nk = int64_t(TileKeys());
+  const int64_t row_tiles = (rows + int64_t(kTileHeads) - 1) / int64_t(kTileHeads);
+  const int64_t tile_sums = int64_t(kTileHeads * kTileVecs) * N;
+#pragma omp parallel
+  {
+    auto xp = hwy::AllocateAligned<double>(size_t(std::max<int64_t>(1, row_tiles * int64_t(kTileHeads) * in)));
+    auto wp = hwy::AllocateAligned<double>(size_t(nk * kInChunk));
+    auto state = hwy::AllocateAligned<double>(size_t(row_tiles * tile_sums));
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t h = 0; h < heads; ++h)
+      HeadRows(x, rows, heads, in, out, h, w + h * head_stride, o_stride, i_stride, xp.get(), wp.get(), state.get(),
+               y);
   }
 }
 
@@ -91,6 +143,7 @@ HWY_AFTER_NAMESPACE();
 namespace indexshare::simd {
 
 HWY_EXPORT(LinearRows);
+HWY_EXPORT(HeadLinearRows);
 
 ref::IndexerModuleOut indexer_module(const ModelConfig& cfg, const ref::IndexerWeights& w, const Tensor<float>& x,
                                      const Tensor<float>& qr, int64_t start_pos, ref::IndexerVariant v) {
@@ -100,6 +153,7 @@ ref::IndexerModuleOut indexer_module(const ModelConfig& cfg, const ref::IndexerW
 ref::Kernels kernels() {
   ref::Kernels k;
   k.linear = simd::linear;
+  k.head_linear = simd::head_linear;
   k.logits_fp8 = simd::indexer_logits_fp8;
   k.logits_f32 = simd::indexer_logits_f32;
   k.topk = [](const Tensor<float>& logits, const Tensor<int32_t>& ks, const Tensor<int32_t>& ke, int64_t topk) {
@@ -121,6 +175,16 @@ Tensor<float> linear(const Tensor<float>& x, const Tensor<float>& w) {
   const int64_t rows = x.dim(0), in = x.dim(1), out = w.dim(0);
   Tensor<float> y({rows, out});
   if (rows > 0 && out > 0) HWY_DYNAMIC_DISPATCH(LinearRows)(x.ptr(), w.ptr(), rows, in, out, y.ptr());
+  return y;
+}
+
+Tensor<float> head_linear(const Tensor<float>& x, const ref::HeadWeights& w) {
+  ref::check_head_linear_inputs(x, w);
+  const int64_t rows = x.dim(0);
+  Tensor<float> y({rows, w.heads, w.out});
+  if (rows > 0 && w.heads > 0 && w.out > 0)
+    HWY_DYNAMIC_DISPATCH(HeadLinearRows)(x.ptr(), rows, w.heads, w.in, w.out, w.base, w.head_stride, w.o_stride,
+                                         w.i_stride, y.ptr());
   return y;
 }
 

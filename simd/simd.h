@@ -94,11 +94,14 @@ void exp_portable(const double* x, double* y, int64_t n);
 // y = x W^T, bit-identical to ref::linear (the register tile of the indexer with output features
 // as lanes; f32 x f32 products are exact in double and the sum runs k ascending, as in ref).
 Tensor<float> linear(const Tensor<float>& x, const Tensor<float>& w);
+// ref::head_linear, bit-identical: the same tile per head (x rows strided by heads * in, weights
+// read in place through their strides); OpenMP over heads.
+Tensor<float> head_linear(const Tensor<float>& x, const ref::HeadWeights& w);
 // ref::indexer_module with every projection through simd::linear: the same bits.
 ref::IndexerModuleOut indexer_module(const ModelConfig& cfg, const ref::IndexerWeights& w, const Tensor<float>& x,
                                      const Tensor<float>& qr, int64_t start_pos, ref::IndexerVariant v);
-// The kernel table (ref/kernels.h) of this path: linear, logits, top-k, the fused streaming
-// indexer + top-k, sparse attention.
+// The kernel table (ref/kernels.h) of this path: linear, head_linear, logits, top-k, the fused
+// streaming indexer + top-k, sparse attention.
 ref::Kernels kernels();
 
 // ---- stack (simd/stack.cc) -------------------------------------------------------------------

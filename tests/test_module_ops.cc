@@ -6,6 +6,8 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <functional>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -372,6 +374,56 @@ TEST_CASE("module_ops: linear_bf16 rounds the output to bf16") {
   CHECK(t[0] == 1.0f);  // nearer 1 than 1 + 2^-7
   CHECK(t[1] == -(1.0f + 0x1p-7f));
   CHECK(t[2] == 2.0f);
+}
+
+TEST_CASE("module_ops: head_linear is linear per head, the weights read through their strides") {
+  // A buffer holding 3 heads of [out=5, in=4] weights in both layouts, with gaps between heads.
+  const int64_t rows = 3, heads = 3, in = 4, out = 5, head_stride = 29;
+  std::vector<float> buf(size_t(heads * head_stride), std::numeric_limits<float>::quiet_NaN());
+  const std::vector<float> vals = wavy(int(heads * out * in), 0.3);
+  Tensor<float> x({rows, heads, in});
+  const std::vector<float> xv = wavy(int(x.numel()), 1.7);
+  std::copy(xv.begin(), xv.end(), x.data.begin());
+  for (const bool transposed : {false, true}) {
+    CAPTURE(transposed);
+    // Element (o, i) of head h at h * head_stride + o * os + i * is.
+    const int64_t os = transposed ? 1 : in, is = transposed ? out : 1;
+    std::fill(buf.begin(), buf.end(), std::numeric_limits<float>::quiet_NaN());  // gaps: never read
+    for (int64_t h = 0; h < heads; ++h)
+      for (int64_t o = 0; o < out; ++o)
+        for (int64_t i = 0; i < in; ++i) buf[size_t(h * head_stride + o * os + i * is)] = vals[size_t((h * out + o) * in + i)];
+    const HeadWeights w{buf.data(), heads, out, in, head_stride, os, is};
+    const Tensor<float> y = head_linear(x, w);
+    REQUIRE(y.shape == Shape{rows, heads, out});
+    for (int64_t h = 0; h < heads; ++h) {  // against linear on the gathered head
+      Tensor<float> xh({rows, in}), wh({out, in});
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t i = 0; i < in; ++i) xh.at(r, i) = x.at(r, h, i);
+      for (int64_t o = 0; o < out; ++o)
+        for (int64_t i = 0; i < in; ++i) wh.at(o, i) = vals[size_t((h * out + o) * in + i)];
+      const Tensor<float> yh = linear(xh, wh);
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t o = 0; o < out; ++o) CHECK(std::bit_cast<uint32_t>(y.at(r, h, o)) == std::bit_cast<uint32_t>(yh.at(r, o)));
+    }
+  }
+  // Errors name the tensor: x's rank and shape against w, negative strides, no data.
+  const HeadWeights ok{buf.data(), heads, out, in, head_stride, in, 1};
+  const auto msg = [](const std::function<void()>& f) {
+    try {
+      f();
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  CHECK(msg([&] { (void)head_linear(Tensor<float>({rows, in}), ok); }).find("head_linear x: expected rank 3") != std::string::npos);
+  CHECK(msg([&] { (void)head_linear(Tensor<float>({rows, heads + 1, in}), ok); }).find("heads=3, in=4") != std::string::npos);
+  HeadWeights neg = ok;
+  neg.o_stride = -1;
+  CHECK(msg([&] { (void)head_linear(x, neg); }).find(">= 0") != std::string::npos);
+  HeadWeights none = ok;
+  none.base = nullptr;
+  CHECK(msg([&] { (void)head_linear(x, none); }).find("no data") != std::string::npos);
 }
 
 TEST_CASE("module_ops: linear shape errors") {

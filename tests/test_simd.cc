@@ -679,6 +679,41 @@ TEST_CASE("simd: linear equals ref::linear bit for bit on every target (odd shap
   CHECK(error_of([&] { simd::linear(x, w); }) == error_of([&] { ref::linear(x, w); }));
 }
 
+TEST_CASE("simd: head_linear equals ref::head_linear bit for bit on every target (both layouts, odd shapes)") {
+  struct Dims {
+    int64_t rows, heads, in, out;
+  };
+  // in > 128 walks several input chunks, out > 24 several panels; 1 row, 1 head, in 0.
+  for (const Dims& dm : std::vector<Dims>{{1, 1, 1, 1}, {3, 2, 7, 5}, {9, 3, 130, 49}, {17, 5, 33, 24}, {2, 3, 0, 4}}) {
+    for (const bool transposed : {false, true}) {
+      CAPTURE(dm.rows);
+      CAPTURE(dm.heads);
+      CAPTURE(dm.in);
+      CAPTURE(dm.out);
+      CAPTURE(transposed);
+      // Heads 3 elements apart beyond their matrices (gaps), element (o, i) at o * os + i * is.
+      const int64_t os = transposed ? 1 : dm.in, is = transposed ? dm.out : 1, hstride = dm.out * dm.in + 3;
+      Tensor<float> x({dm.rows, dm.heads, dm.in}), wbuf({dm.heads * hstride + 1});
+      fill(x.ptr(), x.numel(), Dist::normal, 1.0f, 12, stream_tag("x"));
+      fill(wbuf.ptr(), wbuf.numel(), Dist::uniform, 0.25f, 12, stream_tag("w"));  // f32 values, not only bf16
+      if (dm.rows > 2 && dm.in > 2) {
+        x.at(1, 0, 2) = std::numeric_limits<float>::quiet_NaN();
+        x.at(2, dm.heads - 1, 0) = -std::numeric_limits<float>::infinity();
+      }
+      const ref::HeadWeights w{wbuf.ptr(), dm.heads, dm.out, dm.in, hstride, os, is};
+      const Tensor<float> expect = ref::head_linear(x, w);
+      for_each_target([&](const std::string&, int) {
+        const Tensor<float> got = simd::head_linear(x, w);
+        REQUIRE(got.shape == expect.shape);
+        CHECK(first_diff(got, expect) == -1);
+      });
+    }
+  }
+  Tensor<float> x({2, 3, 4}), wbuf({10});
+  const ref::HeadWeights bad{wbuf.ptr(), 2, 1, 4, 4, 4, 1};  // x has 3 heads
+  CHECK(error_of([&] { simd::head_linear(x, bad); }) == error_of([&] { ref::head_linear(x, bad); }));
+}
+
 TEST_CASE("simd: the module-level indexer and the toy model give ref's bits") {
   for (const char* preset : {"tiny-glm", "tiny-deepseek"}) {
     CAPTURE(preset);
@@ -690,8 +725,7 @@ TEST_CASE("simd: the module-level indexer and the toy model give ref's bits") {
       const ref::ToyForward f = ref::forward(m, c_ref, ref::toy_hidden(cfg, 5, 0, 40));
       const ref::ToyLayerTrace& l0 = f.layers[0];
       for_each_target([&](const std::string&, int) {
-        const Tensor<float> qr = ref::mla_query(cfg, m.layers[0].mla, l0.x, 0).qr;
-        const ref::IndexerModuleOut o = simd::indexer_module(cfg, m.layers[0].indexer, l0.x, qr, 0, variant);
+        const ref::IndexerModuleOut o = simd::indexer_module(cfg, m.layers[0].indexer, l0.x, l0.qr, 0, variant);
         CHECK(first_diff(o.q, l0.indexer.q) == -1);
         CHECK(first_diff(o.k, l0.indexer.k) == -1);
         CHECK(first_diff(o.weights, l0.indexer.weights) == -1);
@@ -699,6 +733,8 @@ TEST_CASE("simd: the module-level indexer and the toy model give ref's bits") {
         ref::ToyCache c_simd;
         const ref::ToyForward g = ref::forward(m, c_simd, ref::toy_hidden(cfg, 5, 0, 40), simd::kernels());
         CHECK(first_diff(g.h_out, f.h_out) == -1);
+        CHECK(g.layers[0].q.data == f.layers[0].q.data);  // W_uk absorption (head_linear)
+        CHECK(first_diff(g.layers[0].out, f.layers[0].out) == -1);  // W_uv (head_linear) and wo
         for (size_t l = 0; l < f.layers.size(); ++l) {
           CAPTURE(l);
           CHECK(g.layers[l].used_topk.data == f.layers[l].used_topk.data);
@@ -750,6 +786,21 @@ TEST_CASE("simd: reduction orders are the specified ones (cancellation-sensitive
     for_each_target([&](const std::string&, int threads) {
       if (threads != 1) return;
       CHECK(simd::sparse_attention(q0, kv0, rows, 1.0f, 8).out[0] == 0.0f);
+    });
+  }
+  // head_linear: the same sum per head, its weights read through strides (here transposed:
+  // element (o, i) at i * 2 + o), i ascending.
+  {
+    Tensor<float> xh({1, 1, 3});
+    xh[0] = 0x1p30f, xh[1] = 1.0f, xh[2] = -0x1p30f;
+    const float wt[6] = {0x1p30f, 0x1p30f, 1.0f, 1.0f, 0x1p30f, 0x1p30f};
+    const ref::HeadWeights hw{wt, 1, 2, 3, 6, 1, 2};
+    CHECK(ref::head_linear(xh, hw)[0] == 0.0f);
+    for_each_target([&](const std::string&, int threads) {
+      if (threads != 1) return;
+      const Tensor<float> y = simd::head_linear(xh, hw);
+      CHECK(y[0] == 0.0f);
+      CHECK(y[1] == 0.0f);
     });
   }
   // Linear: sum over k ascending: x . w = 2^60 + 1 - 2^60 = 0 in that order (any pairing of the

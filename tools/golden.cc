@@ -330,7 +330,7 @@ GoldenSet build_model(const ModelSpec& spec, const std::string& replay) {
         {"mla.kv_norm", &w.mla.kv_norm}, {"mla.wkv_b", &w.mla.wkv_b}, {"mla.wo", &w.mla.wo}};
     for (const auto& [n, t] : mla) add(g, pre + n, bf16_of(*t), Role::input);
     add(g, pre + "attn.x", bf16_of(tr.x), Role::reference);
-    add(g, pre + "mla.qr", bf16_of(ref::mla_query(cfg, w.mla, tr.x, 0).qr), Role::reference);
+    add(g, pre + "mla.qr", bf16_of(tr.qr), Role::reference);
     if (w.has_indexer) {
       const std::pair<const char*, const Tensor<float>*> iw[] = {
           {"indexer.wq_b", &w.indexer.wq_b}, {"indexer.wk", &w.indexer.wk}, {"indexer.k_norm_w", &w.indexer.k_norm_w},
