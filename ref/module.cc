@@ -34,14 +34,21 @@ struct Mixer {
   std::string prefix, base_prefix;
   float a, b;
 
-  // a * B + b * E over the named streams (see the header).
+  // a * B + b * E over the named streams (see the header). E is drawn a block at a time (a slice
+  // of its stream, the same values as a whole fill), so only B takes the tensor's memory.
   Tensor<float> mix(const std::string& name, const Shape& shape) const {
-    Tensor<float> base(shape), own(shape);
-    fill(base.ptr(), base.numel(), Dist::normal, 1.0f, seed, stream_tag(base_prefix + name));
-    fill(own.ptr(), own.numel(), Dist::normal, 1.0f, seed, stream_tag(prefix + name));
-    for (int64_t i = 0; i < base.numel(); ++i) {
-      const float ab = a * base[i], be = b * own[i];
-      base[i] = ab + be;
+    Tensor<float> base(shape);
+    const int64_t n = base.numel();
+    fill(base.ptr(), n, Dist::normal, 1.0f, seed, stream_tag(base_prefix + name));
+    constexpr int64_t kBlock = 64 * kChunk;
+    std::vector<float> own(static_cast<size_t>(std::min(n, kBlock)));
+    for (int64_t b0 = 0; b0 < n; b0 += kBlock) {
+      const int64_t len = std::min(kBlock, n - b0);
+      fill_range(own.data(), b0, len, Dist::normal, 1.0f, seed, stream_tag(prefix + name));
+      for (int64_t i = 0; i < len; ++i) {
+        const float ab = a * base[b0 + i], be = b * own[size_t(i)];
+        base[b0 + i] = ab + be;
+      }
     }
     return base;
   }

@@ -110,8 +110,13 @@ void fill(float* out, int64_t n, Dist dist, float scale, uint64_t seed, uint64_t
 void fill_range(float* out, int64_t start, int64_t n, Dist dist, float scale, uint64_t seed, uint64_t tag) {
   require(start >= 0 && n >= 0, "fill_range: start and n must be >= 0");
   const int64_t end = start + n;
-  for (int64_t c0 = start - start % kChunk; c0 < end; c0 += kChunk) {
-    Xoshiro256 g = chunk_generator(seed, tag, c0 / kChunk);
+  const int64_t c_begin = start / kChunk, c_end = (end + kChunk - 1) / kChunk;  // chunks touched
+  // Every chunk has its own generator and its own slice of out, so chunks are filled in
+  // parallel (OpenMP, when there are enough of them): the bytes never depend on the thread count.
+#pragma omp parallel for schedule(static) if (c_end - c_begin >= 8)
+  for (int64_t c = c_begin; c < c_end; ++c) {
+    const int64_t c0 = c * kChunk;
+    Xoshiro256 g = chunk_generator(seed, tag, c);
     // Values before `start` in the first chunk are drawn and discarded: a draw may consume a
     // variable number of generator outputs (rejection), so there is no shortcut to element i.
     for (int64_t i = c0; i < start; ++i) (void)draw(g, dist);

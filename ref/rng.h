@@ -9,7 +9,8 @@
 // Engine: SplitMix64 (Steele, Lea, Flood 2014) seeds a xoshiro256** generator (Blackman, Vigna).
 // Streams: a tensor is filled in chunks of kChunk elements; chunk c of stream `tag` under seed
 // `seed` gets its own generator seeded from mix(seed, tag, c). Any thread can fill any chunk, so
-// the result never depends on the thread count or on the order in which chunks are filled.
+// the result never depends on the thread count or on the order in which chunks are filled
+// (fill_range fills the chunks of a long range in parallel with OpenMP).
 #pragma once
 
 #include <cstdint>

@@ -1,8 +1,10 @@
 // Tests of ref/rng: the engine against its published definition, the distributions' ranges and
 // moments, exactness of the "exact" distributions, and chunked filling.
 #include <doctest/doctest.h>
+#include <omp.h>
 
 #include <cmath>
+#include <cstring>
 #include <map>
 #include <set>
 #include <vector>
@@ -91,6 +93,26 @@ TEST_CASE("rng: filling is reproducible, stream-separated and independent of the
   CHECK(!std::equal(a.begin(), a.begin() + 64, a.begin() + kChunk));
   CHECK(parse_dist("ties") == Dist::ties);
   CHECK_THROWS_WITH_AS(parse_dist("gauss"), doctest::Contains("'gauss'"), Error);
+}
+
+TEST_CASE("rng: fill and fill_range give the same bytes on 1 and 2 threads (chunks filled in parallel)") {
+  const uint64_t tag = stream_tag("threads");
+  const int64_t n = 40 * kChunk + 123;  // past the parallel threshold, a partial last chunk
+  std::vector<float> one(static_cast<size_t>(n)), two(static_cast<size_t>(n), -1.0f);
+  std::vector<float> r1(static_cast<size_t>(20 * kChunk)), r2(r1.size(), -1.0f);
+  const int before = omp_get_max_threads();
+  for (const Dist d : {Dist::normal, Dist::integer}) {  // integer draws use rejection (variable draws)
+    omp_set_num_threads(1);
+    fill(one.data(), n, d, 0.5f, 7, tag);
+    fill_range(r1.data(), 3 * kChunk + 17, int64_t(r1.size()), d, 0.5f, 7, tag);
+    omp_set_num_threads(2);
+    fill(two.data(), n, d, 0.5f, 7, tag);
+    fill_range(r2.data(), 3 * kChunk + 17, int64_t(r2.size()), d, 0.5f, 7, tag);
+    CHECK(std::memcmp(one.data(), two.data(), one.size() * sizeof(float)) == 0);
+    CHECK(std::memcmp(r1.data(), r2.data(), r1.size() * sizeof(float)) == 0);
+    CHECK(std::memcmp(r1.data(), one.data() + 3 * kChunk + 17, r1.size() * sizeof(float)) == 0);
+  }
+  omp_set_num_threads(before);
 }
 
 TEST_CASE("rng: fill_range equals the slice of a full fill, across chunk boundaries") {
