@@ -107,8 +107,12 @@ HWY_NOINLINE void HeadRows(const float* x, int64_t rows, int64_t heads, int64_t 
     double* tile = xp + rt * in * int64_t(kTileHeads);
     for (int64_t e = 0; e < int64_t(kTileHeads); ++e) {
       const int64_t r = rt * int64_t(kTileHeads) + e;
-      const float* row = x + (r * heads + h) * in;
-      for (int64_t j = 0; j < in; ++j) tile[j * int64_t(kTileHeads) + e] = r < rows ? double(row[j]) : 0.0;
+      if (r < rows) {
+        const float* row = x + (r * heads + h) * in;
+        for (int64_t j = 0; j < in; ++j) tile[j * int64_t(kTileHeads) + e] = double(row[j]);
+      } else {
+        for (int64_t j = 0; j < in; ++j) tile[j * int64_t(kTileHeads) + e] = 0.0;
+      }
     }
   }
   const int64_t nk = int64_t(TileKeys());
