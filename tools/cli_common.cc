@@ -45,7 +45,7 @@ uint64_t estimate_model_bytes(const ModelConfig& c, bool golden) {
   const double weights = 4 * (H * D * ql + D * dim + 2 * D + H * dim                              // indexer
                               + ql * dim + ql + nh * (nope + rope) * ql + (kl + rope) * dim + kl  // MLA down, norms
                               + nh * (nope + v) * kl + dim * nh * v + dim);                       // up, wo, attn norm
-  const double trace = S * dim * 4 * 2                                      // x, out
+  const double trace = S * dim * 4 * 2 + S * ql * 4                         // x, out, qr
                        + S * H * D * (4 * 4 + 1) + S * D * (5 * 4 + 1)      // indexer q/k stages, FP8 codes
                        + S * H * 8 + S * 4                                  // scales, head weights
                        + S * S * 4                                          // logits [seq, seq]
