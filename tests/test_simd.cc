@@ -788,32 +788,22 @@ TEST_CASE("simd: reduction orders are the specified ones (cancellation-sensitive
       CHECK(simd::sparse_attention(q0, kv0, rows, 1.0f, 8).out[0] == 0.0f);
     });
   }
-  // head_linear: the same sum per head, its weights read through strides (here transposed:
-  // element (o, i) at i * 2 + o), i ascending.
-  {
-    Tensor<float> xh({1, 1, 3});
-    xh[0] = 0x1p30f, xh[1] = 1.0f, xh[2] = -0x1p30f;
-    const float wt[6] = {0x1p30f, 0x1p30f, 1.0f, 1.0f, 0x1p30f, 0x1p30f};
-    const ref::HeadWeights hw{wt, 1, 2, 3, 6, 1, 2};
-    CHECK(ref::head_linear(xh, hw)[0] == 0.0f);
-    for_each_target([&](const std::string&, int threads) {
-      if (threads != 1) return;
-      const Tensor<float> y = simd::head_linear(xh, hw);
-      CHECK(y[0] == 0.0f);
-      CHECK(y[1] == 0.0f);
-    });
-  }
   // Linear: sum over k ascending: x . w = 2^60 + 1 - 2^60 = 0 in that order (any pairing of the
-  // two large terms first gives 1).
-  Tensor<float> x({1, 3}), w({2, 3});
-  x[0] = 0x1p30f, x[1] = 1.0f, x[2] = -0x1p30f;
+  // two large terms first gives 1). head_linear: the same sum per head, its weights read through
+  // strides (here transposed: element (o, i) at i * 2 + o).
+  Tensor<float> x({1, 3}), w({2, 3}), xh({1, 1, 3});
+  x[0] = xh[0] = 0x1p30f, x[1] = xh[1] = 1.0f, x[2] = xh[2] = -0x1p30f;
   for (int64_t o = 0; o < 2; ++o) w.at(o, 0) = 0x1p30f, w.at(o, 1) = 1.0f, w.at(o, 2) = 0x1p30f;
+  const float wt[6] = {0x1p30f, 0x1p30f, 1.0f, 1.0f, 0x1p30f, 0x1p30f};
+  const ref::HeadWeights hw{wt, 1, 2, 3, 6, 1, 2};
   CHECK(ref::linear(x, w)[0] == 0.0f);
+  CHECK(ref::head_linear(xh, hw)[0] == 0.0f);
   for_each_target([&](const std::string&, int threads) {
     if (threads != 1) return;
-    const Tensor<float> y = simd::linear(x, w);
-    CHECK(y[0] == 0.0f);
-    CHECK(y[1] == 0.0f);
+    for (const Tensor<float>& y : {simd::linear(x, w), simd::head_linear(xh, hw)}) {
+      CHECK(y[0] == 0.0f);
+      CHECK(y[1] == 0.0f);
+    }
   });
 }
 
