@@ -208,21 +208,35 @@ void check_head_linear_inputs(const Tensor<float>& x, const HeadWeights& w) {
   require(x.dim(1) == w.heads && x.dim(2) == w.in,
           "head_linear x: expected [rows, heads=" + std::to_string(w.heads) + ", in=" + std::to_string(w.in) +
               "], got " + shape_str(x.shape));
-  require(w.base != nullptr || w.heads * w.out * w.in == 0, "head_linear w: no data");
+  require(w.base != nullptr || w.heads == 0, "head_linear w: no data");
 }
 
 Tensor<float> head_linear(const Tensor<float>& x, const HeadWeights& w) {
   check_head_linear_inputs(x, w);
   const int64_t rows = x.dim(0), heads = w.heads, in = w.in, out = w.out;
   Tensor<float> y({rows, heads, out});
+  std::vector<double> acc(static_cast<size_t>(out));
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t h = 0; h < heads; ++h) {
       const float* wh = w.base + h * w.head_stride;
-      for (int64_t o = 0; o < out; ++o) {
-        double acc = 0.0;
-        for (int64_t i = 0; i < in; ++i) acc += double(x.at(r, h, i)) * double(wh[o * w.o_stride + i * w.i_stride]);
-        y.at(r, h, o) = float(acc);
+      // Every y[r, h, o] is the sum over i ascending, acc[o] = 0 + x_0 W(o, 0) + x_1 W(o, 1) + ...
+      // Both loop orders below perform exactly that sequence per element; the inner loop walks
+      // the index along which W is contiguous (o for W_uk read transposed, i otherwise).
+      if (w.o_stride == 1 && w.i_stride != 1) {
+        std::fill(acc.begin(), acc.end(), 0.0);
+        for (int64_t i = 0; i < in; ++i) {
+          const double xi = double(x.at(r, h, i));
+          const float* wi = wh + i * w.i_stride;
+          for (int64_t o = 0; o < out; ++o) acc[size_t(o)] += xi * double(wi[o]);
+        }
+      } else {
+        for (int64_t o = 0; o < out; ++o) {
+          double a = 0.0;
+          for (int64_t i = 0; i < in; ++i) a += double(x.at(r, h, i)) * double(wh[o * w.o_stride + i * w.i_stride]);
+          acc[size_t(o)] = a;
+        }
       }
+      for (int64_t o = 0; o < out; ++o) y.at(r, h, o) = float(acc[size_t(o)]);
     }
   }
   return y;

@@ -150,7 +150,7 @@ struct HeadWeights {
 // Exact products, one rounding to f32, the order of linear: an fp32-accumulating per-head einsum.
 Tensor<float> head_linear(const Tensor<float>& x, const HeadWeights& w);
 // The checks head_linear starts with (x [rows, heads, in] against w's heads and in; w's sizes
-// and strides >= 0, base set when w has elements); throws Error. simd::head_linear calls it too.
+// and strides >= 0, base set when there are heads); throws Error. simd::head_linear calls it too.
 void check_head_linear_inputs(const Tensor<float>& x, const HeadWeights& w);
 // An engine with head_linear's signature and result bits (ref's, or simd::head_linear).
 using HeadLinearFn = Tensor<float> (*)(const Tensor<float>& x, const HeadWeights& w);

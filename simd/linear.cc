@@ -130,13 +130,18 @@ void HeadLinearRows(const float* x, int64_t rows, int64_t heads, int64_t in, int
   const int64_t tile_sums = int64_t(kTileHeads * kTileVecs) * N;
 #pragma omp parallel
   {
-    auto xp = hwy::AllocateAligned<double>(size_t(std::max<int64_t>(1, row_tiles * int64_t(kTileHeads) * in)));
-    auto wp = hwy::AllocateAligned<double>(size_t(nk * kInChunk));
-    auto state = hwy::AllocateAligned<double>(size_t(row_tiles * tile_sums));
+    // The thread's scratch, allocated with its first head (a thread without heads takes none).
+    hwy::AlignedFreeUniquePtr<double[]> xp, wp, state;
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t h = 0; h < heads; ++h)
+    for (int64_t h = 0; h < heads; ++h) {
+      if (!xp) {
+        xp = hwy::AllocateAligned<double>(size_t(std::max<int64_t>(1, row_tiles * int64_t(kTileHeads) * in)));
+        wp = hwy::AllocateAligned<double>(size_t(nk * kInChunk));
+        state = hwy::AllocateAligned<double>(size_t(row_tiles * tile_sums));
+      }
       HeadRows(x, rows, heads, in, out, h, w + h * head_stride, o_stride, i_stride, xp.get(), wp.get(), state.get(),
                y);
+    }
   }
 }
 

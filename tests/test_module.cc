@@ -407,6 +407,10 @@ TEST_CASE("module: mla_query is RMSNorm, wq_b, interleaved RoPE on the trailing 
           e += (long double)qh[size_t(n)] * w.wkv_b.at(h * (nope + v) + n, c);
         const long double got = bf16_to_f32(q.q.at(t, h, c));
         REQUIRE(std::fabs(got - e) <= (kUbf + 0x1p-23) * std::fabs(e) + 1e-30L);
+        // ... and exactly the specified sum: double, n ascending, then f32, then bf16.
+        double acc = 0.0;
+        for (int64_t n = 0; n < nope; ++n) acc += double(qh[size_t(n)]) * double(w.wkv_b.at(h * (nope + v) + n, c));
+        REQUIRE(q.q.at(t, h, c).bits == f32_to_bf16(float(acc)).bits);
       }
     }
   }
@@ -673,6 +677,26 @@ TEST_CASE("module: random weights follow the similarity mix") {
     const double corr = double(sxy / std::sqrt(sxx * syy));
     MESSAGE("correlation of two layers' indexer.wq_b at similarity 0.6: " << corr);
     CHECK(std::fabs(corr - 0.36) < 0.08);
+  }
+  SUBCASE("a tensor longer than the mixer's block (its second stream is drawn block by block)") {
+    // wq_a [q_lora, dim] with 768 x 1000 = 768000 values: 2.9 blocks of 64 * 4096, the last partial.
+    ModelConfig big = cfg;
+    big.q_lora_rank = 768;
+    big.dim = 1000;
+    const float a = 0.6f, b = float(std::sqrt(1.0L - (long double)a * a));
+    const MlaWeights mw = random_mla_weights(big, seed, "layers.2.", a, "base.");
+    const int64_t n = mw.wq_a.numel();
+    REQUIRE(n == 768000);
+    Tensor<float> B({n}), E({n});
+    fill(B.ptr(), n, Dist::normal, 1.0f, seed, stream_tag("base.mla.wq_a"));
+    fill(E.ptr(), n, Dist::normal, 1.0f, seed, stream_tag("layers.2.mla.wq_a"));
+    const float s = float(1.0L / std::sqrt((long double)big.dim));
+    int64_t bad = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const float ab = a * B[i], be = b * E[i], mix = ab + be;
+      bad += std::bit_cast<uint32_t>(mw.wq_a[i]) != std::bit_cast<uint32_t>(round_bf16(s * mix));
+    }
+    CHECK(bad == 0);
   }
   SUBCASE("similarity outside [0, 1] throws") {
     for (float bad : {-0.01f, 1.01f, std::numeric_limits<float>::quiet_NaN()}) {

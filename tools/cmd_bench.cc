@@ -33,7 +33,7 @@
 //                       FLOPs = 2 * S * (H * D * q_lora + D * dim + H * dim). The rest of the
 //                       module (RoPE, LayerNorm, Hadamard, FP8 quantization: O(S * H * D log D),
 //                       ref's code on both paths) is not timed. --module-preset none skips it.
-// ref/ is single-threaded; simd/ runs on --threads OpenMP threads. Each GFLOP/s is compared with
+// ref's kernels are single-threaded; simd/ runs on --threads OpenMP threads. Each GFLOP/s is compared with
 // simd::fma_peak_gflops at the same thread count (1 for ref, --threads for simd) on the best
 // Highway target whatever --target says, probed in this run before the first stage and again
 // after the last; the larger of the two probes counts (a busy neighbour only lowers a probe, so
@@ -304,7 +304,7 @@ int cmd_bench(const BenchArgs& a) {
   // Options of parts this run skips are refused, not ignored.
   if (!do_simd)
     reject_given(a.given, {"--threads", "--target", "--stack-seq", "--stack-sq", "--stack-topk"}, "--impl simd",
-                 "ref is single-threaded scalar code, and the stack runs on simd");
+                 "ref's kernels are single-threaded scalar code, and the stack runs on simd");
   else if (a.stack_seq == 0)
     reject_given(a.given, {"--stack-sq", "--stack-topk"}, "the stack", "--stack-seq 0 skips it");
   if (a.module_preset == "none") reject_given(a.given, {"--module-rows"}, "the module stage", "--module-preset none skips it");
@@ -524,7 +524,7 @@ int cmd_bench(const BenchArgs& a) {
 
   // ---- report ---------------------------------------------------------------------------------
   std::printf("problem   %s\n", to_string(p).c_str());
-  std::printf("machine   %d OpenMP thread(s) for simd (ref is single-threaded); simd target %s (supported: %s)\n",
+  std::printf("machine   %d OpenMP thread(s) for simd (ref's kernels are single-threaded); simd target %s (supported: %s)\n",
               threads, target.c_str(), compiled.c_str());
   std::printf("peak      FMA probe, double, %s, GFLOP/s: 1 thread %.1f (start %.1f, end %.1f)", probe_target.c_str(),
               peak1, pk.start1, pk.end1);
