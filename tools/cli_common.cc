@@ -1,4 +1,6 @@
 // Helpers shared by the subcommands (tools/cli.h).
+#include <omp.h>
+
 #include <algorithm>
 #include <cctype>
 #include <charconv>
@@ -53,7 +55,11 @@ uint64_t estimate_model_bytes(const ModelConfig& c, bool golden) {
                        + S * nh * double(c.d_qk()) * (2 + 4)                // q (bf16), MLA's f32 intermediates
                        + S * nh * (double(c.d_v()) * 6 + 8);                // attention outputs
   const double cache = S * double(c.d_qk()) * 2 + S * D * 5 + S * 4;       // latent kv, indexer keys
-  const double total = (weights + trace + cache) * double(c.n_layers) * (golden ? 2 : 1) + S * dim * 4 * 2;
+  // Transient, once: simd::linear packs its input rows as doubles (the widest input is wo's
+  // n_heads * v, or dim) and simd::head_linear packs one head's rows per thread.
+  const double packed = S * std::max({dim, ql, nh * v, kl}) * 8 + S * kl * 8 * double(omp_get_max_threads());
+  const double total =
+      (weights + trace + cache) * double(c.n_layers) * (golden ? 2 : 1) + S * dim * 4 * 2 + packed;
   return total >= 1.8e19 ? UINT64_MAX : uint64_t(total);  // saturate instead of overflowing
 }
 
