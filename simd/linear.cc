@@ -31,6 +31,59 @@ namespace hn = hwy::HWY_NAMESPACE;
 // AVX3) and of an x tile (8 KiB) stay in L1 while the tile walks it.
 constexpr int64_t kInChunk = 128;
 
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+// dst[c * dst_stride + r] = double(src[r * ld + c]) for an 8 x 8 block of f32: a transpose in
+// 256-bit registers (unpack, shuffle, 128-bit permute), then one exact conversion per column.
+HWY_INLINE void Transpose8x8ToF64(const float* HWY_RESTRICT src, int64_t ld, double* HWY_RESTRICT dst,
+                                  int64_t dst_stride) {
+  __m256 r[8], t[8], u[8];
+  for (int64_t i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(src + i * ld);
+  for (int i = 0; i < 8; i += 2) {  // t[i]: columns 0,1 | 4,5 of rows i, i+1; t[i+1]: 2,3 | 6,7
+    t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+    t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+  }
+  for (int h = 0; h < 8; h += 4) {  // u[h + m]: column m | m + 4 of rows h..h+3
+    u[h + 0] = _mm256_shuffle_ps(t[h], t[h + 2], _MM_SHUFFLE(1, 0, 1, 0));
+    u[h + 1] = _mm256_shuffle_ps(t[h], t[h + 2], _MM_SHUFFLE(3, 2, 3, 2));
+    u[h + 2] = _mm256_shuffle_ps(t[h + 1], t[h + 3], _MM_SHUFFLE(1, 0, 1, 0));
+    u[h + 3] = _mm256_shuffle_ps(t[h + 1], t[h + 3], _MM_SHUFFLE(3, 2, 3, 2));
+  }
+  for (int m = 0; m < 4; ++m) {  // column m: rows 0-3 from u[m], rows 4-7 from u[4 + m]
+    _mm512_storeu_pd(dst + m * dst_stride, _mm512_cvtps_pd(_mm256_permute2f128_ps(u[m], u[4 + m], 0x20)));
+    _mm512_storeu_pd(dst + (m + 4) * dst_stride, _mm512_cvtps_pd(_mm256_permute2f128_ps(u[m], u[4 + m], 0x31)));
+  }
+}
+#endif
+
+// One panel of weights in PackPanel's layout: wp[j * nk + i] = double(W(i, j)) for features
+// i < count and inputs j < kc, zeros for i in [count, nk), where W(i, j) = w[i * o_stride +
+// j * i_stride]. Exact f32 -> f64 conversions, so every path stores the same values: features
+// contiguous (o_stride 1, MLA's W_uk) convert a vector at a time; rows contiguous (i_stride 1,
+// torch's layout) transpose 8 x 8 blocks on AVX3; the rest goes element by element.
+HWY_INLINE void PackWeights(const float* w, int64_t o_stride, int64_t i_stride, int64_t count, int64_t kc,
+                            double* HWY_RESTRICT wp) {
+  const DF64 d;
+  const hn::Rebind<float, DF64> df32;
+  const int64_t N = int64_t(hn::Lanes(d));
+  const int64_t nk = int64_t(TileKeys());
+  int64_t j0 = 0;
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+  if (i_stride == 1 && count == nk && nk % 8 == 0) {
+    for (; j0 + 8 <= kc; j0 += 8)
+      for (int64_t g = 0; g < nk; g += 8) Transpose8x8ToF64(w + g * o_stride + j0, o_stride, wp + j0 * nk + g, nk);
+  }
+#endif
+  for (int64_t j = j0; j < kc; ++j) {
+    const float* col = w + j * i_stride;
+    double* HWY_RESTRICT dst = wp + j * nk;
+    int64_t i = 0;
+    if (o_stride == 1)
+      for (; i + N <= count; i += N) hn::Store(hn::PromoteTo(d, hn::LoadU(df32, col + i)), d, dst + i);
+    for (; i < count; ++i) dst[i] = double(col[i * o_stride]);
+    for (; i < nk; ++i) dst[i] = 0.0;
+  }
+}
+
 // Output panel pi (features [pi * TileKeys(), ...)) of y for every row: weight (o, k) at
 // w[o * o_stride + k * i_stride] (linear: o_stride = in, i_stride = 1), y row r at y + r * y_stride.
 // wp and state are the calling thread's scratch. Not inlined into the OpenMP region (see
@@ -48,13 +101,7 @@ HWY_NOINLINE void LinearPanel(const double* xp, const float* w, int64_t o_stride
   std::fill(state, state + row_tiles * tile_sums, 0.0);
   for (int64_t k0 = 0; k0 < in; k0 += kInChunk) {  // in ascending: ref's order, chunk by chunk
     const int64_t kc = std::min(kInChunk, in - k0);
-    // The panel (PackPanel's layout wp[j * nk + i] = w(o0 + i, k0 + j), zeros past count).
-    for (int64_t j = 0; j < kc; ++j) {
-      const float* col = w + o0 * o_stride + (k0 + j) * i_stride;
-      double* HWY_RESTRICT dst = wp + j * nk;
-      for (int64_t i = 0; i < count; ++i) dst[i] = double(col[i * o_stride]);
-      for (int64_t i = count; i < nk; ++i) dst[i] = 0.0;
-    }
+    PackWeights(w + o0 * o_stride + k0 * i_stride, o_stride, i_stride, count, kc, wp);
     for (int64_t rt = 0; rt < row_tiles; ++rt) {
       double* s = state + rt * tile_sums;
       VF64 acc[kTileHeads][kTileVecs];
