@@ -79,10 +79,11 @@ HWY_INLINE void TileDots(const double* HWY_RESTRICT qp, const double* HWY_RESTRI
   TileDotsAcc(qp, kp, dim, dots);
 }
 
-// Packs rows [0, rows) of a row-major [rows, dim] matrix into head-block tiles
-// dst[hb][j][kTileHeads] (rows padded with zeros to a multiple of kTileHeads).
+// Packs rows [0, rows) of dim elements each (row r at src + r * src_stride; src_stride = dim for
+// a plain row-major matrix) into head-block tiles dst[hb][j][kTileHeads] (rows padded with zeros
+// to a multiple of kTileHeads).
 template <typename Elem, class Decode>
-HWY_INLINE void PackTiles(const Elem* src, int64_t rows, int64_t dim, Decode decode,
+HWY_INLINE void PackTiles(const Elem* src, int64_t rows, int64_t dim, int64_t src_stride, Decode decode,
                           double* HWY_RESTRICT dst) {
   const int64_t blocks = (rows + int64_t(kTileHeads) - 1) / int64_t(kTileHeads);
   for (int64_t hb = 0; hb < blocks; ++hb) {
@@ -90,7 +91,7 @@ HWY_INLINE void PackTiles(const Elem* src, int64_t rows, int64_t dim, Decode dec
     for (int64_t h = 0; h < int64_t(kTileHeads); ++h) {
       const int64_t r = hb * int64_t(kTileHeads) + h;
       if (r < rows) {
-        const Elem* row = src + r * dim;
+        const Elem* row = src + r * src_stride;
         for (int64_t j = 0; j < dim; ++j) tile[j * int64_t(kTileHeads) + h] = decode(row[j]);
       } else {
         for (int64_t j = 0; j < dim; ++j) tile[j * int64_t(kTileHeads) + h] = 0.0;

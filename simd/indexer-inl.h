@@ -128,9 +128,9 @@ void RunIndexer(const detail::IndexerView& v, int64_t key_block, Emit& emit) {
         const int64_t lo = std::max<int64_t>(v.ks[t], b0), hi = std::min<int64_t>(v.ke[t], b1);
         if (lo >= hi || !emit.active(t)) continue;
         if (v.fp8)
-          PackTiles(static_cast<const uint8_t*>(v.q) + t * H * D, H, D, dec8, qp.get());
+          PackTiles(static_cast<const uint8_t*>(v.q) + t * H * D, H, D, D, dec8, qp.get());
         else
-          PackTiles(static_cast<const float*>(v.q) + t * H * D, H, D, dec32, qp.get());
+          PackTiles(static_cast<const float*>(v.q) + t * H * D, H, D, D, dec32, qp.get());
         for (int64_t h = 0; h < H; ++h) wd[size_t(h)] = double(v.weights[t * H + h]);
         RowLogits(v, b0, lo, hi, qp.get(), wd.data(), panels, tmp.get(), vals.data());
         emit(t, lo, hi, vals.data());

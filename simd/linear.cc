@@ -129,7 +129,7 @@ void LinearRows(const float* x, const float* w, int64_t rows, int64_t in, int64_
   const int64_t row_tiles = (rows + int64_t(kTileHeads) - 1) / int64_t(kTileHeads);
   const auto dec = [](float v) { return double(v); };
   auto xp = hwy::AllocateAligned<double>(size_t(std::max<int64_t>(1, row_tiles * int64_t(kTileHeads) * in)));
-  PackTiles(x, rows, in, dec, xp.get());
+  PackTiles(x, rows, in, in, dec, xp.get());
   const int64_t panels = (out + nk - 1) / nk;
   const int64_t tile_sums = int64_t(kTileHeads * kTileVecs) * N;
 #pragma omp parallel
@@ -149,19 +149,7 @@ void LinearRows(const float* x, const float* w, int64_t rows, int64_t in, int64_
 HWY_NOINLINE void HeadRows(const float* x, int64_t rows, int64_t heads, int64_t in, int64_t out, int64_t h,
                            const float* wh, int64_t o_stride, int64_t i_stride, double* xp, double* wp,
                            double* state, float* y) {
-  const int64_t row_tiles = (rows + int64_t(kTileHeads) - 1) / int64_t(kTileHeads);
-  for (int64_t rt = 0; rt < row_tiles; ++rt) {  // PackTiles' layout, rows strided by heads * in
-    double* tile = xp + rt * in * int64_t(kTileHeads);
-    for (int64_t e = 0; e < int64_t(kTileHeads); ++e) {
-      const int64_t r = rt * int64_t(kTileHeads) + e;
-      if (r < rows) {
-        const float* row = x + (r * heads + h) * in;
-        for (int64_t j = 0; j < in; ++j) tile[j * int64_t(kTileHeads) + e] = double(row[j]);
-      } else {
-        for (int64_t j = 0; j < in; ++j) tile[j * int64_t(kTileHeads) + e] = 0.0;
-      }
-    }
-  }
+  PackTiles(x + h * in, rows, in, heads * in, [](float v) { return double(v); }, xp);
   const int64_t nk = int64_t(TileKeys());
   const int64_t panels = (out + nk - 1) / nk;
   for (int64_t pi = 0; pi < panels; ++pi)
