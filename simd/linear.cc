@@ -31,6 +31,14 @@ namespace hn = hwy::HWY_NAMESPACE;
 // AVX3) and of an x tile (8 KiB) stay in L1 while the tile walks it.
 constexpr int64_t kInChunk = 128;
 
+// Row tiles (kTileHeads rows each) covering `rows`; doubles of running sums one row tile keeps
+// per panel; doubles of x's rows packed into whole row tiles (PackTiles).
+HWY_INLINE int64_t RowTiles(int64_t rows) { return (rows + int64_t(kTileHeads) - 1) / int64_t(kTileHeads); }
+HWY_INLINE int64_t TileSums() { return int64_t(kTileHeads * kTileVecs * hn::Lanes(DF64())); }
+HWY_INLINE size_t PackedRowsSize(int64_t rows, int64_t in) {
+  return size_t(std::max<int64_t>(1, RowTiles(rows) * int64_t(kTileHeads) * in));
+}
+
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
 // dst[c * dst_stride + r] = double(src[r * ld + c]) for an 8 x 8 block of f32: a transpose in
 // 256-bit registers (unpack, shuffle, 128-bit permute), then one exact conversion per column.
@@ -95,8 +103,7 @@ HWY_NOINLINE void LinearPanel(const double* xp, const float* w, int64_t o_stride
   const DF64 d;
   const int64_t N = int64_t(hn::Lanes(d));
   const int64_t nk = int64_t(TileKeys());
-  const int64_t row_tiles = (rows + int64_t(kTileHeads) - 1) / int64_t(kTileHeads);
-  const int64_t tile_sums = int64_t(kTileHeads * kTileVecs) * N;
+  const int64_t row_tiles = RowTiles(rows), tile_sums = TileSums();
   const int64_t o0 = pi * nk, count = std::min(nk, out - o0);
   std::fill(state, state + row_tiles * tile_sums, 0.0);
   for (int64_t k0 = 0; k0 < in; k0 += kInChunk) {  // in ascending: ref's order, chunk by chunk
@@ -123,20 +130,15 @@ HWY_NOINLINE void LinearPanel(const double* xp, const float* w, int64_t o_stride
 }
 
 void LinearRows(const float* x, const float* w, int64_t rows, int64_t in, int64_t out, float* y) {
-  const DF64 d;
-  const int64_t N = int64_t(hn::Lanes(d));
   const int64_t nk = int64_t(TileKeys());
-  const int64_t row_tiles = (rows + int64_t(kTileHeads) - 1) / int64_t(kTileHeads);
-  const auto dec = [](float v) { return double(v); };
-  auto xp = hwy::AllocateAligned<double>(size_t(std::max<int64_t>(1, row_tiles * int64_t(kTileHeads) * in)));
-  PackTiles(x, rows, in, in, dec, xp.get());
+  auto xp = hwy::AllocateAligned<double>(PackedRowsSize(rows, in));
+  PackTiles(x, rows, in, in, [](float v) { return double(v); }, xp.get());
   const int64_t panels = (out + nk - 1) / nk;
-  const int64_t tile_sums = int64_t(kTileHeads * kTileVecs) * N;
 #pragma omp parallel
   {
     // The panel of w, and the running sums of every row tile against it (kept between chunks).
     auto wp = hwy::AllocateAligned<double>(size_t(nk * kInChunk));
-    auto state = hwy::AllocateAligned<double>(size_t(row_tiles * tile_sums));
+    auto state = hwy::AllocateAligned<double>(size_t(RowTiles(rows) * TileSums()));
 #pragma omp for schedule(dynamic, 1)
     for (int64_t pi = 0; pi < panels; ++pi)
       LinearPanel(xp.get(), w, in, 1, rows, in, out, pi, wp.get(), state.get(), y, out);
@@ -158,11 +160,6 @@ HWY_NOINLINE void HeadRows(const float* x, int64_t rows, int64_t heads, int64_t 
 
 void HeadLinearRows(const float* x, int64_t rows, int64_t heads, int64_t in, int64_t out, const float* w,
                     int64_t head_stride, int64_t o_stride, int64_t i_stride, float* y) {
-  const DF64 d;
-  const int64_t N = int64_t(hn::Lanes(d));
-  const int64_t nk = int64_t(TileKeys());
-  const int64_t row_tiles = (rows + int64_t(kTileHeads) - 1) / int64_t(kTileHeads);
-  const int64_t tile_sums = int64_t(kTileHeads * kTileVecs) * N;
 #pragma omp parallel
   {
     // The thread's scratch, allocated with its first head (a thread without heads takes none).
@@ -170,9 +167,9 @@ void HeadLinearRows(const float* x, int64_t rows, int64_t heads, int64_t in, int
 #pragma omp for schedule(dynamic, 1)
     for (int64_t h = 0; h < heads; ++h) {
       if (!xp) {
-        xp = hwy::AllocateAligned<double>(size_t(std::max<int64_t>(1, row_tiles * int64_t(kTileHeads) * in)));
-        wp = hwy::AllocateAligned<double>(size_t(nk * kInChunk));
-        state = hwy::AllocateAligned<double>(size_t(row_tiles * tile_sums));
+        xp = hwy::AllocateAligned<double>(PackedRowsSize(rows, in));
+        wp = hwy::AllocateAligned<double>(size_t(int64_t(TileKeys()) * kInChunk));
+        state = hwy::AllocateAligned<double>(size_t(RowTiles(rows) * TileSums()));
       }
       HeadRows(x, rows, heads, in, out, h, w + h * head_stride, o_stride, i_stride, xp.get(), wp.get(), state.get(),
                y);
