@@ -80,7 +80,7 @@ Report compare_floats(const std::string& tensor, const Tensor<float>& expected, 
           "compare " + tensor + ": bound has the wrong size");
   const int64_t n = expected.numel();
   r.stats.n = n;
-  int64_t special_fail = 0, nonzero = 0;
+  int64_t special_fail = 0, nonzero = 0, anchor_fail = 0;
   double sum_signed = 0, max_err = 0;
   for (int64_t i = 0; i < n; ++i) {
     const float e = expected[i], g = got[i];
@@ -105,6 +105,9 @@ Report compare_floats(const std::string& tensor, const Tensor<float>& expected, 
     if (e != 0.0f) r.stats.max_rel = std::max(r.stats.max_rel, ad / std::fabs(double(e)));
     if (bound > 0) r.stats.max_ratio = std::max(r.stats.max_ratio, ad / bound);
     else if (ad > 0) r.stats.max_ratio = std::numeric_limits<double>::infinity();
+    if (rule.anchor_rel >= 0 && !(ad < rule.anchor_abs || ad / (std::fabs(double(e)) + 1e-6) < rule.anchor_rel) &&
+        anchor_fail++ == 0 && ad <= bound)
+      add_mismatch(r, {unflatten(i, expected.shape), e, g, diff, bound, "fails " + rule.anchor_name});
     if (ad > bound) {
       ++r.stats.n_fail;
       add_mismatch(r, {unflatten(i, expected.shape), e, g, diff, bound, ""});
@@ -119,9 +122,16 @@ Report compare_floats(const std::string& tensor, const Tensor<float>& expected, 
   if (r.stats.n_fail > special_fail)
     r.reasons.push_back(std::to_string(r.stats.n_fail - special_fail) + " element(s) beyond their bound" +
                         (rule.derivation.empty() ? "" : " (" + rule.derivation + ")"));
+  if (anchor_fail) {
+    char buf[240];
+    std::snprintf(buf, sizeof buf, "%lld element(s) fail %s (|err| < %.3g or rel < %.3g)", (long long)anchor_fail,
+                  rule.anchor_name.c_str(), rule.anchor_abs, rule.anchor_rel);
+    r.reasons.push_back(buf);
+  }
   if (rule.metric_max >= 0 && r.stats.metric > rule.metric_max) {
-    char buf[160];
-    std::snprintf(buf, sizeof buf, "calc_diff %.4g exceeds its threshold %.4g", r.stats.metric, rule.metric_max);
+    char buf[240];
+    std::snprintf(buf, sizeof buf, "calc_diff %.4g exceeds its threshold %.4g%s%s", r.stats.metric, rule.metric_max,
+                  rule.metric_name.empty() ? "" : " ", rule.metric_name.c_str());
     r.reasons.push_back(buf);
   }
   if (rule.budget_max_abs >= 0 && max_err > rule.budget_max_abs) {

@@ -49,12 +49,26 @@ struct Stats {
   double recall_mean = 1, recall_min = 1;  // top-k only
 };
 
+// A flagged structure test (ref/structure.h), as the report carries it.
+struct StructureNote {
+  std::string stat, kind, label;  // "scale" / "offset" / "sm"; "head"; "head 3"
+  double b = 0, se = 0, t = 0, t_crit = 0, floor = 0;
+  int64_t clusters = 0;
+};
+
 struct Report {
   std::string tensor;
   Verdict verdict = Verdict::pass;
   std::vector<std::string> reasons;    // why FAIL / MISTRUSTED, or notes
   Stats stats;
   std::vector<Mismatch> mismatches;    // the first kMaxMismatches
+  // Structure tests (ref/structure.h), when they ran: how many, the closest any came to flagging
+  // (>= 1: flagged), the flagged ones and one sentence per diagnosed systematic error.
+  int64_t structure_tests = 0;
+  double structure_max_ratio = 0;
+  double structure_max_b_over_floor = 0;  // the largest systematic estimate over its floor
+  std::vector<StructureNote> structure_flagged;
+  std::vector<std::string> findings;
   std::string stats_line() const;      // "[COMPARE_STATS] max_abs=... max_rel=... metric=..."
 };
 constexpr size_t kMaxMismatches = 10;
@@ -65,7 +79,12 @@ double calc_diff(const float* x, const float* y, int64_t n);
 struct FloatRule {
   std::vector<double> bound;       // per element, >= 0 (size = numel); empty: exact (bound 0)
   double metric_max = -1;          // calc_diff threshold; < 0: reported only
+  std::string metric_name;         // where the threshold comes from, printed with a failure
   double budget_max_abs = -1;      // FlashAttention-style global max |error|; < 0: off
+  // An anchor's elementwise check (FlashMLA's check_is_allclose): each finite element must have
+  // |err| < anchor_abs OR |err| / (|golden| + 1e-6) < anchor_rel. Off when anchor_rel < 0.
+  double anchor_abs = -1, anchor_rel = -1;
+  std::string anchor_name;
   std::string derivation;          // one sentence, printed with a failure
 };
 

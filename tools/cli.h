@@ -23,6 +23,7 @@ Action register_diff(CLI::App& app);
 Action register_overlap(CLI::App& app);
 Action register_search(CLI::App& app);
 Action register_bench(CLI::App& app);
+Action register_calibrate(CLI::App& app);
 
 }  // namespace indexshare::cli
 

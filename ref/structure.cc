@@ -1,0 +1,378 @@
+#include "ref/structure.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <numbers>
+
+#include "ref/tensor.h"
+
+namespace indexshare::cmp {
+
+// ---- Student's t ---------------------------------------------------------------------------------
+
+// P(T > q) for integer nu (Abramowitz & Stegun 26.7.3 / 26.7.4: A = P(|T| <= q) as a finite
+// series in theta = atan(q / sqrt(nu))). nu above 1000 is evaluated at 1000: the quantile only
+// shrinks with nu, so that is conservative.
+double t_upper_tail(double q, int64_t nu) {
+  require(nu >= 1, "t_upper_tail: nu >= 1");
+  if (q < 0) return 1 - t_upper_tail(-q, nu);
+  nu = std::min<int64_t>(nu, 1000);
+  const double th = std::atan(q / std::sqrt(double(nu))), s = std::sin(th), c = std::cos(th), c2 = c * c;
+  double A;
+  if (nu % 2 == 1) {
+    double sum = 0, term = c;
+    if (nu > 1) {
+      sum = term;
+      for (int64_t k = 3; k <= nu - 2; k += 2) { term *= c2 * double(k - 1) / double(k); sum += term; }
+    }
+    A = 2 / std::numbers::pi * (th + s * sum);
+  } else {
+    double sum = 1, term = 1;
+    for (int64_t k = 2; k <= nu - 2; k += 2) { term *= c2 * double(k - 1) / double(k); sum += term; }
+    A = s * sum;
+  }
+  return std::max(0.0, (1 - A) / 2);
+}
+
+double t_upper_quantile(double p, int64_t nu) {
+  require(p > 0 && p < 0.5, "t_upper_quantile: p in (0, 0.5)");
+  double lo = 0, hi = 1;
+  while (t_upper_tail(hi, nu) > p && hi < 1e15) hi *= 2;
+  for (int i = 0; i < 200 && hi - lo > 1e-9 * hi; ++i) {
+    const double mid = 0.5 * (lo + hi);
+    (t_upper_tail(mid, nu) > p ? lo : hi) = mid;
+  }
+  return hi;
+}
+
+double GroupTest::ratio() const {
+  if (!tested) return -kRatioCap;
+  const double excess = std::fabs(b) - floor;
+  if (se > 0) return std::clamp(excess / (t_crit * se), -kRatioCap, kRatioCap);
+  return excess > 0 ? kRatioCap : -kRatioCap;
+}
+
+// ---- The tests -----------------------------------------------------------------------------------
+
+namespace {
+
+// A kind of group: for each element (row r, head h, column c) its group, or -1.
+struct Kind {
+  std::string name;
+  int64_t n_groups = 0;
+  int64_t modulus = 0;   // column residue classes
+  int64_t tile = 0;      // row tiles
+  bool head = false, seq = false;
+};
+
+int64_t group_of(const Kind& k, const std::vector<int64_t>& row_seq, int64_t r, int64_t h, int64_t c) {
+  if (k.modulus) return c % k.modulus;
+  if (k.tile) return r / k.tile;
+  if (k.head) return h;
+  if (k.seq) return row_seq.empty() ? 0 : row_seq[size_t(r)];
+  return 0;
+}
+
+std::string label(const Kind& k, int64_t g, const StructureSpec& s) {
+  auto row_id = [&](int64_t r) { return s.row_ids.empty() ? r : s.row_ids[size_t(r)]; };
+  char buf[160];
+  if (k.modulus) std::snprintf(buf, sizeof buf, "columns = %lld mod %lld", (long long)g, (long long)k.modulus);
+  else if (k.tile) {
+    const int64_t a = g * k.tile, b = std::min(s.rows, (g + 1) * k.tile) - 1;
+    if (s.row_ids.empty()) std::snprintf(buf, sizeof buf, "rows %lld-%lld (one %lld-row tile)", (long long)a, (long long)b, (long long)k.tile);
+    else std::snprintf(buf, sizeof buf, "sampled rows %lld-%lld (problem rows %lld..%lld; one %lld-row tile)", (long long)a, (long long)b,
+                       (long long)row_id(a), (long long)row_id(b), (long long)k.tile);
+  } else if (k.head) std::snprintf(buf, sizeof buf, "%s %lld", s.head_word.c_str(), (long long)g);
+  else if (k.seq) std::snprintf(buf, sizeof buf, "sequence %lld", (long long)g);
+  else std::snprintf(buf, sizeof buf, "every element");
+  return buf;
+}
+
+void finish(StructureReport& rep, const StructureSpec& s, const std::vector<std::string>& kinds);
+
+struct Dir {
+  std::string stat;
+  // d for element i of a group whose rms(x) is rms: x, rms or sm_dir[i].
+  int which = 0;  // 0 scale, 1 offset, 2 sm
+};
+
+}  // namespace
+
+StructureReport structure_tests(const StructureSpec& s, const float* x, const float* y) {
+  const int64_t R = s.rows, H = s.heads, C = s.cols, CC = std::max<int64_t>(1, s.cluster_cols);
+  require(s.row_seq.empty() || int64_t(s.row_seq.size()) == R, "structure_tests: row_seq size");
+  std::vector<Kind> kinds = {{"whole", 1}};
+  if (H >= 2) kinds.push_back({"head", H, 0, 0, true});
+  if (s.lanes)
+    for (int64_t m : {8, 16, 32, 64, 128})
+      if (m <= C / 2) kinds.push_back({"mod" + std::to_string(m), m, m});
+  for (int64_t t : {64, 128})
+    if (R > t) kinds.push_back({"rows" + std::to_string(t), (R + t - 1) / t, 0, t});
+  int64_t n_seq = 1;
+  for (int64_t q : s.row_seq) n_seq = std::max(n_seq, q + 1);
+  if (n_seq >= 2) kinds.push_back({"seq", n_seq, 0, 0, false, true});
+  std::vector<Dir> dirs = {{"scale", 0}, {"offset", 1}};
+
+  StructureReport rep;
+  auto fin = [&](int64_t i) { return std::isfinite(x[i]) && std::isfinite(y[i]); };
+  // Pass 0, per kind: each group's sum x^2 and count (rms for the offset direction).
+  std::vector<std::vector<double>> rms(kinds.size());
+  for (size_t k = 0; k < kinds.size(); ++k) {
+    std::vector<double> sxx(size_t(kinds[k].n_groups), 0.0), cnt(size_t(kinds[k].n_groups), 0.0);
+    for (int64_t r = 0; r < R; ++r)
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t c = 0; c < C; ++c) {
+          const int64_t i = (r * H + h) * C + c;
+          if (!fin(i)) continue;
+          const size_t g = size_t(group_of(kinds[k], s.row_seq, r, h, c));
+          sxx[g] += double(x[i]) * double(x[i]);
+          cnt[g] += 1;
+        }
+    rms[k].resize(sxx.size());
+    for (size_t g = 0; g < sxx.size(); ++g) rms[k][g] = cnt[g] > 0 ? std::sqrt(sxx[g] / cnt[g]) : 0.0;
+  }
+  auto dval = [&](int which, int64_t i, double group_rms) {
+    return which == 0 ? double(x[i]) : which == 1 ? group_rms : double(s.sm_dir[i]);
+  };
+  struct Acc { double sdd = 0, sde = 0, var = 0; int64_t n = 0, clusters = 0; };
+  std::vector<GroupTest> tests;
+  auto run = [&](size_t k, const Dir& dir) {
+    const Kind& K = kinds[k];
+    const size_t G = size_t(K.n_groups);
+    std::vector<Acc> acc(G);
+    // Pass 1: the coefficient of each group.
+    for (int64_t r = 0; r < R; ++r)
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t c = 0; c < C; ++c) {
+          const int64_t i = (r * H + h) * C + c;
+          if (!fin(i)) continue;
+          const size_t g = size_t(group_of(K, s.row_seq, r, h, c));
+          const double d = dval(dir.which, i, rms[k][g]), e = double(y[i]) - double(x[i]);
+          acc[g].sdd += d * d;
+          acc[g].sde += d * e;
+          ++acc[g].n;
+        }
+    std::vector<double> b(G, 0.0);
+    for (size_t g = 0; g < G; ++g) b[g] = acc[g].sdd > 0 ? acc[g].sde / acc[g].sdd : 0.0;
+    // Pass 2: cluster sums of d (e - b d), squared and summed per group.
+    std::vector<double> u(G, 0.0);
+    std::vector<char> touched(G, 0);
+    for (int64_t r = 0; r < R; ++r)
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t c0 = 0; c0 < C; c0 += CC) {
+          for (int64_t c = c0; c < std::min(C, c0 + CC); ++c) {
+            const int64_t i = (r * H + h) * C + c;
+            if (!fin(i)) continue;
+            const size_t g = size_t(group_of(K, s.row_seq, r, h, c));
+            const double d = dval(dir.which, i, rms[k][g]), e = double(y[i]) - double(x[i]);
+            u[g] += d * (e - b[g] * d);
+            touched[g] = 1;
+          }
+          for (size_t g = 0; g < G; ++g)
+            if (touched[g]) { acc[g].var += u[g] * u[g]; ++acc[g].clusters; u[g] = 0; touched[g] = 0; }
+        }
+    for (size_t g = 0; g < G; ++g) {
+      GroupTest t;
+      t.stat = dir.stat;
+      t.kind = K.name;
+      t.index = int64_t(g);
+      t.label = label(K, int64_t(g), s);
+      t.n = acc[g].n;
+      t.clusters = acc[g].clusters;
+      t.b = b[g];
+      t.explained = b[g] * b[g] * acc[g].sdd;
+      t.floor = s.floor;
+      const int64_t G_ = acc[g].clusters;
+      t.tested = G_ >= kMinClusters && acc[g].sdd > 0;
+      if (G_ >= 2 && acc[g].sdd > 0) {
+        t.se = std::sqrt(double(G_) / double(G_ - 1) * acc[g].var) / acc[g].sdd;
+        t.t = t.se > 0 ? t.b / t.se : (t.b == 0 ? 0.0 : std::copysign(std::numeric_limits<double>::infinity(), t.b));
+      }
+      tests.push_back(t);
+    }
+  };
+  for (size_t k = 0; k < kinds.size(); ++k)
+    for (const Dir& d : dirs) run(k, d);
+  if (s.sm_dir) run(0, {"sm", 2});
+  // The whole tensor's cluster sums (for tests pooled over layers).
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t c0 = 0; c0 < C; c0 += CC) {
+        ClusterSums cs;
+        for (int64_t c = c0; c < std::min(C, c0 + CC); ++c) {
+          const int64_t i = (r * H + h) * C + c;
+          if (!fin(i)) continue;
+          const double xv = x[i], e = double(y[i]) - double(x[i]);
+          cs.n += 1; cs.sxx += xv * xv; cs.sxe += xv * e; cs.se += e;
+        }
+        if (cs.n > 0) rep.clusters.push_back(cs);
+      }
+  rep.tests = std::move(tests);
+  std::vector<std::string> kind_names;
+  for (const Kind& K : kinds) kind_names.push_back(K.name);
+  finish(rep, s, kind_names);
+  return rep;
+}
+
+namespace {
+
+// Thresholds, flags and findings of a report whose tests are computed.
+void finish(StructureReport& rep, const StructureSpec& s, const std::vector<std::string>& kinds) {
+  // Thresholds: Bonferroni over the tests run.
+  rep.m = 0;
+  rep.max_ratio = -kRatioCap;
+  for (const GroupTest& t : rep.tests) rep.m += t.tested;
+  for (GroupTest& t : rep.tests) {
+    if (!t.tested) continue;
+    t.t_crit = t_upper_quantile(kStructureAlpha / (2.0 * double(rep.m)), t.clusters - 1);
+    t.flagged = t.ratio() > 1;
+    rep.flagged = rep.flagged || t.flagged;
+    rep.max_ratio = std::max(rep.max_ratio, t.ratio());
+    rep.max_b_over_floor = std::max(rep.max_b_over_floor, std::fabs(t.b) / t.floor);
+    rep.max_t_over_crit = std::max(rep.max_t_over_crit, std::fabs(t.t) / t.t_crit);
+  }
+  // Diagnoses, per statistic: the smallest set of groups of one kind that holds the error (the
+  // other groups of that kind show nothing: no |t| > 3 with half the weakest flagged effect),
+  // preferring fewer groups, then the finer kind; else "every element" when the whole tensor is
+  // flagged; else the flagged groups as they are.
+  auto by = [&](const std::string& stat, const std::string& kind) {
+    std::vector<const GroupTest*> v;
+    for (const GroupTest& t : rep.tests) if (t.stat == stat && t.kind == kind) v.push_back(&t);
+    return v;
+  };
+  auto describe = [&](const GroupTest& t, const std::string& where) {
+    char buf[400];
+    if (t.stat == "scale")
+      std::snprintf(buf, sizeof buf, "%s scale error %.6f (+-%.2g) over %s: %s", s.tensor.c_str(),
+                    1 + t.b, t.se, where.c_str(), s.scale_meaning.c_str());
+    else if (t.stat == "offset")
+      std::snprintf(buf, sizeof buf, "%s offset %+.3g rms (+-%.2g) over %s: an additive error (a bias or a missing or extra term)",
+                    s.tensor.c_str(), t.b, t.se, where.c_str());
+    else
+      std::snprintf(buf, sizeof buf, "%s matches a softmax scale off by %+.4f%% (+-%.2g%%): sm_scale (or its log2(e) folding) is wrong",
+                    s.tensor.c_str(), 100 * t.b, 100 * t.se);
+    return std::string(buf);
+  };
+  // The softmax-scale direction wins when it is flagged and explains more of the error than the
+  // flagged whole-tensor scale or offset; then it is the one finding, else it is dropped.
+  const GroupTest* sm = nullptr;
+  for (const GroupTest& t : rep.tests) if (t.stat == "sm" && t.flagged) sm = &t;
+  for (const GroupTest& t : rep.tests)
+    if (sm && t.kind == "whole" && t.stat != "sm" && t.flagged && t.explained > sm->explained) sm = nullptr;
+  if (sm) {
+    rep.findings.push_back(describe(*sm, "every element"));
+    return;
+  }
+  // Scale and offset are nearly collinear where the golden values share a sign (lse): each gets
+  // its best finding, and only the one that explains more of the error is kept.
+  std::vector<std::pair<double, std::string>> best;
+  for (const std::string stat : {"scale", "offset"}) {
+    const std::vector<const GroupTest*> whole = by(stat, "whole");
+    const bool any = std::any_of(rep.tests.begin(), rep.tests.end(), [&](const GroupTest& t) { return t.stat == stat && t.flagged; });
+    if (!any) continue;
+    struct Cand { size_t n_flag, n_groups; std::vector<const GroupTest*> f; std::string kind; };
+    std::vector<Cand> cands;
+    for (const std::string& K : kinds) {
+      if (K == "whole") continue;
+      const auto v = by(stat, K);
+      Cand c{0, v.size(), {}, K};
+      double smallest = std::numeric_limits<double>::infinity();
+      for (const GroupTest* t : v)
+        if (t->flagged) { ++c.n_flag; c.f.push_back(t); smallest = std::min(smallest, std::fabs(t->b)); }
+      // The rest must show at most half the effect of the weakest flagged group (or nothing
+      // significant): an error spread everywhere near the floor flags some groups by chance.
+      bool clean_rest = true;
+      for (const GroupTest* t : v)
+        if (!t->flagged && t->tested && std::fabs(t->b) >= 0.5 * smallest && std::fabs(t->t) > 3) clean_rest = false;
+      if (c.n_flag > 0 && c.n_flag < c.n_groups && clean_rest) cands.push_back(std::move(c));
+    }
+    std::sort(cands.begin(), cands.end(), [](const Cand& a, const Cand& b) {
+      return a.n_flag != b.n_flag ? a.n_flag < b.n_flag : a.n_groups > b.n_groups;
+    });
+    if (!cands.empty()) {
+      const Cand& c = cands[0];
+      std::string where;
+      for (size_t i = 0; i < c.f.size(); ++i) where += (i ? ", " : "") + c.f[i]->label;
+      const GroupTest* big = *std::max_element(c.f.begin(), c.f.end(), [](const GroupTest* a, const GroupTest* b) { return std::fabs(a->b) < std::fabs(b->b); });
+      best.push_back({big->explained, describe(*big, where + (c.n_flag == 1 ? " only" : " only (" + std::to_string(c.n_flag) + " of " + std::to_string(c.n_groups) + ")"))});
+    } else if (whole[0]->flagged) {
+      best.push_back({whole[0]->explained, describe(*whole[0], "every element")});
+    } else {
+      std::string where;
+      const GroupTest* big = nullptr;
+      for (const GroupTest& t : rep.tests)
+        if (t.stat == stat && t.flagged) {
+          where += (where.empty() ? "" : ", ") + t.label;
+          if (!big || std::fabs(t.b) > std::fabs(big->b)) big = &t;
+        }
+      best.push_back({big->explained, describe(*big, where)});
+    }
+  }
+  if (!best.empty()) rep.findings.push_back(std::max_element(best.begin(), best.end())->second);
+}
+
+}  // namespace
+
+
+StructureReport pooled_tests(const StructureSpec& s, const std::vector<ClusterSums>& clusters) {
+  StructureReport rep;
+  rep.clusters = clusters;
+  double n = 0, sxx = 0;
+  for (const ClusterSums& c : clusters) { n += c.n; sxx += c.sxx; }
+  const double rms = n > 0 ? std::sqrt(sxx / n) : 0.0;
+  for (const std::string stat : {"scale", "offset"}) {
+    // d = x (scale) or d = rms (offset): sum d^2, sum d e and the cluster sums of d (e - b d).
+    double sdd = 0, sde = 0;
+    for (const ClusterSums& c : clusters) {
+      sdd += stat == "scale" ? c.sxx : c.n * rms * rms;
+      sde += stat == "scale" ? c.sxe : rms * c.se;
+    }
+    GroupTest t;
+    t.stat = stat;
+    t.kind = "whole";
+    t.label = "every element";
+    t.floor = s.floor;
+    t.clusters = int64_t(clusters.size());
+    t.n = int64_t(n);
+    t.b = sdd > 0 ? sde / sdd : 0.0;
+    t.explained = t.b * t.b * sdd;
+    double var = 0;
+    for (const ClusterSums& c : clusters) {
+      const double u = stat == "scale" ? c.sxe - t.b * c.sxx : rms * (c.se - t.b * rms * c.n);
+      var += u * u;
+    }
+    t.tested = t.clusters >= kMinClusters && sdd > 0;
+    if (t.clusters >= 2 && sdd > 0) {
+      t.se = std::sqrt(double(t.clusters) / double(t.clusters - 1) * var) / sdd;
+      t.t = t.se > 0 ? t.b / t.se : (t.b == 0 ? 0.0 : std::copysign(std::numeric_limits<double>::infinity(), t.b));
+    }
+    rep.tests.push_back(t);
+  }
+  finish(rep, s, {"whole"});
+  return rep;
+}
+
+Report compare_structured(const std::string& tensor, const Tensor<float>& expected, const Tensor<float>& got,
+                          const FloatRule& rule, const StructureSpec& spec, StructureReport* out) {
+  Report r = compare_floats(tensor, expected, got, rule);
+  if (expected.shape != got.shape) return r;
+  require(spec.rows * spec.heads * spec.cols == expected.numel(), "compare_structured " + tensor + ": spec does not cover the tensor");
+  StructureReport st = structure_tests(spec, expected.ptr(), got.ptr());
+  r.structure_tests = st.m;
+  r.structure_max_ratio = st.max_ratio;
+  r.structure_max_b_over_floor = st.max_b_over_floor;
+  for (const GroupTest& t : st.tests)
+    if (t.flagged) r.structure_flagged.push_back({t.stat, t.kind, t.label, t.b, t.se, t.t, t.t_crit, t.floor, t.clusters});
+  r.findings = st.findings;
+  if (st.flagged) {
+    r.verdict = Verdict::fail;
+    r.reasons.push_back(std::to_string(r.structure_flagged.size()) + " structure test(s) flagged a systematic error (" +
+                        std::to_string(st.m) + " run; ref/structure.h)");
+  }
+  if (out) *out = std::move(st);
+  return r;
+}
+
+}  // namespace indexshare::cmp

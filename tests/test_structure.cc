@@ -1,0 +1,333 @@
+// The judge's structure tests (ref/structure.h): the statistics on synthetic data, fault
+// injection through `diff` on top of a correct kernel emulation, and the correct-kernel family
+// (tools/emulate.h) passing.
+#include <doctest/doctest.h>
+
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+#include <map>
+#include <set>
+
+#include "ref/numerics.h"
+#include "ref/problem.h"
+#include "ref/rng.h"
+#include "ref/structure.h"
+#include "ref/topk.h"
+#include "simd/simd.h"
+#include "tools/calibrate.h"
+#include "tools/diff.h"
+#include "tools/emulate.h"
+#include "tools/golden.h"
+
+using namespace indexshare;
+
+namespace {
+
+std::string tmp_dir(const std::string& what) {
+  return (std::filesystem::temp_directory_path() / ("indexshare-structure-" + what + "-" + std::to_string(::getpid()))).string();
+}
+
+bool has_finding(const std::vector<std::string>& f, const std::string& needle) {
+  for (const std::string& s : f)
+    if (s.find(needle) != std::string::npos) return true;
+  return false;
+}
+
+// Synthetic [rows, heads, cols] data: golden x ~ U(-1, 1), a correct candidate x (1 + noise),
+// noise per element plus a per-(row, head) common factor (as P rounded to bf16 gives).
+struct Synthetic {
+  int64_t R = 256, H = 8, C = 64;
+  std::vector<float> x, y;
+  explicit Synthetic(uint64_t seed) {
+    Xoshiro256 g(seed);
+    auto u = [&] { return double(int64_t(g.below(1u << 24)) - (1 << 23)) / double(1 << 23); };
+    x.resize(size_t(R * H * C));
+    y.resize(x.size());
+    for (int64_t r = 0; r < R; ++r)
+      for (int64_t h = 0; h < H; ++h) {
+        const double common = 2e-3 * u();  // per-(row, head): a correct kernel's P rounding
+        for (int64_t c = 0; c < C; ++c) {
+          const size_t i = size_t((r * H + h) * C + c);
+          x[i] = float(u());
+          y[i] = float(double(x[i]) * (1 + common + 4e-3 * u()));
+        }
+      }
+  }
+  cmp::StructureSpec spec() const {
+    cmp::StructureSpec s;
+    s.tensor = "attn.out";
+    s.rows = R;
+    s.heads = H;
+    s.cols = C;
+    s.cluster_cols = C;
+    s.lanes = true;
+    return s;
+  }
+  template <class F>
+  void apply(F f) {
+    for (int64_t r = 0; r < R; ++r)
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t c = 0; c < C; ++c) {
+          const size_t i = size_t((r * H + h) * C + c);
+          y[i] = float(f(r, h, c, double(x[i]), double(y[i])));
+        }
+  }
+};
+
+// A golden set at a kernel-like shape (two sequences of 64 query rows, two 64-row tiles) and the
+// outputs of a correct kernel emulation (the naive member) on its inputs.
+struct Fixture {
+  std::string dir;
+  golden::Loaded g;
+  ref::AttentionOut base;
+  Tensor<float> logits;
+  float sm = 0;
+  int64_t h_q = 0, d_v = 0, s_q = 0, s_kv = 0;
+  Fixture() {
+    dir = tmp_dir("golden");
+    const Problem p = parse_problem("sq128 skv512 hq16 dqk576 dv512 ih32 id128 k128 seed11 nseq2 sink=random");
+    golden::write(dir, golden::build(p, "stack", true, "test", true), true);
+    g = golden::read(dir);
+    sm = g.manifest["config"]["sm_scale"].get<float>();
+    h_q = g.manifest["config"]["h_q"];
+    d_v = g.manifest["config"]["d_v"];
+    s_q = g.manifest["config"]["s_q"];
+    s_kv = g.manifest["config"]["s_kv"];
+    base = attention(emul::attention_family()[0], sm);
+    logits = emul::logits(emul::logits_family()[0], g.tensor<e4m3_t>("layers.0.indexer.q"), g.tensor<e4m3_t>("layers.0.indexer.k"),
+                          g.tensor<float>("layers.0.indexer.k_scale"), g.tensor<float>("layers.0.indexer.weights"),
+                          g.tensor<int32_t>("layers.0.indexer.ks"), g.tensor<int32_t>("layers.0.indexer.ke"));
+  }
+  ~Fixture() {
+    std::error_code ec;
+    std::filesystem::remove_all(dir, ec);
+  }
+  ref::AttentionOut attention(const emul::AttentionVariant& v, float scale) const {
+    const Tensor<float> sink = g.tensor<float>("layers.0.attn.sink");
+    return emul::attention(v, g.tensor<bf16_t>("layers.0.attn.q"), g.tensor<bf16_t>("layers.0.attn.kv"),
+                           g.tensor<int32_t>("layers.0.attn.indices"), scale, d_v, nullptr, &sink);
+  }
+  diff::Result judge(const std::map<std::string, Tensor<float>>& t) const {
+    std::vector<io::TensorView> v;
+    for (const auto& [n, x] : t) v.push_back(io::make_view(n, x));
+    const std::string path = dir + ".candidate.safetensors";
+    io::write_safetensors(path, v);
+    const io::SafetensorsFile f = io::read_safetensors(path);
+    std::filesystem::remove(path);
+    return diff::judge(g, f, {}, simd::kernels());
+  }
+  // The candidate: every output of the correct emulation, with `name` replaced.
+  diff::Result judge_with(const std::string& name, const Tensor<float>& x) const {
+    std::map<std::string, Tensor<float>> t = {{"layers.0.attn.out", base.out}, {"layers.0.attn.lse", base.lse},
+                                              {"layers.0.attn.max_logits", base.max_logits}, {"layers.0.indexer.logits", logits}};
+    t[name] = x;
+    return judge(t);
+  }
+};
+
+Tensor<float> scaled(Tensor<float> t, double eps, const std::function<bool(int64_t)>& where) {
+  for (int64_t i = 0; i < t.numel(); ++i)
+    if (where(i) && std::isfinite(t[i])) t[i] = float(double(t[i]) * (1 + eps));
+  return t;
+}
+
+void expect_fail(const diff::Result& r, const std::string& tensor, const std::string& finding) {
+  bool failed = false;
+  for (const auto& t : r.tensors) failed |= t.name == tensor && t.report.verdict == cmp::Verdict::fail;
+  CHECK_MESSAGE(failed, tensor << " did not fail");
+  CHECK_MESSAGE(has_finding(r.diagnoses, finding), "no diagnosis containing '" << finding << "' in:\n" << r.text("x"));
+}
+
+}  // namespace
+
+TEST_CASE("structure: Student's t tail and quantile match closed forms") {
+  // nu = 1 (Cauchy): P(T > q) = 1/2 - atan(q) / pi; nu = 2: (1 - q / sqrt(q^2 + 2)) / 2.
+  for (double q : {0.5, 1.0, 3.0, 100.0}) {
+    CHECK(cmp::t_upper_tail(q, 1) == doctest::Approx(0.5 - std::atan(q) / M_PI).epsilon(1e-12));
+    CHECK(cmp::t_upper_tail(q, 2) == doctest::Approx(0.5 * (1 - q / std::sqrt(q * q + 2))).epsilon(1e-12));
+  }
+  // Large nu approaches the normal: P(Z > 1.959964) = 0.025.
+  CHECK(cmp::t_upper_tail(1.959964, 1000) == doctest::Approx(0.025).epsilon(2e-3));
+  // Table values: t_{0.975, 10} = 2.228139, t_{0.995, 30} = 2.749996.
+  CHECK(cmp::t_upper_quantile(0.025, 10) == doctest::Approx(2.228139).epsilon(1e-6));
+  CHECK(cmp::t_upper_quantile(0.005, 30) == doctest::Approx(2.749996).epsilon(1e-6));
+  CHECK(cmp::t_upper_quantile(1e-9, 9) > cmp::t_upper_quantile(1e-9, 100));
+}
+
+TEST_CASE("structure: rounding noise flags nothing; each planted error is found and named") {
+  for (uint64_t seed : {1, 2, 3}) {
+    const Synthetic s(seed);
+    const cmp::StructureReport r = cmp::structure_tests(s.spec(), s.x.data(), s.y.data());
+    CHECK(!r.flagged);
+    CHECK(r.findings.empty());
+    CHECK(r.max_ratio < 1);
+    CHECK(r.m > 100);
+  }
+  struct Plant {
+    std::string name, finding;
+    std::function<double(int64_t, int64_t, int64_t, double, double)> f;
+  };
+  const std::vector<Plant> plants = {
+      {"uniform scale", "scale error 1.00", [](int64_t, int64_t, int64_t, double x, double y) { return y + 5e-3 * x; }},
+      {"one head", "head 3 only", [](int64_t, int64_t h, int64_t, double x, double y) { return h == 3 ? y + 2e-2 * x : y; }},
+      {"one lane class", "columns = 5 mod 8 only", [](int64_t, int64_t, int64_t c, double x, double y) { return c % 8 == 5 ? y + 2e-2 * x : y; }},
+      {"a finer lane class", "columns = 3 mod 16 only", [](int64_t, int64_t, int64_t c, double x, double y) { return c % 16 == 3 ? y + 3e-2 * x : y; }},
+      {"one 64-row tile", "rows 64-127 (one 64-row tile) only", [](int64_t r, int64_t, int64_t, double x, double y) { return r >= 64 && r < 128 ? y + 1e-2 * x : y; }},
+      {"one 128-row tile", "rows 128-255 (one 128-row tile) only", [](int64_t r, int64_t, int64_t, double x, double y) { return r >= 128 ? y + 1e-2 * x : y; }},
+      {"an offset", "offset", [](int64_t, int64_t, int64_t, double, double y) { return y + 3e-3; }},
+  };
+  for (const Plant& p : plants) {
+    CAPTURE(p.name);
+    Synthetic s(7);
+    s.apply(p.f);
+    const cmp::StructureReport r = cmp::structure_tests(s.spec(), s.x.data(), s.y.data());
+    CHECK(r.flagged);
+    REQUIRE(r.findings.size() == 1);
+    CHECK_MESSAGE(r.findings[0].find(p.finding) != std::string::npos, r.findings[0]);
+  }
+  // A systematic error below the floor is never flagged, however significant: a correct kernel's
+  // truncating accumulator may bias by that much.
+  Synthetic s(8);
+  s.apply([](int64_t, int64_t, int64_t, double x, double y) { return y + 0.5 * cmp::kFloorOut * x; });
+  CHECK(!cmp::structure_tests(s.spec(), s.x.data(), s.y.data()).flagged);
+  // Too few clusters: nothing is tested.
+  Synthetic tiny(9);
+  tiny.R = 1;
+  tiny.H = 4;
+  tiny.x.resize(size_t(4 * 64));
+  tiny.y = tiny.x;
+  for (float& v : tiny.y) v *= 1.5f;
+  const cmp::StructureReport r = cmp::structure_tests(tiny.spec(), tiny.x.data(), tiny.y.data());
+  CHECK(r.m == 0);
+  CHECK(!r.flagged);
+}
+
+TEST_CASE("structure: pooled tests see an error spread over layers") {
+  Synthetic s(5);
+  s.apply([](int64_t, int64_t, int64_t, double x, double y) { return y + 2e-3 * x; });
+  const cmp::StructureReport one = cmp::structure_tests(s.spec(), s.x.data(), s.y.data());
+  std::vector<cmp::ClusterSums> all = one.clusters;
+  all.insert(all.end(), one.clusters.begin(), one.clusters.end());
+  const cmp::StructureReport p = cmp::pooled_tests(s.spec(), all);
+  CHECK(p.flagged);
+  REQUIRE(p.findings.size() == 1);
+  CHECK(p.findings[0].find("scale error 1.002") != std::string::npos);
+  const Synthetic clean(6);
+  CHECK(!cmp::pooled_tests(clean.spec(), cmp::structure_tests(clean.spec(), clean.x.data(), clean.y.data()).clusters).flagged);
+}
+
+TEST_CASE("structure: a correct kernel passes; systematic faults on it fail diff with their diagnosis") {
+  const Fixture f;
+  {
+    const diff::Result r = f.judge_with("layers.0.attn.out", f.base.out);
+    if (r.failed()) MESSAGE(r.text("x"));
+    CHECK(!r.failed());
+  }
+  auto all = [](int64_t) { return true; };
+  const int64_t hq = f.h_q, dv = f.d_v;
+  // attn.out: a uniform 0.5% scale (the example) and 0.2%.
+  expect_fail(f.judge_with("layers.0.attn.out", scaled(f.base.out, 5e-3, all)), "attn.out", "attn.out scale error 1.005");
+  expect_fail(f.judge_with("layers.0.attn.out", scaled(f.base.out, 2e-3, all)), "attn.out", "over every element");
+  // One head, one lane class, one 64-row tile, one sequence.
+  expect_fail(f.judge_with("layers.0.attn.out", scaled(f.base.out, 1e-2, [&](int64_t i) { return (i / dv) % hq == 3; })), "attn.out",
+              "head 3 only");
+  expect_fail(f.judge_with("layers.0.attn.out", scaled(f.base.out, 1e-2, [&](int64_t i) { return i % dv % 8 == 0; })), "attn.out",
+              "columns = 0 mod 8 only");
+  expect_fail(f.judge_with("layers.0.attn.out", scaled(f.base.out, 1e-2, [&](int64_t i) { return i / (hq * dv) >= 64; })), "attn.out",
+              "rows 64-127 (one 64-row tile) only");
+  // An additive offset of 1% of the rms.
+  {
+    Tensor<float> o = f.base.out;
+    double s2 = 0;
+    for (float v : o.data) s2 += double(v) * v;
+    const double rms = std::sqrt(s2 / double(o.numel()));
+    for (float& v : o.data) v = float(double(v) + 1e-2 * rms);
+    expect_fail(f.judge_with("layers.0.attn.out", o), "attn.out", "attn.out offset");
+  }
+  // A softmax scale 0.3% off: the kernel's outputs all move.
+  {
+    const ref::AttentionOut o = f.attention(emul::attention_family()[0], float(double(f.sm) * 1.003));
+    std::map<std::string, Tensor<float>> t = {{"layers.0.attn.out", o.out}, {"layers.0.attn.lse", o.lse}, {"layers.0.attn.max_logits", o.max_logits}};
+    const diff::Result r = f.judge(t);
+    expect_fail(r, "attn.out", "attn.out matches a softmax scale off by +0.30");
+    expect_fail(r, "attn.lse", "attn.lse matches a softmax scale off by +0.30");
+    expect_fail(r, "attn.max_logits", "attn.max_logits scale error 1.0030");
+  }
+  // lse: a uniform scale of 1e-4; logits: 0.5%, and one key lane class.
+  expect_fail(f.judge_with("layers.0.attn.lse", scaled(f.base.lse, 1e-4, all)), "attn.lse", "attn.lse");
+  expect_fail(f.judge_with("layers.0.indexer.logits", scaled(f.logits, 5e-3, all)), "indexer.logits", "indexer.logits scale error 1.005");
+  expect_fail(f.judge_with("layers.0.indexer.logits", scaled(f.logits, 2e-2, [&](int64_t i) { return i % f.s_kv % 8 == 3; })),
+              "indexer.logits", "columns = 3 mod 8 only");
+}
+
+TEST_CASE("structure: every member of the correct-kernel family passes diff (small shapes)") {
+  const std::string tmp = tmp_dir("calibrate");
+  // 16 runs cover the 8 attention members and the 4 logits members twice each, with sinks,
+  // several sequences, h_q 16-128, top-k 64-2048 and a stack with Shared layers (run 4, 9, 14).
+  const std::vector<calib::Run> runs = calib::calibrate(0, 16, 1, simd::kernels(), tmp, {}, int64_t(1) << 15);
+  std::filesystem::remove_all(tmp);
+  std::set<std::string> attn, logit;
+  for (const calib::Run& r : runs) {
+    CAPTURE(r.problem);
+    CAPTURE(r.attention_variant);
+    CHECK_MESSAGE(r.passed, (r.reasons.empty() ? std::string() : r.reasons[0]));
+    attn.insert(r.attention_variant);
+    logit.insert(r.logits_variant);
+  }
+  CHECK(attn.size() == emul::attention_family().size());
+  CHECK(logit.size() == emul::logits_family().size());
+}
+
+TEST_CASE("structure: a legitimate tie permutation with a correct kernel over the candidate's indices passes") {
+  const golden::Loaded g = golden::read(std::string(INDEXSHARE_SOURCE_DIR) + "/golden/ties");
+  const Tensor<float> L = g.tensor<float>("layers.0.indexer.logits");
+  const Tensor<int32_t> ks = g.tensor<int32_t>("layers.0.indexer.ks"), ke = g.tensor<int32_t>("layers.0.indexer.ke");
+  Tensor<int32_t> topk = g.tensor<int32_t>("layers.0.indexer.topk");
+  const int64_t k = topk.dim(1);
+  int swapped = 0;
+  for (int64_t t = 0; t < topk.dim(0); ++t) {
+    const float kth = L.at(t, ks[t] + topk.at(t, k - 1));
+    std::set<int32_t> sel(topk.data.begin() + t * k, topk.data.begin() + (t + 1) * k);
+    for (int32_t s = 0; s < ke[t] - ks[t]; ++s)
+      if (!sel.count(s) && L.at(t, ks[t] + s) == kth) { topk.at(t, k - 1) = s; ++swapped; break; }
+  }
+  REQUIRE(swapped > 0);
+  const Tensor<int32_t> rows = ref::local_to_kv_rows(topk, ks);
+  for (const emul::AttentionVariant& v : emul::attention_family()) {
+    CAPTURE(v.name());
+    const ref::AttentionOut a = emul::attention(v, g.tensor<bf16_t>("layers.0.attn.q"), g.tensor<bf16_t>("layers.0.attn.kv"), rows,
+                                                g.manifest["config"]["sm_scale"].get<float>(), 512);
+    std::vector<io::TensorView> c = {io::make_view("layers.0.indexer.topk", topk), io::make_view("layers.0.attn.indices", rows),
+                                     io::make_view("layers.0.attn.out", a.out), io::make_view("layers.0.attn.lse", a.lse),
+                                     io::make_view("layers.0.attn.max_logits", a.max_logits)};
+    const std::string path = tmp_dir("ties") + ".safetensors";
+    io::write_safetensors(path, c);
+    const diff::Result r = diff::judge(g, io::read_safetensors(path), {});
+    std::filesystem::remove(path);
+    if (r.failed()) MESSAGE(r.text("x"));
+    CHECK(!r.failed());
+  }
+}
+
+TEST_CASE("structure: an error on every Shared layer and no Full layer is named as the Shared-layer path") {
+  const golden::Loaded g = golden::read(std::string(INDEXSHARE_SOURCE_DIR) + "/golden/glm-5.2");
+  std::vector<io::TensorView> c;
+  for (size_t l = 0; l < g.manifest["layers"].size(); ++l) {
+    const std::string p = "layers." + std::to_string(l) + ".";
+    const bool shared = g.manifest["layers"][l]["kind"] == "shared";
+    Tensor<float> o = g.tensor<float>(p + "attn.out");
+    for (float& v : o.data) v = round_bf16(float(double(v) * (shared ? 1.001 : 1.0)));  // a bf16 kernel, 0.1% high on Shared layers
+    c.push_back(io::make_view(p + "attn.out", o));
+  }
+  const std::string path = tmp_dir("roles") + ".safetensors";
+  io::write_safetensors(path, c);
+  const diff::Result r = diff::judge(g, io::read_safetensors(path), {});
+  std::filesystem::remove(path);
+  CHECK(r.failed());
+  for (const auto& t : r.tensors)
+    CHECK((t.report.verdict == cmp::Verdict::fail) == (g.manifest["layers"][size_t(t.layer)]["kind"] == "shared"));
+  CHECK(has_finding(r.diagnoses, "attn.out: a systematic error on every Shared layer (3, 4, 5, 7) and on none of the 4 Full layer(s)"));
+  CHECK(has_finding(r.diagnoses, "layer 4 (Shared, source 2): attn.out scale error 1.00"));
+}

@@ -1,0 +1,291 @@
+#include "tools/calibrate.h"
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <map>
+
+#include "ref/error.h"
+#include "ref/numerics.h"
+#include "ref/problem.h"
+#include "ref/rng.h"
+#include "ref/structure.h"
+#include "tools/diff.h"
+#include "tools/emulate.h"
+#include "tools/golden.h"
+
+namespace indexshare::calib {
+
+namespace fs = std::filesystem;
+
+std::string run_problem(int i, uint64_t seed, int64_t max_work) {
+  Xoshiro256 g(seed * 1000003u + uint64_t(i));
+  const int64_t hq = std::array<int64_t, 4>{16, 32, 64, 128}[size_t(i % 4)];
+  const int64_t k = std::array<int64_t, 6>{64, 128, 256, 512, 1024, 2048}[size_t((i / 4) % 6)];
+  const int64_t nseq = 1 + int64_t(g.below(3));
+  const char* dist = std::array<const char*, 5>{"normal", "normal", "uniform", "int", "dyadic"}[g.below(5)];
+  const bool sink = g.below(2) == 1;
+  const bool stack = i % 5 == 4;        // Full + Shared layers (the pooled tests)
+  const bool decode = i % 3 == 2;       // decode-like: 2 query rows per sequence
+  // Rows: at most max_work (row, head, key) triples per layer (2^19: a run stays around a second).
+  int64_t per_seq = decode ? 2 : std::clamp<int64_t>(max_work / (hq * k * nseq), 2, 48);
+  const int64_t kv_per_seq = k * (1 + int64_t(g.below(3))) + per_seq;  // every row's window > top-k
+  const int64_t ih = g.below(2) ? 64 : 32;
+  std::string d = "sq" + std::to_string(per_seq * nseq) + " skv" + std::to_string(kv_per_seq * nseq) + " hq" + std::to_string(hq) +
+                  " dqk576 dv512 ih" + std::to_string(ih) + " id128 k" + std::to_string(k) + " seed" + std::to_string(seed * 1000 + uint64_t(i) + 1) +
+                  " nseq" + std::to_string(nseq) + " dist=" + dist + (sink ? " sink=random" : "");
+  if (stack) d += " nl4 sched=FSSS";
+  return d;
+}
+
+namespace {
+
+struct Cand {
+  std::vector<io::TensorView> views;
+  template <class T>
+  void set(const std::string& name, const Tensor<T>& t) { views.push_back(io::make_view(name, t)); }
+  io::SafetensorsFile write_read(const std::string& path) const {
+    io::write_safetensors(path, views);
+    return io::read_safetensors(path);
+  }
+};
+
+struct LayerIn {
+  Tensor<bf16_t> q, kv;
+  Tensor<int32_t> indices, topk_length;
+  std::optional<Tensor<float>> sink;
+};
+LayerIn layer_in(const golden::Loaded& g, int l) {
+  const std::string p = "layers." + std::to_string(l) + ".";
+  LayerIn in{g.tensor<bf16_t>(p + "attn.q"), g.tensor<bf16_t>(p + "attn.kv"), g.tensor<int32_t>(p + "attn.indices"), {}, {}};
+  if (g.find(p + "attn.topk_length")) in.topk_length = g.tensor<int32_t>(p + "attn.topk_length");
+  if (g.find(p + "attn.sink")) in.sink = g.tensor<float>(p + "attn.sink");
+  return in;
+}
+ref::AttentionOut emulate(const golden::Loaded& g, int l, const emul::AttentionVariant& v, float sm) {
+  const LayerIn in = layer_in(g, l);
+  return emul::attention(v, in.q, in.kv, in.indices, sm, g.manifest["config"]["d_v"].get<int64_t>(),
+                         in.topk_length.numel() ? &in.topk_length : nullptr, in.sink ? &*in.sink : nullptr);
+}
+Tensor<float> emulate_logits(const golden::Loaded& g, int l, const emul::LogitsVariant& v) {
+  const std::string p = "layers." + std::to_string(l) + ".";
+  return emul::logits(v, g.tensor<e4m3_t>(p + "indexer.q"), g.tensor<e4m3_t>(p + "indexer.k"), g.tensor<float>(p + "indexer.k_scale"),
+                      g.tensor<float>(p + "indexer.weights"), g.tensor<int32_t>(p + "indexer.ks"), g.tensor<int32_t>(p + "indexer.ke"));
+}
+bool has_fp8_logits(const golden::Loaded& g, int l) {
+  const std::string p = "layers." + std::to_string(l) + ".";
+  return g.find(p + "indexer.logits") && g.get(p + "indexer.q").dtype == io::DType::F8_E4M3;
+}
+
+}  // namespace
+
+std::vector<Run> calibrate(int first, int runs, uint64_t seed, const ref::Kernels& k, const std::string& tmp,
+                           const std::function<void(const Run&)>& progress, int64_t max_work) {
+  fs::create_directories(tmp);
+  const auto fam = emul::attention_family();
+  const auto lfam = emul::logits_family();
+  std::vector<Run> out;
+  for (int i = first; i < first + runs; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    Run r;
+    r.index = i;
+    r.problem = run_problem(i, seed, max_work);
+    const Problem p = parse_problem(r.problem);
+    const std::string dir = tmp + "/golden";
+    golden::write(dir, golden::build(p, "stack", true, "indexshare calibrate", true), true);
+    const golden::Loaded g = golden::read(dir);
+    const emul::AttentionVariant av = fam[size_t(i) % fam.size()];
+    const emul::LogitsVariant lv = lfam[size_t(i / 2) % lfam.size()];
+    r.attention_variant = av.name();
+    r.logits_variant = lv.name();
+    const float sm = g.manifest["config"]["sm_scale"].get<float>();
+    Cand c;
+    for (int l = 0; l < int(g.manifest["layers"].size()); ++l) {
+      const std::string pre = "layers." + std::to_string(l) + ".";
+      const ref::AttentionOut o = emulate(g, l, av, sm);
+      c.set(pre + "attn.out", o.out);
+      c.set(pre + "attn.lse", o.lse);
+      c.set(pre + "attn.max_logits", o.max_logits);
+      if (has_fp8_logits(g, l)) c.set(pre + "indexer.logits", emulate_logits(g, l, lv));
+    }
+    const io::SafetensorsFile cf = c.write_read(tmp + "/candidate.safetensors");
+    const diff::Result res = diff::judge(g, cf, {}, k);
+    r.passed = !res.failed();
+    for (const diff::TensorResult& t : res.tensors) {
+      TensorMargin m;
+      m.tensor = t.layer >= 0 ? "layers." + std::to_string(t.layer) + "." + t.name : t.name;
+      m.verdict = cmp::verdict_name(t.report.verdict);
+      m.structure_ratio = t.report.structure_max_ratio;
+      m.b_over_floor = t.report.structure_max_b_over_floor;
+      m.bound_ratio = t.report.stats.max_ratio;
+      m.calc_diff = t.report.stats.metric;
+      r.tensors.push_back(m);
+      if (t.report.verdict == cmp::Verdict::fail)
+        for (const std::string& why : t.report.reasons) r.reasons.push_back(m.tensor + ": " + why);
+    }
+    for (const std::string& d : res.diagnoses) r.reasons.push_back(d);
+    r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (progress) progress(r);
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+nlohmann::json summary(const std::vector<Run>& runs) {
+  nlohmann::json j;
+  int fp = 0;
+  std::map<std::string, std::array<double, 4>> worst;  // per tensor kind: structure, bound, metric, b/floor
+  std::map<std::string, std::string> worst_run;
+  for (const Run& r : runs) {
+    fp += !r.passed;
+    for (const TensorMargin& m : r.tensors) {
+      const std::string kind = m.tensor.substr(m.tensor.find('.', 7) + 1);
+      auto& w = worst.try_emplace(kind, std::array<double, 4>{-cmp::kRatioCap, 0, 0, 0}).first->second;
+      if (m.structure_ratio > w[0]) { w[0] = m.structure_ratio; worst_run[kind] = r.problem + " / " + r.attention_variant + " / " + r.logits_variant; }
+      w[1] = std::max(w[1], m.bound_ratio);
+      w[2] = std::max(w[2], m.calc_diff);
+      w[3] = std::max(w[3], m.b_over_floor);
+    }
+  }
+  j["runs"] = runs.size();
+  j["false_positives"] = fp;
+  for (const auto& [kind, w] : worst)
+    j["worst"][kind] = {{"structure_ratio", w[0]}, {"err_over_bound", w[1]}, {"calc_diff", w[2]},
+                         {"b_over_floor", w[3]}, {"structure_worst_run", worst_run[kind]}};
+  return j;
+}
+
+// ---- power ---------------------------------------------------------------------------------------
+
+std::vector<PowerRow> power(const std::string& dir, int layer, const ref::Kernels& k, const std::string& tmp) {
+  fs::create_directories(tmp);
+  const golden::Loaded g = golden::read(dir);
+  const auto& cfg = g.manifest["config"];
+  const int64_t s_q = cfg["s_q"], h_q = cfg["h_q"], d_v = cfg["d_v"];
+  const float sm = cfg["sm_scale"].get<float>();
+  const std::string pre = "layers." + std::to_string(layer) + ".";
+  const emul::AttentionVariant naive = emul::attention_family()[0];
+  const ref::AttentionOut base = emulate(g, layer, naive, sm);
+  const bool logits = has_fp8_logits(g, layer);
+  const Tensor<float> base_logits = logits ? emulate_logits(g, layer, emul::logits_family()[0]) : Tensor<float>{};
+  auto rms = [](const Tensor<float>& x) {
+    double s = 0; int64_t n = 0;
+    for (float v : x.data) if (std::isfinite(v)) { s += double(v) * v; ++n; }
+    return n ? std::sqrt(s / double(n)) : 0.0;
+  };
+  int64_t n_seq = 1;
+  if (const io::TensorView* v = g.find("cu_seqlens_q")) n_seq = int64_t(v->shape[0]) - 1;
+  const std::vector<int64_t> seq0 = [&] {
+    std::vector<int64_t> r = {0, s_q};
+    if (n_seq >= 2) { const Tensor<int32_t> cu = g.tensor<int32_t>("cu_seqlens_q"); r = {cu[1], cu[2]}; }
+    return r;
+  }();
+
+  struct Fault {
+    std::string name, tensor;
+    std::function<void(Cand&, double)> make;
+    std::string named;  // a diagnosis naming it contains this
+  };
+  auto scaled = [](Tensor<float> t, double eps, const std::function<bool(int64_t)>& where) {
+    for (int64_t i = 0; i < t.numel(); ++i)
+      if (where(i) && std::isfinite(t[i])) t[i] = float(double(t[i]) * (1 + eps));
+    return t;
+  };
+  auto all = [](int64_t) { return true; };
+  std::vector<Fault> faults;
+  faults.push_back({"attn.out scale, every element", "attn.out", [&](Cand& c, double e) { c.set(pre + "attn.out", scaled(base.out, e, all)); }, "attn.out scale error"});
+  faults.push_back({"attn.out scale, head 0 only", "attn.out", [&](Cand& c, double e) {
+                      c.set(pre + "attn.out", scaled(base.out, e, [&](int64_t i) { return (i / d_v) % h_q == 0; })); }, "head 0 only"});
+  faults.push_back({"attn.out scale, columns = 0 mod 8", "attn.out", [&](Cand& c, double e) {
+                      c.set(pre + "attn.out", scaled(base.out, e, [&](int64_t i) { return (i % d_v) % 8 == 0; })); }, "columns = 0 mod 8 only"});
+  if (s_q > 64)
+    faults.push_back({"attn.out scale, rows 64-127", "attn.out", [&](Cand& c, double e) {
+                        c.set(pre + "attn.out", scaled(base.out, e, [&](int64_t i) { const int64_t t = i / (h_q * d_v); return t >= 64 && t < 128; })); }, "rows 64-127"});
+  if (n_seq >= 2)
+    faults.push_back({"attn.out scale, sequence 1 only", "attn.out", [&](Cand& c, double e) {
+                        c.set(pre + "attn.out", scaled(base.out, e, [&](int64_t i) { const int64_t t = i / (h_q * d_v); return t >= seq0[0] && t < seq0[1]; })); }, "sequence 1 only"});
+  const double out_rms = rms(base.out), lse_rms = rms(base.lse);
+  faults.push_back({"attn.out offset (x rms), every element", "attn.out", [&](Cand& c, double e) {
+                      Tensor<float> t = base.out;
+                      for (float& v : t.data) v = float(double(v) + e * out_rms);
+                      c.set(pre + "attn.out", t); }, "attn.out offset"});
+  faults.push_back({"softmax scale (1 + eps) sm_scale: out, lse, max_logits", "attn.out", [&](Cand& c, double e) {
+                      const ref::AttentionOut o = emulate(g, layer, naive, float(double(sm) * (1 + e)));
+                      c.set(pre + "attn.out", o.out); c.set(pre + "attn.lse", o.lse); c.set(pre + "attn.max_logits", o.max_logits); }, "softmax scale"});
+  faults.push_back({"softmax scale (1 + eps) sm_scale: out only", "attn.out", [&](Cand& c, double e) {
+                      c.set(pre + "attn.out", emulate(g, layer, naive, float(double(sm) * (1 + e))).out); }, "attn.out matches a softmax scale"});
+  faults.push_back({"attn.lse scale, every element", "attn.lse", [&](Cand& c, double e) { c.set(pre + "attn.lse", scaled(base.lse, e, all)); }, "attn.lse"});
+  faults.push_back({"attn.lse offset (x rms), every element", "attn.lse", [&](Cand& c, double e) {
+                      Tensor<float> t = base.lse;
+                      for (float& v : t.data) if (std::isfinite(v)) v = float(double(v) + e * lse_rms);
+                      c.set(pre + "attn.lse", t); }, "attn.lse"});
+  faults.push_back({"attn.lse scale, head 0 only", "attn.lse", [&](Cand& c, double e) {
+                      c.set(pre + "attn.lse", scaled(base.lse, e, [&](int64_t i) { return i % h_q == 0; })); }, "head 0 only"});
+  faults.push_back({"attn.max_logits scale, every element", "attn.max_logits", [&](Cand& c, double e) {
+                      c.set(pre + "attn.max_logits", scaled(base.max_logits, e, all)); }, "attn.max_logits scale error"});
+  if (logits) {
+    const int64_t s_kv = cfg["s_kv"];
+    faults.push_back({"indexer.logits scale, every element", "indexer.logits", [&](Cand& c, double e) {
+                        c.set(pre + "indexer.logits", scaled(base_logits, e, all)); }, "indexer.logits scale error"});
+    faults.push_back({"indexer.logits scale, keys = 0 mod 8", "indexer.logits", [&](Cand& c, double e) {
+                        c.set(pre + "indexer.logits", scaled(base_logits, e, [&](int64_t i) { return (i % s_kv) % 8 == 0; })); }, "columns = 0 mod 8 only"});
+  }
+
+  auto judge = [&](const Fault& f, double eps, diff::Result* keep) {
+    Cand c;
+    f.make(c, eps);
+    const diff::Result r = diff::judge(g, c.write_read(tmp + "/power.safetensors"), {}, k);
+    if (keep) *keep = r;
+    return r.failed();
+  };
+  auto named = [&](const Fault& f, double eps, diff::Result* keep) {
+    diff::Result r;
+    if (!judge(f, eps, &r)) return false;
+    const bool ok = std::any_of(r.diagnoses.begin(), r.diagnoses.end(), [&](const std::string& d) { return d.find(f.named) != std::string::npos; });
+    if (keep) *keep = r;
+    return ok;
+  };
+  // The smallest eps in [1e-7, 0.5] for which pred holds (geometric bisection to about 5%), or -1.
+  auto smallest = [&](const std::function<bool(double)>& pred) {
+    double lo = 1e-7, hi = 0.5;
+    if (!pred(hi)) return -1.0;
+    for (int it = 0; it < 14; ++it) {
+      const double mid = std::sqrt(lo * hi);
+      (pred(mid) ? hi : lo) = mid;
+    }
+    return hi;
+  };
+  std::vector<PowerRow> rows;
+  for (const Fault& f : faults) {
+    PowerRow row{f.name, f.tensor, -1, "", -1, ""};
+    require(!judge(f, 0, nullptr), "calibrate --power: the unfaulted emulation fails on " + dir + " (" + f.name + ")");
+    row.smallest = smallest([&](double e) { return judge(f, e, nullptr); });
+    if (row.smallest > 0) {
+      diff::Result r;
+      judge(f, row.smallest, &r);
+      for (const diff::TensorResult& t : r.tensors)
+        if (t.report.verdict == cmp::Verdict::fail && !t.report.reasons.empty()) {
+          const std::string& why = t.report.reasons[0];
+          row.caught_by = why.find("structure") != std::string::npos ? "structure"
+                          : why.find("calc_diff") != std::string::npos ? "calc_diff"
+                          : why.find("check") != std::string::npos ? "anchor (FlashMLA elementwise)"
+                          : why.find("budget") != std::string::npos ? "budget"
+                          : "per-element bound";
+          break;
+        }
+    }
+    row.named = smallest([&](double e) { return named(f, e, nullptr); });
+    if (row.named > 0) {
+      diff::Result r;
+      named(f, row.named, &r);
+      for (const std::string& d : r.diagnoses)
+        if (d.find(f.named) != std::string::npos) { row.diagnosis = d; break; }
+    }
+    rows.push_back(row);
+  }
+  return rows;
+}
+
+}  // namespace indexshare::calib

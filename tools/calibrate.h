@@ -1,0 +1,67 @@
+// indexshare: calibration and power of the judge (`indexshare calibrate`).
+//
+// Calibration: the judge must pass every correct kernel. A run draws a problem (h_q 16-128,
+// top-k 64-2048, 1-3 sequences, sinks or none, several value distributions, some with Shared
+// layers), writes its golden set, emulates one member of the correct-kernel family
+// (tools/emulate.h) on the golden's inputs and judges it with `diff`'s own code. A false positive
+// is any FAIL. Each run records, per judged tensor, how close it came to failing: the structure
+// tests' largest ratio (|estimate| / floor and |t| / t_crit, the smaller of the two; >= 1 flags),
+// the largest error / bound, and calc_diff over its threshold.
+//
+// Power: on one golden set, a systematic fault of size eps is injected into a correct
+// emulation's outputs, and eps is bisected (on a log scale) down to the smallest the judge fails.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "ref/kernels.h"
+
+namespace indexshare::calib {
+
+struct TensorMargin {
+  std::string tensor;        // "layers.0.attn.out"
+  std::string verdict;
+  double structure_ratio = 0, b_over_floor = 0, bound_ratio = 0, calc_diff = 0;
+};
+
+struct Run {
+  int index = 0;
+  std::string problem, attention_variant, logits_variant;
+  bool passed = true;
+  std::vector<TensorMargin> tensors;
+  std::vector<std::string> reasons;  // of a false positive
+  double seconds = 0;
+};
+
+// The problem of run `i` of a calibration with `seed` (deterministic). max_work bounds the
+// (query row, head, key) triples of a layer (it sets the rows; at least 2 per sequence).
+constexpr int64_t kDefaultWork = int64_t(1) << 19;
+std::string run_problem(int i, uint64_t seed, int64_t max_work = kDefaultWork);
+
+// Runs `runs` calibration runs (from `first`), calling `progress` after each. `tmp` is a scratch
+// folder (created, emptied).
+std::vector<Run> calibrate(int first, int runs, uint64_t seed, const ref::Kernels& k, const std::string& tmp,
+                           const std::function<void(const Run&)>& progress = {}, int64_t max_work = kDefaultWork);
+
+// Summary: runs, false positives, and per tensor kind (out, lse, max_logits, logits) the largest
+// of each margin over the runs.
+nlohmann::json summary(const std::vector<Run>& runs);
+
+struct PowerRow {
+  std::string fault;          // "attn.out scale, every element"
+  std::string tensor;
+  double smallest = -1;       // smallest eps that fails (-1: none up to the largest tried)
+  std::string caught_by;      // the reason at that eps: "structure", "calc_diff", "bound", "anchor"
+  double named = -1;          // smallest eps that fails with the right diagnosis (-1: none)
+  std::string diagnosis;      // the diagnosis at that eps
+};
+// The power of the judge on the golden set at `dir` (a stack with at least one layer), faults
+// injected into layer `layer` on top of the naive correct emulation.
+std::vector<PowerRow> power(const std::string& dir, int layer, const ref::Kernels& k, const std::string& tmp);
+
+}  // namespace indexshare::calib

@@ -1,0 +1,90 @@
+// indexshare calibrate: the judge against correct kernels (false positives, margins) and its
+// power against systematic faults (tools/calibrate.h).
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <string>
+
+#include "ref/error.h"
+#include "simd/simd.h"
+#include "tools/calibrate.h"
+#include "tools/cli.h"
+#include "tools/svg.h"
+
+namespace indexshare::cli {
+
+namespace {
+struct CalibrateArgs {
+  int runs = 200, first = 0;
+  int64_t seed = 1;
+  std::string power, json;
+  int layer = 0;
+};
+
+std::string scratch() {
+  return (std::filesystem::temp_directory_path() / ("indexshare-calibrate-" + std::to_string(::getpid()))).string();
+}
+
+int cmd_calibrate(const CalibrateArgs& a) {
+  const std::string tmp = scratch();
+  struct Cleanup { std::string d; ~Cleanup() { std::error_code ec; std::filesystem::remove_all(d, ec); } } cleanup{tmp};
+  nlohmann::json j;
+  int rc = 0;
+  if (!a.power.empty()) {
+    std::printf("power of the judge on %s, layer %d (faults on the naive correct emulation; smallest failing eps, to ~5%%)\n",
+                a.power.c_str(), a.layer);
+    std::printf("%-55s %-10s %-10s %s\n", "fault", "detected", "named", "caught by / diagnosis at the named size");
+    nlohmann::json rows = nlohmann::json::array();
+    for (const calib::PowerRow& r : calib::power(a.power, a.layer, simd::kernels(), tmp)) {
+      std::printf("%-55s %-10.3g %-10.3g %s\n%77s%s\n", r.fault.c_str(), r.smallest, r.named, r.caught_by.c_str(), "", r.diagnosis.c_str());
+      std::fflush(stdout);
+      rows.push_back({{"fault", r.fault}, {"tensor", r.tensor}, {"detected", r.smallest}, {"caught_by", r.caught_by}, {"named", r.named},
+                      {"diagnosis", r.diagnosis}});
+    }
+    j = {{"golden", a.power}, {"layer", a.layer}, {"power", rows}};
+  } else {
+    require(a.runs >= 1 && a.runs <= 100000, "--runs: expected 1..100000");
+    std::printf("calibration: %d runs of the correct-kernel family from run %d, seed %lld\n", a.runs, a.first, (long long)a.seed);
+    nlohmann::json runs = nlohmann::json::array();
+    const auto list = calib::calibrate(a.first, a.runs, uint64_t(a.seed), simd::kernels(), tmp, [&](const calib::Run& r) {
+      double worst = 0;
+      for (const calib::TensorMargin& m : r.tensors) worst = std::max(worst, m.structure_ratio);
+      std::printf("run %4d %-4s %5.1fs structure<=%.3f  %s | %s | %s\n", r.index, r.passed ? "PASS" : "FAIL", r.seconds, worst,
+                  r.problem.c_str(), r.attention_variant.c_str(), r.logits_variant.c_str());
+      for (const std::string& why : r.reasons) std::printf("         %s\n", why.c_str());
+      std::fflush(stdout);
+    });
+    for (const calib::Run& r : list) {
+      nlohmann::json t = nlohmann::json::array();
+      for (const calib::TensorMargin& m : r.tensors)
+        t.push_back({{"tensor", m.tensor}, {"verdict", m.verdict}, {"structure_ratio", m.structure_ratio}, {"err_over_bound", m.bound_ratio},
+                     {"calc_diff", m.calc_diff}});
+      runs.push_back({{"run", r.index}, {"problem", r.problem}, {"attention_variant", r.attention_variant},
+                      {"logits_variant", r.logits_variant}, {"passed", r.passed}, {"reasons", r.reasons}, {"tensors", t}});
+    }
+    j = calib::summary(list);
+    std::printf("%s\n", j.dump(2).c_str());
+    j["run_list"] = runs;
+    rc = j["false_positives"].get<int>() ? 1 : 0;
+  }
+  if (!a.json.empty()) io::write_text_file(a.json, j.dump(2) + "\n");
+  return rc;
+}
+}  // namespace
+
+Action register_calibrate(CLI::App& app) {
+  auto a = std::make_shared<CalibrateArgs>();
+  CLI::App* c = app.add_subcommand("calibrate", "Run the judge on a family of correct kernel emulations (false positives, margins), "
+                                                "or measure its power on a golden set (--power DIR): exit 1 on a false positive");
+  c->add_option("--runs", a->runs, "Calibration runs")->capture_default_str();
+  c->add_option("--first", a->first, "First run index (runs are deterministic per index and seed)")->capture_default_str();
+  c->add_option("--seed", a->seed, "Seed of the run problems")->capture_default_str()->check(CLI::NonNegativeNumber);
+  c->add_option("--power", a->power, "Measure the smallest systematic faults the judge catches on this golden set");
+  c->add_option("--layer", a->layer, "With --power: the layer to inject faults into")->capture_default_str();
+  c->add_option("--json", a->json, "Also write the results as JSON");
+  return [c, a]() { return *c ? cmd_calibrate(*a) : -1; };
+}
+
+}  // namespace indexshare::cli
