@@ -163,7 +163,7 @@ std::vector<PowerRow> power(const std::string& dir, int layer, const ref::Kernel
   fs::create_directories(tmp);
   const golden::Loaded g = golden::read(dir);
   const auto& cfg = g.manifest["config"];
-  const int64_t s_q = cfg["s_q"], h_q = cfg["h_q"], d_v = cfg["d_v"];
+  const int64_t s_q = cfg["s_q"], h_q = cfg["h_q"], d_v = cfg["d_v"], s_kv = cfg["s_kv"];
   const float sm = cfg["sm_scale"].get<float>();
   const std::string pre = "layers." + std::to_string(layer) + ".";
   const emul::AttentionVariant naive = emul::attention_family()[0];
@@ -186,7 +186,8 @@ std::vector<PowerRow> power(const std::string& dir, int layer, const ref::Kernel
   struct Fault {
     std::string name, tensor;
     std::function<void(Cand&, double)> make;
-    std::string named;  // a diagnosis naming it contains this
+    std::string named;  // a diagnosis naming it contains this (and `where`, when given)
+    std::string where;
   };
   auto scaled = [](Tensor<float> t, double eps, const std::function<bool(int64_t)>& where) {
     for (int64_t i = 0; i < t.numel(); ++i)
@@ -195,42 +196,41 @@ std::vector<PowerRow> power(const std::string& dir, int layer, const ref::Kernel
   };
   auto all = [](int64_t) { return true; };
   std::vector<Fault> faults;
-  faults.push_back({"attn.out scale, every element", "attn.out", [&](Cand& c, double e) { c.set(pre + "attn.out", scaled(base.out, e, all)); }, "attn.out scale error"});
+  faults.push_back({"attn.out scale, every element", "attn.out", [&](Cand& c, double e) { c.set(pre + "attn.out", scaled(base.out, e, all)); }, "attn.out scale error", "every element"});
   faults.push_back({"attn.out scale, head 0 only", "attn.out", [&](Cand& c, double e) {
-                      c.set(pre + "attn.out", scaled(base.out, e, [&](int64_t i) { return (i / d_v) % h_q == 0; })); }, "head 0 only"});
+                      c.set(pre + "attn.out", scaled(base.out, e, [&](int64_t i) { return (i / d_v) % h_q == 0; })); }, "attn.out", "head 0 only"});
   faults.push_back({"attn.out scale, columns = 0 mod 8", "attn.out", [&](Cand& c, double e) {
-                      c.set(pre + "attn.out", scaled(base.out, e, [&](int64_t i) { return (i % d_v) % 8 == 0; })); }, "columns = 0 mod 8 only"});
+                      c.set(pre + "attn.out", scaled(base.out, e, [&](int64_t i) { return (i % d_v) % 8 == 0; })); }, "columns = 0 mod 8 only", ""});
   if (s_q > 64)
     faults.push_back({"attn.out scale, rows 64-127", "attn.out", [&](Cand& c, double e) {
-                        c.set(pre + "attn.out", scaled(base.out, e, [&](int64_t i) { const int64_t t = i / (h_q * d_v); return t >= 64 && t < 128; })); }, "rows 64-127"});
+                        c.set(pre + "attn.out", scaled(base.out, e, [&](int64_t i) { const int64_t t = i / (h_q * d_v); return t >= 64 && t < 128; })); }, "rows 64-127", ""});
   if (n_seq >= 2)
     faults.push_back({"attn.out scale, sequence 1 only", "attn.out", [&](Cand& c, double e) {
-                        c.set(pre + "attn.out", scaled(base.out, e, [&](int64_t i) { const int64_t t = i / (h_q * d_v); return t >= seq0[0] && t < seq0[1]; })); }, "sequence 1 only"});
+                        c.set(pre + "attn.out", scaled(base.out, e, [&](int64_t i) { const int64_t t = i / (h_q * d_v); return t >= seq0[0] && t < seq0[1]; })); }, "sequence 1 only", ""});
   const double out_rms = rms(base.out), lse_rms = rms(base.lse);
   faults.push_back({"attn.out offset (x rms), every element", "attn.out", [&](Cand& c, double e) {
                       Tensor<float> t = base.out;
                       for (float& v : t.data) v = float(double(v) + e * out_rms);
-                      c.set(pre + "attn.out", t); }, "attn.out offset"});
+                      c.set(pre + "attn.out", t); }, "attn.out offset", "every element"});
   faults.push_back({"softmax scale (1 + eps) sm_scale: out, lse, max_logits", "attn.out", [&](Cand& c, double e) {
                       const ref::AttentionOut o = emulate(g, layer, naive, float(double(sm) * (1 + e)));
-                      c.set(pre + "attn.out", o.out); c.set(pre + "attn.lse", o.lse); c.set(pre + "attn.max_logits", o.max_logits); }, "softmax scale"});
+                      c.set(pre + "attn.out", o.out); c.set(pre + "attn.lse", o.lse); c.set(pre + "attn.max_logits", o.max_logits); }, "softmax scale", ""});
   faults.push_back({"softmax scale (1 + eps) sm_scale: out only", "attn.out", [&](Cand& c, double e) {
-                      c.set(pre + "attn.out", emulate(g, layer, naive, float(double(sm) * (1 + e))).out); }, "attn.out matches a softmax scale"});
-  faults.push_back({"attn.lse scale, every element", "attn.lse", [&](Cand& c, double e) { c.set(pre + "attn.lse", scaled(base.lse, e, all)); }, "attn.lse"});
+                      c.set(pre + "attn.out", emulate(g, layer, naive, float(double(sm) * (1 + e))).out); }, "attn.out matches a softmax scale", ""});
+  faults.push_back({"attn.lse scale, every element", "attn.lse", [&](Cand& c, double e) { c.set(pre + "attn.lse", scaled(base.lse, e, all)); }, "attn.lse", ""});
   faults.push_back({"attn.lse offset (x rms), every element", "attn.lse", [&](Cand& c, double e) {
                       Tensor<float> t = base.lse;
                       for (float& v : t.data) if (std::isfinite(v)) v = float(double(v) + e * lse_rms);
-                      c.set(pre + "attn.lse", t); }, "attn.lse"});
+                      c.set(pre + "attn.lse", t); }, "attn.lse", ""});
   faults.push_back({"attn.lse scale, head 0 only", "attn.lse", [&](Cand& c, double e) {
-                      c.set(pre + "attn.lse", scaled(base.lse, e, [&](int64_t i) { return i % h_q == 0; })); }, "head 0 only"});
+                      c.set(pre + "attn.lse", scaled(base.lse, e, [&](int64_t i) { return i % h_q == 0; })); }, "attn.lse", "head 0 only"});
   faults.push_back({"attn.max_logits scale, every element", "attn.max_logits", [&](Cand& c, double e) {
-                      c.set(pre + "attn.max_logits", scaled(base.max_logits, e, all)); }, "attn.max_logits scale error"});
+                      c.set(pre + "attn.max_logits", scaled(base.max_logits, e, all)); }, "attn.max_logits scale error", "every element"});
   if (logits) {
-    const int64_t s_kv = cfg["s_kv"];
     faults.push_back({"indexer.logits scale, every element", "indexer.logits", [&](Cand& c, double e) {
-                        c.set(pre + "indexer.logits", scaled(base_logits, e, all)); }, "indexer.logits scale error"});
+                        c.set(pre + "indexer.logits", scaled(base_logits, e, all)); }, "indexer.logits scale error", "every element"});
     faults.push_back({"indexer.logits scale, keys = 0 mod 8", "indexer.logits", [&](Cand& c, double e) {
-                        c.set(pre + "indexer.logits", scaled(base_logits, e, [&](int64_t i) { return (i % s_kv) % 8 == 0; })); }, "columns = 0 mod 8 only"});
+                        c.set(pre + "indexer.logits", scaled(base_logits, e, [&](int64_t i) { return (i % s_kv) % 8 == 0; })); }, "columns = 0 mod 8 only", ""});
   }
 
   auto judge = [&](const Fault& f, double eps, diff::Result* keep) {
@@ -243,7 +243,8 @@ std::vector<PowerRow> power(const std::string& dir, int layer, const ref::Kernel
   auto named = [&](const Fault& f, double eps, diff::Result* keep) {
     diff::Result r;
     if (!judge(f, eps, &r)) return false;
-    const bool ok = std::any_of(r.diagnoses.begin(), r.diagnoses.end(), [&](const std::string& d) { return d.find(f.named) != std::string::npos; });
+    auto names = [&](const std::string& d) { return d.find(f.named) != std::string::npos && d.find(f.where) != std::string::npos; };
+    const bool ok = std::any_of(r.diagnoses.begin(), r.diagnoses.end(), names);
     if (keep) *keep = r;
     return ok;
   };
@@ -281,7 +282,7 @@ std::vector<PowerRow> power(const std::string& dir, int layer, const ref::Kernel
       diff::Result r;
       named(f, row.named, &r);
       for (const std::string& d : r.diagnoses)
-        if (d.find(f.named) != std::string::npos) { row.diagnosis = d; break; }
+        if (d.find(f.named) != std::string::npos && d.find(f.where) != std::string::npos) { row.diagnosis = d; break; }
     }
     rows.push_back(row);
   }
