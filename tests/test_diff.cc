@@ -15,6 +15,7 @@
 #include "ref/rng.h"
 #include "ref/topk.h"
 #include "tools/diff.h"
+#include "tests/ties_util.h"
 
 using namespace indexshare;
 
@@ -104,19 +105,11 @@ TEST_CASE("diff: a faithful candidate passes, and the report says what was check
 TEST_CASE("diff: a tie permutation of indices passes, with the attention judged on the candidate's own indices") {
   const golden::Loaded g = golden::read(golden_dir("ties"));
   Candidate c = faithful(g);
-  const Tensor<float> L = g.tensor<float>("layers.0.indexer.logits");
-  const Tensor<int32_t> ks = g.tensor<int32_t>("layers.0.indexer.ks"), ke = g.tensor<int32_t>("layers.0.indexer.ke");
-  Tensor<int32_t> topk = g.tensor<int32_t>("layers.0.indexer.topk");
-  const int64_t k = topk.dim(1);
+  const Tensor<int32_t> ks = g.tensor<int32_t>("layers.0.indexer.ks");
   // Swap the k-th winner of every row for an unselected position with the same score.
   int swapped = 0;
-  for (int64_t t = 0; t < topk.dim(0); ++t) {
-    const float kth = L.at(t, ks[t] + topk.at(t, k - 1));
-    std::set<int32_t> sel(topk.data.begin() + t * k, topk.data.begin() + (t + 1) * k);
-    for (int32_t s = 0; s < ke[t] - ks[t]; ++s)
-      if (!sel.count(s) && L.at(t, ks[t] + s) == kth) { topk.at(t, k - 1) = s; ++swapped; break; }
-    std::swap(topk.at(t, 0), topk.at(t, 1));  // slot order never matters
-  }
+  Tensor<int32_t> topk = testing::tie_permuted_topk(g, swapped);
+  for (int64_t t = 0; t < topk.dim(0); ++t) std::swap(topk.at(t, 0), topk.at(t, 1));  // slot order never matters
   REQUIRE(swapped > 0);
   const Tensor<int32_t> rows = ref::local_to_kv_rows(topk, ks);
   const Tensor<bf16_t> q = g.tensor<bf16_t>("layers.0.attn.q"), kv = g.tensor<bf16_t>("layers.0.attn.kv");
