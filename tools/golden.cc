@@ -166,6 +166,7 @@ GoldenSet build_stack(const Problem& p, const std::vector<ref::LayerInputs>& inp
   const Schedule sched = p.schedule();
   const std::vector<ref::StackLayerOutputs> outs =
       use_simd ? simd::run_stack(p, sched, inputs, true) : ref::run_stack(p, sched, inputs, true);
+  const ref::Kernels kern = use_simd ? simd::kernels() : ref::Kernels{};  // the budget's emulation
   GoldenSet g;
   json layers = json::array(), budgets = json::object();
   paged::PagedLayout layout;
@@ -216,7 +217,7 @@ GoldenSet build_stack(const Problem& p, const std::vector<ref::LayerInputs>& inp
     add(g, pre + "attn.max_logits", attn.max_logits, Role::output);
     if (kind == "decode") add_paged(g, p, in, o, pre, layout);
     // Tolerance budget of the attention output (FlashAttention style, see ref/compare.h).
-    const ref::AttentionOut emu = cmp::emulate_attention_lowp(in.q, in.kv, indices, p.sm_scale(), p.d_v, tl, sink);
+    const ref::AttentionOut emu = kern.emulate_attention_lowp(in.q, in.kv, indices, p.sm_scale(), p.d_v, tl, sink);
     double emu_err = 0;
     for (int64_t i = 0; i < attn.out.numel(); ++i)
       emu_err = std::max(emu_err, std::fabs(double(emu.out[i]) - double(attn.out[i])));
@@ -309,7 +310,8 @@ GoldenSet build_model(const ModelSpec& spec, const std::string& replay) {
   const int64_t S = cfg.seq;
   const Tensor<float> h0 = ref::toy_hidden(cfg, spec.seed, 0, S);
   ref::ToyCache cache;
-  const ref::ToyForward f = ref::forward(m, cache, h0, spec.simd ? simd::kernels() : ref::Kernels{});
+  const ref::Kernels kern = spec.simd ? simd::kernels() : ref::Kernels{};
+  const ref::ToyForward f = ref::forward(m, cache, h0, kern);
   GoldenSet g;
   json layers = json::array(), budgets = json::object();
   Tensor<int32_t> ks({S}, 0), ke({S});
@@ -367,7 +369,7 @@ GoldenSet build_model(const ModelSpec& spec, const std::string& replay) {
     add(g, pre + "attn.lse", tr.attn.lse, Role::output);
     add(g, pre + "attn.max_logits", tr.attn.max_logits, Role::output);
     add(g, pre + "out", bf16_of(tr.out), Role::reference);
-    const ref::AttentionOut emu = cmp::emulate_attention_lowp(tr.q, cache.kv[size_t(l)], indices, sm, cfg.d_v(), nullptr, nullptr);
+    const ref::AttentionOut emu = kern.emulate_attention_lowp(tr.q, cache.kv[size_t(l)], indices, sm, cfg.d_v(), nullptr, nullptr);
     budgets[pre + "attn.out"] = {{"budget_max_abs", cmp::attention_budget(tr.attn.out, emu.out)},
                                  {"multiple", cmp::kBudgetMultiple},
                                  {"emulation", "f32 logits and softmax, P rounded to bf16, f32 accumulation, bf16 out"}};
