@@ -83,7 +83,8 @@ StackInputs load_stack_inputs(const io::SafetensorsFile& f, const std::string& f
 
 // Writes `set` to `dir` atomically. The folder must not exist, or be empty, unless `force`
 // (then an existing golden set there is replaced in one rename).
-void write(const std::string& dir, GoldenSet set, bool force);
+// Returns the manifest as written (with its "tensors" list).
+nlohmann::json write(const std::string& dir, GoldenSet set, bool force);
 
 struct Loaded {
   std::string dir;
@@ -103,5 +104,8 @@ StackInputs stack_inputs_of(const Loaded& g);
 
 // One line per layer and a total, for the tool's output.
 std::string summary(const Loaded& g);
+// The same lines from a manifest with its "tensors" list and the tensors' byte count (what write
+// has just published, without reading the set back).
+std::string summary(const std::string& dir, const nlohmann::json& manifest, uint64_t bytes);
 
 }  // namespace indexshare::golden
