@@ -443,7 +443,7 @@ Result judge(const golden::Loaded& g, const io::SafetensorsFile& c, const std::s
       std::vector<std::string> attn_fail;
       if (has(l, "attn.out")) {
         const Tensor<float> co = cand_float(c, name(l, "attn.out"), {s_q, h_q, d_v});
-        if (add(l, "attn.out", cmp::compare_floats("", e.attn.out, co, bound_rule(e.bounds.out, e.budget)), cond_note) == cmp::Verdict::fail) {
+        if (add(l, "attn.out", cmp::compare_floats("", e.attn.out, co, bound_rule(std::move(e.bounds.out), e.budget)), cond_note) == cmp::Verdict::fail) {
           attn_fail.push_back("attn.out");
           // Hypotheses: the attention of another layer's positions or of the causal off-by-one.
           for (int j = 0; j < n_layers; ++j) {
@@ -498,6 +498,11 @@ Result judge(const golden::Loaded& g, const io::SafetensorsFile& c, const std::s
         }
       }
     }
+    // Memory: the layer's attention tensors are not read again (later layers read only another
+    // layer's indices, windows, logits and top-k).
+    LayerData& done = data[size_t(l)];
+    done.q = Tensor<bf16_t>();
+    done.out = done.lse = done.max_logits = Tensor<float>();
   }
   return res;
 }

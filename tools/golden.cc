@@ -814,13 +814,18 @@ void write_text(const std::string& path, const std::string& text) {
 
 namespace {
 // The SHA-256 of each tensor, tensors in parallel (OpenMP); an error is rethrown on this thread.
-std::vector<std::string> sha256_all(const std::vector<io::TensorView>& tensors) {
+// With a file: a tensor whose bytes are not in memory (fewer than sizes[i]) is hashed from the file
+// range [offsets[i], offsets[i] + sizes[i]).
+std::vector<std::string> sha256_all(const std::vector<io::TensorView>& tensors, const std::string& file = "",
+                                    const std::vector<uint64_t>& offsets = {}, const std::vector<uint64_t>& sizes = {}) {
   std::vector<std::string> hashes(tensors.size());
   std::exception_ptr err;
 #pragma omp parallel for schedule(dynamic, 1)
   for (size_t i = 0; i < tensors.size(); ++i) {
     try {
-      hashes[i] = io::sha256_hex(tensors[i].bytes.data(), tensors[i].bytes.size());
+      const io::TensorView& v = tensors[i];
+      hashes[i] = !sizes.empty() && v.bytes.size() != sizes[i] ? io::sha256_file_range(file, offsets[i], sizes[i])
+                                                               : io::sha256_hex(v.bytes.data(), v.bytes.size());
     } catch (...) {
 #pragma omp critical(indexshare_sha256_all)
       if (!err) err = std::current_exception();
@@ -1004,7 +1009,7 @@ void check_manifest(const Loaded& g, const std::string& mpath) {
     const io::TensorView* rt = g.data.find("rows");
     if (!rt || rt->dtype != io::DType::I32 || rt->shape != Shape{s_q})
       fail("rows", "needs tensor 'rows' I32 [" + std::to_string(s_q) + "] (config.s_q)");
-    const Tensor<int32_t> rv = io::as_tensor<int32_t>(*rt, g.dir + "/" + kTensorFile);
+    const Tensor<int32_t> rv = g.tensor<int32_t>(rt->name);
     std::vector<int64_t> list(rv.data.begin(), rv.data.end());
     Problem whole;
     whole.s_q = r["problem_s_q"].get<int64_t>();
@@ -1081,7 +1086,7 @@ void check_manifest(const Loaded& g, const std::string& mpath) {
     const io::TensorView* cu = g.data.find(name);
     if (!cu) continue;
     const int64_t total = std::string(name) == "cu_seqlens_q" ? s_q : s_kv;
-    const Tensor<int32_t> t = io::as_tensor<int32_t>(*cu, g.dir + "/" + kTensorFile);
+    const Tensor<int32_t> t = g.tensor<int32_t>(cu->name);
     for (int64_t i = 0; i <= n_seqs; ++i)
       if (int64_t(t[i]) != i * (total / n_seqs))
         fail("config.n_seqs", "disagrees with tensor '" + std::string(name) + "': element [" + std::to_string(i) + "] is " +
@@ -1152,7 +1157,16 @@ void check_manifest(const Loaded& g, const std::string& mpath) {
 }
 }  // namespace
 
-Loaded read(const std::string& dir) {
+void Loaded::load(const std::string& name, void* dst, size_t n) const {
+  const LazyTensor& e = lazy.at(name);
+  const std::string file = dir + "/" + kTensorFile;
+  io::read_file_range(file, e.offset, dst, n);
+  if (io::sha256_hex(static_cast<const uint8_t*>(dst), n) != e.sha256)
+    throw Error(dir + "/manifest.json: tensor '" + name + "': the tensor's bytes do not match field 'sha256' "
+                "(the golden set is tampered or corrupted)");
+}
+
+Loaded read(const std::string& dir, uint64_t keep_bytes) {
   Loaded g;
   g.dir = dir;
   const std::string mpath = dir + "/manifest.json";
@@ -1170,8 +1184,16 @@ Loaded read(const std::string& dir) {
                 std::to_string(kFormatVersion) + " (regenerate with the replay command)");
   const json& tensors = field("tensors");
   if (!tensors.is_array()) throw Error(mpath + ": field 'tensors' is not an array");
-  g.data = io::read_safetensors(dir + "/" + kTensorFile);
-  const std::vector<std::string> hashes = sha256_all(g.data.tensors);  // checked below in the manifest's order
+  io::SafetensorsIndex index = io::read_safetensors_index(dir + "/" + kTensorFile, keep_bytes);
+  g.data = std::move(index.file);
+  // Every tensor's SHA-256 (a tensor not kept streamed from the file), checked below in the
+  // manifest's order.
+  std::vector<uint64_t> sizes(g.data.tensors.size());
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    const io::TensorView& v = g.data.tensors[i];
+    sizes[i] = uint64_t(shape_numel(v.shape)) * io::dtype_size(v.dtype);
+  }
+  const std::vector<std::string> hashes = sha256_all(g.data.tensors, dir + "/" + kTensorFile, index.offsets, sizes);
   std::map<std::string, size_t> seen;
   for (size_t i = 0; i < tensors.size(); ++i) {
     const json& t = tensors[i];
@@ -1200,9 +1222,11 @@ Loaded read(const std::string& dir) {
     if (shape != v->shape)
       throw Error(where + " ('" + name + "'): shape " + shape_str(shape) + " in the manifest, " +
                   shape_str(v->shape) + " in the file");
-    if (hashes[size_t(v - g.data.tensors.data())] != t["sha256"].get<std::string>())
+    const size_t vi = size_t(v - g.data.tensors.data());
+    if (hashes[vi] != t["sha256"].get<std::string>())
       throw Error(where + " ('" + name + "'): the tensor's bytes do not match field 'sha256' "
                   "(the golden set is tampered or corrupted)");
+    if (v->bytes.size() != sizes[vi]) g.lazy[name] = {index.offsets[vi], hashes[vi]};
   }
   if (tensors.size() != g.data.tensors.size())
     throw Error(dir + "/" + kTensorFile + ": holds " + std::to_string(g.data.tensors.size()) +

@@ -402,6 +402,10 @@ SafetensorsFile parse_safetensors(const uint8_t* data, size_t size,
 }
 
 SafetensorsFile read_safetensors(const std::string& path, uint64_t max_bytes) {
+  return read_safetensors_index(path, UINT64_MAX, max_bytes).file;
+}
+
+SafetensorsIndex read_safetensors_index(const std::string& path, uint64_t keep_bytes, uint64_t max_bytes) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) throw Error(path + ": cannot open: " + os_error(errno));
   const FdCloser closer{fd};
@@ -436,14 +440,39 @@ SafetensorsFile read_safetensors(const std::string& path, uint64_t max_bytes) {
     }
   }
   Layout layout = parse_layout(head.data(), size, path);
-  SafetensorsFile& out = layout.out;
+  SafetensorsIndex index;
+  SafetensorsFile& out = index.file;
+  out.source = std::move(layout.out.source);
+  out.metadata = std::move(layout.out.metadata);
   out.tensors.reserve(layout.entries.size());
   for (Entry& e : layout.entries) {
-    e.view.bytes.resize(size_t(e.end - e.begin));
-    read_into(e.view.bytes.data(), e.view.bytes.size());
+    const uint64_t n = e.end - e.begin;
+    if (n <= keep_bytes) {
+      e.view.bytes.resize(size_t(n));
+      if (::lseek(fd, off_t(layout.data_start + e.begin), SEEK_SET) < 0)
+        throw Error(path + ": cannot seek: " + os_error(errno));
+      read_into(e.view.bytes.data(), e.view.bytes.size());
+    }
+    index.offsets.push_back(layout.data_start + e.begin);
     out.tensors.push_back(std::move(e.view));
   }
-  return std::move(out);
+  return index;
+}
+
+void read_file_range(const std::string& path, uint64_t offset, void* dst, size_t n) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw Error(path + ": cannot open: " + os_error(errno));
+  const FdCloser closer{fd};
+  size_t got = 0;
+  while (got < n) {
+    const ssize_t r = ::pread(fd, static_cast<uint8_t*>(dst) + got, n - got, off_t(offset + got));
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      throw Error(path + ": cannot read: " + os_error(errno));
+    }
+    if (r == 0) throw Error(path + ": file shrank while reading");
+    got += size_t(r);
+  }
 }
 
 // ---- writer ------------------------------------------------------------------------------------
@@ -567,6 +596,18 @@ std::string sha256_file(const std::string& path) {
     h.update(buf.data(), size_t(r));
   }
   ::close(fd);
+  return h.hex();
+}
+
+std::string sha256_file_range(const std::string& path, uint64_t offset, uint64_t n) {
+  Sha256 h;
+  std::vector<uint8_t> buf(size_t(std::min<uint64_t>(n, 4 << 20)));
+  for (uint64_t done = 0; done < n;) {
+    const size_t step = size_t(std::min<uint64_t>(n - done, buf.size()));
+    read_file_range(path, offset + done, buf.data(), step);
+    h.update(buf.data(), step);
+    done += step;
+  }
   return h.hex();
 }
 
