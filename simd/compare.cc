@@ -7,7 +7,9 @@
 // each sum's order by putting independent sums in the lanes, never one sum across lanes:
 //   dot products (q . k)     lanes over heads (q of one query row transposed to [d][head]), each
 //                            lane summing d ascending with a separate multiply and add (ref's
-//                            `a += b * c` under -ffp-contract=off); a tile of keys x head vectors
+//                            `a += b * c` under -ffp-contract=off; in the double bounds a fused
+//                            multiply-add, the same bits: bf16 x bf16 is exact in double); a tile
+//                            of keys x head vectors
 //   P.V and A_c              lanes over output columns, each lane summing i (the sorted kv rows)
 //                            ascending; a tile of heads x column vectors
 //   logits magnitudes        lanes over keys s (|k| transposed to [d][s]), d then h ascending
@@ -215,26 +217,34 @@ void EmulateChunk(const detail::AttentionView& v, int64_t t0, int64_t t1, float*
 using DF64 = hn::ScalableTag<double>;
 using VF64 = hn::Vec<DF64>;
 
-// Pass 1 tile of the bounds: per lane (head) dot += q * k and mag += |q * k|, d ascending, for kK
-// keys (double rows kr + k * kstride) and kV vectors of heads (qt[d * hp + h]). Stores
-// P[k * hp + h] = dot * sm_scale and M[k * hp + h] = sm * mag.
+// Pass 1 tile of the bounds: per lane (head) dot += q * k and mag += |q| * |k|, d ascending, for
+// kK keys (double rows kr + k * kstride) and kV vectors of heads (qt[d * hp + h], qa = |qt|).
+// Stores P[k * hp + h] = dot * sm_scale and M[k * hp + h] = sm * mag.
+// A product of two bf16 values is exact in double (16 significant bits; exponents within double's
+// range), so ref's `dot += a * c` (a multiply, then an add: one rounding) is one fused multiply-add
+// here, bit for bit, and |a * c| = |a| * |c|. (Highway's MulAdd is a multiply then an add on
+// targets without FMA, the same result again.)
 template <size_t kK, size_t kV>
-HWY_INLINE void BoundDotTile(const double* HWY_RESTRICT qt, int64_t hp, const double* HWY_RESTRICT kr, int64_t kstride,
-                             int64_t d_qk, double scale, double sm, double* HWY_RESTRICT p, double* HWY_RESTRICT mg) {
+HWY_INLINE void BoundDotTile(const double* HWY_RESTRICT qt, const double* HWY_RESTRICT qa, int64_t hp,
+                             const double* HWY_RESTRICT kr, int64_t kstride, int64_t d_qk, double scale, double sm,
+                             double* HWY_RESTRICT p, double* HWY_RESTRICT mg) {
   const DF64 d64;
   const size_t N = hn::Lanes(d64);
   VF64 dot[kK][kV], mag[kK][kV];
   for (size_t k = 0; k < kK; ++k)
     for (size_t u = 0; u < kV; ++u) dot[k][u] = mag[k][u] = hn::Zero(d64);
   for (int64_t d = 0; d < d_qk; ++d) {
-    VF64 q[kV];
-    for (size_t u = 0; u < kV; ++u) q[u] = hn::LoadU(d64, qt + d * hp + int64_t(u * N));
+    VF64 q[kV], a[kV];
+    for (size_t u = 0; u < kV; ++u) {
+      q[u] = hn::LoadU(d64, qt + d * hp + int64_t(u * N));
+      a[u] = hn::LoadU(d64, qa + d * hp + int64_t(u * N));
+    }
     for (size_t k = 0; k < kK; ++k) {
-      const VF64 b = hn::Set(d64, kr[int64_t(k) * kstride + d]);
+      const double kv = kr[int64_t(k) * kstride + d];
+      const VF64 b = hn::Set(d64, kv), ba = hn::Set(d64, std::fabs(kv));
       for (size_t u = 0; u < kV; ++u) {
-        const VF64 prod = hn::Mul(q[u], b);
-        dot[k][u] = hn::Add(dot[k][u], prod);
-        mag[k][u] = hn::Add(mag[k][u], hn::Abs(prod));
+        dot[k][u] = hn::MulAdd(q[u], b, dot[k][u]);
+        mag[k][u] = hn::MulAdd(a[u], ba, mag[k][u]);
       }
     }
   }
@@ -267,7 +277,12 @@ HWY_INLINE void BoundATile(const double* HWY_RESTRICT w, int64_t hp, const doubl
     for (size_t u = 0; u < kV; ++u) hn::StoreU(acc[h][u], d64, o + int64_t(h) * ostride + int64_t(u * N));
 }
 
-constexpr size_t kBoundKeys = 2, kBoundHeadVecs = 2;  // pass 1 tile: 2 keys x 2 vectors of heads
+// Pass 1 tile: keys x 2 vectors of heads (x 2 sums: 16 accumulators with 32 registers, 8 with 16).
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+constexpr size_t kBoundKeys = 4, kBoundHeadVecs = 2;
+#else
+constexpr size_t kBoundKeys = 2, kBoundHeadVecs = 2;
+#endif
 constexpr size_t kBoundAHeads = 4, kBoundAVecs = 2;   // A tile: 4 heads x 2 vectors of columns
 
 // The bf16 codes src[0, n) as doubles into dst (exact), zeros up to n_pad.
@@ -300,13 +315,14 @@ void BoundsChunk(const detail::AttentionView& v, const float* exact_out, const f
   const int64_t cw = int64_t(kBoundAVecs) * N;
   const int64_t dpad = RoundUp(d_qk, cw), dvp = RoundUp(d_v, cw);
   const double sm = std::fabs(v.sm_scale), scale = v.sm_scale;
-  auto qt = hwy::AllocateAligned<double>(size_t(d_qk * hp));
+  auto qt = hwy::AllocateAligned<double>(size_t(d_qk * hp)), qa = hwy::AllocateAligned<double>(size_t(d_qk * hp));
   auto A = hwy::AllocateAligned<double>(size_t(hp * dvp));
   hwy::AlignedFreeUniquePtr<double[]> kd, pbuf, mbuf;
   int64_t cap = 0;
   std::vector<int64_t> rows;
   std::vector<double> qrow(static_cast<size_t>(d_qk)), G(static_cast<size_t>(h_q)), l(static_cast<size_t>(h_q));
   std::fill(qt.get(), qt.get() + d_qk * hp, 0.0);
+  std::fill(qa.get(), qa.get() + d_qk * hp, 0.0);
   for (int64_t t = t0; t < t1; ++t) {
     ValidRows(v, t, rows);
     const int64_t n = int64_t(rows.size());
@@ -321,7 +337,10 @@ void BoundsChunk(const detail::AttentionView& v, const float* exact_out, const f
     }
     for (int64_t h = 0; h < h_q; ++h) {
       Bf16RowToF64(v.q + (t * h_q + h) * d_qk, d_qk, d_qk, qrow.data());
-      for (int64_t d = 0; d < d_qk; ++d) qt[size_t(d * hp + h)] = qrow[size_t(d)];
+      for (int64_t d = 0; d < d_qk; ++d) {
+        qt[size_t(d * hp + h)] = qrow[size_t(d)];
+        qa[size_t(d * hp + h)] = std::fabs(qrow[size_t(d)]);
+      }
     }
     for (int64_t i = 0; i < n; ++i) Bf16RowToF64(v.kv + rows[size_t(i)] * d_qk, d_qk, dpad, kd.get() + i * dpad);
     // Pass 1: the exact logits p (dot * sm_scale) and sm * mag per key and head.
@@ -330,11 +349,11 @@ void BoundsChunk(const detail::AttentionView& v, const float* exact_out, const f
     int64_t i0 = 0;
     for (; i0 + int64_t(kBoundKeys) <= n; i0 += int64_t(kBoundKeys))
       for (int64_t h0 = 0; h0 < hp; h0 += hv)
-        BoundDotTile<kBoundKeys, kBoundHeadVecs>(qt.get() + h0, hp, kd.get() + i0 * dpad, dpad, d_qk, scale, sm,
+        BoundDotTile<kBoundKeys, kBoundHeadVecs>(qt.get() + h0, qa.get() + h0, hp, kd.get() + i0 * dpad, dpad, d_qk, scale, sm,
                                                  P + i0 * hp + h0, MG + i0 * hp + h0);
     for (; i0 < n; ++i0)
       for (int64_t h0 = 0; h0 < hp; h0 += hv)
-        BoundDotTile<1, kBoundHeadVecs>(qt.get() + h0, hp, kd.get() + i0 * dpad, dpad, d_qk, scale, sm,
+        BoundDotTile<1, kBoundHeadVecs>(qt.get() + h0, qa.get() + h0, hp, kd.get() + i0 * dpad, dpad, d_qk, scale, sm,
                                         P + i0 * hp + h0, MG + i0 * hp + h0);
     // Pass 2, per head as ref: G and m (std::max, i ascending), p = exp(p - m) summed into l, then
     // the weights p / l of A (in place).
