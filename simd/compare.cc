@@ -71,6 +71,19 @@ HWY_INLINE void Bf16RowToF32(const uint16_t* HWY_RESTRICT src, int64_t n, int64_
   for (; i < n_pad; ++i) dst[i] = 0.0f;
 }
 
+// ref's round_bf16 lane by lane: f32 -> bf16 (to nearest, ties to even, on the bits; NaN ->
+// the quiet NaN 0x7FC0 with the sign kept), back to f32.
+HWY_INLINE VF32 RoundBf16(DF32 df, VF32 x) {
+  const hn::RebindToUnsigned<DF32> du;
+  const auto u = hn::BitCast(du, x);
+  const auto hi = hn::ShiftRight<16>(u);
+  const auto is_nan = hn::Gt(hn::BitCast(hn::RebindToSigned<DF32>(), hn::And(u, hn::Set(du, 0x7FFFFFFFu))),
+                             hn::Set(hn::RebindToSigned<DF32>(), 0x7F800000));
+  const auto rounded = hn::ShiftRight<16>(hn::Add(hn::Add(u, hn::Set(du, 0x7FFFu)), hn::And(hi, hn::Set(du, 1u))));
+  const auto nan = hn::Or(hn::And(hi, hn::Set(du, 0x8000u)), hn::Set(du, 0x7FC0u));
+  return hn::BitCast(df, hn::ShiftLeft<16>(hn::IfThenElse(hn::RebindMask(du, is_nan), nan, rounded)));
+}
+
 // Pass 1 tile: dot[k][h] for kK keys (f32 rows kr + k * kstride) and kV vectors of heads from the
 // transposed q (qt[d * hp + h]): per lane dot += q * k, d ascending, a multiply then an add.
 // P[(i0 + k) * hp + h] = dot * scale.
@@ -133,6 +146,7 @@ void EmulateChunk(const detail::AttentionView& v, int64_t t0, int64_t t1, float*
   const int64_t dvp = RoundUp(d_v, cw);
   auto qt = hwy::AllocateAligned<float>(size_t(d_qk * hp));
   auto acc = hwy::AllocateAligned<float>(size_t(hp * dvp));
+  auto mbuf = hwy::AllocateAligned<float>(size_t(hp)), lbuf = hwy::AllocateAligned<float>(size_t(hp));
   hwy::AlignedFreeUniquePtr<float[]> kf, pbuf;
   int64_t cap = 0;
   std::vector<int64_t> rows;
@@ -173,40 +187,65 @@ void EmulateChunk(const detail::AttentionView& v, int64_t t0, int64_t t1, float*
     for (; i0 < n; ++i0)
       for (int64_t h0 = 0; h0 < hp; h0 += hv)
         EmuDotTile<1, kEmuHeadVecs>(qt.get() + h0, hp, kf.get() + i0 * dpad, dpad, d_qk, sm, P + i0 * hp + h0);
-    // Pass 2, per head with ref's scalar expressions: the max, exp, the sum, lse, the sink factor;
-    // p is then rounded to bf16 in place (what pass 3 multiplies).
-    for (int64_t h = 0; h < h_q; ++h) {
-      float m = -std::numeric_limits<float>::infinity();
-      for (int64_t i = 0; i < n; ++i) m = std::max(m, P[i * hp + h]);
-      float l = 0;
-      for (int64_t i = 0; i < n; ++i) l += (P[i * hp + h] = std::exp(P[i * hp + h] - m));
-      const float lse = m + std::log(l);
-      float f = 1.0f / l;
-      if (v.sink) f *= 1.0f / (1.0f + std::exp(v.sink[h] - lse));
-      factor[size_t(h)] = f;
-      lse_out[t * h_q + h] = lse;
-      max_out[t * h_q + h] = m;
-      for (int64_t i = 0; i < n; ++i) P[i * hp + h] = round_bf16(P[i * hp + h]);
+    // Pass 2, ref's per-head loops with lanes over heads (P is [i][hp]): the max (from -inf, i
+    // ascending, as std::max: m < x ? x : m), then exp(p - m) by the C library's float exp element
+    // by element, the sum (i ascending), and lse and the sink factor per head; p is then rounded to
+    // bf16 in place (what pass 3 multiplies). Padding heads are zeroed (finite, never stored).
+    {
+      float* mx = mbuf.get();
+      float* lv = lbuf.get();
+      for (int64_t h0 = 0; h0 < hp; h0 += N) {
+        VF32 m = hn::Set(df, -std::numeric_limits<float>::infinity());
+        for (int64_t i = 0; i < n; ++i) {
+          const VF32 x = hn::Load(df, P + i * hp + h0);
+          m = hn::IfThenElse(hn::Lt(m, x), x, m);
+        }
+        hn::Store(m, df, mx + h0);
+      }
+      for (int64_t i = 0; i < n; ++i) {
+        float* pi = P + i * hp;
+        for (int64_t h = 0; h < h_q; ++h) pi[h] = std::exp(pi[h] - mx[h]);
+        for (int64_t h = h_q; h < hp; ++h) pi[h] = 0.0f;
+      }
+      for (int64_t h0 = 0; h0 < hp; h0 += N) {
+        VF32 l = hn::Zero(df);
+        for (int64_t i = 0; i < n; ++i) l = hn::Add(l, hn::Load(df, P + i * hp + h0));
+        hn::Store(l, df, lv + h0);
+      }
+      for (int64_t h = 0; h < h_q; ++h) {
+        const float m = mx[h], l = lv[h];
+        const float lse = m + std::log(l);
+        float f = 1.0f / l;
+        if (v.sink) f *= 1.0f / (1.0f + std::exp(v.sink[h] - lse));
+        factor[size_t(h)] = f;
+        lse_out[t * h_q + h] = lse;
+        max_out[t * h_q + h] = m;
+      }
+      for (int64_t e = 0; e < n * hp; e += N) hn::Store(RoundBf16(df, hn::Load(df, P + e)), df, P + e);
     }
-    for (int64_t h = h_q; h < hp; ++h)
-      for (int64_t i = 0; i < n; ++i) P[i * hp + h] = 0.0f;  // padding heads: finite, never stored
     // Pass 3: acc[h][c] = sum_i bf16(p[i][h]) * V_i[c], a column strip at a time (the strip of V
     // stays in L1 for every head tile).
     for (int64_t c0 = 0; c0 < dvp; c0 += cw)
       for (int64_t h0 = 0; h0 < hp; h0 += int64_t(kEmuPVHeads))
         EmuPVTile<kEmuPVHeads, kEmuPVVecs>(P + h0, hp, kf.get() + c0, dpad, n, acc.get() + h0 * dvp + c0, dvp);
-    // Output: bf16(acc * factor), as f32 and as bf16 bits.
+    // Output: bf16(acc * factor), as f32 and as bf16 bits (ref's rounding, lane by lane).
+    const hn::RebindToUnsigned<DF32> du;
+    const hn::RebindToSigned<DF32> di;
+    const hn::Rebind<uint16_t, DF32> d16;
     for (int64_t h = 0; h < h_q; ++h) {
       const float* a = acc.get() + h * dvp;
       const VF32 fv = hn::Set(df, factor[size_t(h)]);
       float* o = out + (t * h_q + h) * d_v;
-      int64_t c = 0;
-      for (; c + N <= d_v; c += N) hn::StoreU(hn::Mul(hn::Load(df, a + c), fv), df, o + c);
-      for (; c < d_v; ++c) o[c] = a[c] * factor[size_t(h)];
       uint16_t* ob = out_bf16 + (t * h_q + h) * d_v;
-      for (int64_t cc = 0; cc < d_v; ++cc) {
-        ob[cc] = f32_to_bf16(o[cc]).bits;
-        o[cc] = bf16_to_f32(bf16_t{ob[cc]});
+      int64_t c = 0;
+      for (; c + N <= d_v; c += N) {
+        const VF32 r = RoundBf16(df, hn::Mul(hn::Load(df, a + c), fv));
+        hn::StoreU(r, df, o + c);
+        hn::StoreU(hn::DemoteTo(d16, hn::BitCast(di, hn::ShiftRight<16>(hn::BitCast(du, r)))), d16, ob + c);
+      }
+      for (; c < d_v; ++c) {
+        ob[c] = f32_to_bf16(a[c] * factor[size_t(h)]).bits;
+        o[c] = bf16_to_f32(bf16_t{ob[c]});
       }
     }
   }
@@ -320,7 +359,7 @@ void BoundsChunk(const detail::AttentionView& v, const float* exact_out, const f
   hwy::AlignedFreeUniquePtr<double[]> kd, pbuf, mbuf;
   int64_t cap = 0;
   std::vector<int64_t> rows;
-  std::vector<double> qrow(static_cast<size_t>(d_qk)), G(static_cast<size_t>(h_q)), l(static_cast<size_t>(h_q));
+  std::vector<double> qrow(static_cast<size_t>(d_qk)), G(static_cast<size_t>(hp)), mv(static_cast<size_t>(hp));
   std::fill(qt.get(), qt.get() + d_qk * hp, 0.0);
   std::fill(qa.get(), qa.get() + d_qk * hp, 0.0);
   for (int64_t t = t0; t < t1; ++t) {
@@ -355,22 +394,30 @@ void BoundsChunk(const detail::AttentionView& v, const float* exact_out, const f
       for (int64_t h0 = 0; h0 < hp; h0 += hv)
         BoundDotTile<1, kBoundHeadVecs>(qt.get() + h0, qa.get() + h0, hp, kd.get() + i0 * dpad, dpad, d_qk, scale, sm,
                                         P + i0 * hp + h0, MG + i0 * hp + h0);
-    // Pass 2, per head as ref: G and m (std::max, i ascending), p = exp(p - m) summed into l, then
-    // the weights p / l of A (in place).
-    for (int64_t h = 0; h < h_q; ++h) {
-      double g = 0, m = -std::numeric_limits<double>::infinity();
+    // Pass 2, ref's per-head loops with lanes over heads: G and m (std::max, i ascending), p =
+    // exp(p - m) by the C library's double exp element by element, summed into l (i ascending),
+    // then the weights p / l of A (in place; IEEE division, the same in a lane). Padding heads: 0.
+    for (int64_t h0 = 0; h0 < hp; h0 += N) {
+      VF64 g = hn::Zero(d64), m = hn::Set(d64, -std::numeric_limits<double>::infinity());
       for (int64_t i = 0; i < n; ++i) {
-        g = std::max(g, MG[i * hp + h]);
-        m = std::max(m, P[i * hp + h]);
+        const VF64 x = hn::Load(d64, MG + i * hp + h0), y = hn::Load(d64, P + i * hp + h0);
+        g = hn::IfThenElse(hn::Lt(g, x), x, g);
+        m = hn::IfThenElse(hn::Lt(m, y), y, m);
       }
-      double s = 0;
-      for (int64_t i = 0; i < n; ++i) s += (P[i * hp + h] = std::exp(P[i * hp + h] - m));
-      for (int64_t i = 0; i < n; ++i) P[i * hp + h] = P[i * hp + h] / s;
-      G[size_t(h)] = g;
-      l[size_t(h)] = s;
+      hn::StoreU(g, d64, G.data() + h0);
+      hn::StoreU(m, d64, mv.data() + h0);
     }
-    for (int64_t h = h_q; h < hp; ++h)
-      for (int64_t i = 0; i < n; ++i) P[i * hp + h] = 0.0;
+    for (int64_t i = 0; i < n; ++i) {
+      double* pi = P + i * hp;
+      for (int64_t h = 0; h < h_q; ++h) pi[h] = std::exp(pi[h] - mv[size_t(h)]);
+    }
+    for (int64_t h0 = 0; h0 < hp; h0 += N) {
+      VF64 sum = hn::Zero(d64);
+      for (int64_t i = 0; i < n; ++i) sum = hn::Add(sum, hn::Load(d64, P + i * hp + h0));
+      for (int64_t i = 0; i < n; ++i) hn::Store(hn::Div(hn::Load(d64, P + i * hp + h0), sum), d64, P + i * hp + h0);
+    }
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t h = h_q; h < hp; ++h) P[i * hp + h] = 0.0;
     // A_c per head, column strips of V (|V| taken on load).
     for (int64_t c0 = 0; c0 < dvp; c0 += cw)
       for (int64_t h0 = 0; h0 < hp; h0 += int64_t(kBoundAHeads))

@@ -663,6 +663,18 @@ TEST_CASE("simd: the budget emulation and the attention bounds are bit-identical
       if (threads == 1) CHECK(simd::emulate_attention_lowp(q, kv, idx, 1.0f, 2, nullptr, nullptr).max_logits[0] == 0.0f);
     });
   }
+  // The output's bf16 rounding ties to even: q = 0 (p = 1 for both keys, factor 1/2), V[:, 0] =
+  // 1 + 2^-7 and 1 + 2^-6: out = 1 + 3 * 2^-8, halfway between 1 + 2^-7 (odd) and 1 + 2^-6 (even).
+  {
+    Tensor<bf16_t> q({1, 1, 2}), kv({2, 1, 2});
+    kv.at(0, 0, 0) = f32_to_bf16(1.0f + 0x1p-7f), kv.at(1, 0, 0) = f32_to_bf16(1.0f + 0x1p-6f);
+    Tensor<int32_t> idx({1, 1, 2});
+    idx[0] = 0, idx[1] = 1;
+    CHECK(cmp::emulate_attention_lowp(q, kv, idx, 1.0f, 2, nullptr, nullptr).out[0] == 1.0f + 0x1p-6f);
+    for_each_target([&](const std::string&, int threads) {
+      if (threads == 1) CHECK(simd::emulate_attention_lowp(q, kv, idx, 1.0f, 2, nullptr, nullptr).out[0] == 1.0f + 0x1p-6f);
+    });
+  }
   // P.V runs over the valid rows ascending whatever their order in the indices: q = 0 (every p =
   // 1), V[:, 0] = 1 at row 2, 2^60 at row 5, -2^60 at row 9, given as 9, 5, 2. Ascending: 1 + 2^60
   // rounds to 2^60, minus 2^60: out 0; descending would give 1 / 3.
