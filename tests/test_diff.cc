@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <map>
 
 #include "ref/attention.h"
@@ -341,4 +342,31 @@ TEST_CASE("diff: I64 positions are read; a value outside int32 fails and the dia
   CHECK(verdict(bad, 0, "indexer.topk") == cmp::Verdict::fail);
   CHECK(diagnosed(bad, "2 I64 value(s) outside the int32 range, the first at [3, 1] = " +
                            std::to_string((int64_t{1} << 40) + topk.at(3, 1))));
+}
+
+TEST_CASE("diff: a golden set read lazily judges word for word as one read whole; a tensor changed after the read is refused") {
+  // keep_bytes 0: every non-empty tensor stays in the file and is read (and hashed again) on demand.
+  for (const std::string name : {"glm-5.2", "attention-edge", "decode"}) {
+    CAPTURE(name);
+    const golden::Loaded whole = golden::read(golden_dir(name));
+    const golden::Loaded lazy = golden::read(golden_dir(name), 0);
+    CHECK(whole.lazy.empty());
+    CHECK(lazy.lazy.size() >= whole.data.tensors.size() - 1);
+    CHECK(lazy.tensor<bf16_t>("layers.0.attn.q").data == whole.tensor<bf16_t>("layers.0.attn.q").data);
+    const io::SafetensorsFile c = faithful(whole).file();
+    CHECK(diff::judge(lazy, c, {}).text("r") == diff::judge(whole, c, {}).text("r"));
+  }
+  // A byte flipped in the file after the (verified) read: the lazy load refuses the tensor.
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / ("indexshare-lazy-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::copy(golden_dir("glm-5.2"), dir, std::filesystem::copy_options::recursive);
+  const golden::Loaded g = golden::read(dir.string(), 0);
+  {
+    std::fstream f(dir / golden::kTensorFile, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(std::streamoff(g.lazy.at("layers.0.attn.q").offset + 5));
+    f.put(char(0x55));
+  }
+  CHECK_THROWS_WITH_AS(g.tensor<bf16_t>("layers.0.attn.q"), doctest::Contains("'layers.0.attn.q': the tensor's bytes do not match field 'sha256'"), Error);
+  CHECK_THROWS_WITH_AS(golden::read(dir.string(), 0), doctest::Contains("do not match field 'sha256'"), Error);
+  std::filesystem::remove_all(dir);
 }

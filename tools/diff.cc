@@ -156,8 +156,8 @@ Expected expected_attention(const LayerData& d, const Tensor<int32_t>& indices, 
   const Tensor<float>* sink = d.sink ? &*d.sink : nullptr;
   Expected e;
   e.attn = k.sparse_attention(d.q, d.kv, indices, sm, d_v, tl, sink);
-  e.bounds = cmp::attention_bounds(d.q, d.kv, indices, sm, d_v, tl, e.attn);
-  e.budget = cmp::attention_budget(e.attn.out, cmp::emulate_attention_lowp(d.q, d.kv, indices, sm, d_v, tl, sink).out);
+  e.bounds = k.attention_bounds(d.q, d.kv, indices, sm, d_v, tl, e.attn);
+  e.budget = cmp::attention_budget(e.attn.out, k.emulate_attention_lowp(d.q, d.kv, indices, sm, d_v, tl, sink).out);
   return e;
 }
 
@@ -393,7 +393,7 @@ Result judge(const golden::Loaded& g, const io::SafetensorsFile& c, const std::s
       cand_logits = cand_float(c, name(l, "indexer.logits"), {s_q, s_kv});
       const std::string p = name(l, "");
       if (g.get(p + "indexer.q").dtype == io::DType::F8_E4M3)
-        data[size_t(l)].logits_rule = cmp::indexer_logits_rule(g.tensor<e4m3_t>(p + "indexer.q"), g.tensor<e4m3_t>(p + "indexer.k"),
+        data[size_t(l)].logits_rule = k.indexer_logits_rule(g.tensor<e4m3_t>(p + "indexer.q"), g.tensor<e4m3_t>(p + "indexer.k"),
                                                                g.tensor<float>(p + "indexer.k_scale"), g.tensor<float>(p + "indexer.weights"), d.logits);
       cmp::FloatRule rule = d.logits_rule;
       if (rule.bound.empty()) {  // bf16-mode sets: the same 14-bit-accumulator rule on f32 data
@@ -562,7 +562,7 @@ Result judge(const golden::Loaded& g, const io::SafetensorsFile& c, const std::s
         e.attn.out = d.out;
         e.attn.lse = d.lse;
         e.attn.max_logits = d.max_logits;
-        e.bounds = cmp::attention_bounds(d.q, d.kv, d.indices, sm, d_v, d.topk_length.numel() ? &d.topk_length : nullptr, e.attn);
+        e.bounds = k.attention_bounds(d.q, d.kv, d.indices, sm, d_v, d.topk_length.numel() ? &d.topk_length : nullptr, e.attn);
         const json& b = m["budgets"];
         e.budget = b.contains(name(l, "attn.out")) ? b[name(l, "attn.out")]["budget_max_abs"].get<double>() : -1;
       } else {
@@ -585,7 +585,7 @@ Result judge(const golden::Loaded& g, const io::SafetensorsFile& c, const std::s
       };
       if (has(l, "attn.out")) {
         const Tensor<float> co = cand_float(c, name(l, "attn.out"), {s_q, h_q, d_v});
-        cmp::FloatRule rule = bound_rule(e.bounds.out, e.budget);
+        cmp::FloatRule rule = bound_rule(std::move(e.bounds.out), e.budget);
         const double scale = std::max(1.0, rms_v(d.kv, d_v) / kFlashMlaDataRms);
         rule.anchor_abs = (decode ? kFlashMlaDecodeOutAbs : kFlashMlaOutAbs) * scale;
         rule.anchor_rel = decode ? kFlashMlaDecodeOutRel : kFlashMlaOutRel;
@@ -620,7 +620,7 @@ Result judge(const golden::Loaded& g, const io::SafetensorsFile& c, const std::s
           if (d.sink) {
             Expected x;
             x.attn = k.sparse_attention(d.q, d.kv, use_indices, sm, d_v, d.topk_length.numel() ? &d.topk_length : nullptr, nullptr);
-            x.bounds = cmp::attention_bounds(d.q, d.kv, use_indices, sm, d_v, d.topk_length.numel() ? &d.topk_length : nullptr, x.attn);
+            x.bounds = k.attention_bounds(d.q, d.kv, use_indices, sm, d_v, d.topk_length.numel() ? &d.topk_length : nullptr, x.attn);
             if (passes(cmp::compare_floats("", x.attn.out, co, bound_rule(x.bounds.out))))
               res.diagnoses.push_back(P + ": attn.out ignores the attention sink");
           }
@@ -673,6 +673,11 @@ Result judge(const golden::Loaded& g, const io::SafetensorsFile& c, const std::s
         }
       }
     }
+    // Memory: the layer's attention tensors are not read again (later layers read only another
+    // layer's indices, windows, logits and top-k).
+    LayerData& done = data[size_t(l)];
+    done.q = Tensor<bf16_t>();
+    done.out = done.lse = done.max_logits = Tensor<float>();
   }
   // By role: a tensor flagged on every layer of one role and on none of the other points at that
   // role's path (a Shared layer's plumbing, or the Full layers' own indexer-side work).
