@@ -260,23 +260,18 @@ void finish(StructureReport& rep, const StructureSpec& s, const std::vector<std:
                     s.tensor.c_str(), 100 * t.b, 100 * t.se);
     return std::string(buf);
   };
-  // The softmax-scale direction wins when it is flagged and explains more of the error than the
-  // flagged whole-tensor scale or offset; then it is the one finding, else it is dropped.
-  const GroupTest* sm = nullptr;
-  for (const GroupTest& t : rep.tests) if (t.stat == "sm" && t.flagged) sm = &t;
-  for (const GroupTest& t : rep.tests)
-    if (sm && t.kind == "whole" && t.stat != "sm" && t.flagged && t.explained > sm->explained) sm = nullptr;
-  if (sm) {
-    rep.findings.push_back(describe(*sm, "every element"));
-    return;
-  }
-  // Scale and offset are nearly collinear where the golden values share a sign (lse): each gets
-  // its best finding, and only the one that explains more of the error is kept.
-  std::vector<std::pair<double, std::string>> best;
+  // Scale and offset are nearly collinear where the golden values share a sign (lse): when both
+  // flag somewhere, only the one whose whole-tensor fit explains more of the error is described.
+  auto any_flag = [&](const std::string& stat) {
+    return std::any_of(rep.tests.begin(), rep.tests.end(), [&](const GroupTest& t) { return t.stat == stat && t.flagged; });
+  };
+  std::string only;
+  bool confined = false;
+  if (any_flag("scale") && any_flag("offset"))
+    only = by("scale", "whole")[0]->explained >= by("offset", "whole")[0]->explained ? "scale" : "offset";
   for (const std::string stat : {"scale", "offset"}) {
     const std::vector<const GroupTest*> whole = by(stat, "whole");
-    const bool any = std::any_of(rep.tests.begin(), rep.tests.end(), [&](const GroupTest& t) { return t.stat == stat && t.flagged; });
-    if (!any) continue;
+    if (!any_flag(stat) || (!only.empty() && stat != only)) continue;
     struct Cand { size_t n_flag, n_groups; std::vector<const GroupTest*> f; std::string kind; };
     std::vector<Cand> cands;
     for (const std::string& K : kinds) {
@@ -286,11 +281,12 @@ void finish(StructureReport& rep, const StructureSpec& s, const std::vector<std:
       double smallest = std::numeric_limits<double>::infinity();
       for (const GroupTest* t : v)
         if (t->flagged) { ++c.n_flag; c.f.push_back(t); smallest = std::min(smallest, std::fabs(t->b)); }
-      // The rest must show at most half the effect of the weakest flagged group (or nothing
-      // significant): an error spread everywhere near the floor flags some groups by chance.
+      // The rest must be tested and show at most half the effect of the weakest flagged group (or
+      // nothing significant): an error spread everywhere near the floor flags some groups by chance,
+      // and an untested group proves nothing.
       bool clean_rest = true;
       for (const GroupTest* t : v)
-        if (!t->flagged && t->tested && std::fabs(t->b) >= 0.5 * smallest && std::fabs(t->t) > 3) clean_rest = false;
+        if (!t->flagged && (!t->tested || (std::fabs(t->b) >= 0.5 * smallest && std::fabs(t->t) > 3))) clean_rest = false;
       if (c.n_flag > 0 && c.n_flag < c.n_groups && clean_rest) cands.push_back(std::move(c));
     }
     std::sort(cands.begin(), cands.end(), [](const Cand& a, const Cand& b) {
@@ -301,9 +297,10 @@ void finish(StructureReport& rep, const StructureSpec& s, const std::vector<std:
       std::string where;
       for (size_t i = 0; i < c.f.size(); ++i) where += (i ? ", " : "") + c.f[i]->label;
       const GroupTest* big = *std::max_element(c.f.begin(), c.f.end(), [](const GroupTest* a, const GroupTest* b) { return std::fabs(a->b) < std::fabs(b->b); });
-      best.push_back({big->explained, describe(*big, where + (c.n_flag == 1 ? " only" : " only (" + std::to_string(c.n_flag) + " of " + std::to_string(c.n_groups) + ")"))});
+      rep.findings.push_back(describe(*big, where + (c.n_flag == 1 ? " only" : " only (" + std::to_string(c.n_flag) + " of " + std::to_string(c.n_groups) + ")")));
+      confined = true;
     } else if (whole[0]->flagged) {
-      best.push_back({whole[0]->explained, describe(*whole[0], "every element")});
+      rep.findings.push_back(describe(*whole[0], "every element"));
     } else {
       std::string where;
       const GroupTest* big = nullptr;
@@ -312,10 +309,17 @@ void finish(StructureReport& rep, const StructureSpec& s, const std::vector<std:
           where += (where.empty() ? "" : ", ") + t.label;
           if (!big || std::fabs(t.b) > std::fabs(big->b)) big = &t;
         }
-      best.push_back({big->explained, describe(*big, where)});
+      rep.findings.push_back(describe(*big, where));
     }
   }
-  if (!best.empty()) rep.findings.push_back(std::max_element(best.begin(), best.end())->second);
+  // The softmax-scale direction replaces that finding when it is flagged, the error is not
+  // confined to some groups, and it explains more than the whole-tensor scale or offset.
+  const GroupTest* sm = nullptr;
+  for (const GroupTest& t : rep.tests) if (t.stat == "sm" && t.flagged) sm = &t;
+  if (!sm || confined) return;
+  for (const std::string stat : {"scale", "offset"})
+    if ((only.empty() || stat == only) && any_flag(stat) && by(stat, "whole")[0]->explained > sm->explained) return;
+  rep.findings.assign(1, describe(*sm, "every element"));
 }
 
 }  // namespace
