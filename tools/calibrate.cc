@@ -20,6 +20,8 @@ namespace indexshare::calib {
 
 namespace fs = std::filesystem;
 
+bool run_is_decode(int i) { return i % 3 == 2; }
+
 std::string run_problem(int i, uint64_t seed, int64_t max_work) {
   Xoshiro256 g(seed * 1000003u + uint64_t(i));
   const int64_t hq = std::array<int64_t, 4>{16, 32, 64, 128}[size_t(i % 4)];
@@ -28,7 +30,7 @@ std::string run_problem(int i, uint64_t seed, int64_t max_work) {
   const char* dist = std::array<const char*, 5>{"normal", "normal", "uniform", "int", "dyadic"}[g.below(5)];
   const bool sink = g.below(2) == 1;
   const bool stack = i % 5 == 4;        // Full + Shared layers (the pooled tests)
-  const bool decode = i % 3 == 2;       // decode-like: 2 query rows per sequence
+  const bool decode = run_is_decode(i);  // decode: 2 query rows per sequence, FP8 KV cache
   // Rows: at most max_work (row, head, key) triples per layer (2^19: a run stays around a second).
   int64_t per_seq = decode ? 2 : std::clamp<int64_t>(max_work / (hq * k * nseq), 2, 48);
   const int64_t kv_per_seq = k * (1 + int64_t(g.below(3))) + per_seq;  // every row's window > top-k
@@ -94,7 +96,8 @@ std::vector<Run> calibrate(int first, int runs, uint64_t seed, const ref::Kernel
     r.problem = run_problem(i, seed, max_work);
     const Problem p = parse_problem(r.problem);
     const std::string dir = tmp + "/golden";
-    golden::write(dir, golden::build(p, "stack", true, "indexshare calibrate", true), true);
+    r.kind = run_is_decode(i) ? "decode" : "stack";  // decode: the reference runs on the FP8-dequantized latent
+    golden::write(dir, golden::build(p, r.kind, true, "indexshare calibrate", true), true);
     const golden::Loaded g = golden::read(dir);
     const emul::AttentionVariant av = fam[size_t(i) % fam.size()];
     const emul::LogitsVariant lv = lfam[size_t(i / 2) % lfam.size()];

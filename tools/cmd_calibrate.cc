@@ -53,8 +53,8 @@ int cmd_calibrate(const CalibrateArgs& a) {
     const auto list = calib::calibrate(a.first, a.runs, uint64_t(a.seed), simd::kernels(), tmp, [&](const calib::Run& r) {
       double worst = -cmp::kRatioCap;
       for (const calib::TensorMargin& m : r.tensors) worst = std::max(worst, m.structure_ratio);
-      std::printf("run %4d %-4s %5.1fs structure<=%.3g  %s | %s | %s\n", r.index, r.passed ? "PASS" : "FAIL", r.seconds, worst,
-                  r.problem.c_str(), r.attention_variant.c_str(), r.logits_variant.c_str());
+      std::printf("run %4d %-4s %5.1fs structure<=%.3g  %s (%s) | %s | %s\n", r.index, r.passed ? "PASS" : "FAIL", r.seconds, worst,
+                  r.problem.c_str(), r.kind.c_str(), r.attention_variant.c_str(), r.logits_variant.c_str());
       for (const std::string& why : r.reasons) std::printf("         %s\n", why.c_str());
       std::fflush(stdout);
     }, a.max_work);
@@ -63,7 +63,7 @@ int cmd_calibrate(const CalibrateArgs& a) {
       for (const calib::TensorMargin& m : r.tensors)
         t.push_back({{"tensor", m.tensor}, {"verdict", m.verdict}, {"structure_ratio", m.structure_ratio}, {"err_over_bound", m.bound_ratio},
                      {"calc_diff", m.calc_diff}});
-      runs.push_back({{"run", r.index}, {"problem", r.problem}, {"attention_variant", r.attention_variant},
+      runs.push_back({{"run", r.index}, {"problem", r.problem}, {"kind", r.kind}, {"attention_variant", r.attention_variant},
                       {"logits_variant", r.logits_variant}, {"passed", r.passed}, {"reasons", r.reasons}, {"tensors", t}});
     }
     j = calib::summary(list);
