@@ -511,7 +511,8 @@ HWY_INLINE void LogitMagTile(const double* HWY_RESTRICT qa, const double* HWY_RE
     for (size_t u = 0; u < kV; ++u) m[u] = hn::Zero(d64);
     for (int64_t d = 0; d < D; ++d) {
       const VF64 q = hn::Set(d64, qa[h * D + d]);
-      for (size_t u = 0; u < kV; ++u) m[u] = hn::Add(m[u], hn::Mul(q, hn::LoadU(d64, kt + d * sp + int64_t(u * N))));
+      // |q| |k| of two e4m3 values is exact in double: a fused multiply-add rounds as ref's add.
+      for (size_t u = 0; u < kV; ++u) m[u] = hn::MulAdd(q, hn::LoadU(d64, kt + d * sp + int64_t(u * N)), m[u]);
     }
     const VF64 w = hn::Set(d64, wa[h]);
     for (size_t u = 0; u < kV; ++u) mag[u] = hn::Add(mag[u], hn::Mul(w, m[u]));
@@ -519,8 +520,8 @@ HWY_INLINE void LogitMagTile(const double* HWY_RESTRICT qa, const double* HWY_RE
   for (size_t u = 0; u < kV; ++u) hn::StoreU(mag[u], d64, mag_out + int64_t(u * N));
 }
 
-constexpr size_t kMagVecs = 4;
-static_assert(32 % (kMagVecs * HWY_LANES(double)) == 0, "indexer_logits_rule pads s_kv to 32 keys");
+constexpr size_t kMagVecs = 8;  // independent chains per tile
+static_assert(64 % (kMagVecs * HWY_LANES(double)) == 0, "indexer_logits_rule pads s_kv to 64 keys");
 
 // Rows [t0, t1) of the logits bound (ref's indexer_logits_rule, without its global sums): q8 codes
 // [s_q, H, D], kt = |k| transposed [D][sp] (sp = s_kv padded to whole tiles, zeros past s_kv).
@@ -536,7 +537,12 @@ void LogitsBoundChunk(const uint8_t* q8, const double* kt, int64_t sp, const flo
   for (int64_t t = t0; t < t1; ++t) {
     for (int64_t i = 0; i < H * D; ++i) qa[size_t(i)] = std::fabs(e4[q8[t * H * D + i]]);
     for (int64_t h = 0; h < H; ++h) wa[size_t(h)] = std::fabs(double(weights[t * H + h]));
-    for (int64_t s0 = 0; s0 < sp; s0 += sw) LogitMagTile<kMagVecs>(qa.data(), wa.data(), H, D, kt + s0, sp, mag.get() + s0);
+    // Only the tiles holding finite logits (the row's window; ref skips the others, bound 0).
+    int64_t s_lo = 0, s_hi = s_kv;
+    while (s_lo < s_kv && !std::isfinite(exact[t * s_kv + s_lo])) ++s_lo;
+    while (s_hi > s_lo && !std::isfinite(exact[t * s_kv + s_hi - 1])) --s_hi;
+    for (int64_t s0 = s_lo / sw * sw; s0 < s_hi; s0 += sw)
+      LogitMagTile<kMagVecs>(qa.data(), wa.data(), H, D, kt + s0, sp, mag.get() + s0);
     for (int64_t s = 0; s < s_kv; ++s) {
       const double r = exact[t * s_kv + s];
       // ref: kLogitSigmas * sqrt(D + H + 2) * 2^-14 * k_scale * mag, left to right.
@@ -642,9 +648,9 @@ cmp::FloatRule indexer_logits_rule(const Tensor<e4m3_t>& q, const Tensor<e4m3_t>
   const int64_t s_q = q.dim(0), H = q.dim(1), D = q.dim(2), s_kv = k.dim(0);
   cmp::FloatRule rule;
   rule.bound.assign(size_t(s_q * s_kv), 0.0);
-  // |k| transposed to [D][sp], sp a multiple of 32 keys, a whole number of tiles on every target
+  // |k| transposed to [D][sp], sp a multiple of 64 keys, a whole number of tiles on every target
   // (zeros past s_kv).
-  const int64_t sp = (s_kv + 31) / 32 * 32;
+  const int64_t sp = (s_kv + 63) / 64 * 64;
   auto kt = hwy::AllocateAligned<double>(size_t(D * sp));
   const double* e4 = detail::e4m3_table();
   const uint8_t* k8 = reinterpret_cast<const uint8_t*>(k.ptr());
