@@ -36,6 +36,36 @@ Tensor<float> generate_rows(const Problem& p, const std::string& name, const Sha
   return t;
 }
 
+Tensor<bf16_t> generate_rows_bf16(const Problem& p, const std::string& name, const Shape& shape,
+                                  std::span<const int64_t> rows, float scale) {
+  require(!shape.empty(), "generate_rows: " + name + ": shape must have a leading row dim");
+  const int64_t row_len = shape[0] > 0 ? shape_numel(shape) / shape[0] : 0;
+  Shape out_shape = shape;
+  out_shape[0] = int64_t(rows.size());
+  Tensor<bf16_t> t(out_shape);
+  const uint64_t tag = stream_tag(name);
+  for (size_t i = 0; i < rows.size();) {
+    size_t j = i + 1;
+    while (j < rows.size() && rows[j] == rows[j - 1] + 1) ++j;
+    require(rows[i] >= 0 && rows[j - 1] < shape[0],
+            "generate_rows: " + name + ": row outside [0, " + std::to_string(shape[0]) + ")");
+    // Elements [start, end) of the stream into dst, a chunk of the stream (fill_range's unit) at a
+    // time: each chunk's values are those of fill_range over the whole range (rng.h).
+    const int64_t start = rows[i] * row_len, end = start + int64_t(j - i) * row_len;
+    bf16_t* dst = t.ptr() + int64_t(i) * row_len;
+    const int64_t c_begin = start / kChunk, c_end = (end + kChunk - 1) / kChunk;
+#pragma omp parallel for schedule(static) if (c_end - c_begin >= 8)
+    for (int64_t c = c_begin; c < c_end; ++c) {
+      const int64_t lo = std::max(start, c * kChunk), hi = std::min(end, (c + 1) * kChunk);
+      float buf[kChunk];
+      fill_range(buf, lo, hi - lo, p.dist, scale, p.seed, tag);
+      for (int64_t k = 0; k < hi - lo; ++k) dst[lo - start + k] = f32_to_bf16(buf[k]);
+    }
+    i = j;
+  }
+  return t;
+}
+
 std::vector<int64_t> all_rows(const Problem& p) {
   std::vector<int64_t> rows(static_cast<size_t>(p.s_q));
   for (int64_t t = 0; t < p.s_q; ++t) rows[size_t(t)] = t;
@@ -70,10 +100,12 @@ std::string format_rows(std::span<const int64_t> rows) {
 
 namespace {
 
-Tensor<bf16_t> to_bf16(const Tensor<float>& x) {
-  Tensor<bf16_t> y(x.shape);
-  for (int64_t i = 0; i < x.numel(); ++i) y[i] = f32_to_bf16(x[i]);
-  return y;
+
+// Rows [0, n) as a list.
+std::vector<int64_t> all_rows_of(int64_t n) {
+  std::vector<int64_t> r(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) r[size_t(i)] = i;
+  return r;
 }
 
 // Rows [s0, s0 + n) as a list, for the key-side tensors generated in blocks.
@@ -181,13 +213,8 @@ LayerInputs make_layer_inputs(const Problem& p, int layer, bool with_indexer, st
   }
 
   // Attention inputs, the layer's own streams: q for the sampled rows, kv for every key (in blocks).
-  in.q = to_bf16(generate_rows(p, prefix + "attn.q", {s_q, p.h_q, p.d_qk}, rows));
-  in.kv = Tensor<bf16_t>({s_kv, 1, p.d_qk});
-  for (int64_t s0 = 0; s0 < s_kv; s0 += kKeyBlock) {
-    const int64_t nb = std::min(kKeyBlock, s_kv - s0);
-    const Tensor<float> kv = generate_rows(p, prefix + "attn.kv", {s_kv, 1, p.d_qk}, row_range(s0, nb));
-    for (int64_t i = 0; i < kv.numel(); ++i) in.kv[s0 * p.d_qk + i] = f32_to_bf16(kv[i]);
-  }
+  in.q = generate_rows_bf16(p, prefix + "attn.q", {s_q, p.h_q, p.d_qk}, rows);
+  in.kv = generate_rows_bf16(p, prefix + "attn.kv", {s_kv, 1, p.d_qk}, all_rows_of(s_kv));
   if (p.sink != SinkMode::none) {
     const float inf = std::numeric_limits<float>::infinity();
     if (p.sink == SinkMode::random) in.sink = generate(p, prefix + "attn.sink", {p.h_q});

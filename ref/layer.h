@@ -111,5 +111,10 @@ Tensor<float> generate(const Problem& p, const std::string& name, const Shape& s
 // shape [rows.size(), shape[1:]], bit-identical to the corresponding rows of the full tensor.
 Tensor<float> generate_rows(const Problem& p, const std::string& name, const Shape& shape,
                             std::span<const int64_t> rows, float scale = 1.0f);
+// bf16 of generate_rows (f32_to_bf16 of every value: the same bytes), one chunk of the stream at a
+// time, the chunks in parallel: the f32 values are never held whole (attn.q at s_q 4096, h_q 64 is
+// 600 MB of f32).
+Tensor<bf16_t> generate_rows_bf16(const Problem& p, const std::string& name, const Shape& shape,
+                                  std::span<const int64_t> rows, float scale = 1.0f);
 
 }  // namespace indexshare::ref

@@ -49,6 +49,8 @@ uint64_t stream_tag(const std::string& name) {
   return h;
 }
 
+inline float draw_inline(Xoshiro256& g, Dist dist);
+
 std::string dist_name(Dist d) {
   switch (d) {
     case Dist::uniform: return "uniform";
@@ -68,7 +70,43 @@ Dist parse_dist(const std::string& name) {
               "' (expected uniform, normal, int, dyadic, ties or narrow)");
 }
 
-float draw(Xoshiro256& g, Dist dist) {
+float draw(Xoshiro256& g, Dist dist) { return draw_inline(g, dist); }
+
+namespace {
+// fill_range's loop for one distribution: draw_inline specialised and inlined (the switch and the
+// generator calls out of the loop). The same values as draw, in the same order.
+template <Dist kDist>
+void draw_n(Xoshiro256& g, float* out, int64_t n, float scale) {
+  for (int64_t i = 0; i < n; ++i) out[i] = draw_inline(g, kDist) * scale;
+}
+template <Dist kDist>
+void skip_n(Xoshiro256& g, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) (void)draw_inline(g, kDist);
+}
+void draw_range(Xoshiro256& g, Dist dist, float* out, int64_t n, float scale) {
+  switch (dist) {
+    case Dist::uniform: return draw_n<Dist::uniform>(g, out, n, scale);
+    case Dist::normal: return draw_n<Dist::normal>(g, out, n, scale);
+    case Dist::integer: return draw_n<Dist::integer>(g, out, n, scale);
+    case Dist::dyadic: return draw_n<Dist::dyadic>(g, out, n, scale);
+    case Dist::ties: return draw_n<Dist::ties>(g, out, n, scale);
+    case Dist::narrow: return draw_n<Dist::narrow>(g, out, n, scale);
+  }
+}
+void skip_range(Xoshiro256& g, Dist dist, int64_t n) {
+  switch (dist) {
+    case Dist::uniform: return skip_n<Dist::uniform>(g, n);
+    case Dist::normal: return skip_n<Dist::normal>(g, n);
+    case Dist::integer: return skip_n<Dist::integer>(g, n);
+    case Dist::dyadic: return skip_n<Dist::dyadic>(g, n);
+    case Dist::ties: return skip_n<Dist::ties>(g, n);
+    case Dist::narrow: return skip_n<Dist::narrow>(g, n);
+  }
+}
+}  // namespace
+
+// draw's definition, inlined into the fill loops.
+inline float draw_inline(Xoshiro256& g, Dist dist) {
   switch (dist) {
     case Dist::uniform:
       return float(int64_t(g.next() >> 40) - (int64_t(1) << 23)) * 0x1p-23f;
@@ -119,9 +157,10 @@ void fill_range(float* out, int64_t start, int64_t n, Dist dist, float scale, ui
     Xoshiro256 g = chunk_generator(seed, tag, c);
     // Values before `start` in the first chunk are drawn and discarded: a draw may consume a
     // variable number of generator outputs (rejection), so there is no shortcut to element i.
-    for (int64_t i = c0; i < start; ++i) (void)draw(g, dist);
+    if (c0 < start) skip_range(g, dist, start - c0);
     const int64_t c1 = c0 + kChunk < end ? c0 + kChunk : end;
-    for (int64_t i = c0 < start ? start : c0; i < c1; ++i) out[i - start] = draw(g, dist) * scale;
+    const int64_t i0 = c0 < start ? start : c0;
+    draw_range(g, dist, out + (i0 - start), c1 - i0, scale);
   }
 }
 

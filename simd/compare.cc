@@ -26,6 +26,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -87,7 +88,7 @@ HWY_INLINE VF32 RoundBf16(DF32 df, VF32 x) {
 // Pass 1 tile: dot[k][h] for kK keys (f32 rows kr + k * kstride) and kV vectors of heads from the
 // transposed q (qt[d * hp + h]): per lane dot += q * k, d ascending, a multiply then an add.
 // P[(i0 + k) * hp + h] = dot * scale.
-template <size_t kK, size_t kV>
+template <size_t kK, size_t kV, bool kFused>
 HWY_INLINE void EmuDotTile(const float* HWY_RESTRICT qt, int64_t hp, const float* HWY_RESTRICT kr, int64_t kstride,
                            int64_t d_qk, float scale, float* HWY_RESTRICT p) {
   const DF32 df;
@@ -100,7 +101,8 @@ HWY_INLINE void EmuDotTile(const float* HWY_RESTRICT qt, int64_t hp, const float
     for (size_t u = 0; u < kV; ++u) q[u] = hn::LoadU(df, qt + d * hp + int64_t(u * N));
     for (size_t k = 0; k < kK; ++k) {
       const VF32 b = hn::Set(df, kr[int64_t(k) * kstride + d]);
-      for (size_t u = 0; u < kV; ++u) acc[k][u] = hn::Add(acc[k][u], hn::Mul(q[u], b));
+      for (size_t u = 0; u < kV; ++u)
+        acc[k][u] = kFused ? hn::MulAdd(q[u], b, acc[k][u]) : hn::Add(acc[k][u], hn::Mul(q[u], b));
     }
   }
   const VF32 s = hn::Set(df, scale);
@@ -110,7 +112,7 @@ HWY_INLINE void EmuDotTile(const float* HWY_RESTRICT qt, int64_t hp, const float
 
 // Pass 3 tile: acc[h][c] = sum_i pb[i * hp + h] * V[i][c] for kH heads and kV column vectors
 // (V rows vr + i * vstride), i ascending, a multiply then an add; stored to o[h * ostride + c].
-template <size_t kH, size_t kV>
+template <size_t kH, size_t kV, bool kFused>
 HWY_INLINE void EmuPVTile(const float* HWY_RESTRICT pb, int64_t hp, const float* HWY_RESTRICT vr, int64_t vstride,
                           int64_t n, float* HWY_RESTRICT o, int64_t ostride) {
   const DF32 df;
@@ -123,11 +125,48 @@ HWY_INLINE void EmuPVTile(const float* HWY_RESTRICT pb, int64_t hp, const float*
     for (size_t u = 0; u < kV; ++u) x[u] = hn::LoadU(df, vr + i * vstride + int64_t(u * N));
     for (size_t h = 0; h < kH; ++h) {
       const VF32 w = hn::Set(df, pb[i * hp + int64_t(h)]);
-      for (size_t u = 0; u < kV; ++u) acc[h][u] = hn::Add(acc[h][u], hn::Mul(w, x[u]));
+      for (size_t u = 0; u < kV; ++u)
+        acc[h][u] = kFused ? hn::MulAdd(w, x[u], acc[h][u]) : hn::Add(acc[h][u], hn::Mul(w, x[u]));
     }
   }
   for (size_t h = 0; h < kH; ++h)
     for (size_t u = 0; u < kV; ++u) hn::StoreU(acc[h][u], df, o + int64_t(h) * ostride + int64_t(u * N));
+}
+
+// The products of pass 1 (bf16 q x bf16 k) and pass 3 (bf16-rounded p x bf16 V) have at most 16
+// significant bits, so each is exact in f32 unless it overflows or falls below f32's subnormal
+// grid; then ref's multiply-then-add rounds once, like a fused multiply-add, and the tiles use
+// MulAdd (half the floating-point operations). ExpRange tracks, over nonzero values, the least and
+// greatest exponent e (|x| in [2^e, 2^(e+1)), subnormals counted as e = -126, whose lowest bit is
+// 2^(e-7) as for a normal bf16) and whether anything is not finite. A product of values with
+// exponents ea, eb is exact when ea + eb >= -135 (lowest bit 2^(ea+eb-14) >= 2^-149) and
+// ea + eb <= 126 (|ab| < 2^128, at most 16 bits: <= FLT_MAX). Otherwise the unfused tiles run.
+struct ExpRange {
+  int lo = 1000, hi = -1000;
+  bool finite = true;
+  void add_bits(uint32_t f32_bits) {
+    const int e = int((f32_bits >> 23) & 0xFF);
+    if (e == 0xFF) {
+      finite = false;
+      return;
+    }
+    if ((f32_bits & 0x7FFFFFFFu) == 0) return;
+    const int u = e == 0 ? -126 : e - 127;
+    lo = std::min(lo, u);
+    hi = std::max(hi, u);
+  }
+  // Every product of a value in *this and one in o is exact in f32.
+  bool exact_with(const ExpRange& o) const {
+    if (!finite || !o.finite) return false;
+    if (lo > hi || o.lo > o.hi) return true;  // a side with no nonzero value: products are zeros
+    return lo + o.lo >= -135 && hi + o.hi <= 126;
+  }
+};
+
+HWY_INLINE uint32_t F32Bits(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, sizeof u);
+  return u;
 }
 
 constexpr size_t kEmuKeys = 4, kEmuHeadVecs = 2;  // pass 1 tile: 4 keys x 2 vectors of heads
@@ -135,7 +174,9 @@ constexpr size_t kEmuPVHeads = 4, kEmuPVVecs = 2;  // pass 3 tile: 4 heads x 2 v
 
 // ref's emulate_attention_lowp for query rows [t0, t1).
 void EmulateChunk(const detail::AttentionView& v, int64_t t0, int64_t t1, float* out, uint16_t* out_bf16,
-                  float* lse_out, float* max_out) {
+                  float* lse_out, float* max_out, int kv_lo, int kv_hi, bool kv_finite) {
+  ExpRange kvr;
+  kvr.lo = kv_lo, kvr.hi = kv_hi, kvr.finite = kv_finite;
   const DF32 df;
   const int64_t N = int64_t(hn::Lanes(df));
   const int64_t h_q = v.h_q, d_qk = v.d_qk, d_v = v.d_v;
@@ -172,21 +213,30 @@ void EmulateChunk(const detail::AttentionView& v, int64_t t0, int64_t t1, float*
       std::fill(pbuf.get(), pbuf.get() + cap * hp, 0.0f);
     }
     // q of row t transposed to [d][h]; the kv rows as f32 (zeros past d_qk).
+    ExpRange qr;
     for (int64_t h = 0; h < h_q; ++h) {
       Bf16RowToF32(v.q + (t * h_q + h) * d_qk, d_qk, d_qk, qrow.data());
-      for (int64_t d = 0; d < d_qk; ++d) qt[size_t(d * hp + h)] = qrow[size_t(d)];
+      for (int64_t d = 0; d < d_qk; ++d) {
+        qt[size_t(d * hp + h)] = qrow[size_t(d)];
+        qr.add_bits(F32Bits(qrow[size_t(d)]));
+      }
     }
+    const bool fused1 = qr.exact_with(kvr);
     for (int64_t i = 0; i < n; ++i) Bf16RowToF32(v.kv + rows[size_t(i)] * d_qk, d_qk, dpad, kf.get() + i * dpad);
     // Pass 1: p[i][h] = (sum_d q[h][d] * k_i[d]) * sm_scale, in f32.
     float* P = pbuf.get();
     const float sm = float(v.sm_scale);
     int64_t i0 = 0;
     for (; i0 + int64_t(kEmuKeys) <= n; i0 += int64_t(kEmuKeys))
-      for (int64_t h0 = 0; h0 < hp; h0 += hv)
-        EmuDotTile<kEmuKeys, kEmuHeadVecs>(qt.get() + h0, hp, kf.get() + i0 * dpad, dpad, d_qk, sm, P + i0 * hp + h0);
+      for (int64_t h0 = 0; h0 < hp; h0 += hv) {
+        if (fused1)
+          EmuDotTile<kEmuKeys, kEmuHeadVecs, true>(qt.get() + h0, hp, kf.get() + i0 * dpad, dpad, d_qk, sm, P + i0 * hp + h0);
+        else
+          EmuDotTile<kEmuKeys, kEmuHeadVecs, false>(qt.get() + h0, hp, kf.get() + i0 * dpad, dpad, d_qk, sm, P + i0 * hp + h0);
+      }
     for (; i0 < n; ++i0)
       for (int64_t h0 = 0; h0 < hp; h0 += hv)
-        EmuDotTile<1, kEmuHeadVecs>(qt.get() + h0, hp, kf.get() + i0 * dpad, dpad, d_qk, sm, P + i0 * hp + h0);
+        EmuDotTile<1, kEmuHeadVecs, false>(qt.get() + h0, hp, kf.get() + i0 * dpad, dpad, d_qk, sm, P + i0 * hp + h0);
     // Pass 2, ref's per-head loops with lanes over heads (P is [i][hp]): the max (from -inf, i
     // ascending, as std::max: m < x ? x : m), then exp(p - m) by the C library's float exp element
     // by element, the sum (i ascending), and lse and the sink factor per head; p is then rounded to
@@ -223,11 +273,18 @@ void EmulateChunk(const detail::AttentionView& v, int64_t t0, int64_t t1, float*
       }
       for (int64_t e = 0; e < n * hp; e += N) hn::Store(RoundBf16(df, hn::Load(df, P + e)), df, P + e);
     }
+    ExpRange pr;
+    for (int64_t e = 0; e < n * hp; ++e) pr.add_bits(F32Bits(P[e]));
+    const bool fused3 = pr.exact_with(kvr);
     // Pass 3: acc[h][c] = sum_i bf16(p[i][h]) * V_i[c], a column strip at a time (the strip of V
     // stays in L1 for every head tile).
     for (int64_t c0 = 0; c0 < dvp; c0 += cw)
-      for (int64_t h0 = 0; h0 < hp; h0 += int64_t(kEmuPVHeads))
-        EmuPVTile<kEmuPVHeads, kEmuPVVecs>(P + h0, hp, kf.get() + c0, dpad, n, acc.get() + h0 * dvp + c0, dvp);
+      for (int64_t h0 = 0; h0 < hp; h0 += int64_t(kEmuPVHeads)) {
+        if (fused3)
+          EmuPVTile<kEmuPVHeads, kEmuPVVecs, true>(P + h0, hp, kf.get() + c0, dpad, n, acc.get() + h0 * dvp + c0, dvp);
+        else
+          EmuPVTile<kEmuPVHeads, kEmuPVVecs, false>(P + h0, hp, kf.get() + c0, dpad, n, acc.get() + h0 * dvp + c0, dvp);
+      }
     // Output: bf16(acc * factor), as f32 and as bf16 bits (ref's rounding, lane by lane).
     const hn::RebindToUnsigned<DF32> du;
     const hn::RebindToSigned<DF32> di;
@@ -454,7 +511,8 @@ HWY_INLINE void LogitMagTile(const double* HWY_RESTRICT qa, const double* HWY_RE
     for (size_t u = 0; u < kV; ++u) m[u] = hn::Zero(d64);
     for (int64_t d = 0; d < D; ++d) {
       const VF64 q = hn::Set(d64, qa[h * D + d]);
-      for (size_t u = 0; u < kV; ++u) m[u] = hn::Add(m[u], hn::Mul(q, hn::LoadU(d64, kt + d * sp + int64_t(u * N))));
+      // |q| |k| of two e4m3 values is exact in double: a fused multiply-add rounds as ref's add.
+      for (size_t u = 0; u < kV; ++u) m[u] = hn::MulAdd(q, hn::LoadU(d64, kt + d * sp + int64_t(u * N)), m[u]);
     }
     const VF64 w = hn::Set(d64, wa[h]);
     for (size_t u = 0; u < kV; ++u) mag[u] = hn::Add(mag[u], hn::Mul(w, m[u]));
@@ -462,8 +520,8 @@ HWY_INLINE void LogitMagTile(const double* HWY_RESTRICT qa, const double* HWY_RE
   for (size_t u = 0; u < kV; ++u) hn::StoreU(mag[u], d64, mag_out + int64_t(u * N));
 }
 
-constexpr size_t kMagVecs = 4;
-static_assert(32 % (kMagVecs * HWY_LANES(double)) == 0, "indexer_logits_rule pads s_kv to 32 keys");
+constexpr size_t kMagVecs = 8;  // independent chains per tile
+static_assert(64 % (kMagVecs * HWY_LANES(double)) == 0, "indexer_logits_rule pads s_kv to 64 keys");
 
 // Rows [t0, t1) of the logits bound (ref's indexer_logits_rule, without its global sums): q8 codes
 // [s_q, H, D], kt = |k| transposed [D][sp] (sp = s_kv padded to whole tiles, zeros past s_kv).
@@ -479,7 +537,12 @@ void LogitsBoundChunk(const uint8_t* q8, const double* kt, int64_t sp, const flo
   for (int64_t t = t0; t < t1; ++t) {
     for (int64_t i = 0; i < H * D; ++i) qa[size_t(i)] = std::fabs(e4[q8[t * H * D + i]]);
     for (int64_t h = 0; h < H; ++h) wa[size_t(h)] = std::fabs(double(weights[t * H + h]));
-    for (int64_t s0 = 0; s0 < sp; s0 += sw) LogitMagTile<kMagVecs>(qa.data(), wa.data(), H, D, kt + s0, sp, mag.get() + s0);
+    // Only the tiles holding finite logits (the row's window; ref skips the others, bound 0).
+    int64_t s_lo = 0, s_hi = s_kv;
+    while (s_lo < s_kv && !std::isfinite(exact[t * s_kv + s_lo])) ++s_lo;
+    while (s_hi > s_lo && !std::isfinite(exact[t * s_kv + s_hi - 1])) --s_hi;
+    for (int64_t s0 = s_lo / sw * sw; s0 < s_hi; s0 += sw)
+      LogitMagTile<kMagVecs>(qa.data(), wa.data(), H, D, kt + s0, sp, mag.get() + s0);
     for (int64_t s = 0; s < s_kv; ++s) {
       const double r = exact[t * s_kv + s];
       // ref: kLogitSigmas * sqrt(D + H + 2) * 2^-14 * k_scale * mag, left to right.
@@ -545,9 +608,20 @@ AttentionOut emulate_attention_lowp(const Tensor<bf16_t>& q, const Tensor<bf16_t
   AttentionOut o{Tensor<float>({s_q, h_q, d_v}), Tensor<bf16_t>({s_q, h_q, d_v}), Tensor<float>({s_q, h_q}),
                  Tensor<float>({s_q, h_q})};
   const detail::AttentionView v = sparse_view(q, kv, indices, sm_scale, d_v, topk_length, attn_sink);
+  // The exponent range of kv's nonzero values (see ExpRange in the target code): bf16 bits << 16.
+  int kv_lo = 1000, kv_hi = -1000;
+  bool kv_finite = true;
+  for (int64_t i = 0; i < kv.numel(); ++i) {
+    const int e = (kv[i].bits >> 7) & 0xFF;
+    if (e == 0xFF) kv_finite = false;
+    if (e == 0xFF || (kv[i].bits & 0x7FFF) == 0) continue;
+    const int u = e == 0 ? -126 : e - 127;
+    kv_lo = std::min(kv_lo, u);
+    kv_hi = std::max(kv_hi, u);
+  }
   over_rows(s_q, 8, [&](int64_t t0, int64_t t1) {
     HWY_DYNAMIC_DISPATCH(EmulateChunk)(v, t0, t1, o.out.ptr(), reinterpret_cast<uint16_t*>(o.out_bf16.ptr()),
-                                       o.lse.ptr(), o.max_logits.ptr());
+                                       o.lse.ptr(), o.max_logits.ptr(), kv_lo, kv_hi, kv_finite);
   });
   return o;
 }
@@ -574,9 +648,9 @@ cmp::FloatRule indexer_logits_rule(const Tensor<e4m3_t>& q, const Tensor<e4m3_t>
   const int64_t s_q = q.dim(0), H = q.dim(1), D = q.dim(2), s_kv = k.dim(0);
   cmp::FloatRule rule;
   rule.bound.assign(size_t(s_q * s_kv), 0.0);
-  // |k| transposed to [D][sp], sp a multiple of 32 keys, a whole number of tiles on every target
+  // |k| transposed to [D][sp], sp a multiple of 64 keys, a whole number of tiles on every target
   // (zeros past s_kv).
-  const int64_t sp = (s_kv + 31) / 32 * 32;
+  const int64_t sp = (s_kv + 63) / 64 * 64;
   auto kt = hwy::AllocateAligned<double>(size_t(D * sp));
   const double* e4 = detail::e4m3_table();
   const uint8_t* k8 = reinterpret_cast<const uint8_t*>(k.ptr());

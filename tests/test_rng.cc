@@ -9,6 +9,7 @@
 #include <set>
 #include <vector>
 
+#include "ref/layer.h"
 #include "ref/numerics.h"
 #include "ref/rng.h"
 
@@ -155,4 +156,34 @@ TEST_CASE("rng: fill_range equals the slice of a full fill, across chunk boundar
   }
   std::vector<float> x(1);
   CHECK_THROWS_AS(fill_range(x.data(), -1, 1, Dist::normal, 1.0f, 1, tag), Error);
+}
+
+TEST_CASE("rng: generate_rows_bf16 equals bf16 of generate_rows (runs of rows, gaps, many chunks, 1 and 2 threads)") {
+  // 40 rows of 1000 values: ~10 chunks of 4096 per run of rows (the parallel path), runs that start
+  // and end inside a chunk; a rejection-sampling distribution (a variable number of draws per
+  // value) and the default normal one.
+  const int threads = omp_get_max_threads();
+  for (Dist dist : {Dist::normal, Dist::integer}) {
+    Problem p;
+    p.dist = dist;
+    p.seed = 77;
+    const Shape shape{40, 10, 100};
+    std::vector<int64_t> rows;
+    for (int64_t t = 0; t < 40; ++t)
+      if (t != 3 && t != 17 && t != 18) rows.push_back(t);
+    std::vector<int64_t> all40(40);
+    for (int64_t t = 0; t < 40; ++t) all40[size_t(t)] = t;
+    for (const std::vector<int64_t>& rs : {rows, all40}) {
+      const Tensor<float> f = ref::generate_rows(p, "x.y", shape, rs, 0.5f);
+      for (int n : {1, 2}) {
+        omp_set_num_threads(n);
+        const Tensor<bf16_t> b = ref::generate_rows_bf16(p, "x.y", shape, rs, 0.5f);
+        REQUIRE(b.shape == f.shape);
+        int64_t diff = 0;
+        for (int64_t i = 0; i < f.numel(); ++i) diff += b[i].bits != f32_to_bf16(f[i]).bits;
+        CHECK(diff == 0);
+      }
+    }
+  }
+  omp_set_num_threads(threads);
 }

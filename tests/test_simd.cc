@@ -663,6 +663,21 @@ TEST_CASE("simd: the budget emulation and the attention bounds are bit-identical
       if (threads == 1) CHECK(simd::emulate_attention_lowp(q, kv, idx, 1.0f, 2, nullptr, nullptr).max_logits[0] == 0.0f);
     });
   }
+  // Products below f32's subnormal grid: q . k = 2^-125 + 1.25 * 2^-149 with d ascending. ref
+  // rounds the second product to 2^-149 first, then the sum ties to even at 2^-125; a fused
+  // multiply-add would round once, up to 2^-125 + 2^-148. simd fuses only when every product is
+  // exact (ExpRange in simd/compare.cc), so it must keep ref's 2^-125 here.
+  {
+    Tensor<bf16_t> q({1, 1, 2}), kv({4, 1, 2});  // four equal keys: a whole pass-1 tile
+    q[0] = f32_to_bf16(0x1p-62f), q[1] = f32_to_bf16(0x1.4p-74f);
+    for (int64_t r = 0; r < 4; ++r) kv[r * 2] = f32_to_bf16(0x1p-63f), kv[r * 2 + 1] = f32_to_bf16(0x1p-75f);
+    Tensor<int32_t> idx({1, 1, 4});
+    for (int32_t j = 0; j < 4; ++j) idx[j] = j;
+    CHECK(cmp::emulate_attention_lowp(q, kv, idx, 1.0f, 2, nullptr, nullptr).max_logits[0] == 0x1p-125f);
+    for_each_target([&](const std::string&, int threads) {
+      if (threads == 1) CHECK(simd::emulate_attention_lowp(q, kv, idx, 1.0f, 2, nullptr, nullptr).max_logits[0] == 0x1p-125f);
+    });
+  }
   // The output's bf16 rounding ties to even: q = 0 (p = 1 for both keys, factor 1/2), V[:, 0] =
   // 1 + 2^-7 and 1 + 2^-6: out = 1 + 3 * 2^-8, halfway between 1 + 2^-7 (odd) and 1 + 2^-6 (even).
   {

@@ -559,9 +559,10 @@ Result judge(const golden::Loaded& g, const io::SafetensorsFile& c, const std::s
     if (has(l, "attn.out") || has(l, "attn.lse") || has(l, "attn.max_logits")) {
       Expected e;
       if (cond_note.empty()) {
-        e.attn.out = d.out;
-        e.attn.lse = d.lse;
-        e.attn.max_logits = d.max_logits;
+        // Moved, not copied: the layer's golden outputs are not read again (see the end of the loop).
+        e.attn.out = std::move(data[size_t(l)].out);
+        e.attn.lse = std::move(data[size_t(l)].lse);
+        e.attn.max_logits = std::move(data[size_t(l)].max_logits);
         e.bounds = k.attention_bounds(d.q, d.kv, d.indices, sm, d_v, d.topk_length.numel() ? &d.topk_length : nullptr, e.attn);
         const json& b = m["budgets"];
         e.budget = b.contains(name(l, "attn.out")) ? b[name(l, "attn.out")]["budget_max_abs"].get<double>() : -1;

@@ -173,8 +173,10 @@ void add_paged(GoldenSet& g, const Problem& p, const ref::LayerInputs& in, const
 GoldenSet build_stack(const Problem& p, std::vector<ref::LayerInputs> inputs, const std::string& kind,
                       bool with_logits, const std::string& replay, bool use_simd, const std::vector<int64_t>* rows) {
   const Schedule sched = p.schedule();
-  std::vector<ref::StackLayerOutputs> outs =
-      use_simd ? simd::run_stack(p, sched, inputs, true) : ref::run_stack(p, sched, inputs, true);
+  // Without logits in the set, simd's stack streams the indexer into the top-k (the same
+  // positions, never the [s_q, s_kv] logits), as `run` does.
+  std::vector<ref::StackLayerOutputs> outs = use_simd ? simd::run_stack(p, sched, inputs, with_logits)
+                                                      : ref::run_stack(p, sched, inputs, with_logits);
   const ref::Kernels kern = use_simd ? simd::kernels() : ref::Kernels{};  // the budget's emulation
   GoldenSet g;
   json layers = json::array(), budgets = json::object();
