@@ -772,7 +772,10 @@ StackInputs load_stack_inputs(const io::SafetensorsFile& f, const std::string& f
 }
 
 GoldenSet build_from(const std::string& file, Problem p, bool with_logits, const std::string& replay) {
-  StackInputs si = load_stack_inputs(io::read_safetensors(file), file, std::move(p));
+  return build_from(file, load_stack_inputs(io::read_safetensors(file), file, std::move(p)), with_logits, replay);
+}
+
+GoldenSet build_from(const std::string& file, StackInputs si, bool with_logits, const std::string& replay) {
   const Problem& q = si.problem;
   GoldenSet g = build_stack(q, si.inputs, "stack", with_logits, replay);
   g.manifest["kind"] = "stack-from-file";
