@@ -24,9 +24,11 @@ namespace {
 const std::vector<std::string> kJudged = {"indexer.logits", "indexer.topk", "attn.indices", "attn.indices_physical",
                                           "attn.out", "attn.lse", "attn.max_logits"};
 
+}  // namespace
+
 // ---- candidate access: dtype conversions and shape checks (errors exit 2) ----
 
-Tensor<float> cand_float(const io::SafetensorsFile& c, const std::string& name, const Shape& shape) {
+Tensor<float> candidate_float(const io::SafetensorsFile& c, const std::string& name, const Shape& shape) {
   const io::TensorView& v = c.get(name);
   io::expect_shape(v, shape, c.source);
   if (v.dtype == io::DType::BF16) {
@@ -42,8 +44,8 @@ Tensor<float> cand_float(const io::SafetensorsFile& c, const std::string& name, 
 // outside the int32 range are out of range as positions either way: they are judged as the
 // nearest int32 bound, and a diagnosis names the first one with its real value (the reports
 // below would show the clamped value).
-Tensor<int32_t> cand_int(const io::SafetensorsFile& c, const std::string& name, const Shape& shape,
-                         std::vector<std::string>& diagnoses) {
+Tensor<int32_t> candidate_int(const io::SafetensorsFile& c, const std::string& name, const Shape& shape,
+                              std::vector<std::string>& diagnoses) {
   const io::TensorView& v = c.get(name);
   io::expect_shape(v, shape, c.source);
   if (v.dtype == io::DType::I64) {
@@ -66,18 +68,46 @@ Tensor<int32_t> cand_int(const io::SafetensorsFile& c, const std::string& name, 
   return io::as_tensor<int32_t>(v, c.source);
 }
 
-// kv rows [s_q, 1, k] -> sequence-local positions [s_q, k] (rows outside the window become -1,
-// so the structural check flags them).
+namespace {
+
+// kv rows [s_q, 1, k] -> sequence-local positions [s_q, k]: a negative row is padding (-1, as the
+// attention ignores it), a row outside the window [ks, ke) becomes -2, which the structural check
+// flags; cmp::TopkOptions::kv_rows makes its message name the row the candidate wrote.
 Tensor<int32_t> rows_to_local(const Tensor<int32_t>& rows, const Tensor<int32_t>& ks, const Tensor<int32_t>& ke) {
   const int64_t s_q = rows.dim(0), k = rows.dim(2);
   Tensor<int32_t> local({s_q, k}, -1);
   for (int64_t t = 0; t < s_q; ++t)
     for (int64_t j = 0; j < k; ++j) {
       const int64_t r = rows[t * k + j];
-      local.at(t, j) = r < 0 ? -1 : (r >= ks[t] && r < ke[t] ? int32_t(r - ks[t]) : int32_t(ke[t] - ks[t] + 1000000));
+      local.at(t, j) = r < 0 ? -1 : (r >= ks[t] && r < ke[t] ? int32_t(r - ks[t]) : -2);
     }
   return local;
 }
+
+// The hypothesis of raw torch.topk output (transformers): in rows whose window is shorter than
+// top-k, the slots past the window hold masked future positions instead of -1. `local` holds
+// sequence-local positions [s_q, k] (kv rows are converted by the caller). Returns the copy with
+// those positions padded with -1 (valid slots first), or nothing when no slot was such a position.
+std::optional<Tensor<int32_t>> pad_beyond_window(const Tensor<int32_t>& local, const Tensor<int32_t>& ks, const Tensor<int32_t>& ke) {
+  const int64_t s_q = local.dim(0), k = local.dim(1);
+  Tensor<int32_t> out = local;
+  int64_t padded = 0;
+  for (int64_t t = 0; t < s_q; ++t) {
+    const int64_t len = ke[t] - ks[t];
+    if (len >= k) continue;
+    std::vector<int32_t> keep;
+    for (int64_t j = 0; j < k; ++j) {
+      const int32_t v = local.at(t, j);
+      if (v >= len) ++padded;
+      else if (v != -1) keep.push_back(v);  // other negatives stay, and still fail
+    }
+    for (int64_t j = 0; j < k; ++j) out.at(t, j) = j < int64_t(keep.size()) ? keep[size_t(j)] : -1;
+  }
+  if (padded == 0) return std::nullopt;
+  return out;
+}
+const char* kBeyondWindow = "positions beyond the causal window in rows shorter than top-k: pad with -1 (raw torch.topk output, "
+                            "as in transformers, keeps masked future positions there)";
 
 std::vector<std::set<int32_t>> row_sets(const Tensor<int32_t>& rows, int64_t s_kv) {
   const int64_t s_q = rows.dim(0), k = rows.numel() / std::max<int64_t>(1, s_q);
@@ -90,20 +120,54 @@ std::vector<std::set<int32_t>> row_sets(const Tensor<int32_t>& rows, int64_t s_k
 
 bool passes(const cmp::Report& r) { return r.verdict != cmp::Verdict::fail; }
 
-struct LayerData {  // everything the judge needs from the golden for one layer
-  int l = 0;
-  bool full = true, has_indexer = false;
-  int source = 0;
-  Tensor<float> logits;             // golden or recomputed (empty without an indexer)
-  Tensor<int32_t> ks, ke, topk;     // indexer windows and golden top-k (empty without an indexer)
-  cmp::FloatRule logits_rule;
-  Tensor<bf16_t> q, kv;
-  Tensor<int32_t> indices, topk_length;
-  std::optional<Tensor<float>> sink;
-  Tensor<float> out, lse, max_logits;
-};
+// Per row |C ∩ G| / |G| (1 where G is empty): the recall strip of the picture.
+std::vector<double> row_recall(const std::vector<std::set<int32_t>>& cand, const std::vector<std::set<int32_t>>& gold) {
+  std::vector<double> r(gold.size(), 1.0);
+  for (size_t t = 0; t < gold.size(); ++t) {
+    if (gold[t].empty()) continue;
+    size_t common = 0;
+    for (int32_t v : cand[t]) common += gold[t].count(v);
+    r[t] = double(common) / double(gold[t].size());
+  }
+  return r;
+}
 
-LayerData load_layer(const golden::Loaded& g, int l, const ref::Kernels& k) {
+// Per (row, head): the largest |got - expected| / bound over the d_v columns (inf where a bound
+// of 0 is exceeded or a non-finite value differs).
+std::vector<double> out_ratios(const Tensor<float>& expected, const Tensor<float>& got, const std::vector<double>& bound,
+                               int64_t d_v) {
+  const int64_t n = expected.numel() / std::max<int64_t>(1, d_v);
+  std::vector<double> r(size_t(n), 0.0);
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t c = 0; c < d_v; ++c) {
+      const int64_t e = i * d_v + c;
+      const double x = got[e], y = expected[e], b = bound.empty() ? 0.0 : bound[size_t(e)];
+      double q;
+      if (!std::isfinite(x) || !std::isfinite(y)) q = x == y ? 0.0 : INFINITY;
+      else q = b > 0 ? std::fabs(x - y) / b : (x == y ? 0.0 : INFINITY);
+      r[size_t(i)] = std::max(r[size_t(i)], q);
+    }
+  return r;
+}
+
+// Closes a layer's panel: its diagnoses (without the layer prefix) and its tensors' verdicts.
+void finish_panel(Result& res, io::DiffPanel panel, const std::string& prefix, size_t diagnoses0, size_t tensors0) {
+  for (size_t i = diagnoses0; i < res.diagnoses.size(); ++i) {
+    const std::string& d = res.diagnoses[i];
+    panel.findings.push_back(d.rfind(prefix + ": ", 0) == 0 ? d.substr(prefix.size() + 2) : d);
+  }
+  std::string failed;
+  for (size_t i = tensors0; i < res.tensors.size(); ++i)
+    if (res.tensors[i].report.verdict == cmp::Verdict::fail) failed += (failed.empty() ? "" : ", ") + res.tensors[i].name;
+  panel.verdict = std::to_string(res.tensors.size() - tensors0) + " tensor(s) judged; " + (failed.empty() ? "none failed" : "failed: " + failed);
+  if (panel.rows > 0 || !panel.recall.empty()) res.panels.push_back(std::move(panel));
+}
+
+using LayerData = GoldenLayer;
+
+}  // namespace
+
+GoldenLayer load_golden_layer(const golden::Loaded& g, int l, const ref::Kernels& k) {
   const json& m = g.manifest;
   const std::string p = "layers." + std::to_string(l) + ".";
   LayerData d;
@@ -143,6 +207,8 @@ LayerData load_layer(const golden::Loaded& g, int l, const ref::Kernels& k) {
   d.max_logits = g.tensor<float>(p + "attn.max_logits");
   return d;
 }
+
+namespace {
 
 // The attention a layer would compute over `indices`, with its bounds and budget.
 struct Expected {
@@ -371,7 +437,7 @@ Result judge(const golden::Loaded& g, const io::SafetensorsFile& c, const std::s
   std::vector<LayerData> data(static_cast<size_t>(n_layers));
   std::vector<bool> loaded(size_t(n_layers), false);
   auto layer = [&](int l) -> const LayerData& {
-    if (!loaded[size_t(l)]) { data[size_t(l)] = load_layer(g, l, k); loaded[size_t(l)] = true; }
+    if (!loaded[size_t(l)]) { data[size_t(l)] = load_golden_layer(g, l, k); loaded[size_t(l)] = true; }
     return data[size_t(l)];
   };
   auto has = [&](int l, const std::string& n) { return c.find("layers." + std::to_string(l) + "." + n) != nullptr; };
@@ -386,11 +452,16 @@ Result judge(const golden::Loaded& g, const io::SafetensorsFile& c, const std::s
   for (int l : layers) {
     const LayerData& d = layer(l);
     const std::string P = "layer " + std::to_string(l) + (d.full ? " (Full)" : " (Shared, source " + std::to_string(d.source) + ")");
+    io::DiffPanel panel;  // the layer's picture (diff --svg)
+    panel.layer = l;
+    panel.label = P;
+    panel.row_ids = ids;
+    const size_t diagnoses0 = res.diagnoses.size(), tensors0 = res.tensors.size();
     // 1. Indexer logits.
     Tensor<float> cand_logits;
     if (has(l, "indexer.logits")) {
       if (!d.has_indexer) throw Error(c.source + ": " + name(l, "indexer.logits") + ": layer " + std::to_string(l) + " has no indexer in the golden set");
-      cand_logits = cand_float(c, name(l, "indexer.logits"), {s_q, s_kv});
+      cand_logits = candidate_float(c, name(l, "indexer.logits"), {s_q, s_kv});
       const std::string p = name(l, "");
       if (g.get(p + "indexer.q").dtype == io::DType::F8_E4M3)
         data[size_t(l)].logits_rule = cmp::indexer_logits_rule(g.tensor<e4m3_t>(p + "indexer.q"), g.tensor<e4m3_t>(p + "indexer.k"),
@@ -430,10 +501,12 @@ Result judge(const golden::Loaded& g, const io::SafetensorsFile& c, const std::s
     // 2. Top-k positions.
     if (has(l, "indexer.topk")) {
       if (!d.has_indexer) throw Error(c.source + ": " + name(l, "indexer.topk") + ": layer " + std::to_string(l) + " has no indexer in the golden set");
-      const Tensor<int32_t> ct = cand_int(c, name(l, "indexer.topk"), {s_q, topk}, res.diagnoses);
+      const Tensor<int32_t> ct = candidate_int(c, name(l, "indexer.topk"), {s_q, topk}, res.diagnoses);
       cmp::TopkOptions o;
       if (cand_logits.numel()) { o.candidate_logits = &cand_logits; o.logits_rule = &d.logits_rule; }
       const cmp::Verdict v = add(l, "indexer.topk", cmp::compare_topk("", d.logits, d.ks, d.ke, d.topk, ct, o));
+      panel.recall = row_recall(row_sets(ct, s_kv), row_sets(d.topk, s_kv));
+      panel.recall_of = "indexer.topk";
       // Unsorted output is never a failure, only a remark.
       bool sorted = true;
       for (int64_t t = 0; t < s_q && sorted; ++t)
@@ -444,6 +517,9 @@ Result judge(const golden::Loaded& g, const io::SafetensorsFile& c, const std::s
         }
       if (!sorted) res.notes.push_back(P + ": indexer.topk is not in score order (fine: slot order carries no meaning)");
       if (v == cmp::Verdict::fail) {
+        if (const auto padded = pad_beyond_window(ct, d.ks, d.ke))
+          if (passes(cmp::compare_topk("", d.logits, d.ks, d.ke, d.topk, *padded, {})))
+            res.diagnoses.push_back(P + ": indexer.topk holds " + kBeyondWindow);
         if (const auto sw = swapped_rope(g, l, d.ks, d.ke, k))
           if (passes(cmp::compare_topk("", sw->logits, d.ks, d.ke, sw->topk, ct, {})))
             res.diagnoses.push_back(P + ": indexer.topk is the top-k of the indexer with its RoPE layout swapped (" + sw->layout +
@@ -471,12 +547,23 @@ Result judge(const golden::Loaded& g, const io::SafetensorsFile& c, const std::s
     Tensor<int32_t> use_indices = d.indices;
     std::string cond_note;
     if (has(l, "attn.indices")) {
-      const Tensor<int32_t> ci = cand_int(c, name(l, "attn.indices"), {s_q, 1, topk}, res.diagnoses);
+      const Tensor<int32_t> ci = candidate_int(c, name(l, "attn.indices"), {s_q, 1, topk}, res.diagnoses);
       const LayerData& src = layer(d.source);  // the layer whose indexer chose the positions
       cmp::Report r;
       if (src.has_indexer) {
         const Tensor<int32_t> local = rows_to_local(ci, src.ks, src.ke);
-        r = cmp::compare_topk("", src.logits, src.ks, src.ke, src.topk, local, {false, nullptr, nullptr});
+        Tensor<int32_t> written = ci;
+        written.shape = local.shape;
+        r = cmp::compare_topk("", src.logits, src.ks, src.ke, src.topk, local, {false, nullptr, nullptr, &written});
+        if (!passes(r)) {  // raw torch.topk rows: kv rows at or past ke in rows shorter than top-k
+          Tensor<int32_t> beyond = local;
+          for (int64_t t = 0; t < s_q; ++t)
+            for (int64_t j = 0; j < topk; ++j)
+              if (beyond.at(t, j) == -2 && written.at(t, j) >= src.ke[t]) beyond.at(t, j) = written.at(t, j) - src.ks[t];
+          if (const auto padded = pad_beyond_window(beyond, src.ks, src.ke))
+            if (passes(cmp::compare_topk("", src.logits, src.ks, src.ke, src.topk, *padded, {false, nullptr, nullptr})))
+              res.diagnoses.push_back(P + ": attn.indices hold " + kBeyondWindow);
+        }
       } else {
         r = cmp::compare_exact("", d.indices, ci);
       }
@@ -484,13 +571,15 @@ Result judge(const golden::Loaded& g, const io::SafetensorsFile& c, const std::s
         // IndexShare: exactly the source layer's positions in the candidate's own pipeline (the
         // source layer's own check diagnoses its values).
         std::vector<std::string> ignored;
-        const auto a = row_sets(ci, s_kv), b = row_sets(cand_int(c, name(d.source, "attn.indices"), {s_q, 1, topk}, ignored), s_kv);
+        const auto a = row_sets(ci, s_kv), b = row_sets(candidate_int(c, name(d.source, "attn.indices"), {s_q, 1, topk}, ignored), s_kv);
         if (a != b) {
           r.verdict = cmp::Verdict::fail;
           r.reasons.push_back("the Shared layer's positions differ from its source layer " + std::to_string(d.source) + "'s in the candidate");
         }
       }
       const cmp::Verdict v = add(l, "attn.indices", r);
+      panel.recall = row_recall(row_sets(ci, s_kv), row_sets(d.indices, s_kv));
+      panel.recall_of = "attn.indices";
       if (v != cmp::Verdict::fail && row_sets(ci, s_kv) != row_sets(d.indices, s_kv)) {
         use_indices = ci;
         cond_note = "expected attention recomputed on the candidate's indices (they differ from the golden's only by ties)";
@@ -534,7 +623,7 @@ Result judge(const golden::Loaded& g, const io::SafetensorsFile& c, const std::s
       require(g.find(name(l, "attn.indices_physical")) != nullptr,
               c.source + ": " + name(l, "attn.indices_physical") + ": the golden set is not a decode set");
       const Tensor<int32_t> gp = g.tensor<int32_t>(name(l, "attn.indices_physical"));
-      Tensor<int32_t> cp = cand_int(c, name(l, "attn.indices_physical"), gp.shape, res.diagnoses);
+      Tensor<int32_t> cp = candidate_int(c, name(l, "attn.indices_physical"), gp.shape, res.diagnoses);
       Tensor<int32_t> gflat = gp, cflat = cp;
       gflat.shape = cflat.shape = {s_q, 1, topk};
       cmp::Report r;
@@ -584,7 +673,7 @@ Result judge(const golden::Loaded& g, const io::SafetensorsFile& c, const std::s
         return v;
       };
       if (has(l, "attn.out")) {
-        const Tensor<float> co = cand_float(c, name(l, "attn.out"), {s_q, h_q, d_v});
+        const Tensor<float> co = candidate_float(c, name(l, "attn.out"), {s_q, h_q, d_v});
         cmp::FloatRule rule = bound_rule(e.bounds.out, e.budget);
         const double scale = std::max(1.0, rms_v(d.kv, d_v) / kFlashMlaDataRms);
         rule.anchor_abs = (decode ? kFlashMlaDecodeOutAbs : kFlashMlaOutAbs) * scale;
@@ -600,6 +689,9 @@ Result judge(const golden::Loaded& g, const io::SafetensorsFile& c, const std::s
         spec.lanes = true;
         spec.floor = cmp::kFloorOut;
         spec.sm_dir = smd.out.ptr();
+        panel.rows = s_q;
+        panel.heads = h_q;
+        panel.ratio = out_ratios(e.attn.out, co, e.bounds.out, d_v);
         if (structured("attn.out", e.attn.out, co, rule, spec) == cmp::Verdict::fail) {
           attn_fail.push_back("attn.out");
           // Hypotheses: the attention of another layer's positions or of the causal off-by-one.
@@ -627,7 +719,7 @@ Result judge(const golden::Loaded& g, const io::SafetensorsFile& c, const std::s
         }
       }
       if (has(l, "attn.lse")) {
-        const Tensor<float> cl = cand_float(c, name(l, "attn.lse"), {s_q, h_q});
+        const Tensor<float> cl = candidate_float(c, name(l, "attn.lse"), {s_q, h_q});
         cmp::FloatRule rule = bound_rule(e.bounds.lse);
         rule.anchor_abs = lse_abs;
         rule.anchor_rel = decode ? kFlashMlaDecodeLseRel : kFlashMlaLseRel;
@@ -655,7 +747,7 @@ Result judge(const golden::Loaded& g, const io::SafetensorsFile& c, const std::s
         }
       }
       if (has(l, "attn.max_logits")) {
-        const Tensor<float> cm = cand_float(c, name(l, "attn.max_logits"), {s_q, h_q});
+        const Tensor<float> cm = candidate_float(c, name(l, "attn.max_logits"), {s_q, h_q});
         cmp::FloatRule rule = bound_rule(e.bounds.max_logits);
         rule.anchor_abs = lse_abs;
         rule.anchor_rel = kFlashMlaLseRel;
@@ -673,7 +765,9 @@ Result judge(const golden::Loaded& g, const io::SafetensorsFile& c, const std::s
         }
       }
     }
+    finish_panel(res, std::move(panel), P, diagnoses0, tensors0);
   }
+  const size_t across0 = res.diagnoses.size();
   // By role: a tensor flagged on every layer of one role and on none of the other points at that
   // role's path (a Shared layer's plumbing, or the Full layers' own indexer-side work).
   for (const std::string role : {"Shared", "Full"}) {
@@ -712,8 +806,11 @@ Result judge(const golden::Loaded& g, const io::SafetensorsFile& c, const std::s
     res.checked.push_back(spec.tensor);
     res.tensors.push_back({-1, tensor + " [" + role + "]", std::move(r), ""});
   }
+  res.across_layers.assign(res.diagnoses.begin() + long(across0), res.diagnoses.end());
   return res;
 }
+
+std::string Result::svg(const std::string& title) const { return io::diff_svg(panels, across_layers, title); }
 
 std::string Result::text(const std::string& replay) const {
   std::ostringstream os;
