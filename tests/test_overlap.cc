@@ -15,6 +15,7 @@
 
 #include "ref/overlap.h"
 #include "ref/topk.h"
+#include "tools/golden.h"
 #include "tools/svg.h"
 #include "tests/xml_check.h"
 
@@ -490,4 +491,30 @@ TEST_CASE("overlap: SVG figures are well-formed XML with escaped text") {
   CHECK(figures[1].second.find("Jaccard &lt;between&gt; layers &amp; &quot;friends&quot;") != std::string::npos);
   CHECK(figures[3].second.find("loss &lt;curve&gt; &amp; co") != std::string::npos);
   std::filesystem::remove(temp_file("x").parent_path());
+}
+
+// The synthetic stacks should look like real ones: with sim= alone every pair of layers overlaps
+// alike; with drift= adjacent layers overlap most and the overlap decays with layer distance; the
+// glm-5.2-drift preset has one jump, just before its Full layer 6.
+TEST_CASE("overlap: drift= makes adjacent layers overlap most, decaying with distance; the glm-5.2-drift preset's jump") {
+  auto adjacent_and_far = [](const std::string& desc) {
+    const ref::OverlapReport r = ref::overlap_report(parse_problem(desc), {8, false, {}});
+    double adj = 0, far = 0;
+    for (int a = 0; a + 1 < r.n_layers; ++a) adj += r.overlap_at(a, a + 1) / (r.n_layers - 1);
+    for (int a = 0; a + 6 < r.n_layers; ++a) far += r.overlap_at(a, a + 6) / (r.n_layers - 6);
+    return std::pair{adj, far};
+  };
+  const std::string shapes = "sq16 skv96 hq2 dqk576 dv512 ih32 id128 k24 seed2 nl8 recency=0.25 sinks=2 ";
+  const auto [adj_sim, far_sim] = adjacent_and_far(shapes + "sim=0.85");
+  const auto [adj_drift, far_drift] = adjacent_and_far(shapes + "sim=0 drift=0.98");
+  MESSAGE("sim=0.85: adjacent " << adj_sim << ", distance 6 " << far_sim << "; drift=0.98: " << adj_drift << ", " << far_drift);
+  CHECK(std::fabs(adj_sim - far_sim) < 0.05);
+  CHECK(adj_drift > 0.8);
+  CHECK(adj_drift - far_drift > 0.08);
+  const ref::OverlapReport g = ref::overlap_report(parse_problem(golden::preset("glm-5.2-drift").problem), {8, false, {}});
+  for (int a = 0; a + 1 < 8; ++a) {
+    CAPTURE(a);
+    if (a == 5) CHECK(g.overlap_at(5, 6) < 0.7);
+    else CHECK(g.overlap_at(a, a + 1) > 0.8);
+  }
 }

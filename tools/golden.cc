@@ -45,6 +45,12 @@ const std::vector<Preset>& presets() {
       {"glm-5.2",
        "sq16 skv96 hq2 dqk576 dv512 ih32 id128 k24 seed2 nl8 sched=glm-5.2 sim=0.85 recency=0.25 sinks=2",
        "stack", "GLM-5.2 kernel shapes (32x128 indexer), 8 layers with its schedule FFFSSSFS"},
+      {"glm-5.2-drift",
+       "sq16 skv96 hq2 dqk576 dv512 ih32 id128 k24 seed8 nl8 sched=glm-5.2 sim=0 drift=0.98 jumps=0.15 recency=0.25 "
+       "sinks=2",
+       "stack",
+       "glm-5.2 with indexer inputs that drift from layer to layer as in real models (adjacent overlap ~0.87, "
+       "decaying with distance; one jump, before the Full layer 6)"},
       {"ties", "sq16 skv96 hq2 dqk576 dv512 ih4 id16 k16 seed3 dist=ties sim=1", "stack",
        "tie-heavy indexer: 4-level inputs, 4 x 16 heads: 13 of 16 rows tie at the k-th score"},
       {"short-rows", "sq16 skv40 hq2 dqk576 dv512 ih8 id128 k64 seed4", "stack",
