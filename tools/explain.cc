@@ -140,7 +140,8 @@ void indexer_section(Ctx& c) {
 void selected_section(Ctx& c) {
   const int64_t t = c.o.row;
   std::vector<int64_t> kv;
-  for (int64_t j = 0; j < c.topk; ++j) {
+  const int64_t n_slots = c.d.topk_length.numel() ? std::min<int64_t>(c.topk, c.d.topk_length[t]) : c.topk;
+  for (int64_t j = 0; j < n_slots; ++j) {
     const int32_t r = c.d.indices[t * c.topk + j];
     if (r >= 0 && r < c.s_kv) kv.push_back(r);
   }
