@@ -1,6 +1,8 @@
 #include "ref/structure.h"
 
 #include <algorithm>
+#include <array>
+#include <bit>
 #include <cmath>
 #include <cstdio>
 #include <limits>
@@ -58,7 +60,8 @@ double GroupTest::ratio() const {
 
 namespace {
 
-// A kind of group: for each element (row r, head h, column c) its group, or -1.
+// A kind of group. Every kind but the column classes is constant over a cluster (a cluster is
+// one (row, head, column block)); column classes split a cluster by column mod `modulus`.
 struct Kind {
   std::string name;
   int64_t n_groups = 0;
@@ -67,8 +70,8 @@ struct Kind {
   bool head = false, seq = false;
 };
 
-int64_t group_of(const Kind& k, const std::vector<int64_t>& row_seq, int64_t r, int64_t h, int64_t c) {
-  if (k.modulus) return c % k.modulus;
+// The group of a cluster at (row r, head h) for a kind that is constant over clusters.
+int64_t group_of(const Kind& k, const std::vector<int64_t>& row_seq, int64_t r, int64_t h) {
   if (k.tile) return r / k.tile;
   if (k.head) return h;
   if (k.seq) return row_seq.empty() ? 0 : row_seq[size_t(r)];
@@ -92,14 +95,40 @@ std::string label(const Kind& k, int64_t g, const StructureSpec& s) {
 
 void finish(StructureReport& rep, const StructureSpec& s, const std::vector<std::string>& kinds);
 
-struct Dir {
-  std::string stat;
-  // d for element i of a group whose rms(x) is rms: x, rms or sm_dir[i].
-  int which = 0;  // 0 scale, 1 offset, 2 sm
+// Sums over a set of finite pairs: count, x^2, x e, e, and for the softmax-scale direction g:
+// g^2, g e.
+struct Sums {
+  double n = 0, sxx = 0, sxe = 0, se = 0, sgg = 0, sge = 0;
+  void add(const Sums& o) { n += o.n; sxx += o.sxx; sxe += o.sxe; se += o.se; sgg += o.sgg; sge += o.sge; }
+};
+
+// Per group: its sums (pass 1), then the coefficients, then the cluster-robust variances (pass 2).
+struct GroupAcc {
+  Sums s;
+  double b_scale = 0, b_off = 0, b_sm = 0, rms = 0;
+  double v_scale = 0, v_off = 0, v_sm = 0;
+  int64_t clusters = 0;
+  void coefficients() {
+    b_scale = s.sxx > 0 ? s.sxe / s.sxx : 0.0;
+    rms = s.n > 0 ? std::sqrt(s.sxx / s.n) : 0.0;
+    b_off = rms > 0 ? s.se / (rms * s.n) : 0.0;   // sum rms e / sum rms^2
+    b_sm = s.sgg > 0 ? s.sge / s.sgg : 0.0;
+  }
+  // One cluster's part of the group, in pass 2: d (e - b d) summed over it, squared.
+  void residual(const Sums& c) {
+    const double us = c.sxe - b_scale * c.sxx, uo = rms * (c.se - b_off * rms * c.n), ug = c.sge - b_sm * c.sgg;
+    v_scale += us * us;
+    v_off += uo * uo;
+    v_sm += ug * ug;
+  }
 };
 
 }  // namespace
 
+// Two sweeps over the clusters. In each, a cluster's pairs are summed into 128 bins by column mod
+// 128 (folded in pairs into the bins mod 64, 32, 16 and 8), and the cluster's total goes to the
+// group of every other kind. Sweep 1 accumulates each group's sums (hence its coefficients),
+// sweep 2 the squared cluster residuals (hence the standard errors).
 StructureReport structure_tests(const StructureSpec& s, const float* x, const float* y) {
   const int64_t R = s.rows, H = s.heads, C = s.cols, CC = std::max<int64_t>(1, s.cluster_cols);
   require(s.row_seq.empty() || int64_t(s.row_seq.size()) == R, "structure_tests: row_seq size");
@@ -113,102 +142,78 @@ StructureReport structure_tests(const StructureSpec& s, const float* x, const fl
   int64_t n_seq = 1;
   for (int64_t q : s.row_seq) n_seq = std::max(n_seq, q + 1);
   if (n_seq >= 2) kinds.push_back({"seq", n_seq, 0, 0, false, true});
-  std::vector<Dir> dirs = {{"scale", 0}, {"offset", 1}};
+  const bool lanes = std::any_of(kinds.begin(), kinds.end(), [](const Kind& k) { return k.modulus > 0; });
 
+  std::vector<std::vector<GroupAcc>> acc(kinds.size());
+  for (size_t k = 0; k < kinds.size(); ++k) acc[k].resize(size_t(kinds[k].n_groups));
   StructureReport rep;
-  auto fin = [&](int64_t i) { return std::isfinite(x[i]) && std::isfinite(y[i]); };
-  // Pass 0, per kind: each group's sum x^2 and count (rms for the offset direction).
-  std::vector<std::vector<double>> rms(kinds.size());
-  for (size_t k = 0; k < kinds.size(); ++k) {
-    std::vector<double> sxx(size_t(kinds[k].n_groups), 0.0), cnt(size_t(kinds[k].n_groups), 0.0);
-    for (int64_t r = 0; r < R; ++r)
-      for (int64_t h = 0; h < H; ++h)
-        for (int64_t c = 0; c < C; ++c) {
-          const int64_t i = (r * H + h) * C + c;
-          if (!fin(i)) continue;
-          const size_t g = size_t(group_of(kinds[k], s.row_seq, r, h, c));
-          sxx[g] += double(x[i]) * double(x[i]);
-          cnt[g] += 1;
-        }
-    rms[k].resize(sxx.size());
-    for (size_t g = 0; g < sxx.size(); ++g) rms[k][g] = cnt[g] > 0 ? std::sqrt(sxx[g] / cnt[g]) : 0.0;
-  }
-  auto dval = [&](int which, int64_t i, double group_rms) {
-    return which == 0 ? double(x[i]) : which == 1 ? group_rms : double(s.sm_dir[i]);
-  };
-  struct Acc { double sdd = 0, sde = 0, var = 0; int64_t n = 0, clusters = 0; };
-  std::vector<GroupTest> tests;
-  auto run = [&](size_t k, const Dir& dir) {
-    const Kind& K = kinds[k];
-    const size_t G = size_t(K.n_groups);
-    std::vector<Acc> acc(G);
-    // Pass 1: the coefficient of each group.
-    for (int64_t r = 0; r < R; ++r)
-      for (int64_t h = 0; h < H; ++h)
-        for (int64_t c = 0; c < C; ++c) {
-          const int64_t i = (r * H + h) * C + c;
-          if (!fin(i)) continue;
-          const size_t g = size_t(group_of(K, s.row_seq, r, h, c));
-          const double d = dval(dir.which, i, rms[k][g]), e = double(y[i]) - double(x[i]);
-          acc[g].sdd += d * d;
-          acc[g].sde += d * e;
-          ++acc[g].n;
-        }
-    std::vector<double> b(G, 0.0);
-    for (size_t g = 0; g < G; ++g) b[g] = acc[g].sdd > 0 ? acc[g].sde / acc[g].sdd : 0.0;
-    // Pass 2: cluster sums of d (e - b d), squared and summed per group.
-    std::vector<double> u(G, 0.0);
-    std::vector<char> touched(G, 0);
+  // folds[m] for m = 128, 64, 32, 16, 8: the bins of column mod m (index 0 holds mod 128).
+  std::array<std::array<Sums, 128>, 5> folds;
+  for (int pass = 1; pass <= 2; ++pass) {
     for (int64_t r = 0; r < R; ++r)
       for (int64_t h = 0; h < H; ++h)
         for (int64_t c0 = 0; c0 < C; c0 += CC) {
+          Sums total;
+          if (lanes) for (Sums& b : folds[0]) b = Sums{};
           for (int64_t c = c0; c < std::min(C, c0 + CC); ++c) {
             const int64_t i = (r * H + h) * C + c;
-            if (!fin(i)) continue;
-            const size_t g = size_t(group_of(K, s.row_seq, r, h, c));
-            const double d = dval(dir.which, i, rms[k][g]), e = double(y[i]) - double(x[i]);
-            u[g] += d * (e - b[g] * d);
-            touched[g] = 1;
+            if (!std::isfinite(x[i]) || !std::isfinite(y[i])) continue;
+            const double xv = x[i], e = double(y[i]) - double(x[i]), g = s.sm_dir ? double(s.sm_dir[i]) : 0.0;
+            Sums& b = lanes ? folds[0][size_t(c % 128)] : total;
+            b.n += 1; b.sxx += xv * xv; b.sxe += xv * e; b.se += e; b.sgg += g * g; b.sge += g * e;
           }
-          for (size_t g = 0; g < G; ++g)
-            if (touched[g]) { acc[g].var += u[g] * u[g]; ++acc[g].clusters; u[g] = 0; touched[g] = 0; }
+          if (lanes) {
+            for (const Sums& b : folds[0]) total.add(b);
+            for (int f = 1; f < 5; ++f) {
+              const int m = 128 >> f;
+              for (int j = 0; j < m; ++j) { folds[size_t(f)][size_t(j)] = folds[size_t(f - 1)][size_t(j)]; folds[size_t(f)][size_t(j)].add(folds[size_t(f - 1)][size_t(j + m)]); }
+            }
+          }
+          if (total.n == 0) continue;
+          if (pass == 2) rep.clusters.push_back({total.n, total.sxx, total.sxe, total.se});
+          for (size_t k = 0; k < kinds.size(); ++k) {
+            const Kind& K = kinds[k];
+            auto visit = [&](GroupAcc& a, const Sums& part) {
+              if (part.n == 0) return;
+              if (pass == 1) { a.s.add(part); ++a.clusters; }
+              else a.residual(part);
+            };
+            if (!K.modulus) { visit(acc[k][size_t(group_of(K, s.row_seq, r, h))], total); continue; }
+            const size_t f = size_t(std::countr_zero(uint64_t(128 / K.modulus)));
+            for (int64_t j = 0; j < K.modulus; ++j) visit(acc[k][size_t(j)], folds[f][size_t(j)]);
+          }
         }
-    for (size_t g = 0; g < G; ++g) {
-      GroupTest t;
-      t.stat = dir.stat;
-      t.kind = K.name;
-      t.index = int64_t(g);
-      t.label = label(K, int64_t(g), s);
-      t.n = acc[g].n;
-      t.clusters = acc[g].clusters;
-      t.b = b[g];
-      t.explained = b[g] * b[g] * acc[g].sdd;
-      t.floor = s.floor;
-      const int64_t G_ = acc[g].clusters;
-      t.tested = G_ >= kMinClusters && acc[g].sdd > 0;
-      if (G_ >= 2 && acc[g].sdd > 0) {
-        t.se = std::sqrt(double(G_) / double(G_ - 1) * acc[g].var) / acc[g].sdd;
-        t.t = t.se > 0 ? t.b / t.se : (t.b == 0 ? 0.0 : std::copysign(std::numeric_limits<double>::infinity(), t.b));
-      }
-      tests.push_back(t);
+    if (pass == 1)
+      for (auto& v : acc) for (GroupAcc& a : v) a.coefficients();
+  }
+
+  std::vector<GroupTest> tests;
+  auto test = [&](const std::string& stat, size_t k, size_t g, double b, double sdd, double var) {
+    const GroupAcc& a = acc[k][g];
+    GroupTest t;
+    t.stat = stat;
+    t.kind = kinds[k].name;
+    t.index = int64_t(g);
+    t.label = label(kinds[k], int64_t(g), s);
+    t.n = int64_t(a.s.n);
+    t.clusters = a.clusters;
+    t.b = b;
+    t.explained = b * b * sdd;
+    t.floor = s.floor;
+    t.tested = a.clusters >= kMinClusters && sdd > 0;
+    if (a.clusters >= 2 && sdd > 0) {
+      t.se = std::sqrt(double(a.clusters) / double(a.clusters - 1) * var) / sdd;
+      t.t = t.se > 0 ? t.b / t.se : (t.b == 0 ? 0.0 : std::copysign(std::numeric_limits<double>::infinity(), t.b));
     }
+    tests.push_back(t);
   };
   for (size_t k = 0; k < kinds.size(); ++k)
-    for (const Dir& d : dirs) run(k, d);
-  if (s.sm_dir) run(0, {"sm", 2});
-  // The whole tensor's cluster sums (for tests pooled over layers).
-  for (int64_t r = 0; r < R; ++r)
-    for (int64_t h = 0; h < H; ++h)
-      for (int64_t c0 = 0; c0 < C; c0 += CC) {
-        ClusterSums cs;
-        for (int64_t c = c0; c < std::min(C, c0 + CC); ++c) {
-          const int64_t i = (r * H + h) * C + c;
-          if (!fin(i)) continue;
-          const double xv = x[i], e = double(y[i]) - double(x[i]);
-          cs.n += 1; cs.sxx += xv * xv; cs.sxe += xv * e; cs.se += e;
-        }
-        if (cs.n > 0) rep.clusters.push_back(cs);
-      }
+    for (size_t g = 0; g < acc[k].size(); ++g) {
+      const GroupAcc& a = acc[k][g];
+      test("scale", k, g, a.b_scale, a.s.sxx, a.v_scale);
+      test("offset", k, g, a.b_off, a.rms * a.rms * a.s.n, a.v_off);
+    }
+  if (s.sm_dir) test("sm", 0, 0, acc[0][0].b_sm, acc[0][0].s.sgg, acc[0][0].v_sm);
   rep.tests = std::move(tests);
   std::vector<std::string> kind_names;
   for (const Kind& K : kinds) kind_names.push_back(K.name);
@@ -255,23 +260,18 @@ void finish(StructureReport& rep, const StructureSpec& s, const std::vector<std:
                     s.tensor.c_str(), 100 * t.b, 100 * t.se);
     return std::string(buf);
   };
-  // The softmax-scale direction wins when it is flagged and explains more of the error than the
-  // flagged whole-tensor scale or offset; then it is the one finding, else it is dropped.
-  const GroupTest* sm = nullptr;
-  for (const GroupTest& t : rep.tests) if (t.stat == "sm" && t.flagged) sm = &t;
-  for (const GroupTest& t : rep.tests)
-    if (sm && t.kind == "whole" && t.stat != "sm" && t.flagged && t.explained > sm->explained) sm = nullptr;
-  if (sm) {
-    rep.findings.push_back(describe(*sm, "every element"));
-    return;
-  }
-  // Scale and offset are nearly collinear where the golden values share a sign (lse): each gets
-  // its best finding, and only the one that explains more of the error is kept.
-  std::vector<std::pair<double, std::string>> best;
+  // Scale and offset are nearly collinear where the golden values share a sign (lse): when both
+  // flag somewhere, only the one whose whole-tensor fit explains more of the error is described.
+  auto any_flag = [&](const std::string& stat) {
+    return std::any_of(rep.tests.begin(), rep.tests.end(), [&](const GroupTest& t) { return t.stat == stat && t.flagged; });
+  };
+  std::string only;
+  bool confined = false;
+  if (any_flag("scale") && any_flag("offset"))
+    only = by("scale", "whole")[0]->explained >= by("offset", "whole")[0]->explained ? "scale" : "offset";
   for (const std::string stat : {"scale", "offset"}) {
     const std::vector<const GroupTest*> whole = by(stat, "whole");
-    const bool any = std::any_of(rep.tests.begin(), rep.tests.end(), [&](const GroupTest& t) { return t.stat == stat && t.flagged; });
-    if (!any) continue;
+    if (!any_flag(stat) || (!only.empty() && stat != only)) continue;
     struct Cand { size_t n_flag, n_groups; std::vector<const GroupTest*> f; std::string kind; };
     std::vector<Cand> cands;
     for (const std::string& K : kinds) {
@@ -281,11 +281,12 @@ void finish(StructureReport& rep, const StructureSpec& s, const std::vector<std:
       double smallest = std::numeric_limits<double>::infinity();
       for (const GroupTest* t : v)
         if (t->flagged) { ++c.n_flag; c.f.push_back(t); smallest = std::min(smallest, std::fabs(t->b)); }
-      // The rest must show at most half the effect of the weakest flagged group (or nothing
-      // significant): an error spread everywhere near the floor flags some groups by chance.
+      // The rest must be tested and show at most half the effect of the weakest flagged group (or
+      // nothing significant): an error spread everywhere near the floor flags some groups by chance,
+      // and an untested group proves nothing.
       bool clean_rest = true;
       for (const GroupTest* t : v)
-        if (!t->flagged && t->tested && std::fabs(t->b) >= 0.5 * smallest && std::fabs(t->t) > 3) clean_rest = false;
+        if (!t->flagged && (!t->tested || (std::fabs(t->b) >= 0.5 * smallest && std::fabs(t->t) > 3))) clean_rest = false;
       if (c.n_flag > 0 && c.n_flag < c.n_groups && clean_rest) cands.push_back(std::move(c));
     }
     std::sort(cands.begin(), cands.end(), [](const Cand& a, const Cand& b) {
@@ -296,9 +297,10 @@ void finish(StructureReport& rep, const StructureSpec& s, const std::vector<std:
       std::string where;
       for (size_t i = 0; i < c.f.size(); ++i) where += (i ? ", " : "") + c.f[i]->label;
       const GroupTest* big = *std::max_element(c.f.begin(), c.f.end(), [](const GroupTest* a, const GroupTest* b) { return std::fabs(a->b) < std::fabs(b->b); });
-      best.push_back({big->explained, describe(*big, where + (c.n_flag == 1 ? " only" : " only (" + std::to_string(c.n_flag) + " of " + std::to_string(c.n_groups) + ")"))});
+      rep.findings.push_back(describe(*big, where + (c.n_flag == 1 ? " only" : " only (" + std::to_string(c.n_flag) + " of " + std::to_string(c.n_groups) + ")")));
+      confined = true;
     } else if (whole[0]->flagged) {
-      best.push_back({whole[0]->explained, describe(*whole[0], "every element")});
+      rep.findings.push_back(describe(*whole[0], "every element"));
     } else {
       std::string where;
       const GroupTest* big = nullptr;
@@ -307,10 +309,17 @@ void finish(StructureReport& rep, const StructureSpec& s, const std::vector<std:
           where += (where.empty() ? "" : ", ") + t.label;
           if (!big || std::fabs(t.b) > std::fabs(big->b)) big = &t;
         }
-      best.push_back({big->explained, describe(*big, where)});
+      rep.findings.push_back(describe(*big, where));
     }
   }
-  if (!best.empty()) rep.findings.push_back(std::max_element(best.begin(), best.end())->second);
+  // The softmax-scale direction replaces that finding when it is flagged, the error is not
+  // confined to some groups, and it explains more than the whole-tensor scale or offset.
+  const GroupTest* sm = nullptr;
+  for (const GroupTest& t : rep.tests) if (t.stat == "sm" && t.flagged) sm = &t;
+  if (!sm || confined) return;
+  for (const std::string stat : {"scale", "offset"})
+    if ((only.empty() || stat == only) && any_flag(stat) && by(stat, "whole")[0]->explained > sm->explained) return;
+  rep.findings.assign(1, describe(*sm, "every element"));
 }
 
 }  // namespace

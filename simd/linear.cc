@@ -208,6 +208,9 @@ ref::Kernels kernels() {
   k.fused_topk_fp8 = [](const Tensor<e4m3_t>& q, const Tensor<e4m3_t>& kk, const Tensor<float>& k_scale,
                         const Tensor<float>& weights, const Tensor<int32_t>& ks, const Tensor<int32_t>& ke,
                         int64_t topk) { return simd::indexer_topk_fp8(q, kk, k_scale, weights, ks, ke, topk); };
+  k.emulate_attention_lowp = simd::emulate_attention_lowp;
+  k.attention_bounds = simd::attention_bounds;
+  k.indexer_logits_rule = simd::indexer_logits_rule;
   return k;
 }
 

@@ -9,6 +9,9 @@
 //                               exp_portable, fused P.V accumulation; ref/attention.h) and the
 //                               kernels perform the same ones (simd/attention.cc)
 //   exp_portable                bit-identical
+//   emulate_attention_lowp,     bit-identical (ref/compare.h: the budget's emulation, the
+//   attention_bounds,           per-element bounds; simd/compare.cc)
+//   indexer_logits_rule
 // NaN outputs are NaN at the same positions as in ref; the sign and payload bits of a NaN are
 // whatever the hardware propagates and are not part of the contract.
 //
@@ -21,6 +24,7 @@
 #include <vector>
 
 #include "ref/attention.h"
+#include "ref/compare.h"
 #include "ref/kernels.h"
 #include "ref/module.h"
 #include "ref/stack.h"
@@ -89,6 +93,19 @@ AttentionOut dense_attention(const Tensor<bf16_t>& q, const Tensor<bf16_t>& kv, 
 
 // y[i] = ref's exp_portable(x[i]) for i < n, lane by lane (the softmax exponential of attention).
 void exp_portable(const double* x, double* y, int64_t n);
+
+// ---- the oracle's computations (simd/compare.cc) ----------------------------------------------
+// cmp::emulate_attention_lowp, cmp::attention_bounds and cmp::indexer_logits_rule (ref/compare.h),
+// bit-identical (every sequential sum of ref's kept in one lane, in its order; ref's scalar exp /
+// log calls per element). OpenMP over query rows.
+AttentionOut emulate_attention_lowp(const Tensor<bf16_t>& q, const Tensor<bf16_t>& kv, const Tensor<int32_t>& indices,
+                                    float sm_scale, int64_t d_v, const Tensor<int32_t>* topk_length,
+                                    const Tensor<float>* attn_sink);
+cmp::AttentionBounds attention_bounds(const Tensor<bf16_t>& q, const Tensor<bf16_t>& kv, const Tensor<int32_t>& indices,
+                                      float sm_scale, int64_t d_v, const Tensor<int32_t>* topk_length,
+                                      const AttentionOut& exact);
+cmp::FloatRule indexer_logits_rule(const Tensor<e4m3_t>& q, const Tensor<e4m3_t>& k, const Tensor<float>& k_scale,
+                                   const Tensor<float>& weights, const Tensor<float>& exact_logits);
 
 // ---- module level (simd/linear.cc) ------------------------------------------------------------
 // y = x W^T, bit-identical to ref::linear (the register tile of the indexer with output features

@@ -20,6 +20,7 @@
 #include "ref/topk.h"
 #include "tests/xml_check.h"
 #include "tools/diff.h"
+#include "tests/ties_util.h"
 
 using namespace indexshare;
 
@@ -109,19 +110,11 @@ TEST_CASE("diff: a faithful candidate passes, and the report says what was check
 TEST_CASE("diff: a tie permutation of indices passes, with the attention judged on the candidate's own indices") {
   const golden::Loaded g = golden::read(golden_dir("ties"));
   Candidate c = faithful(g);
-  const Tensor<float> L = g.tensor<float>("layers.0.indexer.logits");
-  const Tensor<int32_t> ks = g.tensor<int32_t>("layers.0.indexer.ks"), ke = g.tensor<int32_t>("layers.0.indexer.ke");
-  Tensor<int32_t> topk = g.tensor<int32_t>("layers.0.indexer.topk");
-  const int64_t k = topk.dim(1);
+  const Tensor<int32_t> ks = g.tensor<int32_t>("layers.0.indexer.ks");
   // Swap the k-th winner of every row for an unselected position with the same score.
   int swapped = 0;
-  for (int64_t t = 0; t < topk.dim(0); ++t) {
-    const float kth = L.at(t, ks[t] + topk.at(t, k - 1));
-    std::set<int32_t> sel(topk.data.begin() + t * k, topk.data.begin() + (t + 1) * k);
-    for (int32_t s = 0; s < ke[t] - ks[t]; ++s)
-      if (!sel.count(s) && L.at(t, ks[t] + s) == kth) { topk.at(t, k - 1) = s; ++swapped; break; }
-    std::swap(topk.at(t, 0), topk.at(t, 1));  // slot order never matters
-  }
+  Tensor<int32_t> topk = testing::tie_permuted_topk(g, swapped);
+  for (int64_t t = 0; t < topk.dim(0); ++t) std::swap(topk.at(t, 0), topk.at(t, 1));  // slot order never matters
   REQUIRE(swapped > 0);
   const Tensor<int32_t> rows = ref::local_to_kv_rows(topk, ks);
   const Tensor<bf16_t> q = g.tensor<bf16_t>("layers.0.attn.q"), kv = g.tensor<bf16_t>("layers.0.attn.kv");
@@ -477,5 +470,32 @@ TEST_CASE("diff --svg: the CLI writes the picture with the JSON, and a parser re
   if (std::system("python3 -c 'import xml.dom.minidom' >/dev/null 2>&1") == 0)
     CHECK(std::system(("python3 -c 'import xml.dom.minidom,sys; assert xml.dom.minidom.parse(sys.argv[1]).documentElement.tagName == \"svg\"' " +
                        (dir / "d.svg").string()).c_str()) == 0);
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("diff: a golden set read lazily judges word for word as one read whole; a tensor changed after the read is refused") {
+  // keep_bytes 0: every non-empty tensor stays in the file and is read (and hashed again) on demand.
+  for (const std::string name : {"glm-5.2", "attention-edge", "decode"}) {
+    CAPTURE(name);
+    const golden::Loaded whole = golden::read(golden_dir(name));
+    const golden::Loaded lazy = golden::read(golden_dir(name), 0);
+    CHECK(whole.lazy.empty());
+    CHECK(lazy.lazy.size() >= whole.data.tensors.size() - 1);
+    CHECK(lazy.tensor<bf16_t>("layers.0.attn.q").data == whole.tensor<bf16_t>("layers.0.attn.q").data);
+    const io::SafetensorsFile c = faithful(whole).file();
+    CHECK(diff::judge(lazy, c, {}).text("r") == diff::judge(whole, c, {}).text("r"));
+  }
+  // A byte flipped in the file after the (verified) read: the lazy load refuses the tensor.
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / ("indexshare-lazy-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::copy(golden_dir("glm-5.2"), dir, std::filesystem::copy_options::recursive);
+  const golden::Loaded g = golden::read(dir.string(), 0);
+  {
+    std::fstream f(dir / golden::kTensorFile, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(std::streamoff(g.lazy.at("layers.0.attn.q").offset + 5));
+    f.put(char(0x55));
+  }
+  CHECK_THROWS_WITH_AS(g.tensor<bf16_t>("layers.0.attn.q"), doctest::Contains("'layers.0.attn.q': the tensor's bytes do not match field 'sha256'"), Error);
+  CHECK_THROWS_WITH_AS(golden::read(dir.string(), 0), doctest::Contains("do not match field 'sha256'"), Error);
   std::filesystem::remove_all(dir);
 }

@@ -161,6 +161,21 @@ TEST_CASE("golden: attention-edge sets carry the edge indices and topk_length") 
   CHECK_THROWS_WITH_AS(golden::preset("nope"), doctest::Contains("'nope'"), Error);
 }
 
+TEST_CASE("golden: --impl simd writes ref's budgets and tensors (edge rows, sinks, topk_length, every layer kind)") {
+  // The budget comes from the low-precision emulation, on simd's kernel table with --impl simd: the
+  // manifest must hold ref's numbers (only the generator field names the implementation).
+  for (const auto& [problem, kind] : std::vector<std::pair<std::string, std::string>>{
+           {"sq8 skv64 hq5 dqk40 dv24 ih2 id16 k8 seed5 sink=random", "attention-edge"},
+           {"sq12 skv48 hq3 dqk576 dv512 ih4 id32 k16 seed8 nl3 sched=FSF nseq2", "stack"}}) {
+    CAPTURE(problem);
+    const golden::GoldenSet r = golden::build(parse_problem(problem), kind, true, "r");
+    const golden::GoldenSet s = golden::build(parse_problem(problem), kind, true, "r", true);
+    CHECK(r.manifest["budgets"].dump() == s.manifest["budgets"].dump());
+    REQUIRE(r.tensors.size() == s.tensors.size());
+    for (size_t i = 0; i < r.tensors.size(); ++i) CHECK(r.tensors[i].bytes == s.tensors[i].bytes);
+  }
+}
+
 TEST_CASE("golden: --from takes per-layer inputs dumped from a model and reproduces the generated stack") {
   TmpDir tmp;
   const Problem p = parse_problem("sq6 skv20 hq2 dqk16 dv8 ih2 id16 k4 seed7 nl3 sched=FSF own=no");

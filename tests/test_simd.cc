@@ -19,6 +19,7 @@
 
 #include "hwy/targets.h"
 #include "ref/attention.h"
+#include "ref/compare.h"
 #include "ref/config.h"
 #include "ref/model.h"
 #include "ref/module.h"
@@ -579,6 +580,133 @@ TEST_CASE("simd: sparse and dense attention bit-identical to ref on every target
       c.use_sink = variant >= 2;
       check_attention(c);
     }
+  }
+}
+
+// ---- the oracle's computations (ref/compare.h) ---------------------------------------------------
+namespace {
+
+bool same_bits_d(double a, double b) {
+  if (std::isnan(a) || std::isnan(b)) return std::isnan(a) && std::isnan(b);
+  return std::memcmp(&a, &b, sizeof a) == 0;
+}
+int64_t first_diff_d(const std::vector<double>& a, const std::vector<double>& b) {
+  REQUIRE(a.size() == b.size());
+  for (size_t i = 0; i < a.size(); ++i)
+    if (!same_bits_d(a[i], b[i])) return int64_t(i);
+  return -1;
+}
+
+// simd's emulation and attention bounds against ref's, bit for bit, on every target and 1 and 2
+// threads (the emulation sets the budget that golden writes into the manifest).
+void check_emulation_and_bounds(const AttnCase& c) {
+  const Tensor<int32_t>* tl = c.use_topk_length ? &c.topk_length : nullptr;
+  const Tensor<float>* sink = c.use_sink ? &c.sink : nullptr;
+  const ref::AttentionOut emu = cmp::emulate_attention_lowp(c.q, c.kv, c.indices, c.sm_scale, c.d_v, tl, sink);
+  const ref::AttentionOut exact = ref::sparse_attention(c.q, c.kv, c.indices, c.sm_scale, c.d_v, tl, sink);
+  const cmp::AttentionBounds bounds = cmp::attention_bounds(c.q, c.kv, c.indices, c.sm_scale, c.d_v, tl, exact);
+  for_each_target([&](const std::string&, int) {
+    REQUIRE(attention_bitwise(simd::emulate_attention_lowp(c.q, c.kv, c.indices, c.sm_scale, c.d_v, tl, sink), emu));
+    const cmp::AttentionBounds b = simd::attention_bounds(c.q, c.kv, c.indices, c.sm_scale, c.d_v, tl, exact);
+    REQUIRE(first_diff_d(b.out, bounds.out) == -1);
+    REQUIRE(first_diff_d(b.lse, bounds.lse) == -1);
+    REQUIRE(first_diff_d(b.max_logits, bounds.max_logits) == -1);
+  });
+  // Through the kernel table, as golden and diff call them.
+  const ref::Kernels k = simd::kernels();
+  REQUIRE(attention_bitwise(k.emulate_attention_lowp(c.q, c.kv, c.indices, c.sm_scale, c.d_v, tl, sink), emu));
+  REQUIRE(first_diff_d(k.attention_bounds(c.q, c.kv, c.indices, c.sm_scale, c.d_v, tl, exact).out, bounds.out) == -1);
+}
+
+}  // namespace
+
+TEST_CASE("simd: the budget emulation and the attention bounds are bit-identical to ref's on every target") {
+  struct Dims {
+    int64_t s_q, h_q, d_qk, d_v, s_kv, topk;
+  };
+  // Odd head counts (not a multiple of a tile or a vector: 9, 3, 1, 5), d_qk / d_v not multiples
+  // of a lane count, rows of 1 to 600 keys (a key count not a multiple of the tile), one realistic
+  // MLA shape (576 / 512, 16 heads). make_attention gives every case an empty row (row 1: every
+  // index invalid), invalid indices on both sides and duplicates; topk_length adds rows of 0 slots.
+  for (const Dims& dm : std::vector<Dims>{{6, 9, 40, 32, 53, 24},
+                                          {4, 3, 33, 7, 29, 31},
+                                          {2, 1, 1, 1, 5, 3},
+                                          {3, 5, 48, 40, 700, 600},
+                                          {3, 16, 576, 512, 160, 67}}) {
+    CAPTURE(dm.h_q);
+    CAPTURE(dm.d_qk);
+    AttnCase c = make_attention(dm.s_q, dm.h_q, dm.d_qk, dm.d_v, dm.s_kv, dm.topk, 90 + uint64_t(dm.d_qk));
+    for (int variant = 0; variant < 4; ++variant) {
+      CAPTURE(variant);
+      c.use_topk_length = variant == 1 || variant == 3;
+      c.use_sink = variant >= 2;  // sinks of +inf, -inf and finite values
+      check_emulation_and_bounds(c);
+    }
+  }
+  // Non-finite inputs: NaN and inf in q and kv reach the same positions.
+  AttnCase c = make_attention(4, 5, 20, 12, 30, 9, 7);
+  c.q.at(0, 2, 3) = f32_to_bf16(std::numeric_limits<float>::quiet_NaN());
+  c.kv[5 * 20 + 1] = f32_to_bf16(kInf);
+  c.q.at(2, 1, 0) = f32_to_bf16(-kInf);
+  check_emulation_and_bounds(c);
+  // The emulation's sums are sequential in f32: with q . k terms 2^60, 1, -2^60 (d ascending) the
+  // sequential dot is 0 (2^60 + 1 rounds to 2^60), and with one key lse = max_logits = 0; any
+  // other order that pairs the large terms first gives 1.
+  {
+    Tensor<bf16_t> q({1, 1, 3}), kv({1, 1, 3});
+    q[0] = kv[0] = f32_to_bf16(0x1p30f);
+    q[1] = kv[1] = f32_to_bf16(1.0f);
+    q[2] = f32_to_bf16(-0x1p30f), kv[2] = f32_to_bf16(0x1p30f);
+    const Tensor<int32_t> idx({1, 1, 1}, 0);
+    CHECK(cmp::emulate_attention_lowp(q, kv, idx, 1.0f, 2, nullptr, nullptr).max_logits[0] == 0.0f);
+    for_each_target([&](const std::string&, int threads) {
+      if (threads == 1) CHECK(simd::emulate_attention_lowp(q, kv, idx, 1.0f, 2, nullptr, nullptr).max_logits[0] == 0.0f);
+    });
+  }
+  // The output's bf16 rounding ties to even: q = 0 (p = 1 for both keys, factor 1/2), V[:, 0] =
+  // 1 + 2^-7 and 1 + 2^-6: out = 1 + 3 * 2^-8, halfway between 1 + 2^-7 (odd) and 1 + 2^-6 (even).
+  {
+    Tensor<bf16_t> q({1, 1, 2}), kv({2, 1, 2});
+    kv.at(0, 0, 0) = f32_to_bf16(1.0f + 0x1p-7f), kv.at(1, 0, 0) = f32_to_bf16(1.0f + 0x1p-6f);
+    Tensor<int32_t> idx({1, 1, 2});
+    idx[0] = 0, idx[1] = 1;
+    CHECK(cmp::emulate_attention_lowp(q, kv, idx, 1.0f, 2, nullptr, nullptr).out[0] == 1.0f + 0x1p-6f);
+    for_each_target([&](const std::string&, int threads) {
+      if (threads == 1) CHECK(simd::emulate_attention_lowp(q, kv, idx, 1.0f, 2, nullptr, nullptr).out[0] == 1.0f + 0x1p-6f);
+    });
+  }
+  // P.V runs over the valid rows ascending whatever their order in the indices: q = 0 (every p =
+  // 1), V[:, 0] = 1 at row 2, 2^60 at row 5, -2^60 at row 9, given as 9, 5, 2. Ascending: 1 + 2^60
+  // rounds to 2^60, minus 2^60: out 0; descending would give 1 / 3.
+  {
+    Tensor<bf16_t> q({1, 1, 2}), kv({10, 1, 2});
+    kv.at(2, 0, 0) = f32_to_bf16(1.0f), kv.at(5, 0, 0) = f32_to_bf16(0x1p60f), kv.at(9, 0, 0) = f32_to_bf16(-0x1p60f);
+    Tensor<int32_t> idx({1, 1, 3});
+    idx[0] = 9, idx[1] = 5, idx[2] = 2;
+    CHECK(cmp::emulate_attention_lowp(q, kv, idx, 1.0f, 2, nullptr, nullptr).out[0] == 0.0f);
+    for_each_target([&](const std::string&, int threads) {
+      if (threads == 1) CHECK(simd::emulate_attention_lowp(q, kv, idx, 1.0f, 2, nullptr, nullptr).out[0] == 0.0f);
+    });
+  }
+}
+
+TEST_CASE("simd: the indexer logits rule is bit-identical to ref's on every target") {
+  // Key counts below, at and past the 32-key padding, H and D not multiples of a lane count,
+  // windows with empty rows (-inf logits: bound 0, left out of the metric's sums).
+  const std::vector<Shape4> shapes = {{1, 1, 1, 1}, {9, 23, 5, 7}, {7, 64, 16, 64}, {5, 97, 3, 128}};
+  for (const Shape4& sh : shapes) {
+    CAPTURE(sh.s_kv);
+    const IndexerInputs in = make_indexer(sh.s_q, sh.s_kv, sh.H, sh.D, Dist::normal, 11 + uint64_t(sh.D));
+    const Tensor<float> logits = ref::indexer_logits_fp8(in.q, in.k, in.k_scale, in.w, in.ks, in.ke);
+    const cmp::FloatRule exp = cmp::indexer_logits_rule(in.q, in.k, in.k_scale, in.w, logits);
+    for_each_target([&](const std::string&, int) {
+      const cmp::FloatRule got = simd::indexer_logits_rule(in.q, in.k, in.k_scale, in.w, logits);
+      REQUIRE(first_diff_d(got.bound, exp.bound) == -1);
+      REQUIRE(same_bits_d(got.metric_max, exp.metric_max));
+      CHECK(got.derivation == exp.derivation);
+    });
+    const cmp::FloatRule k = simd::kernels().indexer_logits_rule(in.q, in.k, in.k_scale, in.w, logits);
+    CHECK(first_diff_d(k.bound, exp.bound) == -1);
   }
 }
 

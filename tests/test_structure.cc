@@ -20,6 +20,7 @@
 #include "tools/diff.h"
 #include "tools/emulate.h"
 #include "tools/golden.h"
+#include "tests/ties_util.h"
 
 using namespace indexshare;
 
@@ -282,17 +283,9 @@ TEST_CASE("structure: every member of the correct-kernel family passes diff (sma
 
 TEST_CASE("structure: a legitimate tie permutation with a correct kernel over the candidate's indices passes") {
   const golden::Loaded g = golden::read(std::string(INDEXSHARE_SOURCE_DIR) + "/golden/ties");
-  const Tensor<float> L = g.tensor<float>("layers.0.indexer.logits");
-  const Tensor<int32_t> ks = g.tensor<int32_t>("layers.0.indexer.ks"), ke = g.tensor<int32_t>("layers.0.indexer.ke");
-  Tensor<int32_t> topk = g.tensor<int32_t>("layers.0.indexer.topk");
-  const int64_t k = topk.dim(1);
+  const Tensor<int32_t> ks = g.tensor<int32_t>("layers.0.indexer.ks");
   int swapped = 0;
-  for (int64_t t = 0; t < topk.dim(0); ++t) {
-    const float kth = L.at(t, ks[t] + topk.at(t, k - 1));
-    std::set<int32_t> sel(topk.data.begin() + t * k, topk.data.begin() + (t + 1) * k);
-    for (int32_t s = 0; s < ke[t] - ks[t]; ++s)
-      if (!sel.count(s) && L.at(t, ks[t] + s) == kth) { topk.at(t, k - 1) = s; ++swapped; break; }
-  }
+  const Tensor<int32_t> topk = testing::tie_permuted_topk(g, swapped);
   REQUIRE(swapped > 0);
   const Tensor<int32_t> rows = ref::local_to_kv_rows(topk, ks);
   for (const emul::AttentionVariant& v : emul::attention_family()) {

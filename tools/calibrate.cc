@@ -20,6 +20,8 @@ namespace indexshare::calib {
 
 namespace fs = std::filesystem;
 
+bool run_is_decode(int i) { return i % 3 == 2; }
+
 std::string run_problem(int i, uint64_t seed, int64_t max_work) {
   Xoshiro256 g(seed * 1000003u + uint64_t(i));
   const int64_t hq = std::array<int64_t, 4>{16, 32, 64, 128}[size_t(i % 4)];
@@ -28,7 +30,7 @@ std::string run_problem(int i, uint64_t seed, int64_t max_work) {
   const char* dist = std::array<const char*, 5>{"normal", "normal", "uniform", "int", "dyadic"}[g.below(5)];
   const bool sink = g.below(2) == 1;
   const bool stack = i % 5 == 4;        // Full + Shared layers (the pooled tests)
-  const bool decode = i % 3 == 2;       // decode-like: 2 query rows per sequence
+  const bool decode = run_is_decode(i);  // decode: 2 query rows per sequence, FP8 KV cache
   // Rows: at most max_work (row, head, key) triples per layer (2^19: a run stays around a second).
   int64_t per_seq = decode ? 2 : std::clamp<int64_t>(max_work / (hq * k * nseq), 2, 48);
   const int64_t kv_per_seq = k * (1 + int64_t(g.below(3))) + per_seq;  // every row's window > top-k
@@ -94,7 +96,8 @@ std::vector<Run> calibrate(int first, int runs, uint64_t seed, const ref::Kernel
     r.problem = run_problem(i, seed, max_work);
     const Problem p = parse_problem(r.problem);
     const std::string dir = tmp + "/golden";
-    golden::write(dir, golden::build(p, "stack", true, "indexshare calibrate", true), true);
+    r.kind = run_is_decode(i) ? "decode" : "stack";  // decode: the reference runs on the FP8-dequantized latent
+    golden::write(dir, golden::build(p, r.kind, true, "indexshare calibrate", true), true);
     const golden::Loaded g = golden::read(dir);
     const emul::AttentionVariant av = fam[size_t(i) % fam.size()];
     const emul::LogitsVariant lv = lfam[size_t(i / 2) % lfam.size()];
@@ -163,7 +166,7 @@ std::vector<PowerRow> power(const std::string& dir, int layer, const ref::Kernel
   fs::create_directories(tmp);
   const golden::Loaded g = golden::read(dir);
   const auto& cfg = g.manifest["config"];
-  const int64_t s_q = cfg["s_q"], h_q = cfg["h_q"], d_v = cfg["d_v"];
+  const int64_t s_q = cfg["s_q"], h_q = cfg["h_q"], d_v = cfg["d_v"], s_kv = cfg["s_kv"];
   const float sm = cfg["sm_scale"].get<float>();
   const std::string pre = "layers." + std::to_string(layer) + ".";
   const emul::AttentionVariant naive = emul::attention_family()[0];
@@ -186,7 +189,8 @@ std::vector<PowerRow> power(const std::string& dir, int layer, const ref::Kernel
   struct Fault {
     std::string name, tensor;
     std::function<void(Cand&, double)> make;
-    std::string named;  // a diagnosis naming it contains this
+    std::string named;  // a diagnosis naming it contains this (and `where`, when given)
+    std::string where;
   };
   auto scaled = [](Tensor<float> t, double eps, const std::function<bool(int64_t)>& where) {
     for (int64_t i = 0; i < t.numel(); ++i)
@@ -195,42 +199,41 @@ std::vector<PowerRow> power(const std::string& dir, int layer, const ref::Kernel
   };
   auto all = [](int64_t) { return true; };
   std::vector<Fault> faults;
-  faults.push_back({"attn.out scale, every element", "attn.out", [&](Cand& c, double e) { c.set(pre + "attn.out", scaled(base.out, e, all)); }, "attn.out scale error"});
+  faults.push_back({"attn.out scale, every element", "attn.out", [&](Cand& c, double e) { c.set(pre + "attn.out", scaled(base.out, e, all)); }, "attn.out scale error", "every element"});
   faults.push_back({"attn.out scale, head 0 only", "attn.out", [&](Cand& c, double e) {
-                      c.set(pre + "attn.out", scaled(base.out, e, [&](int64_t i) { return (i / d_v) % h_q == 0; })); }, "head 0 only"});
+                      c.set(pre + "attn.out", scaled(base.out, e, [&](int64_t i) { return (i / d_v) % h_q == 0; })); }, "attn.out", "head 0 only"});
   faults.push_back({"attn.out scale, columns = 0 mod 8", "attn.out", [&](Cand& c, double e) {
-                      c.set(pre + "attn.out", scaled(base.out, e, [&](int64_t i) { return (i % d_v) % 8 == 0; })); }, "columns = 0 mod 8 only"});
+                      c.set(pre + "attn.out", scaled(base.out, e, [&](int64_t i) { return (i % d_v) % 8 == 0; })); }, "columns = 0 mod 8 only", ""});
   if (s_q > 64)
     faults.push_back({"attn.out scale, rows 64-127", "attn.out", [&](Cand& c, double e) {
-                        c.set(pre + "attn.out", scaled(base.out, e, [&](int64_t i) { const int64_t t = i / (h_q * d_v); return t >= 64 && t < 128; })); }, "rows 64-127"});
+                        c.set(pre + "attn.out", scaled(base.out, e, [&](int64_t i) { const int64_t t = i / (h_q * d_v); return t >= 64 && t < 128; })); }, "rows 64-127", ""});
   if (n_seq >= 2)
     faults.push_back({"attn.out scale, sequence 1 only", "attn.out", [&](Cand& c, double e) {
-                        c.set(pre + "attn.out", scaled(base.out, e, [&](int64_t i) { const int64_t t = i / (h_q * d_v); return t >= seq0[0] && t < seq0[1]; })); }, "sequence 1 only"});
+                        c.set(pre + "attn.out", scaled(base.out, e, [&](int64_t i) { const int64_t t = i / (h_q * d_v); return t >= seq0[0] && t < seq0[1]; })); }, "sequence 1 only", ""});
   const double out_rms = rms(base.out), lse_rms = rms(base.lse);
   faults.push_back({"attn.out offset (x rms), every element", "attn.out", [&](Cand& c, double e) {
                       Tensor<float> t = base.out;
                       for (float& v : t.data) v = float(double(v) + e * out_rms);
-                      c.set(pre + "attn.out", t); }, "attn.out offset"});
+                      c.set(pre + "attn.out", t); }, "attn.out offset", "every element"});
   faults.push_back({"softmax scale (1 + eps) sm_scale: out, lse, max_logits", "attn.out", [&](Cand& c, double e) {
                       const ref::AttentionOut o = emulate(g, layer, naive, float(double(sm) * (1 + e)));
-                      c.set(pre + "attn.out", o.out); c.set(pre + "attn.lse", o.lse); c.set(pre + "attn.max_logits", o.max_logits); }, "softmax scale"});
+                      c.set(pre + "attn.out", o.out); c.set(pre + "attn.lse", o.lse); c.set(pre + "attn.max_logits", o.max_logits); }, "softmax scale", ""});
   faults.push_back({"softmax scale (1 + eps) sm_scale: out only", "attn.out", [&](Cand& c, double e) {
-                      c.set(pre + "attn.out", emulate(g, layer, naive, float(double(sm) * (1 + e))).out); }, "attn.out matches a softmax scale"});
-  faults.push_back({"attn.lse scale, every element", "attn.lse", [&](Cand& c, double e) { c.set(pre + "attn.lse", scaled(base.lse, e, all)); }, "attn.lse"});
+                      c.set(pre + "attn.out", emulate(g, layer, naive, float(double(sm) * (1 + e))).out); }, "attn.out matches a softmax scale", ""});
+  faults.push_back({"attn.lse scale, every element", "attn.lse", [&](Cand& c, double e) { c.set(pre + "attn.lse", scaled(base.lse, e, all)); }, "attn.lse", ""});
   faults.push_back({"attn.lse offset (x rms), every element", "attn.lse", [&](Cand& c, double e) {
                       Tensor<float> t = base.lse;
                       for (float& v : t.data) if (std::isfinite(v)) v = float(double(v) + e * lse_rms);
-                      c.set(pre + "attn.lse", t); }, "attn.lse"});
+                      c.set(pre + "attn.lse", t); }, "attn.lse", ""});
   faults.push_back({"attn.lse scale, head 0 only", "attn.lse", [&](Cand& c, double e) {
-                      c.set(pre + "attn.lse", scaled(base.lse, e, [&](int64_t i) { return i % h_q == 0; })); }, "head 0 only"});
+                      c.set(pre + "attn.lse", scaled(base.lse, e, [&](int64_t i) { return i % h_q == 0; })); }, "attn.lse", "head 0 only"});
   faults.push_back({"attn.max_logits scale, every element", "attn.max_logits", [&](Cand& c, double e) {
-                      c.set(pre + "attn.max_logits", scaled(base.max_logits, e, all)); }, "attn.max_logits scale error"});
+                      c.set(pre + "attn.max_logits", scaled(base.max_logits, e, all)); }, "attn.max_logits scale error", "every element"});
   if (logits) {
-    const int64_t s_kv = cfg["s_kv"];
     faults.push_back({"indexer.logits scale, every element", "indexer.logits", [&](Cand& c, double e) {
-                        c.set(pre + "indexer.logits", scaled(base_logits, e, all)); }, "indexer.logits scale error"});
+                        c.set(pre + "indexer.logits", scaled(base_logits, e, all)); }, "indexer.logits scale error", "every element"});
     faults.push_back({"indexer.logits scale, keys = 0 mod 8", "indexer.logits", [&](Cand& c, double e) {
-                        c.set(pre + "indexer.logits", scaled(base_logits, e, [&](int64_t i) { return (i % s_kv) % 8 == 0; })); }, "columns = 0 mod 8 only"});
+                        c.set(pre + "indexer.logits", scaled(base_logits, e, [&](int64_t i) { return (i % s_kv) % 8 == 0; })); }, "columns = 0 mod 8 only", ""});
   }
 
   auto judge = [&](const Fault& f, double eps, diff::Result* keep) {
@@ -243,7 +246,8 @@ std::vector<PowerRow> power(const std::string& dir, int layer, const ref::Kernel
   auto named = [&](const Fault& f, double eps, diff::Result* keep) {
     diff::Result r;
     if (!judge(f, eps, &r)) return false;
-    const bool ok = std::any_of(r.diagnoses.begin(), r.diagnoses.end(), [&](const std::string& d) { return d.find(f.named) != std::string::npos; });
+    auto names = [&](const std::string& d) { return d.find(f.named) != std::string::npos && d.find(f.where) != std::string::npos; };
+    const bool ok = std::any_of(r.diagnoses.begin(), r.diagnoses.end(), names);
     if (keep) *keep = r;
     return ok;
   };
@@ -281,7 +285,7 @@ std::vector<PowerRow> power(const std::string& dir, int layer, const ref::Kernel
       diff::Result r;
       named(f, row.named, &r);
       for (const std::string& d : r.diagnoses)
-        if (d.find(f.named) != std::string::npos) { row.diagnosis = d; break; }
+        if (d.find(f.named) != std::string::npos && d.find(f.where) != std::string::npos) { row.diagnosis = d; break; }
     }
     rows.push_back(row);
   }

@@ -2,7 +2,7 @@
 //
 // Calibration: the judge must pass every correct kernel. A run draws a problem (h_q 16-128,
 // top-k 64-2048, 1-3 sequences, sinks or none, several value distributions, some with Shared
-// layers), writes its golden set, emulates one member of the correct-kernel family
+// layers, one in three a decode set over an FP8 KV cache), writes its golden set, emulates one member of the correct-kernel family
 // (tools/emulate.h) on the golden's inputs and judges it with `diff`'s own code. A false positive
 // is any FAIL. Each run records, per judged tensor, how close it came to failing: the structure
 // tests' largest ratio (|estimate| / floor and |t| / t_crit, the smaller of the two; >= 1 flags),
@@ -31,13 +31,15 @@ struct TensorMargin {
 
 struct Run {
   int index = 0;
-  std::string problem, attention_variant, logits_variant;
+  std::string problem, kind, attention_variant, logits_variant;  // kind: the golden kind, stack or decode
   bool passed = true;
   std::vector<TensorMargin> tensors;
   std::vector<std::string> reasons;  // of a false positive
   double seconds = 0;
 };
 
+// Every third run is a decode set (the golden's kv quantized to FlashMLA's FP8 cache and back).
+bool run_is_decode(int i);
 // The problem of run `i` of a calibration with `seed` (deterministic). max_work bounds the
 // (query row, head, key) triples of a layer (it sets the rows; at least 2 per sequence).
 constexpr int64_t kDefaultWork = int64_t(1) << 19;

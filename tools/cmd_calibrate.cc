@@ -9,6 +9,7 @@
 
 #include "ref/error.h"
 #include "simd/simd.h"
+#include "ref/structure.h"
 #include "tools/calibrate.h"
 #include "tools/cli.h"
 #include "tools/svg.h"
@@ -21,6 +22,7 @@ struct CalibrateArgs {
   int64_t seed = 1;
   std::string power, json;
   int layer = 0;
+  int64_t max_work = calib::kDefaultWork;
 };
 
 std::string scratch() {
@@ -49,19 +51,19 @@ int cmd_calibrate(const CalibrateArgs& a) {
     std::printf("calibration: %d runs of the correct-kernel family from run %d, seed %lld\n", a.runs, a.first, (long long)a.seed);
     nlohmann::json runs = nlohmann::json::array();
     const auto list = calib::calibrate(a.first, a.runs, uint64_t(a.seed), simd::kernels(), tmp, [&](const calib::Run& r) {
-      double worst = 0;
+      double worst = -cmp::kRatioCap;
       for (const calib::TensorMargin& m : r.tensors) worst = std::max(worst, m.structure_ratio);
-      std::printf("run %4d %-4s %5.1fs structure<=%.3f  %s | %s | %s\n", r.index, r.passed ? "PASS" : "FAIL", r.seconds, worst,
-                  r.problem.c_str(), r.attention_variant.c_str(), r.logits_variant.c_str());
+      std::printf("run %4d %-4s %5.1fs structure<=%.3g  %s (%s) | %s | %s\n", r.index, r.passed ? "PASS" : "FAIL", r.seconds, worst,
+                  r.problem.c_str(), r.kind.c_str(), r.attention_variant.c_str(), r.logits_variant.c_str());
       for (const std::string& why : r.reasons) std::printf("         %s\n", why.c_str());
       std::fflush(stdout);
-    });
+    }, a.max_work);
     for (const calib::Run& r : list) {
       nlohmann::json t = nlohmann::json::array();
       for (const calib::TensorMargin& m : r.tensors)
         t.push_back({{"tensor", m.tensor}, {"verdict", m.verdict}, {"structure_ratio", m.structure_ratio}, {"err_over_bound", m.bound_ratio},
                      {"calc_diff", m.calc_diff}});
-      runs.push_back({{"run", r.index}, {"problem", r.problem}, {"attention_variant", r.attention_variant},
+      runs.push_back({{"run", r.index}, {"problem", r.problem}, {"kind", r.kind}, {"attention_variant", r.attention_variant},
                       {"logits_variant", r.logits_variant}, {"passed", r.passed}, {"reasons", r.reasons}, {"tensors", t}});
     }
     j = calib::summary(list);
@@ -81,6 +83,8 @@ Action register_calibrate(CLI::App& app) {
   c->add_option("--runs", a->runs, "Calibration runs")->capture_default_str();
   c->add_option("--first", a->first, "First run index (runs are deterministic per index and seed)")->capture_default_str();
   c->add_option("--seed", a->seed, "Seed of the run problems")->capture_default_str()->check(CLI::NonNegativeNumber);
+  c->add_option("--max-work", a->max_work, "Calibration: at most this many (query row, head, key) triples per layer (sets the rows)")
+      ->capture_default_str()->check(CLI::Range(int64_t(1), int64_t(1) << 30));
   c->add_option("--power", a->power, "Measure the smallest systematic faults the judge catches on this golden set");
   c->add_option("--layer", a->layer, "With --power: the layer to inject faults into")->capture_default_str();
   c->add_option("--json", a->json, "Also write the results as JSON");

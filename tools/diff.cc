@@ -222,8 +222,8 @@ Expected expected_attention(const LayerData& d, const Tensor<int32_t>& indices, 
   const Tensor<float>* sink = d.sink ? &*d.sink : nullptr;
   Expected e;
   e.attn = k.sparse_attention(d.q, d.kv, indices, sm, d_v, tl, sink);
-  e.bounds = cmp::attention_bounds(d.q, d.kv, indices, sm, d_v, tl, e.attn);
-  e.budget = cmp::attention_budget(e.attn.out, cmp::emulate_attention_lowp(d.q, d.kv, indices, sm, d_v, tl, sink).out);
+  e.bounds = k.attention_bounds(d.q, d.kv, indices, sm, d_v, tl, e.attn);
+  e.budget = cmp::attention_budget(e.attn.out, k.emulate_attention_lowp(d.q, d.kv, indices, sm, d_v, tl, sink).out);
   return e;
 }
 
@@ -291,23 +291,23 @@ std::vector<int64_t> row_sequences(const golden::Loaded& g, int64_t s_q, const T
   return seq;
 }
 
-// The derivative of a layer's attention outputs with respect to ln(sm_scale), by central
-// differences of two exact evaluations at sm_scale (1 +- 2^-10): the direction a wrong softmax
-// scale moves out and lse in (the outputs are f32 rounded once from double, so the quotient is
-// good to ~1e-4 relative: enough for a regression direction).
+// The derivative of a layer's attention outputs with respect to ln(sm_scale), by a forward
+// difference of one more exact evaluation at sm_scale (1 + 2^-10) against the exact outputs at
+// sm_scale (f32, rounded once from double: the quotient is good to ~1e-3 relative, enough for a
+// regression direction).
 struct SmDirection {
   Tensor<float> out, lse;
 };
-SmDirection sm_direction(const LayerData& d, const Tensor<int32_t>& indices, float sm, int64_t d_v, const ref::Kernels& k) {
+SmDirection sm_direction(const LayerData& d, const Tensor<int32_t>& indices, const ref::AttentionOut& exact, float sm,
+                         int64_t d_v, const ref::Kernels& k) {
   const double eps = 0x1p-10;
   const Tensor<int32_t>* tl = d.topk_length.numel() ? &d.topk_length : nullptr;
   const Tensor<float>* sink = d.sink ? &*d.sink : nullptr;
   const ref::AttentionOut up = k.sparse_attention(d.q, d.kv, indices, float(sm * (1 + eps)), d_v, tl, sink);
-  const ref::AttentionOut dn = k.sparse_attention(d.q, d.kv, indices, float(sm * (1 - eps)), d_v, tl, sink);
   SmDirection r{Tensor<float>(up.out.shape), Tensor<float>(up.lse.shape)};
-  for (int64_t i = 0; i < r.out.numel(); ++i) r.out[i] = float((double(up.out[i]) - double(dn.out[i])) / (2 * eps));
+  for (int64_t i = 0; i < r.out.numel(); ++i) r.out[i] = float((double(up.out[i]) - double(exact.out[i])) / eps);
   for (int64_t i = 0; i < r.lse.numel(); ++i)
-    r.lse[i] = std::isfinite(up.lse[i]) ? float((double(up.lse[i]) - double(dn.lse[i])) / (2 * eps)) : 0.0f;
+    r.lse[i] = std::isfinite(up.lse[i]) ? float((double(up.lse[i]) - double(exact.lse[i])) / eps) : 0.0f;
   return r;
 }
 
@@ -525,6 +525,11 @@ void Judge::judge_layer(int l) {
   if (has(l, "attn.indices_physical")) judge_physical(d, P);
   if (has(l, "attn.out") || has(l, "attn.lse") || has(l, "attn.max_logits")) judge_attention(d, P, used, panel);
   finish_panel(res, std::move(panel), P, diagnoses0, tensors0);
+  // Memory: the layer's attention tensors are not read again (later layers read only another
+  // layer's indices, windows, logits and top-k).
+  LayerData& done = data_[size_t(l)];
+  done.q = Tensor<bf16_t>();
+  done.out = done.lse = done.max_logits = Tensor<float>();
 }
 
 // ---- 1. indexer logits ----
@@ -533,7 +538,7 @@ void Judge::judge_layer(int l) {
 cmp::FloatRule Judge::logits_rule(const LayerData& d) {
   const std::string p = name(d.l, "");
   if (g_.get(p + "indexer.q").dtype == io::DType::F8_E4M3)
-    data_[size_t(d.l)].logits_rule = cmp::indexer_logits_rule(g_.tensor<e4m3_t>(p + "indexer.q"), g_.tensor<e4m3_t>(p + "indexer.k"),
+    data_[size_t(d.l)].logits_rule = k_.indexer_logits_rule(g_.tensor<e4m3_t>(p + "indexer.q"), g_.tensor<e4m3_t>(p + "indexer.k"),
                                                               g_.tensor<float>(p + "indexer.k_scale"), g_.tensor<float>(p + "indexer.weights"), d.logits);
   cmp::FloatRule rule = d.logits_rule;
   if (rule.bound.empty()) {  // bf16-mode sets: the same 14-bit-accumulator rule on f32 data
@@ -750,13 +755,14 @@ void Judge::judge_attention(const LayerData& d, const std::string& P, const Used
     e.attn.out = d.out;
     e.attn.lse = d.lse;
     e.attn.max_logits = d.max_logits;
-    e.bounds = cmp::attention_bounds(d.q, d.kv, d.indices, sm_, d_v_, d.topk_length.numel() ? &d.topk_length : nullptr, e.attn);
+    e.bounds = k_.attention_bounds(d.q, d.kv, d.indices, sm_, d_v_, d.topk_length.numel() ? &d.topk_length : nullptr, e.attn);
     const json& b = m_["budgets"];
     e.budget = b.contains(name(l, "attn.out")) ? b[name(l, "attn.out")]["budget_max_abs"].get<double>() : -1;
   } else {
     e = expected_attention(d, used.indices, sm_, d_v_, k_);
   }
-  AttnCtx a{d, P, used.note, used.indices, std::move(e), sm_direction(d, used.indices, sm_, d_v_, k_), {}, 0};
+  AttnCtx a{d, P, used.note, used.indices, std::move(e), {}, {}, 0};
+  a.smd = sm_direction(d, used.indices, a.e.attn, sm_, d_v_, k_);
   a.seqs = row_sequences(g_, s_q_, d.has_indexer ? &d.ks : layer(d.source).has_indexer ? &layer(d.source).ks : nullptr);
   a.lse_abs = kFlashMlaLseAbs * std::max(1.0, rms_finite(a.e.attn.max_logits));
   if (has(l, "attn.out")) judge_out(a, panel);
@@ -780,7 +786,7 @@ cmp::Verdict Judge::structured(AttnCtx& a, const std::string& tensor, const Tens
 
 void Judge::judge_out(AttnCtx& a, io::DiffPanel& panel) {
   const Tensor<float> co = candidate_float(c_, name(a.d.l, "attn.out"), {s_q_, h_q_, d_v_});
-  cmp::FloatRule rule = bound_rule(a.e.bounds.out, a.e.budget);
+  cmp::FloatRule rule = bound_rule(std::move(a.e.bounds.out), a.e.budget);
   const double scale = std::max(1.0, rms_v(a.d.kv, d_v_) / kFlashMlaDataRms);
   rule.anchor_abs = (decode_ ? kFlashMlaDecodeOutAbs : kFlashMlaOutAbs) * scale;
   rule.anchor_rel = decode_ ? kFlashMlaDecodeOutRel : kFlashMlaOutRel;
@@ -797,7 +803,7 @@ void Judge::judge_out(AttnCtx& a, io::DiffPanel& panel) {
   spec.sm_dir = a.smd.out.ptr();
   panel.rows = s_q_;
   panel.heads = h_q_;
-  panel.ratio = out_ratios(a.e.attn.out, co, a.e.bounds.out, d_v_);
+  panel.ratio = out_ratios(a.e.attn.out, co, rule.bound, d_v_);
   if (structured(a, "attn.out", a.e.attn.out, co, rule, spec) == cmp::Verdict::fail) out_hypotheses(a, co);
 }
 
@@ -822,7 +828,7 @@ void Judge::out_hypotheses(AttnCtx& a, const Tensor<float>& co) {
   if (d.sink) {
     Expected x;
     x.attn = k_.sparse_attention(d.q, d.kv, a.use, sm_, d_v_, tl, nullptr);
-    x.bounds = cmp::attention_bounds(d.q, d.kv, a.use, sm_, d_v_, tl, x.attn);
+    x.bounds = k_.attention_bounds(d.q, d.kv, a.use, sm_, d_v_, tl, x.attn);
     if (passes(cmp::compare_floats("", x.attn.out, co, bound_rule(x.bounds.out))))
       res.diagnoses.push_back(a.P + ": attn.out ignores the attention sink");
   }

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <exception>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -83,6 +84,12 @@ void add(GoldenSet& g, const std::string& name, const Tensor<T>& t, Role role) {
   g.tensors.push_back(io::make_view(name, t));
   g.roles[name] = role;
 }
+// add, then frees t (its bytes now live in the view only).
+template <class T>
+void take(GoldenSet& g, const std::string& name, Tensor<T>& t, Role role) {
+  add(g, name, t, role);
+  t = Tensor<T>();
+}
 
 Tensor<bf16_t> to_bf16_tensor(const Tensor<float>& x) {
   Tensor<bf16_t> y(x.shape);
@@ -111,7 +118,7 @@ void edge_indices(Tensor<int32_t>& ind, Tensor<int32_t>& topk_length, int64_t s_
 }  // namespace
 
 namespace {
-GoldenSet build_stack(const Problem& p, const std::vector<ref::LayerInputs>& inputs, const std::string& kind,
+GoldenSet build_stack(const Problem& p, std::vector<ref::LayerInputs> inputs, const std::string& kind,
                       bool with_logits, const std::string& replay, bool use_simd = false,
                       const std::vector<int64_t>* rows = nullptr);
 }
@@ -130,7 +137,7 @@ GoldenSet build(const Problem& p, const std::string& kind, bool with_logits, con
     require(p.d_qk == paged::kFlashMlaDqk, "golden decode: the V32 FP8 KV cache needs dqk576");
     for (ref::LayerInputs& in : inputs) in.kv = paged::flashmla_quant_dequant(in.kv);
   }
-  return build_stack(p, inputs, kind, with_logits, replay, use_simd, rows);
+  return build_stack(p, std::move(inputs), kind, with_logits, replay, use_simd, rows);
 }
 
 namespace {
@@ -167,11 +174,14 @@ void add_paged(GoldenSet& g, const Problem& p, const ref::LayerInputs& in, const
   add(g, pre + "attn.indices_physical", paged::logical_to_physical(layout, logical), Role::input);
 }
 
-GoldenSet build_stack(const Problem& p, const std::vector<ref::LayerInputs>& inputs, const std::string& kind,
+// Memory: the set's views copy the tensors; each large one (attention q, out, out_bf16, the logits)
+// is freed as soon as it is copied (take), so the peak stays near the stack's own.
+GoldenSet build_stack(const Problem& p, std::vector<ref::LayerInputs> inputs, const std::string& kind,
                       bool with_logits, const std::string& replay, bool use_simd, const std::vector<int64_t>* rows) {
   const Schedule sched = p.schedule();
-  const std::vector<ref::StackLayerOutputs> outs =
+  std::vector<ref::StackLayerOutputs> outs =
       use_simd ? simd::run_stack(p, sched, inputs, true) : ref::run_stack(p, sched, inputs, true);
+  const ref::Kernels kern = use_simd ? simd::kernels() : ref::Kernels{};  // the budget's emulation
   GoldenSet g;
   json layers = json::array(), budgets = json::object();
   paged::PagedLayout layout;
@@ -181,8 +191,8 @@ GoldenSet build_stack(const Problem& p, const std::vector<ref::LayerInputs>& inp
     add(g, "cache_seqlens", layout.cache_seqlens, Role::input);
   }
   for (int l = 0; l < sched.n_layers(); ++l) {
-    const ref::LayerInputs& in = inputs[size_t(l)];
-    const ref::StackLayerOutputs& o = outs[size_t(l)];
+    ref::LayerInputs& in = inputs[size_t(l)];
+    ref::StackLayerOutputs& o = outs[size_t(l)];
     const std::string pre = "layers." + std::to_string(l) + ".";
     layers.push_back({{"index", l}, {"kind", sched.is_full(l) ? "full" : "shared"}, {"source", o.source},
                       {"has_indexer", in.has_indexer}});
@@ -199,37 +209,43 @@ GoldenSet build_stack(const Problem& p, const std::vector<ref::LayerInputs>& inp
       add(g, pre + "indexer.weights", in.index_weights, Role::input);
       add(g, pre + "indexer.ks", in.ks, Role::input);
       add(g, pre + "indexer.ke", in.ke, Role::input);
-      if (with_logits) add(g, pre + "indexer.logits", o.logits, Role::output);
+      if (with_logits) take(g, pre + "indexer.logits", o.logits, Role::output);
       add(g, pre + "indexer.topk", o.own_topk, Role::output);
     }
     // Attention: the indices the layer used (edge cases rewrite them for attention-edge sets).
     Tensor<int32_t> indices = o.indices, topk_length;
-    ref::AttentionOut attn = o.attn;
+    ref::AttentionOut attn;
     const Tensor<float>* sink = in.sink ? &*in.sink : nullptr;
     if (kind == "attention-edge") {
       edge_indices(indices, topk_length, p.s_kv);
       attn = ref::sparse_attention(in.q, in.kv, indices, p.sm_scale(), p.d_v, &topk_length, sink);
+    } else {
+      attn = std::move(o.attn);
     }
     const Tensor<int32_t>* tl = topk_length.numel() ? &topk_length : nullptr;
-    add(g, pre + "attn.q", in.q, Role::input);
+    // Tolerance budget of the attention output (FlashAttention style, see ref/compare.h), first:
+    // it reads q and out, which the views below take.
+    double emu_err = 0, budget = 0;
+    {
+      const ref::AttentionOut emu = kern.emulate_attention_lowp(in.q, in.kv, indices, p.sm_scale(), p.d_v, tl, sink);
+      for (int64_t i = 0; i < attn.out.numel(); ++i)
+        emu_err = std::max(emu_err, std::fabs(double(emu.out[i]) - double(attn.out[i])));
+      budget = cmp::attention_budget(attn.out, emu.out);
+    }
+    budgets[pre + "attn.out"] = {{"budget_max_abs", budget},
+                                 {"emulation_max_abs", emu_err},
+                                 {"multiple", cmp::kBudgetMultiple},
+                                 {"emulation", "f32 logits and softmax, P rounded to bf16, f32 accumulation, bf16 out"}};
+    take(g, pre + "attn.q", in.q, Role::input);
     add(g, pre + "attn.kv", in.kv, Role::input);
     add(g, pre + "attn.indices", indices, Role::input);
     if (tl) add(g, pre + "attn.topk_length", topk_length, Role::input);
     if (sink) add(g, pre + "attn.sink", *sink, Role::input);
-    add(g, pre + "attn.out", attn.out, Role::output);
-    add(g, pre + "attn.out_bf16", attn.out_bf16, Role::output);
+    take(g, pre + "attn.out", attn.out, Role::output);
+    take(g, pre + "attn.out_bf16", attn.out_bf16, Role::output);
     add(g, pre + "attn.lse", attn.lse, Role::output);
     add(g, pre + "attn.max_logits", attn.max_logits, Role::output);
     if (kind == "decode") add_paged(g, p, in, o, pre, layout);
-    // Tolerance budget of the attention output (FlashAttention style, see ref/compare.h).
-    const ref::AttentionOut emu = cmp::emulate_attention_lowp(in.q, in.kv, indices, p.sm_scale(), p.d_v, tl, sink);
-    double emu_err = 0;
-    for (int64_t i = 0; i < attn.out.numel(); ++i)
-      emu_err = std::max(emu_err, std::fabs(double(emu.out[i]) - double(attn.out[i])));
-    budgets[pre + "attn.out"] = {{"budget_max_abs", cmp::attention_budget(attn.out, emu.out)},
-                                 {"emulation_max_abs", emu_err},
-                                 {"multiple", cmp::kBudgetMultiple},
-                                 {"emulation", "f32 logits and softmax, P rounded to bf16, f32 accumulation, bf16 out"}};
   }
   // Sequence boundaries of the flattened rows, FlashMLA / varlen style.
   // A sampled set's query rows are not whole sequences: no cu_seqlens_q (ks/ke hold each row's
@@ -315,7 +331,8 @@ GoldenSet build_model(const ModelSpec& spec, const std::string& replay) {
   const int64_t S = cfg.seq;
   const Tensor<float> h0 = ref::toy_hidden(cfg, spec.seed, 0, S);
   ref::ToyCache cache;
-  const ref::ToyForward f = ref::forward(m, cache, h0, spec.simd ? simd::kernels() : ref::Kernels{});
+  const ref::Kernels kern = spec.simd ? simd::kernels() : ref::Kernels{};
+  const ref::ToyForward f = ref::forward(m, cache, h0, kern);
   GoldenSet g;
   json layers = json::array(), budgets = json::object();
   Tensor<int32_t> ks({S}, 0), ke({S});
@@ -373,7 +390,7 @@ GoldenSet build_model(const ModelSpec& spec, const std::string& replay) {
     add(g, pre + "attn.lse", tr.attn.lse, Role::output);
     add(g, pre + "attn.max_logits", tr.attn.max_logits, Role::output);
     add(g, pre + "out", bf16_of(tr.out), Role::reference);
-    const ref::AttentionOut emu = cmp::emulate_attention_lowp(tr.q, cache.kv[size_t(l)], indices, sm, cfg.d_v(), nullptr, nullptr);
+    const ref::AttentionOut emu = kern.emulate_attention_lowp(tr.q, cache.kv[size_t(l)], indices, sm, cfg.d_v(), nullptr, nullptr);
     budgets[pre + "attn.out"] = {{"budget_max_abs", cmp::attention_budget(tr.attn.out, emu.out)},
                                  {"multiple", cmp::kBudgetMultiple},
                                  {"emulation", "f32 logits and softmax, P rounded to bf16, f32 accumulation, bf16 out"}};
@@ -783,7 +800,7 @@ GoldenSet build_from(const std::string& file, Problem p, bool with_logits, const
 
 GoldenSet build_from(const std::string& file, StackInputs si, bool with_logits, const std::string& replay) {
   const Problem& q = si.problem;
-  GoldenSet g = build_stack(q, si.inputs, "stack", with_logits, replay);
+  GoldenSet g = build_stack(q, std::move(si.inputs), "stack", with_logits, replay);
   g.manifest["kind"] = "stack-from-file";
   g.manifest["source_file"] = file;
   return g;
@@ -804,7 +821,31 @@ void write_text(const std::string& path, const std::string& text) {
 
 }  // namespace
 
-void write(const std::string& dir, GoldenSet set, bool force) {
+namespace {
+// The SHA-256 of each tensor, tensors in parallel (OpenMP); an error is rethrown on this thread.
+// With a file: a tensor whose bytes are not in memory (fewer than sizes[i]) is hashed from the file
+// range [offsets[i], offsets[i] + sizes[i]).
+std::vector<std::string> sha256_all(const std::vector<io::TensorView>& tensors, const std::string& file = "",
+                                    const std::vector<uint64_t>& offsets = {}, const std::vector<uint64_t>& sizes = {}) {
+  std::vector<std::string> hashes(tensors.size());
+  std::exception_ptr err;
+#pragma omp parallel for schedule(dynamic, 1)
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    try {
+      const io::TensorView& v = tensors[i];
+      hashes[i] = !sizes.empty() && v.bytes.size() != sizes[i] ? io::sha256_file_range(file, offsets[i], sizes[i])
+                                                               : io::sha256_hex(v.bytes.data(), v.bytes.size());
+    } catch (...) {
+#pragma omp critical(indexshare_sha256_all)
+      if (!err) err = std::current_exception();
+    }
+  }
+  if (err) std::rethrow_exception(err);
+  return hashes;
+}
+}  // namespace
+
+json write(const std::string& dir, GoldenSet set, bool force) {
   require(!dir.empty(), "golden: --out must name a folder");
   const fs::path target = fs::path(dir).lexically_normal();
   std::error_code ec;
@@ -845,11 +886,13 @@ void write(const std::string& dir, GoldenSet set, bool force) {
   try {
     // 1. Tensors, then the manifest naming each with its SHA-256.
     io::write_safetensors((tmp / kTensorFile).string(), set.tensors, {{"format", "indexshare-golden"}});
+    const std::vector<std::string> hashes = sha256_all(set.tensors);
     json list = json::array();
-    for (const io::TensorView& v : set.tensors)
+    for (size_t i = 0; i < set.tensors.size(); ++i) {
+      const io::TensorView& v = set.tensors[i];
       list.push_back({{"name", v.name}, {"file", kTensorFile}, {"dtype", io::dtype_name(v.dtype)},
-                      {"shape", v.shape}, {"sha256", io::sha256_hex(v.bytes.data(), v.bytes.size())},
-                      {"role", role_name(set.roles.at(v.name))}});
+                      {"shape", v.shape}, {"sha256", hashes[i]}, {"role", role_name(set.roles.at(v.name))}});
+    }
     set.manifest["tensors"] = list;
     write_text((tmp / "manifest.json").string(), set.manifest.dump(2) + "\n");
     // 2. One rename publishes the set; an existing set is moved aside first, then removed.
@@ -861,6 +904,7 @@ void write(const std::string& dir, GoldenSet set, bool force) {
     }
     fs::rename(tmp, target);
     if (replace) fs::remove_all(old, ec);
+    return std::move(set.manifest);
   } catch (const fs::filesystem_error& e) {
     fs::remove_all(tmp, ec);
     throw Error(dir + ": cannot publish the golden set: " + e.what());
@@ -1030,7 +1074,7 @@ void ManifestCheck::rows() {
   const io::TensorView* rt = g_.data.find("rows");
   if (!rt || rt->dtype != io::DType::I32 || rt->shape != Shape{s_q_})
     fail("rows", "needs tensor 'rows' I32 [" + std::to_string(s_q_) + "] (config.s_q)");
-  const Tensor<int32_t> rv = io::as_tensor<int32_t>(*rt, g_.dir + "/" + kTensorFile);
+  const Tensor<int32_t> rv = g_.tensor<int32_t>(rt->name);
   std::vector<int64_t> list(rv.data.begin(), rv.data.end());
   Problem whole;
   whole.s_q = r["problem_s_q"].get<int64_t>();
@@ -1116,7 +1160,7 @@ void ManifestCheck::cu_seqlens() {
     const io::TensorView* cu = g_.data.find(name);
     if (!cu) continue;
     const int64_t total = std::string(name) == "cu_seqlens_q" ? s_q_ : s_kv_;
-    const Tensor<int32_t> t = io::as_tensor<int32_t>(*cu, g_.dir + "/" + kTensorFile);
+    const Tensor<int32_t> t = g_.tensor<int32_t>(cu->name);
     for (int64_t i = 0; i <= n_seqs_; ++i)
       if (int64_t(t[i]) != i * (total / n_seqs_))
         fail("config.n_seqs", "disagrees with tensor '" + std::string(name) + "': element [" + std::to_string(i) + "] is " +
@@ -1199,7 +1243,16 @@ void ManifestCheck::module_fields() {
 void check_manifest(const Loaded& g, const std::string& mpath) { ManifestCheck(g, mpath).run(); }
 }  // namespace
 
-Loaded read(const std::string& dir) {
+void Loaded::load(const std::string& name, void* dst, size_t n) const {
+  const LazyTensor& e = lazy.at(name);
+  const std::string file = dir + "/" + kTensorFile;
+  io::read_file_range(file, e.offset, dst, n);
+  if (io::sha256_hex(static_cast<const uint8_t*>(dst), n) != e.sha256)
+    throw Error(dir + "/manifest.json: tensor '" + name + "': the tensor's bytes do not match field 'sha256' "
+                "(the golden set is tampered or corrupted)");
+}
+
+Loaded read(const std::string& dir, uint64_t keep_bytes) {
   Loaded g;
   g.dir = dir;
   const std::string mpath = dir + "/manifest.json";
@@ -1217,7 +1270,16 @@ Loaded read(const std::string& dir) {
                 std::to_string(kFormatVersion) + " (regenerate with the replay command)");
   const json& tensors = field("tensors");
   if (!tensors.is_array()) throw Error(mpath + ": field 'tensors' is not an array");
-  g.data = io::read_safetensors(dir + "/" + kTensorFile);
+  io::SafetensorsIndex index = io::read_safetensors_index(dir + "/" + kTensorFile, keep_bytes);
+  g.data = std::move(index.file);
+  // Every tensor's SHA-256 (a tensor not kept streamed from the file), checked below in the
+  // manifest's order.
+  std::vector<uint64_t> sizes(g.data.tensors.size());
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    const io::TensorView& v = g.data.tensors[i];
+    sizes[i] = uint64_t(shape_numel(v.shape)) * io::dtype_size(v.dtype);
+  }
+  const std::vector<std::string> hashes = sha256_all(g.data.tensors, dir + "/" + kTensorFile, index.offsets, sizes);
   std::map<std::string, size_t> seen;
   for (size_t i = 0; i < tensors.size(); ++i) {
     const json& t = tensors[i];
@@ -1246,9 +1308,11 @@ Loaded read(const std::string& dir) {
     if (shape != v->shape)
       throw Error(where + " ('" + name + "'): shape " + shape_str(shape) + " in the manifest, " +
                   shape_str(v->shape) + " in the file");
-    if (io::sha256_hex(v->bytes.data(), v->bytes.size()) != t["sha256"].get<std::string>())
+    const size_t vi = size_t(v - g.data.tensors.data());
+    if (hashes[vi] != t["sha256"].get<std::string>())
       throw Error(where + " ('" + name + "'): the tensor's bytes do not match field 'sha256' "
                   "(the golden set is tampered or corrupted)");
+    if (v->bytes.size() != sizes[vi]) g.lazy[name] = {index.offsets[vi], hashes[vi]};
   }
   if (tensors.size() != g.data.tensors.size())
     throw Error(dir + "/" + kTensorFile + ": holds " + std::to_string(g.data.tensors.size()) +
@@ -1258,17 +1322,20 @@ Loaded read(const std::string& dir) {
 }
 
 std::string summary(const Loaded& g) {
+  uint64_t bytes = 0;
+  for (const io::TensorView& v : g.data.tensors) bytes += v.bytes.size();
+  return summary(g.dir, g.manifest, bytes);
+}
+
+std::string summary(const std::string& dir, const json& m, uint64_t bytes) {
   std::ostringstream os;
-  const json& m = g.manifest;
-  os << "golden    " << g.dir << " (" << m.value("kind", "?") << ", " << m["tensors"].size() << " tensors)\n";
+  os << "golden    " << dir << " (" << m.value("kind", "?") << ", " << m["tensors"].size() << " tensors)\n";
   os << "problem   " << m.value("problem", "") << "\n";
   if (m.contains("layers")) {
     std::string pattern;
     for (const json& l : m["layers"]) pattern += l["kind"] == "full" ? 'F' : 'S';
     os << "schedule  " << pattern << "\n";
   }
-  uint64_t bytes = 0;
-  for (const io::TensorView& v : g.data.tensors) bytes += v.bytes.size();
   os << "bytes     " << bytes << " in " << kTensorFile << "\n";
   os << "replay    " << m.value("replay", "") << "\n";
   return os.str();

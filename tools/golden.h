@@ -86,25 +86,46 @@ GoldenSet build_from(const std::string& file, StackInputs inputs, bool with_logi
 
 // Writes `set` to `dir` atomically. The folder must not exist, or be empty, unless `force`
 // (then an existing golden set there is replaced in one rename).
-void write(const std::string& dir, GoldenSet set, bool force);
+// Returns the manifest as written (with its "tensors" list).
+nlohmann::json write(const std::string& dir, GoldenSet set, bool force);
 
 struct Loaded {
   std::string dir;
   nlohmann::json manifest;
   io::SafetensorsFile data;
+  // Lazily read sets (read with keep_bytes): the tensors larger than keep_bytes hold no bytes in
+  // `data`; tensor() reads them from the file when asked, and checks their SHA-256 again.
+  struct LazyTensor {
+    uint64_t offset = 0;
+    std::string sha256;
+  };
+  std::map<std::string, LazyTensor> lazy;
   const io::TensorView& get(const std::string& name) const;
   const io::TensorView* find(const std::string& name) const { return data.find(name); }
   template <class T>
-  Tensor<T> tensor(const std::string& name) const { return io::as_tensor<T>(get(name), dir + "/" + kTensorFile); }
+  Tensor<T> tensor(const std::string& name) const {
+    const io::TensorView& v = get(name);
+    if (!lazy.count(name) || v.dtype != io::dtype_of<T>::value) return io::as_tensor<T>(v, dir + "/" + kTensorFile);
+    Tensor<T> t(v.shape);
+    load(name, t.data.data(), t.data.size() * sizeof(T));
+    return t;
+  }
+  // The bytes of lazy tensor `name` into dst (n bytes), checked against the manifest's SHA-256.
+  void load(const std::string& name, void* dst, size_t n) const;
 };
 // Reads and verifies a golden set: manifest fields, every tensor's presence, dtype, shape and
-// SHA-256. Errors name the file and the field.
-Loaded read(const std::string& dir);
+// SHA-256. Errors name the file and the field. keep_bytes: tensors above it are verified (streamed
+// through SHA-256) but not kept; Loaded::tensor reads them on demand (diff: a golden set is never
+// held whole).
+Loaded read(const std::string& dir, uint64_t keep_bytes = UINT64_MAX);
 
 // A golden set's problem (from its manifest's config and layer schedule) and its layer inputs.
 StackInputs stack_inputs_of(const Loaded& g);
 
 // One line per layer and a total, for the tool's output.
 std::string summary(const Loaded& g);
+// The same lines from a manifest with its "tensors" list and the tensors' byte count (what write
+// has just published, without reading the set back).
+std::string summary(const std::string& dir, const nlohmann::json& manifest, uint64_t bytes);
 
 }  // namespace indexshare::golden

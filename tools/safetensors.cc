@@ -295,10 +295,20 @@ const TensorView& SafetensorsFile::get(const std::string& name) const {
   return *t;
 }
 
-SafetensorsFile parse_safetensors(const uint8_t* data, size_t size,
-                                  const std::string& name_for_errors) {
-  const std::string& file = name_for_errors;
-  if (data == nullptr && size != 0) throw Error(file + ": no data");
+namespace {
+
+// A parsed header: the metadata, the tensors (views without their bytes) sorted by offset with
+// their ranges, checked to tile the data buffer, which starts at byte data_start of the file.
+struct Layout {
+  SafetensorsFile out;
+  std::vector<Entry> entries;
+  uint64_t data_start = 0;
+};
+
+// Parses and checks the header of a file of `size` bytes from its first bytes `data`: at least
+// min(size, 8) of them, and all 8 + n when the length field n is valid (the data buffer itself is
+// never read here).
+Layout parse_layout(const uint8_t* data, uint64_t size, const std::string& file) {
   if (size < 8)
     throw Error(file + ": file is " + std::to_string(size) +
                 " bytes, shorter than the 8-byte header length");
@@ -325,12 +335,13 @@ SafetensorsFile parse_safetensors(const uint8_t* data, size_t size,
   const json header = parse_header(hbegin, hbegin + n, file);
   if (!header.is_object()) throw Error(file + ": header: not a JSON object");
 
-  const uint8_t* buffer = data + 8 + n;
   const uint64_t buffer_size = after - n;
 
-  SafetensorsFile out;
+  Layout layout;
+  layout.data_start = 8 + n;
+  SafetensorsFile& out = layout.out;
   out.source = file;
-  std::vector<Entry> entries;
+  std::vector<Entry>& entries = layout.entries;
   for (const auto& [key, value] : header.items()) {
     if (key == kMetadataKey) {
       if (!value.is_object())
@@ -371,15 +382,30 @@ SafetensorsFile parse_safetensors(const uint8_t* data, size_t size,
                 " but the data buffer has " + std::to_string(buffer_size) +
                 " bytes (trailing bytes)");
 
-  out.tensors.reserve(entries.size());
-  for (Entry& e : entries) {
+  return layout;
+}
+
+}  // namespace
+
+SafetensorsFile parse_safetensors(const uint8_t* data, size_t size,
+                                  const std::string& name_for_errors) {
+  if (data == nullptr && size != 0) throw Error(name_for_errors + ": no data");
+  Layout layout = parse_layout(data, size, name_for_errors);
+  const uint8_t* buffer = data + layout.data_start;
+  SafetensorsFile& out = layout.out;
+  out.tensors.reserve(layout.entries.size());
+  for (Entry& e : layout.entries) {
     e.view.bytes.assign(buffer + e.begin, buffer + e.end);
     out.tensors.push_back(std::move(e.view));
   }
-  return out;
+  return std::move(out);
 }
 
 SafetensorsFile read_safetensors(const std::string& path, uint64_t max_bytes) {
+  return read_safetensors_index(path, UINT64_MAX, max_bytes).file;
+}
+
+SafetensorsIndex read_safetensors_index(const std::string& path, uint64_t keep_bytes, uint64_t max_bytes) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) throw Error(path + ": cannot open: " + os_error(errno));
   const FdCloser closer{fd};
@@ -390,10 +416,56 @@ SafetensorsFile read_safetensors(const std::string& path, uint64_t max_bytes) {
   if (size > max_bytes)
     throw Error(path + ": file size " + std::to_string(size) + " bytes exceeds the limit of " +
                 std::to_string(max_bytes) + " bytes");
-  std::vector<uint8_t> bytes(static_cast<size_t>(size));
+  // The header first, then each tensor's bytes straight into its view (offset order, so the file
+  // is read once, front to back): the file is never held twice.
+  auto read_into = [&](uint8_t* dst, size_t n) {
+    size_t got = 0;
+    while (got < n) {
+      const ssize_t r = ::read(fd, dst + got, n - got);
+      if (r < 0) {
+        if (errno == EINTR) continue;
+        throw Error(path + ": cannot read: " + os_error(errno));
+      }
+      if (r == 0) throw Error(path + ": file shrank while reading");
+      got += size_t(r);
+    }
+  };
+  std::vector<uint8_t> head(static_cast<size_t>(std::min<uint64_t>(size, 8)));
+  read_into(head.data(), head.size());
+  if (size >= 8) {
+    const uint64_t n = read_le64(head.data());
+    if (n > 0 && n <= kMaxHeaderBytes && n <= size - 8) {
+      head.resize(size_t(8 + n));
+      read_into(head.data() + 8, size_t(n));
+    }
+  }
+  Layout layout = parse_layout(head.data(), size, path);
+  SafetensorsIndex index;
+  SafetensorsFile& out = index.file;
+  out.source = std::move(layout.out.source);
+  out.metadata = std::move(layout.out.metadata);
+  out.tensors.reserve(layout.entries.size());
+  for (Entry& e : layout.entries) {
+    const uint64_t n = e.end - e.begin;
+    if (n <= keep_bytes) {
+      e.view.bytes.resize(size_t(n));
+      if (::lseek(fd, off_t(layout.data_start + e.begin), SEEK_SET) < 0)
+        throw Error(path + ": cannot seek: " + os_error(errno));
+      read_into(e.view.bytes.data(), e.view.bytes.size());
+    }
+    index.offsets.push_back(layout.data_start + e.begin);
+    out.tensors.push_back(std::move(e.view));
+  }
+  return index;
+}
+
+void read_file_range(const std::string& path, uint64_t offset, void* dst, size_t n) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw Error(path + ": cannot open: " + os_error(errno));
+  const FdCloser closer{fd};
   size_t got = 0;
-  while (got < bytes.size()) {
-    const ssize_t r = ::read(fd, bytes.data() + got, bytes.size() - got);
+  while (got < n) {
+    const ssize_t r = ::pread(fd, static_cast<uint8_t*>(dst) + got, n - got, off_t(offset + got));
     if (r < 0) {
       if (errno == EINTR) continue;
       throw Error(path + ": cannot read: " + os_error(errno));
@@ -401,7 +473,6 @@ SafetensorsFile read_safetensors(const std::string& path, uint64_t max_bytes) {
     if (r == 0) throw Error(path + ": file shrank while reading");
     got += size_t(r);
   }
-  return parse_safetensors(bytes.data(), bytes.size(), path);
 }
 
 // ---- writer ------------------------------------------------------------------------------------
@@ -525,6 +596,18 @@ std::string sha256_file(const std::string& path) {
     h.update(buf.data(), size_t(r));
   }
   ::close(fd);
+  return h.hex();
+}
+
+std::string sha256_file_range(const std::string& path, uint64_t offset, uint64_t n) {
+  Sha256 h;
+  std::vector<uint8_t> buf(size_t(std::min<uint64_t>(n, 4 << 20)));
+  for (uint64_t done = 0; done < n;) {
+    const size_t step = size_t(std::min<uint64_t>(n - done, buf.size()));
+    read_file_range(path, offset + done, buf.data(), step);
+    h.update(buf.data(), step);
+    done += step;
+  }
   return h.hex();
 }
 

@@ -78,6 +78,17 @@ inline constexpr uint64_t kMaxHeaderBytes = 100'000'000;
 // Reads and validates a whole file; throws Error naming `path` when it cannot be read, when it is
 // larger than max_bytes, or when it is malformed.
 SafetensorsFile read_safetensors(const std::string& path, uint64_t max_bytes = 1ull << 34);
+// read_safetensors's checks, keeping the bytes only of the tensors of at most keep_bytes bytes:
+// the others have empty `bytes`, to be read on demand (read_file_range) from offsets[i], where
+// tensors[i]'s bytes start in the file.
+struct SafetensorsIndex {
+  SafetensorsFile file;
+  std::vector<uint64_t> offsets;
+};
+SafetensorsIndex read_safetensors_index(const std::string& path, uint64_t keep_bytes,
+                                        uint64_t max_bytes = 1ull << 34);
+// n bytes of `path` from `offset` into dst; Error naming the path when it cannot be read in full.
+void read_file_range(const std::string& path, uint64_t offset, void* dst, size_t n);
 // Validates and parses an in-memory file; `name_for_errors` starts every error message.
 SafetensorsFile parse_safetensors(const uint8_t* data, size_t size,
                                   const std::string& name_for_errors);
@@ -96,6 +107,8 @@ void write_safetensors(const std::string& path, const std::vector<TensorView>& t
 std::string sha256_hex(const uint8_t* data, size_t n);
 // SHA-256 of a file's bytes; throws Error naming `path` when it cannot be read.
 std::string sha256_file(const std::string& path);
+// SHA-256 of bytes [offset, offset + n) of a file, streamed (Error when it cannot be read in full).
+std::string sha256_file_range(const std::string& path, uint64_t offset, uint64_t n);
 
 // Throws Error("<file>: tensor '<name>': expected shape [..], got [..]") when the shapes differ.
 void expect_shape(const TensorView& view, const Shape& expected, const std::string& file);

@@ -1,0 +1,606 @@
+// indexshare simd/: the oracle's own computations of ref/compare.cc, bit-identical to ref's:
+//   emulate_attention_lowp   the FlashAttention-style budget's low-precision emulation
+//   attention_bounds         the per-element bounds of attention out / lse / max_logits
+//   indexer_logits_rule      the per-element bounds of the indexer logits
+//
+// Every sum of ref's is sequential (f32 or double, one rounding per term). The vector code keeps
+// each sum's order by putting independent sums in the lanes, never one sum across lanes:
+//   dot products (q . k)     lanes over heads (q of one query row transposed to [d][head]), each
+//                            lane summing d ascending with a separate multiply and add (ref's
+//                            `a += b * c` under -ffp-contract=off; in the double bounds a fused
+//                            multiply-add, the same bits: bf16 x bf16 is exact in double); a tile
+//                            of keys x head vectors
+//   P.V and A_c              lanes over output columns, each lane summing i (the sorted kv rows)
+//                            ascending; a tile of heads x column vectors
+//   logits magnitudes        lanes over keys s (|k| transposed to [d][s]), d then h ascending
+// The scalar parts (max, exp, log, the softmax sum, the per-element bound formulas) run per
+// element with ref's own expressions and the same C library calls (float std::exp / std::log in
+// the emulation, double std::exp in the bounds), which cost little next to the dot products.
+// OpenMP splits over query rows only (independent outputs); the logits rule's two global sums
+// (sum b^2, sum 2 r^2) run afterwards in ref's order on one thread.
+
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "simd/compare.cc"
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
+#include "hwy/highway.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "hwy/aligned_allocator.h"
+#include "ref/compare.h"
+#include "ref/numerics.h"
+#include "simd/common.h"
+#include "simd/simd.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace indexshare::simd::HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+// ref's valid_rows: the valid kv rows of query row t (topk_length slots), sorted ascending,
+// duplicates kept.
+HWY_INLINE void ValidRows(const detail::AttentionView& v, int64_t t, std::vector<int64_t>& rows) {
+  rows.clear();
+  const int64_t len = v.topk_length ? v.topk_length[t] : v.topk;
+  for (int64_t j = 0; j < len; ++j) {
+    const int64_t i = v.indices[t * v.topk + j];
+    if (0 <= i && i < v.s_kv) rows.push_back(i);
+  }
+  std::sort(rows.begin(), rows.end());
+}
+
+HWY_INLINE int64_t RoundUp(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+// ---- the emulation (f32) -----------------------------------------------------------------------
+
+using DF32 = hn::ScalableTag<float>;
+using VF32 = hn::Vec<DF32>;
+
+// The bf16 codes src[0, n) as f32 into dst[0, n) (exact), zeros up to n_pad.
+HWY_INLINE void Bf16RowToF32(const uint16_t* HWY_RESTRICT src, int64_t n, int64_t n_pad, float* HWY_RESTRICT dst) {
+  const DF32 df;
+  const hn::RebindToUnsigned<DF32> du;
+  const hn::Rebind<uint16_t, DF32> d16;
+  const int64_t N = int64_t(hn::Lanes(df));
+  int64_t i = 0;
+  for (; i + N <= n; i += N)
+    hn::StoreU(hn::BitCast(df, hn::ShiftLeft<16>(hn::PromoteTo(du, hn::LoadU(d16, src + i)))), df, dst + i);
+  for (; i < n; ++i) dst[i] = bf16_to_f32(bf16_t{src[i]});
+  for (; i < n_pad; ++i) dst[i] = 0.0f;
+}
+
+// ref's round_bf16 lane by lane: f32 -> bf16 (to nearest, ties to even, on the bits; NaN ->
+// the quiet NaN 0x7FC0 with the sign kept), back to f32.
+HWY_INLINE VF32 RoundBf16(DF32 df, VF32 x) {
+  const hn::RebindToUnsigned<DF32> du;
+  const auto u = hn::BitCast(du, x);
+  const auto hi = hn::ShiftRight<16>(u);
+  const auto is_nan = hn::Gt(hn::BitCast(hn::RebindToSigned<DF32>(), hn::And(u, hn::Set(du, 0x7FFFFFFFu))),
+                             hn::Set(hn::RebindToSigned<DF32>(), 0x7F800000));
+  const auto rounded = hn::ShiftRight<16>(hn::Add(hn::Add(u, hn::Set(du, 0x7FFFu)), hn::And(hi, hn::Set(du, 1u))));
+  const auto nan = hn::Or(hn::And(hi, hn::Set(du, 0x8000u)), hn::Set(du, 0x7FC0u));
+  return hn::BitCast(df, hn::ShiftLeft<16>(hn::IfThenElse(hn::RebindMask(du, is_nan), nan, rounded)));
+}
+
+// Pass 1 tile: dot[k][h] for kK keys (f32 rows kr + k * kstride) and kV vectors of heads from the
+// transposed q (qt[d * hp + h]): per lane dot += q * k, d ascending, a multiply then an add.
+// P[(i0 + k) * hp + h] = dot * scale.
+template <size_t kK, size_t kV>
+HWY_INLINE void EmuDotTile(const float* HWY_RESTRICT qt, int64_t hp, const float* HWY_RESTRICT kr, int64_t kstride,
+                           int64_t d_qk, float scale, float* HWY_RESTRICT p) {
+  const DF32 df;
+  const size_t N = hn::Lanes(df);
+  VF32 acc[kK][kV];
+  for (size_t k = 0; k < kK; ++k)
+    for (size_t u = 0; u < kV; ++u) acc[k][u] = hn::Zero(df);
+  for (int64_t d = 0; d < d_qk; ++d) {
+    VF32 q[kV];
+    for (size_t u = 0; u < kV; ++u) q[u] = hn::LoadU(df, qt + d * hp + int64_t(u * N));
+    for (size_t k = 0; k < kK; ++k) {
+      const VF32 b = hn::Set(df, kr[int64_t(k) * kstride + d]);
+      for (size_t u = 0; u < kV; ++u) acc[k][u] = hn::Add(acc[k][u], hn::Mul(q[u], b));
+    }
+  }
+  const VF32 s = hn::Set(df, scale);
+  for (size_t k = 0; k < kK; ++k)
+    for (size_t u = 0; u < kV; ++u) hn::StoreU(hn::Mul(acc[k][u], s), df, p + int64_t(k) * hp + int64_t(u * N));
+}
+
+// Pass 3 tile: acc[h][c] = sum_i pb[i * hp + h] * V[i][c] for kH heads and kV column vectors
+// (V rows vr + i * vstride), i ascending, a multiply then an add; stored to o[h * ostride + c].
+template <size_t kH, size_t kV>
+HWY_INLINE void EmuPVTile(const float* HWY_RESTRICT pb, int64_t hp, const float* HWY_RESTRICT vr, int64_t vstride,
+                          int64_t n, float* HWY_RESTRICT o, int64_t ostride) {
+  const DF32 df;
+  const size_t N = hn::Lanes(df);
+  VF32 acc[kH][kV];
+  for (size_t h = 0; h < kH; ++h)
+    for (size_t u = 0; u < kV; ++u) acc[h][u] = hn::Zero(df);
+  for (int64_t i = 0; i < n; ++i) {
+    VF32 x[kV];
+    for (size_t u = 0; u < kV; ++u) x[u] = hn::LoadU(df, vr + i * vstride + int64_t(u * N));
+    for (size_t h = 0; h < kH; ++h) {
+      const VF32 w = hn::Set(df, pb[i * hp + int64_t(h)]);
+      for (size_t u = 0; u < kV; ++u) acc[h][u] = hn::Add(acc[h][u], hn::Mul(w, x[u]));
+    }
+  }
+  for (size_t h = 0; h < kH; ++h)
+    for (size_t u = 0; u < kV; ++u) hn::StoreU(acc[h][u], df, o + int64_t(h) * ostride + int64_t(u * N));
+}
+
+constexpr size_t kEmuKeys = 4, kEmuHeadVecs = 2;  // pass 1 tile: 4 keys x 2 vectors of heads
+constexpr size_t kEmuPVHeads = 4, kEmuPVVecs = 2;  // pass 3 tile: 4 heads x 2 vectors of columns
+
+// ref's emulate_attention_lowp for query rows [t0, t1).
+void EmulateChunk(const detail::AttentionView& v, int64_t t0, int64_t t1, float* out, uint16_t* out_bf16,
+                  float* lse_out, float* max_out) {
+  const DF32 df;
+  const int64_t N = int64_t(hn::Lanes(df));
+  const int64_t h_q = v.h_q, d_qk = v.d_qk, d_v = v.d_v;
+  const int64_t hv = int64_t(kEmuHeadVecs) * N;                   // heads per pass 1 tile
+  const int64_t hp = RoundUp(h_q, std::max<int64_t>(hv, int64_t(kEmuPVHeads)));  // padded heads
+  const int64_t cw = int64_t(kEmuPVVecs) * N;                      // columns per pass 3 tile
+  const int64_t dpad = RoundUp(d_qk, cw);                          // kv row stride (>= d_v padded)
+  const int64_t dvp = RoundUp(d_v, cw);
+  auto qt = hwy::AllocateAligned<float>(size_t(d_qk * hp));
+  auto acc = hwy::AllocateAligned<float>(size_t(hp * dvp));
+  auto mbuf = hwy::AllocateAligned<float>(size_t(hp)), lbuf = hwy::AllocateAligned<float>(size_t(hp));
+  hwy::AlignedFreeUniquePtr<float[]> kf, pbuf;
+  int64_t cap = 0;
+  std::vector<int64_t> rows;
+  std::vector<float> factor(static_cast<size_t>(h_q));
+    std::vector<float> qrow(static_cast<size_t>(d_qk));
+  std::fill(qt.get(), qt.get() + d_qk * hp, 0.0f);  // padding heads stay zero
+  for (int64_t t = t0; t < t1; ++t) {
+    ValidRows(v, t, rows);
+    const int64_t n = int64_t(rows.size());
+    if (n == 0) {
+      for (int64_t h = 0; h < h_q; ++h) {
+        lse_out[t * h_q + h] = std::numeric_limits<float>::infinity();
+        max_out[t * h_q + h] = -std::numeric_limits<float>::infinity();
+      }
+      std::fill(out + t * h_q * d_v, out + (t + 1) * h_q * d_v, 0.0f);
+      std::fill(out_bf16 + t * h_q * d_v, out_bf16 + (t + 1) * h_q * d_v, uint16_t{0});
+      continue;
+    }
+    if (n > cap) {
+      cap = n;
+      kf = hwy::AllocateAligned<float>(size_t(cap * dpad));
+      pbuf = hwy::AllocateAligned<float>(size_t(cap * hp));
+      std::fill(pbuf.get(), pbuf.get() + cap * hp, 0.0f);
+    }
+    // q of row t transposed to [d][h]; the kv rows as f32 (zeros past d_qk).
+    for (int64_t h = 0; h < h_q; ++h) {
+      Bf16RowToF32(v.q + (t * h_q + h) * d_qk, d_qk, d_qk, qrow.data());
+      for (int64_t d = 0; d < d_qk; ++d) qt[size_t(d * hp + h)] = qrow[size_t(d)];
+    }
+    for (int64_t i = 0; i < n; ++i) Bf16RowToF32(v.kv + rows[size_t(i)] * d_qk, d_qk, dpad, kf.get() + i * dpad);
+    // Pass 1: p[i][h] = (sum_d q[h][d] * k_i[d]) * sm_scale, in f32.
+    float* P = pbuf.get();
+    const float sm = float(v.sm_scale);
+    int64_t i0 = 0;
+    for (; i0 + int64_t(kEmuKeys) <= n; i0 += int64_t(kEmuKeys))
+      for (int64_t h0 = 0; h0 < hp; h0 += hv)
+        EmuDotTile<kEmuKeys, kEmuHeadVecs>(qt.get() + h0, hp, kf.get() + i0 * dpad, dpad, d_qk, sm, P + i0 * hp + h0);
+    for (; i0 < n; ++i0)
+      for (int64_t h0 = 0; h0 < hp; h0 += hv)
+        EmuDotTile<1, kEmuHeadVecs>(qt.get() + h0, hp, kf.get() + i0 * dpad, dpad, d_qk, sm, P + i0 * hp + h0);
+    // Pass 2, ref's per-head loops with lanes over heads (P is [i][hp]): the max (from -inf, i
+    // ascending, as std::max: m < x ? x : m), then exp(p - m) by the C library's float exp element
+    // by element, the sum (i ascending), and lse and the sink factor per head; p is then rounded to
+    // bf16 in place (what pass 3 multiplies). Padding heads are zeroed (finite, never stored).
+    {
+      float* mx = mbuf.get();
+      float* lv = lbuf.get();
+      for (int64_t h0 = 0; h0 < hp; h0 += N) {
+        VF32 m = hn::Set(df, -std::numeric_limits<float>::infinity());
+        for (int64_t i = 0; i < n; ++i) {
+          const VF32 x = hn::Load(df, P + i * hp + h0);
+          m = hn::IfThenElse(hn::Lt(m, x), x, m);
+        }
+        hn::Store(m, df, mx + h0);
+      }
+      for (int64_t i = 0; i < n; ++i) {
+        float* pi = P + i * hp;
+        for (int64_t h = 0; h < h_q; ++h) pi[h] = std::exp(pi[h] - mx[h]);
+        for (int64_t h = h_q; h < hp; ++h) pi[h] = 0.0f;
+      }
+      for (int64_t h0 = 0; h0 < hp; h0 += N) {
+        VF32 l = hn::Zero(df);
+        for (int64_t i = 0; i < n; ++i) l = hn::Add(l, hn::Load(df, P + i * hp + h0));
+        hn::Store(l, df, lv + h0);
+      }
+      for (int64_t h = 0; h < h_q; ++h) {
+        const float m = mx[h], l = lv[h];
+        const float lse = m + std::log(l);
+        float f = 1.0f / l;
+        if (v.sink) f *= 1.0f / (1.0f + std::exp(v.sink[h] - lse));
+        factor[size_t(h)] = f;
+        lse_out[t * h_q + h] = lse;
+        max_out[t * h_q + h] = m;
+      }
+      for (int64_t e = 0; e < n * hp; e += N) hn::Store(RoundBf16(df, hn::Load(df, P + e)), df, P + e);
+    }
+    // Pass 3: acc[h][c] = sum_i bf16(p[i][h]) * V_i[c], a column strip at a time (the strip of V
+    // stays in L1 for every head tile).
+    for (int64_t c0 = 0; c0 < dvp; c0 += cw)
+      for (int64_t h0 = 0; h0 < hp; h0 += int64_t(kEmuPVHeads))
+        EmuPVTile<kEmuPVHeads, kEmuPVVecs>(P + h0, hp, kf.get() + c0, dpad, n, acc.get() + h0 * dvp + c0, dvp);
+    // Output: bf16(acc * factor), as f32 and as bf16 bits (ref's rounding, lane by lane).
+    const hn::RebindToUnsigned<DF32> du;
+    const hn::RebindToSigned<DF32> di;
+    const hn::Rebind<uint16_t, DF32> d16;
+    for (int64_t h = 0; h < h_q; ++h) {
+      const float* a = acc.get() + h * dvp;
+      const VF32 fv = hn::Set(df, factor[size_t(h)]);
+      float* o = out + (t * h_q + h) * d_v;
+      uint16_t* ob = out_bf16 + (t * h_q + h) * d_v;
+      int64_t c = 0;
+      for (; c + N <= d_v; c += N) {
+        const VF32 r = RoundBf16(df, hn::Mul(hn::Load(df, a + c), fv));
+        hn::StoreU(r, df, o + c);
+        hn::StoreU(hn::DemoteTo(d16, hn::BitCast(di, hn::ShiftRight<16>(hn::BitCast(du, r)))), d16, ob + c);
+      }
+      for (; c < d_v; ++c) {
+        ob[c] = f32_to_bf16(a[c] * factor[size_t(h)]).bits;
+        o[c] = bf16_to_f32(bf16_t{ob[c]});
+      }
+    }
+  }
+}
+
+// ---- the attention bounds (double) -------------------------------------------------------------
+
+using DF64 = hn::ScalableTag<double>;
+using VF64 = hn::Vec<DF64>;
+
+// Pass 1 tile of the bounds: per lane (head) dot += q * k and mag += |q| * |k|, d ascending, for
+// kK keys (double rows kr + k * kstride) and kV vectors of heads (qt[d * hp + h], qa = |qt|).
+// Stores P[k * hp + h] = dot * sm_scale and M[k * hp + h] = sm * mag.
+// A product of two bf16 values is exact in double (16 significant bits; exponents within double's
+// range), so ref's `dot += a * c` (a multiply, then an add: one rounding) is one fused multiply-add
+// here, bit for bit, and |a * c| = |a| * |c|. (Highway's MulAdd is a multiply then an add on
+// targets without FMA, the same result again.)
+template <size_t kK, size_t kV>
+HWY_INLINE void BoundDotTile(const double* HWY_RESTRICT qt, const double* HWY_RESTRICT qa, int64_t hp,
+                             const double* HWY_RESTRICT kr, int64_t kstride, int64_t d_qk, double scale, double sm,
+                             double* HWY_RESTRICT p, double* HWY_RESTRICT mg) {
+  const DF64 d64;
+  const size_t N = hn::Lanes(d64);
+  VF64 dot[kK][kV], mag[kK][kV];
+  for (size_t k = 0; k < kK; ++k)
+    for (size_t u = 0; u < kV; ++u) dot[k][u] = mag[k][u] = hn::Zero(d64);
+  for (int64_t d = 0; d < d_qk; ++d) {
+    VF64 q[kV], a[kV];
+    for (size_t u = 0; u < kV; ++u) {
+      q[u] = hn::LoadU(d64, qt + d * hp + int64_t(u * N));
+      a[u] = hn::LoadU(d64, qa + d * hp + int64_t(u * N));
+    }
+    for (size_t k = 0; k < kK; ++k) {
+      const double kv = kr[int64_t(k) * kstride + d];
+      const VF64 b = hn::Set(d64, kv), ba = hn::Set(d64, std::fabs(kv));
+      for (size_t u = 0; u < kV; ++u) {
+        dot[k][u] = hn::MulAdd(q[u], b, dot[k][u]);
+        mag[k][u] = hn::MulAdd(a[u], ba, mag[k][u]);
+      }
+    }
+  }
+  const VF64 s = hn::Set(d64, scale), a = hn::Set(d64, sm);
+  for (size_t k = 0; k < kK; ++k)
+    for (size_t u = 0; u < kV; ++u) {
+      hn::StoreU(hn::Mul(dot[k][u], s), d64, p + int64_t(k) * hp + int64_t(u * N));
+      hn::StoreU(hn::Mul(a, mag[k][u]), d64, mg + int64_t(k) * hp + int64_t(u * N));
+    }
+}
+
+// A_c = sum_i w[i][h] * |V_i[c]| for kH heads and kV vectors of columns, i ascending.
+template <size_t kH, size_t kV>
+HWY_INLINE void BoundATile(const double* HWY_RESTRICT w, int64_t hp, const double* HWY_RESTRICT vr, int64_t vstride,
+                           int64_t n, double* HWY_RESTRICT o, int64_t ostride) {
+  const DF64 d64;
+  const size_t N = hn::Lanes(d64);
+  VF64 acc[kH][kV];
+  for (size_t h = 0; h < kH; ++h)
+    for (size_t u = 0; u < kV; ++u) acc[h][u] = hn::Zero(d64);
+  for (int64_t i = 0; i < n; ++i) {
+    VF64 x[kV];
+    for (size_t u = 0; u < kV; ++u) x[u] = hn::Abs(hn::LoadU(d64, vr + i * vstride + int64_t(u * N)));
+    for (size_t h = 0; h < kH; ++h) {
+      const VF64 p = hn::Set(d64, w[i * hp + int64_t(h)]);
+      for (size_t u = 0; u < kV; ++u) acc[h][u] = hn::Add(acc[h][u], hn::Mul(p, x[u]));
+    }
+  }
+  for (size_t h = 0; h < kH; ++h)
+    for (size_t u = 0; u < kV; ++u) hn::StoreU(acc[h][u], d64, o + int64_t(h) * ostride + int64_t(u * N));
+}
+
+// Pass 1 tile: keys x 2 vectors of heads (x 2 sums: 16 accumulators with 32 registers, 8 with 16).
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+constexpr size_t kBoundKeys = 4, kBoundHeadVecs = 2;
+#else
+constexpr size_t kBoundKeys = 2, kBoundHeadVecs = 2;
+#endif
+constexpr size_t kBoundAHeads = 4, kBoundAVecs = 2;   // A tile: 4 heads x 2 vectors of columns
+
+// The bf16 codes src[0, n) as doubles into dst (exact), zeros up to n_pad.
+HWY_INLINE void Bf16RowToF64(const uint16_t* HWY_RESTRICT src, int64_t n, int64_t n_pad, double* HWY_RESTRICT dst) {
+  const DF64 d64;
+  const hn::Rebind<uint16_t, DF64> d16;
+  const hn::Rebind<uint32_t, DF64> d32;
+  const hn::Rebind<float, DF64> df32;
+  const int64_t N = int64_t(hn::Lanes(d64));
+  int64_t i = 0;
+  for (; i + N <= n; i += N)
+    hn::StoreU(hn::PromoteTo(d64, hn::BitCast(df32, hn::ShiftLeft<16>(hn::PromoteTo(d32, hn::LoadU(d16, src + i))))), d64,
+               dst + i);
+  for (; i < n; ++i) dst[i] = detail::bf16_to_double(src[i]);
+  for (; i < n_pad; ++i) dst[i] = 0.0;
+}
+
+// The scalars of cmp::attention_bounds (ref/compare.cc), as there.
+constexpr double kBf16U = 0x1p-8, kF32E = 0x1p-24;
+
+// ref's attention_bounds for query rows [t0, t1): out [s_q, h_q, d_v], lse / max [s_q, h_q]
+// (zero-initialised by the caller: empty rows keep bound 0).
+void BoundsChunk(const detail::AttentionView& v, const float* exact_out, const float* exact_lse,
+                 const float* exact_max, int64_t t0, int64_t t1, double* b_out, double* b_lse, double* b_max) {
+  const DF64 d64;
+  const int64_t N = int64_t(hn::Lanes(d64));
+  const int64_t h_q = v.h_q, d_qk = v.d_qk, d_v = v.d_v;
+  const int64_t hv = int64_t(kBoundHeadVecs) * N;
+  const int64_t hp = RoundUp(h_q, std::max<int64_t>(hv, int64_t(kBoundAHeads)));
+  const int64_t cw = int64_t(kBoundAVecs) * N;
+  const int64_t dpad = RoundUp(d_qk, cw), dvp = RoundUp(d_v, cw);
+  const double sm = std::fabs(v.sm_scale), scale = v.sm_scale;
+  auto qt = hwy::AllocateAligned<double>(size_t(d_qk * hp)), qa = hwy::AllocateAligned<double>(size_t(d_qk * hp));
+  auto A = hwy::AllocateAligned<double>(size_t(hp * dvp));
+  hwy::AlignedFreeUniquePtr<double[]> kd, pbuf, mbuf;
+  int64_t cap = 0;
+  std::vector<int64_t> rows;
+  std::vector<double> qrow(static_cast<size_t>(d_qk)), G(static_cast<size_t>(hp)), mv(static_cast<size_t>(hp));
+  std::fill(qt.get(), qt.get() + d_qk * hp, 0.0);
+  std::fill(qa.get(), qa.get() + d_qk * hp, 0.0);
+  for (int64_t t = t0; t < t1; ++t) {
+    ValidRows(v, t, rows);
+    const int64_t n = int64_t(rows.size());
+    if (n == 0) continue;  // out 0, lse +inf, max -inf: exact, bound 0
+    const double k = double(n);
+    if (n > cap) {
+      cap = n;
+      kd = hwy::AllocateAligned<double>(size_t(cap * dpad));
+      pbuf = hwy::AllocateAligned<double>(size_t(cap * hp));
+      mbuf = hwy::AllocateAligned<double>(size_t(cap * hp));
+      std::fill(pbuf.get(), pbuf.get() + cap * hp, 0.0);
+    }
+    for (int64_t h = 0; h < h_q; ++h) {
+      Bf16RowToF64(v.q + (t * h_q + h) * d_qk, d_qk, d_qk, qrow.data());
+      for (int64_t d = 0; d < d_qk; ++d) {
+        qt[size_t(d * hp + h)] = qrow[size_t(d)];
+        qa[size_t(d * hp + h)] = std::fabs(qrow[size_t(d)]);
+      }
+    }
+    for (int64_t i = 0; i < n; ++i) Bf16RowToF64(v.kv + rows[size_t(i)] * d_qk, d_qk, dpad, kd.get() + i * dpad);
+    // Pass 1: the exact logits p (dot * sm_scale) and sm * mag per key and head.
+    double* P = pbuf.get();
+    double* MG = mbuf.get();
+    int64_t i0 = 0;
+    for (; i0 + int64_t(kBoundKeys) <= n; i0 += int64_t(kBoundKeys))
+      for (int64_t h0 = 0; h0 < hp; h0 += hv)
+        BoundDotTile<kBoundKeys, kBoundHeadVecs>(qt.get() + h0, qa.get() + h0, hp, kd.get() + i0 * dpad, dpad, d_qk, scale, sm,
+                                                 P + i0 * hp + h0, MG + i0 * hp + h0);
+    for (; i0 < n; ++i0)
+      for (int64_t h0 = 0; h0 < hp; h0 += hv)
+        BoundDotTile<1, kBoundHeadVecs>(qt.get() + h0, qa.get() + h0, hp, kd.get() + i0 * dpad, dpad, d_qk, scale, sm,
+                                        P + i0 * hp + h0, MG + i0 * hp + h0);
+    // Pass 2, ref's per-head loops with lanes over heads: G and m (std::max, i ascending), p =
+    // exp(p - m) by the C library's double exp element by element, summed into l (i ascending),
+    // then the weights p / l of A (in place; IEEE division, the same in a lane). Padding heads: 0.
+    for (int64_t h0 = 0; h0 < hp; h0 += N) {
+      VF64 g = hn::Zero(d64), m = hn::Set(d64, -std::numeric_limits<double>::infinity());
+      for (int64_t i = 0; i < n; ++i) {
+        const VF64 x = hn::Load(d64, MG + i * hp + h0), y = hn::Load(d64, P + i * hp + h0);
+        g = hn::IfThenElse(hn::Lt(g, x), x, g);
+        m = hn::IfThenElse(hn::Lt(m, y), y, m);
+      }
+      hn::StoreU(g, d64, G.data() + h0);
+      hn::StoreU(m, d64, mv.data() + h0);
+    }
+    for (int64_t i = 0; i < n; ++i) {
+      double* pi = P + i * hp;
+      for (int64_t h = 0; h < h_q; ++h) pi[h] = std::exp(pi[h] - mv[size_t(h)]);
+    }
+    for (int64_t h0 = 0; h0 < hp; h0 += N) {
+      VF64 sum = hn::Zero(d64);
+      for (int64_t i = 0; i < n; ++i) sum = hn::Add(sum, hn::Load(d64, P + i * hp + h0));
+      for (int64_t i = 0; i < n; ++i) hn::Store(hn::Div(hn::Load(d64, P + i * hp + h0), sum), d64, P + i * hp + h0);
+    }
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t h = h_q; h < hp; ++h) P[i * hp + h] = 0.0;
+    // A_c per head, column strips of V (|V| taken on load).
+    for (int64_t c0 = 0; c0 < dvp; c0 += cw)
+      for (int64_t h0 = 0; h0 < hp; h0 += int64_t(kBoundAHeads))
+        BoundATile<kBoundAHeads, kBoundAVecs>(P + h0, hp, kd.get() + c0, dpad, n, A.get() + h0 * dvp + c0, dvp);
+    // The bounds, ref's expressions element by element.
+    for (int64_t h = 0; h < h_q; ++h) {
+      const int64_t th = t * h_q + h;
+      const double logit_err = (double(d_qk) + 2) * kF32E * G[size_t(h)];
+      const double* a = A.get() + h * dvp;
+      for (int64_t c = 0; c < d_v; ++c) {
+        const double o = std::fabs(double(exact_out[th * d_v + c]));
+        const double bound = kBf16U * o + kBf16U * a[c] + ((k + 8) * kF32E + 2 * logit_err) * a[c];
+        b_out[th * d_v + c] = cmp::kAttentionMultiple * bound;
+      }
+      b_lse[th] = cmp::kAttentionMultiple * (logit_err + (k + 8) * kF32E + 2 * kF32E * std::fabs(double(exact_lse[th])));
+      b_max[th] = cmp::kAttentionMultiple * (logit_err + kF32E * std::fabs(double(exact_max[th])));
+    }
+  }
+}
+
+// ---- the indexer logits rule (double) ----------------------------------------------------------
+
+// Per lane (key s): mag += |w_h| * (sum_d |q_hd| * |k_sd|), d then h ascending, for kV vectors of
+// keys (kt[d * sp + s], |k| transposed) starting at s0; qa[h * D + d] = |q_hd|, wa[h] = |w_h|.
+template <size_t kV>
+HWY_INLINE void LogitMagTile(const double* HWY_RESTRICT qa, const double* HWY_RESTRICT wa, int64_t H, int64_t D,
+                             const double* HWY_RESTRICT kt, int64_t sp, double* HWY_RESTRICT mag_out) {
+  const DF64 d64;
+  const size_t N = hn::Lanes(d64);
+  VF64 mag[kV];
+  for (size_t u = 0; u < kV; ++u) mag[u] = hn::Zero(d64);
+  for (int64_t h = 0; h < H; ++h) {
+    VF64 m[kV];
+    for (size_t u = 0; u < kV; ++u) m[u] = hn::Zero(d64);
+    for (int64_t d = 0; d < D; ++d) {
+      const VF64 q = hn::Set(d64, qa[h * D + d]);
+      for (size_t u = 0; u < kV; ++u) m[u] = hn::Add(m[u], hn::Mul(q, hn::LoadU(d64, kt + d * sp + int64_t(u * N))));
+    }
+    const VF64 w = hn::Set(d64, wa[h]);
+    for (size_t u = 0; u < kV; ++u) mag[u] = hn::Add(mag[u], hn::Mul(w, m[u]));
+  }
+  for (size_t u = 0; u < kV; ++u) hn::StoreU(mag[u], d64, mag_out + int64_t(u * N));
+}
+
+constexpr size_t kMagVecs = 4;
+static_assert(32 % (kMagVecs * HWY_LANES(double)) == 0, "indexer_logits_rule pads s_kv to 32 keys");
+
+// Rows [t0, t1) of the logits bound (ref's indexer_logits_rule, without its global sums): q8 codes
+// [s_q, H, D], kt = |k| transposed [D][sp] (sp = s_kv padded to whole tiles, zeros past s_kv).
+void LogitsBoundChunk(const uint8_t* q8, const double* kt, int64_t sp, const float* k_scale, const float* weights,
+                      const float* exact, int64_t H, int64_t D, int64_t s_kv, int64_t t0, int64_t t1, double* bound) {
+  const DF64 d64;
+  const int64_t N = int64_t(hn::Lanes(d64));
+  const int64_t sw = int64_t(kMagVecs) * N;
+  const double* e4 = detail::e4m3_table();
+  std::vector<double> qa(static_cast<size_t>(H * D)), wa(static_cast<size_t>(H));
+  auto mag = hwy::AllocateAligned<double>(size_t(sp));
+  const double C = cmp::kLogitSigmas * std::sqrt(double(D) + double(H) + 2) * 0x1p-14;
+  for (int64_t t = t0; t < t1; ++t) {
+    for (int64_t i = 0; i < H * D; ++i) qa[size_t(i)] = std::fabs(e4[q8[t * H * D + i]]);
+    for (int64_t h = 0; h < H; ++h) wa[size_t(h)] = std::fabs(double(weights[t * H + h]));
+    for (int64_t s0 = 0; s0 < sp; s0 += sw) LogitMagTile<kMagVecs>(qa.data(), wa.data(), H, D, kt + s0, sp, mag.get() + s0);
+    for (int64_t s = 0; s < s_kv; ++s) {
+      const double r = exact[t * s_kv + s];
+      // ref: kLogitSigmas * sqrt(D + H + 2) * 2^-14 * k_scale * mag, left to right.
+      bound[t * s_kv + s] = std::isfinite(r) ? C * double(k_scale[s]) * mag[size_t(s)] : 0.0;
+    }
+  }
+}
+
+}  // namespace indexshare::simd::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+#include <omp.h>
+
+#include <string>
+
+#include "ref/error.h"
+
+namespace indexshare::simd {
+
+HWY_EXPORT(EmulateChunk);
+HWY_EXPORT(BoundsChunk);
+HWY_EXPORT(LogitsBoundChunk);
+
+namespace {
+
+detail::AttentionView sparse_view(const Tensor<bf16_t>& q, const Tensor<bf16_t>& kv, const Tensor<int32_t>& indices,
+                                  float sm_scale, int64_t d_v, const Tensor<int32_t>* topk_length,
+                                  const Tensor<float>* attn_sink) {
+  detail::AttentionView v;
+  v.q = reinterpret_cast<const uint16_t*>(q.ptr());
+  v.kv = reinterpret_cast<const uint16_t*>(kv.ptr());
+  v.s_q = q.dim(0);
+  v.h_q = q.dim(1);
+  v.d_qk = q.dim(2);
+  v.s_kv = kv.dim(0);
+  v.d_v = d_v;
+  v.sm_scale = double(sm_scale);
+  v.sink = attn_sink ? attn_sink->ptr() : nullptr;
+  v.indices = indices.ptr();
+  v.topk = indices.dim(2);
+  v.topk_length = topk_length ? topk_length->ptr() : nullptr;
+  return v;
+}
+
+// fn(t0, t1) over chunks of query rows, spread over the OpenMP threads (independent outputs).
+template <class Fn>
+void over_rows(int64_t s_q, int64_t max_chunk, Fn&& fn) {
+  const int64_t rows = std::clamp<int64_t>(s_q / (4 * int64_t(omp_get_max_threads())), 1, max_chunk);
+  const int64_t chunks = (s_q + rows - 1) / rows;
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int64_t c = 0; c < chunks; ++c) fn(c * rows, std::min(s_q, (c + 1) * rows));
+}
+
+}  // namespace
+
+AttentionOut emulate_attention_lowp(const Tensor<bf16_t>& q, const Tensor<bf16_t>& kv, const Tensor<int32_t>& indices,
+                                    float sm_scale, int64_t d_v, const Tensor<int32_t>* topk_length,
+                                    const Tensor<float>* attn_sink) {
+  const int64_t s_q = q.dim(0), h_q = q.dim(1);
+  // ref reads V as the first d_v columns of each kv row (ref/compare.h); past d_qk there is none.
+  require(d_v <= q.dim(2), "emulate_attention_lowp: d_v " + std::to_string(d_v) + " exceeds d_qk " + std::to_string(q.dim(2)));
+  AttentionOut o{Tensor<float>({s_q, h_q, d_v}), Tensor<bf16_t>({s_q, h_q, d_v}), Tensor<float>({s_q, h_q}),
+                 Tensor<float>({s_q, h_q})};
+  const detail::AttentionView v = sparse_view(q, kv, indices, sm_scale, d_v, topk_length, attn_sink);
+  over_rows(s_q, 8, [&](int64_t t0, int64_t t1) {
+    HWY_DYNAMIC_DISPATCH(EmulateChunk)(v, t0, t1, o.out.ptr(), reinterpret_cast<uint16_t*>(o.out_bf16.ptr()),
+                                       o.lse.ptr(), o.max_logits.ptr());
+  });
+  return o;
+}
+
+cmp::AttentionBounds attention_bounds(const Tensor<bf16_t>& q, const Tensor<bf16_t>& kv, const Tensor<int32_t>& indices,
+                                      float sm_scale, int64_t d_v, const Tensor<int32_t>* topk_length,
+                                      const AttentionOut& exact) {
+  const int64_t s_q = q.dim(0), h_q = q.dim(1);
+  require(d_v <= q.dim(2), "attention_bounds: d_v " + std::to_string(d_v) + " exceeds d_qk " + std::to_string(q.dim(2)));
+  cmp::AttentionBounds b;
+  b.out.assign(size_t(s_q * h_q * d_v), 0.0);
+  b.lse.assign(size_t(s_q * h_q), 0.0);
+  b.max_logits.assign(size_t(s_q * h_q), 0.0);
+  const detail::AttentionView v = sparse_view(q, kv, indices, sm_scale, d_v, topk_length, nullptr);
+  over_rows(s_q, 8, [&](int64_t t0, int64_t t1) {
+    HWY_DYNAMIC_DISPATCH(BoundsChunk)(v, exact.out.ptr(), exact.lse.ptr(), exact.max_logits.ptr(), t0, t1,
+                                      b.out.data(), b.lse.data(), b.max_logits.data());
+  });
+  return b;
+}
+
+cmp::FloatRule indexer_logits_rule(const Tensor<e4m3_t>& q, const Tensor<e4m3_t>& k, const Tensor<float>& k_scale,
+                                   const Tensor<float>& weights, const Tensor<float>& exact_logits) {
+  const int64_t s_q = q.dim(0), H = q.dim(1), D = q.dim(2), s_kv = k.dim(0);
+  cmp::FloatRule rule;
+  rule.bound.assign(size_t(s_q * s_kv), 0.0);
+  // |k| transposed to [D][sp], sp a multiple of 32 keys, a whole number of tiles on every target
+  // (zeros past s_kv).
+  const int64_t sp = (s_kv + 31) / 32 * 32;
+  auto kt = hwy::AllocateAligned<double>(size_t(D * sp));
+  const double* e4 = detail::e4m3_table();
+  const uint8_t* k8 = reinterpret_cast<const uint8_t*>(k.ptr());
+#pragma omp parallel for schedule(static)
+  for (int64_t d = 0; d < D; ++d)
+    for (int64_t s = 0; s < sp; ++s) kt[size_t(d * sp + s)] = s < s_kv ? std::fabs(e4[k8[s * D + d]]) : 0.0;
+  const uint8_t* q8 = reinterpret_cast<const uint8_t*>(q.ptr());
+  over_rows(s_q, 4, [&](int64_t t0, int64_t t1) {
+    HWY_DYNAMIC_DISPATCH(LogitsBoundChunk)(q8, kt.get(), sp, k_scale.ptr(), weights.ptr(), exact_logits.ptr(), H, D,
+                                           s_kv, t0, t1, rule.bound.data());
+  });
+  // The global sums in ref's order (t, then s ascending).
+  double sum_b2 = 0, sum_r2 = 0;
+  for (int64_t i = 0; i < s_q * s_kv; ++i) {
+    const double r = exact_logits[i];
+    if (!std::isfinite(r)) continue;
+    const double b = rule.bound[size_t(i)];
+    sum_b2 += b * b;
+    sum_r2 += 2 * r * r;
+  }
+  rule.metric_max = sum_r2 > 0 ? sum_b2 / sum_r2 : 0;
+  rule.derivation = "bound = 4 sqrt(D + H + 2) 2^-14 k_scale sum_h |w| sum_d |q k|: a 14-bit FP8 accumulator";
+  return rule;
+}
+
+}  // namespace indexshare::simd
+#endif  // HWY_ONCE
