@@ -343,6 +343,23 @@ Report compare_topk(const std::string& tensor, const Tensor<float>& golden_logit
   for (int64_t t = 0; t < s_q; ++t) {
     const int64_t len = ke[t] - ks[t], k_eff = std::min(topk, len);
     nontrivial += len > topk;
+    std::set<int32_t> gold;
+    for (int64_t j = 0; j < topk; ++j) if (golden_topk.at(t, j) >= 0) gold.insert(golden_topk.at(t, j));
+    // Recall over every row, malformed ones included: the distinct in-window positions it holds.
+    std::set<int32_t> in_window;
+    for (int64_t j = 0; j < topk; ++j)
+      if (cand.at(t, j) >= 0 && cand.at(t, j) < len) in_window.insert(cand.at(t, j));
+    int64_t common = 0;
+    for (int32_t v : in_window) common += gold.count(v);
+    const double recall = k_eff ? double(std::min(common, k_eff)) / double(k_eff) : 1.0;
+    recall_sum += recall;
+    r.stats.recall_min = std::min(r.stats.recall_min, recall);
+    // The value a slot holds as the candidate wrote it (a kv row when opt.kv_rows).
+    auto shown = [&](int64_t j) {
+      return opt.kv_rows ? "kv row " + std::to_string(opt.kv_rows->at(t, j)) : std::to_string(cand.at(t, j));
+    };
+    const std::string window = opt.kv_rows ? "the row's window [" + std::to_string(ks[t]) + ", " + std::to_string(ke[t]) + ")"
+                                           : "[0, " + std::to_string(len) + ")";
     // 1. Structure.
     std::set<int32_t> seen;
     int64_t valid = 0, first_pad = -1;
@@ -350,9 +367,13 @@ Report compare_topk(const std::string& tensor, const Tensor<float>& golden_logit
     for (int64_t j = 0; j < topk; ++j) {
       const int32_t v = cand.at(t, j);
       if (v == -1) { if (first_pad < 0) first_pad = j; continue; }
-      if (v < 0 || v >= len) { fail_row(t, "slot " + std::to_string(j) + " holds " + std::to_string(v) +
-                                            ", outside [0, " + std::to_string(len) + ") and not -1"); ok = false; break; }
-      if (!seen.insert(v).second) { fail_row(t, "position " + std::to_string(v) + " appears twice"); ok = false; break; }
+      if (v < 0 || v >= len) { fail_row(t, "slot " + std::to_string(j) + " holds " + shown(j) +
+                                            ", outside " + window + " and not -1"); ok = false; break; }
+      if (!seen.insert(v).second) {
+        fail_row(t, (opt.kv_rows ? shown(j) : "position " + shown(j)) + " appears twice");
+        ok = false;
+        break;
+      }
       if (opt.trailing_padding && first_pad >= 0) { fail_row(t, "valid position after a -1 slot (padding must be trailing)"); ok = false; break; }
       ++valid;
     }
@@ -363,18 +384,11 @@ Report compare_topk(const std::string& tensor, const Tensor<float>& golden_logit
     if (!ok) { ++structural; ++r.stats.n_fail; continue; }
     if (len > 0) ++r.stats.n_checked;
     // 2. Selection: multisets of golden scores.
-    std::set<int32_t> gold;
-    for (int64_t j = 0; j < topk; ++j) if (golden_topk.at(t, j) >= 0) gold.insert(golden_topk.at(t, j));
     std::vector<float> sc, sg;
     for (int32_t v : seen) sc.push_back(golden_logits.at(t, ks[t] + v));
     for (int32_t v : gold) sg.push_back(golden_logits.at(t, ks[t] + v));
     std::sort(sc.begin(), sc.end());
     std::sort(sg.begin(), sg.end());
-    int64_t common = 0;
-    for (int32_t v : seen) common += gold.count(v);
-    const double recall = k_eff ? double(common) / double(k_eff) : 1.0;
-    recall_sum += recall;
-    r.stats.recall_min = std::min(r.stats.recall_min, recall);
     if (sc == sg) continue;
     // Near ties explained by the candidate's own logits.
     bool legit = false;

@@ -158,12 +158,18 @@ FloatRule indexer_logits_rule(const Tensor<e4m3_t>& q, const Tensor<e4m3_t>& k, 
 //              when golden(b) - golden(a) <= |cand(a) - golden(a)| + |cand(b) - golden(b)| and
 //              both deviations are within the logits bound (a near-tie the candidate's own
 //              rounding explains).
-//   recall     |A ∩ B| / k_eff with B the golden selection (reported, mean and min).
+//   recall     |A ∩ B| / k_eff with B the golden selection and A the distinct in-window positions
+//              of the row (reported, mean and min, both over every row: a malformed row's recall
+//              counts the positions it does hold in its window).
 // Slot order never matters. MISTRUSTED when every row has len <= topk (nothing is selected).
 struct TopkOptions {
   bool trailing_padding = true;
   const Tensor<float>* candidate_logits = nullptr;
   const FloatRule* logits_rule = nullptr;  // bounds for the near-tie margin
+  // The candidate as written when it holds kv rows ([s_q, topk]; the caller converts them to the
+  // sequence-local `candidate`, rows outside [ks, ke) to any value outside [0, len) other than -1):
+  // the messages then name the kv row the candidate wrote and the row's window [ks, ke).
+  const Tensor<int32_t>* kv_rows = nullptr;
 };
 Report compare_topk(const std::string& tensor, const Tensor<float>& golden_logits,
                     const Tensor<int32_t>& ks, const Tensor<int32_t>& ke,

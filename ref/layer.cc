@@ -115,13 +115,35 @@ std::vector<int64_t> row_range(int64_t s0, int64_t n) {
   return r;
 }
 
+// drift=: the correlation r_l of layer l's own part with layer l - 1's (see the header).
+float drift_step(const Problem& p, int layer) {
+  if (p.jumps > 0) {
+    Xoshiro256 g(p.seed ^ stream_tag("stack.drift.jump." + std::to_string(layer)));
+    if (double(g.below(uint64_t(1) << 24)) < double(p.jumps) * 16777216.0) return p.jump_rho;
+  }
+  return p.drift;
+}
+
+// The layer's own part: its own draw, or with drift= the AR(1) chain over layers 0..layer.
+Tensor<float> own_part(const Problem& p, const std::string& name, int layer, const Shape& shape,
+                       std::span<const int64_t> rows) {
+  if (p.drift == 0.0f) return generate_rows(p, "layers." + std::to_string(layer) + "." + name, shape, rows);
+  Tensor<float> c = generate_rows(p, "layers.0." + name, shape, rows);
+  for (int j = 1; j <= layer; ++j) {
+    const float r = drift_step(p, j), s = float(std::sqrt(1.0 - double(r) * double(r)));
+    const Tensor<float> own = generate_rows(p, "layers." + std::to_string(j) + "." + name, shape, rows);
+    for (int64_t i = 0; i < c.numel(); ++i) c[i] = r * c[i] + s * own[i];
+  }
+  return c;
+}
+
 // a * base + b * own, elementwise in f32 (a = sim, b = f32(sqrt(1 - sim^2))), for the given rows
 // of a tensor of `shape`.
 Tensor<float> mixed(const Problem& p, const std::string& name, int layer, const Shape& shape,
                     std::span<const int64_t> rows) {
   const float a = p.sim, b = float(std::sqrt(1.0 - double(p.sim) * double(p.sim)));
   Tensor<float> base = generate_rows(p, "stack." + name, shape, rows);
-  const Tensor<float> own = generate_rows(p, "layers." + std::to_string(layer) + "." + name, shape, rows);
+  const Tensor<float> own = own_part(p, name, layer, shape, rows);
   for (int64_t i = 0; i < base.numel(); ++i) base[i] = a * base[i] + b * own[i];
   return base;
 }

@@ -10,6 +10,15 @@
 //           v = a * base + b * own   in f32, a = sim, b = f32(sqrt(1 - sim^2))
 //       so that at sim = 1 every layer has the same indexer inputs (top-k overlap 1) and at
 //       sim = 0 the layers are independent (overlap near chance), with unit variance between.
+//       With drift = rho > 0 the layer's own part is instead an AR(1) chain across layers, as in
+//       real models, where adjacent layers choose much the same keys and the overlap decays with
+//       layer distance (IndexCache: 0.7-1.0 for adjacent layers):
+//           c_0 = own_0,   c_l = r_l * c_{l-1} + f32(sqrt(1 - r_l^2)) * own_l   (f32, in order)
+//       with r_l = rho, or jumprho at a layer that jumps (probability `jumps` per layer, drawn
+//       from the stream "stack.drift.jump.{l}"); the correlation of two layers' own parts is
+//       the product of the r between them (rho^distance without jumps). Layer l's inputs then
+//       read the own streams of layers 0..l (O(l) generation). drift = 0: exactly the bytes of
+//       the independent draws above.
 //   recency and sinks (real indexers favour recent and first tokens): two reserved dims of the
 //       indexer head, d_r = D - 1 and d_s = D - 2 (when D >= 2), are overwritten with
 //           q[t, h, d_r] = q[t, h, d_s] = sign(w[t, h]) * g,      g = f32(2 * D^(1/4))

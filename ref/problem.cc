@@ -71,6 +71,11 @@ void Problem::validate() const {
   require(s_q % n_seqs == 0 && s_kv % n_seqs == 0,
           "problem field nseq (" + std::to_string(n_seqs) + ") must divide sq and skv");
   require(sim >= 0.0f && sim <= 1.0f, "problem field sim must be in [0, 1], got " + std::to_string(sim));
+  require(drift >= 0.0f && drift <= 1.0f, "problem field drift must be in [0, 1], got " + std::to_string(drift));
+  require(jumps >= 0.0f && jumps <= 1.0f, "problem field jumps must be in [0, 1], got " + std::to_string(jumps));
+  require(jump_rho >= 0.0f && jump_rho <= 1.0f, "problem field jumprho must be in [0, 1], got " + std::to_string(jump_rho));
+  require(jumps == 0.0f || drift > 0.0f, "problem field jumps applies with drift > 0 only (a jump is a step of the drift)");
+  require(jump_rho == 0.5f || jumps > 0.0f, "problem field jumprho applies with jumps > 0 only");
   require(recency >= 0.0f && std::isfinite(recency), "problem field recency must be finite and >= 0");
   require(sinks >= 0 && sinks <= s_kv, "problem field sinks must be in [0, skv]");
   // Fields the generator would not read are refused rather than ignored: the recency and sink
@@ -99,6 +104,9 @@ std::string to_string(const Problem& p) {
   if (p.n_layers != d.n_layers) os << " nl" << p.n_layers;
   if (p.sched != d.sched) os << " sched=" << p.sched;
   if (p.sim != d.sim) os << " sim=" << float_str(p.sim);
+  if (p.drift != d.drift) os << " drift=" << float_str(p.drift);
+  if (p.jumps != d.jumps) os << " jumps=" << float_str(p.jumps);
+  if (p.jump_rho != d.jump_rho) os << " jumprho=" << float_str(p.jump_rho);
   if (p.recency != d.recency) os << " recency=" << float_str(p.recency);
   if (p.sinks != d.sinks) os << " sinks=" << p.sinks;
   if (p.own != d.own) os << " own=" << (p.own ? "yes" : "no");
@@ -143,6 +151,12 @@ Problem parse_problem(const std::string& text) {
           p.sched = value;
         } else if (name == "sim") {
           p.sim = parse_float(value);
+        } else if (name == "drift") {
+          p.drift = parse_float(value);
+        } else if (name == "jumps") {
+          p.jumps = parse_float(value);
+        } else if (name == "jumprho") {
+          p.jump_rho = parse_float(value);
         } else if (name == "recency") {
           p.recency = parse_float(value);
         } else if (name == "sinks") {
@@ -158,7 +172,7 @@ Problem parse_problem(const std::string& text) {
             if (sink_mode_name(m) == value) { p.sink = m; found = true; }
           if (!found) throw Error("expected none, random, pinf or ninf");
         } else {
-          throw Error("unknown option (expected indexer, scale, dist, sm, sink, sched, sim, recency, sinks or own)");
+          throw Error("unknown option (expected indexer, scale, dist, sm, sink, sched, sim, drift, jumps, jumprho, recency, sinks or own)");
         }
       } catch (const Error& e) {
         throw Error("problem token '" + tok + "': " + e.what());

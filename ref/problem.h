@@ -23,6 +23,11 @@
 //   sched=<schedule>     layer schedule: a preset (all-full, glm-5.2, one-full-three-shared),
 //                        an F/S pattern, freq:N[,offset:M] or list:full,shared,...  default all-full
 //   sim=<float>          cross-layer similarity of the indexer inputs, in [0, 1]    default 0.8
+//   drift=<float>        layer-to-layer correlation of the layers' own indexer inputs, in
+//                        [0, 1]: an AR(1) chain across layers (ref/layer.h); 0 = off, each
+//                        layer's own draw independent                              default 0
+//   jumps=<float>        with drift: the probability, per layer, of a larger jump   default 0
+//   jumprho=<float>      with jumps: the correlation across a jump, in [0, 1]       default 0.5
 //   recency=<float>      indexer bias towards recent keys, >= 0                     default 0
 //   sinks=<int>          leading "attention sink" tokens the indexer favours        default 0
 //   own=yes|no           Shared layers carry their own (unused) indexer inputs      default yes
@@ -63,6 +68,9 @@ struct Problem {
   int64_t n_layers = 1;
   std::string sched = "all-full";
   float sim = 0.8f;
+  float drift = 0.0f;
+  float jumps = 0.0f;
+  float jump_rho = 0.5f;
   float recency = 0.0f;
   int64_t sinks = 0;
   bool own = true;

@@ -250,3 +250,17 @@ TEST_CASE("compare: top-k near ties explained by the candidate's own logits pass
   const Golden s = golden("sq4 skv4 hq2 dqk16 dv8 ih4 id32 k8 seed2");
   CHECK(cmp::compare_topk("topk", s.out.logits, s.in.ks, s.in.ke, s.out.topk, s.out.topk).verdict == cmp::Verdict::mistrusted);
 }
+
+// The report printed recall_mean 0.77 below recall_min 1.0: malformed rows added 0 to the mean
+// and were skipped for the min. Both are now over every row.
+TEST_CASE("compare: top-k recall_mean and recall_min are over the same rows (never mean < min)") {
+  const Golden g = golden("sq16 skv64 hq2 dqk16 dv8 ih2 id16 k8 seed9");
+  const Tensor<int32_t>& G = g.out.topk;
+  Tensor<int32_t> bad = G;
+  bad.at(12, 3) = bad.at(12, 2);  // a duplicate: a malformed row, 7 of its 8 positions right
+  const cmp::Report r = cmp::compare_topk("topk", g.out.logits, g.in.ks, g.in.ke, G, bad);
+  CHECK(r.verdict == cmp::Verdict::fail);
+  CHECK(r.stats.recall_min <= r.stats.recall_mean);
+  CHECK(r.stats.recall_min == doctest::Approx(7.0 / 8));
+  CHECK(r.stats.recall_mean == doctest::Approx((15 + 7.0 / 8) / 16));
+}

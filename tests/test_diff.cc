@@ -5,6 +5,9 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <sys/wait.h>
+
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -15,6 +18,7 @@
 #include "ref/numerics.h"
 #include "ref/rng.h"
 #include "ref/topk.h"
+#include "tests/xml_check.h"
 #include "tools/diff.h"
 #include "tests/ties_util.h"
 
@@ -342,6 +346,131 @@ TEST_CASE("diff: I64 positions are read; a value outside int32 fails and the dia
   CHECK(verdict(bad, 0, "indexer.topk") == cmp::Verdict::fail);
   CHECK(diagnosed(bad, "2 I64 value(s) outside the int32 range, the first at [3, 1] = " +
                            std::to_string((int64_t{1} << 40) + topk.at(3, 1))));
+}
+
+// The report named a placeholder ("holds 1000001") for an attn.indices position outside the
+// row's window instead of the kv row the candidate wrote.
+TEST_CASE("diff: an attn.indices row outside the window is reported with the candidate's own value") {
+  const golden::Loaded g = golden::read(golden_dir("deepseek-v3.2"));
+  Candidate c = faithful(g);
+  Tensor<int32_t> ind = g.tensor<int32_t>("layers.0.attn.indices");
+  const Tensor<int32_t> ks = g.tensor<int32_t>("layers.0.indexer.ks"), ke = g.tensor<int32_t>("layers.0.indexer.ke");
+  const int64_t t = 2, k = ind.dim(2);
+  REQUIRE(ke[t] + 7 < g.manifest["config"]["s_kv"].get<int64_t>());
+  ind[t * k + 0] = ke[t] + 7;  // a future key of the row
+  c.set("layers.0.attn.indices", ind);
+  const diff::Result r = judge(g, c);
+  CHECK(verdict(r, 0, "attn.indices") == cmp::Verdict::fail);
+  const std::string text = r.text("x");
+  const std::string want = "slot 0 holds kv row " + std::to_string(ke[t] + 7) + ", outside the row's window [" +
+                           std::to_string(ks[t]) + ", " + std::to_string(ke[t]) + ")";
+  CHECK_MESSAGE(text.find(want) != std::string::npos, text);
+  CHECK(text.find("100000") == std::string::npos);
+}
+
+// transformers' raw top-k keeps masked future positions in rows shorter than k; the judge rejects
+// them (correctly) and now names the hypothesis instead of "no named hypothesis".
+TEST_CASE("diff: future positions in rows shorter than top-k fail and are diagnosed as missing -1 padding") {
+  const golden::Loaded g = golden::read(golden_dir("short-rows"));
+  const Tensor<int32_t> ks = g.tensor<int32_t>("layers.0.indexer.ks"), ke = g.tensor<int32_t>("layers.0.indexer.ke");
+  const int64_t s_kv = g.manifest["config"]["s_kv"].get<int64_t>();
+  for (const char* name : {"indexer.topk", "attn.indices"}) {
+    CAPTURE(name);
+    const bool rows = std::string(name) == "attn.indices";
+    Tensor<int32_t> x = g.tensor<int32_t>(std::string("layers.0.") + name);
+    const int64_t s_q = x.dim(0), k = x.numel() / s_q;
+    int64_t filled = 0;
+    for (int64_t t = 0; t < s_q; ++t) {
+      const int64_t len = ke[t] - ks[t];
+      REQUIRE(len < k);
+      for (int64_t j = len; j < k && ks[t] + j < s_kv; ++j, ++filled) x[t * k + j] = int32_t(rows ? ks[t] + j : j);  // masked future keys
+    }
+    REQUIRE(filled > 0);
+    Candidate c;
+    c.set(std::string("layers.0.") + name, x);
+    const diff::Result r = judge(g, c);
+    CHECK(r.failed());
+    CHECK(diagnosed(r, "positions beyond the causal window in rows shorter than top-k: pad with -1"));
+    CHECK(r.text("x").find("no named hypothesis") == std::string::npos);
+  }
+}
+
+// ---- diff --svg ----
+
+TEST_CASE("diff --svg: a heatmap per judged layer marks the failing (row, head) cells, the recall and the findings") {
+  const golden::Loaded g = golden::read(golden_dir("glm-5.2"));
+  Candidate c = faithful(g);
+  // Layer 3 (Shared): late rows of head 1 off by 4% of each value (beyond the bound); layer 2's
+  // lse in base 2 (diagnosed); layer 7's positions lose a winner in row 4.
+  Tensor<float> out = g.tensor<float>("layers.3.attn.out");
+  const int64_t s_q = out.dim(0), h_q = out.dim(1), d_v = out.dim(2);
+  REQUIRE(h_q == 2);
+  for (int64_t t = 12; t < s_q; ++t)
+    for (int64_t e = 0; e < d_v; ++e) out.at(t, 1, e) *= 1.04f;
+  c.set("layers.3.attn.out", out);
+  Tensor<float> lse = g.tensor<float>("layers.2.attn.lse");
+  for (float& v : lse.data) v = float(double(v) / std::log(2.0));
+  c.set("layers.2.attn.lse", lse);
+  const diff::Result r = judge(g, c);
+  REQUIRE(r.failed());
+  REQUIRE(r.panels.size() == 8);
+  const io::DiffPanel& p3 = r.panels[3];
+  CHECK(p3.layer == 3);
+  CHECK(p3.label == "layer 3 (Shared, source 2)");
+  CHECK(p3.verdict == "4 tensor(s) judged; failed: attn.out");
+  for (int64_t t = 0; t < s_q; ++t) {
+    CAPTURE(t);
+    CHECK((p3.ratio[size_t(t * h_q + 1)] > 1) == (t >= 12));
+    CHECK(p3.ratio[size_t(t * h_q + 0)] <= 1);
+  }
+  CHECK(p3.recall == std::vector<double>(size_t(s_q), 1.0));
+  CHECK(p3.recall_of == "attn.indices");
+  bool base2 = false;
+  for (const std::string& f : r.panels[2].findings) base2 |= f.find("attn.lse is in base 2") != std::string::npos;
+  CHECK(base2);
+  const std::string svg = r.svg("diff <test> & co");
+  CHECK(indexshare::testing::xml_problem(svg) == "");
+  CHECK(svg.find("xmlns=\"http://www.w3.org/2000/svg\"") != std::string::npos);
+  CHECK(svg.find("<title>diff &lt;test&gt; &amp; co</title>") != std::string::npos);
+  // The failing cells are red with their ratio in the tooltip; a passing one is not red.
+  const std::string red = "fill=\"#d7191c\"><title>row 13, head 1: |err| / bound = ";
+  CHECK(svg.find(red) != std::string::npos);
+  CHECK(svg.find("fill=\"#d7191c\"><title>row 13, head 0:") == std::string::npos);
+  CHECK(svg.find("row 3: recall 1</title>") != std::string::npos);
+  CHECK(svg.find("attn.lse is in base 2") != std::string::npos);
+  CHECK(svg.find(">query row</text>") != std::string::npos);
+  CHECK(svg.find(">head</text>") != std::string::npos);
+  CHECK(svg.find("&gt; 1: outside the bound") != std::string::npos);
+}
+
+TEST_CASE("diff --svg: the CLI writes the picture with the JSON, and a parser reads it as XML") {
+  const golden::Loaded g = golden::read(golden_dir("deepseek-v3.2"));
+  Candidate c = faithful(g);
+  Tensor<int32_t> topk = g.tensor<int32_t>("layers.0.indexer.topk");
+  topk.at(5, 0) = -1;  // a dropped winner
+  std::swap(topk.at(5, 0), topk.at(5, topk.dim(1) - 1));
+  c.set("layers.0.indexer.topk", topk);
+  c.t.erase("layers.0.attn.indices");  // the recall strip then shows indexer.topk's
+  const auto dir = std::filesystem::temp_directory_path() / ("indexshare-diff-svg-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  std::vector<io::TensorView> list;
+  for (const auto& [n, v] : c.t) list.push_back(v);
+  io::write_safetensors((dir / "cand.safetensors").string(), list);
+  const std::string cmd = std::string(INDEXSHARE_CLI) + " diff --golden " + golden_dir("deepseek-v3.2") + " --candidate " +
+                          (dir / "cand.safetensors").string() + " --svg " + (dir / "d.svg").string() + " --json " +
+                          (dir / "d.json").string() + " >/dev/null 2>&1";
+  const int st = std::system(cmd.c_str());
+  CHECK(WEXITSTATUS(st) == 1);
+  std::ifstream in(dir / "d.svg");
+  const std::string svg((std::istreambuf_iterator<char>(in)), {});
+  CHECK(indexshare::testing::xml_problem(svg) == "");
+  CHECK(svg.find("row 5: recall 0.9688</title>") != std::string::npos);  // 31 of 32
+  CHECK(svg.find("recall (indexer.topk)") != std::string::npos);
+  CHECK(std::filesystem::exists(dir / "d.json"));
+  if (std::system("python3 -c 'import xml.dom.minidom' >/dev/null 2>&1") == 0)
+    CHECK(std::system(("python3 -c 'import xml.dom.minidom,sys; assert xml.dom.minidom.parse(sys.argv[1]).documentElement.tagName == \"svg\"' " +
+                       (dir / "d.svg").string()).c_str()) == 0);
+  std::filesystem::remove_all(dir);
 }
 
 TEST_CASE("diff: a golden set read lazily judges word for word as one read whole; a tensor changed after the read is refused") {

@@ -11,6 +11,7 @@
 #include <map>
 
 #include "ref/stack.h"
+#include "tests/cli_util.h"
 #include "tools/golden.h"
 
 using namespace indexshare;
@@ -556,4 +557,21 @@ TEST_CASE("golden: --from refuses tensor names it does not read, and still takes
     CHECK_THROWS_WITH_AS(golden::build_from(golden_file, parse_problem("sq1 skv1 k16 dv512 nl1"), false, "r"),
                          doctest::Contains("is not an input this reader takes"), Error);
   }
+}
+
+// `golden --from` printed (and recorded as its replay line) the descriptor's default shapes
+// (sq128 skv128 hq16 ...) instead of the file's; the manifest's problem was right.
+TEST_CASE("golden: --from prints and replays the problem with the file's shapes") {
+  TmpDir tmp;
+  Dump d;
+  const std::string file = (tmp.path / "dump.safetensors").string(), out = (tmp.path / "set").string();
+  io::write_safetensors(file, d.views);
+  const indexshare::testing::CliResult r =
+      indexshare::testing::run_cli("golden --from " + file + " --problem 'k4 dv8 sched=FSF own=no' --out " + out);
+  REQUIRE_MESSAGE(r.status == 0, r.out);
+  const std::string want = "sq6 skv20 hq2 dqk16 dv8 ih2 id16 k4";
+  CHECK_MESSAGE(r.out.find("__REPRO: indexshare golden --from " + file + " --problem \"" + want) != std::string::npos, r.out);
+  CHECK(r.out.find("sq128") == std::string::npos);
+  const golden::Loaded g = golden::read(out);
+  CHECK(g.manifest["replay"].get<std::string>().find(want) != std::string::npos);
 }

@@ -4,8 +4,12 @@
 #include <algorithm>
 #include <cmath>
 #include <set>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "ref/attention.h"
+#include "ref/error.h"
 #include "ref/layer.h"
 #include "ref/numerics.h"
 #include "ref/topk.h"
@@ -129,4 +133,52 @@ TEST_CASE("layer: fp8 and bf16 indexers mostly agree on the selection") {
     total += std::count_if(sf.begin(), sf.end(), [](int32_t v) { return v >= 0; });
   }
   CHECK(double(common) / double(total) > 0.8);
+}
+
+// drift=: each layer's own indexer inputs are an AR(1) chain across layers (ref/layer.h).
+TEST_CASE("layer: drift= chains the layers' own indexer inputs; jumps use jumprho; drift=0 is the independent draw") {
+  const Shape qs{4, 2, 16};
+  auto q_of = [&](const Problem& p, int l) { return ref::make_layer_inputs(p, l, true).index_q; };
+  auto own = [&](const Problem& p, int l) { return ref::generate(p, "layers." + std::to_string(l) + ".indexer.q", qs); };
+  // sim=0: the layer's input is its chain value alone, rounded to bf16 (indexer=bf16 keeps it).
+  for (const char* extra : {"drift=0.9", "drift=0.9 jumps=1 jumprho=0.25"}) {
+    CAPTURE(extra);
+    const Problem p = parse_problem(std::string("sq4 skv8 hq2 dqk16 dv8 ih2 id16 k2 seed3 nl3 indexer=bf16 sim=0 ") + extra);
+    const float r = p.jumps == 1.0f ? 0.25f : 0.9f, s = float(std::sqrt(1.0 - double(r) * double(r)));
+    Tensor<float> c = own(p, 0);
+    for (int l = 0; l < 3; ++l) {
+      if (l > 0) {
+        const Tensor<float> o = own(p, l);
+        for (int64_t i = 0; i < c.numel(); ++i) c[i] = r * c[i] + s * o[i];
+      }
+      const Tensor<float> q = q_of(p, l);
+      int64_t same = 0;
+      for (int64_t i = 0; i < c.numel(); ++i) same += q[i] == round_bf16(c[i]);
+      CHECK(same == c.numel());
+    }
+  }
+  // drift=0 (the default) is the independent draw: layer 2's input is its own stream alone.
+  const Problem p0 = parse_problem("sq4 skv8 hq2 dqk16 dv8 ih2 id16 k2 seed3 nl3 indexer=bf16 sim=0");
+  const Tensor<float> q2 = q_of(p0, 2), o2 = own(p0, 2);
+  for (int64_t i = 0; i < q2.numel(); ++i) CHECK(q2[i] == round_bf16(o2[i]));
+}
+
+TEST_CASE("problem: drift, jumps and jumprho parse, print canonically and are refused out of range or alone") {
+  const Problem p = parse_problem("sq4 skv8 nl3 drift=0.98 jumps=0.15 jumprho=0.4");
+  CHECK(p.drift == 0.98f);
+  CHECK(p.jumps == 0.15f);
+  CHECK(p.jump_rho == 0.4f);
+  CHECK(to_string(p).find(" drift=0.980000019 jumps=0.150000006 jumprho=0.400000006") != std::string::npos);
+  CHECK(parse_problem(to_string(p)) == p);
+  CHECK(to_string(parse_problem("sq4 skv8")).find("drift") == std::string::npos);
+  for (const auto& [text, msg] : std::vector<std::pair<std::string, std::string>>{
+           {"drift=1.5", "problem field drift must be in [0, 1]"},
+           {"drift=nan", "expected a finite number"},
+           {"drift=0.9 jumps=2", "problem field jumps must be in [0, 1]"},
+           {"jumps=0.1", "problem field jumps applies with drift > 0 only"},
+           {"drift=0.9 jumprho=0.3", "problem field jumprho applies with jumps > 0 only"},
+           {"drift=0.9 jumps=0.1 jumprho=-1", "problem field jumprho must be in [0, 1]"}}) {
+    CAPTURE(text);
+    CHECK_THROWS_WITH_AS(parse_problem("sq4 skv8 nl3 " + text).validate(), doctest::Contains(msg.c_str()), Error);
+  }
 }

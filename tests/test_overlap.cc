@@ -15,7 +15,9 @@
 
 #include "ref/overlap.h"
 #include "ref/topk.h"
+#include "tools/golden.h"
 #include "tools/svg.h"
+#include "tests/xml_check.h"
 
 using namespace indexshare;
 
@@ -53,94 +55,6 @@ struct Planted {
     for (int l : {6, 7}) copy_indexer(in[5], in[size_t(l)]);
   }
 };
-
-// Minimal XML well-formedness check: declarations/comments skipped, every start tag closed by
-// the matching end tag, attribute quotes balanced, and '&' only as one of the five entities or
-// a character reference. Returns an empty string when fine, else what is wrong.
-std::string xml_problem(const std::string& s) {
-  std::vector<std::string> stack;
-  size_t i = 0;
-  auto entity_ok = [&](size_t at) {
-    for (const char* e : {"&amp;", "&lt;", "&gt;", "&quot;", "&apos;"})
-      if (s.compare(at, std::string(e).size(), e) == 0) return true;
-    if (s.compare(at, 2, "&#") == 0) return s.find(';', at) != std::string::npos;
-    return false;
-  };
-  int roots = 0;
-  while (i < s.size()) {
-    if (s[i] == '&' && !entity_ok(i)) return "bad entity at " + std::to_string(i);
-    if (s[i] == '>') return "stray '>' at " + std::to_string(i);
-    if (s[i] != '<') {
-      ++i;
-      continue;
-    }
-    if (s.compare(i, 4, "<!--") == 0) {
-      i = s.find("-->", i);
-      if (i == std::string::npos) return "unterminated comment";
-      i += 3;
-      continue;
-    }
-    if (s.compare(i, 2, "<?") == 0) {
-      i = s.find("?>", i);
-      if (i == std::string::npos) return "unterminated declaration";
-      i += 2;
-      continue;
-    }
-    // A tag: find its end outside quotes.
-    size_t j = i + 1;
-    char quote = 0;
-    for (; j < s.size(); ++j) {
-      if (quote) {
-        if (s[j] == quote) quote = 0;
-        else if (s[j] == '<') return "'<' inside an attribute at " + std::to_string(j);
-        else if (s[j] == '&' && !entity_ok(j)) return "bad entity in attribute at " + std::to_string(j);
-      } else if (s[j] == '"' || s[j] == '\'') {
-        quote = s[j];
-      } else if (s[j] == '>') {
-        break;
-      } else if (s[j] == '<') {
-        return "'<' inside a tag at " + std::to_string(j);
-      }
-    }
-    if (j >= s.size()) return "unterminated tag at " + std::to_string(i);
-    const std::string tag = s.substr(i + 1, j - i - 1);
-    const bool closing = !tag.empty() && tag[0] == '/', empty = !tag.empty() && tag.back() == '/';
-    std::string name = tag.substr(closing ? 1 : 0);
-    name = name.substr(0, name.find_first_of(" \t\n/"));
-    if (name.empty()) return "tag without a name at " + std::to_string(i);
-    // Attribute names (the text before each '=' outside quotes) must be unique.
-    std::set<std::string> attrs;
-    std::string word;
-    char q = 0;
-    for (char c : tag) {
-      if (q) {
-        if (c == q) q = 0;
-      } else if (c == '"' || c == '\'') {
-        q = c;
-      } else if (c == '=') {
-        if (!attrs.insert(word).second) return "attribute " + word + " repeated in <" + name + "> at " + std::to_string(i);
-        word.clear();
-      } else if (c == ' ' || c == '\t' || c == '\n') {
-        word.clear();
-      } else {
-        word += c;
-      }
-    }
-    if (closing) {
-      if (stack.empty() || stack.back() != name) return "unbalanced </" + name + "> at " + std::to_string(i);
-      stack.pop_back();
-    } else if (!empty) {
-      if (stack.empty()) ++roots;
-      stack.push_back(name);
-    } else if (stack.empty()) {
-      ++roots;
-    }
-    i = j + 1;
-  }
-  if (!stack.empty()) return "unclosed <" + stack.back() + ">";
-  if (roots != 1) return "expected one root element, got " + std::to_string(roots);
-  return "";
-}
 
 std::filesystem::path temp_file(const std::string& name) {
   const auto dir = std::filesystem::temp_directory_path() / ("indexshare_test_overlap_" + std::to_string(::getpid()));
@@ -541,11 +455,11 @@ TEST_CASE("overlap: JSON, CSV and table renderers") {
 
 TEST_CASE("overlap: SVG figures are well-formed XML with escaped text") {
   CHECK(io::xml_escape("a<b & \"c\" 'd'>") == "a&lt;b &amp; &quot;c&quot; &apos;d&apos;&gt;");
-  CHECK(xml_problem("<a><b x=\"1\"/></a>").empty());
-  CHECK(!xml_problem("<a><b></a>").empty());
-  CHECK(!xml_problem("<a>x & y</a>").empty());
-  CHECK(!xml_problem("<a x=\"1\" y=\"a=b\" x=\"2\"/>").empty());
-  CHECK(xml_problem("<a x=\"1\" y=\"x=b\"/>").empty());
+  CHECK(indexshare::testing::xml_problem("<a><b x=\"1\"/></a>").empty());
+  CHECK(!indexshare::testing::xml_problem("<a><b></a>").empty());
+  CHECK(!indexshare::testing::xml_problem("<a>x & y</a>").empty());
+  CHECK(!indexshare::testing::xml_problem("<a x=\"1\" y=\"a=b\" x=\"2\"/>").empty());
+  CHECK(indexshare::testing::xml_problem("<a x=\"1\" y=\"x=b\"/>").empty());
 
   const Problem p = parse_problem("sq24 skv40 hq2 dqk16 dv8 ih4 id32 k8 seed8 nl6 sched=FSSFSS sim=0.7 recency=0.3");
   const ref::OverlapReport r = ref::overlap_report(p, {8, true, {}});
@@ -564,7 +478,7 @@ TEST_CASE("overlap: SVG figures are well-formed XML with escaped text") {
     CAPTURE(name);
     CHECK(svg.find("xmlns=\"http://www.w3.org/2000/svg\"") != std::string::npos);
     CHECK(svg.find("viewBox=\"0 0 ") != std::string::npos);
-    CHECK(xml_problem(svg) == "");
+    CHECK(indexshare::testing::xml_problem(svg) == "");
     const auto path = temp_file(name);
     io::write_text_file(path.string(), svg);
     if (python) {
@@ -577,4 +491,30 @@ TEST_CASE("overlap: SVG figures are well-formed XML with escaped text") {
   CHECK(figures[1].second.find("Jaccard &lt;between&gt; layers &amp; &quot;friends&quot;") != std::string::npos);
   CHECK(figures[3].second.find("loss &lt;curve&gt; &amp; co") != std::string::npos);
   std::filesystem::remove(temp_file("x").parent_path());
+}
+
+// The synthetic stacks should look like real ones: with sim= alone every pair of layers overlaps
+// alike; with drift= adjacent layers overlap most and the overlap decays with layer distance; the
+// glm-5.2-drift preset has one jump, just before its Full layer 6.
+TEST_CASE("overlap: drift= makes adjacent layers overlap most, decaying with distance; the glm-5.2-drift preset's jump") {
+  auto adjacent_and_far = [](const std::string& desc) {
+    const ref::OverlapReport r = ref::overlap_report(parse_problem(desc), {8, false, {}});
+    double adj = 0, far = 0;
+    for (int a = 0; a + 1 < r.n_layers; ++a) adj += r.overlap_at(a, a + 1) / (r.n_layers - 1);
+    for (int a = 0; a + 6 < r.n_layers; ++a) far += r.overlap_at(a, a + 6) / (r.n_layers - 6);
+    return std::pair{adj, far};
+  };
+  const std::string shapes = "sq16 skv96 hq2 dqk576 dv512 ih32 id128 k24 seed2 nl8 recency=0.25 sinks=2 ";
+  const auto [adj_sim, far_sim] = adjacent_and_far(shapes + "sim=0.85");
+  const auto [adj_drift, far_drift] = adjacent_and_far(shapes + "sim=0 drift=0.98");
+  MESSAGE("sim=0.85: adjacent " << adj_sim << ", distance 6 " << far_sim << "; drift=0.98: " << adj_drift << ", " << far_drift);
+  CHECK(std::fabs(adj_sim - far_sim) < 0.05);
+  CHECK(adj_drift > 0.8);
+  CHECK(adj_drift - far_drift > 0.08);
+  const ref::OverlapReport g = ref::overlap_report(parse_problem(golden::preset("glm-5.2-drift").problem), {8, false, {}});
+  for (int a = 0; a + 1 < 8; ++a) {
+    CAPTURE(a);
+    if (a == 5) CHECK(g.overlap_at(5, 6) < 0.7);
+    else CHECK(g.overlap_at(a, a + 1) > 0.8);
+  }
 }

@@ -24,6 +24,7 @@ Action register_overlap(CLI::App& app);
 Action register_search(CLI::App& app);
 Action register_bench(CLI::App& app);
 Action register_calibrate(CLI::App& app);
+Action register_explain(CLI::App& app);
 
 }  // namespace indexshare::cli
 

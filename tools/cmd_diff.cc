@@ -6,6 +6,8 @@
 #include <fstream>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "ref/error.h"
 #include "tools/cli.h"
@@ -17,7 +19,7 @@ namespace indexshare::cli {
 
 namespace {
 struct DiffArgs {
-  std::string golden, candidate, layers, json, impl = "auto";
+  std::string golden, candidate, layers, json, svg, impl = "auto";
 };
 
 // --impl for the recomputations of diff (the same bits either way): auto takes simd for sets
@@ -40,7 +42,11 @@ int cmd_diff(const DiffArgs& a) {
   std::string replay = "indexshare diff --golden " + a.golden + " --candidate " + a.candidate;
   if (!a.layers.empty()) replay += " --layers " + a.layers;
   std::printf("%s", r.text(replay).c_str());
-  if (!a.json.empty()) io::write_text_file(a.json, r.json().dump(2) + "\n");  // atomic
+  std::vector<std::pair<std::string, std::string>> files;  // written together, atomically
+  if (!a.json.empty()) files.push_back({a.json, r.json().dump(2) + "\n"});
+  if (!a.svg.empty())
+    files.push_back({a.svg, r.svg("indexshare diff: " + a.candidate + " against " + a.golden + (r.failed() ? " (FAIL)" : " (PASS)"))});
+  if (!files.empty()) io::write_text_files(files);
   return r.exit_code();
 }
 }  // namespace
@@ -52,6 +58,8 @@ Action register_diff(CLI::App& app) {
   c->add_option("--candidate,-c", a->candidate, "Candidate safetensors file with any subset of the golden's output names")->required();
   c->add_option("--layers", a->layers, "Layers to judge, e.g. 0,3-5 (default: every layer the candidate holds)");
   c->add_option("--json", a->json, "Also write the report as JSON");
+  c->add_option("--svg", a->svg, "Also draw the report: per judged layer a heatmap of |err| / bound of attn.out per (row, head), "
+                                 "the per-row recall of the positions, and the findings");
   c->add_option("--impl", a->impl, "Kernels of the recomputed expectations: ref, simd or auto (the same results)")->capture_default_str();
   return [c, a]() { return *c ? cmd_diff(*a) : -1; };
 }

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # indexshare developer entry point: installs what is missing, builds, then runs one job.
-#   tools/dev.sh demo [ARGS...]  build, then write the default golden set (preset glm-5.2) to
+#   tools/dev.sh demo [ARGS...]  build, then write the default golden set (preset glm-5.2-drift) to
 #                                build/demo-golden and print its summary; with ARGS, run
 #                                `indexshare ARGS` instead
 #   tools/dev.sh test            build, then the whole default test suite through ctest
@@ -21,7 +21,7 @@ case "$job" in
   build) ;;
   demo)
     if [ $# -eq 0 ]; then
-      "$BUILD_DIR/indexshare" golden --preset glm-5.2 --out "$BUILD_DIR/demo-golden" --force
+      "$BUILD_DIR/indexshare" golden --preset glm-5.2-drift --out "$BUILD_DIR/demo-golden" --force
     else
       "$BUILD_DIR/indexshare" "$@"
     fi ;;

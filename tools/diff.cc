@@ -24,9 +24,11 @@ namespace {
 const std::vector<std::string> kJudged = {"indexer.logits", "indexer.topk", "attn.indices", "attn.indices_physical",
                                           "attn.out", "attn.lse", "attn.max_logits"};
 
+}  // namespace
+
 // ---- candidate access: dtype conversions and shape checks (errors exit 2) ----
 
-Tensor<float> cand_float(const io::SafetensorsFile& c, const std::string& name, const Shape& shape) {
+Tensor<float> candidate_float(const io::SafetensorsFile& c, const std::string& name, const Shape& shape) {
   const io::TensorView& v = c.get(name);
   io::expect_shape(v, shape, c.source);
   if (v.dtype == io::DType::BF16) {
@@ -42,8 +44,8 @@ Tensor<float> cand_float(const io::SafetensorsFile& c, const std::string& name, 
 // outside the int32 range are out of range as positions either way: they are judged as the
 // nearest int32 bound, and a diagnosis names the first one with its real value (the reports
 // below would show the clamped value).
-Tensor<int32_t> cand_int(const io::SafetensorsFile& c, const std::string& name, const Shape& shape,
-                         std::vector<std::string>& diagnoses) {
+Tensor<int32_t> candidate_int(const io::SafetensorsFile& c, const std::string& name, const Shape& shape,
+                              std::vector<std::string>& diagnoses) {
   const io::TensorView& v = c.get(name);
   io::expect_shape(v, shape, c.source);
   if (v.dtype == io::DType::I64) {
@@ -66,18 +68,46 @@ Tensor<int32_t> cand_int(const io::SafetensorsFile& c, const std::string& name, 
   return io::as_tensor<int32_t>(v, c.source);
 }
 
-// kv rows [s_q, 1, k] -> sequence-local positions [s_q, k] (rows outside the window become -1,
-// so the structural check flags them).
+namespace {
+
+// kv rows [s_q, 1, k] -> sequence-local positions [s_q, k]: a negative row is padding (-1, as the
+// attention ignores it), a row outside the window [ks, ke) becomes -2, which the structural check
+// flags; cmp::TopkOptions::kv_rows makes its message name the row the candidate wrote.
 Tensor<int32_t> rows_to_local(const Tensor<int32_t>& rows, const Tensor<int32_t>& ks, const Tensor<int32_t>& ke) {
   const int64_t s_q = rows.dim(0), k = rows.dim(2);
   Tensor<int32_t> local({s_q, k}, -1);
   for (int64_t t = 0; t < s_q; ++t)
     for (int64_t j = 0; j < k; ++j) {
       const int64_t r = rows[t * k + j];
-      local.at(t, j) = r < 0 ? -1 : (r >= ks[t] && r < ke[t] ? int32_t(r - ks[t]) : int32_t(ke[t] - ks[t] + 1000000));
+      local.at(t, j) = r < 0 ? -1 : (r >= ks[t] && r < ke[t] ? int32_t(r - ks[t]) : -2);
     }
   return local;
 }
+
+// The hypothesis of raw torch.topk output (transformers): in rows whose window is shorter than
+// top-k, the slots past the window hold masked future positions instead of -1. `local` holds
+// sequence-local positions [s_q, k] (kv rows are converted by the caller). Returns the copy with
+// those positions padded with -1 (valid slots first), or nothing when no slot was such a position.
+std::optional<Tensor<int32_t>> pad_beyond_window(const Tensor<int32_t>& local, const Tensor<int32_t>& ks, const Tensor<int32_t>& ke) {
+  const int64_t s_q = local.dim(0), k = local.dim(1);
+  Tensor<int32_t> out = local;
+  int64_t padded = 0;
+  for (int64_t t = 0; t < s_q; ++t) {
+    const int64_t len = ke[t] - ks[t];
+    if (len >= k) continue;
+    std::vector<int32_t> keep;
+    for (int64_t j = 0; j < k; ++j) {
+      const int32_t v = local.at(t, j);
+      if (v >= len) ++padded;
+      else if (v != -1) keep.push_back(v);  // other negatives stay, and still fail
+    }
+    for (int64_t j = 0; j < k; ++j) out.at(t, j) = j < int64_t(keep.size()) ? keep[size_t(j)] : -1;
+  }
+  if (padded == 0) return std::nullopt;
+  return out;
+}
+const char* kBeyondWindow = "positions beyond the causal window in rows shorter than top-k: pad with -1 (raw torch.topk output, "
+                            "as in transformers, keeps masked future positions there)";
 
 std::vector<std::set<int32_t>> row_sets(const Tensor<int32_t>& rows, int64_t s_kv) {
   const int64_t s_q = rows.dim(0), k = rows.numel() / std::max<int64_t>(1, s_q);
@@ -90,20 +120,54 @@ std::vector<std::set<int32_t>> row_sets(const Tensor<int32_t>& rows, int64_t s_k
 
 bool passes(const cmp::Report& r) { return r.verdict != cmp::Verdict::fail; }
 
-struct LayerData {  // everything the judge needs from the golden for one layer
-  int l = 0;
-  bool full = true, has_indexer = false;
-  int source = 0;
-  Tensor<float> logits;             // golden or recomputed (empty without an indexer)
-  Tensor<int32_t> ks, ke, topk;     // indexer windows and golden top-k (empty without an indexer)
-  cmp::FloatRule logits_rule;
-  Tensor<bf16_t> q, kv;
-  Tensor<int32_t> indices, topk_length;
-  std::optional<Tensor<float>> sink;
-  Tensor<float> out, lse, max_logits;
-};
+// Per row |C ∩ G| / |G| (1 where G is empty): the recall strip of the picture.
+std::vector<double> row_recall(const std::vector<std::set<int32_t>>& cand, const std::vector<std::set<int32_t>>& gold) {
+  std::vector<double> r(gold.size(), 1.0);
+  for (size_t t = 0; t < gold.size(); ++t) {
+    if (gold[t].empty()) continue;
+    size_t common = 0;
+    for (int32_t v : cand[t]) common += gold[t].count(v);
+    r[t] = double(common) / double(gold[t].size());
+  }
+  return r;
+}
 
-LayerData load_layer(const golden::Loaded& g, int l, const ref::Kernels& k) {
+// Per (row, head): the largest |got - expected| / bound over the d_v columns (inf where a bound
+// of 0 is exceeded or a non-finite value differs).
+std::vector<double> out_ratios(const Tensor<float>& expected, const Tensor<float>& got, const std::vector<double>& bound,
+                               int64_t d_v) {
+  const int64_t n = expected.numel() / std::max<int64_t>(1, d_v);
+  std::vector<double> r(size_t(n), 0.0);
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t c = 0; c < d_v; ++c) {
+      const int64_t e = i * d_v + c;
+      const double x = got[e], y = expected[e], b = bound.empty() ? 0.0 : bound[size_t(e)];
+      double q;
+      if (!std::isfinite(x) || !std::isfinite(y)) q = x == y ? 0.0 : INFINITY;
+      else q = b > 0 ? std::fabs(x - y) / b : (x == y ? 0.0 : INFINITY);
+      r[size_t(i)] = std::max(r[size_t(i)], q);
+    }
+  return r;
+}
+
+// Closes a layer's panel: its diagnoses (without the layer prefix) and its tensors' verdicts.
+void finish_panel(Result& res, io::DiffPanel panel, const std::string& prefix, size_t diagnoses0, size_t tensors0) {
+  for (size_t i = diagnoses0; i < res.diagnoses.size(); ++i) {
+    const std::string& d = res.diagnoses[i];
+    panel.findings.push_back(d.rfind(prefix + ": ", 0) == 0 ? d.substr(prefix.size() + 2) : d);
+  }
+  std::string failed;
+  for (size_t i = tensors0; i < res.tensors.size(); ++i)
+    if (res.tensors[i].report.verdict == cmp::Verdict::fail) failed += (failed.empty() ? "" : ", ") + res.tensors[i].name;
+  panel.verdict = std::to_string(res.tensors.size() - tensors0) + " tensor(s) judged; " + (failed.empty() ? "none failed" : "failed: " + failed);
+  if (panel.rows > 0 || !panel.recall.empty()) res.panels.push_back(std::move(panel));
+}
+
+using LayerData = GoldenLayer;
+
+}  // namespace
+
+GoldenLayer load_golden_layer(const golden::Loaded& g, int l, const ref::Kernels& k) {
   const json& m = g.manifest;
   const std::string p = "layers." + std::to_string(l) + ".";
   LayerData d;
@@ -143,6 +207,8 @@ LayerData load_layer(const golden::Loaded& g, int l, const ref::Kernels& k) {
   d.max_logits = g.tensor<float>(p + "attn.max_logits");
   return d;
 }
+
+namespace {
 
 // The attention a layer would compute over `indices`, with its bounds and budget.
 struct Expected {
@@ -336,368 +402,511 @@ std::set<int> parse_layers(const std::string& text) {
   return out;
 }
 
-Result judge(const golden::Loaded& g, const io::SafetensorsFile& c, const std::set<int>& wanted,
-             const ref::Kernels& k) {
-  const json& m = g.manifest;
-  const int n_layers = int(m["layers"].size());
-  const json& cfg = m["config"];
-  const int64_t s_q = cfg["s_q"], s_kv = cfg["s_kv"], topk = cfg["topk"], h_q = cfg["h_q"], d_v = cfg["d_v"];
-  const float sm = cfg["sm_scale"].get<float>();
+namespace {
+
+// One judgement of a candidate against a golden set: the golden's dimensions, the layers loaded
+// so far (each once), and the result being built. judge() below runs the steps in order; each
+// step judges one tensor of one layer (numbered as in diff.h) and then tests its hypotheses.
+class Judge {
+ public:
+  Judge(const golden::Loaded& g, const io::SafetensorsFile& c, const ref::Kernels& k)
+      : g_(g), c_(c), k_(k), m_(g.manifest), cfg_(m_["config"]), n_layers_(int(m_["layers"].size())), s_q_(cfg_["s_q"]),
+        s_kv_(cfg_["s_kv"]), topk_(cfg_["topk"]), h_q_(cfg_["h_q"]), d_v_(cfg_["d_v"]), sm_(cfg_["sm_scale"].get<float>()),
+        decode_(m_.value("kind", "") == "decode"), ids_(row_ids(g)), data_(size_t(n_layers_)), loaded_(size_t(n_layers_), false) {}
+
+  std::set<int> candidate_layers(const std::set<int>& wanted) const;
+  void judge_layer(int l);
+  void judge_by_role();
+  void judge_pooled();
   Result res;
-  // Every candidate tensor must be a judged name of an existing layer.
+
+ private:
+  // The indices the attention is judged on, and why when they are not the golden's.
+  struct UsedIndices {
+    Tensor<int32_t> indices;
+    std::string note;
+  };
+  // What the attention steps share for one layer.
+  struct AttnCtx {
+    const LayerData& d;
+    std::string P, note;
+    const Tensor<int32_t>& use;
+    Expected e;
+    SmDirection smd;
+    std::vector<int64_t> seqs;
+    double lse_abs = 0;
+  };
+
+  const LayerData& layer(int l) {
+    if (!loaded_[size_t(l)]) { data_[size_t(l)] = load_golden_layer(g_, l, k_); loaded_[size_t(l)] = true; }
+    return data_[size_t(l)];
+  }
+  bool has(int l, const std::string& n) const { return c_.find(name(l, n)) != nullptr; }
+  static std::string name(int l, const std::string& n) { return "layers." + std::to_string(l) + "." + n; }
+  cmp::Verdict add(int l, const std::string& n, cmp::Report r, const std::string& note = "") {
+    r.tensor = name(l, n);
+    res.checked.push_back(name(l, n));
+    res.tensors.push_back({l, n, std::move(r), note});
+    return res.tensors.back().report.verdict;
+  }
+  void require_indexer(const LayerData& d, const std::string& n) const {
+    if (!d.has_indexer) throw Error(c_.source + ": " + name(d.l, n) + ": layer " + std::to_string(d.l) + " has no indexer in the golden set");
+  }
+
+  Tensor<float> judge_logits(const LayerData& d, const std::string& P);
+  cmp::FloatRule logits_rule(const LayerData& d);
+  void judge_topk(const LayerData& d, const std::string& P, const Tensor<float>& cand_logits, io::DiffPanel& panel);
+  void topk_hypotheses(const LayerData& d, const std::string& P, const Tensor<int32_t>& ct);
+  UsedIndices judge_indices(const LayerData& d, const std::string& P, io::DiffPanel& panel);
+  cmp::Report indices_report(const LayerData& d, const LayerData& src, const std::string& P, const Tensor<int32_t>& ci);
+  void indices_hypotheses(const LayerData& d, const std::string& P, const Tensor<int32_t>& ci);
+  void judge_physical(const LayerData& d, const std::string& P);
+  void judge_attention(const LayerData& d, const std::string& P, const UsedIndices& used, io::DiffPanel& panel);
+  cmp::Verdict structured(AttnCtx& a, const std::string& tensor, const Tensor<float>& expected, const Tensor<float>& got,
+                          const cmp::FloatRule& rule, cmp::StructureSpec spec);
+  void judge_out(AttnCtx& a, io::DiffPanel& panel);
+  void out_hypotheses(AttnCtx& a, const Tensor<float>& co);
+  void judge_lse(AttnCtx& a);
+  void judge_max_logits(AttnCtx& a);
+
+  const golden::Loaded& g_;
+  const io::SafetensorsFile& c_;
+  const ref::Kernels& k_;
+  const json& m_;
+  const json& cfg_;
+  const int n_layers_;
+  const int64_t s_q_, s_kv_, topk_, h_q_, d_v_;
+  const float sm_;
+  const bool decode_;
+  const std::vector<int64_t> ids_;
+  // Whole-tensor cluster sums per (tensor, role), for the tests pooled over layers of a role.
+  std::map<std::string, std::pair<int, std::vector<cmp::ClusterSums>>> pools_;
+  RoleLayers roles_;
+  std::vector<LayerData> data_;  // sized once: references into it stay valid
+  std::vector<bool> loaded_;
+};
+
+// Every candidate tensor must be a judged name of an existing layer; --layers must be held.
+std::set<int> Judge::candidate_layers(const std::set<int>& wanted) const {
   std::set<int> layers;
-  for (const io::TensorView& v : c.tensors) {
+  for (const io::TensorView& v : c_.tensors) {
     int l = -1;
     char rest[128] = {0};
     if (std::sscanf(v.name.c_str(), "layers.%d.%127s", &l, rest) != 2 ||
         std::find(kJudged.begin(), kJudged.end(), std::string(rest)) == kJudged.end() ||
         v.name != "layers." + std::to_string(l) + "." + rest)
-      throw Error(c.source + ": tensor '" + v.name + "' is not a golden output name (expected layers.{l}." +
+      throw Error(c_.source + ": tensor '" + v.name + "' is not a golden output name (expected layers.{l}." +
                   "indexer.logits, indexer.topk, attn.indices, attn.indices_physical, attn.out, attn.lse or attn.max_logits)");
-    if (l < 0 || l >= n_layers)
-      throw Error(c.source + ": tensor '" + v.name + "': layer " + std::to_string(l) + " is outside the golden set's " +
-                  std::to_string(n_layers) + " layers");
+    if (l < 0 || l >= n_layers_)
+      throw Error(c_.source + ": tensor '" + v.name + "': layer " + std::to_string(l) + " is outside the golden set's " +
+                  std::to_string(n_layers_) + " layers");
     if (wanted.empty() || wanted.count(l)) layers.insert(l);
   }
   for (int l : wanted)
-    if (!layers.count(l)) throw Error(c.source + ": --layers asks for layer " + std::to_string(l) + ", which the candidate does not hold");
-  if (layers.empty()) throw Error(c.source + ": no golden output names to judge");
+    if (!layers.count(l)) throw Error(c_.source + ": --layers asks for layer " + std::to_string(l) + ", which the candidate does not hold");
+  if (layers.empty()) throw Error(c_.source + ": no golden output names to judge");
+  return layers;
+}
 
-  const bool decode = m.value("kind", "") == "decode";
-  const std::vector<int64_t> ids = row_ids(g);
-  // Whole-tensor cluster sums per (tensor, role), for the tests pooled over layers of a role.
-  std::map<std::string, std::pair<int, std::vector<cmp::ClusterSums>>> pools;
-  RoleLayers roles;
-  std::vector<LayerData> data(static_cast<size_t>(n_layers));
-  std::vector<bool> loaded(size_t(n_layers), false);
-  auto layer = [&](int l) -> const LayerData& {
-    if (!loaded[size_t(l)]) { data[size_t(l)] = load_layer(g, l, k); loaded[size_t(l)] = true; }
-    return data[size_t(l)];
-  };
-  auto has = [&](int l, const std::string& n) { return c.find("layers." + std::to_string(l) + "." + n) != nullptr; };
-  auto name = [](int l, const std::string& n) { return "layers." + std::to_string(l) + "." + n; };
-  auto add = [&](int l, const std::string& n, cmp::Report r, const std::string& note = "") {
-    r.tensor = name(l, n);
-    res.checked.push_back(name(l, n));
-    res.tensors.push_back({l, n, std::move(r), note});
-    return res.tensors.back().report.verdict;
-  };
+// Steps 1-5 for one layer, and the layer's panel of the picture.
+void Judge::judge_layer(int l) {
+  const LayerData& d = layer(l);
+  const std::string P = "layer " + std::to_string(l) + (d.full ? " (Full)" : " (Shared, source " + std::to_string(d.source) + ")");
+  io::DiffPanel panel;
+  panel.layer = l;
+  panel.label = P;
+  panel.row_ids = ids_;
+  const size_t diagnoses0 = res.diagnoses.size(), tensors0 = res.tensors.size();
+  Tensor<float> cand_logits;
+  if (has(l, "indexer.logits")) cand_logits = judge_logits(d, P);
+  if (has(l, "indexer.topk")) judge_topk(d, P, cand_logits, panel);
+  UsedIndices used{d.indices, ""};
+  if (has(l, "attn.indices")) used = judge_indices(d, P, panel);
+  if (has(l, "attn.indices_physical")) judge_physical(d, P);
+  if (has(l, "attn.out") || has(l, "attn.lse") || has(l, "attn.max_logits")) judge_attention(d, P, used, panel);
+  finish_panel(res, std::move(panel), P, diagnoses0, tensors0);
+  // Memory: the layer's attention tensors are not read again (later layers read only another
+  // layer's indices, windows, logits and top-k).
+  LayerData& done = data_[size_t(l)];
+  done.q = Tensor<bf16_t>();
+  done.out = done.lse = done.max_logits = Tensor<float>();
+}
 
-  for (int l : layers) {
-    const LayerData& d = layer(l);
-    const std::string P = "layer " + std::to_string(l) + (d.full ? " (Full)" : " (Shared, source " + std::to_string(d.source) + ")");
-    // 1. Indexer logits.
-    Tensor<float> cand_logits;
-    if (has(l, "indexer.logits")) {
-      if (!d.has_indexer) throw Error(c.source + ": " + name(l, "indexer.logits") + ": layer " + std::to_string(l) + " has no indexer in the golden set");
-      cand_logits = cand_float(c, name(l, "indexer.logits"), {s_q, s_kv});
-      const std::string p = name(l, "");
-      if (g.get(p + "indexer.q").dtype == io::DType::F8_E4M3)
-        data[size_t(l)].logits_rule = k.indexer_logits_rule(g.tensor<e4m3_t>(p + "indexer.q"), g.tensor<e4m3_t>(p + "indexer.k"),
-                                                               g.tensor<float>(p + "indexer.k_scale"), g.tensor<float>(p + "indexer.weights"), d.logits);
-      cmp::FloatRule rule = d.logits_rule;
-      if (rule.bound.empty()) {  // bf16-mode sets: the same 14-bit-accumulator rule on f32 data
-        rule.bound.assign(size_t(d.logits.numel()), 0.0);
-        for (int64_t i = 0; i < d.logits.numel(); ++i)
-          if (std::isfinite(d.logits[i])) rule.bound[size_t(i)] = 4 * std::sqrt(double(topk) + 2) * 0x1p-14 * std::fabs(double(d.logits[i]));
-      }
-      cmp::FloatRule strict = rule;  // DeepGEMM's calc_diff where it is the stricter threshold
-      if (strict.metric_max < 0 || strict.metric_max > kDeepGemmLogitsDiff) {
-        strict.metric_max = kDeepGemmLogitsDiff;
-        strict.metric_name = "(DeepGEMM's fp32-logits check against the simulated reference)";
-      } else {
-        strict.metric_name = "(every element off by its bound; stricter than DeepGEMM's 5e-6 here)";
-      }
-      cmp::StructureSpec spec;
-      spec.tensor = "indexer.logits";
-      spec.rows = s_q;
-      spec.cols = s_kv;
-      spec.cluster_cols = 128;
-      spec.lanes = true;
-      spec.row_seq = row_sequences(g, s_q, &d.ks);
-      spec.row_ids = ids;
-      spec.floor = cmp::kFloorLogits;
-      cmp::StructureReport st;
-      const cmp::Verdict lv = add(l, "indexer.logits", cmp::compare_structured("", d.logits, cand_logits, strict, spec, &st));
-      for (const std::string& f : st.findings) res.diagnoses.push_back(P + ": " + f);
-      pool(pools, "indexer.logits", d.full, st, roles, l);
-      if (lv == cmp::Verdict::fail)
-        if (const auto sw = swapped_rope(g, l, d.ks, d.ke, k))
-          if (passes(cmp::compare_floats("", sw->logits, cand_logits, rule)))
-            res.diagnoses.push_back(P + ": indexer.logits match the indexer with its RoPE layout swapped (" + sw->layout +
-                                    " instead of the model's)");
-    }
-    // 2. Top-k positions.
-    if (has(l, "indexer.topk")) {
-      if (!d.has_indexer) throw Error(c.source + ": " + name(l, "indexer.topk") + ": layer " + std::to_string(l) + " has no indexer in the golden set");
-      const Tensor<int32_t> ct = cand_int(c, name(l, "indexer.topk"), {s_q, topk}, res.diagnoses);
-      cmp::TopkOptions o;
-      if (cand_logits.numel()) { o.candidate_logits = &cand_logits; o.logits_rule = &d.logits_rule; }
-      const cmp::Verdict v = add(l, "indexer.topk", cmp::compare_topk("", d.logits, d.ks, d.ke, d.topk, ct, o));
-      // Unsorted output is never a failure, only a remark.
-      bool sorted = true;
-      for (int64_t t = 0; t < s_q && sorted; ++t)
-        for (int64_t j = 0; j + 1 < topk && sorted; ++j) {
-          const int32_t a = ct.at(t, j), b = ct.at(t, j + 1);
-          if (a >= 0 && b >= 0 && a < d.ke[t] - d.ks[t] && b < d.ke[t] - d.ks[t])
-            sorted = d.logits.at(t, d.ks[t] + a) >= d.logits.at(t, d.ks[t] + b);
-        }
-      if (!sorted) res.notes.push_back(P + ": indexer.topk is not in score order (fine: slot order carries no meaning)");
-      if (v == cmp::Verdict::fail) {
-        if (const auto sw = swapped_rope(g, l, d.ks, d.ke, k))
-          if (passes(cmp::compare_topk("", sw->logits, d.ks, d.ke, sw->topk, ct, {})))
-            res.diagnoses.push_back(P + ": indexer.topk is the top-k of the indexer with its RoPE layout swapped (" + sw->layout +
-                                    " instead of the model's)");
-        for (int delta : {+1, -1}) {
-          Tensor<int32_t> ke2 = d.ke;
-          bool ok = true;
-          for (int64_t t = 0; t < s_q; ++t) { ke2[t] += delta; ok = ok && ke2[t] >= d.ks[t] && ke2[t] <= s_kv; }
-          if (!ok) continue;
-          Tensor<float> l2 = d.logits;  // logits of the widened window: the golden has them only inside
-          const golden::Loaded* gp = &g;
-          (void)gp;
-          const std::string p = name(l, "");
-          if (g.find(p + "indexer.q") && g.get(p + "indexer.q").dtype == io::DType::F8_E4M3)
-            l2 = k.logits_fp8(g.tensor<e4m3_t>(p + "indexer.q"), g.tensor<e4m3_t>(p + "indexer.k"),
-                                         g.tensor<float>(p + "indexer.k_scale"), g.tensor<float>(p + "indexer.weights"), d.ks, ke2);
-          const Tensor<int32_t> t2 = k.topk(l2, d.ks, ke2, topk);
-          if (passes(cmp::compare_topk("", l2, d.ks, ke2, t2, ct, {})))
-            res.diagnoses.push_back(P + ": indexer.topk matches a causal window " + (delta > 0 ? "one key too long (row t sees key t+1: causal bound off by one)"
-                                                                                              : "one key too short (row t misses its own key: causal bound off by one)"));
-        }
-      }
-    }
-    // 3. The indices the attention used.
-    Tensor<int32_t> use_indices = d.indices;
-    std::string cond_note;
-    if (has(l, "attn.indices")) {
-      const Tensor<int32_t> ci = cand_int(c, name(l, "attn.indices"), {s_q, 1, topk}, res.diagnoses);
-      const LayerData& src = layer(d.source);  // the layer whose indexer chose the positions
-      cmp::Report r;
-      if (src.has_indexer) {
-        const Tensor<int32_t> local = rows_to_local(ci, src.ks, src.ke);
-        r = cmp::compare_topk("", src.logits, src.ks, src.ke, src.topk, local, {false, nullptr, nullptr});
-      } else {
-        r = cmp::compare_exact("", d.indices, ci);
-      }
-      if (!d.full && passes(r) && has(d.source, "attn.indices")) {
-        // IndexShare: exactly the source layer's positions in the candidate's own pipeline (the
-        // source layer's own check diagnoses its values).
-        std::vector<std::string> ignored;
-        const auto a = row_sets(ci, s_kv), b = row_sets(cand_int(c, name(d.source, "attn.indices"), {s_q, 1, topk}, ignored), s_kv);
-        if (a != b) {
-          r.verdict = cmp::Verdict::fail;
-          r.reasons.push_back("the Shared layer's positions differ from its source layer " + std::to_string(d.source) + "'s in the candidate");
-        }
-      }
-      const cmp::Verdict v = add(l, "attn.indices", r);
-      if (v != cmp::Verdict::fail && row_sets(ci, s_kv) != row_sets(d.indices, s_kv)) {
-        use_indices = ci;
-        cond_note = "expected attention recomputed on the candidate's indices (they differ from the golden's only by ties)";
-      }
-      if (v == cmp::Verdict::fail) {
-        const auto cs = row_sets(ci, s_kv);
-        if (const io::TensorView* ph = g.find(name(l, "attn.indices_physical"))) {
-          Tensor<int32_t> phys = g.tensor<int32_t>(name(l, "attn.indices_physical"));
-          phys.shape = {s_q, 1, topk};
-          if (row_sets(ci, INT32_MAX) == row_sets(phys, INT32_MAX))
-            res.diagnoses.push_back(P + ": attn.indices are the physical (paged) slots; logical kv rows were expected");
-          (void)ph;
-        }
-        // Hypotheses: the Shared layer used its own indexer, or another layer's positions.
-        if (!d.full && d.has_indexer && cs == row_sets(ref::local_to_kv_rows(d.topk, d.ks), s_kv))
-          res.diagnoses.push_back(P + ": attn.indices are the layer's own fresh top-k, not its source layer " +
-                                  std::to_string(d.source) + "'s positions (a Shared layer that recomputes)");
-        for (int j = 0; j < n_layers; ++j) {
-          if (j == d.source || j == l) continue;
-          const LayerData& o = layer(j);
-          if (o.full && cs == row_sets(o.indices, s_kv))
-            res.diagnoses.push_back(P + ": attn.indices are Full layer " + std::to_string(j) + "'s positions instead of layer " +
-                                    std::to_string(d.source) + "'s (schedule off by " + std::to_string(j - d.source) + ")");
-        }
-        if (src.has_indexer)
-          for (int delta : {+1, -1}) {
-            Tensor<int32_t> ke2 = src.ke;
-            bool ok = true;
-            for (int64_t t = 0; t < s_q; ++t) { ke2[t] += delta; ok = ok && ke2[t] >= src.ks[t] && ke2[t] <= s_kv; }
-            if (!ok || !g.find(name(d.source, "indexer.q")) || g.get(name(d.source, "indexer.q")).dtype != io::DType::F8_E4M3) continue;
-            const Tensor<float> l2 = k.logits_fp8(g.tensor<e4m3_t>(name(d.source, "indexer.q")), g.tensor<e4m3_t>(name(d.source, "indexer.k")),
-                                                             g.tensor<float>(name(d.source, "indexer.k_scale")), g.tensor<float>(name(d.source, "indexer.weights")), src.ks, ke2);
-            if (cs == row_sets(ref::local_to_kv_rows(k.topk(l2, src.ks, ke2, topk), src.ks), s_kv))
-              res.diagnoses.push_back(P + ": attn.indices are the top-k of a causal window one key too " + (delta > 0 ? "long" : "short") +
-                                      " (causal bound off by one)");
-          }
-      }
-    }
-    // 3b. Decode sets: the physical (paged) indices, as sets per row.
-    if (has(l, "attn.indices_physical")) {
-      require(g.find(name(l, "attn.indices_physical")) != nullptr,
-              c.source + ": " + name(l, "attn.indices_physical") + ": the golden set is not a decode set");
-      const Tensor<int32_t> gp = g.tensor<int32_t>(name(l, "attn.indices_physical"));
-      Tensor<int32_t> cp = cand_int(c, name(l, "attn.indices_physical"), gp.shape, res.diagnoses);
-      Tensor<int32_t> gflat = gp, cflat = cp;
-      gflat.shape = cflat.shape = {s_q, 1, topk};
-      cmp::Report r;
-      r.stats.n = s_q;
-      const auto gs = row_sets(gflat, INT32_MAX), cs = row_sets(cflat, INT32_MAX);
-      for (int64_t t = 0; t < s_q; ++t) {
-        ++r.stats.n_checked;
-        if (gs[size_t(t)] != cs[size_t(t)]) {
-          ++r.stats.n_fail;
-          if (r.mismatches.size() < cmp::kMaxMismatches) r.mismatches.push_back({{t}, 0, 0, 0, 0, "physical slots differ from the golden's"});
-        }
-      }
-      if (r.stats.n_fail) {
-        r.verdict = cmp::Verdict::fail;
-        r.reasons.push_back(std::to_string(r.stats.n_fail) + " row(s) whose physical slots differ (as sets) from the golden's");
-        if (cs == row_sets(d.indices, s_kv))
-          res.diagnoses.push_back(P + ": attn.indices_physical are logical kv rows; physical (paged) slots were expected");
-      }
-      add(l, "attn.indices_physical", r);
-    }
-    // 4. Attention outputs against the expected attention over the indices used.
-    if (has(l, "attn.out") || has(l, "attn.lse") || has(l, "attn.max_logits")) {
-      Expected e;
-      if (cond_note.empty()) {
-        // Moved, not copied: the layer's golden outputs are not read again (see the end of the loop).
-        e.attn.out = std::move(data[size_t(l)].out);
-        e.attn.lse = std::move(data[size_t(l)].lse);
-        e.attn.max_logits = std::move(data[size_t(l)].max_logits);
-        e.bounds = k.attention_bounds(d.q, d.kv, d.indices, sm, d_v, d.topk_length.numel() ? &d.topk_length : nullptr, e.attn);
-        const json& b = m["budgets"];
-        e.budget = b.contains(name(l, "attn.out")) ? b[name(l, "attn.out")]["budget_max_abs"].get<double>() : -1;
-      } else {
-        e = expected_attention(d, use_indices, sm, d_v, k);
-      }
-      std::vector<std::string> attn_fail;
-      const SmDirection smd = sm_direction(d, use_indices, e.attn, sm, d_v, k);
-      const std::vector<int64_t> seqs = row_sequences(g, s_q, d.has_indexer ? &d.ks : layer(d.source).has_indexer ? &layer(d.source).ks : nullptr);
-      const double lse_abs = kFlashMlaLseAbs * std::max(1.0, rms_finite(e.attn.max_logits));
-      auto structured = [&](const std::string& tensor, const Tensor<float>& expected, const Tensor<float>& got, const cmp::FloatRule& rule,
-                            cmp::StructureSpec spec) {
-        spec.tensor = tensor;
-        spec.row_seq = seqs;
-        spec.row_ids = ids;
-        cmp::StructureReport st;
-        const cmp::Verdict v = add(l, tensor, cmp::compare_structured("", expected, got, rule, spec, &st), cond_note);
-        for (const std::string& f : st.findings) res.diagnoses.push_back(P + ": " + f);
-        pool(pools, tensor, d.full, st, roles, l);
-        return v;
-      };
-      if (has(l, "attn.out")) {
-        const Tensor<float> co = cand_float(c, name(l, "attn.out"), {s_q, h_q, d_v});
-        cmp::FloatRule rule = bound_rule(std::move(e.bounds.out), e.budget);
-        const double scale = std::max(1.0, rms_v(d.kv, d_v) / kFlashMlaDataRms);
-        rule.anchor_abs = (decode ? kFlashMlaDecodeOutAbs : kFlashMlaOutAbs) * scale;
-        rule.anchor_rel = decode ? kFlashMlaDecodeOutRel : kFlashMlaOutRel;
-        rule.anchor_name = decode ? "FlashMLA's decode check_is_allclose" : "FlashMLA's prefill check_is_allclose";
-        rule.metric_max = decode ? kFlashMlaDecodeOutCos : kFlashMlaOutCos;
-        rule.metric_name = decode ? "(FlashMLA's decode cos_diff_tol)" : "(FlashMLA's prefill cos_diff_tol)";
-        cmp::StructureSpec spec;
-        spec.rows = s_q;
-        spec.heads = h_q;
-        spec.cols = d_v;
-        spec.cluster_cols = d_v;
-        spec.lanes = true;
-        spec.floor = cmp::kFloorOut;
-        spec.sm_dir = smd.out.ptr();
-        if (structured("attn.out", e.attn.out, co, rule, spec) == cmp::Verdict::fail) {
-          attn_fail.push_back("attn.out");
-          // Hypotheses: the attention of another layer's positions or of the causal off-by-one.
-          for (int j = 0; j < n_layers; ++j) {
-            if (j == d.source) continue;
-            const LayerData& o = layer(j);
-            if (!o.full) continue;
-            const Expected x = expected_attention(d, o.indices, sm, d_v, k);
-            if (passes(cmp::compare_floats("", x.attn.out, co, bound_rule(x.bounds.out))))
-              res.diagnoses.push_back(P + ": attn.out is the attention over Full layer " + std::to_string(j) + "'s positions instead of layer " +
-                                      std::to_string(d.source) + "'s");
-          }
-          if (!d.full && d.has_indexer) {
-            const Expected x = expected_attention(d, ref::local_to_kv_rows(d.topk, d.ks), sm, d_v, k);
-            if (passes(cmp::compare_floats("", x.attn.out, co, bound_rule(x.bounds.out))))
-              res.diagnoses.push_back(P + ": attn.out is the attention over the layer's own fresh top-k (a Shared layer that recomputes)");
-          }
-          if (d.sink) {
-            Expected x;
-            x.attn = k.sparse_attention(d.q, d.kv, use_indices, sm, d_v, d.topk_length.numel() ? &d.topk_length : nullptr, nullptr);
-            x.bounds = k.attention_bounds(d.q, d.kv, use_indices, sm, d_v, d.topk_length.numel() ? &d.topk_length : nullptr, x.attn);
-            if (passes(cmp::compare_floats("", x.attn.out, co, bound_rule(x.bounds.out))))
-              res.diagnoses.push_back(P + ": attn.out ignores the attention sink");
-          }
-        }
-      }
-      if (has(l, "attn.lse")) {
-        const Tensor<float> cl = cand_float(c, name(l, "attn.lse"), {s_q, h_q});
-        cmp::FloatRule rule = bound_rule(e.bounds.lse);
-        rule.anchor_abs = lse_abs;
-        rule.anchor_rel = decode ? kFlashMlaDecodeLseRel : kFlashMlaLseRel;
-        rule.anchor_name = decode ? "FlashMLA's decode lse check" : "FlashMLA's prefill lse check";
-        cmp::StructureSpec spec;
-        spec.rows = s_q;
-        spec.heads = h_q;
-        spec.floor = cmp::kFloorLse;
-        spec.sm_dir = smd.lse.ptr();
-        if (structured("attn.lse", e.attn.lse, cl, rule, spec) == cmp::Verdict::fail) {
-          attn_fail.push_back("attn.lse");
-          Tensor<float> conv = cl;
-          for (float& v : conv.data) v = float(double(v) * std::log(2.0));
-          if (passes(cmp::compare_floats("", e.attn.lse, conv, bound_rule(e.bounds.lse))))
-            res.diagnoses.push_back(P + ": attn.lse is in base 2 (log2-sum-exp2 units): it matches the golden once multiplied by ln 2");
-          if (d.sink) {
-            Tensor<float> with = e.attn.lse;
-            for (int64_t i = 0; i < with.numel(); ++i) {
-              const double a = with[i], s = (*d.sink)[i % h_q], mx = std::max(a, s);
-              with[i] = float(mx + std::log(std::exp(a - mx) + std::exp(s - mx)));
-            }
-            if (passes(cmp::compare_floats("", with, cl, bound_rule(e.bounds.lse))))
-              res.diagnoses.push_back(P + ": attn.lse includes the attention sink (ln(exp(lse) + exp(sink))); the golden's excludes it");
-          }
-        }
-      }
-      if (has(l, "attn.max_logits")) {
-        const Tensor<float> cm = cand_float(c, name(l, "attn.max_logits"), {s_q, h_q});
-        cmp::FloatRule rule = bound_rule(e.bounds.max_logits);
-        rule.anchor_abs = lse_abs;
-        rule.anchor_rel = kFlashMlaLseRel;
-        rule.anchor_name = "FlashMLA's prefill max_logits check";
-        cmp::StructureSpec spec;
-        spec.rows = s_q;
-        spec.heads = h_q;
-        spec.floor = cmp::kFloorLse;
-        spec.scale_meaning = "max_logits = sm_scale * max q.k, so sm_scale (or its log2(e) folding) is off";
-        if (structured("attn.max_logits", e.attn.max_logits, cm, rule, spec) == cmp::Verdict::fail) {
-          Tensor<float> conv = cm;
-          for (float& v : conv.data) v = float(double(v) * std::log(2.0));
-          if (passes(cmp::compare_floats("", e.attn.max_logits, conv, bound_rule(e.bounds.max_logits))))
-            res.diagnoses.push_back(P + ": attn.max_logits is in base-2 units (scaled by log2 e)");
-        }
-      }
-    }
-    // Memory: the layer's attention tensors are not read again (later layers read only another
-    // layer's indices, windows, logits and top-k).
-    LayerData& done = data[size_t(l)];
-    done.q = Tensor<bf16_t>();
-    done.out = done.lse = done.max_logits = Tensor<float>();
+// ---- 1. indexer logits ----
+
+// The per-element logits bound (O(s_q s_kv H D), so only when the candidate holds logits).
+cmp::FloatRule Judge::logits_rule(const LayerData& d) {
+  const std::string p = name(d.l, "");
+  if (g_.get(p + "indexer.q").dtype == io::DType::F8_E4M3)
+    data_[size_t(d.l)].logits_rule = k_.indexer_logits_rule(g_.tensor<e4m3_t>(p + "indexer.q"), g_.tensor<e4m3_t>(p + "indexer.k"),
+                                                              g_.tensor<float>(p + "indexer.k_scale"), g_.tensor<float>(p + "indexer.weights"), d.logits);
+  cmp::FloatRule rule = d.logits_rule;
+  if (rule.bound.empty()) {  // bf16-mode sets: the same 14-bit-accumulator rule on f32 data
+    rule.bound.assign(size_t(d.logits.numel()), 0.0);
+    for (int64_t i = 0; i < d.logits.numel(); ++i)
+      if (std::isfinite(d.logits[i])) rule.bound[size_t(i)] = 4 * std::sqrt(double(topk_) + 2) * 0x1p-14 * std::fabs(double(d.logits[i]));
   }
-  // By role: a tensor flagged on every layer of one role and on none of the other points at that
-  // role's path (a Shared layer's plumbing, or the Full layers' own indexer-side work).
+  return rule;
+}
+
+Tensor<float> Judge::judge_logits(const LayerData& d, const std::string& P) {
+  const int l = d.l;
+  require_indexer(d, "indexer.logits");
+  Tensor<float> cand_logits = candidate_float(c_, name(l, "indexer.logits"), {s_q_, s_kv_});
+  const cmp::FloatRule rule = logits_rule(d);
+  cmp::FloatRule strict = rule;  // DeepGEMM's calc_diff where it is the stricter threshold
+  if (strict.metric_max < 0 || strict.metric_max > kDeepGemmLogitsDiff) {
+    strict.metric_max = kDeepGemmLogitsDiff;
+    strict.metric_name = "(DeepGEMM's fp32-logits check against the simulated reference)";
+  } else {
+    strict.metric_name = "(every element off by its bound; stricter than DeepGEMM's 5e-6 here)";
+  }
+  cmp::StructureSpec spec;
+  spec.tensor = "indexer.logits";
+  spec.rows = s_q_;
+  spec.cols = s_kv_;
+  spec.cluster_cols = 128;
+  spec.lanes = true;
+  spec.row_seq = row_sequences(g_, s_q_, &d.ks);
+  spec.row_ids = ids_;
+  spec.floor = cmp::kFloorLogits;
+  cmp::StructureReport st;
+  const cmp::Verdict lv = add(l, "indexer.logits", cmp::compare_structured("", d.logits, cand_logits, strict, spec, &st));
+  for (const std::string& f : st.findings) res.diagnoses.push_back(P + ": " + f);
+  pool(pools_, "indexer.logits", d.full, st, roles_, l);
+  if (lv == cmp::Verdict::fail)
+    if (const auto sw = swapped_rope(g_, l, d.ks, d.ke, k_))
+      if (passes(cmp::compare_floats("", sw->logits, cand_logits, rule)))
+        res.diagnoses.push_back(P + ": indexer.logits match the indexer with its RoPE layout swapped (" + sw->layout +
+                                " instead of the model's)");
+  return cand_logits;
+}
+
+// ---- 2. top-k positions ----
+
+void Judge::judge_topk(const LayerData& d, const std::string& P, const Tensor<float>& cand_logits, io::DiffPanel& panel) {
+  const int l = d.l;
+  require_indexer(d, "indexer.topk");
+  const Tensor<int32_t> ct = candidate_int(c_, name(l, "indexer.topk"), {s_q_, topk_}, res.diagnoses);
+  cmp::TopkOptions o;
+  if (cand_logits.numel()) { o.candidate_logits = &cand_logits; o.logits_rule = &d.logits_rule; }
+  const cmp::Verdict v = add(l, "indexer.topk", cmp::compare_topk("", d.logits, d.ks, d.ke, d.topk, ct, o));
+  panel.recall = row_recall(row_sets(ct, s_kv_), row_sets(d.topk, s_kv_));
+  panel.recall_of = "indexer.topk";
+  // Unsorted output is never a failure, only a remark.
+  bool sorted = true;
+  for (int64_t t = 0; t < s_q_ && sorted; ++t)
+    for (int64_t j = 0; j + 1 < topk_ && sorted; ++j) {
+      const int32_t a = ct.at(t, j), b = ct.at(t, j + 1);
+      if (a >= 0 && b >= 0 && a < d.ke[t] - d.ks[t] && b < d.ke[t] - d.ks[t])
+        sorted = d.logits.at(t, d.ks[t] + a) >= d.logits.at(t, d.ks[t] + b);
+    }
+  if (!sorted) res.notes.push_back(P + ": indexer.topk is not in score order (fine: slot order carries no meaning)");
+  if (v == cmp::Verdict::fail) topk_hypotheses(d, P, ct);
+}
+
+// A failing top-k: raw torch.topk padding, the RoPE layout swapped, the causal bound off by one.
+void Judge::topk_hypotheses(const LayerData& d, const std::string& P, const Tensor<int32_t>& ct) {
+  const int l = d.l;
+  if (const auto padded = pad_beyond_window(ct, d.ks, d.ke))
+    if (passes(cmp::compare_topk("", d.logits, d.ks, d.ke, d.topk, *padded, {})))
+      res.diagnoses.push_back(P + ": indexer.topk holds " + kBeyondWindow);
+  if (const auto sw = swapped_rope(g_, l, d.ks, d.ke, k_))
+    if (passes(cmp::compare_topk("", sw->logits, d.ks, d.ke, sw->topk, ct, {})))
+      res.diagnoses.push_back(P + ": indexer.topk is the top-k of the indexer with its RoPE layout swapped (" + sw->layout +
+                              " instead of the model's)");
+  for (int delta : {+1, -1}) {
+    Tensor<int32_t> ke2 = d.ke;
+    bool ok = true;
+    for (int64_t t = 0; t < s_q_; ++t) { ke2[t] += delta; ok = ok && ke2[t] >= d.ks[t] && ke2[t] <= s_kv_; }
+    if (!ok) continue;
+    Tensor<float> l2 = d.logits;  // logits of the widened window: the golden has them only inside
+    const std::string p = name(l, "");
+    if (g_.find(p + "indexer.q") && g_.get(p + "indexer.q").dtype == io::DType::F8_E4M3)
+      l2 = k_.logits_fp8(g_.tensor<e4m3_t>(p + "indexer.q"), g_.tensor<e4m3_t>(p + "indexer.k"),
+                         g_.tensor<float>(p + "indexer.k_scale"), g_.tensor<float>(p + "indexer.weights"), d.ks, ke2);
+    const Tensor<int32_t> t2 = k_.topk(l2, d.ks, ke2, topk_);
+    if (passes(cmp::compare_topk("", l2, d.ks, ke2, t2, ct, {})))
+      res.diagnoses.push_back(P + ": indexer.topk matches a causal window " + (delta > 0 ? "one key too long (row t sees key t+1: causal bound off by one)"
+                                                                                        : "one key too short (row t misses its own key: causal bound off by one)"));
+  }
+}
+
+// ---- 3. the indices the attention used ----
+
+Judge::UsedIndices Judge::judge_indices(const LayerData& d, const std::string& P, io::DiffPanel& panel) {
+  const int l = d.l;
+  UsedIndices used{d.indices, ""};
+  const Tensor<int32_t> ci = candidate_int(c_, name(l, "attn.indices"), {s_q_, 1, topk_}, res.diagnoses);
+  const LayerData& src = layer(d.source);  // the layer whose indexer chose the positions
+  cmp::Report r = indices_report(d, src, P, ci);
+  if (!d.full && passes(r) && has(d.source, "attn.indices")) {
+    // IndexShare: exactly the source layer's positions in the candidate's own pipeline (the
+    // source layer's own check diagnoses its values).
+    std::vector<std::string> ignored;
+    const auto a = row_sets(ci, s_kv_), b = row_sets(candidate_int(c_, name(d.source, "attn.indices"), {s_q_, 1, topk_}, ignored), s_kv_);
+    if (a != b) {
+      r.verdict = cmp::Verdict::fail;
+      r.reasons.push_back("the Shared layer's positions differ from its source layer " + std::to_string(d.source) + "'s in the candidate");
+    }
+  }
+  const cmp::Verdict v = add(l, "attn.indices", r);
+  panel.recall = row_recall(row_sets(ci, s_kv_), row_sets(d.indices, s_kv_));
+  panel.recall_of = "attn.indices";
+  if (v != cmp::Verdict::fail && row_sets(ci, s_kv_) != row_sets(d.indices, s_kv_)) {
+    used.indices = ci;
+    used.note = "expected attention recomputed on the candidate's indices (they differ from the golden's only by ties)";
+  }
+  if (v == cmp::Verdict::fail) indices_hypotheses(d, P, ci);
+  return used;
+}
+
+// The candidate's kv rows judged as the source layer's top-k (modulo ties), or exactly.
+cmp::Report Judge::indices_report(const LayerData& d, const LayerData& src, const std::string& P, const Tensor<int32_t>& ci) {
+  if (!src.has_indexer) return cmp::compare_exact("", d.indices, ci);
+  const Tensor<int32_t> local = rows_to_local(ci, src.ks, src.ke);
+  Tensor<int32_t> written = ci;
+  written.shape = local.shape;
+  cmp::Report r = cmp::compare_topk("", src.logits, src.ks, src.ke, src.topk, local, {false, nullptr, nullptr, &written});
+  if (!passes(r)) {  // raw torch.topk rows: kv rows at or past ke in rows shorter than top-k
+    Tensor<int32_t> beyond = local;
+    for (int64_t t = 0; t < s_q_; ++t)
+      for (int64_t j = 0; j < topk_; ++j)
+        if (beyond.at(t, j) == -2 && written.at(t, j) >= src.ke[t]) beyond.at(t, j) = written.at(t, j) - src.ks[t];
+    if (const auto padded = pad_beyond_window(beyond, src.ks, src.ke))
+      if (passes(cmp::compare_topk("", src.logits, src.ks, src.ke, src.topk, *padded, {false, nullptr, nullptr})))
+        res.diagnoses.push_back(P + ": attn.indices hold " + kBeyondWindow);
+  }
+  return r;
+}
+
+// A failing attn.indices: physical slots, a Shared layer's fresh top-k, another Full layer's
+// positions (the schedule off), the causal bound off by one.
+void Judge::indices_hypotheses(const LayerData& d, const std::string& P, const Tensor<int32_t>& ci) {
+  const int l = d.l;
+  const LayerData& src = layer(d.source);
+  const auto cs = row_sets(ci, s_kv_);
+  if (g_.find(name(l, "attn.indices_physical"))) {
+    Tensor<int32_t> phys = g_.tensor<int32_t>(name(l, "attn.indices_physical"));
+    phys.shape = {s_q_, 1, topk_};
+    if (row_sets(ci, INT32_MAX) == row_sets(phys, INT32_MAX))
+      res.diagnoses.push_back(P + ": attn.indices are the physical (paged) slots; logical kv rows were expected");
+  }
+  if (!d.full && d.has_indexer && cs == row_sets(ref::local_to_kv_rows(d.topk, d.ks), s_kv_))
+    res.diagnoses.push_back(P + ": attn.indices are the layer's own fresh top-k, not its source layer " +
+                            std::to_string(d.source) + "'s positions (a Shared layer that recomputes)");
+  for (int j = 0; j < n_layers_; ++j) {
+    if (j == d.source || j == l) continue;
+    const LayerData& o = layer(j);
+    if (o.full && cs == row_sets(o.indices, s_kv_))
+      res.diagnoses.push_back(P + ": attn.indices are Full layer " + std::to_string(j) + "'s positions instead of layer " +
+                              std::to_string(d.source) + "'s (schedule off by " + std::to_string(j - d.source) + ")");
+  }
+  if (!src.has_indexer) return;
+  const std::string s = name(d.source, "");
+  for (int delta : {+1, -1}) {
+    Tensor<int32_t> ke2 = src.ke;
+    bool ok = true;
+    for (int64_t t = 0; t < s_q_; ++t) { ke2[t] += delta; ok = ok && ke2[t] >= src.ks[t] && ke2[t] <= s_kv_; }
+    if (!ok || !g_.find(s + "indexer.q") || g_.get(s + "indexer.q").dtype != io::DType::F8_E4M3) continue;
+    const Tensor<float> l2 = k_.logits_fp8(g_.tensor<e4m3_t>(s + "indexer.q"), g_.tensor<e4m3_t>(s + "indexer.k"),
+                                           g_.tensor<float>(s + "indexer.k_scale"), g_.tensor<float>(s + "indexer.weights"), src.ks, ke2);
+    if (cs == row_sets(ref::local_to_kv_rows(k_.topk(l2, src.ks, ke2, topk_), src.ks), s_kv_))
+      res.diagnoses.push_back(P + ": attn.indices are the top-k of a causal window one key too " + (delta > 0 ? "long" : "short") +
+                              " (causal bound off by one)");
+  }
+}
+
+// ---- 3b. decode sets: the physical (paged) indices, as sets per row ----
+
+void Judge::judge_physical(const LayerData& d, const std::string& P) {
+  const int l = d.l;
+  require(g_.find(name(l, "attn.indices_physical")) != nullptr,
+          c_.source + ": " + name(l, "attn.indices_physical") + ": the golden set is not a decode set");
+  const Tensor<int32_t> gp = g_.tensor<int32_t>(name(l, "attn.indices_physical"));
+  Tensor<int32_t> cp = candidate_int(c_, name(l, "attn.indices_physical"), gp.shape, res.diagnoses);
+  Tensor<int32_t> gflat = gp, cflat = cp;
+  gflat.shape = cflat.shape = {s_q_, 1, topk_};
+  cmp::Report r;
+  r.stats.n = s_q_;
+  const auto gs = row_sets(gflat, INT32_MAX), cs = row_sets(cflat, INT32_MAX);
+  for (int64_t t = 0; t < s_q_; ++t) {
+    ++r.stats.n_checked;
+    if (gs[size_t(t)] != cs[size_t(t)]) {
+      ++r.stats.n_fail;
+      if (r.mismatches.size() < cmp::kMaxMismatches) r.mismatches.push_back({{t}, 0, 0, 0, 0, "physical slots differ from the golden's"});
+    }
+  }
+  if (r.stats.n_fail) {
+    r.verdict = cmp::Verdict::fail;
+    r.reasons.push_back(std::to_string(r.stats.n_fail) + " row(s) whose physical slots differ (as sets) from the golden's");
+    if (cs == row_sets(d.indices, s_kv_))
+      res.diagnoses.push_back(P + ": attn.indices_physical are logical kv rows; physical (paged) slots were expected");
+  }
+  add(l, "attn.indices_physical", r);
+}
+
+// ---- 4. attention outputs against the expected attention over the indices used ----
+
+void Judge::judge_attention(const LayerData& d, const std::string& P, const UsedIndices& used, io::DiffPanel& panel) {
+  const int l = d.l;
+  Expected e;
+  if (used.note.empty()) {  // the golden's own outputs, bounds and budget
+    // Moved, not copied: the layer's golden outputs are not read again (see the end of judge_layer).
+    e.attn.out = std::move(data_[size_t(l)].out);
+    e.attn.lse = std::move(data_[size_t(l)].lse);
+    e.attn.max_logits = std::move(data_[size_t(l)].max_logits);
+    e.bounds = k_.attention_bounds(d.q, d.kv, d.indices, sm_, d_v_, d.topk_length.numel() ? &d.topk_length : nullptr, e.attn);
+    const json& b = m_["budgets"];
+    e.budget = b.contains(name(l, "attn.out")) ? b[name(l, "attn.out")]["budget_max_abs"].get<double>() : -1;
+  } else {
+    e = expected_attention(d, used.indices, sm_, d_v_, k_);
+  }
+  AttnCtx a{d, P, used.note, used.indices, std::move(e), {}, {}, 0};
+  a.smd = sm_direction(d, used.indices, a.e.attn, sm_, d_v_, k_);
+  a.seqs = row_sequences(g_, s_q_, d.has_indexer ? &d.ks : layer(d.source).has_indexer ? &layer(d.source).ks : nullptr);
+  a.lse_abs = kFlashMlaLseAbs * std::max(1.0, rms_finite(a.e.attn.max_logits));
+  if (has(l, "attn.out")) judge_out(a, panel);
+  if (has(l, "attn.lse")) judge_lse(a);
+  if (has(l, "attn.max_logits")) judge_max_logits(a);
+}
+
+// compare_structured with the layer's row layout; its findings become diagnoses, its cluster
+// sums join the pool of the layer's role.
+cmp::Verdict Judge::structured(AttnCtx& a, const std::string& tensor, const Tensor<float>& expected, const Tensor<float>& got,
+                               const cmp::FloatRule& rule, cmp::StructureSpec spec) {
+  spec.tensor = tensor;
+  spec.row_seq = a.seqs;
+  spec.row_ids = ids_;
+  cmp::StructureReport st;
+  const cmp::Verdict v = add(a.d.l, tensor, cmp::compare_structured("", expected, got, rule, spec, &st), a.note);
+  for (const std::string& f : st.findings) res.diagnoses.push_back(a.P + ": " + f);
+  pool(pools_, tensor, a.d.full, st, roles_, a.d.l);
+  return v;
+}
+
+void Judge::judge_out(AttnCtx& a, io::DiffPanel& panel) {
+  const Tensor<float> co = candidate_float(c_, name(a.d.l, "attn.out"), {s_q_, h_q_, d_v_});
+  cmp::FloatRule rule = bound_rule(std::move(a.e.bounds.out), a.e.budget);
+  const double scale = std::max(1.0, rms_v(a.d.kv, d_v_) / kFlashMlaDataRms);
+  rule.anchor_abs = (decode_ ? kFlashMlaDecodeOutAbs : kFlashMlaOutAbs) * scale;
+  rule.anchor_rel = decode_ ? kFlashMlaDecodeOutRel : kFlashMlaOutRel;
+  rule.anchor_name = decode_ ? "FlashMLA's decode check_is_allclose" : "FlashMLA's prefill check_is_allclose";
+  rule.metric_max = decode_ ? kFlashMlaDecodeOutCos : kFlashMlaOutCos;
+  rule.metric_name = decode_ ? "(FlashMLA's decode cos_diff_tol)" : "(FlashMLA's prefill cos_diff_tol)";
+  cmp::StructureSpec spec;
+  spec.rows = s_q_;
+  spec.heads = h_q_;
+  spec.cols = d_v_;
+  spec.cluster_cols = d_v_;
+  spec.lanes = true;
+  spec.floor = cmp::kFloorOut;
+  spec.sm_dir = a.smd.out.ptr();
+  panel.rows = s_q_;
+  panel.heads = h_q_;
+  panel.ratio = out_ratios(a.e.attn.out, co, rule.bound, d_v_);
+  if (structured(a, "attn.out", a.e.attn.out, co, rule, spec) == cmp::Verdict::fail) out_hypotheses(a, co);
+}
+
+// A failing attn.out: another Full layer's positions, a Shared layer's fresh top-k, no sink.
+void Judge::out_hypotheses(AttnCtx& a, const Tensor<float>& co) {
+  const LayerData& d = a.d;
+  const Tensor<int32_t>* tl = d.topk_length.numel() ? &d.topk_length : nullptr;
+  for (int j = 0; j < n_layers_; ++j) {
+    if (j == d.source) continue;
+    const LayerData& o = layer(j);
+    if (!o.full) continue;
+    const Expected x = expected_attention(d, o.indices, sm_, d_v_, k_);
+    if (passes(cmp::compare_floats("", x.attn.out, co, bound_rule(x.bounds.out))))
+      res.diagnoses.push_back(a.P + ": attn.out is the attention over Full layer " + std::to_string(j) + "'s positions instead of layer " +
+                              std::to_string(d.source) + "'s");
+  }
+  if (!d.full && d.has_indexer) {
+    const Expected x = expected_attention(d, ref::local_to_kv_rows(d.topk, d.ks), sm_, d_v_, k_);
+    if (passes(cmp::compare_floats("", x.attn.out, co, bound_rule(x.bounds.out))))
+      res.diagnoses.push_back(a.P + ": attn.out is the attention over the layer's own fresh top-k (a Shared layer that recomputes)");
+  }
+  if (d.sink) {
+    Expected x;
+    x.attn = k_.sparse_attention(d.q, d.kv, a.use, sm_, d_v_, tl, nullptr);
+    x.bounds = k_.attention_bounds(d.q, d.kv, a.use, sm_, d_v_, tl, x.attn);
+    if (passes(cmp::compare_floats("", x.attn.out, co, bound_rule(x.bounds.out))))
+      res.diagnoses.push_back(a.P + ": attn.out ignores the attention sink");
+  }
+}
+
+// attn.lse, and when it fails: base 2 units, the sink included.
+void Judge::judge_lse(AttnCtx& a) {
+  const LayerData& d = a.d;
+  const Tensor<float> cl = candidate_float(c_, name(d.l, "attn.lse"), {s_q_, h_q_});
+  cmp::FloatRule rule = bound_rule(a.e.bounds.lse);
+  rule.anchor_abs = a.lse_abs;
+  rule.anchor_rel = decode_ ? kFlashMlaDecodeLseRel : kFlashMlaLseRel;
+  rule.anchor_name = decode_ ? "FlashMLA's decode lse check" : "FlashMLA's prefill lse check";
+  cmp::StructureSpec spec;
+  spec.rows = s_q_;
+  spec.heads = h_q_;
+  spec.floor = cmp::kFloorLse;
+  spec.sm_dir = a.smd.lse.ptr();
+  if (structured(a, "attn.lse", a.e.attn.lse, cl, rule, spec) != cmp::Verdict::fail) return;
+  Tensor<float> conv = cl;
+  for (float& v : conv.data) v = float(double(v) * std::log(2.0));
+  if (passes(cmp::compare_floats("", a.e.attn.lse, conv, bound_rule(a.e.bounds.lse))))
+    res.diagnoses.push_back(a.P + ": attn.lse is in base 2 (log2-sum-exp2 units): it matches the golden once multiplied by ln 2");
+  if (d.sink) {
+    Tensor<float> with = a.e.attn.lse;
+    for (int64_t i = 0; i < with.numel(); ++i) {
+      const double x = with[i], s = (*d.sink)[i % h_q_], mx = std::max(x, s);
+      with[i] = float(mx + std::log(std::exp(x - mx) + std::exp(s - mx)));
+    }
+    if (passes(cmp::compare_floats("", with, cl, bound_rule(a.e.bounds.lse))))
+      res.diagnoses.push_back(a.P + ": attn.lse includes the attention sink (ln(exp(lse) + exp(sink))); the golden's excludes it");
+  }
+}
+
+// attn.max_logits, and when it fails: base 2 units.
+void Judge::judge_max_logits(AttnCtx& a) {
+  const Tensor<float> cm = candidate_float(c_, name(a.d.l, "attn.max_logits"), {s_q_, h_q_});
+  cmp::FloatRule rule = bound_rule(a.e.bounds.max_logits);
+  rule.anchor_abs = a.lse_abs;
+  rule.anchor_rel = kFlashMlaLseRel;
+  rule.anchor_name = "FlashMLA's prefill max_logits check";
+  cmp::StructureSpec spec;
+  spec.rows = s_q_;
+  spec.heads = h_q_;
+  spec.floor = cmp::kFloorLse;
+  spec.scale_meaning = "max_logits = sm_scale * max q.k, so sm_scale (or its log2(e) folding) is off";
+  if (structured(a, "attn.max_logits", a.e.attn.max_logits, cm, rule, spec) != cmp::Verdict::fail) return;
+  Tensor<float> conv = cm;
+  for (float& v : conv.data) v = float(double(v) * std::log(2.0));
+  if (passes(cmp::compare_floats("", a.e.attn.max_logits, conv, bound_rule(a.e.bounds.max_logits))))
+    res.diagnoses.push_back(a.P + ": attn.max_logits is in base-2 units (scaled by log2 e)");
+}
+
+// ---- 5. across layers ----
+
+// By role: a tensor flagged on every layer of one role and on none of the other points at that
+// role's path (a Shared layer's plumbing, or the Full layers' own indexer-side work).
+void Judge::judge_by_role() {
   for (const std::string role : {"Shared", "Full"}) {
     const std::string other = role == std::string("Shared") ? "Full" : "Shared";
-    for (const auto& [key, rl] : roles) {
+    for (const auto& [key, rl] : roles_) {
       const std::string tensor = key.substr(0, key.find('|'));
       if (key.substr(key.find('|') + 1) != role || rl.second.empty() || rl.second.size() != rl.first.size()) continue;
-      const auto o = roles.find(tensor + "|" + other);
-      if (o == roles.end() || o->second.first.empty() || !o->second.second.empty()) continue;
+      const auto o = roles_.find(tensor + "|" + other);
+      if (o == roles_.end() || o->second.first.empty() || !o->second.second.empty()) continue;
       std::string list;
       for (int l : rl.second) list += (list.empty() ? "" : ", ") + std::to_string(l);
       res.diagnoses.push_back(tensor + ": a systematic error on every " + role + " layer (" + list + ") and on none of the " +
                               std::to_string(o->second.first.size()) + " " + other + " layer(s): an error in the " + role + "-layer path");
     }
   }
-  // Tests pooled over the layers of one role (Full or Shared), when at least two were judged: a
-  // systematic error of every Shared layer can be too small to see in one layer of a small set.
-  for (const auto& [key, v] : pools) {
+}
+
+// Tests pooled over the layers of one role (Full or Shared), when at least two were judged: a
+// systematic error of every Shared layer can be too small to see in one layer of a small set.
+void Judge::judge_pooled() {
+  for (const auto& [key, v] : pools_) {
     if (v.first < 2) continue;
     const std::string tensor = key.substr(0, key.find('|')), role = key.substr(key.find('|') + 1);
     cmp::StructureSpec spec;
@@ -718,8 +927,22 @@ Result judge(const golden::Loaded& g, const io::SafetensorsFile& c, const std::s
     res.checked.push_back(spec.tensor);
     res.tensors.push_back({-1, tensor + " [" + role + "]", std::move(r), ""});
   }
-  return res;
 }
+
+}  // namespace
+
+Result judge(const golden::Loaded& g, const io::SafetensorsFile& c, const std::set<int>& wanted,
+             const ref::Kernels& k) {
+  Judge j(g, c, k);
+  for (int l : j.candidate_layers(wanted)) j.judge_layer(l);
+  const size_t across0 = j.res.diagnoses.size();
+  j.judge_by_role();
+  j.judge_pooled();
+  j.res.across_layers.assign(j.res.diagnoses.begin() + long(across0), j.res.diagnoses.end());
+  return std::move(j.res);
+}
+
+std::string Result::svg(const std::string& title) const { return io::diff_svg(panels, across_layers, title); }
 
 std::string Result::text(const std::string& replay) const {
   std::ostringstream os;

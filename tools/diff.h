@@ -20,6 +20,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -28,6 +29,7 @@
 #include "ref/kernels.h"
 #include "tools/golden.h"
 #include "tools/safetensors.h"
+#include "tools/svg.h"
 
 namespace indexshare::diff {
 
@@ -43,10 +45,15 @@ struct Result {
   std::vector<std::string> diagnoses;   // hypotheses that explain a failure
   std::vector<std::string> notes;       // remarks that are never failures (unsorted output, ...)
   std::vector<std::string> checked;     // candidate names that were judged
+  // The picture (diff --svg): one panel per layer whose attn.out or positions were judged, with
+  // that layer's diagnoses; across_layers: the diagnoses of no single layer (pooled, by role).
+  std::vector<io::DiffPanel> panels;
+  std::vector<std::string> across_layers;
   bool failed() const;
   int exit_code() const { return failed() ? 1 : 0; }
   std::string text(const std::string& replay) const;  // the human report
   nlohmann::json json() const;
+  std::string svg(const std::string& title) const;    // io::diff_svg of the panels
 };
 
 // Judges `candidate` against `golden`. layers: empty = every layer the candidate covers.
@@ -59,5 +66,29 @@ Result judge(const golden::Loaded& golden, const io::SafetensorsFile& candidate,
 
 // "0,3-5" -> {0, 3, 4, 5}; throws Error naming the bad text.
 std::set<int> parse_layers(const std::string& text);
+
+// ---- pieces the judge is made of, shared with `explain` ----
+
+// Everything the judge needs from the golden for one layer.
+struct GoldenLayer {
+  int l = 0;
+  bool full = true, has_indexer = false;
+  int source = 0;
+  Tensor<float> logits;             // golden or recomputed (empty without an indexer)
+  Tensor<int32_t> ks, ke, topk;     // indexer windows and golden top-k (empty without an indexer)
+  cmp::FloatRule logits_rule;       // filled by the judge only when the candidate holds logits
+  Tensor<bf16_t> q, kv;
+  Tensor<int32_t> indices, topk_length;
+  std::optional<Tensor<float>> sink;
+  Tensor<float> out, lse, max_logits;
+};
+GoldenLayer load_golden_layer(const golden::Loaded& g, int l, const ref::Kernels& k = {});
+
+// A candidate's float tensor (F32 or BF16) and integer positions (I32 or I64; I64 values outside
+// int32 are clamped and named in `diagnoses`), shape-checked; Error (exit 2) naming the file and
+// tensor otherwise.
+Tensor<float> candidate_float(const io::SafetensorsFile& c, const std::string& name, const Shape& shape);
+Tensor<int32_t> candidate_int(const io::SafetensorsFile& c, const std::string& name, const Shape& shape,
+                              std::vector<std::string>& diagnoses);
 
 }  // namespace indexshare::diff

@@ -79,6 +79,9 @@ struct StackInputs {
   std::vector<ref::LayerInputs> inputs;
 };
 StackInputs load_stack_inputs(const io::SafetensorsFile& f, const std::string& file, Problem p);
+// build_from on inputs already loaded from `file` (the CLI loads them first, to print and replay
+// the problem with the file's shapes).
+GoldenSet build_from(const std::string& file, StackInputs inputs, bool with_logits, const std::string& replay);
 
 
 // Writes `set` to `dir` atomically. The folder must not exist, or be empty, unless `force`

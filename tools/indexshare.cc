@@ -27,7 +27,7 @@ int main(int argc, char** argv) {
       cli::register_run(app), cli::register_golden(app), cli::register_presets(app),
       cli::register_verify(app), cli::register_diff(app), cli::register_overlap(app),
       cli::register_search(app), cli::register_bench(app), cli::register_cost(app),
-      cli::register_calibrate(app)};
+      cli::register_calibrate(app), cli::register_explain(app)};
   cli::strict_values(app);
   // A first word that is neither an option nor a command: name it (CLI11 says only that a
   // subcommand is required).

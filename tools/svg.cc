@@ -698,3 +698,199 @@ void write_text_files(const std::vector<std::pair<std::string, std::string>>& fi
 void write_text_file(const std::string& path, const std::string& text) { write_text_files({{path, text}}); }
 
 }  // namespace indexshare::io
+
+// ---- diff --svg ---------------------------------------------------------------------------------
+
+namespace indexshare::io {
+
+namespace {
+
+// Splits `s` into lines of at most `width` characters at spaces (a longer word stays whole).
+std::vector<std::string> wrap(const std::string& s, size_t width) {
+  std::vector<std::string> out;
+  std::string line, word;
+  auto flush_word = [&]() {
+    if (word.empty()) return;
+    if (!line.empty() && line.size() + 1 + word.size() > width) { out.push_back(line); line = "   "; }
+    line += (line.empty() || line == "   " ? "" : " ") + word;
+    word.clear();
+  };
+  for (char ch : s) {
+    if (ch == ' ') flush_word(); else word += ch;
+  }
+  flush_word();
+  if (!line.empty()) out.push_back(line);
+  return out;
+}
+
+constexpr double kRatioFloor = 1e-3;  // the colour scale's low end (log scale up to 1)
+constexpr const char* kFailColour = "#d7191c";
+constexpr const char* kNoData = "#d9d9d9";
+constexpr size_t kWrap = 130, kMaxFindingLines = 14;
+
+std::string ratio_colour(double r) {
+  if (std::isnan(r)) return kNoData;
+  if (r > 1) return kFailColour;
+  return viridis((std::log10(std::max(r, kRatioFloor)) - std::log10(kRatioFloor)) / -std::log10(kRatioFloor));
+}
+
+// Rows shown: at most 256 bins, each the max ratio / min recall over its rows.
+struct Bins {
+  int64_t n = 0, rows = 0;
+  int64_t begin(int64_t b) const { return b * rows / n; }
+  int64_t end(int64_t b) const { return (b + 1) * rows / n; }
+};
+
+double panel_height(double cell_h, int64_t bins, size_t finding_lines) {
+  return 24 + std::max(60.0, cell_h * double(bins)) + 44 + 14.0 * double(finding_lines) + 16;
+}
+
+std::vector<std::string> finding_lines(const DiffPanel& p) {
+  std::vector<std::string> lines;
+  if (p.findings.empty()) lines.push_back("no finding");
+  for (const std::string& f : p.findings)
+    for (const std::string& l : wrap("- " + f, kWrap)) lines.push_back(l);
+  if (lines.size() > kMaxFindingLines) {
+    const size_t more = lines.size() - (kMaxFindingLines - 1);
+    lines.resize(kMaxFindingLines - 1);
+    lines.push_back("... " + std::to_string(more) + " more line(s): see the text report");
+  }
+  return lines;
+}
+
+}  // namespace
+
+std::string diff_svg(const std::vector<DiffPanel>& panels, const std::vector<std::string>& general, const std::string& title) {
+  const double x0 = 96, top = 92;
+  int64_t max_heads = 1;
+  for (const DiffPanel& p : panels) max_heads = std::max(max_heads, p.heads);
+  const double cell_w = std::clamp(std::floor(360.0 / double(max_heads)), 6.0, 40.0);
+  const double plot_w = cell_w * double(max_heads), bars_x = x0 + plot_w + 40, bars_w = 110;
+  const double legend_x = bars_x + bars_w + 60;
+  std::vector<std::string> gen;
+  for (const std::string& f : general)
+    for (const std::string& l : wrap("- " + f, kWrap)) gen.push_back(l);
+  // Heights first (the document's size comes before its content).
+  double height = top;
+  std::vector<Bins> bins;
+  std::vector<double> cell_hs;
+  std::vector<std::vector<std::string>> texts;
+  for (const DiffPanel& p : panels) {
+    const int64_t rows = p.rows ? p.rows : int64_t(p.recall.size());
+    Bins b{std::min<int64_t>(std::max<int64_t>(rows, 1), 256), std::max<int64_t>(rows, 1)};
+    const double cell_h = std::clamp(std::floor(320.0 / double(b.n)), 2.0, 18.0);
+    bins.push_back(b);
+    cell_hs.push_back(cell_h);
+    texts.push_back(finding_lines(p));
+    height += panel_height(cell_h, b.n, texts.back().size());
+  }
+  if (!gen.empty()) height += 24 + 14.0 * double(gen.size());
+  height = std::max(height + 16, top + 260);
+  const double width = std::max(legend_x + 200, 32 + 6.1 * double(kWrap + 4));
+  Svg svg(width, height);
+  svg.text(16, 26, title, 17, "start", "#111111", "font-weight=\"bold\"");
+  svg.text(16, 46, "colour: the largest |err| / bound of attn.out over the d_v columns, per (query row, head)", 11, "start", "#444444");
+  svg.text(16, 60, "bars: per-row recall of the candidate's positions against the golden's; under each panel: its findings", 11,
+           "start", "#444444");
+  svg.text(16, 74, "a kernel bug tends to sit at a tile or split boundary, in some heads, or in late rows: look for the shape "
+                   "of the red and bright cells", 11, "start", "#444444");
+  // Legend: log colour scale, failures, no data.
+  {
+    const double ly = top + 20, lh = 180, lw = 18;
+    std::string grad = "<defs><linearGradient id=\"ratio\" x1=\"0\" y1=\"1\" x2=\"0\" y2=\"0\">\n";
+    for (int i = 0; i <= 16; ++i) grad += "<stop offset=\"" + fmt("%.4f", i / 16.0) + "\" stop-color=\"" + viridis(i / 16.0) + "\"/>\n";
+    grad += "</linearGradient></defs>\n";
+    svg.raw(grad);
+    svg.text(legend_x, ly - 14, "|err| / bound", 11);
+    svg.rect(legend_x, ly, lw, lh, "url(#ratio)", "stroke=\"#444444\" stroke-width=\"1\"");
+    const char* ticks[] = {"0.001", "0.01", "0.1", "1"};
+    for (int i = 0; i <= 3; ++i) {
+      const double y = ly + lh - lh * i / 3.0;
+      svg.line(legend_x + lw, y, legend_x + lw + 4, y, "#444444", 1);
+      svg.text(legend_x + lw + 7, y + 4, i == 0 ? std::string("\u2264 0.001") : std::string(ticks[i]), 11);
+    }
+    svg.rect(legend_x, ly + lh + 12, lw, 12, kFailColour);
+    svg.line(legend_x, ly + lh + 12, legend_x + lw, ly + lh + 24, "#ffffff", 1);
+    svg.line(legend_x + lw, ly + lh + 12, legend_x, ly + lh + 24, "#ffffff", 1);
+    svg.text(legend_x + lw + 6, ly + lh + 22, "> 1: outside the bound", 11);
+    svg.rect(legend_x, ly + lh + 32, lw, 12, kNoData);
+    svg.text(legend_x + lw + 6, ly + lh + 42, "not judged", 11);
+    svg.rect(legend_x, ly + lh + 52, lw, 12, "#1a9850");
+    svg.text(legend_x + lw + 6, ly + lh + 62, "recall 1", 11);
+    svg.rect(legend_x, ly + lh + 72, lw, 12, "#fdae61");
+    svg.text(legend_x + lw + 6, ly + lh + 82, "recall < 1", 11);
+  }
+  double y = top;
+  for (size_t i = 0; i < panels.size(); ++i) {
+    const DiffPanel& p = panels[i];
+    const Bins& b = bins[i];
+    const double cell_h = cell_hs[i], plot_h = cell_h * double(b.n), y0 = y + 24;
+    svg.text(16, y + 14, p.label, 13, "start", "#111111", "font-weight=\"bold\"");
+    svg.text(16 + 7.4 * double(p.label.size()) + 10, y + 14, p.verdict, 11, "start", "#444444");
+    auto row_name = [&](int64_t r) { return std::to_string(p.row_ids.empty() ? r : p.row_ids[size_t(r)]); };
+    auto bin_name = [&](int64_t k) {
+      const int64_t a = b.begin(k), e = b.end(k) - 1;
+      return a == e ? "row " + row_name(a) : "rows " + row_name(a) + "-" + row_name(e);
+    };
+    // Heatmap.
+    if (p.rows > 0) {
+      const double w = cell_w * double(p.heads);
+      for (int64_t k = 0; k < b.n; ++k)
+        for (int64_t h = 0; h < p.heads; ++h) {
+          double r = std::nan("");
+          for (int64_t t = b.begin(k); t < b.end(k); ++t) {
+            const double v = p.ratio[size_t(t * p.heads + h)];
+            if (!std::isnan(v) && (std::isnan(r) || v > r)) r = v;
+          }
+          const double x = x0 + double(h) * cell_w, yy = y0 + double(k) * cell_h;
+          svg.rect(x, yy, cell_w, cell_h, ratio_colour(r), "",
+                   bin_name(k) + ", head " + std::to_string(h) + ": |err| / bound = " + (std::isnan(r) ? "n/a" : fmt("%.4g", r)));
+          if (r > 1 && cell_h >= 6 && cell_w >= 6) {
+            svg.line(x + 1, yy + 1, x + cell_w - 1, yy + cell_h - 1, "#ffffff", 1);
+            svg.line(x + cell_w - 1, yy + 1, x + 1, yy + cell_h - 1, "#ffffff", 1);
+          }
+        }
+      svg.rect(x0, y0, w, plot_h, "none", "stroke=\"#444444\" stroke-width=\"1\"");
+      const int hs = label_step(cell_w, 14);
+      for (int64_t h = 0; h < p.heads; h += hs) svg.text(x0 + (double(h) + 0.5) * cell_w, y0 + plot_h + 14, std::to_string(h), 10, "middle");
+      svg.text(x0 + w / 2, y0 + plot_h + 30, "head", 12, "middle");
+    } else {
+      svg.rect(x0, y0, plot_w, std::max(plot_h, 20.0), kNoData);
+      svg.text(x0 + 6, y0 + 14, "attn.out not judged", 11);
+    }
+    const int rs = label_step(cell_h, 12);
+    for (int64_t k = 0; k < b.n; k += rs) svg.text(x0 - 5, y0 + (double(k) + 0.5) * cell_h + 4, row_name(b.begin(k)), 10, "end");
+    svg.text(x0 - 44, y0 + plot_h / 2, "query row", 12, "middle", "#222222", "", -90);
+    // Recall bars.
+    if (!p.recall.empty()) {
+      for (int64_t k = 0; k < b.n; ++k) {
+        double r = 1;
+        for (int64_t t = b.begin(k); t < b.end(k); ++t) r = std::min(r, p.recall[size_t(t)]);
+        svg.rect(bars_x, y0 + double(k) * cell_h, std::max(0.5, bars_w * r), std::max(1.0, cell_h - (cell_h >= 4 ? 1 : 0)),
+                 r >= 1 ? "#1a9850" : "#fdae61", "", bin_name(k) + ": recall " + fmt("%.4g", r));
+      }
+      svg.line(bars_x, y0, bars_x, y0 + plot_h, "#444444", 1);
+      for (int i = 0; i <= 2; ++i) {
+        const double x = bars_x + bars_w * i / 2.0;
+        svg.line(x, y0 + plot_h, x, y0 + plot_h + 4, "#444444", 1);
+        svg.text(x, y0 + plot_h + 14, i == 0 ? "0" : i == 1 ? "0.5" : "1", 10, "middle");
+      }
+      svg.text(bars_x + bars_w / 2, y0 + plot_h + 30, "recall (" + p.recall_of + ")", 12, "middle");
+    }
+    // Findings.
+    double ty = y0 + std::max(60.0, plot_h) + 44;
+    for (const std::string& l : texts[i]) {
+      svg.text(24, ty, l, 11, "start", l.rfind("no finding", 0) == 0 ? "#888888" : "#222222");
+      ty += 14;
+    }
+    y += panel_height(cell_h, b.n, texts[i].size());
+  }
+  if (!gen.empty()) {
+    svg.text(16, y + 14, "across layers", 13, "start", "#111111", "font-weight=\"bold\"");
+    y += 30;
+    for (const std::string& l : gen) { svg.text(24, y, l, 11); y += 14; }
+  }
+  return svg.finish(title);
+}
+
+}  // namespace indexshare::io

@@ -67,6 +67,25 @@ std::string overlap_heatmap_svg(const ref::OverlapReport& r, const HeatmapOption
 std::string overlap_by_position_svg(const ref::OverlapReport& r, const std::string& title = "");
 std::string search_loss_svg(const ref::SearchResult& r, const std::string& title = "");
 
+// The picture of a diff report (indexshare diff --svg): one panel per judged layer, top to bottom.
+// Each panel is a heatmap of the largest |err| / bound of attn.out over the d_v columns per
+// (query row, head) on a log colour scale from 1e-3 to 1 (cells above 1, outside the bound, are
+// red with a cross; grey: not judged), with the per-row recall of the candidate's positions as
+// bars on the right, and the layer's findings (diagnoses, structure tests) as text under it; the
+// findings that concern no single layer close the picture.
+struct DiffPanel {
+  int layer = 0;
+  std::string label;                  // "layer 3 (Shared, source 2)"
+  std::string verdict;                // one line: the layer's tensors and their verdicts
+  int64_t rows = 0, heads = 0;        // 0: attn.out not judged
+  std::vector<int64_t> row_ids;       // row labels (a sampled set's problem rows); empty: 0..rows-1
+  std::vector<double> ratio;          // [rows * heads]
+  std::vector<double> recall;         // [rows]; empty: no positions judged
+  std::string recall_of;              // which tensor's positions
+  std::vector<std::string> findings;  // lines of text under the panel
+};
+std::string diff_svg(const std::vector<DiffPanel>& panels, const std::vector<std::string>& general, const std::string& title);
+
 // Writes `text` to `path` atomically (a temporary name, then rename); Error names the path.
 void write_text_file(const std::string& path, const std::string& text);
 // Writes several files as one: every (path, text) to PATH.tmp.PID first, and only once all are
