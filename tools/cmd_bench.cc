@@ -297,10 +297,95 @@ void count_stack(const Problem& p, const std::vector<ref::LayerInputs>& in,
   }
 }
 
-int cmd_bench(const BenchArgs& a) {
+struct CommandRun {
+  std::string name;
+  std::vector<double> samples;
+};
+
+// Writes a line of progress on stderr.
+void progress(const std::string& what) {
+  std::fprintf(stderr, "bench: %s\n", what.c_str());
+  std::fflush(stderr);
+}
+
+// One bench run: its options, what it measured and its report; cmd_bench calls the steps in order.
+struct Bench {
+  const BenchArgs& a;
+  bool do_ref = false, do_simd = false, fp8 = false, do_stack = false, do_commands = false, do_module = false;
+  Problem p;
+  Problem sp[2];
+  const char* scheds[2] = {"all-full", "one-full-three-shared"};
+  int threads = 0;
+  std::string probe_target, target;
+  std::string compiled;  // listed before set_target narrows the list to one target
+  Peaks pk;
+  double peak1 = 0, peakn = 0;
+  // Layer 0 and its stages.
+  ref::LayerInputs in;
+  int64_t window = 0, valid = 0;
+  double f_index = 0, f_attn = 0;
+  const Tensor<float>* sink = nullptr;
+  Tensor<float> logits0;
+  Tensor<int32_t> topk0, indices;
+  std::vector<StageResult> rows;
+  std::vector<std::string> mismatches;
+  double ref_logits = 0, ref_topk = 0, ref_attn = 0;
+  // Stage outputs of the last run, for the agreement checks.
+  Tensor<float> out_logits;
+  Tensor<int32_t> out_topk;
+  ref::AttentionOut out_attn;
+  Tensor<float> ref_logits_out;
+  Tensor<int32_t> ref_topk_out;
+  ref::AttentionOut ref_attn_out;
+  simd::AttentionPhases attn_phases;
+  bool have_phases = false;
+  std::string index_name;
+  // Stack and commands.
+  StackRun runs[2];
+  double measured = 0, predicted = 0, stack_ratio = 0;
+  std::vector<CommandRun> commands;
+  std::string commands_verdict;
+  // Report.
+  json j;
+  double matrix_share = 0, whole_share = 0;
+  double golden_over_run = 0, diff_over_golden = 0;
+
+  explicit Bench(const BenchArgs& args) : a(args) {}
+
+  void check_options();
+  void check_memory_limits();
+  void set_threads_and_target();
+  void check_json_path() const;
+  void probe_peaks_start();
+  void generate_layer0();
+  Tensor<float> logits_ref() const;
+  Tensor<float> logits_simd() const;
+  double add(const std::string& stage, const std::string& impl, double flops, double keys,
+             const std::function<void()>& fn, double ref_median, const std::string& note);
+  void time_module_projections();
+  void time_ref_stages();
+  void time_simd_stages();
+  void profile_attention_phases();
+  void time_stack();
+  void time_stack_pairs(const std::vector<ref::LayerInputs> (&inputs)[2]);
+  void time_command(const std::string& name, const std::function<void()>& fn);
+  void time_commands();
+  void probe_peaks_end();
+  void print_summary() const;
+  void start_json();
+  const StageResult* find(const std::string& stage, const std::string& impl) const;
+  void report_attention_phases();
+  void report_stack();
+  void report_commands();
+  void report_targets();
+  int finish() const;
+};
+
+// Step: parse and check the options; options of parts this run skips are refused.
+void Bench::check_options() {
   const std::vector<std::string> impls = parse_impls(a.impl);
-  const bool do_ref = std::find(impls.begin(), impls.end(), "ref") != impls.end();
-  const bool do_simd = std::find(impls.begin(), impls.end(), "simd") != impls.end();
+  do_ref = std::find(impls.begin(), impls.end(), "ref") != impls.end();
+  do_simd = std::find(impls.begin(), impls.end(), "simd") != impls.end();
   require(a.repeats >= 1, "--repeats must be >= 1, got " + std::to_string(a.repeats));
   // An upper bound: libgomp fails to create ~40000 threads (exit 1, no message of ours) and
   // crashed at 100000.
@@ -310,12 +395,12 @@ int cmd_bench(const BenchArgs& a) {
   require(a.stack_sq >= 1, "--stack-sq must be >= 1, got " + std::to_string(a.stack_sq));
   require(a.stack_topk >= 1, "--stack-topk must be >= 1, got " + std::to_string(a.stack_topk));
   require(a.budget > 0, "--budget must be > 0 seconds");
-  Problem p = parse_problem(a.problem.empty() ? kDefaultProblem : a.problem);
+  p = parse_problem(a.problem.empty() ? kDefaultProblem : a.problem);
   p.validate();
-  const bool fp8 = p.indexer == IndexerMode::fp8;
-  const bool do_stack = a.stack_seq > 0 && do_simd;
+  fp8 = p.indexer == IndexerMode::fp8;
+  do_stack = a.stack_seq > 0 && do_simd;
   require(a.commands == "yes" || a.commands == "no", "--commands: expected yes or no, got '" + a.commands + "'");
-  const bool do_commands = a.commands == "yes" && do_simd;
+  do_commands = a.commands == "yes" && do_simd;
   // Options of parts this run skips are refused, not ignored.
   if (!do_simd)
     reject_given(a.given, {"--threads", "--target", "--stack-seq", "--stack-sq", "--stack-topk", "--commands"}, "--impl simd",
@@ -323,13 +408,15 @@ int cmd_bench(const BenchArgs& a) {
   else if (a.stack_seq == 0)
     reject_given(a.given, {"--stack-sq", "--stack-topk"}, "the stack", "--stack-seq 0 skips it");
   if (a.module_preset == "none") reject_given(a.given, {"--module-rows"}, "the module stage", "--module-preset none skips it");
-  const bool do_module = a.module_preset != "none";
+  do_module = a.module_preset != "none";
   require(a.module_rows >= 1, "--module-rows must be >= 1, got " + std::to_string(a.module_rows));
   if (do_module) (void)model_preset(a.module_preset);  // an unknown name fails before any timing
-  Problem sp[2];
-  const char* scheds[2] = {"all-full", "one-full-three-shared"};
   if (do_stack)
     for (int i = 0; i < 2; ++i) sp[i] = stack_problem(p, a, scheds[i]);  // bad shapes fail before any timing
+}
+
+// Step: refuse, under --max-memory, what would not fit.
+void Bench::check_memory_limits() {
   // --max-memory, before anything is generated: the stage layer (layer 0, logits kept), and the
   // two 4-layer stacks, held together (bounded by 8 layers that all have an indexer).
   const uint64_t max_bytes = parse_bytes(a.max_memory);
@@ -343,17 +430,24 @@ int cmd_bench(const BenchArgs& a) {
     both.n_layers = 8;
     check_memory(both, false, impl_streams("simd", both), max_bytes, "for the stack: use a smaller --stack-seq or --stack-sq, or --stack-seq 0 to skip it");
   }
-  const int threads = a.threads > 0 ? a.threads : omp_get_max_threads();
+}
+
+// Step: set the OpenMP thread count and the Highway target (the probe's, and --target's).
+void Bench::set_threads_and_target() {
+  threads = a.threads > 0 ? a.threads : omp_get_max_threads();
   omp_set_num_threads(threads);
   simd::set_target("best");
-  const std::string probe_target = simd::current_target();
-  std::string compiled;  // listed before set_target narrows the list to one target
+  probe_target = simd::current_target();
   for (const std::string& t : simd::compiled_targets()) {
     if (!compiled.empty()) compiled += ", ";
     compiled += t;
   }
   simd::set_target(a.target);  // throws Error for an unknown or unsupported name
-  const std::string target = simd::current_target();
+  target = simd::current_target();
+}
+
+// Step: check that --json's file can be written.
+void Bench::check_json_path() const {
   if (!a.json_path.empty()) {  // fail now rather than after minutes of timing
     io::check_output_path(a.json_path);
     const std::string tmp = a.json_path + ".tmp." + std::to_string(getpid());
@@ -361,223 +455,235 @@ int cmd_bench(const BenchArgs& a) {
     std::error_code ec;
     std::filesystem::remove(tmp, ec);
   }
-  const auto progress = [](const std::string& what) {
-    std::fprintf(stderr, "bench: %s\n", what.c_str());
-    std::fflush(stderr);
-  };
+}
 
+// Step: probe the FMA peak at the start of the run.
+void Bench::probe_peaks_start() {
   // The FMA peak is probed at the start and again at the end of the run, and each share uses the
   // larger value at its thread count: on a shared machine a neighbour can only lower a probe, so
   // a share is never inflated by a probe that ran while the machine was busy.
-  Peaks pk;
   progress("FMA probe (start)");
   pk.start1 = simd::fma_peak_gflops(1);
   pk.startn = threads == 1 ? pk.start1 : simd::fma_peak_gflops(threads);
+}
 
-  // ---- per-stage, layer 0 ---------------------------------------------------------------------
+// Step: generate layer 0, and the logits, selection and FLOP counts its stages share.
+void Bench::generate_layer0() {
   progress("generating layer 0 of " + to_string(p));
-  const ref::LayerInputs in = ref::make_layer_inputs(p, 0, true);
-  const int64_t window = window_sum(in.ks, in.ke);
-  const double f_index = indexer_flops(p, window);
-  const Tensor<float>* sink = in.sink ? &*in.sink : nullptr;
-  const auto logits_ref = [&] {
-    return fp8 ? ref::indexer_logits_fp8(in.index_q8, in.index_k8, in.index_k_scale, in.index_weights, in.ks, in.ke)
-               : ref::indexer_logits_f32(in.index_q, in.index_k, in.index_k_scale, in.index_weights, in.ks, in.ke);
-  };
-  const auto logits_simd = [&] {
-    return fp8 ? simd::indexer_logits_fp8(in.index_q8, in.index_k8, in.index_k_scale, in.index_weights, in.ks, in.ke)
-               : simd::indexer_logits_f32(in.index_q, in.index_k, in.index_k_scale, in.index_weights, in.ks, in.ke);
-  };
+  in = ref::make_layer_inputs(p, 0, true);
+  window = window_sum(in.ks, in.ke);
+  f_index = indexer_flops(p, window);
+  sink = in.sink ? &*in.sink : nullptr;
   // Both impls' top-k and attention run on the same input: the logits and selection of simd
   // (bit-identical to ref's, checked below when both run), computed once untimed.
-  const Tensor<float> logits0 = do_simd ? logits_simd() : logits_ref();
-  const Tensor<int32_t> topk0 = do_simd ? simd::topk(logits0, in.ks, in.ke, p.index_topk)
-                                        : ref::topk(logits0, in.ks, in.ke, p.index_topk);
-  const Tensor<int32_t> indices = ref::local_to_kv_rows(topk0, in.ks);
-  const int64_t valid = valid_indices(indices, p.s_kv);
-  const double f_attn = attention_flops(p, valid);
+  logits0 = do_simd ? logits_simd() : logits_ref();
+  topk0 = do_simd ? simd::topk(logits0, in.ks, in.ke, p.index_topk) : ref::topk(logits0, in.ks, in.ke, p.index_topk);
+  indices = ref::local_to_kv_rows(topk0, in.ks);
+  valid = valid_indices(indices, p.s_kv);
+  f_attn = attention_flops(p, valid);
+  index_name = fp8 ? "indexer logits" : "indexer logits f32";
+}
 
-  std::vector<StageResult> rows;
-  std::vector<std::string> mismatches;
-  double ref_logits = 0, ref_topk = 0, ref_attn = 0;
-  // Stage outputs of the last run, for the agreement checks.
-  Tensor<float> out_logits;
-  Tensor<int32_t> out_topk;
-  ref::AttentionOut out_attn;
-  const auto add = [&](const std::string& stage, const std::string& impl, double flops, double keys,
-                       const std::function<void()>& fn, double ref_median, const std::string& note) {
-    progress(stage + " (" + impl + ")");
-    StageResult r{stage, impl, impl == "ref" ? 1 : threads, {}, flops, keys, 0, 0, note};
-    r.samples = time_runs(fn, a.repeats, a.budget);
-    if (impl == "simd" && ref_median > 0) r.speedup = ref_median / r.med();
-    rows.push_back(r);
-    return r.med();
-  };
-  // Module projections (see the header).
-  if (do_module) {
-    progress("generating the " + a.module_preset + " indexer weights and " + std::to_string(a.module_rows) + " rows");
-    const ModelConfig mcfg = model_preset(a.module_preset);
-    const ref::IndexerWeights iw = ref::random_indexer_weights(mcfg, p.seed, "bench.", 0.0f, "bench.base.");
-    Tensor<float> mx({a.module_rows, mcfg.dim}), mqr({a.module_rows, mcfg.q_lora_rank});
-    fill(mx.ptr(), mx.numel(), Dist::normal, 1.0f, p.seed, stream_tag("bench.x"));
-    fill(mqr.ptr(), mqr.numel(), Dist::normal, 1.0f, p.seed, stream_tag("bench.qr"));
-    ref::round_bf16_inplace(mx);
-    ref::round_bf16_inplace(mqr);
-    const double H = double(mcfg.index_n_heads), D = double(mcfg.index_head_dim);
-    const double f_mod = 2.0 * double(a.module_rows) * (H * D * double(mcfg.q_lora_rank) + D * double(mcfg.dim) + H * double(mcfg.dim));
-    const std::string note = a.module_preset + " indexer, " + std::to_string(a.module_rows) + " rows";
-    struct Proj {
-      Tensor<float> q, k, w;
-    } pref, psimd;
-    double ref_mod = 0;
-    if (do_ref)
-      ref_mod = add("module projections", "ref", f_mod, 0,
-                    [&] { pref = {ref::linear(mqr, iw.wq_b), ref::linear(mx, iw.wk), ref::linear(mx, iw.weights_proj)}; },
-                    0, note);
-    if (do_simd) {
-      add("module projections", "simd", f_mod, 0,
-          [&] { psimd = {simd::linear(mqr, iw.wq_b), simd::linear(mx, iw.wk), simd::linear(mx, iw.weights_proj)}; },
-          ref_mod, note);
-      if (do_ref && !(same_floats(psimd.q, pref.q) && same_floats(psimd.k, pref.k) && same_floats(psimd.w, pref.w)))
-        mismatches.push_back("module projections");
-    }
-  } else {
+// The indexer logits of layer 0 on ref.
+Tensor<float> Bench::logits_ref() const {
+  return fp8 ? ref::indexer_logits_fp8(in.index_q8, in.index_k8, in.index_k_scale, in.index_weights, in.ks, in.ke)
+             : ref::indexer_logits_f32(in.index_q, in.index_k, in.index_k_scale, in.index_weights, in.ks, in.ke);
+}
+
+// The indexer logits of layer 0 on simd.
+Tensor<float> Bench::logits_simd() const {
+  return fp8 ? simd::indexer_logits_fp8(in.index_q8, in.index_k8, in.index_k_scale, in.index_weights, in.ks, in.ke)
+             : simd::indexer_logits_f32(in.index_q, in.index_k, in.index_k_scale, in.index_weights, in.ks, in.ke);
+}
+
+// Times one stage on one impl (a row of the table); returns its median.
+double Bench::add(const std::string& stage, const std::string& impl, double flops, double keys,
+                  const std::function<void()>& fn, double ref_median, const std::string& note) {
+  progress(stage + " (" + impl + ")");
+  StageResult r{stage, impl, impl == "ref" ? 1 : threads, {}, flops, keys, 0, 0, note};
+  r.samples = time_runs(fn, a.repeats, a.budget);
+  if (impl == "simd" && ref_median > 0) r.speedup = ref_median / r.med();
+  rows.push_back(r);
+  return r.med();
+}
+
+// Step: time the module projections (see the header), or note them skipped.
+void Bench::time_module_projections() {
+  if (!do_module) {
     rows.push_back({"module projections", "-", 1, {}, 0, 0, 0, 0, "skipped (--module-preset none)"});
+    return;
   }
-  simd::AttentionPhases attn_phases;
-  bool have_phases = false;
-  const std::string index_name = fp8 ? "indexer logits" : "indexer logits f32";
-  if (do_ref) {
-    ref_logits = add(index_name, "ref", f_index, 0, [&] { out_logits = logits_ref(); }, 0, "");
-    ref_topk = add("top-k", "ref", 0, double(window), [&] { out_topk = ref::topk(logits0, in.ks, in.ke, p.index_topk); }, 0, "");
-    ref_attn = add("attention (sparse)", "ref", f_attn, 0,
-                   [&] { out_attn = ref::sparse_attention(in.q, in.kv, indices, p.sm_scale(), p.d_v, nullptr, sink); }, 0, "");
-  }
-  const Tensor<float> ref_logits_out = out_logits;
-  const Tensor<int32_t> ref_topk_out = out_topk;
-  const ref::AttentionOut ref_attn_out = out_attn;
+  progress("generating the " + a.module_preset + " indexer weights and " + std::to_string(a.module_rows) + " rows");
+  const ModelConfig mcfg = model_preset(a.module_preset);
+  const ref::IndexerWeights iw = ref::random_indexer_weights(mcfg, p.seed, "bench.", 0.0f, "bench.base.");
+  Tensor<float> mx({a.module_rows, mcfg.dim}), mqr({a.module_rows, mcfg.q_lora_rank});
+  fill(mx.ptr(), mx.numel(), Dist::normal, 1.0f, p.seed, stream_tag("bench.x"));
+  fill(mqr.ptr(), mqr.numel(), Dist::normal, 1.0f, p.seed, stream_tag("bench.qr"));
+  ref::round_bf16_inplace(mx);
+  ref::round_bf16_inplace(mqr);
+  const double H = double(mcfg.index_n_heads), D = double(mcfg.index_head_dim);
+  const double f_mod = 2.0 * double(a.module_rows) * (H * D * double(mcfg.q_lora_rank) + D * double(mcfg.dim) + H * double(mcfg.dim));
+  const std::string note = a.module_preset + " indexer, " + std::to_string(a.module_rows) + " rows";
+  struct Proj {
+    Tensor<float> q, k, w;
+  } pref, psimd;
+  double ref_mod = 0;
+  if (do_ref)
+    ref_mod = add("module projections", "ref", f_mod, 0,
+                  [&] { pref = {ref::linear(mqr, iw.wq_b), ref::linear(mx, iw.wk), ref::linear(mx, iw.weights_proj)}; },
+                  0, note);
   if (do_simd) {
-    add(index_name, "simd", f_index, 0, [&] { out_logits = logits_simd(); }, ref_logits, "");
-    if (do_ref && !same_floats(out_logits, ref_logits_out)) mismatches.push_back("indexer logits");
-    add("top-k", "simd", 0, double(window), [&] { out_topk = simd::topk(logits0, in.ks, in.ke, p.index_topk); }, ref_topk, "");
-    if (do_ref && out_topk.data != ref_topk_out.data) mismatches.push_back("top-k");
-    if (fp8) {
-      add("fused indexer+top-k", "simd", f_index, double(window),
-          [&] { out_topk = simd::indexer_topk_fp8(in.index_q8, in.index_k8, in.index_k_scale, in.index_weights, in.ks,
-                                                  in.ke, p.index_topk); },
-          do_ref ? ref_logits + ref_topk : 0, do_ref ? "speedup vs ref logits + top-k" : "");
-      if (do_ref && out_topk.data != ref_topk_out.data) mismatches.push_back("fused indexer+top-k");
-    } else {
-      rows.push_back({"fused indexer+top-k", "simd", threads, {}, 0, 0, 0, 0, "not run: FP8 mode only"});
-    }
-    add("attention (sparse)", "simd", f_attn, 0,
-        [&] { out_attn = simd::sparse_attention(in.q, in.kv, indices, p.sm_scale(), p.d_v, nullptr, sink); }, ref_attn, "");
-    if (do_ref && !(same_floats(out_attn.out, ref_attn_out.out) && same_floats(out_attn.lse, ref_attn_out.lse)))
-      mismatches.push_back("attention (sparse)");
-    // --repeats profiled calls; the one with the median total is reported (a busy neighbour can
-    // stretch a single call: a lone profiled call once read 27% of peak where others read 65%).
-    progress("attention phases (simd, " + std::to_string(a.repeats) + " profiled calls)");
-    std::vector<simd::AttentionPhases> profiled(size_t(a.repeats));
-    for (simd::AttentionPhases& ph : profiled)
-      simd::sparse_attention(in.q, in.kv, indices, p.sm_scale(), p.d_v, nullptr, sink, &ph);
-    std::sort(profiled.begin(), profiled.end(),
-              [](const simd::AttentionPhases& x, const simd::AttentionPhases& y) { return x.total < y.total; });
-    attn_phases = profiled[profiled.size() / 2];
-    have_phases = true;
+    add("module projections", "simd", f_mod, 0,
+        [&] { psimd = {simd::linear(mqr, iw.wq_b), simd::linear(mx, iw.wk), simd::linear(mx, iw.weights_proj)}; },
+        ref_mod, note);
+    if (do_ref && !(same_floats(psimd.q, pref.q) && same_floats(psimd.k, pref.k) && same_floats(psimd.w, pref.w)))
+      mismatches.push_back("module projections");
   }
+}
 
-  // ---- stack ----------------------------------------------------------------------------------
-  StackRun runs[2];
-  double measured = 0, predicted = 0, stack_ratio = 0;
-  if (do_stack) {
-    std::vector<ref::LayerInputs> inputs[2];
-    for (int i = 0; i < 2; ++i) {
-      progress("generating the " + std::string(scheds[i]) + " stack " + to_string(sp[i]));
-      const Schedule s = sp[i].schedule();
-      runs[i].sched = scheds[i];
-      runs[i].pattern = s.pattern();
-      inputs[i] = ref::make_stack_inputs(sp[i], s);
-    }
-    const auto run_once = [&](int i, bool count) {
-      const Schedule s = sp[i].schedule();
-      const double t0 = now_s();
-      const auto out = simd::run_stack(sp[i], s, inputs[i], false);
-      const double t = now_s() - t0;
-      if (count) count_stack(sp[i], inputs[i], out, runs[i]);
-      return t;
-    };
-    // Warm-up pair (it also counts the FLOPs), then alternating pairs.
-    progress("stack, all-full and one-full-three-shared alternately");
-    double first[2];
-    for (int i = 0; i < 2; ++i) first[i] = run_once(i, true);
-    double total = 0;
-    if (first[0] >= kWarmupDiscard && first[1] >= kWarmupDiscard) {
-      for (int i = 0; i < 2; ++i) runs[i].samples.push_back(first[i]);
-      total = first[0] + first[1];
-    }
-    while (int(runs[0].samples.size()) < a.repeats && (runs[0].samples.empty() || total <= 4 * a.budget)) {
-      for (int i = 0; i < 2; ++i) {
-        const double t = run_once(i, false);
-        runs[i].samples.push_back(t);
-        total += t;
-      }
-    }
-    measured = median(runs[0].samples) / median(runs[1].samples);
-    predicted = runs[0].flops / runs[1].flops;
-    stack_ratio = measured / predicted;
+// Step: time layer 0's indexer logits, top-k and sparse attention on ref, keeping its outputs.
+void Bench::time_ref_stages() {
+  ref_logits = add(index_name, "ref", f_index, 0, [&] { out_logits = logits_ref(); }, 0, "");
+  ref_topk = add("top-k", "ref", 0, double(window), [&] { out_topk = ref::topk(logits0, in.ks, in.ke, p.index_topk); }, 0, "");
+  ref_attn = add("attention (sparse)", "ref", f_attn, 0,
+                 [&] { out_attn = ref::sparse_attention(in.q, in.kv, indices, p.sm_scale(), p.d_v, nullptr, sink); }, 0, "");
+  ref_logits_out = out_logits;
+  ref_topk_out = out_topk;
+  ref_attn_out = out_attn;
+}
+
+// Step: time layer 0's stages on simd (the fused indexer+top-k in FP8 mode), checked against ref's.
+void Bench::time_simd_stages() {
+  add(index_name, "simd", f_index, 0, [&] { out_logits = logits_simd(); }, ref_logits, "");
+  if (do_ref && !same_floats(out_logits, ref_logits_out)) mismatches.push_back("indexer logits");
+  add("top-k", "simd", 0, double(window), [&] { out_topk = simd::topk(logits0, in.ks, in.ke, p.index_topk); }, ref_topk, "");
+  if (do_ref && out_topk.data != ref_topk_out.data) mismatches.push_back("top-k");
+  if (fp8) {
+    add("fused indexer+top-k", "simd", f_index, double(window),
+        [&] { out_topk = simd::indexer_topk_fp8(in.index_q8, in.index_k8, in.index_k_scale, in.index_weights, in.ks,
+                                                in.ke, p.index_topk); },
+        do_ref ? ref_logits + ref_topk : 0, do_ref ? "speedup vs ref logits + top-k" : "");
+    if (do_ref && out_topk.data != ref_topk_out.data) mismatches.push_back("fused indexer+top-k");
+  } else {
+    rows.push_back({"fused indexer+top-k", "simd", threads, {}, 0, 0, 0, 0, "not run: FP8 mode only"});
   }
+  add("attention (sparse)", "simd", f_attn, 0,
+      [&] { out_attn = simd::sparse_attention(in.q, in.kv, indices, p.sm_scale(), p.d_v, nullptr, sink); }, ref_attn, "");
+  if (do_ref && !(same_floats(out_attn.out, ref_attn_out.out) && same_floats(out_attn.lse, ref_attn_out.lse)))
+    mismatches.push_back("attention (sparse)");
+}
 
-  // ---- commands -------------------------------------------------------------------------------
-  struct CommandRun {
-    std::string name;
-    std::vector<double> samples;
+// Step: profile the simd sparse attention's phases.
+void Bench::profile_attention_phases() {
+  // --repeats profiled calls; the one with the median total is reported (a busy neighbour can
+  // stretch a single call: a lone profiled call once read 27% of peak where others read 65%).
+  progress("attention phases (simd, " + std::to_string(a.repeats) + " profiled calls)");
+  std::vector<simd::AttentionPhases> profiled(size_t(a.repeats));
+  for (simd::AttentionPhases& ph : profiled)
+    simd::sparse_attention(in.q, in.kv, indices, p.sm_scale(), p.d_v, nullptr, sink, &ph);
+  std::sort(profiled.begin(), profiled.end(),
+            [](const simd::AttentionPhases& x, const simd::AttentionPhases& y) { return x.total < y.total; });
+  attn_phases = profiled[profiled.size() / 2];
+  have_phases = true;
+}
+
+// Step: generate the two stacks, time them (time_stack_pairs) and compute the speedups.
+void Bench::time_stack() {
+  std::vector<ref::LayerInputs> inputs[2];
+  for (int i = 0; i < 2; ++i) {
+    progress("generating the " + std::string(scheds[i]) + " stack " + to_string(sp[i]));
+    const Schedule s = sp[i].schedule();
+    runs[i].sched = scheds[i];
+    runs[i].pattern = s.pattern();
+    inputs[i] = ref::make_stack_inputs(sp[i], s);
+  }
+  time_stack_pairs(inputs);
+  measured = median(runs[0].samples) / median(runs[1].samples);
+  predicted = runs[0].flops / runs[1].flops;
+  stack_ratio = measured / predicted;
+}
+
+// Step of time_stack: run the two schedules alternately, in pairs.
+void Bench::time_stack_pairs(const std::vector<ref::LayerInputs> (&inputs)[2]) {
+  const auto run_once = [&](int i, bool count) {
+    const Schedule s = sp[i].schedule();
+    const double t0 = now_s();
+    const auto out = simd::run_stack(sp[i], s, inputs[i], false);
+    const double t = now_s() - t0;
+    if (count) count_stack(sp[i], inputs[i], out, runs[i]);
+    return t;
   };
-  std::vector<CommandRun> commands;
-  std::string commands_verdict;
-  if (do_commands) {
-    const Schedule s = p.schedule();
-    const std::string dir = (std::filesystem::temp_directory_path() / ("indexshare-bench-" + std::to_string(getpid()))).string();
-    const std::string cand = dir + ".candidate.safetensors";
-    struct Cleanup {
-      std::string dir, cand;
-      ~Cleanup() {
-        std::error_code ec;
-        std::filesystem::remove_all(dir, ec);
-        std::filesystem::remove(cand, ec);
-      }
-    } cleanup{dir, cand};
-    const auto time_cmd = [&](const std::string& name, const std::function<void()>& fn) {
-      progress("command " + name + " (simd, " + to_string(p) + ")");
-      commands.push_back({name, time_runs(fn, a.repeats, a.budget)});
-    };
-    time_cmd("run", [&] {
-      const auto in = ref::make_stack_inputs(p, s);
-      (void)simd::run_stack(p, s, in, false);
-    });
-    time_cmd("golden", [&] { golden::write(dir, golden::build(p, "stack", true, "bench", true), true); });
-    {  // the exact copy of the set's outputs (untimed)
-      const golden::Loaded g = golden::read(dir);
-      std::vector<io::TensorView> views;
-      for (const io::TensorView& v : g.data.tensors)
-        for (const char* n : {".attn.out", ".attn.lse", ".attn.max_logits", ".attn.indices", ".indexer.topk", ".indexer.logits"})
-          if (v.name.size() > std::strlen(n) && v.name.compare(v.name.size() - std::strlen(n), std::string::npos, n) == 0)
-            views.push_back(v);
-      io::write_safetensors(cand, views);
-    }
-    diff::Result verdict;
-    time_cmd("diff", [&] {
-      const golden::Loaded g = golden::read(dir, uint64_t{16} << 20);
-      const io::SafetensorsFile c = io::read_safetensors(cand);
-      verdict = diff::judge(g, c, {}, simd::kernels());
-    });
-    commands_verdict = verdict.failed() ? "FAIL" : "PASS";
-    if (verdict.failed()) mismatches.push_back("diff of an exact copy of the golden's outputs (it failed)");
+  // Warm-up pair (it also counts the FLOPs), then alternating pairs.
+  progress("stack, all-full and one-full-three-shared alternately");
+  double first[2];
+  for (int i = 0; i < 2; ++i) first[i] = run_once(i, true);
+  double total = 0;
+  if (first[0] >= kWarmupDiscard && first[1] >= kWarmupDiscard) {
+    for (int i = 0; i < 2; ++i) runs[i].samples.push_back(first[i]);
+    total = first[0] + first[1];
   }
+  while (int(runs[0].samples.size()) < a.repeats && (runs[0].samples.empty() || total <= 4 * a.budget)) {
+    for (int i = 0; i < 2; ++i) {
+      const double t = run_once(i, false);
+      runs[i].samples.push_back(t);
+      total += t;
+    }
+  }
+}
 
+// Times one command under the repeat rules.
+void Bench::time_command(const std::string& name, const std::function<void()>& fn) {
+  progress("command " + name + " (simd, " + to_string(p) + ")");
+  commands.push_back({name, time_runs(fn, a.repeats, a.budget)});
+}
+
+// Writes, untimed, the exact copy of the golden set's outputs in `dir` to `cand`.
+void write_exact_copy(const std::string& dir, const std::string& cand) {
+  const golden::Loaded g = golden::read(dir);
+  std::vector<io::TensorView> views;
+  for (const io::TensorView& v : g.data.tensors)
+    for (const char* n : {".attn.out", ".attn.lse", ".attn.max_logits", ".attn.indices", ".indexer.topk", ".indexer.logits"})
+      if (v.name.size() > std::strlen(n) && v.name.compare(v.name.size() - std::strlen(n), std::string::npos, n) == 0)
+        views.push_back(v);
+  io::write_safetensors(cand, views);
+}
+
+// Step: time the commands run, golden and diff end to end (see the header).
+void Bench::time_commands() {
+  const Schedule s = p.schedule();
+  const std::string dir = (std::filesystem::temp_directory_path() / ("indexshare-bench-" + std::to_string(getpid()))).string();
+  const std::string cand = dir + ".candidate.safetensors";
+  struct Cleanup {
+    std::string dir, cand;
+    ~Cleanup() {
+      std::error_code ec;
+      std::filesystem::remove_all(dir, ec);
+      std::filesystem::remove(cand, ec);
+    }
+  } cleanup{dir, cand};
+  time_command("run", [&] {
+    const auto in = ref::make_stack_inputs(p, s);
+    (void)simd::run_stack(p, s, in, false);
+  });
+  time_command("golden", [&] { golden::write(dir, golden::build(p, "stack", true, "bench", true), true); });
+  write_exact_copy(dir, cand);  // the exact copy of the set's outputs (untimed)
+  diff::Result verdict;
+  time_command("diff", [&] {
+    const golden::Loaded g = golden::read(dir, uint64_t{16} << 20);
+    const io::SafetensorsFile c = io::read_safetensors(cand);
+    verdict = diff::judge(g, c, {}, simd::kernels());
+  });
+  commands_verdict = verdict.failed() ? "FAIL" : "PASS";
+  if (verdict.failed()) mismatches.push_back("diff of an exact copy of the golden's outputs (it failed)");
+}
+
+// Step: probe the FMA peak again at the end, and give each stage its peak (and its keys per second).
+void Bench::probe_peaks_end() {
   progress("FMA probe (end)");
   pk.end1 = simd::fma_peak_gflops(1);
   pk.endn = threads == 1 ? pk.end1 : simd::fma_peak_gflops(threads);
-  const double peak1 = std::max(pk.start1, pk.end1), peakn = std::max(pk.startn, pk.endn);
+  peak1 = std::max(pk.start1, pk.end1);
+  peakn = std::max(pk.startn, pk.endn);
   for (StageResult& r : rows) {
     r.peak = r.threads == 1 ? peak1 : peakn;
     if (r.keys > 0 && !r.samples.empty()) {
@@ -585,8 +691,10 @@ int cmd_bench(const BenchArgs& a) {
       r.note += fmt("%.1f Mkeys/s", r.keys / r.med() / 1e6);
     }
   }
+}
 
-  // ---- report ---------------------------------------------------------------------------------
+// Step: print the problem, machine, peak and FLOPs lines, the stage table and the agreement.
+void Bench::print_summary() const {
   std::printf("problem   %s\n", to_string(p).c_str());
   std::printf("machine   %d OpenMP thread(s) for simd (ref's kernels are single-threaded); simd target %s (supported: %s)\n",
               threads, target.c_str(), compiled.c_str());
@@ -607,121 +715,135 @@ int cmd_bench(const BenchArgs& a) {
                                            "logits, top-k, fused top-k and attention bit-identical").c_str()
                                         : "MISMATCH");
   for (const std::string& m : mismatches) std::printf("agreement MISMATCH in %s\n", m.c_str());
+}
 
-  json j = {{"problem", to_string(p)},
-            {"threads", threads},
-            {"target", target},
-            {"probe_target", probe_target},
-            {"repeats", a.repeats},
-            {"budget_s", a.budget},
-            {"peak_gflops", {{"threads_1", {{"used", peak1}, {"start", pk.start1}, {"end", pk.end1}}},
-                             {"threads_n", {{"threads", threads}, {"used", peakn}, {"start", pk.startn}, {"end", pk.endn}}}}},
-            {"flops", {{"indexer", f_index}, {"attention", f_attn}, {"window_keys", window}, {"valid_indices", valid}}},
-            {"module", {{"preset", a.module_preset}, {"rows", a.module_rows}}},
-            {"agreement", {{"checked", do_ref && do_simd}, {"mismatches", mismatches}}}};
+// Step: start the JSON report with the run's settings, peaks, FLOPs, agreement and stages.
+void Bench::start_json() {
+  j = {{"problem", to_string(p)},
+       {"threads", threads},
+       {"target", target},
+       {"probe_target", probe_target},
+       {"repeats", a.repeats},
+       {"budget_s", a.budget},
+       {"peak_gflops", {{"threads_1", {{"used", peak1}, {"start", pk.start1}, {"end", pk.end1}}},
+                        {"threads_n", {{"threads", threads}, {"used", peakn}, {"start", pk.startn}, {"end", pk.endn}}}}},
+       {"flops", {{"indexer", f_index}, {"attention", f_attn}, {"window_keys", window}, {"valid_indices", valid}}},
+       {"module", {{"preset", a.module_preset}, {"rows", a.module_rows}}},
+       {"agreement", {{"checked", do_ref && do_simd}, {"mismatches", mismatches}}}};
   json stages = json::array();
   for (const StageResult& r : rows) stages.push_back(stage_json(r));
   j["stages"] = stages;
+}
 
-  const auto find = [&](const std::string& stage, const std::string& impl) -> const StageResult* {
-    for (const StageResult& r : rows)
-      if (r.stage == stage && r.impl == impl && !r.samples.empty()) return &r;
-    return nullptr;
-  };
+// The timed row of `stage` on `impl`, or null.
+const StageResult* Bench::find(const std::string& stage, const std::string& impl) const {
+  for (const StageResult& r : rows)
+    if (r.stage == stage && r.impl == impl && !r.samples.empty()) return &r;
+  return nullptr;
+}
+
+// Step: report the attention phases (printed and in the JSON).
+void Bench::report_attention_phases() {
   // The attention phases: shares of the median profiled call's thread-seconds, and the rate of the two
   // register-tile passes against one thread's peak (their FLOPs over their thread-seconds).
-  double matrix_share = 0, whole_share = 0;
-  if (have_phases) {
-    const simd::AttentionPhases& ph = attn_phases;
-    const double per_thread_peak = peakn / threads;
-    const double f_qk = f_attn * double(p.d_qk) / double(p.d_qk + p.d_v), f_pv = f_attn - f_qk;
-    const auto rate = [&](double flops, double sec) { return sec > 0 ? flops / sec / 1e9 / per_thread_peak : 0.0; };
-    const auto pct = [&](double sec) { return ph.total > 0 ? 100 * sec / ph.total : 0.0; };
-    const double rest = ph.total - (ph.qk_tiles + ph.pv_tiles + ph.k_gather + ph.v_gather + ph.q_decode + ph.softmax);
-    matrix_share = rate(f_attn, ph.qk_tiles + ph.pv_tiles);
-    if (const StageResult* r = find("attention (sparse)", "simd")) whole_share = r->share();
-    std::printf("\nattention phases (simd, the median of %d profiled call(s), %.4f thread-seconds over %d thread(s)):\n",
-                a.repeats, ph.total, threads);
-    std::printf("          q.k tiles %.1f%% (%.1f%% of peak), P.V tiles %.1f%% (%.1f%% of peak), kv gather+decode "
-                "%.1f%%, V gather+decode %.1f%%, q decode %.1f%%, softmax %.1f%%, rest %.1f%%\n",
-                pct(ph.qk_tiles), 100 * rate(f_qk, ph.qk_tiles), pct(ph.pv_tiles), 100 * rate(f_pv, ph.pv_tiles),
-                pct(ph.k_gather), pct(ph.v_gather), pct(ph.q_decode), pct(ph.softmax), pct(rest));
-    std::printf("          matrix part (q.k and P.V tiles): %.1f%% of peak; the whole call (table above): %.1f%%\n",
-                100 * matrix_share, 100 * whole_share);
-    j["attention_phases"] = {{"thread_seconds", {{"qk_tiles", ph.qk_tiles}, {"pv_tiles", ph.pv_tiles},
-                                                 {"kv_gather_decode", ph.k_gather}, {"v_gather_decode", ph.v_gather},
-                                                 {"q_decode", ph.q_decode}, {"softmax", ph.softmax},
-                                                 {"rest", rest}, {"total", ph.total}}},
-                             {"qk_tiles_peak_share", rate(f_qk, ph.qk_tiles)},
-                             {"pv_tiles_peak_share", rate(f_pv, ph.pv_tiles)},
-                             {"profiled_calls", a.repeats},
-                             {"matrix_part_peak_share", matrix_share},
-                             {"whole_call_peak_share", whole_share}};
-  } else {
+  if (!have_phases) {
     j["attention_phases"] = nullptr;
+    return;
   }
+  const simd::AttentionPhases& ph = attn_phases;
+  const double per_thread_peak = peakn / threads;
+  const double f_qk = f_attn * double(p.d_qk) / double(p.d_qk + p.d_v), f_pv = f_attn - f_qk;
+  const auto rate = [&](double flops, double sec) { return sec > 0 ? flops / sec / 1e9 / per_thread_peak : 0.0; };
+  const auto pct = [&](double sec) { return ph.total > 0 ? 100 * sec / ph.total : 0.0; };
+  const double rest = ph.total - (ph.qk_tiles + ph.pv_tiles + ph.k_gather + ph.v_gather + ph.q_decode + ph.softmax);
+  matrix_share = rate(f_attn, ph.qk_tiles + ph.pv_tiles);
+  if (const StageResult* r = find("attention (sparse)", "simd")) whole_share = r->share();
+  std::printf("\nattention phases (simd, the median of %d profiled call(s), %.4f thread-seconds over %d thread(s)):\n",
+              a.repeats, ph.total, threads);
+  std::printf("          q.k tiles %.1f%% (%.1f%% of peak), P.V tiles %.1f%% (%.1f%% of peak), kv gather+decode "
+              "%.1f%%, V gather+decode %.1f%%, q decode %.1f%%, softmax %.1f%%, rest %.1f%%\n",
+              pct(ph.qk_tiles), 100 * rate(f_qk, ph.qk_tiles), pct(ph.pv_tiles), 100 * rate(f_pv, ph.pv_tiles),
+              pct(ph.k_gather), pct(ph.v_gather), pct(ph.q_decode), pct(ph.softmax), pct(rest));
+  std::printf("          matrix part (q.k and P.V tiles): %.1f%% of peak; the whole call (table above): %.1f%%\n",
+              100 * matrix_share, 100 * whole_share);
+  j["attention_phases"] = {{"thread_seconds", {{"qk_tiles", ph.qk_tiles}, {"pv_tiles", ph.pv_tiles},
+                                               {"kv_gather_decode", ph.k_gather}, {"v_gather_decode", ph.v_gather},
+                                               {"q_decode", ph.q_decode}, {"softmax", ph.softmax},
+                                               {"rest", rest}, {"total", ph.total}}},
+                           {"qk_tiles_peak_share", rate(f_qk, ph.qk_tiles)},
+                           {"pv_tiles_peak_share", rate(f_pv, ph.pv_tiles)},
+                           {"profiled_calls", a.repeats},
+                           {"matrix_part_peak_share", matrix_share},
+                           {"whole_call_peak_share", whole_share}};
+}
 
-  if (do_stack) {
-    Problem shown = sp[1];
-    std::printf("\nstack     %s\n", to_string(shown).c_str());
-    std::printf("          against sched=all-full; simd::run_stack, keep_logits off (%s), %d thread(s)\n",
-                fp8 ? "streaming fused indexer+top-k" : "logits then top-k", threads);
-    std::printf("%-21s %-7s %4s %10s %10s %9s %6s\n", "schedule", "pattern", "runs", "median s", "GFLOP", "GFLOP/s",
-                "%peak");
-    json sj = json::array();
-    for (const StackRun& r : runs) {
-      const double m = median(r.samples), g = r.flops / m / 1e9;
-      std::printf("%-21s %-7s %4zu %10.4f %10.3f %9.2f %5.1f%%\n", r.sched.c_str(), r.pattern.c_str(), r.samples.size(),
-                  m, r.flops / 1e9, g, 100 * g / peakn);
-      sj.push_back({{"sched", r.sched}, {"pattern", r.pattern}, {"runs", r.samples.size()}, {"samples_s", r.samples},
-                    {"median_s", m}, {"flops", r.flops}, {"indexer_layers", r.indexers}, {"gflops", g},
-                    {"peak_share", g / peakn}});
-    }
-    std::printf("speedup   shared over all-full: measured %.3fx, FLOP-predicted %.3fx, measured/predicted %.1f%%\n",
-                measured, predicted, 100 * stack_ratio);
-    // The same ratio within each alternating pair (the two runs back to back): its spread is this
-    // machine's run-to-run noise on the line above, which uses the medians of all runs.
-    std::vector<double> pairs;
-    for (size_t i = 0; i < runs[0].samples.size() && i < runs[1].samples.size(); ++i)
-      pairs.push_back(runs[0].samples[i] / runs[1].samples[i] / predicted);
-    const auto [lo, hi] = std::minmax_element(pairs.begin(), pairs.end());
-    std::printf("          per alternating pair: %zu pair(s), measured/predicted %.1f%% to %.1f%% (median %.1f%%)\n",
-                pairs.size(), 100 * *lo, 100 * *hi, 100 * median(pairs));
-    j["stack"] = {{"problem", to_string(shown)}, {"runs", sj}, {"measured_speedup", measured},
-                  {"predicted_speedup", predicted}, {"measured_over_predicted", stack_ratio},
-                  {"pair_measured_over_predicted", pairs}};
-  } else {
+// Step: report the stack table and its speedups (printed and in the JSON).
+void Bench::report_stack() {
+  if (!do_stack) {
     std::printf("\nstack     not run (%s)\n", a.stack_seq == 0 ? "--stack-seq 0" : "needs --impl simd");
     j["stack"] = nullptr;
+    return;
   }
+  Problem shown = sp[1];
+  std::printf("\nstack     %s\n", to_string(shown).c_str());
+  std::printf("          against sched=all-full; simd::run_stack, keep_logits off (%s), %d thread(s)\n",
+              fp8 ? "streaming fused indexer+top-k" : "logits then top-k", threads);
+  std::printf("%-21s %-7s %4s %10s %10s %9s %6s\n", "schedule", "pattern", "runs", "median s", "GFLOP", "GFLOP/s",
+              "%peak");
+  json sj = json::array();
+  for (const StackRun& r : runs) {
+    const double m = median(r.samples), g = r.flops / m / 1e9;
+    std::printf("%-21s %-7s %4zu %10.4f %10.3f %9.2f %5.1f%%\n", r.sched.c_str(), r.pattern.c_str(), r.samples.size(),
+                m, r.flops / 1e9, g, 100 * g / peakn);
+    sj.push_back({{"sched", r.sched}, {"pattern", r.pattern}, {"runs", r.samples.size()}, {"samples_s", r.samples},
+                  {"median_s", m}, {"flops", r.flops}, {"indexer_layers", r.indexers}, {"gflops", g},
+                  {"peak_share", g / peakn}});
+  }
+  std::printf("speedup   shared over all-full: measured %.3fx, FLOP-predicted %.3fx, measured/predicted %.1f%%\n",
+              measured, predicted, 100 * stack_ratio);
+  // The same ratio within each alternating pair (the two runs back to back): its spread is this
+  // machine's run-to-run noise on the line above, which uses the medians of all runs.
+  std::vector<double> pairs;
+  for (size_t i = 0; i < runs[0].samples.size() && i < runs[1].samples.size(); ++i)
+    pairs.push_back(runs[0].samples[i] / runs[1].samples[i] / predicted);
+  const auto [lo, hi] = std::minmax_element(pairs.begin(), pairs.end());
+  std::printf("          per alternating pair: %zu pair(s), measured/predicted %.1f%% to %.1f%% (median %.1f%%)\n",
+              pairs.size(), 100 * *lo, 100 * *hi, 100 * median(pairs));
+  j["stack"] = {{"problem", to_string(shown)}, {"runs", sj}, {"measured_speedup", measured},
+                {"predicted_speedup", predicted}, {"measured_over_predicted", stack_ratio},
+                {"pair_measured_over_predicted", pairs}};
+}
 
-  double golden_over_run = 0, diff_over_golden = 0;
-  if (do_commands) {
-    const auto med_of = [&](const std::string& name) {
-      for (const CommandRun& c : commands)
-        if (c.name == name) return median(c.samples);
-      return 0.0;
-    };
-    golden_over_run = med_of("golden") / med_of("run");
-    diff_over_golden = med_of("diff") / med_of("golden");
-    std::printf("\ncommands  %s, every layer, simd, %d thread(s), end to end (golden written to a temporary folder; diff "
-                "of an exact copy of its outputs: %s)\n",
-                to_string(p).c_str(), threads, commands_verdict.c_str());
-    std::printf("%-21s %4s %10s %9s\n", "command", "runs", "median s", "vs run");
-    json cj = json::array();
-    for (const CommandRun& c : commands) {
-      const double m = median(c.samples);
-      std::printf("%-21s %4zu %10.4f %8.2fx\n", c.name.c_str(), c.samples.size(), m, m / med_of("run"));
-      cj.push_back({{"command", c.name}, {"runs", c.samples.size()}, {"samples_s", c.samples}, {"median_s", m}});
-    }
-    j["commands"] = {{"problem", to_string(p)}, {"runs", cj}, {"golden_over_run", golden_over_run},
-                     {"diff_over_golden", diff_over_golden}, {"diff_verdict", commands_verdict}};
-  } else {
+// Step: report the command table and its ratios (printed and in the JSON).
+void Bench::report_commands() {
+  if (!do_commands) {
     std::printf("\ncommands  not run (%s)\n", do_simd ? "--commands no" : "needs --impl simd");
     j["commands"] = nullptr;
+    return;
   }
+  const auto med_of = [&](const std::string& name) {
+    for (const CommandRun& c : commands)
+      if (c.name == name) return median(c.samples);
+    return 0.0;
+  };
+  golden_over_run = med_of("golden") / med_of("run");
+  diff_over_golden = med_of("diff") / med_of("golden");
+  std::printf("\ncommands  %s, every layer, simd, %d thread(s), end to end (golden written to a temporary folder; diff "
+              "of an exact copy of its outputs: %s)\n",
+              to_string(p).c_str(), threads, commands_verdict.c_str());
+  std::printf("%-21s %4s %10s %9s\n", "command", "runs", "median s", "vs run");
+  json cj = json::array();
+  for (const CommandRun& c : commands) {
+    const double m = median(c.samples);
+    std::printf("%-21s %4zu %10.4f %8.2fx\n", c.name.c_str(), c.samples.size(), m, m / med_of("run"));
+    cj.push_back({{"command", c.name}, {"runs", c.samples.size()}, {"samples_s", c.samples}, {"median_s", m}});
+  }
+  j["commands"] = {{"problem", to_string(p)}, {"runs", cj}, {"golden_over_run", golden_over_run},
+                   {"diff_over_golden", diff_over_golden}, {"diff_verdict", commands_verdict}};
+}
 
-  // ---- targets (of the issue; evaluated on this run's problem and machine) --------------------
+// Step: the target lines of the issue (printed and in the JSON).
+void Bench::report_targets() {
   json tj = json::array();
   const auto target_line = [&](const std::string& what, double value, double goal, const char* unit) {
     const bool met = value >= goal;
@@ -750,7 +872,10 @@ int cmd_bench(const BenchArgs& a) {
     target_max("command diff of an exact copy over golden", diff_over_golden, 1.0);
   }
   j["targets"] = tj;
+}
 
+// Step: write the JSON (if asked), print __REPRO, and return the exit status (1 on a mismatch).
+int Bench::finish() const {
   std::string repro = "indexshare bench --problem \"" + to_string(p) + "\" --impl " + a.impl + " --repeats " +
                       std::to_string(a.repeats) + " --threads " + std::to_string(threads) + " --target " + a.target +
                       " --stack-seq " + std::to_string(a.stack_seq) + " --stack-sq " + std::to_string(a.stack_sq) +
@@ -763,6 +888,44 @@ int cmd_bench(const BenchArgs& a) {
   }
   std::printf("__REPRO: %s\n", repro.c_str());
   return mismatches.empty() ? 0 : 1;
+}
+
+// The bench of the header comment, step by step.
+int cmd_bench(const BenchArgs& a) {
+  Bench b(a);
+  b.check_options();
+  b.check_memory_limits();
+  b.set_threads_and_target();
+  b.check_json_path();
+  b.probe_peaks_start();
+
+  // ---- per-stage, layer 0 ---------------------------------------------------------------------
+  b.generate_layer0();
+  b.time_module_projections();
+  if (b.do_ref) b.time_ref_stages();
+  if (b.do_simd) {
+    b.time_simd_stages();
+    b.profile_attention_phases();
+  }
+
+  // ---- stack ----------------------------------------------------------------------------------
+  if (b.do_stack) b.time_stack();
+
+  // ---- commands -------------------------------------------------------------------------------
+  if (b.do_commands) b.time_commands();
+
+  b.probe_peaks_end();
+
+  // ---- report ---------------------------------------------------------------------------------
+  b.print_summary();
+  b.start_json();
+  b.report_attention_phases();
+  b.report_stack();
+  b.report_commands();
+
+  // ---- targets (of the issue; evaluated on this run's problem and machine) --------------------
+  b.report_targets();
+  return b.finish();
 }
 
 }  // namespace
