@@ -18,6 +18,7 @@ Action register_run(CLI::App& app);
 Action register_cost(CLI::App& app);
 Action register_golden(CLI::App& app);
 Action register_presets(CLI::App& app);
+Action register_kernels(CLI::App& app);
 Action register_verify(CLI::App& app);
 Action register_diff(CLI::App& app);
 Action register_overlap(CLI::App& app);

@@ -2,6 +2,7 @@
 #include <chrono>
 #include <cstdio>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -10,6 +11,7 @@
 #include "ref/problem.h"
 #include "tools/cli.h"
 #include "tools/golden.h"
+#include "tools/kernel_registry.h"
 
 namespace indexshare::cli {
 
@@ -17,7 +19,7 @@ namespace {
 
 struct GoldenArgs {
   std::string preset, problem, kind = "stack", out, impl = "ref", model, from, schedule, variant = "deepseek_fp8", target,
-      max_memory = "8G", rows;
+      max_memory = "8G", rows, for_kernel;
   int64_t layers = 0, seq = 0;
   int64_t seed = -1;
   float sim = 0.8f;
@@ -47,6 +49,10 @@ int cmd_golden(const GoldenArgs& a) {
   const auto t0 = std::chrono::steady_clock::now();
   const bool module_preset = !a.preset.empty() && golden::preset(a.preset).kind == "module";
   check_overrides(a.given, a.layers, a.seq, a.seed);
+  if (!a.for_kernel.empty()) {
+    require(a.model.empty() && !module_preset && a.from.empty(), "golden: --for works with --problem or a kernel-level --preset");
+    require(!a.rows_given, "golden: --for writes whole sets: --rows (sampled query rows) is not a kernel's input layout");
+  }
   if (!a.model.empty() || module_preset) {  // module level: the toy model with a preset's shapes
     require(a.problem.empty() && a.from.empty() && (a.preset.empty() || a.model.empty()),
             "golden: --model excludes --preset, --problem and --from");
@@ -114,6 +120,20 @@ int cmd_golden(const GoldenArgs& a) {
   if (a.seq > 0) { p.s_kv = a.seq; p.s_q = std::min(p.s_q, a.seq); }
   if (a.seed >= 0) p.seed = uint64_t(a.seed);
   p.validate();
+  // --for KERNEL: the problem must fit the kernel's constraints (tools/kernel_registry.h), checked
+  // before anything is computed; the set is the kernel's kind.
+  const kreg::Kernel* kern = a.for_kernel.empty() ? nullptr : &kreg::kernel(a.for_kernel);
+  if (kern) {
+    require(!was_given(a.given, "--kind") || a.kind == kern->kind,
+            "golden: --for " + kern->name + " writes a " + kern->kind + " set, not --kind " + a.kind);
+    require(a.preset.empty() || kind == kern->kind,
+            "golden: --for " + kern->name + " needs a " + kern->kind + " set; preset '" + a.preset + "' is " + kind);
+    kind = kern->kind;
+    const std::vector<std::string> bad = kreg::violations(*kern, p);
+    std::string msg;
+    for (const std::string& b : bad) msg += (msg.empty() ? "" : "; ") + b;
+    require(bad.empty(), "golden --for: " + msg);
+  }
   // --rows: a sampled set of those query rows (golden.h); the replay line carries the list.
   std::vector<int64_t> rows;
   if (a.rows_given) {
@@ -130,13 +150,23 @@ int cmd_golden(const GoldenArgs& a) {
                    (kind == "stack" ? "--rows (fewer query rows), " : "") + "a smaller --problem (s_q, s_kv, nl)",
                n_rows, true);
   const std::string replay = "indexshare golden --problem " + quote(to_string(p)) + " --kind " + kind +
+                             (kern ? " --for " + kern->name : "") +
                              (a.rows_given ? " --rows " + ref::format_rows(rows) : "") +
                              (impl == "simd" ? " --impl simd" : "") +
                              (a.no_logits ? " --no-logits" : "") +
                              (a.max_memory != "8G" ? " --max-memory " + a.max_memory : "") + " --out " + a.out;
   std::fprintf(stderr, "golden: computing %s (%lld layers%s)...\n", to_string(p).c_str(), (long long)p.n_layers,
                a.rows_given ? (", " + std::to_string(n_rows) + " query rows").c_str() : "");
-  return publish(golden::build(p, kind, !a.no_logits, replay, impl == "simd", a.rows_given ? &rows : nullptr), a, replay, t0);
+  golden::GoldenSet set = golden::build(p, kind, !a.no_logits, replay, impl == "simd", a.rows_given ? &rows : nullptr);
+  if (kern) {  // the kernel's call, arguments mapped to the set's tensors
+    std::map<std::string, int64_t> extra;
+    for (const io::TensorView& v : set.tensors) {
+      if (v.name == "layers.0.attn.kv_cache_fp8") extra["num_blocks"] = v.shape[0];
+      if (v.name == "block_table") extra["max_blocks"] = v.shape[1];
+    }
+    set.manifest["kernel"] = kreg::manifest_block(*kern, p, set.manifest["config"]["sm_scale"].get<float>(), set.manifest["layers"], extra);
+  }
+  return publish(std::move(set), a, replay, t0);
 }
 
 }  // namespace
@@ -162,6 +192,8 @@ Action register_golden(CLI::App& app) {
   c->add_flag("--no-logits", a->no_logits, "Leave out the [s_q, s_kv] indexer logits");
   c->add_flag("--force", a->force, "Replace an existing golden set in --out");
   c->add_option("--out,-o", a->out, "Output folder (written atomically)");
+  c->add_option("--for", a->for_kernel,
+                "Check the problem against a GPU kernel's constraints and write its call in the manifest (see `indexshare kernels`)");
   return [c, a]() {
     a->given = given_options(*c);
     a->rows_given = was_given(a->given, "--rows");
@@ -176,6 +208,25 @@ Action register_presets(CLI::App& app) {
     for (const golden::Preset& p : golden::presets())
       std::printf("%-16s %-15s %s\n%16s %-15s %s\n", p.name.c_str(), p.kind.c_str(), p.description.c_str(), "", "",
                   p.problem.c_str());
+    return 0;
+  };
+}
+
+Action register_kernels(CLI::App& app) {
+  CLI::App* c = app.add_subcommand("kernels", "List the GPU kernels golden --for writes sets for, with their constraints");
+  return [c]() {
+    if (!*c) return -1;
+    for (const kreg::Kernel& k : kreg::kernels()) {
+      std::ostringstream cons;  // "h_q in 64|128, topk %128 (h_q=128), ..."
+      for (size_t c = 0; c < k.constraints.size(); ++c) {
+        const kreg::Constraint& x = k.constraints[c];
+        cons << (c ? ", " : "") << x.field;
+        if (x.multiple_of) cons << " %" << x.multiple_of;
+        for (size_t i = 0; i < x.one_of.size(); ++i) cons << (i ? "|" : " in ") << x.one_of[i];
+        if (!x.when_field.empty()) cons << " (" << x.when_field << "=" << x.when_value << ")";
+      }
+      std::printf("%-32s %-8s %-6s %s\n%32s   %s\n", k.name.c_str(), k.library.c_str(), k.kind.c_str(), cons.str().c_str(), "", k.call.c_str());
+    }
     return 0;
   };
 }

@@ -24,7 +24,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   app.set_version_flag("--version", std::string(INDEXSHARE_VERSION));
   const std::vector<cli::Action> actions = {
-      cli::register_run(app), cli::register_golden(app), cli::register_presets(app),
+      cli::register_run(app), cli::register_golden(app), cli::register_presets(app), cli::register_kernels(app),
       cli::register_verify(app), cli::register_diff(app), cli::register_overlap(app),
       cli::register_search(app), cli::register_bench(app), cli::register_cost(app),
       cli::register_calibrate(app), cli::register_explain(app)};

@@ -1,0 +1,213 @@
+#include "tools/kernel_registry.h"
+
+#include <algorithm>
+
+#include "ref/error.h"
+
+namespace indexshare::kreg {
+
+namespace {
+
+using S = std::vector<std::string>;
+
+// FlashMLA's sparse prefill (gpu_peers.md 1.1): the same call on SM90 and SM100, different top-k
+// divisibility.
+Kernel flashmla_prefill(const std::string& name, std::vector<Constraint> topk_rules) {
+  Kernel k;
+  k.name = name;
+  k.library = "FlashMLA";
+  k.call = "out, max_logits, lse = flash_mla_sparse_fwd(q, kv, indices, sm_scale, d_v, attn_sink, topk_length)";
+  k.kind = "stack";
+  k.constraints = {{"h_q", {64, 128}, 0, "", 0, "gpu_peers.md 1.1; csrc/api/sparse_fwd.h"},
+                   {"d_qk", {576, 512}, 0, "", 0, "gpu_peers.md 1.1 (576: V3.2, 512: MODEL1)"},
+                   {"d_v", {512}, 0, "", 0, "gpu_peers.md 1.1"}};
+  for (Constraint& c : topk_rules) k.constraints.push_back(std::move(c));
+  k.args = {{"q", "layers.{l}.attn.q", "BF16", S{"s_q", "h_q", "d_qk"}, false, false, ""},
+            {"kv", "layers.{l}.attn.kv", "BF16", S{"s_kv", "1", "d_qk"}, false, false, "h_kv = 1"},
+            {"indices", "layers.{l}.attn.indices", "I32", S{"s_q", "1", "topk"}, false, false, "absolute kv rows, -1 padded"},
+            {"attn_sink", "layers.{l}.attn.sink", "F32", S{"h_q"}, false, true, "only in sets with sink="},
+            {"topk_length", "layers.{l}.attn.topk_length", "I32", S{"s_q"}, false, true, "only in attention-edge sets"}};
+  k.outputs = {{"out", "layers.{l}.attn.out", "BF16", S{"s_q", "h_q", "d_v"}, false, false, "diff reads BF16 or F32"},
+               {"max_logits", "layers.{l}.attn.max_logits", "F32", S{"s_q", "h_q"}, false, false, ""},
+               {"lse", "layers.{l}.attn.lse", "F32", S{"s_q", "h_q"}, false, false, "natural log, without the sink"}};
+  k.kwargs = {{"sm_scale", "config.sm_scale"}, {"d_v", "512"}};
+  k.conventions = {"invalid index: FlashMLA ignores -1 and any value >= s_kv; we ignore every index outside [0, s_kv) (the same "
+                   "outputs for every index the kernel accepts)",
+                   "lse and max_logits in natural-log units (HEAD); the V3.2 release (1858932) wrote them in base 2: diff names it",
+                   "empty rows: out 0, lse +inf, max_logits -inf, as HEAD"};
+  k.source = "gpu_peers.md 1.1, 1.4, 1.5; flash_mla/flash_mla_interface.py, csrc/api/sparse_fwd.h";
+  return k;
+}
+
+std::vector<Kernel> make() {
+  std::vector<Kernel> v;
+  v.push_back(flashmla_prefill("flashmla-sparse-prefill-sm90",
+                               {{"topk", {}, 128, "", 0, "gpu_peers.md 1.1; csrc/sm90/prefill/sparse/phase1.cuh"}}));
+  v.push_back(flashmla_prefill("flashmla-sparse-prefill-sm100",
+                               {{"topk", {}, 64, "", 0, "gpu_peers.md 1.1 (head64 and small-topk path)"},
+                                {"topk", {}, 128, "h_q", 128, "gpu_peers.md 1.1 (head128 regular path)"}}));
+  {
+    Kernel k;
+    k.name = "flashmla-sparse-decode";
+    k.library = "FlashMLA";
+    k.call = "out, lse = flash_mla_with_kvcache(q, k_cache, block_table=None, cache_seqlens=None, head_dim_v=512, "
+             "tile_scheduler_metadata, num_splits, softmax_scale=sm_scale, causal=False, is_fp8_kvcache=True, indices=indices, "
+             "attn_sink=attn_sink)";
+    k.kind = "decode";
+    k.constraints = {{"d_qk", {576}, 0, "", 0, "gpu_peers.md 1.3 (the V32 FP8 cache, 656 B/token)"},
+                     {"d_v", {512}, 0, "", 0, "gpu_peers.md 1.2"},
+                     {"topk", {}, 64, "", 0, "gpu_peers.md 1.2 (TOPK_BLOCK_SIZE 64 on SM90 and SM100)"}};
+    k.args = {{"q", "layers.{l}.attn.q", "BF16", S{"b", "next_n", "h_q", "d_qk"}, true, false, "attn.q [b * next_n, h_q, d_qk] viewed"},
+              {"k_cache", "layers.{l}.attn.kv_cache_fp8", "U8", S{"num_blocks", "64", "1", "656"}, false, false, "V32_FP8Sparse, page 64"},
+              {"indices", "layers.{l}.attn.indices_physical", "I32", S{"b", "next_n", "topk"}, false, false, "physical slots, -1 padded"},
+              {"attn_sink", "layers.{l}.attn.sink", "F32", S{"h_q"}, false, true, "only in sets with sink="}};
+    k.outputs = {{"out", "layers.{l}.attn.out", "BF16", S{"b", "next_n", "h_q", "d_v"}, true, false, "reshape to [s_q, h_q, d_v]"},
+                 {"lse", "layers.{l}.attn.lse", "F32", S{"b", "h_q", "next_n"}, true, false,
+                  "the kernel's lse is [b, h_q, next_n]: transpose(1, 2) then reshape to [s_q, h_q]"}};
+    k.kwargs = {{"softmax_scale", "config.sm_scale"}, {"head_dim_v", "512"}, {"is_fp8_kvcache", "True"}, {"causal", "False"}};
+    k.conventions = {"invalid index: FlashMLA's decode reference treats only -1 as invalid (other negative values are clamped to slot "
+                     "0 and attended); we ignore every index outside [0, s_kv): the checked-in decode sets use -1 only",
+                     "topk_length is per batch [b] in the kernel, per query row [s_q] in our sets",
+                     "the reference attention runs on the FP8-dequantized latent (attn.kv), as FlashMLA's tests do"};
+    k.source = "gpu_peers.md 1.2, 1.3; flash_mla/flash_mla_interface.py, csrc/api/sparse_decode.h, tests/quant.py";
+    v.push_back(k);
+  }
+  auto mqa = [](const std::string& name, std::vector<int64_t> heads, std::vector<int64_t> dims, const std::string& src) {
+    Kernel k;
+    k.name = name;
+    k.library = "DeepGEMM";
+    k.call = "logits = fp8_mqa_logits(q, (kv, kv_scale), weights, cu_seq_len_k_start, cu_seq_len_k_end, clean_logits=True)";
+    k.kind = "stack";
+    k.per_full_layer = true;
+    k.constraints = {{"index_n_heads", std::move(heads), 0, "", 0, src},
+                     {"index_head_dim", std::move(dims), 0, "", 0, src},
+                     {"indexer_fp8", {1}, 0, "", 0, "gpu_peers.md 2.2 (e4m3 q and k)"}};
+    k.args = {{"q", "layers.{l}.indexer.q", "F8_E4M3", S{"s_q", "H", "D"}, false, false, "no scale: folded into weights"},
+              {"kv", "layers.{l}.indexer.k", "F8_E4M3", S{"s_kv", "D"}, false, false, ""},
+              {"kv_scale", "layers.{l}.indexer.k_scale", "F32", S{"s_kv"}, false, false, ""},
+              {"weights", "layers.{l}.indexer.weights", "F32", S{"s_q", "H"}, false, false, ""},
+              {"cu_seq_len_k_start", "layers.{l}.indexer.ks", "I32", S{"s_q"}, false, false, "half-open window [ks, ke)"},
+              {"cu_seq_len_k_end", "layers.{l}.indexer.ke", "I32", S{"s_q"}, false, false, ""}};
+    k.outputs = {{"logits", "layers.{l}.indexer.logits", "F32", S{"s_q", "s_kv"}, false, false,
+                  "the kernel's output has a padded row stride: .contiguous() before saving"}};
+    k.kwargs = {{"clean_logits", "True"}};
+    k.conventions = {"with clean_logits=False the entries outside [ks, ke) are garbage: write -inf there before diff"};
+    k.source = "gpu_peers.md 2.1, 2.2, 2.5; csrc/apis/attention.hpp";
+    return k;
+  };
+  v.push_back(mqa("deepgemm-fp8-mqa-logits-sm90", {32, 64}, {128}, "gpu_peers.md 2.2 (SM90 tests: H 32 or 64, D 128)"));
+  v.push_back(mqa("deepgemm-fp8-mqa-logits-sm100", {8, 16, 32, 64}, {32, 64, 128}, "gpu_peers.md 2.2 (SM100 tests: H 8-64, D 32-128)"));
+  {
+    Kernel k;
+    k.name = "deepgemm-fp8-paged-mqa-logits";
+    k.library = "DeepGEMM";
+    k.call = "logits = fp8_paged_mqa_logits(q, kv_cache, weights, context_lens, block_table, schedule_meta, max_context_len, "
+             "clean_logits=False)";
+    k.kind = "decode";
+    k.per_full_layer = true;
+    k.constraints = {{"index_n_heads", {32, 64}, 0, "", 0, "gpu_peers.md 2.3 (SM90)"},
+                     {"index_head_dim", {128}, 0, "", 0, "gpu_peers.md 2.3"},
+                     {"next_n", {1, 2}, 0, "", 0, "gpu_peers.md 2.3 (SM90 next_n 1 or 2)"},
+                     {"indexer_fp8", {1}, 0, "", 0, "gpu_peers.md 2.3"}};
+    k.args = {{"q", "layers.{l}.indexer.q", "F8_E4M3", S{"b", "next_n", "H", "D"}, true, false, "indexer.q [b * next_n, H, D] viewed"},
+              {"kv_cache", "layers.{l}.indexer.k_cache", "U8", S{"num_blocks", "64", "1", "D+4"}, false, false,
+               "per block all 64 x D fp8 bytes, then the 64 f32 scales"},
+              {"weights", "layers.{l}.indexer.weights", "F32", S{"s_q", "H"}, false, false, "[b * next_n, H]"},
+              {"block_table", "block_table", "I32", S{"b", "max_blocks"}, false, false, ""}};
+    k.outputs = {{"logits", "layers.{l}.indexer.logits", "F32", S{"s_q", "s_kv"}, false, false,
+                  "the kernel's [b * next_n, max_context_len] over each sequence's own keys: place row r's columns at ks[r] + c, "
+                  "-inf elsewhere"}};
+    k.kwargs = {{"context_lens", "[b, next_n]: cache_seqlens[b] - next_n + j + 1"}, {"max_context_len", "max(cache_seqlens)"},
+                {"clean_logits", "False"}};
+    k.conventions = {"clean_logits=False leaves values outside each row's window: mask them (-inf) before diff",
+                     "context_lens is 2-D [b, next_n] here; the 1-D form means context_lens[b] - next_n + j + 1 for row j"};
+    k.source = "gpu_peers.md 2.3; csrc/apis/attention.hpp";
+    v.push_back(k);
+  }
+  return v;
+}
+
+}  // namespace
+
+const std::vector<Kernel>& kernels() {
+  static const std::vector<Kernel> v = make();
+  return v;
+}
+
+const Kernel& kernel(const std::string& name) {
+  std::string names;
+  for (const Kernel& k : kernels()) {
+    if (k.name == name) return k;
+    names += (names.empty() ? "" : ", ") + k.name;
+  }
+  throw Error("--for: unknown kernel '" + name + "' (expected one of " + names + ")");
+}
+
+int64_t field(const Problem& p, const std::string& f) {
+  if (f == "h_q") return p.h_q;
+  if (f == "d_qk") return p.d_qk;
+  if (f == "d_v") return p.d_v;
+  if (f == "topk") return p.index_topk;
+  if (f == "index_n_heads" || f == "H") return p.index_n_heads;
+  if (f == "index_head_dim" || f == "D") return p.index_head_dim;
+  if (f == "s_q") return p.s_q;
+  if (f == "s_kv") return p.s_kv;
+  if (f == "b") return p.n_seqs;
+  if (f == "next_n") return p.seq_q();
+  if (f == "indexer_fp8") return p.indexer == IndexerMode::fp8 ? 1 : 0;
+  throw Error("kernel registry: unknown field '" + f + "'");
+}
+
+std::vector<std::string> violations(const Kernel& k, const Problem& p) {
+  std::vector<std::string> out;
+  for (const Constraint& c : k.constraints) {
+    if (!c.when_field.empty() && field(p, c.when_field) != c.when_value) continue;
+    const int64_t v = field(p, c.field);
+    std::string need;
+    if (!c.one_of.empty() && std::find(c.one_of.begin(), c.one_of.end(), v) == c.one_of.end()) {
+      if (c.field == "indexer_fp8") need = "the FP8 indexer (indexer=fp8)";
+      else
+        for (size_t i = 0; i < c.one_of.size(); ++i)
+          need += (i == 0 ? "" : i + 1 == c.one_of.size() ? " or " : ", ") + std::to_string(c.one_of[i]);
+    }
+    if (c.multiple_of && v % c.multiple_of != 0) need = "a multiple of " + std::to_string(c.multiple_of);
+    if (need.empty()) continue;
+    const std::string when = c.when_field.empty() ? "" : " when " + c.when_field + " is " + std::to_string(c.when_value);
+    const std::string what = c.field == "indexer_fp8" ? std::string("indexer=bf16") : c.field + " " + std::to_string(v);
+    out.push_back(what + ": " + k.name + " takes " + need + when + " (" + c.source + ")");
+  }
+  return out;
+}
+
+nlohmann::json manifest_block(const Kernel& k, const Problem& p, float sm_scale, const nlohmann::json& layers,
+                              const std::map<std::string, int64_t>& extra) {
+  auto dim = [&](const std::string& s) -> int64_t {
+    if (const auto it = extra.find(s); it != extra.end()) return it->second;
+    if (s == "D+4") return p.index_head_dim + 4;
+    if (!s.empty() && std::all_of(s.begin(), s.end(), [](char ch) { return ch >= '0' && ch <= '9'; })) return std::stoll(s);
+    return field(p, s);
+  };
+  auto arg_json = [&](const Arg& a) {
+    nlohmann::json shape = nlohmann::json::array();
+    for (const std::string& s : a.shape) shape.push_back(dim(s));
+    nlohmann::json j = {{"name", a.name}, {"tensor", a.tensor}, {"dtype", a.dtype}, {"shape", shape}, {"shape_symbols", a.shape},
+                        {"view", a.view}, {"optional", a.optional}};
+    if (!a.note.empty()) j["note"] = a.note;
+    return j;
+  };
+  nlohmann::json args = nlohmann::json::array(), outs = nlohmann::json::array(), kw = nlohmann::json::object(), ls = nlohmann::json::array();
+  for (const Arg& a : k.args) args.push_back(arg_json(a));
+  for (const Arg& a : k.outputs) outs.push_back(arg_json(a));
+  for (const auto& [n, v] : k.kwargs) {
+    if (v == "config.sm_scale") kw[n] = sm_scale;
+    else if (v == "512") kw[n] = 512;
+    else if (v == "True" || v == "False") kw[n] = v == "True";
+    else kw[n] = v;  // a derivation in words (context_lens, max_context_len)
+  }
+  for (const nlohmann::json& l : layers)
+    if (!k.per_full_layer || l["kind"] == "full") ls.push_back(l["index"]);
+  return {{"name", k.name}, {"library", k.library}, {"call", k.call}, {"layers", ls}, {"args", args}, {"outputs", outs},
+          {"kwargs", kw}, {"conventions", k.conventions}, {"source", k.source}};
+}
+
+}  // namespace indexshare::kreg
