@@ -57,6 +57,14 @@ std::string Report::stats_line() const {
   return buf;
 }
 
+double rms_finite(const Tensor<float>& x) {
+  double s = 0;
+  int64_t n = 0;
+  for (const float v : x.data)
+    if (std::isfinite(v)) { s += double(v) * double(v); ++n; }
+  return n ? std::sqrt(s / double(n)) : 0.0;
+}
+
 double calc_diff(const float* x, const float* y, int64_t n) {
   double sxy = 0, sxx_yy = 0;
   for (int64_t i = 0; i < n; ++i) {

@@ -73,6 +73,9 @@ struct Report {
 };
 constexpr size_t kMaxMismatches = 10;
 
+// Root mean square of the finite elements, in double (0 when there are none).
+double rms_finite(const Tensor<float>& x);
+
 // DeepGEMM's metric over the pairs where both values are finite, in double.
 double calc_diff(const float* x, const float* y, int64_t n);
 

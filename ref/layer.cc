@@ -16,6 +16,23 @@ Tensor<float> generate(const Problem& p, const std::string& name, const Shape& s
   return t;
 }
 
+namespace {
+// Calls fill(i, first, count) for each run of consecutive ascending rows: rows[i .. i + count) are
+// the problem rows first .. first + count - 1 (a run is one range of the stream). Errors name the
+// stream when a row is outside [0, n_rows).
+template <class Fill>
+void for_each_row_run(const std::string& name, int64_t n_rows, std::span<const int64_t> rows, Fill&& fill) {
+  for (size_t i = 0; i < rows.size();) {
+    size_t j = i + 1;
+    while (j < rows.size() && rows[j] == rows[j - 1] + 1) ++j;
+    require(rows[i] >= 0 && rows[j - 1] < n_rows,
+            "generate_rows: " + name + ": row outside [0, " + std::to_string(n_rows) + ")");
+    fill(int64_t(i), rows[i], int64_t(j - i));
+    i = j;
+  }
+}
+}  // namespace
+
 Tensor<float> generate_rows(const Problem& p, const std::string& name, const Shape& shape,
                             std::span<const int64_t> rows, float scale) {
   require(!shape.empty(), "generate_rows: " + name + ": shape must have a leading row dim");
@@ -24,15 +41,9 @@ Tensor<float> generate_rows(const Problem& p, const std::string& name, const Sha
   out_shape[0] = int64_t(rows.size());
   Tensor<float> t(out_shape);
   // A run of consecutive rows is one range of the stream (all rows in order: exactly `generate`).
-  for (size_t i = 0; i < rows.size();) {
-    size_t j = i + 1;
-    while (j < rows.size() && rows[j] == rows[j - 1] + 1) ++j;
-    require(rows[i] >= 0 && rows[j - 1] < shape[0],
-            "generate_rows: " + name + ": row outside [0, " + std::to_string(shape[0]) + ")");
-    fill_range(t.ptr() + int64_t(i) * row_len, rows[i] * row_len, int64_t(j - i) * row_len, p.dist, scale, p.seed,
-               stream_tag(name));
-    i = j;
-  }
+  for_each_row_run(name, shape[0], rows, [&](int64_t i, int64_t first, int64_t count) {
+    fill_range(t.ptr() + i * row_len, first * row_len, count * row_len, p.dist, scale, p.seed, stream_tag(name));
+  });
   return t;
 }
 
@@ -44,15 +55,11 @@ Tensor<bf16_t> generate_rows_bf16(const Problem& p, const std::string& name, con
   out_shape[0] = int64_t(rows.size());
   Tensor<bf16_t> t(out_shape);
   const uint64_t tag = stream_tag(name);
-  for (size_t i = 0; i < rows.size();) {
-    size_t j = i + 1;
-    while (j < rows.size() && rows[j] == rows[j - 1] + 1) ++j;
-    require(rows[i] >= 0 && rows[j - 1] < shape[0],
-            "generate_rows: " + name + ": row outside [0, " + std::to_string(shape[0]) + ")");
+  for_each_row_run(name, shape[0], rows, [&](int64_t i, int64_t first, int64_t count) {
     // Elements [start, end) of the stream into dst, a chunk of the stream (fill_range's unit) at a
     // time: each chunk's values are those of fill_range over the whole range (rng.h).
-    const int64_t start = rows[i] * row_len, end = start + int64_t(j - i) * row_len;
-    bf16_t* dst = t.ptr() + int64_t(i) * row_len;
+    const int64_t start = first * row_len, end = start + count * row_len;
+    bf16_t* dst = t.ptr() + i * row_len;
     const int64_t c_begin = start / kChunk, c_end = (end + kChunk - 1) / kChunk;
 #pragma omp parallel for schedule(static) if (c_end - c_begin >= 8)
     for (int64_t c = c_begin; c < c_end; ++c) {
@@ -61,8 +68,7 @@ Tensor<bf16_t> generate_rows_bf16(const Problem& p, const std::string& name, con
       fill_range(buf, lo, hi - lo, p.dist, scale, p.seed, tag);
       for (int64_t k = 0; k < hi - lo; ++k) dst[lo - start + k] = f32_to_bf16(buf[k]);
     }
-    i = j;
-  }
+  });
   return t;
 }
 

@@ -363,18 +363,22 @@ StructureReport pooled_tests(const StructureSpec& s, const std::vector<ClusterSu
   return rep;
 }
 
-Report compare_structured(const std::string& tensor, const Tensor<float>& expected, const Tensor<float>& got,
-                          const FloatRule& rule, const StructureSpec& spec, StructureReport* out) {
-  Report r = compare_floats(tensor, expected, got, rule);
-  if (expected.shape != got.shape) return r;
-  require(spec.rows * spec.heads * spec.cols == expected.numel(), "compare_structured " + tensor + ": spec does not cover the tensor");
-  StructureReport st = structure_tests(spec, expected.ptr(), got.ptr());
+void summarize(const StructureReport& st, Report& r) {
   r.structure_tests = st.m;
   r.structure_max_ratio = st.max_ratio;
   r.structure_max_b_over_floor = st.max_b_over_floor;
   for (const GroupTest& t : st.tests)
     if (t.flagged) r.structure_flagged.push_back({t.stat, t.kind, t.label, t.b, t.se, t.t, t.t_crit, t.floor, t.clusters});
   r.findings = st.findings;
+}
+
+Report compare_structured(const std::string& tensor, const Tensor<float>& expected, const Tensor<float>& got,
+                          const FloatRule& rule, const StructureSpec& spec, StructureReport* out) {
+  Report r = compare_floats(tensor, expected, got, rule);
+  if (expected.shape != got.shape) return r;
+  require(spec.rows * spec.heads * spec.cols == expected.numel(), "compare_structured " + tensor + ": spec does not cover the tensor");
+  StructureReport st = structure_tests(spec, expected.ptr(), got.ptr());
+  summarize(st, r);
   if (st.flagged) {
     r.verdict = Verdict::fail;
     r.reasons.push_back(std::to_string(r.structure_flagged.size()) + " structure test(s) flagged a systematic error (" +

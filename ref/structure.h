@@ -127,6 +127,10 @@ StructureReport structure_tests(const StructureSpec& spec, const float* x, const
 // Shared layer's attn.out): spec gives the names and the floor.
 StructureReport pooled_tests(const StructureSpec& spec, const std::vector<ClusterSums>& clusters);
 
+// Copies a structure report's summary into a comparison report: the number of tests, the margins,
+// the flagged tests and the findings (the verdict is the caller's).
+void summarize(const StructureReport& st, Report& r);
+
 // compare_floats, then the structure tests on the same pairs: a flagged test fails the report
 // (its findings become reasons and diagnoses), and the report carries the summary. `structure`
 // receives the full structure report when given.

@@ -686,29 +686,13 @@ AttentionPhases& AttentionPhases::operator+=(const AttentionPhases& o) {
 
 namespace {
 
-detail::AttentionView make_view(const Tensor<bf16_t>& q, const Tensor<bf16_t>& kv, float sm_scale,
-                                int64_t d_v, const Tensor<float>* attn_sink) {
-  static_assert(sizeof(bf16_t) == sizeof(uint16_t));
-  detail::AttentionView v;
-  v.q = reinterpret_cast<const uint16_t*>(q.ptr());
-  v.kv = reinterpret_cast<const uint16_t*>(kv.ptr());
-  v.s_q = q.dim(0);
-  v.h_q = q.dim(1);
-  v.d_qk = q.dim(2);
-  v.s_kv = kv.dim(0);
-  v.d_v = d_v;
-  v.sm_scale = double(sm_scale);
-  v.sink = attn_sink ? attn_sink->ptr() : nullptr;
-  return v;
-}
-
 AttentionOut run(const detail::AttentionView& v, AttentionPhases* phases) {
   AttentionOut o{Tensor<float>({v.s_q, v.h_q, v.d_v}), Tensor<bf16_t>({v.s_q, v.h_q, v.d_v}),
                  Tensor<float>({v.s_q, v.h_q}), Tensor<float>({v.s_q, v.h_q})};
   // Chunks of up to 8 query rows over the threads (independent outputs, so neither the thread
   // count nor the chunk size changes a bit); each chunk allocates its scratch once. Small s_q gets
   // smaller chunks so that every thread has some.
-  const int64_t kChunkRows = std::clamp<int64_t>(v.s_q / (4 * int64_t(omp_get_max_threads())), 1, 8);
+  const int64_t kChunkRows = detail::chunk_rows(v.s_q, 8, omp_get_max_threads());
   const int64_t chunks = (v.s_q + kChunkRows - 1) / kChunkRows;
   std::vector<AttentionPhases> chunk_phases(phases ? size_t(chunks) : 0);
 #pragma omp parallel for schedule(dynamic, 1)
@@ -742,11 +726,7 @@ AttentionOut sparse_attention(const Tensor<bf16_t>& q, const Tensor<bf16_t>& kv,
               "attention topk_length: row " + std::to_string(t) + " has " +
                   std::to_string((*topk_length)[t]) + ", outside [0, topk=" + std::to_string(topk) + "]");
   }
-  detail::AttentionView v = make_view(q, kv, sm_scale, d_v, attn_sink);
-  v.indices = indices.ptr();
-  v.topk = topk;
-  v.topk_length = topk_length ? topk_length->ptr() : nullptr;
-  return run(v, phases);
+  return run(detail::sparse_view(q, kv, indices, sm_scale, d_v, topk_length, attn_sink), phases);
 }
 
 AttentionOut dense_attention(const Tensor<bf16_t>& q, const Tensor<bf16_t>& kv, float sm_scale,
@@ -759,7 +739,7 @@ AttentionOut dense_attention(const Tensor<bf16_t>& q, const Tensor<bf16_t>& kv, 
   for (int64_t t = 0; t < s_q; ++t)
     require(0 <= ks[t] && ks[t] <= ke[t] && ke[t] <= s_kv,
             "attention ks/ke: row " + std::to_string(t) + " bounds outside 0 <= ks <= ke <= s_kv");
-  detail::AttentionView v = make_view(q, kv, sm_scale, d_v, attn_sink);
+  detail::AttentionView v = detail::attention_view(q, kv, sm_scale, d_v, attn_sink);
   v.dense = true;
   v.ks = ks.ptr();
   v.ke = ke.ptr();

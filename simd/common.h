@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "ref/numerics.h"
+#include "ref/tensor.h"
 
 namespace indexshare::simd {
 struct AttentionPhases;  // simd/simd.h
@@ -81,6 +82,42 @@ struct AttentionView {
   const int32_t* ke = nullptr;
   bool dense = false;
 };
+
+// The view of q, kv, sm_scale, d_v and the sink (shapes checked by the caller); the sparse or dense
+// fields are the caller's to set.
+inline AttentionView attention_view(const Tensor<bf16_t>& q, const Tensor<bf16_t>& kv, float sm_scale, int64_t d_v,
+                                    const Tensor<float>* attn_sink) {
+  static_assert(sizeof(bf16_t) == sizeof(uint16_t));
+  AttentionView v;
+  v.q = reinterpret_cast<const uint16_t*>(q.ptr());
+  v.kv = reinterpret_cast<const uint16_t*>(kv.ptr());
+  v.s_q = q.dim(0);
+  v.h_q = q.dim(1);
+  v.d_qk = q.dim(2);
+  v.s_kv = kv.dim(0);
+  v.d_v = d_v;
+  v.sm_scale = double(sm_scale);
+  v.sink = attn_sink ? attn_sink->ptr() : nullptr;
+  return v;
+}
+
+// The same, with the sparse indices [s_q, 1, topk] and optional topk_length [s_q].
+inline AttentionView sparse_view(const Tensor<bf16_t>& q, const Tensor<bf16_t>& kv, const Tensor<int32_t>& indices,
+                                 float sm_scale, int64_t d_v, const Tensor<int32_t>* topk_length, const Tensor<float>* attn_sink) {
+  AttentionView v = attention_view(q, kv, sm_scale, d_v, attn_sink);
+  v.indices = indices.ptr();
+  v.topk = indices.dim(2);
+  v.topk_length = topk_length ? topk_length->ptr() : nullptr;
+  return v;
+}
+
+// Query rows per chunk when s_q rows are spread over `threads` OpenMP threads: at most max_rows,
+// fewer for small s_q so that every thread gets about four chunks (outputs are per row, so the
+// chunking never changes a bit).
+inline int64_t chunk_rows(int64_t s_q, int64_t max_rows, int threads) {
+  const int64_t r = s_q / (4 * int64_t(threads));
+  return r < 1 ? 1 : r > max_rows ? max_rows : r;
+}
 
 // Phase timing of one chunk of attention rows (see simd::AttentionPhases): a steady_clock read at
 // each boundary when on, nothing when off.

@@ -569,29 +569,10 @@ HWY_EXPORT(LogitsBoundChunk);
 
 namespace {
 
-detail::AttentionView sparse_view(const Tensor<bf16_t>& q, const Tensor<bf16_t>& kv, const Tensor<int32_t>& indices,
-                                  float sm_scale, int64_t d_v, const Tensor<int32_t>* topk_length,
-                                  const Tensor<float>* attn_sink) {
-  detail::AttentionView v;
-  v.q = reinterpret_cast<const uint16_t*>(q.ptr());
-  v.kv = reinterpret_cast<const uint16_t*>(kv.ptr());
-  v.s_q = q.dim(0);
-  v.h_q = q.dim(1);
-  v.d_qk = q.dim(2);
-  v.s_kv = kv.dim(0);
-  v.d_v = d_v;
-  v.sm_scale = double(sm_scale);
-  v.sink = attn_sink ? attn_sink->ptr() : nullptr;
-  v.indices = indices.ptr();
-  v.topk = indices.dim(2);
-  v.topk_length = topk_length ? topk_length->ptr() : nullptr;
-  return v;
-}
-
 // fn(t0, t1) over chunks of query rows, spread over the OpenMP threads (independent outputs).
 template <class Fn>
 void over_rows(int64_t s_q, int64_t max_chunk, Fn&& fn) {
-  const int64_t rows = std::clamp<int64_t>(s_q / (4 * int64_t(omp_get_max_threads())), 1, max_chunk);
+  const int64_t rows = detail::chunk_rows(s_q, max_chunk, omp_get_max_threads());
   const int64_t chunks = (s_q + rows - 1) / rows;
 #pragma omp parallel for schedule(dynamic, 1)
   for (int64_t c = 0; c < chunks; ++c) fn(c * rows, std::min(s_q, (c + 1) * rows));
@@ -607,7 +588,7 @@ AttentionOut emulate_attention_lowp(const Tensor<bf16_t>& q, const Tensor<bf16_t
   require(d_v <= q.dim(2), "emulate_attention_lowp: d_v " + std::to_string(d_v) + " exceeds d_qk " + std::to_string(q.dim(2)));
   AttentionOut o{Tensor<float>({s_q, h_q, d_v}), Tensor<bf16_t>({s_q, h_q, d_v}), Tensor<float>({s_q, h_q}),
                  Tensor<float>({s_q, h_q})};
-  const detail::AttentionView v = sparse_view(q, kv, indices, sm_scale, d_v, topk_length, attn_sink);
+  const detail::AttentionView v = detail::sparse_view(q, kv, indices, sm_scale, d_v, topk_length, attn_sink);
   // The exponent range of kv's nonzero values (see ExpRange in the target code): bf16 bits << 16.
   int kv_lo = 1000, kv_hi = -1000;
   bool kv_finite = true;
@@ -635,7 +616,7 @@ cmp::AttentionBounds attention_bounds(const Tensor<bf16_t>& q, const Tensor<bf16
   b.out.assign(size_t(s_q * h_q * d_v), 0.0);
   b.lse.assign(size_t(s_q * h_q), 0.0);
   b.max_logits.assign(size_t(s_q * h_q), 0.0);
-  const detail::AttentionView v = sparse_view(q, kv, indices, sm_scale, d_v, topk_length, nullptr);
+  const detail::AttentionView v = detail::sparse_view(q, kv, indices, sm_scale, d_v, topk_length, nullptr);
   over_rows(s_q, 8, [&](int64_t t0, int64_t t1) {
     HWY_DYNAMIC_DISPATCH(BoundsChunk)(v, exact.out.ptr(), exact.lse.ptr(), exact.max_logits.ptr(), t0, t1,
                                       b.out.data(), b.lse.data(), b.max_logits.data());

@@ -173,11 +173,6 @@ std::vector<PowerRow> power(const std::string& dir, int layer, const ref::Kernel
   const ref::AttentionOut base = emulate(g, layer, naive, sm);
   const bool logits = has_fp8_logits(g, layer);
   const Tensor<float> base_logits = logits ? emulate_logits(g, layer, emul::logits_family()[0]) : Tensor<float>{};
-  auto rms = [](const Tensor<float>& x) {
-    double s = 0; int64_t n = 0;
-    for (float v : x.data) if (std::isfinite(v)) { s += double(v) * v; ++n; }
-    return n ? std::sqrt(s / double(n)) : 0.0;
-  };
   int64_t n_seq = 1;
   if (const io::TensorView* v = g.find("cu_seqlens_q")) n_seq = int64_t(v->shape[0]) - 1;
   const std::vector<int64_t> seq0 = [&] {
@@ -210,7 +205,7 @@ std::vector<PowerRow> power(const std::string& dir, int layer, const ref::Kernel
   if (n_seq >= 2)
     faults.push_back({"attn.out scale, sequence 1 only", "attn.out", [&](Cand& c, double e) {
                         c.set(pre + "attn.out", scaled(base.out, e, [&](int64_t i) { const int64_t t = i / (h_q * d_v); return t >= seq0[0] && t < seq0[1]; })); }, "sequence 1 only", ""});
-  const double out_rms = rms(base.out), lse_rms = rms(base.lse);
+  const double out_rms = cmp::rms_finite(base.out), lse_rms = cmp::rms_finite(base.lse);
   faults.push_back({"attn.out offset (x rms), every element", "attn.out", [&](Cand& c, double e) {
                       Tensor<float> t = base.out;
                       for (float& v : t.data) v = float(double(v) + e * out_rms);

@@ -360,12 +360,6 @@ double rms_v(const Tensor<bf16_t>& kv, int64_t d_v) {
     for (int64_t c = 0; c < d_v; ++c, ++n) s += double(bf16_to_f32(kv[i * d_qk + c])) * double(bf16_to_f32(kv[i * d_qk + c]));
   return n ? std::sqrt(s / double(n)) : 0.0;
 }
-double rms_finite(const Tensor<float>& x) {
-  double s = 0;
-  int64_t n = 0;
-  for (const float v : x.data) if (std::isfinite(v)) { s += double(v) * double(v); ++n; }
-  return n ? std::sqrt(s / double(n)) : 0.0;
-}
 
 }  // namespace
 
@@ -763,9 +757,9 @@ void Judge::judge_attention(const LayerData& d, const std::string& P, const Used
     e = expected_attention(d, used.indices, sm_, d_v_, k_);
   }
   AttnCtx a{d, P, used.note, used.indices, std::move(e), {}, {}, 0};
-  a.smd = sm_direction(d, used.indices, a.e.attn, sm_, d_v_, k_);
+  if (has(l, "attn.out") || has(l, "attn.lse")) a.smd = sm_direction(d, used.indices, a.e.attn, sm_, d_v_, k_);
   a.seqs = row_sequences(g_, s_q_, d.has_indexer ? &d.ks : layer(d.source).has_indexer ? &layer(d.source).ks : nullptr);
-  a.lse_abs = kFlashMlaLseAbs * std::max(1.0, rms_finite(a.e.attn.max_logits));
+  a.lse_abs = kFlashMlaLseAbs * std::max(1.0, cmp::rms_finite(a.e.attn.max_logits));
   if (has(l, "attn.out")) judge_out(a, panel);
   if (has(l, "attn.lse")) judge_lse(a);
   if (has(l, "attn.max_logits")) judge_max_logits(a);
@@ -917,11 +911,7 @@ void Judge::judge_pooled() {
     cmp::Report r;
     r.tensor = spec.tensor;
     r.verdict = cmp::Verdict::fail;
-    r.structure_tests = st.m;
-    r.structure_max_ratio = st.max_ratio;
-    for (const cmp::GroupTest& t : st.tests)
-      if (t.flagged) r.structure_flagged.push_back({t.stat, t.kind, t.label, t.b, t.se, t.t, t.t_crit, t.floor, t.clusters});
-    r.findings = st.findings;
+    cmp::summarize(st, r);
     r.reasons.push_back("structure test pooled over the " + std::to_string(v.first) + " " + role + " layers flagged a systematic error");
     for (const std::string& f : st.findings) res.diagnoses.push_back(role + " layers: " + f);
     res.checked.push_back(spec.tensor);
