@@ -20,6 +20,7 @@
 #include "tools/diff.h"
 #include "tools/emulate.h"
 #include "tools/golden.h"
+#include "tests/cli_util.h"
 #include "tests/ties_util.h"
 
 using namespace indexshare;
@@ -323,4 +324,26 @@ TEST_CASE("structure: an error on every Shared layer and no Full layer is named 
     CHECK((t.report.verdict == cmp::Verdict::fail) == (g.manifest["layers"][size_t(t.layer)]["kind"] == "shared"));
   CHECK(has_finding(r.diagnoses, "attn.out: a systematic error on every Shared layer (3, 4, 5, 7) and on none of the 4 Full layer(s)"));
   CHECK(has_finding(r.diagnoses, "layer 4 (Shared, source 2): attn.out scale error 1.00"));
+}
+
+TEST_CASE("structure: calibrate refuses bad input with a clear message, exit 2 and no JSON written") {
+  const std::string json = tmp_dir("calibrate-json") + ".json";
+  const std::string glm = std::string(INDEXSHARE_SOURCE_DIR) + "/golden/glm-5.2";
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"calibrate --runs 0", "--runs: expected 1..100000, got 0"},
+      {"calibrate --first -3 --runs 1", "--first: expected 0..10^9, got -3"},
+      {"calibrate --max-work 0", "--max-work"},
+      {"calibrate --runs 1 --layer 2", "--layer applies to --power only"},
+      {"calibrate --power " + glm + " --runs 3", "--runs applies to calibration runs (without --power) only"},
+      {"calibrate --power /nonexistent-golden", "/nonexistent-golden: not a golden set folder"},
+      {"calibrate --power " + glm + " --layer 9", "--layer 9 is outside " + glm + "'s 8 layers"},
+  };
+  for (const auto& [args, message] : cases) {
+    CAPTURE(args);
+    const auto r = testing::run_cli(args + " --json " + json);
+    CHECK(r.status == 2);
+    CHECK(r.out.find(message) != std::string::npos);
+    CHECK(r.out.find("power of the judge") == std::string::npos);  // nothing printed before the refusal
+    CHECK(!std::filesystem::exists(json));
+  }
 }

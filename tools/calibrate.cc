@@ -165,6 +165,9 @@ nlohmann::json summary(const std::vector<Run>& runs) {
 std::vector<PowerRow> power(const std::string& dir, int layer, const ref::Kernels& k, const std::string& tmp) {
   fs::create_directories(tmp);
   const golden::Loaded g = golden::read(dir);
+  const int n_layers = int(g.manifest["layers"].size());
+  require(layer >= 0 && layer < n_layers, "calibrate --power: --layer " + std::to_string(layer) + " is outside " + dir + "'s " +
+                                              std::to_string(n_layers) + " layers");
   const auto& cfg = g.manifest["config"];
   const int64_t s_q = cfg["s_q"], h_q = cfg["h_q"], d_v = cfg["d_v"], s_kv = cfg["s_kv"];
   const float sm = cfg["sm_scale"].get<float>();

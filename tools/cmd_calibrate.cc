@@ -23,6 +23,7 @@ struct CalibrateArgs {
   std::string power, json;
   int layer = 0;
   int64_t max_work = calib::kDefaultWork;
+  std::vector<std::string> given;  // the options on the command line
 };
 
 std::string scratch() {
@@ -34,12 +35,17 @@ int cmd_calibrate(const CalibrateArgs& a) {
   struct Cleanup { std::string d; ~Cleanup() { std::error_code ec; std::filesystem::remove_all(d, ec); } } cleanup{tmp};
   nlohmann::json j;
   int rc = 0;
+  // Options of the other mode are refused, never silently ignored.
+  if (a.power.empty()) reject_given(a.given, {"--layer"}, "--power", "it picks the layer the faults go into");
+  else reject_given(a.given, {"--runs", "--first", "--seed", "--max-work"}, "calibration runs (without --power)",
+                    "--power measures faults on the given golden set");
   if (!a.power.empty()) {
+    const std::vector<calib::PowerRow> power = calib::power(a.power, a.layer, simd::kernels(), tmp);  // bad input: nothing printed
     std::printf("power of the judge on %s, layer %d (faults on the naive correct emulation; smallest failing eps, to ~5%%)\n",
                 a.power.c_str(), a.layer);
     std::printf("%-55s %-10s %-10s %s\n", "fault", "detected", "named", "caught by / diagnosis at the named size");
     nlohmann::json rows = nlohmann::json::array();
-    for (const calib::PowerRow& r : calib::power(a.power, a.layer, simd::kernels(), tmp)) {
+    for (const calib::PowerRow& r : power) {
       std::printf("%-55s %-10.3g %-10.3g %s\n%77s%s\n", r.fault.c_str(), r.smallest, r.named, r.caught_by.c_str(), "", r.diagnosis.c_str());
       std::fflush(stdout);
       rows.push_back({{"fault", r.fault}, {"tensor", r.tensor}, {"detected", r.smallest}, {"caught_by", r.caught_by}, {"named", r.named},
@@ -47,7 +53,8 @@ int cmd_calibrate(const CalibrateArgs& a) {
     }
     j = {{"golden", a.power}, {"layer", a.layer}, {"power", rows}};
   } else {
-    require(a.runs >= 1 && a.runs <= 100000, "--runs: expected 1..100000");
+    require(a.runs >= 1 && a.runs <= 100000, "--runs: expected 1..100000, got " + std::to_string(a.runs));
+    require(a.first >= 0 && a.first <= 1000000000, "--first: expected 0..10^9, got " + std::to_string(a.first));
     std::printf("calibration: %d runs of the correct-kernel family from run %d, seed %lld\n", a.runs, a.first, (long long)a.seed);
     nlohmann::json runs = nlohmann::json::array();
     const auto list = calib::calibrate(a.first, a.runs, uint64_t(a.seed), simd::kernels(), tmp, [&](const calib::Run& r) {
@@ -88,7 +95,11 @@ Action register_calibrate(CLI::App& app) {
   c->add_option("--power", a->power, "Measure the smallest systematic faults the judge catches on this golden set");
   c->add_option("--layer", a->layer, "With --power: the layer to inject faults into")->capture_default_str();
   c->add_option("--json", a->json, "Also write the results as JSON");
-  return [c, a]() { return *c ? cmd_calibrate(*a) : -1; };
+  return [c, a]() {
+    if (!*c) return -1;
+    a->given = given_options(*c);
+    return cmd_calibrate(*a);
+  };
 }
 
 }  // namespace indexshare::cli
