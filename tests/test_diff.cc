@@ -19,7 +19,7 @@
 #include "ref/rng.h"
 #include "ref/topk.h"
 #include "tests/xml_check.h"
-#include "tools/diff.h"
+#include "tools/lib/diff.h"
 #include "tests/ties_util.h"
 
 using namespace indexshare;

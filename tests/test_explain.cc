@@ -1,4 +1,4 @@
-// Tests of `indexshare explain` (tools/explain.h) on the checked-in golden sets: every number it
+// Tests of `indexshare explain` (tools/lib/explain.h) on the checked-in golden sets: every number it
 // prints is checked against the set's own tensors.
 #include <doctest/doctest.h>
 
@@ -12,7 +12,7 @@
 
 #include "ref/numerics.h"
 #include "tests/cli_util.h"
-#include "tools/explain.h"
+#include "tools/lib/explain.h"
 
 using namespace indexshare;
 

@@ -12,7 +12,7 @@
 
 #include "ref/stack.h"
 #include "tests/cli_util.h"
-#include "tools/golden.h"
+#include "tools/lib/golden.h"
 
 using namespace indexshare;
 namespace fs = std::filesystem;

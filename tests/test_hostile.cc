@@ -27,8 +27,8 @@
 #include <vector>
 
 #include "tests/cli_util.h"
-#include "tools/golden.h"
-#include "tools/safetensors.h"
+#include "tools/lib/golden.h"
+#include "tools/lib/safetensors.h"
 
 extern char** environ;
 

@@ -1,4 +1,4 @@
-// The registry of GPU kernels (tools/kernel_registry.h) and `golden --for`: every constraint is
+// The registry of GPU kernels (tools/lib/kernel_registry.h) and `golden --for`: every constraint is
 // refused with its message, and a set written for a kernel holds every argument the manifest's
 // `kernel` block names, with the block's dtype and shape.
 #include <doctest/doctest.h>
@@ -10,8 +10,8 @@
 
 #include "ref/problem.h"
 #include "tests/cli_util.h"
-#include "tools/golden.h"
-#include "tools/kernel_registry.h"
+#include "tools/lib/golden.h"
+#include "tools/lib/kernel_registry.h"
 
 using namespace indexshare;
 

@@ -15,8 +15,8 @@
 
 #include "ref/overlap.h"
 #include "ref/topk.h"
-#include "tools/golden.h"
-#include "tools/svg.h"
+#include "tools/lib/golden.h"
+#include "tools/lib/svg.h"
 #include "tests/xml_check.h"
 
 using namespace indexshare;

@@ -14,7 +14,7 @@
 #include "ref/numerics.h"
 #include "ref/rng.h"
 #include "ref/topk.h"
-#include "tools/paged.h"
+#include "tools/lib/paged.h"
 
 using namespace indexshare;
 

@@ -22,8 +22,8 @@
 #include "ref/stack.h"
 #include "ref/topk.h"
 #include "simd/simd.h"
-#include "tools/golden.h"
-#include "tools/safetensors.h"
+#include "tools/lib/golden.h"
+#include "tools/lib/safetensors.h"
 
 using namespace indexshare;
 

@@ -1,4 +1,4 @@
-// Tests of the strict safetensors reader and the deterministic writer (tools/safetensors.h).
+// Tests of the strict safetensors reader and the deterministic writer (tools/lib/safetensors.h).
 //
 // Hostile files are built byte by byte here (length field, header text, data), independently of
 // the writer, so the reader is not only checked against its own output.
@@ -17,7 +17,7 @@
 
 #include "ref/error.h"
 #include "ref/tensor.h"
-#include "tools/safetensors.h"
+#include "tools/lib/safetensors.h"
 
 using namespace indexshare;
 using namespace indexshare::io;

@@ -31,7 +31,7 @@
 #include "ref/rng.h"
 #include "ref/topk.h"
 #include "simd/simd.h"
-#include "tools/svg.h"
+#include "tools/lib/svg.h"
 
 using namespace indexshare;
 

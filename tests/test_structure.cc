@@ -1,6 +1,6 @@
 // The judge's structure tests (ref/structure.h): the statistics on synthetic data, fault
 // injection through `diff` on top of a correct kernel emulation, and the correct-kernel family
-// (tools/emulate.h) passing.
+// (tools/lib/emulate.h) passing.
 #include <doctest/doctest.h>
 
 #include <unistd.h>
@@ -16,10 +16,10 @@
 #include "ref/structure.h"
 #include "ref/topk.h"
 #include "simd/simd.h"
-#include "tools/calibrate.h"
-#include "tools/diff.h"
-#include "tools/emulate.h"
-#include "tools/golden.h"
+#include "tools/lib/calibrate.h"
+#include "tools/lib/diff.h"
+#include "tools/lib/emulate.h"
+#include "tools/lib/golden.h"
 #include "tests/cli_util.h"
 #include "tests/ties_util.h"
 

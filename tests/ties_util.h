@@ -4,7 +4,7 @@
 #include <set>
 
 #include "ref/tensor.h"
-#include "tools/golden.h"
+#include "tools/lib/golden.h"
 
 namespace indexshare::testing {
 

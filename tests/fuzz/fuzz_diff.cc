@@ -1,4 +1,4 @@
-// libFuzzer target: the candidate loader and judge of `indexshare diff` (tools/diff.h). The input
+// libFuzzer target: the candidate loader and judge of `indexshare diff` (tools/lib/diff.h). The input
 // is a candidate safetensors file; it is parsed with parse_safetensors and judged with diff::judge
 // against two small golden sets checked in under tests/fuzz/golden/ and loaded once: edge (kind
 // attention-edge: edge indices, topk_length, random sinks; one layer) and stack (four layers in the
@@ -10,8 +10,8 @@
 #include <string>
 
 #include "tests/fuzz/fuzz_common.h"
-#include "tools/diff.h"
-#include "tools/golden.h"
+#include "tools/lib/diff.h"
+#include "tools/lib/golden.h"
 
 using namespace indexshare;
 

@@ -1,4 +1,4 @@
-// libFuzzer target: the golden-set manifest reader (tools/golden.h, golden::read). The input is
+// libFuzzer target: the golden-set manifest reader (tools/lib/golden.h, golden::read). The input is
 // written as manifest.json into a scratch folder next to a fixed, valid tensors.safetensors (a
 // link to that of the small golden set tests/fuzz/golden/edge, kind attention-edge), then the folder
 // is read and verified. The seed corpus holds that set's manifest and variants of it, so the fuzzer
@@ -14,8 +14,8 @@
 #include <string>
 
 #include "tests/fuzz/fuzz_common.h"
-#include "tools/diff.h"
-#include "tools/golden.h"
+#include "tools/lib/diff.h"
+#include "tools/lib/golden.h"
 
 using namespace indexshare;
 namespace fs = std::filesystem;

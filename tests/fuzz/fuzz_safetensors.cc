@@ -1,4 +1,4 @@
-// libFuzzer target: the strict safetensors reader (tools/safetensors.h, parse_safetensors) on
+// libFuzzer target: the strict safetensors reader (tools/lib/safetensors.h, parse_safetensors) on
 // arbitrary bytes. A file the reader accepts must also satisfy the documented invariants (tensors
 // in offset order tiling the data buffer, byte counts = numel * dtype size, typed access works) and
 // survive a write/read round trip unchanged.
@@ -7,7 +7,7 @@
 #include <string>
 
 #include "tests/fuzz/fuzz_common.h"
-#include "tools/safetensors.h"
+#include "tools/lib/safetensors.h"
 
 using namespace indexshare;
 

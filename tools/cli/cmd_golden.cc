@@ -9,9 +9,9 @@
 #include "ref/error.h"
 #include "ref/layer.h"
 #include "ref/problem.h"
-#include "tools/cli.h"
-#include "tools/golden.h"
-#include "tools/kernel_registry.h"
+#include "tools/cli/cli.h"
+#include "tools/lib/golden.h"
+#include "tools/lib/kernel_registry.h"
 
 namespace indexshare::cli {
 
@@ -120,7 +120,7 @@ int cmd_golden(const GoldenArgs& a) {
   if (a.seq > 0) { p.s_kv = a.seq; p.s_q = std::min(p.s_q, a.seq); }
   if (a.seed >= 0) p.seed = uint64_t(a.seed);
   p.validate();
-  // --for KERNEL: the problem must fit the kernel's constraints (tools/kernel_registry.h), checked
+  // --for KERNEL: the problem must fit the kernel's constraints (tools/lib/kernel_registry.h), checked
   // before anything is computed; the set is the kernel's kind.
   const kreg::Kernel* kern = a.for_kernel.empty() ? nullptr : &kreg::kernel(a.for_kernel);
   if (kern) {

@@ -1,4 +1,4 @@
-#include "tools/safetensors.h"
+#include "tools/lib/safetensors.h"
 
 #include <fcntl.h>
 #include <openssl/evp.h>

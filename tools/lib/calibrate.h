@@ -3,7 +3,7 @@
 // Calibration: the judge must pass every correct kernel. A run draws a problem (h_q 16-128,
 // top-k 64-2048, 1-3 sequences, sinks or none, several value distributions, some with Shared
 // layers, one in three a decode set over an FP8 KV cache), writes its golden set, emulates one member of the correct-kernel family
-// (tools/emulate.h) on the golden's inputs and judges it with `diff`'s own code. A false positive
+// (tools/lib/emulate.h) on the golden's inputs and judges it with `diff`'s own code. A false positive
 // is any FAIL. Each run records, per judged tensor, how close it came to failing: the structure
 // tests' largest ratio (|estimate| / floor and |t| / t_crit, the smaller of the two; >= 1 flags),
 // the largest error / bound, and calc_diff over its threshold.

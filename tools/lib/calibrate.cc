@@ -1,4 +1,4 @@
-#include "tools/calibrate.h"
+#include "tools/lib/calibrate.h"
 
 #include <algorithm>
 #include <array>
@@ -12,9 +12,9 @@
 #include "ref/problem.h"
 #include "ref/rng.h"
 #include "ref/structure.h"
-#include "tools/diff.h"
-#include "tools/emulate.h"
-#include "tools/golden.h"
+#include "tools/lib/diff.h"
+#include "tools/lib/emulate.h"
+#include "tools/lib/golden.h"
 
 namespace indexshare::calib {
 

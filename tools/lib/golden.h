@@ -15,7 +15,7 @@
 
 #include "ref/layer.h"
 #include "ref/problem.h"
-#include "tools/safetensors.h"
+#include "tools/lib/safetensors.h"
 
 namespace indexshare::golden {
 

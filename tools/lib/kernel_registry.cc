@@ -1,4 +1,4 @@
-#include "tools/kernel_registry.h"
+#include "tools/lib/kernel_registry.h"
 
 #include <algorithm>
 

@@ -1,4 +1,4 @@
-// Helpers shared by the subcommands (tools/cli.h).
+// Helpers shared by the subcommands (tools/cli/cli.h).
 #include <omp.h>
 
 #include <algorithm>
@@ -12,7 +12,7 @@
 
 #include "ref/error.h"
 #include "simd/simd.h"
-#include "tools/cli.h"
+#include "tools/cli/cli.h"
 
 namespace indexshare::cli {
 

@@ -1,11 +1,11 @@
-// indexshare explain: one query row's path through one layer of a golden set (tools/explain.h).
+// indexshare explain: one query row's path through one layer of a golden set (tools/lib/explain.h).
 #include <cstdio>
 #include <memory>
 #include <optional>
 #include <string>
 
-#include "tools/cli.h"
-#include "tools/explain.h"
+#include "tools/cli/cli.h"
+#include "tools/lib/explain.h"
 
 namespace indexshare::cli {
 

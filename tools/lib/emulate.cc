@@ -1,4 +1,4 @@
-#include "tools/emulate.h"
+#include "tools/lib/emulate.h"
 
 #include <algorithm>
 #include <cmath>

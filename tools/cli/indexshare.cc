@@ -1,4 +1,4 @@
-// indexshare: the command-line tool. Subcommands live in tools/cmd_*.cc (see tools/cli.h).
+// indexshare: the command-line tool. Subcommands live in tools/cmd_*.cc (see tools/cli/cli.h).
 //
 // Exit status: 0 success, 1 a check failed, 2 bad input or usage (the message names the file,
 // tensor, field or token at fault), 3 internal error.
@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "ref/error.h"
-#include "tools/cli.h"
+#include "tools/cli/cli.h"
 
 int main(int argc, char** argv) {
   using namespace indexshare;

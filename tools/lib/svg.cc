@@ -1,6 +1,6 @@
 #include <unistd.h>
 #include <filesystem>
-#include "tools/svg.h"
+#include "tools/lib/svg.h"
 
 #include <algorithm>
 #include <array>
@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "ref/error.h"
-#include "tools/safetensors.h"
+#include "tools/lib/safetensors.h"
 
 namespace indexshare::io {
 

@@ -1,4 +1,4 @@
-#include "tools/explain.h"
+#include "tools/lib/explain.h"
 
 #include <algorithm>
 #include <cmath>
@@ -15,7 +15,7 @@
 #include "ref/error.h"
 #include "ref/numerics.h"
 #include "ref/topk.h"
-#include "tools/diff.h"
+#include "tools/lib/diff.h"
 
 namespace indexshare::explain {
 

@@ -27,9 +27,9 @@
 
 #include "ref/compare.h"
 #include "ref/kernels.h"
-#include "tools/golden.h"
-#include "tools/safetensors.h"
-#include "tools/svg.h"
+#include "tools/lib/golden.h"
+#include "tools/lib/safetensors.h"
+#include "tools/lib/svg.h"
 
 namespace indexshare::diff {
 

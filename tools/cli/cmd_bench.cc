@@ -106,11 +106,11 @@
 #include "ref/stack.h"
 #include "ref/topk.h"
 #include "simd/simd.h"
-#include "tools/cli.h"
-#include "tools/diff.h"
-#include "tools/golden.h"
-#include "tools/safetensors.h"
-#include "tools/svg.h"
+#include "tools/cli/cli.h"
+#include "tools/lib/diff.h"
+#include "tools/lib/golden.h"
+#include "tools/lib/safetensors.h"
+#include "tools/lib/svg.h"
 
 namespace indexshare::cli {
 

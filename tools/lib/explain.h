@@ -18,8 +18,8 @@
 #include <cstdint>
 #include <string>
 
-#include "tools/golden.h"
-#include "tools/safetensors.h"
+#include "tools/lib/golden.h"
+#include "tools/lib/safetensors.h"
 
 namespace indexshare::explain {
 

@@ -1,4 +1,4 @@
-#include "tools/paged.h"
+#include "tools/lib/paged.h"
 
 #include <algorithm>
 #include <cmath>

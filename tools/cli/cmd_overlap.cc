@@ -7,10 +7,10 @@
 #include "ref/error.h"
 #include "ref/overlap.h"
 #include "ref/stack.h"
-#include "tools/cli.h"
-#include "tools/golden.h"
+#include "tools/cli/cli.h"
+#include "tools/lib/golden.h"
 #include "simd/simd.h"
-#include "tools/svg.h"
+#include "tools/lib/svg.h"
 
 namespace indexshare::cli {
 

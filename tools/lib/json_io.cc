@@ -1,5 +1,5 @@
 // indexshare tools/: reading text files and strict JSON (see json_io.h).
-#include "tools/json_io.h"
+#include "tools/lib/json_io.h"
 
 #include <sys/stat.h>
 

@@ -1,5 +1,5 @@
 // indexshare calibrate: the judge against correct kernels (false positives, margins) and its
-// power against systematic faults (tools/calibrate.h).
+// power against systematic faults (tools/lib/calibrate.h).
 #include <unistd.h>
 
 #include <cstdio>
@@ -10,9 +10,9 @@
 #include "ref/error.h"
 #include "simd/simd.h"
 #include "ref/structure.h"
-#include "tools/calibrate.h"
-#include "tools/cli.h"
-#include "tools/svg.h"
+#include "tools/lib/calibrate.h"
+#include "tools/cli/cli.h"
+#include "tools/lib/svg.h"
 
 namespace indexshare::cli {
 

@@ -1,4 +1,4 @@
-#include "tools/golden.h"
+#include "tools/lib/golden.h"
 
 #include <sys/stat.h>
 #include <unistd.h>
@@ -20,8 +20,8 @@
 #include "ref/numerics.h"
 #include "ref/stack.h"
 #include "ref/topk.h"
-#include "tools/json_io.h"
-#include "tools/paged.h"
+#include "tools/lib/json_io.h"
+#include "tools/lib/paged.h"
 #include "simd/simd.h"
 
 namespace indexshare::golden {
@@ -143,7 +143,7 @@ GoldenSet build(const Problem& p, const std::string& kind, bool with_logits, con
 namespace {
 constexpr int64_t kDecodePage = 64;
 
-// Decode sets add the layouts the decode kernels read (tools/paged.h): FlashMLA's V32 FP8 KV cache
+// Decode sets add the layouts the decode kernels read (tools/lib/paged.h): FlashMLA's V32 FP8 KV cache
 // of the layer, DeepGEMM's paged indexer k cache (layers with an indexer), and the physical
 // indices [b, next_n, topk] the attention used. Unused cache slots hold NaN.
 void add_paged(GoldenSet& g, const Problem& p, const ref::LayerInputs& in, const ref::StackLayerOutputs& o,
@@ -496,7 +496,7 @@ const std::vector<TensorRule>& tensor_rules() {
       {"attn.out_bf16", true, R::output, kAllKinds, Need::always},
       {"attn.lse", true, R::output, kAllKinds, Need::always},
       {"attn.max_logits", true, R::output, kAllKinds, Need::always},
-      // decode: the paged layouts (tools/paged.h)
+      // decode: the paged layouts (tools/lib/paged.h)
       {"attn.kv_cache_fp8", true, R::input, kKindDecode, Need::always},
       {"indexer.k_cache", true, R::input, kKindDecode, Need::indexer_fp8},
       {"attn.indices_physical", true, R::input, kKindDecode, Need::always},

@@ -16,9 +16,9 @@
 #include "ref/cost.h"
 #include "ref/error.h"
 #include "ref/schedule.h"
-#include "tools/cli.h"
-#include "tools/json_io.h"
-#include "tools/svg.h"
+#include "tools/cli/cli.h"
+#include "tools/lib/json_io.h"
+#include "tools/lib/svg.h"
 
 namespace indexshare::cli {
 

@@ -10,10 +10,10 @@
 #include <vector>
 
 #include "ref/error.h"
-#include "tools/cli.h"
-#include "tools/diff.h"
+#include "tools/cli/cli.h"
+#include "tools/lib/diff.h"
 #include "simd/simd.h"
-#include "tools/svg.h"
+#include "tools/lib/svg.h"
 
 namespace indexshare::cli {
 

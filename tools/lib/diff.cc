@@ -1,4 +1,4 @@
-#include "tools/diff.h"
+#include "tools/lib/diff.h"
 
 #include <algorithm>
 #include <map>

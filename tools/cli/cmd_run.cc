@@ -15,7 +15,7 @@
 #include "ref/problem.h"
 #include "ref/stack.h"
 #include "simd/simd.h"
-#include "tools/cli.h"
+#include "tools/cli/cli.h"
 
 namespace indexshare::cli {
 
