@@ -11,6 +11,7 @@
 #include "ref/compare.h"
 #include "ref/indexer.h"
 #include "ref/module_ops.h"
+#include "ref/rng.h"
 #include "ref/tensor.h"
 #include "ref/topk.h"
 
@@ -44,6 +45,10 @@ struct Kernels {
                                            int64_t, const Tensor<int32_t>*, const AttentionOut&) = cmp::attention_bounds;
   cmp::FloatRule (*indexer_logits_rule)(const Tensor<e4m3_t>&, const Tensor<e4m3_t>&, const Tensor<float>&,
                                         const Tensor<float>&, const Tensor<float>&) = cmp::indexer_logits_rule;
+  // The generator's fills (ref/rng.h), which make the generated inputs (make_layer_inputs): simd's
+  // run several chunks' streams in vector lanes and return the same values.
+  void (*fill_range)(float*, int64_t, int64_t, Dist, float, uint64_t, uint64_t) = indexshare::fill_range;
+  void (*fill_range_bf16)(bf16_t*, int64_t, int64_t, Dist, float, uint64_t, uint64_t) = indexshare::fill_range_bf16;
 };
 
 }  // namespace indexshare::ref

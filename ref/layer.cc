@@ -34,7 +34,7 @@ void for_each_row_run(const std::string& name, int64_t n_rows, std::span<const i
 }  // namespace
 
 Tensor<float> generate_rows(const Problem& p, const std::string& name, const Shape& shape,
-                            std::span<const int64_t> rows, float scale) {
+                            std::span<const int64_t> rows, float scale, const Kernels& k) {
   require(!shape.empty(), "generate_rows: " + name + ": shape must have a leading row dim");
   const int64_t row_len = shape[0] > 0 ? shape_numel(shape) / shape[0] : 0;
   Shape out_shape = shape;
@@ -42,32 +42,22 @@ Tensor<float> generate_rows(const Problem& p, const std::string& name, const Sha
   Tensor<float> t(out_shape);
   // A run of consecutive rows is one range of the stream (all rows in order: exactly `generate`).
   for_each_row_run(name, shape[0], rows, [&](int64_t i, int64_t first, int64_t count) {
-    fill_range(t.ptr() + i * row_len, first * row_len, count * row_len, p.dist, scale, p.seed, stream_tag(name));
+    k.fill_range(t.ptr() + i * row_len, first * row_len, count * row_len, p.dist, scale, p.seed, stream_tag(name));
   });
   return t;
 }
 
 Tensor<bf16_t> generate_rows_bf16(const Problem& p, const std::string& name, const Shape& shape,
-                                  std::span<const int64_t> rows, float scale) {
+                                  std::span<const int64_t> rows, float scale, const Kernels& k) {
   require(!shape.empty(), "generate_rows: " + name + ": shape must have a leading row dim");
   const int64_t row_len = shape[0] > 0 ? shape_numel(shape) / shape[0] : 0;
   Shape out_shape = shape;
   out_shape[0] = int64_t(rows.size());
   Tensor<bf16_t> t(out_shape);
   const uint64_t tag = stream_tag(name);
+  // A run of consecutive rows is one range of the stream, converted a chunk at a time (rng.h).
   for_each_row_run(name, shape[0], rows, [&](int64_t i, int64_t first, int64_t count) {
-    // Elements [start, end) of the stream into dst, a chunk of the stream (fill_range's unit) at a
-    // time: each chunk's values are those of fill_range over the whole range (rng.h).
-    const int64_t start = first * row_len, end = start + count * row_len;
-    bf16_t* dst = t.ptr() + i * row_len;
-    const int64_t c_begin = start / kChunk, c_end = (end + kChunk - 1) / kChunk;
-#pragma omp parallel for schedule(static) if (c_end - c_begin >= 8)
-    for (int64_t c = c_begin; c < c_end; ++c) {
-      const int64_t lo = std::max(start, c * kChunk), hi = std::min(end, (c + 1) * kChunk);
-      float buf[kChunk];
-      fill_range(buf, lo, hi - lo, p.dist, scale, p.seed, tag);
-      for (int64_t k = 0; k < hi - lo; ++k) dst[lo - start + k] = f32_to_bf16(buf[k]);
-    }
+    k.fill_range_bf16(t.ptr() + i * row_len, first * row_len, count * row_len, p.dist, scale, p.seed, tag);
   });
   return t;
 }
@@ -132,12 +122,13 @@ float drift_step(const Problem& p, int layer) {
 
 // The layer's own part: its own draw, or with drift= the AR(1) chain over layers 0..layer.
 Tensor<float> own_part(const Problem& p, const std::string& name, int layer, const Shape& shape,
-                       std::span<const int64_t> rows) {
-  if (p.drift == 0.0f) return generate_rows(p, "layers." + std::to_string(layer) + "." + name, shape, rows);
-  Tensor<float> c = generate_rows(p, "layers.0." + name, shape, rows);
+                       std::span<const int64_t> rows, const Kernels& k) {
+  if (p.drift == 0.0f) return generate_rows(p, "layers." + std::to_string(layer) + "." + name, shape, rows, 1.0f, k);
+  Tensor<float> c = generate_rows(p, "layers.0." + name, shape, rows, 1.0f, k);
   for (int j = 1; j <= layer; ++j) {
     const float r = drift_step(p, j), s = float(std::sqrt(1.0 - double(r) * double(r)));
-    const Tensor<float> own = generate_rows(p, "layers." + std::to_string(j) + "." + name, shape, rows);
+    const Tensor<float> own = generate_rows(p, "layers." + std::to_string(j) + "." + name, shape, rows, 1.0f, k);
+#pragma omp parallel for schedule(static) if (c.numel() >= (int64_t(1) << 16))
     for (int64_t i = 0; i < c.numel(); ++i) c[i] = r * c[i] + s * own[i];
   }
   return c;
@@ -146,10 +137,12 @@ Tensor<float> own_part(const Problem& p, const std::string& name, int layer, con
 // a * base + b * own, elementwise in f32 (a = sim, b = f32(sqrt(1 - sim^2))), for the given rows
 // of a tensor of `shape`.
 Tensor<float> mixed(const Problem& p, const std::string& name, int layer, const Shape& shape,
-                    std::span<const int64_t> rows) {
+                    std::span<const int64_t> rows, const Kernels& k) {
   const float a = p.sim, b = float(std::sqrt(1.0 - double(p.sim) * double(p.sim)));
-  Tensor<float> base = generate_rows(p, "stack." + name, shape, rows);
-  const Tensor<float> own = own_part(p, name, layer, shape, rows);
+  Tensor<float> base = generate_rows(p, "stack." + name, shape, rows, 1.0f, k);
+  const Tensor<float> own = own_part(p, name, layer, shape, rows, k);
+  // Elementwise (OpenMP over elements where there are many: no value depends on the split).
+#pragma omp parallel for schedule(static) if (base.numel() >= (int64_t(1) << 16))
   for (int64_t i = 0; i < base.numel(); ++i) base[i] = a * base[i] + b * own[i];
   return base;
 }
@@ -165,7 +158,8 @@ LayerInputs make_layer_inputs(const Problem& p, int layer, bool with_indexer) {
   return make_layer_inputs(p, layer, with_indexer, all_rows(p));
 }
 
-LayerInputs make_layer_inputs(const Problem& p, int layer, bool with_indexer, std::span<const int64_t> rows) {
+LayerInputs make_layer_inputs(const Problem& p, int layer, bool with_indexer, std::span<const int64_t> rows,
+                              const Kernels& kern) {
   p.validate();
   check_rows(p, rows);
   const int64_t n = int64_t(rows.size()), s_q = p.s_q, s_kv = p.s_kv, H = p.index_n_heads, D = p.index_head_dim;
@@ -187,8 +181,8 @@ LayerInputs make_layer_inputs(const Problem& p, int layer, bool with_indexer, st
     const float g = float(2.0 * std::pow(double(D), 0.25));
     const bool biased = D >= 2 && (p.recency > 0 || p.sinks > 0);
     // Query side, the sampled rows only. 1. Cross-layer mix of q and the raw head weights.
-    Tensor<float> q = mixed(p, "indexer.q", layer, {s_q, H, D}, rows);
-    Tensor<float> w = mixed(p, "indexer.weights", layer, {s_q, H}, rows);
+    Tensor<float> q = mixed(p, "indexer.q", layer, {s_q, H, D}, rows, kern);
+    Tensor<float> w = mixed(p, "indexer.weights", layer, {s_q, H}, rows, kern);
     // 2. Recency and sink dims (see the header).
     if (biased)
       for (int64_t r = 0; r < n; ++r)
@@ -198,7 +192,8 @@ LayerInputs make_layer_inputs(const Problem& p, int layer, bool with_indexer, st
           q.at(r, h, D - 2) = sg;
         }
     // 3. bf16, then FP8 codes with one scale per head vector (fp8 mode).
-    for (float& v : q.data) v = round_bf16(v);
+#pragma omp parallel for schedule(static) if (q.numel() >= (int64_t(1) << 16))
+    for (int64_t i = 0; i < q.numel(); ++i) q[i] = round_bf16(q[i]);
     if (p.indexer == IndexerMode::fp8) {
       Quantized qq = quantize(q, int(D), p.scale, prefix + "indexer.q");
       in.index_q8 = std::move(qq.codes);
@@ -219,7 +214,7 @@ LayerInputs make_layer_inputs(const Problem& p, int layer, bool with_indexer, st
     }
     for (int64_t s0 = 0; s0 < s_kv; s0 += kKeyBlock) {
       const int64_t nb = std::min(kKeyBlock, s_kv - s0);
-      Tensor<float> k = mixed(p, "indexer.k", layer, {s_kv, D}, row_range(s0, nb));
+      Tensor<float> k = mixed(p, "indexer.k", layer, {s_kv, D}, row_range(s0, nb), kern);
       if (biased)
         for (int64_t j = 0; j < nb; ++j) {
           const int64_t s = s0 + j;
@@ -241,8 +236,8 @@ LayerInputs make_layer_inputs(const Problem& p, int layer, bool with_indexer, st
   }
 
   // Attention inputs, the layer's own streams: q for the sampled rows, kv for every key (in blocks).
-  in.q = generate_rows_bf16(p, prefix + "attn.q", {s_q, p.h_q, p.d_qk}, rows);
-  in.kv = generate_rows_bf16(p, prefix + "attn.kv", {s_kv, 1, p.d_qk}, all_rows_of(s_kv));
+  in.q = generate_rows_bf16(p, prefix + "attn.q", {s_q, p.h_q, p.d_qk}, rows, 1.0f, kern);
+  in.kv = generate_rows_bf16(p, prefix + "attn.kv", {s_kv, 1, p.d_qk}, all_rows_of(s_kv), 1.0f, kern);
   if (p.sink != SinkMode::none) {
     const float inf = std::numeric_limits<float>::infinity();
     if (p.sink == SinkMode::random) in.sink = generate(p, prefix + "attn.sink", {p.h_q});

@@ -93,7 +93,9 @@ LayerInputs make_layer_inputs(const Problem& p, int layer = 0, bool with_indexer
 // Inputs of the query rows `rows` only (problem row numbers in [0, s_q), any order, no
 // duplicates; see the header comment): per-row tensors have rows.size() rows, in that order.
 // make_layer_inputs(p, l, w) equals make_layer_inputs(p, l, w, all_rows(p)).
-LayerInputs make_layer_inputs(const Problem& p, int layer, bool with_indexer, std::span<const int64_t> rows);
+// The generator's fills come from the kernel table (simd's: the same values, faster).
+LayerInputs make_layer_inputs(const Problem& p, int layer, bool with_indexer, std::span<const int64_t> rows,
+                              const Kernels& k = {});
 // 0, 1, ..., s_q - 1.
 std::vector<int64_t> all_rows(const Problem& p);
 // Error ("rows: row 7 is listed twice", "... outside [0, sq = 8)", "... empty") unless `rows` is a
@@ -119,11 +121,11 @@ Tensor<float> generate(const Problem& p, const std::string& name, const Shape& s
 // The rows `rows` (along dim 0) of generate(p, name, shape, scale), without generating the others:
 // shape [rows.size(), shape[1:]], bit-identical to the corresponding rows of the full tensor.
 Tensor<float> generate_rows(const Problem& p, const std::string& name, const Shape& shape,
-                            std::span<const int64_t> rows, float scale = 1.0f);
+                            std::span<const int64_t> rows, float scale = 1.0f, const Kernels& k = {});
 // bf16 of generate_rows (f32_to_bf16 of every value: the same bytes), one chunk of the stream at a
 // time, the chunks in parallel: the f32 values are never held whole (attn.q at s_q 4096, h_q 64 is
 // 600 MB of f32).
 Tensor<bf16_t> generate_rows_bf16(const Problem& p, const std::string& name, const Shape& shape,
-                                  std::span<const int64_t> rows, float scale = 1.0f);
+                                  std::span<const int64_t> rows, float scale = 1.0f, const Kernels& k = {});
 
 }  // namespace indexshare::ref

@@ -119,18 +119,19 @@ void quantize_rows(const float* x, int64_t rows, int64_t cols, int block, ScaleR
                    e4m3_t* codes, float* scales, const std::string& what) {
   require(block > 0, what + ": quantization block must be positive");
   const int64_t nblocks = (cols + block - 1) / block;
+  // The first non-finite value (row-major order) is refused before any row is quantized, so the
+  // rows, each with its own codes and scales, are then quantized in parallel (OpenMP).
+  for (int64_t i = 0; i < rows * cols; ++i)
+    if (!std::isfinite(x[i]))
+      throw Error(what + ": non-finite value at row " + std::to_string(i / cols) + ", column " +
+                  std::to_string(i % cols) + " cannot be quantized");
+#pragma omp parallel for schedule(static) if (rows * cols >= (int64_t(1) << 16))
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t b = 0; b < nblocks; ++b) {
       const int64_t c0 = b * block, c1 = std::min<int64_t>(cols, c0 + block);
       // Pass 1: amax over the block in f32 (max is exact, order does not matter).
       float amax = 0.0f;
-      for (int64_t c = c0; c < c1; ++c) {
-        const float v = x[r * cols + c];
-        if (!std::isfinite(v))
-          throw Error(what + ": non-finite value at row " + std::to_string(r) + ", column " +
-                      std::to_string(c) + " cannot be quantized");
-        amax = std::fmax(amax, std::fabs(v));
-      }
+      for (int64_t c = c0; c < c1; ++c) amax = std::fmax(amax, std::fabs(x[r * cols + c]));
       // Pass 2: scale, then code = e4m3(clamp(x / s, -448, 448)).
       const float s = block_scale(amax, rule);
       scales[r * nblocks + b] = s;

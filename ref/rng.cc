@@ -1,6 +1,9 @@
 #include "ref/rng.h"
 
+#include <algorithm>
+
 #include "ref/error.h"
+#include "ref/numerics.h"
 
 namespace indexshare {
 
@@ -131,15 +134,12 @@ inline float draw_inline(Xoshiro256& g, Dist dist) {
   return 0.0f;
 }
 
-namespace {
-// The generator of chunk c of stream (seed, tag), positioned at the chunk's first element.
 Xoshiro256 chunk_generator(uint64_t seed, uint64_t tag, int64_t c) {
   uint64_t st = seed ^ 0x5DEECE66Dull;
   st = splitmix64(st) ^ tag;
   st = splitmix64(st) ^ uint64_t(c);
   return Xoshiro256(splitmix64(st));
 }
-}  // namespace
 
 void fill(float* out, int64_t n, Dist dist, float scale, uint64_t seed, uint64_t tag) {
   fill_range(out, 0, n, dist, scale, seed, tag);
@@ -161,6 +161,19 @@ void fill_range(float* out, int64_t start, int64_t n, Dist dist, float scale, ui
     const int64_t c1 = c0 + kChunk < end ? c0 + kChunk : end;
     const int64_t i0 = c0 < start ? start : c0;
     draw_range(g, dist, out + (i0 - start), c1 - i0, scale);
+  }
+}
+
+void fill_range_bf16(bf16_t* out, int64_t start, int64_t n, Dist dist, float scale, uint64_t seed, uint64_t tag) {
+  require(start >= 0 && n >= 0, "fill_range: start and n must be >= 0");
+  const int64_t end = start + n;
+  const int64_t c_begin = start / kChunk, c_end = (end + kChunk - 1) / kChunk;
+#pragma omp parallel for schedule(static) if (c_end - c_begin >= 8)
+  for (int64_t c = c_begin; c < c_end; ++c) {
+    const int64_t lo = std::max(start, c * kChunk), hi = std::min(end, (c + 1) * kChunk);
+    float buf[kChunk];
+    fill_range(buf, lo, hi - lo, dist, scale, seed, tag);
+    for (int64_t k = 0; k < hi - lo; ++k) out[lo - start + k] = f32_to_bf16(buf[k]);
   }
 }
 

@@ -18,6 +18,8 @@
 
 namespace indexshare {
 
+struct bf16_t;
+
 class Xoshiro256 {
  public:
   explicit Xoshiro256(uint64_t seed);
@@ -26,6 +28,8 @@ class Xoshiro256 {
   uint64_t next();
   // Uniform integer in [0, n), n >= 1, by the multiply-high method with rejection (exact).
   uint64_t below(uint64_t n);
+  // The four state words s0..s3 (for a generator that runs several streams in vector lanes).
+  void state(uint64_t out[4]) const { for (int i = 0; i < 4; ++i) out[i] = s_[i]; }
 
  private:
   Xoshiro256() = default;
@@ -54,6 +58,9 @@ Dist parse_dist(const std::string& name);  // throws Error naming the bad value
 float draw(Xoshiro256& g, Dist dist);
 
 constexpr int64_t kChunk = 4096;
+// The generator of chunk c of stream (seed, tag), positioned at the chunk's first element:
+// seeded by splitmix64 from seed ^ 0x5DEECE66D, then tag, then c (see rng.cc).
+Xoshiro256 chunk_generator(uint64_t seed, uint64_t tag, int64_t c);
 // Fills out[0, n) with values of `dist`, times `scale` (one f32 multiply each), from the stream
 // (seed, tag). Chunked as described above.
 void fill(float* out, int64_t n, Dist dist, float scale, uint64_t seed, uint64_t tag);
@@ -63,5 +70,8 @@ void fill(float* out, int64_t n, Dist dist, float scale, uint64_t seed, uint64_t
 // huge tensor costs O(n + kChunk) draws: e.g. one query row of q [s_q, H, D] is the range
 // [t H D, (t + 1) H D).
 void fill_range(float* out, int64_t start, int64_t n, Dist dist, float scale, uint64_t seed, uint64_t tag);
+// f32_to_bf16 of fill_range's values (the same bytes), a chunk of the stream at a time, the chunks
+// in parallel: the f32 values are never held whole.
+void fill_range_bf16(bf16_t* out, int64_t start, int64_t n, Dist dist, float scale, uint64_t seed, uint64_t tag);
 
 }  // namespace indexshare

@@ -7,17 +7,18 @@
 
 namespace indexshare::ref {
 
-std::vector<LayerInputs> make_stack_inputs(const Problem& p, const Schedule& schedule) {
+std::vector<LayerInputs> make_stack_inputs(const Problem& p, const Schedule& schedule, const Kernels& k) {
   p.validate();
-  return make_stack_inputs(p, schedule, all_rows(p));
+  return make_stack_inputs(p, schedule, all_rows(p), k);
 }
 
-std::vector<LayerInputs> make_stack_inputs(const Problem& p, const Schedule& schedule, std::span<const int64_t> rows) {
+std::vector<LayerInputs> make_stack_inputs(const Problem& p, const Schedule& schedule, std::span<const int64_t> rows,
+                                          const Kernels& k) {
   require(schedule.n_layers() == p.n_layers,
           "stack: schedule has " + std::to_string(schedule.n_layers()) + " layers, problem nl" +
               std::to_string(p.n_layers));
   std::vector<LayerInputs> in;
-  for (int l = 0; l < schedule.n_layers(); ++l) in.push_back(make_layer_inputs(p, l, schedule.is_full(l) || p.own, rows));
+  for (int l = 0; l < schedule.n_layers(); ++l) in.push_back(make_layer_inputs(p, l, schedule.is_full(l) || p.own, rows, k));
   return in;
 }
 

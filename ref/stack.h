@@ -40,10 +40,11 @@ struct StackLayerOutputs {
 
 // Inputs of every layer of p's stack: Full layers always have indexer inputs; Shared layers have
 // them iff p.own.
-std::vector<LayerInputs> make_stack_inputs(const Problem& p, const Schedule& schedule);
+std::vector<LayerInputs> make_stack_inputs(const Problem& p, const Schedule& schedule, const Kernels& k = {});
 // The same for the sampled query rows `rows` (ref/layer.h). run_stack runs unchanged on them: ks/ke
 // carry each row's window, so every output row equals the full stack's row rows[r] bit for bit.
-std::vector<LayerInputs> make_stack_inputs(const Problem& p, const Schedule& schedule, std::span<const int64_t> rows);
+std::vector<LayerInputs> make_stack_inputs(const Problem& p, const Schedule& schedule, std::span<const int64_t> rows,
+                                          const Kernels& k = {});
 
 // Runs the stack. keep_logits = false drops each layer's [s_q, s_kv] logits after its top-k.
 std::vector<StackLayerOutputs> run_stack(const Problem& p, const Schedule& schedule,

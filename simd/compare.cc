@@ -498,7 +498,8 @@ void BoundsChunk(const detail::AttentionView& v, const float* exact_out, const f
 // ---- the indexer logits rule (double) ----------------------------------------------------------
 
 // Per lane (key s): mag += |w_h| * (sum_d |q_hd| * |k_sd|), d then h ascending, for kV vectors of
-// keys (kt[d * sp + s], |k| transposed) starting at s0; qa[h * D + d] = |q_hd|, wa[h] = |w_h|.
+// keys (kt[d * sp + s], |k| transposed in a tile of keys: sp is the tile's width) starting at s0;
+// qa[h * D + d] = |q_hd|, wa[h] = |w_h|.
 template <size_t kV>
 HWY_INLINE void LogitMagTile(const double* HWY_RESTRICT qa, const double* HWY_RESTRICT wa, int64_t H, int64_t D,
                              const double* HWY_RESTRICT kt, int64_t sp, double* HWY_RESTRICT mag_out) {
@@ -521,10 +522,13 @@ HWY_INLINE void LogitMagTile(const double* HWY_RESTRICT qa, const double* HWY_RE
 }
 
 constexpr size_t kMagVecs = 8;  // independent chains per tile
-static_assert(64 % (kMagVecs * HWY_LANES(double)) == 0, "indexer_logits_rule pads s_kv to 64 keys");
+constexpr int64_t kMagTile = 64;  // keys per tile of |k| (indexer_logits_rule's layout)
+static_assert(kMagTile % (kMagVecs * HWY_LANES(double)) == 0, "indexer_logits_rule's tiles are 64 keys");
 
 // Rows [t0, t1) of the logits bound (ref's indexer_logits_rule, without its global sums): q8 codes
-// [s_q, H, D], kt = |k| transposed [D][sp] (sp = s_kv padded to whole tiles, zeros past s_kv).
+// [s_q, H, D], kt = |k| transposed by tiles of kMagTile keys, [sp / kMagTile][D][kMagTile] (sp =
+// s_kv padded to whole tiles, zeros past s_kv): a tile is contiguous (64 KB at D 128) and stays in
+// L2 for every head, where [D][sp] rows sp apart would fall into the same few cache sets.
 void LogitsBoundChunk(const uint8_t* q8, const double* kt, int64_t sp, const float* k_scale, const float* weights,
                       const float* exact, int64_t H, int64_t D, int64_t s_kv, int64_t t0, int64_t t1, double* bound) {
   const DF64 d64;
@@ -542,7 +546,8 @@ void LogitsBoundChunk(const uint8_t* q8, const double* kt, int64_t sp, const flo
     while (s_lo < s_kv && !std::isfinite(exact[t * s_kv + s_lo])) ++s_lo;
     while (s_hi > s_lo && !std::isfinite(exact[t * s_kv + s_hi - 1])) --s_hi;
     for (int64_t s0 = s_lo / sw * sw; s0 < s_hi; s0 += sw)
-      LogitMagTile<kMagVecs>(qa.data(), wa.data(), H, D, kt + s0, sp, mag.get() + s0);
+      LogitMagTile<kMagVecs>(qa.data(), wa.data(), H, D, kt + s0 / kMagTile * D * kMagTile + s0 % kMagTile, kMagTile,
+                             mag.get() + s0);
     for (int64_t s = 0; s < s_kv; ++s) {
       const double r = exact[t * s_kv + s];
       // ref: kLogitSigmas * sqrt(D + H + 2) * 2^-14 * k_scale * mag, left to right.
@@ -629,15 +634,19 @@ cmp::FloatRule indexer_logits_rule(const Tensor<e4m3_t>& q, const Tensor<e4m3_t>
   const int64_t s_q = q.dim(0), H = q.dim(1), D = q.dim(2), s_kv = k.dim(0);
   cmp::FloatRule rule;
   rule.bound.assign(size_t(s_q * s_kv), 0.0);
-  // |k| transposed to [D][sp], sp a multiple of 64 keys, a whole number of tiles on every target
-  // (zeros past s_kv).
+  // |k| transposed by tiles of 64 keys, [sp / 64][D][64], sp a multiple of 64 keys, a whole
+  // number of tiles on every target (zeros past s_kv).
   const int64_t sp = (s_kv + 63) / 64 * 64;
   auto kt = hwy::AllocateAligned<double>(size_t(D * sp));
   const double* e4 = detail::e4m3_table();
   const uint8_t* k8 = reinterpret_cast<const uint8_t*>(k.ptr());
 #pragma omp parallel for schedule(static)
-  for (int64_t d = 0; d < D; ++d)
-    for (int64_t s = 0; s < sp; ++s) kt[size_t(d * sp + s)] = s < s_kv ? std::fabs(e4[k8[s * D + d]]) : 0.0;
+  for (int64_t tile = 0; tile < sp / 64; ++tile)
+    for (int64_t d = 0; d < D; ++d)
+      for (int64_t j = 0; j < 64; ++j) {
+        const int64_t s = tile * 64 + j;
+        kt[size_t((tile * D + d) * 64 + j)] = s < s_kv ? std::fabs(e4[k8[s * D + d]]) : 0.0;
+      }
   const uint8_t* q8 = reinterpret_cast<const uint8_t*>(q.ptr());
   over_rows(s_q, 4, [&](int64_t t0, int64_t t1) {
     HWY_DYNAMIC_DISPATCH(LogitsBoundChunk)(q8, kt.get(), sp, k_scale.ptr(), weights.ptr(), exact_logits.ptr(), H, D,

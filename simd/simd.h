@@ -12,6 +12,7 @@
 //   emulate_attention_lowp,     bit-identical (ref/compare.h: the budget's emulation, the
 //   attention_bounds,           per-element bounds; simd/compare.cc)
 //   indexer_logits_rule
+//   fill_range, fill_range_bf16 bit-identical (the generator's streams in lanes; simd/rng.cc)
 // NaN outputs are NaN at the same positions as in ref; the sign and payload bits of a NaN are
 // whatever the hardware propagates and are not part of the contract.
 //
@@ -106,6 +107,13 @@ cmp::AttentionBounds attention_bounds(const Tensor<bf16_t>& q, const Tensor<bf16
                                       const AttentionOut& exact);
 cmp::FloatRule indexer_logits_rule(const Tensor<e4m3_t>& q, const Tensor<e4m3_t>& k, const Tensor<float>& k_scale,
                                    const Tensor<float>& weights, const Tensor<float>& exact_logits);
+
+// ---- the generator (simd/rng.cc) ---------------------------------------------------------------
+// indexshare::fill_range and fill_range_bf16 (ref/rng.h), the same values: the whole chunks of
+// the range in groups of vector lanes (one chunk's xoshiro256** stream per 64-bit lane), OpenMP
+// over the groups; uniform and normal draws (the others, drawn by rejection, take ref's fill).
+void fill_range(float* out, int64_t start, int64_t n, Dist dist, float scale, uint64_t seed, uint64_t tag);
+void fill_range_bf16(bf16_t* out, int64_t start, int64_t n, Dist dist, float scale, uint64_t seed, uint64_t tag);
 
 // ---- module level (simd/linear.cc) ------------------------------------------------------------
 // y = x W^T, bit-identical to ref::linear (the register tile of the indexer with output features

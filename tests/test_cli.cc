@@ -174,12 +174,15 @@ TEST_CASE("cli: bench runs a small problem, checks simd against ref and writes J
                      "\"v_gather_decode\",\"q_decode\",\"softmax\")]; "
                      "assert t[\"total\"] > 0 and all(x >= 0 for x in parts) and sum(parts) <= t[\"total\"] * (1 + 1e-9); "
                      "assert a[\"matrix_part_peak_share\"] > 0 and a[\"whole_call_peak_share\"] > 0' " + json).c_str()) == 0);
-  // The commands stage: run, golden (written) and diff of an exact copy, end to end; the copy passes.
+  // The commands stage: run, its input generation, golden (written) and diff of an exact copy, end
+  // to end; the copy passes; the three ratios are target lines.
   CHECK(r.out.find("diff of an exact copy of its outputs: PASS)") != std::string::npos);
   CHECK(r.out.find("target    command golden (simd, written) over run (simd)") != std::string::npos);
+  CHECK(r.out.find("target    command diff of an exact copy over golden") != std::string::npos);
+  CHECK(r.out.find("target    run's input generation over run (simd)") != std::string::npos);
   CHECK(std::system(("python3 -c 'import json,sys; c=json.load(open(sys.argv[1]))[\"commands\"]; "
-                     "assert [r[\"command\"] for r in c[\"runs\"]] == [\"run\", \"golden\", \"diff\"]; "
-                     "assert c[\"diff_verdict\"] == \"PASS\" and c[\"golden_over_run\"] > 0' " + json).c_str()) == 0);
+                     "assert [r[\"command\"] for r in c[\"runs\"]] == [\"run\", \"run: inputs only\", \"golden\", \"diff\"]; "
+                     "assert c[\"diff_verdict\"] == \"PASS\" and c[\"golden_over_run\"] > 0 and 0 < c[\"inputs_over_run\"] < 1' " + json).c_str()) == 0);
   std::remove(json.c_str());
   CHECK(cli("bench --problem 'sq8 skv4'").status == 2);
   CHECK(cli("bench --commands maybe --stack-seq 0").status == 2);

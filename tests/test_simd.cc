@@ -963,3 +963,45 @@ TEST_CASE("simd: overlap statistics and the pattern search on simd::kernels() eq
     CHECK(io::search_to_json(ref::greedy_search(p, ss)).dump() == io::search_to_json(ref::greedy_search(p, rs)).dump());
   }
 }
+
+TEST_CASE("simd: the generator's fills equal ref's bit for bit on every target (partial chunks, every dist, scales)") {
+  // Ranges: whole chunks in several groups of lanes, partial chunks at either end, fewer chunks
+  // than lanes, empty; scales that round, underflow to subnormals and overflow to infinity.
+  struct Range { int64_t start, n; };
+  const std::vector<Range> ranges = {{0, 0},          {0, 1},
+                                     {0, kChunk},     {0, 19 * kChunk},
+                                     {123, 17 * kChunk + 77}, {5 * kChunk - 1, 9 * kChunk + 2},
+                                     {3 * kChunk, 2 * kChunk}, {2 * kChunk + 4000, 96}};
+  for (Dist dist : {Dist::uniform, Dist::normal, Dist::integer, Dist::dyadic, Dist::ties, Dist::narrow})
+    for (float scale : {1.0f, 0.3f, 0x1p-140f, 3e38f})
+      for (const Range& r : ranges) {
+        CAPTURE(dist_name(dist));
+        CAPTURE(scale);
+        CAPTURE(r.start);
+        CAPTURE(r.n);
+        const uint64_t seed = 7, tag = stream_tag("layers.1.attn.q");
+        std::vector<float> want(size_t(r.n));
+        std::vector<bf16_t> want16(size_t(r.n));
+        fill_range(want.data(), r.start, r.n, dist, scale, seed, tag);
+        fill_range_bf16(want16.data(), r.start, r.n, dist, scale, seed, tag);
+        for (int64_t i = 0; i < r.n; ++i) REQUIRE(want16[size_t(i)].bits == f32_to_bf16(want[size_t(i)]).bits);
+        for_each_target([&](const std::string&, int) {
+          std::vector<float> got(size_t(r.n), -1.0f);
+          std::vector<bf16_t> got16(size_t(r.n), bf16_t{0x1234});
+          simd::fill_range(got.data(), r.start, r.n, dist, scale, seed, tag);
+          simd::fill_range_bf16(got16.data(), r.start, r.n, dist, scale, seed, tag);
+          REQUIRE(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)) == 0);
+          for (int64_t i = 0; i < r.n; ++i) REQUIRE(got16[size_t(i)].bits == want16[size_t(i)].bits);
+        });
+      }
+  // The kernel table's fills are simd's, and make_layer_inputs on them gives ref's inputs.
+  const ref::Kernels k = simd::kernels();
+  CHECK((k.fill_range == &simd::fill_range && k.fill_range_bf16 == &simd::fill_range_bf16));
+  const Problem p = parse_problem("sq64 skv300 hq4 dqk576 dv512 ih8 id128 k8 seed5");
+  const ref::LayerInputs a = ref::make_layer_inputs(p, 1, true), b = ref::make_layer_inputs(p, 1, true, ref::all_rows(p), k);
+  CHECK(a.q.data == b.q.data);
+  CHECK(a.kv.data == b.kv.data);
+  CHECK(a.index_q8.data == b.index_q8.data);
+  CHECK(a.index_k8.data == b.index_k8.data);
+  CHECK(a.index_weights.data == b.index_weights.data);
+}

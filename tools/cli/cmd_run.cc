@@ -102,7 +102,7 @@ int run_problem(const RunArgs& a) {
               s.n_full(), s.n_layers(), impl.c_str(), impl == "simd" ? (" (Highway target " + simd::current_target() + ")").c_str() : "");
   if (a.rows_given) std::printf("rows      %lld of %lld query rows: %s\n", (long long)n_rows, (long long)p.s_q, ref::format_rows(rows).c_str());
   auto t0 = std::chrono::steady_clock::now();
-  const auto in = ref::make_stack_inputs(p, s, rows);
+  const auto in = ref::make_stack_inputs(p, s, rows, impl == "simd" ? simd::kernels() : ref::Kernels{});
   const double t_gen = seconds_since(t0);
   t0 = std::chrono::steady_clock::now();
   const auto out = impl == "simd" ? simd::run_stack(p, s, in, false) : ref::run_stack(p, s, in, false);

@@ -128,8 +128,9 @@ GoldenSet build(const Problem& p, const std::string& kind, bool with_logits, con
   require(kind == "stack" || kind == "attention-edge" || kind == "decode",
           "golden: unknown kind '" + kind + "' (expected stack, attention-edge or decode)");
   require(!rows || kind == "stack", "golden: --rows (sampled query rows) works with --kind stack only, not '" + kind + "'");
-  std::vector<ref::LayerInputs> inputs = rows ? ref::make_stack_inputs(p, p.schedule(), *rows)
-                                              : ref::make_stack_inputs(p, p.schedule());
+  const ref::Kernels kern = use_simd ? simd::kernels() : ref::Kernels{};  // the generator's fills
+  std::vector<ref::LayerInputs> inputs = rows ? ref::make_stack_inputs(p, p.schedule(), *rows, kern)
+                                              : ref::make_stack_inputs(p, p.schedule(), kern);
   if (kind == "decode") {
     // The decode kernels read the FP8 KV cache: the reference attention runs on the quantized
     // then dequantized latent rows (FlashMLA's own tests do the same), identical in value to what
