@@ -499,29 +499,53 @@ void BoundsChunk(const detail::AttentionView& v, const float* exact_out, const f
 
 // Per lane (key s): mag += |w_h| * (sum_d |q_hd| * |k_sd|), d then h ascending, for kV vectors of
 // keys (kt[d * sp + s], |k| transposed in a tile of keys: sp is the tile's width) starting at s0;
-// qa[h * D + d] = |q_hd|, wa[h] = |w_h|.
+// qa[h * D + d] = |q_hd|, wa[h] = |w_h|. kHB heads at a time share each load of |k| (every head
+// still sums its own d ascending, and its term joins mag in h order).
+template <size_t kHB, size_t kV>
+HWY_INLINE void LogitMagHeads(const double* HWY_RESTRICT qa, const double* HWY_RESTRICT wa, int64_t D,
+                              const double* HWY_RESTRICT kt, int64_t sp, double* HWY_RESTRICT mag_out) {
+  const DF64 d64;
+  const size_t N = hn::Lanes(d64);
+  VF64 m[kHB][kV];
+  for (size_t hb = 0; hb < kHB; ++hb)
+    for (size_t u = 0; u < kV; ++u) m[hb][u] = hn::Zero(d64);
+  for (int64_t d = 0; d < D; ++d) {
+    VF64 k[kV];
+    for (size_t u = 0; u < kV; ++u) k[u] = hn::LoadU(d64, kt + d * sp + int64_t(u * N));
+    for (size_t hb = 0; hb < kHB; ++hb) {
+      const VF64 q = hn::Set(d64, qa[int64_t(hb) * D + d]);
+      // |q| |k| of two e4m3 values is exact in double: a fused multiply-add rounds as ref's add.
+      for (size_t u = 0; u < kV; ++u) m[hb][u] = hn::MulAdd(q, k[u], m[hb][u]);
+    }
+  }
+  for (size_t hb = 0; hb < kHB; ++hb) {
+    const VF64 w = hn::Set(d64, wa[hb]);
+    for (size_t u = 0; u < kV; ++u) {
+      double* o = mag_out + int64_t(u * N);
+      hn::StoreU(hn::Add(hn::LoadU(d64, o), hn::Mul(w, m[hb][u])), d64, o);
+    }
+  }
+}
+
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+constexpr size_t kMagHeads = 4;  // 16 accumulators of 32 registers
+#else
+constexpr size_t kMagHeads = 2;
+#endif
+constexpr size_t kMagVecs = 4;  // vectors of keys per tile
+
 template <size_t kV>
 HWY_INLINE void LogitMagTile(const double* HWY_RESTRICT qa, const double* HWY_RESTRICT wa, int64_t H, int64_t D,
                              const double* HWY_RESTRICT kt, int64_t sp, double* HWY_RESTRICT mag_out) {
   const DF64 d64;
   const size_t N = hn::Lanes(d64);
-  VF64 mag[kV];
-  for (size_t u = 0; u < kV; ++u) mag[u] = hn::Zero(d64);
-  for (int64_t h = 0; h < H; ++h) {
-    VF64 m[kV];
-    for (size_t u = 0; u < kV; ++u) m[u] = hn::Zero(d64);
-    for (int64_t d = 0; d < D; ++d) {
-      const VF64 q = hn::Set(d64, qa[h * D + d]);
-      // |q| |k| of two e4m3 values is exact in double: a fused multiply-add rounds as ref's add.
-      for (size_t u = 0; u < kV; ++u) m[u] = hn::MulAdd(q, hn::LoadU(d64, kt + d * sp + int64_t(u * N)), m[u]);
-    }
-    const VF64 w = hn::Set(d64, wa[h]);
-    for (size_t u = 0; u < kV; ++u) mag[u] = hn::Add(mag[u], hn::Mul(w, m[u]));
-  }
-  for (size_t u = 0; u < kV; ++u) hn::StoreU(mag[u], d64, mag_out + int64_t(u * N));
+  for (size_t u = 0; u < kV; ++u) hn::StoreU(hn::Zero(d64), d64, mag_out + int64_t(u * N));
+  int64_t h = 0;
+  for (; h + int64_t(kMagHeads) <= H; h += int64_t(kMagHeads))
+    LogitMagHeads<kMagHeads, kV>(qa + h * D, wa + h, D, kt, sp, mag_out);
+  for (; h < H; ++h) LogitMagHeads<1, kV>(qa + h * D, wa + h, D, kt, sp, mag_out);
 }
 
-constexpr size_t kMagVecs = 8;  // independent chains per tile
 constexpr int64_t kMagTile = 64;  // keys per tile of |k| (indexer_logits_rule's layout)
 static_assert(kMagTile % (kMagVecs * HWY_LANES(double)) == 0, "indexer_logits_rule's tiles are 64 keys");
 
