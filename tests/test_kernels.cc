@@ -402,3 +402,113 @@ TEST_CASE("kernels: the stack kernel presets regenerate to their checked-in mani
 TEST_CASE("kernels: slow: the decode kernel presets regenerate to their checked-in manifests' hashes" * doctest::skip()) {
   regenerate_kernel_presets("decode");
 }
+
+// ---- context_lens and clean_logits=False ---------------------------------------------------------
+
+namespace {
+// A small set for the paged indexer: two sequences of 128 tokens, next_n 2, H 32.
+struct PagedSet {
+  Problem p = parse_problem("sq4 skv256 hq2 dqk576 dv512 ih32 id128 k64 seed9 nseq2");
+  golden::GoldenSet set;
+  PagedSet() {
+    set = golden::build(p, "decode", true, "test");
+    golden::for_kernel(set, kreg::kernel("deepgemm-fp8-paged-mqa-logits"), p);
+  }
+  io::TensorView& tensor(const std::string& name) {
+    for (io::TensorView& v : set.tensors)
+      if (v.name == name) return v;
+    FAIL("no tensor " << name);
+    return set.tensors[0];
+  }
+};
+
+std::string temp_dir(const std::string& tag) {
+  return (std::filesystem::temp_directory_path() / ("indexshare-kernels-" + tag + "-" + std::to_string(::getpid()))).string();
+}
+}  // namespace
+
+TEST_CASE("kernels: context_lens is the paged indexer's 2-D form, held exactly when the kernel block names it, checked by verify") {
+  const std::string dir = temp_dir("ctx");
+  {
+    PagedSet s;
+    golden::write(dir, s.set, true);
+    const golden::Loaded g = golden::read(dir);
+    const Tensor<int32_t> cl = g.tensor<int32_t>("context_lens");
+    REQUIRE(cl.shape == Shape{2, 2});
+    // cache_seqlens 128 each, next_n 2: rows see 127 and 128 keys.
+    CHECK(cl.data == std::vector<int32_t>{127, 128, 127, 128});
+  }
+  {  // another kernel's set (or none) holds no context_lens
+    const Problem p = parse_problem("sq4 skv256 hq2 dqk576 dv512 ih32 id128 k64 seed9 nseq2");
+    golden::GoldenSet set = golden::build(p, "decode", true, "test");
+    golden::for_kernel(set, kreg::kernel("flashmla-sparse-decode"), p);
+    for (const io::TensorView& v : set.tensors) CHECK(v.name != "context_lens");
+  }
+  {  // the tensor without the block naming it
+    PagedSet s;
+    s.set.manifest.erase("kernel");
+    golden::write(dir, s.set, true);
+    CHECK_THROWS_WITH_AS(golden::read(dir), doctest::Contains("names no argument 'context_lens'"), Error);
+  }
+  {  // the block naming it without the tensor
+    PagedSet s;
+    s.set.tensors.erase(std::remove_if(s.set.tensors.begin(), s.set.tensors.end(), [](const io::TensorView& v) { return v.name == "context_lens"; }),
+                        s.set.tensors.end());
+    golden::write(dir, s.set, true);
+    CHECK_THROWS_WITH_AS(golden::read(dir), doctest::Contains("tensor 'context_lens' is missing"), Error);
+  }
+  {  // values other than cache_seqlens[b] - next_n + j + 1
+    PagedSet s;
+    s.tensor("context_lens").bytes[0] += 1;  // element [0, 0]: 128 instead of 127
+    golden::write(dir, s.set, true);
+    CHECK_THROWS_WITH_AS(golden::read(dir), doctest::Contains("element [0, 0] is 128, expected cache_seqlens[b] - next_n + j + 1 = 127"), Error);
+  }
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("kernels: diff masks the values outside the windows when the set's kernel runs with clean_logits=False") {
+  const std::string dir = temp_dir("clean"), other = temp_dir("clean-other"), cand = dir + "-cand.safetensors";
+  PagedSet s;
+  golden::write(dir, s.set, true);
+  golden::GoldenSet plain = golden::build(s.p, "decode", true, "test");  // the same numbers, no kernel block
+  golden::write(other, plain, true);
+  const golden::Loaded g = golden::read(dir);
+  const Tensor<float> logits = g.tensor<float>("layers.0.indexer.logits");
+  const Tensor<int32_t> ks = g.tensor<int32_t>("layers.0.indexer.ks"), ke = g.tensor<int32_t>("layers.0.indexer.ke");
+  // What the kernel leaves outside the windows with clean_logits=False: anything, NaN included.
+  Tensor<float> dirty = logits;
+  int64_t outside = 0;
+  for (int64_t t = 0; t < dirty.dim(0); ++t)
+    for (int64_t c = 0; c < dirty.dim(1); ++c)
+      if (c < ks[t] || c >= ke[t]) dirty.at(t, c) = (++outside % 3 == 0) ? std::nanf("") : 1.0e30f;
+  REQUIRE(outside > 0);
+  io::write_safetensors(cand, {io::make_view("layers.0.indexer.logits", dirty)});
+  auto r = testing::run_cli("diff --golden " + dir + " --candidate " + cand);
+  CHECK_MESSAGE(r.status == 0, r.out);
+  CHECK(r.out.find(std::to_string(outside) + " values outside the rows' windows [ks, ke) set to -inf") != std::string::npos);
+  CHECK(r.out.find("clean_logits=False") != std::string::npos);
+  // Without the block the -inf positions must match: the same candidate fails.
+  r = testing::run_cli("diff --golden " + other + " --candidate " + cand);
+  CHECK(r.status == 1);
+  // Inside a window nothing is masked: one wrong value there fails even with the block.
+  Tensor<float> wrong = logits;
+  wrong.at(1, ke[1] - 1) = wrong.at(1, ke[1] - 1) * 1.01f + 1.0f;
+  io::write_safetensors(cand, {io::make_view("layers.0.indexer.logits", wrong)});
+  r = testing::run_cli("diff --golden " + dir + " --candidate " + cand);
+  CHECK(r.status == 1);
+  std::filesystem::remove_all(dir);
+  std::filesystem::remove_all(other);
+  std::filesystem::remove(cand);
+}
+
+TEST_CASE("kernels: a kernel preset refuses another --for and --rows") {
+  const std::string dir = temp_dir("preset-refuse");
+  auto r = testing::run_cli("golden --preset flashmla-sparse-prefill-sm90 --for flashmla-sparse-prefill-sm100 --out " + dir);
+  CHECK(r.status == 2);
+  CHECK(r.out.find("preset 'flashmla-sparse-prefill-sm90' is written for flashmla-sparse-prefill-sm90, not --for flashmla-sparse-prefill-sm100") !=
+        std::string::npos);
+  r = testing::run_cli("golden --preset deepgemm-fp8-mqa-logits-sm90 --rows 0,1 --out " + dir);
+  CHECK(r.status == 2);
+  CHECK(r.out.find("--rows (sampled query rows) is not a kernel's input layout") != std::string::npos);
+  CHECK(!std::filesystem::exists(dir));
+}

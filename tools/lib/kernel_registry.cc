@@ -119,7 +119,8 @@ std::vector<Kernel> make() {
                   "the kernel's [b * next_n, max_context_len] over each sequence's own keys: place row r's columns at ks[r] + c, "
                   "-inf elsewhere"}};
     k.kwargs = {{"max_context_len", "max_context_len"}, {"clean_logits", "False"}};
-    k.conventions = {"clean_logits=False leaves values outside each row's window: mask them (-inf) before diff",
+    k.conventions = {"clean_logits=False leaves the values outside each row's window unspecified: diff sets them to -inf itself "
+                     "for a set with this block (mask them before diff against any other set)",
                      "context_lens is the 2-D [b, next_n] form (tensor context_lens); the 1-D form cache_seqlens [b] means the "
                      "same windows (cache_seqlens[b] - next_n + j + 1 for row j)",
                      "schedule_meta = get_paged_mqa_logits_metadata(context_lens, 64, num_sms): scheduling only, not in the set"};
