@@ -457,6 +457,12 @@ TEST_CASE("kernels: context_lens is the paged indexer's 2-D form, held exactly w
     golden::write(dir, s.set, true);
     CHECK_THROWS_WITH_AS(golden::read(dir), doctest::Contains("tensor 'context_lens' is missing"), Error);
   }
+  {  // a kwargs block diff could not read
+    PagedSet s;
+    s.set.manifest["kernel"]["kwargs"]["clean_logits"] = "no";
+    golden::write(dir, s.set, true);
+    CHECK_THROWS_WITH_AS(golden::read(dir), doctest::Contains("field 'kernel.kwargs'"), Error);
+  }
   {  // values other than cache_seqlens[b] - next_n + j + 1
     PagedSet s;
     s.tensor("context_lens").bytes[0] += 1;  // element [0, 0]: 128 instead of 127

@@ -552,6 +552,7 @@ Tensor<float> Judge::judge_logits(const LayerData& d, const std::string& P) {
   // kernel leaves unspecified values outside each row's window [ks, ke), so they are masked to
   // -inf here, as DeepGEMM's own tests do before comparing; inside the window nothing changes.
   // With clean_logits=True (or no kernel block) the -inf positions must match exactly.
+  // (golden::read has checked the block: an object with a name, kwargs an object, clean_logits a bool.)
   if (const json* kb = m_.contains("kernel") ? &m_["kernel"] : nullptr;
       kb && kb->contains("kwargs") && (*kb)["kwargs"].value("clean_logits", true) == false) {
     int64_t masked = 0;

@@ -1026,6 +1026,9 @@ void ManifestCheck::kernel_block() {
   const json& k = m_["kernel"];
   if (!k.is_object() || !k.contains("name") || !k["name"].is_string() || !k.contains("args") || !k["args"].is_array())
     fail("kernel", "is not an object with a name and an args list");
+  // kwargs: diff reads clean_logits from it (false: the values outside the windows are masked).
+  if (k.contains("kwargs") && (!k["kwargs"].is_object() || (k["kwargs"].contains("clean_logits") && !k["kwargs"]["clean_logits"].is_boolean())))
+    fail("kernel.kwargs", "is not an object, or its clean_logits is not true / false");
   for (size_t i = 0; i < k["args"].size(); ++i) {
     const json& a = k["args"][i];
     if (!a.is_object() || !a.contains("tensor") || !a["tensor"].is_string())
