@@ -109,7 +109,9 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, t
     kv = dequantize_k_cache(k_cache).reshape(-1, 1, d)                      # slot s -> token
     n = kv.shape[0]
     idx = indices.reshape(b * s_q, 1, -1).clone()
-    idx[idx == -1] = n                                                      # -1: invalid (>= s_kv in the prefill form)
+    # FlashMLA's decode reference: only -1 is invalid (here: n, out of range in the prefill form);
+    # another negative index is clamped to slot 0 and attended. Our sets hold -1 only.
+    idx = torch.where(idx == -1, torch.full((), n, dtype=idx.dtype), idx.clamp(min=0))
     out, _, lse = flash_mla_sparse_fwd(q.reshape(b * s_q, h_q, d), kv, idx, softmax_scale, head_dim_v, attn_sink)
     return out.reshape(b, s_q, h_q, head_dim_v), lse.reshape(b, s_q, h_q).transpose(1, 2)
 
