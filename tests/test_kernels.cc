@@ -457,6 +457,24 @@ TEST_CASE("kernels: context_lens is the paged indexer's 2-D form, held exactly w
     golden::write(dir, s.set, true);
     CHECK_THROWS_WITH_AS(golden::read(dir), doctest::Contains("tensor 'context_lens' is missing"), Error);
   }
+  {  // the block's tensors: a name the set lacks, a shape and a dtype not the tensor's, a layer outside the set
+    const std::vector<std::pair<std::function<void(nlohmann::json&)>, std::string>> faults = {
+        {[](nlohmann::json& k) { k["args"][1]["tensor"] = "layers.{l}.indexer.kv_cache"; },
+         "field 'kernel.args[1]' names tensor 'layers.0.indexer.kv_cache', which the set does not hold"},
+        {[](nlohmann::json& k) { k["args"][3]["shape"] = {2, 3}; }, "field 'kernel.args[3].shape' is [2,3], but tensor 'context_lens' is [2,2]"},
+        {[](nlohmann::json& k) { k["args"][0]["shape"] = {2, 2, 32, 64}; }, "field 'kernel.args[0].shape'"},  // a view of another size
+        {[](nlohmann::json& k) { k["args"][2]["dtype"] = "BF16"; }, "field 'kernel.args[2].dtype' is BF16, but tensor 'layers.0.indexer.weights' is F32"},
+        {[](nlohmann::json& k) { k["layers"] = {0, 1}; }, "field 'kernel.layers' holds 1"},
+        {[](nlohmann::json& k) { k["outputs"][0]["view"] = "yes"; }, "field 'kernel.outputs[0]' is not an object with"},
+    };
+    for (const auto& [apply, message] : faults) {
+      CAPTURE(message);
+      PagedSet s;
+      apply(s.set.manifest["kernel"]);
+      golden::write(dir, s.set, true);
+      CHECK_THROWS_WITH_AS(golden::read(dir), doctest::Contains(message.c_str()), Error);
+    }
+  }
   {  // a kwargs block diff could not read
     PagedSet s;
     s.set.manifest["kernel"]["kwargs"]["clean_logits"] = "no";

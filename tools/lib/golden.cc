@@ -983,6 +983,7 @@ class ManifestCheck {
     kernel_block();
     tensors_held();
     tensors_required();
+    kernel_tensors();
     cu_seqlens();
     context_lens();
     budgets();
@@ -1004,6 +1005,7 @@ class ManifestCheck {
   void tensors_required();
   void cu_seqlens();
   void kernel_block();
+  void kernel_tensors();
   void context_lens();
   void budgets();
   void kind_fields();
@@ -1035,6 +1037,55 @@ void ManifestCheck::kernel_block() {
       fail("kernel.args[" + std::to_string(i) + "]", "is not an object with a tensor name");
     const std::string t = a["tensor"];
     if (t.find("{l}") == std::string::npos) kernel_args_.insert(t);
+  }
+}
+
+// The kernel block's arguments and outputs name tensors the set holds (on each layer the block
+// lists), with the kernel's shape (a `view`: the same number of elements) and, for arguments, the
+// kernel's dtype (an output may come in another one: attn.out F32 here, BF16 from the kernel).
+void ManifestCheck::kernel_tensors() {
+  if (!m_.contains("kernel")) return;
+  const json& k = m_["kernel"];
+  if (!k.contains("layers") || !k["layers"].is_array()) fail("kernel.layers", "is missing or not a list");
+  for (const json& l : k["layers"])
+    if (!l.is_number_integer() || l.get<int64_t>() < 0 || l.get<int64_t>() >= n_layers_)
+      fail("kernel.layers", "holds " + l.dump() + ", not a layer of the set (0 to " + std::to_string(n_layers_ - 1) + ")");
+  for (const char* part : {"args", "outputs"}) {
+    if (!k.contains(part) || !k[part].is_array()) fail(std::string("kernel.") + part, "is missing or not a list");
+    for (size_t i = 0; i < k[part].size(); ++i) {
+      const json& a = k[part][i];
+      const std::string f = std::string("kernel.") + part + "[" + std::to_string(i) + "]";
+      if (!a.is_object() || !a.contains("tensor") || !a["tensor"].is_string() || !a.contains("dtype") || !a["dtype"].is_string() ||
+          !a.contains("shape") || !a["shape"].is_array() || !a.contains("view") || !a["view"].is_boolean() ||
+          !a.contains("optional") || !a["optional"].is_boolean())
+        fail(f, "is not an object with tensor, dtype, shape, view and optional");
+      int64_t numel = 1;
+      Shape shape;
+      for (const json& d : a["shape"]) {
+        if (!d.is_number_integer() || d.get<int64_t>() < 0) fail(f + ".shape", "holds " + d.dump() + ", not a size");
+        shape.push_back(d.get<int64_t>());
+        numel *= d.get<int64_t>();
+      }
+      const std::string pattern = a["tensor"];
+      const size_t at = pattern.find("{l}");
+      std::vector<std::string> names;
+      if (at == std::string::npos) names.push_back(pattern);
+      else
+        for (const json& l : k["layers"]) names.push_back(std::string(pattern).replace(at, 3, std::to_string(l.get<int64_t>())));
+      for (const std::string& name : names) {
+        const io::TensorView* v = g_.data.find(name);
+        if (!v) {
+          if (!a["optional"].get<bool>()) fail(f, "names tensor '" + name + "', which the set does not hold");
+          continue;
+        }
+        int64_t n = 1;
+        for (int64_t d : v->shape) n *= d;
+        if (a["view"].get<bool>() ? n != numel : v->shape != shape)
+          fail(f + ".shape", "is " + a["shape"].dump() + ", but tensor '" + name + "' is " + shape_str(v->shape));
+        if (std::string(part) == "args" && io::dtype_name(v->dtype) != a["dtype"].get<std::string>())
+          fail(f + ".dtype", "is " + a["dtype"].get<std::string>() + ", but tensor '" + name + "' is " + io::dtype_name(v->dtype));
+      }
+    }
   }
 }
 
