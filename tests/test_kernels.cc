@@ -438,6 +438,13 @@ TEST_CASE("kernels: context_lens is the paged indexer's 2-D form, held exactly w
     // cache_seqlens 128 each, next_n 2: rows see 127 and 128 keys.
     CHECK(cl.data == std::vector<int32_t>{127, 128, 127, 128});
   }
+  {  // without the logits (--no-logits) the block's logits output is optional: the set reads
+    const Problem p = parse_problem("sq4 skv256 hq2 dqk576 dv512 ih32 id128 k64 seed9 nseq2");
+    golden::GoldenSet set = golden::build(p, "decode", false, "test");
+    golden::for_kernel(set, kreg::kernel("deepgemm-fp8-paged-mqa-logits"), p);
+    golden::write(dir, set, true);
+    CHECK_NOTHROW(golden::read(dir));
+  }
   {  // another kernel's set (or none) holds no context_lens
     const Problem p = parse_problem("sq4 skv256 hq2 dqk576 dv512 ih32 id128 k64 seed9 nseq2");
     golden::GoldenSet set = golden::build(p, "decode", true, "test");

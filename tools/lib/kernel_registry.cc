@@ -87,8 +87,9 @@ std::vector<Kernel> make() {
               {"weights", "layers.{l}.indexer.weights", "F32", S{"s_q", "H"}, false, false, ""},
               {"cu_seq_len_k_start", "layers.{l}.indexer.ks", "I32", S{"s_q"}, false, false, "half-open window [ks, ke)"},
               {"cu_seq_len_k_end", "layers.{l}.indexer.ke", "I32", S{"s_q"}, false, false, ""}};
-    k.outputs = {{"logits", "layers.{l}.indexer.logits", "F32", S{"s_q", "s_kv"}, false, false,
-                  "the kernel's output has a padded row stride: .contiguous() before saving"}};
+    k.outputs = {{"logits", "layers.{l}.indexer.logits", "F32", S{"s_q", "s_kv"}, false, true,
+                  "the kernel's output has a padded row stride: .contiguous() before saving; not in sets written with "
+                  "--no-logits (diff computes them)"}};
     k.kwargs = {{"clean_logits", "True"}};
     k.conventions = {"with clean_logits=False the entries outside [ks, ke) are garbage: write -inf there before diff"};
     k.source = "gpu_peers.md 2.1, 2.2, 2.5; csrc/apis/attention.hpp";
@@ -115,9 +116,9 @@ std::vector<Kernel> make() {
               {"context_lens", "context_lens", "I32", S{"b", "next_n"}, false, false,
                "2-D: context_lens[b, j] = cache_seqlens[b] - next_n + j + 1, row b * next_n + j sees keys [0, context_lens[b, j])"},
               {"block_table", "block_table", "I32", S{"b", "max_blocks"}, false, false, ""}};
-    k.outputs = {{"logits", "layers.{l}.indexer.logits", "F32", S{"s_q", "s_kv"}, false, false,
+    k.outputs = {{"logits", "layers.{l}.indexer.logits", "F32", S{"s_q", "s_kv"}, false, true,
                   "the kernel's [b * next_n, max_context_len] over each sequence's own keys: place row r's columns at ks[r] + c, "
-                  "-inf elsewhere"}};
+                  "-inf elsewhere; not in sets written with --no-logits (diff computes them)"}};
     k.kwargs = {{"max_context_len", "max_context_len"}, {"clean_logits", "False"}};
     k.conventions = {"clean_logits=False leaves the values outside each row's window unspecified: diff sets them to -inf itself "
                      "for a set with this block (mask them before diff against any other set)",
