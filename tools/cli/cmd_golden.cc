@@ -176,7 +176,7 @@ int cmd_golden(const GoldenArgs& a) {
 Action register_golden(CLI::App& app) {
   auto a = std::make_shared<GoldenArgs>();
   CLI::App* c = app.add_subcommand("golden", "Compute a golden set and write it (safetensors + manifest.json)");
-  c->add_option("--preset", a->preset, "Golden preset (see `indexshare presets`)");
+  c->add_option("--preset", a->preset, "Golden preset (see `indexshare presets`; a kernel preset is written --for its kernel)");
   c->add_option("--problem,-p", a->problem, "Problem descriptor");
   c->add_option("--kind", a->kind, "stack or attention-edge (with --problem)")->capture_default_str();
   c->add_option("--model", a->model, "Module-level set from the toy model with a preset's shapes (tiny-glm, tiny-deepseek, glm-5.2, ...)");
