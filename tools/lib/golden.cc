@@ -1029,7 +1029,8 @@ void ManifestCheck::kernel_block() {
   if (!k.is_object() || !k.contains("name") || !k["name"].is_string() || !k.contains("args") || !k["args"].is_array())
     fail("kernel", "is not an object with a name and an args list");
   // kwargs: diff reads clean_logits from it (false: the values outside the windows are masked).
-  if (k.contains("kwargs") && (!k["kwargs"].is_object() || (k["kwargs"].contains("clean_logits") && !k["kwargs"]["clean_logits"].is_boolean())))
+  if (k.contains("kwargs") &&
+      (!k["kwargs"].is_object() || (k["kwargs"].contains("clean_logits") && !k["kwargs"]["clean_logits"].is_boolean())))
     fail("kernel.kwargs", "is not an object, or its clean_logits is not true / false");
   for (size_t i = 0; i < k["args"].size(); ++i) {
     const json& a = k["args"][i];
@@ -1261,7 +1262,8 @@ void ManifestCheck::tensors_held() {
     if (r->need == Need::indexer_fp8 && !fp8_) fail("config.indexer", "is \"bf16\", but the set holds tensor '" + v.name + "' (FP8 indexer cache)");
     if (r->need == Need::whole_rows && sampled_) fail("rows", "is present (sampled query rows), but the set holds tensor '" + v.name + "'");
     if (r->need == Need::kernel_arg && !kernel_args_.count(v.name))
-      fail("kernel", "names no argument '" + v.name + "', but the set holds that tensor (only sets written --for a kernel that takes it do)");
+      fail("kernel", "names no argument '" + v.name +
+                         "', but the set holds that tensor (only sets written --for a kernel that takes it do)");
     const size_t i = entry.at(v.name);
     const std::string role = m_["tensors"][i]["role"];
     if (role != role_name(r->role))

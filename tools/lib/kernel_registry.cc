@@ -207,7 +207,7 @@ nlohmann::json manifest_block(const Kernel& k, const Problem& p, float sm_scale,
     else if (v == "512") kw[n] = 512;
     else if (v == "max_context_len") kw[n] = p.seq_kv();  // every sequence of a decode set holds seq_kv tokens
     else if (v == "True" || v == "False") kw[n] = v == "True";
-    else kw[n] = v;  // a derivation in words (context_lens, max_context_len)
+    else kw[n] = v;  // any other expression, as written
   }
   for (const nlohmann::json& l : layers)
     if (!k.per_full_layer || l["kind"] == "full") ls.push_back(l["index"]);
