@@ -109,11 +109,17 @@ int cmd_golden(const GoldenArgs& a) {
   reject_given(a.given, {"--schedule", "--sim", "--variant"}, "--model",
                "a kernel-level set takes them from its descriptor: sched=, sim=, the indexer mode");
   if (!a.preset.empty()) reject_given(a.given, {"--kind"}, "--problem", "a preset has its own kind");
-  std::string desc = a.problem, kind = a.kind;
+  std::string desc = a.problem, kind = a.kind, for_kernel = a.for_kernel;
   if (!a.preset.empty()) {
     const golden::Preset& pr = golden::preset(a.preset);
     desc = pr.problem;
     kind = pr.kind;
+    // A kernel preset is written for its kernel (as --for); another --for is refused.
+    require(pr.kernel.empty() || a.for_kernel.empty() || a.for_kernel == pr.kernel,
+            "golden: preset '" + pr.name + "' is written for " + pr.kernel + ", not --for " + a.for_kernel);
+    require(pr.kernel.empty() || !a.rows_given,
+            "golden: preset '" + pr.name + "' is written for " + pr.kernel + ": --rows (sampled query rows) is not a kernel's input layout");
+    if (for_kernel.empty()) for_kernel = pr.kernel;
   }
   Problem p = parse_problem(desc);
   if (a.layers > 0) p.n_layers = a.layers;
@@ -122,7 +128,7 @@ int cmd_golden(const GoldenArgs& a) {
   p.validate();
   // --for KERNEL: the problem must fit the kernel's constraints (tools/lib/kernel_registry.h), checked
   // before anything is computed; the set is the kernel's kind.
-  const kreg::Kernel* kern = a.for_kernel.empty() ? nullptr : &kreg::kernel(a.for_kernel);
+  const kreg::Kernel* kern = for_kernel.empty() ? nullptr : &kreg::kernel(for_kernel);
   if (kern) {
     require(!was_given(a.given, "--kind") || a.kind == kern->kind,
             "golden: --for " + kern->name + " writes a " + kern->kind + " set, not --kind " + a.kind);
@@ -141,7 +147,10 @@ int cmd_golden(const GoldenArgs& a) {
     rows = parse_rows(a.rows, p);
   }
   const int64_t n_rows = a.rows_given ? int64_t(rows.size()) : p.s_q;
-  const std::string impl = resolve_impl(a.impl, p, n_rows);
+  // Kernel presets compute with simd unless --impl is given: the same bytes as ref (simd/ is
+  // bit-identical to ref/), in a second instead of half a minute at h_q 64-128.
+  const bool kernel_preset = !a.preset.empty() && !golden::preset(a.preset).kernel.empty();
+  const std::string impl = resolve_impl(kernel_preset && !was_given(a.given, "--impl") ? "simd" : a.impl, p, n_rows);
   reject_target_on_ref(a.given, impl);
   const bool streams = impl_streams(impl, p);
   const uint64_t max_bytes = parse_bytes(a.max_memory);
@@ -158,14 +167,7 @@ int cmd_golden(const GoldenArgs& a) {
   std::fprintf(stderr, "golden: computing %s (%lld layers%s)...\n", to_string(p).c_str(), (long long)p.n_layers,
                a.rows_given ? (", " + std::to_string(n_rows) + " query rows").c_str() : "");
   golden::GoldenSet set = golden::build(p, kind, !a.no_logits, replay, impl == "simd", a.rows_given ? &rows : nullptr);
-  if (kern) {  // the kernel's call, arguments mapped to the set's tensors
-    std::map<std::string, int64_t> extra;
-    for (const io::TensorView& v : set.tensors) {
-      if (v.name == "layers.0.attn.kv_cache_fp8") extra["num_blocks"] = v.shape[0];
-      if (v.name == "block_table") extra["max_blocks"] = v.shape[1];
-    }
-    set.manifest["kernel"] = kreg::manifest_block(*kern, p, set.manifest["config"]["sm_scale"].get<float>(), set.manifest["layers"], extra);
-  }
+  if (kern) golden::for_kernel(set, *kern, p);  // the kernel's call and its tensors in the kernel's form
   return publish(std::move(set), a, replay, t0);
 }
 
@@ -174,7 +176,7 @@ int cmd_golden(const GoldenArgs& a) {
 Action register_golden(CLI::App& app) {
   auto a = std::make_shared<GoldenArgs>();
   CLI::App* c = app.add_subcommand("golden", "Compute a golden set and write it (safetensors + manifest.json)");
-  c->add_option("--preset", a->preset, "Golden preset (see `indexshare presets`)");
+  c->add_option("--preset", a->preset, "Golden preset (see `indexshare presets`; a kernel preset is written --for its kernel)");
   c->add_option("--problem,-p", a->problem, "Problem descriptor");
   c->add_option("--kind", a->kind, "stack or attention-edge (with --problem)")->capture_default_str();
   c->add_option("--model", a->model, "Module-level set from the toy model with a preset's shapes (tiny-glm, tiny-deepseek, glm-5.2, ...)");
@@ -205,9 +207,11 @@ Action register_presets(CLI::App& app) {
   CLI::App* c = app.add_subcommand("presets", "List the golden presets");
   return [c]() {
     if (!*c) return -1;
+    // Two lines per preset; a kernel preset's second line ends with the kernel it serves (its set
+    // is written as with golden --for KERNEL).
     for (const golden::Preset& p : golden::presets())
-      std::printf("%-16s %-15s %s\n%16s %-15s %s\n", p.name.c_str(), p.kind.c_str(), p.description.c_str(), "", "",
-                  p.problem.c_str());
+      std::printf("%-16s %-15s %s\n%16s %-15s %s%s\n", p.name.c_str(), p.kind.c_str(), p.description.c_str(), "", "",
+                  p.problem.c_str(), p.kernel.empty() ? "" : ("  [serves kernel " + p.kernel + "]").c_str());
     return 0;
   };
 }

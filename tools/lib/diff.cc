@@ -4,6 +4,7 @@
 #include <map>
 #include <optional>
 #include <cmath>
+#include <limits>
 #include <cstdio>
 #include <sstream>
 
@@ -547,6 +548,23 @@ Tensor<float> Judge::judge_logits(const LayerData& d, const std::string& P) {
   const int l = d.l;
   require_indexer(d, "indexer.logits");
   Tensor<float> cand_logits = candidate_float(c_, name(l, "indexer.logits"), {s_q_, s_kv_});
+  // clean_logits=False (the paged indexer's default; the set's `kernel` block records it): the
+  // kernel leaves unspecified values outside each row's window [ks, ke), so they are masked to
+  // -inf here, as DeepGEMM's own tests do before comparing; inside the window nothing changes.
+  // With clean_logits=True (or no kernel block) the -inf positions must match exactly.
+  // (golden::read has checked the block: an object with a name, kwargs an object, clean_logits a bool.)
+  if (const json* kb = m_.contains("kernel") ? &m_["kernel"] : nullptr;
+      kb && kb->contains("kwargs") && (*kb)["kwargs"].value("clean_logits", true) == false) {
+    int64_t masked = 0;
+    for (int64_t t = 0; t < s_q_; ++t)
+      for (int64_t s = 0; s < s_kv_; ++s)
+        if ((s < d.ks[t] || s >= d.ke[t]) && !(std::isinf(cand_logits.at(t, s)) && cand_logits.at(t, s) < 0)) {
+          cand_logits.at(t, s) = -std::numeric_limits<float>::infinity();
+          ++masked;
+        }
+    res.notes.push_back(P + ": indexer.logits: " + std::to_string(masked) + " values outside the rows' windows [ks, ke) set to -inf before "
+                        "judging (the set's kernel " + (*kb)["name"].get<std::string>() + " runs with clean_logits=False, which leaves them unspecified)");
+  }
   const cmp::FloatRule rule = logits_rule(d);
   cmp::FloatRule strict = rule;  // DeepGEMM's calc_diff where it is the stricter threshold
   if (strict.metric_max < 0 || strict.metric_max > kDeepGemmLogitsDiff) {

@@ -6,7 +6,10 @@
 //   layers.{l}.attn.out        F32 or BF16 [s_q, h_q, d_v]
 //   layers.{l}.attn.lse        F32 [s_q, h_q]       layers.{l}.attn.max_logits F32 [s_q, h_q]
 // Per layer the judge
-//   1. compares indexer logits (-inf positions exactly, per-element bounds, calc_diff);
+//   1. compares indexer logits (-inf positions exactly, per-element bounds, calc_diff); when the
+//      golden's `kernel` block has kwargs.clean_logits = false (DeepGEMM's paged indexer), the
+//      candidate's values outside each row's window [ks, ke) are unspecified and set to -inf first
+//      (a note counts them); inside the windows nothing is masked;
 //   2. judges top-k positions as sets modulo ties on the golden's exact logits (near ties by the
 //      candidate's own logits when given);
 //   3. checks the indices the attention used: a Shared layer's must be its source Full layer's

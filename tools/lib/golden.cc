@@ -42,29 +42,46 @@ const std::vector<Preset>& presets() {
   static const std::vector<Preset> p = {
       {"deepseek-v3.2",
        "sq16 skv256 hq4 dqk576 dv512 ih64 id128 k32 seed1 nl3 sim=0.85 recency=0.25 sinks=2 nseq2", "stack",
-       "DeepSeek-V3.2 kernel shapes (576/512 MLA, 64x128 indexer), 3 Full layers, 2 sequences of 128 keys, top-32"},
+       "DeepSeek-V3.2 kernel shapes (576/512 MLA, 64x128 indexer), 3 Full layers, 2 sequences of 128 keys, top-32", ""},
       {"glm-5.2",
        "sq16 skv96 hq2 dqk576 dv512 ih32 id128 k24 seed2 nl8 sched=glm-5.2 sim=0.85 recency=0.25 sinks=2",
-       "stack", "GLM-5.2 kernel shapes (32x128 indexer), 8 layers with its schedule FFFSSSFS"},
+       "stack", "GLM-5.2 kernel shapes (32x128 indexer), 8 layers with its schedule FFFSSSFS", ""},
       {"glm-5.2-drift",
        "sq16 skv96 hq2 dqk576 dv512 ih32 id128 k24 seed8 nl8 sched=glm-5.2 sim=0 drift=0.98 jumps=0.15 recency=0.25 "
        "sinks=2",
        "stack",
        "glm-5.2 with indexer inputs that drift from layer to layer as in real models (adjacent overlap ~0.87, "
-       "decaying with distance; one jump, before the Full layer 6)"},
+       "decaying with distance; one jump, before the Full layer 6)", ""},
       {"ties", "sq16 skv96 hq2 dqk576 dv512 ih4 id16 k16 seed3 dist=ties sim=1", "stack",
-       "tie-heavy indexer: 4-level inputs, 4 x 16 heads: 13 of 16 rows tie at the k-th score"},
+       "tie-heavy indexer: 4-level inputs, 4 x 16 heads: 13 of 16 rows tie at the k-th score", ""},
       {"short-rows", "sq16 skv40 hq2 dqk576 dv512 ih8 id128 k64 seed4", "stack",
-       "topk >= every row's length: top-k selects everything, sparse equals dense"},
+       "topk >= every row's length: top-k selects everything, sparse equals dense", ""},
       {"module-tiny-glm", "tiny-glm", "module",
        "module level: the toy GLM-style model (interleaved indexer RoPE, 8 layers FFFSSSFS, 64 tokens) with "
-       "hidden states, bf16 weights and every indexer / MLA intermediate"},
+       "hidden states, bf16 weights and every indexer / MLA intermediate", ""},
       {"decode", "sq4 skv320 hq4 dqk576 dv512 ih16 id128 k32 seed6 nseq2 nl2 sched=FS recency=0.25", "decode",
        "decode, next_n = 2, two sequences of 160 tokens in a paged FP8 KV cache (page 64, shuffled blocks, "
-       "NaN in unused slots), physical indices, DeepGEMM paged indexer cache"},
+       "NaN in unused slots), physical indices, DeepGEMM paged indexer cache", ""},
       {"attention-edge", "sq8 skv64 hq4 dqk576 dv512 ih8 id128 k16 seed5 sink=random", "attention-edge",
        "attention edge cases: an all-invalid row, leading and middle -1, indices >= s_kv, "
-       "duplicates, topk_length, random attention sinks"},
+       "duplicates, topk_length, random attention sinks", ""},
+      // Kernel presets: one per registered kernel (tools/lib/kernel_registry.h), at its real shapes,
+      // few query rows (the sets stay quick to compute; only their manifests are checked in, under
+      // golden/kernels/NAME/). Written as `golden --for NAME`: the manifest holds the kernel's call.
+      {"flashmla-sparse-prefill-sm90", "sq4 skv8192 hq64 dqk576 dv512 ih64 id128 k2048 seed21", "stack",
+       "FlashMLA sparse prefill (SM90) at h_q 64: top-2048 over 8192 keys, 4 query rows", "flashmla-sparse-prefill-sm90"},
+      {"flashmla-sparse-prefill-sm100", "sq4 skv8192 hq128 dqk576 dv512 ih64 id128 k2048 seed22", "stack",
+       "FlashMLA sparse prefill (SM100) at h_q 128: top-2048 over 8192 keys, 4 query rows", "flashmla-sparse-prefill-sm100"},
+      {"flashmla-sparse-decode", "sq8 skv16384 hq64 dqk576 dv512 ih64 id128 k2048 seed23 nseq4", "decode",
+       "FlashMLA sparse decode, V32 FP8 cache, h_q 64: next_n 2 for 4 sequences of 4096 tokens (paged, page 64), top-2048",
+       "flashmla-sparse-decode"},
+      {"deepgemm-fp8-mqa-logits-sm90", "sq4 skv8192 hq4 dqk576 dv512 ih64 id128 k2048 seed24", "stack",
+       "DeepGEMM fp8_mqa_logits (SM90) at H 64, D 128 over 8192 keys, 4 query rows", "deepgemm-fp8-mqa-logits-sm90"},
+      {"deepgemm-fp8-mqa-logits-sm100", "sq4 skv8192 hq4 dqk576 dv512 ih64 id128 k2048 seed25", "stack",
+       "DeepGEMM fp8_mqa_logits (SM100) at H 64, D 128 over 8192 keys, 4 query rows", "deepgemm-fp8-mqa-logits-sm100"},
+      {"deepgemm-fp8-paged-mqa-logits", "sq8 skv16384 hq4 dqk576 dv512 ih64 id128 k2048 seed26 nseq4", "decode",
+       "DeepGEMM fp8_paged_mqa_logits at H 64, D 128: next_n 2 for 4 sequences of 4096 tokens (paged, block 64), "
+       "2-D context_lens", "deepgemm-fp8-paged-mqa-logits"},
   };
   return p;
 }
@@ -316,6 +333,28 @@ GoldenSet build_stack(const Problem& p, std::vector<ref::LayerInputs> inputs, co
 }
 }  // namespace
 
+void for_kernel(GoldenSet& set, const kreg::Kernel& k, const Problem& p) {
+  std::map<std::string, int64_t> extra;  // the symbols the problem does not hold: the paged pool's sizes
+  const io::TensorView* cache_seqlens = nullptr;
+  for (const io::TensorView& v : set.tensors) {
+    if (v.name == "layers.0.attn.kv_cache_fp8") extra["num_blocks"] = v.shape[0];
+    if (v.name == "block_table") extra["max_blocks"] = v.shape[1];
+    if (v.name == "cache_seqlens") cache_seqlens = &v;
+  }
+  for (const kreg::Arg& a : k.args) {
+    if (a.tensor != "context_lens") continue;
+    // The paged indexer's 2-D form: row b * next_n + j sees the keys [0, context_lens[b, j]).
+    require(cache_seqlens != nullptr, "golden --for " + k.name + ": the set has no cache_seqlens (a decode set holds it)");
+    const Tensor<int32_t> lens = io::as_tensor<int32_t>(*cache_seqlens, "cache_seqlens");
+    const int64_t b = p.n_seqs, next_n = p.seq_q();
+    Tensor<int32_t> cl({b, next_n});
+    for (int64_t i = 0; i < b; ++i)
+      for (int64_t j = 0; j < next_n; ++j) cl[i * next_n + j] = paged::next_n_key_end(lens[i], next_n, j);
+    add(set, "context_lens", cl, Role::input);
+  }
+  set.manifest["kernel"] = kreg::manifest_block(k, p, set.manifest["config"]["sm_scale"].get<float>(), set.manifest["layers"], extra);
+}
+
 namespace {
 Tensor<bf16_t> bf16_of(const Tensor<float>& x) { return to_bf16_tensor(x); }
 }  // namespace
@@ -462,8 +501,9 @@ unsigned kind_bit(const std::string& kind) {
 
 // When a set holds a tensor: always; on layers with an indexer (has_indexer); on those with the
 // FP8 indexer; optional (on any layer, or only on layers with an indexer); in whole sets only (not
-// sampled with --rows); in sampled sets only.
-enum class Need { always, indexer, indexer_fp8, optional, optional_indexer, whole_rows, sampled };
+// sampled with --rows); in sampled sets only; exactly when the manifest's `kernel` block names it
+// among its arguments (sets written --for a kernel that takes it).
+enum class Need { always, indexer, indexer_fp8, optional, optional_indexer, whole_rows, sampled, kernel_arg };
 
 struct TensorRule {
   const char* name;  // per-layer rules: the part after "layers.{l}."
@@ -532,6 +572,7 @@ const std::vector<TensorRule>& tensor_rules() {
       {"rows", false, R::reference, kKindStack, Need::sampled},
       {"block_table", false, R::input, kKindDecode, Need::always},
       {"cache_seqlens", false, R::input, kKindDecode, Need::always},
+      {"context_lens", false, R::input, kKindDecode, Need::kernel_arg},  // --for the paged indexer
       {"hidden_out", false, R::output, kKindModule, Need::always},
   };
   return rules;
@@ -598,6 +639,7 @@ Layout layout_of(const std::string& rest, const Dims& d) {
   if (rest == "cu_seqlens_q" || rest == "cu_seqlens_k") return {DType::I32, {d.n_seqs + 1}, true, "config.n_seqs"};
   if (rest == "block_table") return {DType::I32, {d.n_seqs, -1}, true, "config.n_seqs"};
   if (rest == "cache_seqlens") return {DType::I32, {d.n_seqs}, true, "config.n_seqs"};
+  if (rest == "context_lens") return {DType::I32, {d.n_seqs, d.s_q / d.n_seqs}, true, "config.n_seqs/s_q"};
   return {DType::BF16, {}, false, "kind"};  // module-level weights, hidden states and intermediates
 }
 
@@ -939,9 +981,12 @@ class ManifestCheck {
     layers();
     rows();
     sequences();
+    kernel_block();
     tensors_held();
     tensors_required();
+    kernel_tensors();
     cu_seqlens();
+    context_lens();
     budgets();
     kind_fields();
   }
@@ -960,6 +1005,9 @@ class ManifestCheck {
   void tensors_held();
   void tensors_required();
   void cu_seqlens();
+  void kernel_block();
+  void kernel_tensors();
+  void context_lens();
   void budgets();
   void kind_fields();
   void module_fields();
@@ -971,7 +1019,92 @@ class ManifestCheck {
   unsigned kbit_ = 0;
   int64_t s_q_ = 0, s_kv_ = 0, topk_ = 0, h_q_ = 0, d_qk_ = 0, d_v_ = 0, H_ = 0, D_ = 0, n_layers_ = 0, n_seqs_ = 0;
   bool fp8_ = false, sampled_ = false;
+  std::set<std::string> kernel_args_;  // the set-wide tensors the `kernel` block names as arguments
 };
+
+// kernel (sets written --for a kernel): an object whose args name tensors; the set-wide ones
+// (without {l}) decide which kernel-only tensors the set must hold (context_lens).
+void ManifestCheck::kernel_block() {
+  if (!m_.contains("kernel")) return;
+  const json& k = m_["kernel"];
+  if (!k.is_object() || !k.contains("name") || !k["name"].is_string() || !k.contains("args") || !k["args"].is_array())
+    fail("kernel", "is not an object with a name and an args list");
+  // kwargs: diff reads clean_logits from it (false: the values outside the windows are masked).
+  if (k.contains("kwargs") &&
+      (!k["kwargs"].is_object() || (k["kwargs"].contains("clean_logits") && !k["kwargs"]["clean_logits"].is_boolean())))
+    fail("kernel.kwargs", "is not an object, or its clean_logits is not true / false");
+  for (size_t i = 0; i < k["args"].size(); ++i) {
+    const json& a = k["args"][i];
+    if (!a.is_object() || !a.contains("tensor") || !a["tensor"].is_string())
+      fail("kernel.args[" + std::to_string(i) + "]", "is not an object with a tensor name");
+    const std::string t = a["tensor"];
+    if (t.find("{l}") == std::string::npos) kernel_args_.insert(t);
+  }
+}
+
+// The kernel block's arguments and outputs name tensors the set holds (on each layer the block
+// lists), with the kernel's shape (a `view`: the same number of elements) and, for arguments, the
+// kernel's dtype (an output may come in another one: attn.out F32 here, BF16 from the kernel).
+void ManifestCheck::kernel_tensors() {
+  if (!m_.contains("kernel")) return;
+  const json& k = m_["kernel"];
+  if (!k.contains("layers") || !k["layers"].is_array()) fail("kernel.layers", "is missing or not a list");
+  for (const json& l : k["layers"])
+    if (!l.is_number_integer() || l.get<int64_t>() < 0 || l.get<int64_t>() >= n_layers_)
+      fail("kernel.layers", "holds " + l.dump() + ", not a layer of the set (0 to " + std::to_string(n_layers_ - 1) + ")");
+  for (const char* part : {"args", "outputs"}) {
+    if (!k.contains(part) || !k[part].is_array()) fail(std::string("kernel.") + part, "is missing or not a list");
+    for (size_t i = 0; i < k[part].size(); ++i) {
+      const json& a = k[part][i];
+      const std::string f = std::string("kernel.") + part + "[" + std::to_string(i) + "]";
+      if (!a.is_object() || !a.contains("tensor") || !a["tensor"].is_string() || !a.contains("dtype") || !a["dtype"].is_string() ||
+          !a.contains("shape") || !a["shape"].is_array() || !a.contains("view") || !a["view"].is_boolean() ||
+          !a.contains("optional") || !a["optional"].is_boolean())
+        fail(f, "is not an object with tensor, dtype, shape, view and optional");
+      int64_t numel = 1;
+      Shape shape;
+      for (const json& d : a["shape"]) {
+        if (!d.is_number_integer() || d.get<int64_t>() < 0) fail(f + ".shape", "holds " + d.dump() + ", not a size");
+        shape.push_back(d.get<int64_t>());
+        numel *= d.get<int64_t>();
+      }
+      const std::string pattern = a["tensor"];
+      const size_t at = pattern.find("{l}");
+      std::vector<std::string> names;
+      if (at == std::string::npos) names.push_back(pattern);
+      else
+        for (const json& l : k["layers"]) names.push_back(std::string(pattern).replace(at, 3, std::to_string(l.get<int64_t>())));
+      for (const std::string& name : names) {
+        const io::TensorView* v = g_.data.find(name);
+        if (!v) {
+          if (!a["optional"].get<bool>()) fail(f, "names tensor '" + name + "', which the set does not hold");
+          continue;
+        }
+        int64_t n = 1;
+        for (int64_t d : v->shape) n *= d;
+        if (a["view"].get<bool>() ? n != numel : v->shape != shape)
+          fail(f + ".shape", "is " + a["shape"].dump() + ", but tensor '" + name + "' is " + shape_str(v->shape));
+        if (std::string(part) == "args" && io::dtype_name(v->dtype) != a["dtype"].get<std::string>())
+          fail(f + ".dtype", "is " + a["dtype"].get<std::string>() + ", but tensor '" + name + "' is " + io::dtype_name(v->dtype));
+      }
+    }
+  }
+}
+
+// context_lens (the paged indexer's 2-D form): context_lens[b, j] = cache_seqlens[b] - next_n + j + 1.
+void ManifestCheck::context_lens() {
+  const io::TensorView* cl = g_.data.find("context_lens");
+  const io::TensorView* cs = g_.data.find("cache_seqlens");
+  if (!cl || !cs) return;
+  const Tensor<int32_t> c = g_.tensor<int32_t>("context_lens"), lens = g_.tensor<int32_t>("cache_seqlens");
+  const int64_t next_n = s_q_ / n_seqs_;
+  for (int64_t b = 0; b < n_seqs_; ++b)
+    for (int64_t j = 0; j < next_n; ++j)
+      if (int64_t(c[b * next_n + j]) != int64_t(lens[b]) - next_n + j + 1)
+        fail("kernel", "names tensor 'context_lens', whose element [" + std::to_string(b) + ", " + std::to_string(j) + "] is " +
+                           std::to_string(c[b * next_n + j]) + ", expected cache_seqlens[b] - next_n + j + 1 = " +
+                           std::to_string(int64_t(lens[b]) - next_n + j + 1));
+}
 
 void ManifestCheck::top_fields() {
   for (const char* f : {"generator", "kind", "problem", "replay"})
@@ -1129,6 +1262,9 @@ void ManifestCheck::tensors_held() {
       fail(lf, "is false, but the set holds tensor '" + v.name + "'");
     if (r->need == Need::indexer_fp8 && !fp8_) fail("config.indexer", "is \"bf16\", but the set holds tensor '" + v.name + "' (FP8 indexer cache)");
     if (r->need == Need::whole_rows && sampled_) fail("rows", "is present (sampled query rows), but the set holds tensor '" + v.name + "'");
+    if (r->need == Need::kernel_arg && !kernel_args_.count(v.name))
+      fail("kernel", "names no argument '" + v.name +
+                         "', but the set holds that tensor (only sets written --for a kernel that takes it do)");
     const size_t i = entry.at(v.name);
     const std::string role = m_["tensors"][i]["role"];
     if (role != role_name(r->role))
@@ -1150,7 +1286,7 @@ void ManifestCheck::tensors_required() {
       const bool has_ix = l >= 0 && layers[size_t(l)]["has_indexer"].get<bool>();
       const bool needed = r.need == Need::always || (r.need == Need::indexer && has_ix) ||
                           (r.need == Need::indexer_fp8 && has_ix && fp8_) || (r.need == Need::whole_rows && !sampled_) ||
-                          (r.need == Need::sampled && sampled_);
+                          (r.need == Need::sampled && sampled_) || (r.need == Need::kernel_arg && kernel_args_.count(r.name));
       const std::string name = l >= 0 ? "layers." + std::to_string(l) + "." + r.name : std::string(r.name);
       if (needed && !g_.data.find(name)) fail("kind", "is '" + kind_ + "', but tensor '" + name + "' is missing (a " + kind_ + " set holds it)");
     }

@@ -15,6 +15,7 @@
 
 #include "ref/layer.h"
 #include "ref/problem.h"
+#include "tools/lib/kernel_registry.h"
 #include "tools/lib/safetensors.h"
 
 namespace indexshare::golden {
@@ -32,9 +33,12 @@ struct GoldenSet {
 };
 
 // Golden presets: name -> (problem descriptor, kind). Kinds: "stack" (kernel-level stack),
-// "attention-edge" (one layer whose attention indices exercise the edge rules).
+// "attention-edge" (one layer whose attention indices exercise the edge rules), "decode", "module".
+// `kernel`: the GPU kernel (tools/lib/kernel_registry.h) the preset's set is written for, as with
+// `golden --for KERNEL` (kernel presets: the kernel's real shapes, few query rows); empty for the
+// others. Kernel presets are named after their kernel.
 struct Preset {
-  std::string name, problem, kind, description;
+  std::string name, problem, kind, description, kernel;
 };
 const std::vector<Preset>& presets();
 const Preset& preset(const std::string& name);  // Error naming the unknown preset
@@ -83,6 +87,13 @@ StackInputs load_stack_inputs(const io::SafetensorsFile& f, const std::string& f
 // the problem with the file's shapes).
 GoldenSet build_from(const std::string& file, StackInputs inputs, bool with_logits, const std::string& replay);
 
+
+// Makes `set` (built by `build` from problem p) a set for GPU kernel k (`golden --for`): adds the
+// tensors the kernel takes in a form the set does not otherwise hold (context_lens [b, next_n] for
+// the paged indexer: cache_seqlens[b] - next_n + j + 1) and the manifest's `kernel` block
+// (kreg::manifest_block: the call, arguments mapped to tensor names with dtype and shape, kwargs).
+// The caller has checked kreg::violations and that the set's kind is k.kind.
+void for_kernel(GoldenSet& set, const kreg::Kernel& k, const Problem& p);
 
 // Writes `set` to `dir` atomically. The folder must not exist, or be empty, unless `force`
 // (then an existing golden set there is replaced in one rename).

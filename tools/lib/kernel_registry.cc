@@ -50,9 +50,8 @@ std::vector<Kernel> make() {
     Kernel k;
     k.name = "flashmla-sparse-decode";
     k.library = "FlashMLA";
-    k.call = "out, lse = flash_mla_with_kvcache(q, k_cache, block_table=None, cache_seqlens=None, head_dim_v=512, "
-             "tile_scheduler_metadata, num_splits, softmax_scale=sm_scale, causal=False, is_fp8_kvcache=True, indices=indices, "
-             "attn_sink=attn_sink)";
+    k.call = "sched_meta, _ = get_mla_metadata(); out, lse = flash_mla_with_kvcache(q, k_cache, None, None, 512, sched_meta, None, "
+             "softmax_scale=softmax_scale, causal=False, is_fp8_kvcache=True, indices=indices, attn_sink=attn_sink)";
     k.kind = "decode";
     k.constraints = {{"d_qk", {576}, 0, "", 0, "gpu_peers.md 1.3 (the V32 FP8 cache, 656 B/token)"},
                      {"d_v", {512}, 0, "", 0, "gpu_peers.md 1.2"},
@@ -88,8 +87,9 @@ std::vector<Kernel> make() {
               {"weights", "layers.{l}.indexer.weights", "F32", S{"s_q", "H"}, false, false, ""},
               {"cu_seq_len_k_start", "layers.{l}.indexer.ks", "I32", S{"s_q"}, false, false, "half-open window [ks, ke)"},
               {"cu_seq_len_k_end", "layers.{l}.indexer.ke", "I32", S{"s_q"}, false, false, ""}};
-    k.outputs = {{"logits", "layers.{l}.indexer.logits", "F32", S{"s_q", "s_kv"}, false, false,
-                  "the kernel's output has a padded row stride: .contiguous() before saving"}};
+    k.outputs = {{"logits", "layers.{l}.indexer.logits", "F32", S{"s_q", "s_kv"}, false, true,
+                  "the kernel's output has a padded row stride: .contiguous() before saving; not in sets written with "
+                  "--no-logits (diff computes them)"}};
     k.kwargs = {{"clean_logits", "True"}};
     k.conventions = {"with clean_logits=False the entries outside [ks, ke) are garbage: write -inf there before diff"};
     k.source = "gpu_peers.md 2.1, 2.2, 2.5; csrc/apis/attention.hpp";
@@ -101,8 +101,8 @@ std::vector<Kernel> make() {
     Kernel k;
     k.name = "deepgemm-fp8-paged-mqa-logits";
     k.library = "DeepGEMM";
-    k.call = "logits = fp8_paged_mqa_logits(q, kv_cache, weights, context_lens, block_table, schedule_meta, max_context_len, "
-             "clean_logits=False)";
+    k.call = "schedule_meta = get_paged_mqa_logits_metadata(context_lens, 64, get_num_sms()); logits = fp8_paged_mqa_logits(q, "
+             "kv_cache, weights, context_lens, block_table, schedule_meta, max_context_len, clean_logits=False)";
     k.kind = "decode";
     k.per_full_layer = true;
     k.constraints = {{"index_n_heads", {32, 64}, 0, "", 0, "gpu_peers.md 2.3 (SM90)"},
@@ -113,14 +113,18 @@ std::vector<Kernel> make() {
               {"kv_cache", "layers.{l}.indexer.k_cache", "U8", S{"num_blocks", "64", "1", "D+4"}, false, false,
                "per block all 64 x D fp8 bytes, then the 64 f32 scales"},
               {"weights", "layers.{l}.indexer.weights", "F32", S{"s_q", "H"}, false, false, "[b * next_n, H]"},
+              {"context_lens", "context_lens", "I32", S{"b", "next_n"}, false, false,
+               "2-D: context_lens[b, j] = cache_seqlens[b] - next_n + j + 1, row b * next_n + j sees keys [0, context_lens[b, j])"},
               {"block_table", "block_table", "I32", S{"b", "max_blocks"}, false, false, ""}};
-    k.outputs = {{"logits", "layers.{l}.indexer.logits", "F32", S{"s_q", "s_kv"}, false, false,
+    k.outputs = {{"logits", "layers.{l}.indexer.logits", "F32", S{"s_q", "s_kv"}, false, true,
                   "the kernel's [b * next_n, max_context_len] over each sequence's own keys: place row r's columns at ks[r] + c, "
-                  "-inf elsewhere"}};
-    k.kwargs = {{"context_lens", "[b, next_n]: cache_seqlens[b] - next_n + j + 1"}, {"max_context_len", "max(cache_seqlens)"},
-                {"clean_logits", "False"}};
-    k.conventions = {"clean_logits=False leaves values outside each row's window: mask them (-inf) before diff",
-                     "context_lens is 2-D [b, next_n] here; the 1-D form means context_lens[b] - next_n + j + 1 for row j"};
+                  "-inf elsewhere; not in sets written with --no-logits (diff computes them)"}};
+    k.kwargs = {{"max_context_len", "max_context_len"}, {"clean_logits", "False"}};
+    k.conventions = {"clean_logits=False leaves the values outside each row's window unspecified: diff sets them to -inf itself "
+                     "for a set with this block (mask them before diff against any other set)",
+                     "context_lens is the 2-D [b, next_n] form (tensor context_lens); the 1-D form cache_seqlens [b] means the "
+                     "same windows (cache_seqlens[b] - next_n + j + 1 for row j)",
+                     "schedule_meta = get_paged_mqa_logits_metadata(context_lens, 64, num_sms): scheduling only, not in the set"};
     k.source = "gpu_peers.md 2.3; csrc/apis/attention.hpp";
     v.push_back(k);
   }
@@ -201,8 +205,9 @@ nlohmann::json manifest_block(const Kernel& k, const Problem& p, float sm_scale,
   for (const auto& [n, v] : k.kwargs) {
     if (v == "config.sm_scale") kw[n] = sm_scale;
     else if (v == "512") kw[n] = 512;
+    else if (v == "max_context_len") kw[n] = p.seq_kv();  // every sequence of a decode set holds seq_kv tokens
     else if (v == "True" || v == "False") kw[n] = v == "True";
-    else kw[n] = v;  // a derivation in words (context_lens, max_context_len)
+    else kw[n] = v;  // any other expression, as written
   }
   for (const nlohmann::json& l : layers)
     if (!k.per_full_layer || l["kind"] == "full") ls.push_back(l["index"]);
