@@ -60,14 +60,15 @@ YARN = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 40.0, "original_ma
 def glm_model(pattern="FFSFS", seed=0):
     cfg = transformers.GlmMoeDsaConfig(num_hidden_layers=len(pattern), index_topk_pattern=pattern, **COMMON)
     torch.manual_seed(seed)
-    return transformers.GlmMoeDsaForCausalLM(cfg).to(torch.bfloat16).eval()
+    # dtype at construction, as from_pretrained(dtype=bfloat16) loads: inv_freq and the router stay f32
+    return transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).eval()
 
 
 def v32_model(layers=3, seed=1):
     cfg = transformers.DeepseekV32Config(num_hidden_layers=layers, rope_parameters=dict(YARN), n_group=1, topk_group=1,
                                          **COMMON)
     torch.manual_seed(seed)
-    return transformers.DeepseekV32ForCausalLM(cfg).to(torch.bfloat16).eval()
+    return transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).eval()
 
 
 def tokens(seed=0):
@@ -235,6 +236,23 @@ def test_overlap_and_search_run_on_the_dump(glm, v32, tmp_path):
     run("search", "--from", v32["dump"], "--full-layers", 2, "--json", js2, expect=0)
     s = json.loads(js2.read_text())
     assert s
+    # GLM's Shared layers have no indexer: nothing to search, said so
+    r = run("search", "--from", glm["dump"], "--full-layers", 2, expect=2)
+    assert "cannot be searched" in r.stderr + r.stdout
+
+
+def test_checkpoint_folder_gives_the_same_dump(glm, tmp_path):
+    """--model DIR with weights loads them (from_pretrained, bf16) and dumps the same bytes."""
+    ckpt = tmp_path / "ckpt"
+    glm["model"].save_pretrained(ckpt)
+    out = tmp_path / "ckpt.safetensors"
+    assert D.main(["--model", str(ckpt), "--tokens", str(S), "--seed", "0", "--out", str(out)]) == 0
+    with safe_open(str(out), "pt") as f:
+        assert f.metadata()["weights"] == "checkpoint"
+    a, b = load_file(str(out)), load_file(str(glm["dump"]))
+    assert sorted(a) == sorted(b)
+    for name in a:
+        assert torch.equal(a[name], b[name]), name
 
 
 # --- DeepSeek-V3.2: half-split indexer RoPE, YaRN, every layer Full ----------------------------------

@@ -116,7 +116,9 @@ int cmd_search(const SearchArgs& a) {
   const golden::StackInputs si = load(a.src, true);
   for (size_t l = 0; l < si.inputs.size(); ++l)
     require(si.inputs[l].has_indexer, "search: layer " + std::to_string(l) +
-                                          " has no indexer inputs; every layer needs its own (golden sets made with own=yes)");
+                                          " has no indexer inputs; every layer needs its own (golden sets made with own=yes; "
+                                          "a model dump of every layer Full: a model whose Shared layers have no indexer, "
+                                          "like GLM-5's, cannot be searched)");
   ref::SearchOptions opt;
   opt.n_full = a.full_layers;
   opt.loss = ref::parse_search_loss(a.loss);

@@ -130,7 +130,9 @@ def load_model(spec: str, device: str, seed: int):
         source = "checkpoint"
     else:
         torch.manual_seed(seed)
-        model = transformers.AutoModelForCausalLM.from_config(config).to(torch.bfloat16)
+        # from_config with dtype, like from_pretrained: the rotary inv_freq and the MoE router stay
+        # f32 (a blanket .to(bfloat16) would round inv_freq and move every RoPE angle).
+        model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
         source = f"random init, seed {seed}"
     return model.to(device).eval(), tok_dir, source
 
