@@ -290,17 +290,22 @@ std::optional<SwappedRope> swapped_rope_dump(const golden::Loaded& g, const io::
   if (meta("format") != golden::kDumpFormat || (layout != "half" && layout != "interleave") || meta("rope").empty() ||
       !g.find(p + "indexer.q") || g.get(p + "indexer.q").dtype != io::DType::BF16)
     return std::nullopt;
-  json rope;
+  // The rotary table is the dump's word, read defensively: anything malformed leaves the hypothesis out.
+  int64_t R = 0;
+  double scale = 1.0;
+  std::vector<double> freq;
   try {
-    rope = json::parse(meta("rope"));
+    const json rope = json::parse(meta("rope"));
+    if (!rope.is_object() || !rope.contains("dim") || !rope.contains("inv_freq")) return std::nullopt;
+    R = rope.at("dim").get<int64_t>();
+    scale = rope.value("attention_scaling", 1.0);
+    freq = rope.at("inv_freq").get<std::vector<double>>();
   } catch (const json::exception&) {
     return std::nullopt;
   }
-  if (!rope.is_object() || !rope.contains("dim") || !rope.contains("inv_freq") || !rope["inv_freq"].is_array())
-    return std::nullopt;
-  const int64_t R = rope.value("dim", int64_t{0});
-  const double scale = rope.value("attention_scaling", 1.0);
-  const std::vector<double> freq = rope["inv_freq"].get<std::vector<double>>();
+  if (!std::isfinite(scale)) return std::nullopt;
+  for (double f : freq)
+    if (!std::isfinite(f)) return std::nullopt;
   auto to_f = [&](const std::string& n) {
     const Tensor<bf16_t> b = g.tensor<bf16_t>(p + n);
     Tensor<float> x(b.shape);
@@ -526,6 +531,10 @@ class Judge {
   void judge_topk(const LayerData& d, const std::string& P, const Tensor<float>& cand_logits, io::DiffPanel& panel);
   void topk_hypotheses(const LayerData& d, const std::string& P, const Tensor<int32_t>& ct);
   void rope_dump_hypothesis(const LayerData& d, const std::string& P, const Tensor<int32_t>& ct, const char* what);
+  bool candidate_is_dump() const {
+    auto it = c_.metadata.find("format");
+    return it != c_.metadata.end() && it->second == golden::kDumpFormat;
+  }
   UsedIndices judge_indices(const LayerData& d, const std::string& P, io::DiffPanel& panel);
   cmp::Report indices_report(const LayerData& d, const LayerData& src, const std::string& P, const Tensor<int32_t>& ci);
   void indices_hypotheses(const LayerData& d, const std::string& P, const Tensor<int32_t>& ci);
@@ -655,7 +664,13 @@ Tensor<float> Judge::judge_logits(const LayerData& d, const std::string& P) {
       if (passes(cmp::compare_floats("", sw->logits, cand_logits, rule)))
         res.diagnoses.push_back(P + ": indexer.logits match the indexer with its RoPE layout swapped (" + sw->layout +
                                 " instead of the model's)");
-  if (lv == cmp::Verdict::fail) rope_dump_hypothesis(d, P, k_.topk(cand_logits, d.ks, d.ke, topk_), "the top-k of indexer.logits");
+  // A model dump's own logits: their top-k against the golden's inputs re-rotated (a NaN anywhere
+  // leaves the hypothesis out: top-k refuses NaN, and the failure is reported already).
+  if (lv == cmp::Verdict::fail && candidate_is_dump()) {
+    bool finite_or_inf = true;
+    for (int64_t i = 0; i < cand_logits.numel() && finite_or_inf; ++i) finite_or_inf = !std::isnan(cand_logits[i]);
+    if (finite_or_inf) rope_dump_hypothesis(d, P, k_.topk(cand_logits, d.ks, d.ke, topk_), "the top-k of indexer.logits");
+  }
   return cand_logits;
 }
 
