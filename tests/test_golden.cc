@@ -634,4 +634,8 @@ TEST_CASE("golden: a model dump carries its problem and the model's own choices,
   r = indexshare::testing::run_cli("golden --from " + file + " --out " + (tmp.path / "set2").string());
   CHECK_MESSAGE(r.status == 2, r.out);
   CHECK_MESSAGE(r.out.find("metadata 'problem' is missing") != std::string::npos, r.out);
+  io::write_safetensors(file, d.views, {{"format", golden::kDumpFormat}, {"problem", "k4 sched=FXF"}});
+  r = indexshare::testing::run_cli("overlap --from " + file);
+  CHECK_MESSAGE(r.status == 2, r.out);
+  CHECK_MESSAGE(r.out.find(file + ": metadata 'problem': ") != std::string::npos, r.out);
 }

@@ -722,6 +722,13 @@ std::string dump_problem(const io::SafetensorsFile& f, const std::string& file) 
   require(p != f.metadata.end() && !p->second.empty(),
           file + ": metadata 'problem' is missing: a model dump (format " + kDumpFormat +
               ") records the top-k, dv, sm and schedule it was taken with");
+  try {  // checked here to name the file; the layer count comes from the file, as the CLI does
+    int L = 0;
+    while (f.find("layers." + std::to_string(L) + ".attn.q")) ++L;
+    (void)parse_problem(p->second.find("nl") == std::string::npos ? p->second + " nl" + std::to_string(std::max(L, 1)) : p->second);
+  } catch (const Error& e) {
+    throw Error(file + ": metadata 'problem': " + e.what());
+  }
   return p->second;
 }
 
