@@ -325,3 +325,30 @@ def test_atomic_write_leaves_nothing_on_failure(glm, tmp_path, monkeypatch):
     with pytest.raises(OSError):
         D.dump(glm["model"], glm["ids"], str(tmp_path / "a.safetensors"))
     assert list(tmp_path.iterdir()) == []
+
+
+def test_prompt_file_uses_the_checkpoint_tokenizer(glm, tmp_path):
+    """--prompt-file tokenises with the checkpoint's tokenizer (a word-level one built here)."""
+    tokenizers = pytest.importorskip("tokenizers")
+    ckpt = tmp_path / "ckpt"
+    glm["model"].save_pretrained(ckpt)
+    vocab = {"[UNK]": 0, **{f"w{i}": i for i in range(1, 256)}}
+    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    transformers.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]").save_pretrained(ckpt)
+    ids = tokens()[0].tolist()
+    prompt = tmp_path / "prompt.txt"
+    prompt.write_text(" ".join(f"w{i}" if i else "[UNK]" for i in ids))
+    out = tmp_path / "p.safetensors"
+    assert D.main(["--model", str(ckpt), "--prompt-file", str(prompt), "--out", str(out)]) == 0
+    # the same tokens as the in-memory dump: the same bytes
+    a, b = load_file(str(out)), load_file(str(glm["dump"]))
+    assert all(torch.equal(a[n], b[n]) for n in b)
+    # --tokens N with a prompt keeps its first N; a config file has no tokenizer
+    short = tmp_path / "short.safetensors"
+    assert D.main(["--model", str(ckpt), "--prompt-file", str(prompt), "--tokens", "12", "--out", str(short)]) == 0
+    with safe_open(str(short), "pt") as f:
+        assert f.metadata()["tokens"] == "12"
+    cfg = tmp_path / "c.json"
+    cfg.write_text(json.dumps(dict(COMMON, model_type="glm_moe_dsa", num_hidden_layers=1)))
+    assert D.main(["--model", str(cfg), "--prompt-file", str(prompt), "--out", str(tmp_path / "n")]) == 2
