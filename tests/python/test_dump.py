@@ -290,6 +290,12 @@ def test_layers_subset_renumbers_and_needs_sources(glm, tmp_path):
     sub = load_file(str(out))
     assert torch.equal(sub["layers.1.indexer.q"], full["layers.3.indexer.q"])
     assert "layers.0.indexer.logits" not in sub
+    # the forward stops after the last dumped layer; what came before is unchanged
+    early = tmp_path / "early.safetensors"
+    assert D.dump(glm["model"], glm["ids"], str(early), layers=[0, 1])["schedule"] == "FF"
+    e = load_file(str(early))
+    assert sorted(e) == sorted(n for n in full if n.startswith(("layers.0.", "layers.1.")))
+    assert all(torch.equal(e[n], full[n]) for n in e)
     with pytest.raises(D.DumpError, match="Shared layer 4 reuses Full layer 3"):
         D.dump(glm["model"], glm["ids"], str(tmp_path / "x.safetensors"), layers=[0, 1, 4])
     assert not (tmp_path / "x.safetensors").exists()

@@ -381,8 +381,7 @@ def main(argv: list[str] | None = None) -> int:
         description="Dump a transformers DSA model's kernel inputs and its own top-k for indexshare --from.",
     )
     ap.add_argument("--model", required=True, help="checkpoint folder, folder with config.json, or a config.json")
-    src = ap.add_mutually_exclusive_group()
-    src.add_argument("--prompt-file", help="text to tokenise with the checkpoint's tokenizer")
+    ap.add_argument("--prompt-file", help="text to tokenise with the checkpoint's tokenizer")
     ap.add_argument("--tokens", type=int, help="random token ids (seeded); with --prompt-file: keep the first N")
     ap.add_argument("--layers", help="model layers to dump, e.g. 0-3,6 (default: all); renumbered 0, 1, ...")
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
