@@ -57,11 +57,11 @@ YARN = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 40.0, "original_ma
         "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0}
 
 
-def glm_model(pattern="FFSFS", seed=0):
+def glm_model(pattern="FFSFS", seed=0, attn="sdpa"):
     cfg = transformers.GlmMoeDsaConfig(num_hidden_layers=len(pattern), index_topk_pattern=pattern, **COMMON)
     torch.manual_seed(seed)
     # dtype at construction, as from_pretrained(dtype=bfloat16) loads: inv_freq and the router stay f32
-    return transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).eval()
+    return transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16, attn_implementation=attn).eval()
 
 
 def v32_model(layers=3, seed=1):
@@ -358,3 +358,19 @@ def test_prompt_file_uses_the_checkpoint_tokenizer(glm, tmp_path):
     cfg = tmp_path / "c.json"
     cfg.write_text(json.dumps(dict(COMMON, model_type="glm_moe_dsa", num_hidden_layers=1)))
     assert D.main(["--model", str(cfg), "--prompt-file", str(prompt), "--out", str(tmp_path / "n")]) == 2
+
+
+def test_eager_attention_dump_passes(glm, tmp_path):
+    """Eager attention hands the indexer a float mask (finfo.min added, not -inf): the self-check
+    still holds, layer 0 (before any attention output) is the SDPA dump's to the bit, reference
+    logits keep the future at -inf, and the dump passes diff. (Later layers differ from SDPA's:
+    the two attentions round differently.)"""
+    model = glm_model(attn="eager")
+    out = tmp_path / "eager.safetensors"
+    assert D.dump(model, glm["ids"], str(out))["self_check"] == "pass"
+    a, b = load_file(str(out)), load_file(str(glm["dump"]))
+    assert all(torch.equal(a[n], b[n]) for n in b if n.startswith("layers.0."))
+    assert bool(torch.isneginf(a["layers.3.indexer.logits"].triu(1)[torch.ones(S, S).triu(1).bool()]).all())
+    gold = tmp_path / "g"
+    run("golden", "--from", out, "--out", gold, expect=0)
+    run("diff", "--golden", gold, "--candidate", out, expect=0)

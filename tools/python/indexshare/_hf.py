@@ -118,12 +118,14 @@ def bind(module: torch.nn.Module, args, kwargs) -> dict:
 
 @torch.no_grad()
 def indexer_intermediates(indexer: torch.nn.Module, hidden_states, q_resid, position_embeddings, layout: str,
-                          own: bool = True):
+                          own: bool = True, attention_mask=None):
     """Recomputes what ``*Indexer.forward`` computes, for batch 1, no cache.
 
     Returns q [S, H, D] and k [S, D] (after RoPE, the model dtype), the model's per-head weights
-    w [S, H] (f32, ``weights_proj(x).float() * H^-0.5``) and index_scores [S, S] (f32, the future
-    -inf), each with the forward's own ops and shapes.
+    w [S, H] (f32, ``weights_proj(x).float() * H^-0.5``) and index_scores [S, S] (f32), each with
+    the forward's own ops and shapes. attention_mask: the mask the forward received, applied as it
+    applies it (a bool mask fills -inf; eager's float mask adds its finfo.min, so masked scores are
+    finite there); None: the causal mask, -inf.
     """
     b, s, _ = hidden_states.shape
     if b != 1:
@@ -141,8 +143,13 @@ def indexer_intermediates(indexer: torch.nn.Module, hidden_states, q_resid, posi
     scores = F.relu(scores)
     w = indexer.weights_proj(hidden_states.to(indexer.weights_proj.weight.dtype)).float() * (indexer.n_heads**-0.5)
     index_scores = torch.matmul(w.unsqueeze(-2), scores).squeeze(-2)
-    future = torch.ones(s, s, dtype=torch.bool, device=index_scores.device).triu(1)
-    index_scores = index_scores.masked_fill(future, float("-inf"))
+    if attention_mask is None:
+        future = torch.ones(s, s, dtype=torch.bool, device=index_scores.device).triu(1)
+        index_scores = index_scores.masked_fill(future, float("-inf"))
+    elif attention_mask.dtype == torch.bool:
+        index_scores = index_scores.masked_fill(~attention_mask, float("-inf"))
+    else:
+        index_scores = index_scores + attention_mask
     return q[0], k[0], w[0], index_scores[0]
 
 

@@ -197,10 +197,15 @@ def capture(model, input_ids, layers: list[int], with_logits: bool = True, index
         def hook(mod, args, kwargs, output):
             a = _hf.bind(mod, args, kwargs)
             hs, qr, pe = a["hidden_states"], a["q_resid"], a["position_embeddings"]
-            q, kk, w, scores = _hf.indexer_intermediates(mod, hs, qr, pe, own_layout)
+            # Scored with the mask the forward received, applied as it applies it: the same bits,
+            # so the same top-k, ties included.
+            q, kk, w, scores = _hf.indexer_intermediates(mod, hs, qr, pe, own_layout, attention_mask=a.get("attention_mask"))
             model_topk = output[0]
             mine = scores.topk(min(k, S), dim=-1).indices.to(model_topk.dtype)
             same = bool(torch.equal(mine, model_topk))
+            # The reference logits: future -inf whatever the mask's form (eager adds finfo.min).
+            future = torch.ones(S, S, dtype=torch.bool, device=scores.device).triu(1)
+            scores = scores.masked_fill(future, float("-inf"))
             if layout != own_layout:
                 q, kk, _, _ = _hf.indexer_intermediates(mod, hs, qr, pe, layout, own=False)
             pending[layer] = dict(q=q, k=kk, w=w * mod.softmax_scale, scores=scores, topk=model_topk, same=same)
@@ -322,6 +327,9 @@ def write_atomic(out: str, tensors, meta: dict[str, str]) -> None:
         raise DumpError(f"--out {out}: folder {parent} does not exist")
     fd, tmp = tempfile.mkstemp(prefix=target.name + ".tmp.", dir=parent)
     os.close(fd)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)  # mkstemp's 0600 would outlive the rename
     try:
         save_file({n: t.contiguous() for n, t in sorted(tensors.items())}, tmp, metadata=meta)
         os.replace(tmp, target)
