@@ -374,3 +374,17 @@ def test_eager_attention_dump_passes(glm, tmp_path):
     gold = tmp_path / "g"
     run("golden", "--from", out, "--out", gold, expect=0)
     run("diff", "--golden", gold, "--candidate", out, expect=0)
+
+
+def test_memory_per_token_and_layer_matches_the_dump(glm):
+    """The README's bytes per token and layer (dump.bytes_per_token_layer) against the tensors."""
+    t = load_file(str(glm["dump"]))
+    cfg = glm["model"].config
+    for layer, full in enumerate([True, True, False, True, False]):
+        n = sum(v.numel() * v.element_size() for name, v in t.items() if name.startswith(f"layers.{layer}."))
+        assert n == S * D.bytes_per_token_layer(cfg, full, S), layer
+    # the README's GLM-5 and DeepSeek-V3.2 figures
+    glm5 = transformers.GlmMoeDsaConfig()
+    assert (D.bytes_per_token_layer(glm5, False, 0), D.bytes_per_token_layer(glm5, True, 0, False)) == (83072, 99852)
+    v32 = transformers.DeepseekV32Config()
+    assert (D.bytes_per_token_layer(v32, False, 0), D.bytes_per_token_layer(v32, True, 0, False)) == (156800, 181900)
