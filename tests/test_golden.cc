@@ -575,3 +575,67 @@ TEST_CASE("golden: --from prints and replays the problem with the file's shapes"
   const golden::Loaded g = golden::read(out);
   CHECK(g.manifest["replay"].get<std::string>().find(want) != std::string::npos);
 }
+
+// A model dump (python -m indexshare.dump, format indexshare-dump) records the problem it was taken
+// with and carries the model's own choices under the names diff judges: --from reads the problem
+// and passes over those names, and diff takes the dump itself as the candidate.
+TEST_CASE("golden: a model dump carries its problem and the model's own choices, and diff judges it") {
+  TmpDir tmp;
+  Dump d;
+  const std::string file = (tmp.path / "dump.safetensors").string(), set = (tmp.path / "set").string();
+  const std::map<std::string, std::string> meta = {{"format", golden::kDumpFormat}, {"problem", "k4 dv8 sched=FSF own=no"}};
+  io::write_safetensors(file, d.views, meta);
+  // No --problem: the recorded one (k4, sched=FSF) is used and replayed.
+  indexshare::testing::CliResult r = indexshare::testing::run_cli("golden --from " + file + " --out " + set);
+  REQUIRE_MESSAGE(r.status == 0, r.out);
+  CHECK_MESSAGE(r.out.find("k4") != std::string::npos, r.out);
+  CHECK_MESSAGE(r.out.find("sched=FSF") != std::string::npos, r.out);
+  const golden::Loaded g = golden::read(set);
+  CHECK(g.manifest["layers"][1]["kind"] == "shared");
+
+  // The model's choices (here: the golden's own, so the verdict is known) beside the inputs.
+  std::vector<io::TensorView> with = d.views;
+  for (int l = 0; l < 3; ++l) {
+    const std::string pre = "layers." + std::to_string(l) + ".";
+    if (l != 1) with.push_back(io::make_view(pre + "indexer.topk", g.tensor<int32_t>(pre + "indexer.topk")));
+    with.push_back(io::make_view(pre + "attn.indices", g.tensor<int32_t>(pre + "attn.indices")));
+  }
+  io::write_safetensors(file, with, meta);
+  CHECK_NOTHROW(golden::build_from(file, d.options, false, "r"));
+  r = indexshare::testing::run_cli("diff --golden " + set + " --candidate " + file);
+  CHECK_MESSAGE(r.status == 0, r.out);
+  CHECK_MESSAGE(r.out.find("layer  1 attn.indices     PASS") != std::string::npos, r.out);
+  // A Shared layer handed another layer's positions fails.
+  for (io::TensorView& v : with)
+    if (v.name == "layers.1.attn.indices") {
+      Tensor<int32_t> t = g.tensor<int32_t>("layers.1.attn.indices");
+      std::swap(t[0], t[t.numel() - 1]);
+      for (int64_t i = 0; i < t.numel(); ++i) t[i] = t[i] >= 0 ? (t[i] + 1) % int32_t(d.p.s_kv) : t[i];
+      v = io::make_view(v.name, t);
+    }
+  io::write_safetensors(file, with, meta);
+  r = indexshare::testing::run_cli("diff --golden " + set + " --candidate " + file);
+  CHECK_MESSAGE(r.status == 1, r.out);
+
+  // Without the dump metadata the same names are refused, by --from and by diff.
+  io::write_safetensors(file, with);
+  CHECK_THROWS_WITH_AS(golden::build_from(file, d.options, false, "r"),
+                       doctest::Contains("tensor 'layers.0.indexer.topk' is not an input this reader takes"), Error);
+  r = indexshare::testing::run_cli("diff --golden " + set + " --candidate " + file);
+  CHECK_MESSAGE(r.status == 2, r.out);
+  CHECK_MESSAGE(r.out.find("is not a golden output name") != std::string::npos, r.out);
+  // Other names stay refused in a dump, and a dump must record its problem.
+  std::vector<io::TensorView> odd = d.views;
+  odd.push_back(io::make_view("layers.0.attn.out", Tensor<float>({2}, 0.0f)));
+  io::write_safetensors(file, odd, meta);
+  CHECK_THROWS_WITH_AS(golden::build_from(file, d.options, false, "r"),
+                       doctest::Contains("in a model dump also layers.{l}.indexer.{topk,logits}"), Error);
+  io::write_safetensors(file, d.views, {{"format", golden::kDumpFormat}});
+  r = indexshare::testing::run_cli("golden --from " + file + " --out " + (tmp.path / "set2").string());
+  CHECK_MESSAGE(r.status == 2, r.out);
+  CHECK_MESSAGE(r.out.find("metadata 'problem' is missing") != std::string::npos, r.out);
+  io::write_safetensors(file, d.views, {{"format", golden::kDumpFormat}, {"problem", "k4 sched=FXF"}});
+  r = indexshare::testing::run_cli("overlap --from " + file);
+  CHECK_MESSAGE(r.status == 2, r.out);
+  CHECK_MESSAGE(r.out.find(file + ": metadata 'problem': ") != std::string::npos, r.out);
+}

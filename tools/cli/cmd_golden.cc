@@ -92,8 +92,10 @@ int cmd_golden(const GoldenArgs& a) {
                  "generated sets (--problem, --preset, --model)",
                  "--from takes shapes, layers and values from the dump, top-k and sched= from --problem");
     // The layer count comes from the file; the problem gives top-k, d_v, sm and the schedule.
-    std::string text = a.problem.empty() ? "sq1 skv1" : a.problem;
+    // A model dump records its problem (python -m indexshare.dump); --problem replaces it.
     const io::SafetensorsFile f = io::read_safetensors(a.from);
+    const std::string recorded = golden::dump_problem(f, a.from);
+    std::string text = !a.problem.empty() ? a.problem : !recorded.empty() ? recorded : "sq1 skv1";
     if (text.find("nl") == std::string::npos) {
       int L = 0;
       while (f.find("layers." + std::to_string(L) + ".attn.q")) ++L;

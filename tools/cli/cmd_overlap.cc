@@ -37,8 +37,10 @@ golden::StackInputs load(const Source& s, bool all_indexers) {
     reject_given(s.given, {"--max-memory"}, "--problem", "it estimates generated problems; --golden and --from read existing files");
   if (!s.golden.empty()) return golden::stack_inputs_of(golden::read(s.golden));
   if (!s.from.empty()) {
-    std::string text = s.from_problem.empty() ? "sq1 skv1" : s.from_problem;
+    // A model dump records its problem (python -m indexshare.dump); --from-problem replaces it.
     const io::SafetensorsFile f = io::read_safetensors(s.from);
+    const std::string recorded = golden::dump_problem(f, s.from);
+    std::string text = !s.from_problem.empty() ? s.from_problem : !recorded.empty() ? recorded : "sq1 skv1";
     int L = 0;
     while (f.find("layers." + std::to_string(L) + ".attn.q")) ++L;
     if (text.find("nl") == std::string::npos) text += " nl" + std::to_string(std::max(L, 1));
@@ -114,7 +116,9 @@ int cmd_search(const SearchArgs& a) {
   const golden::StackInputs si = load(a.src, true);
   for (size_t l = 0; l < si.inputs.size(); ++l)
     require(si.inputs[l].has_indexer, "search: layer " + std::to_string(l) +
-                                          " has no indexer inputs; every layer needs its own (golden sets made with own=yes)");
+                                          " has no indexer inputs; every layer needs its own (golden sets made with own=yes; "
+                                          "a model dump of every layer Full: a model whose Shared layers have no indexer, "
+                                          "like GLM-5's, cannot be searched)");
   ref::SearchOptions opt;
   opt.n_full = a.full_layers;
   opt.loss = ref::parse_search_loss(a.loss);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <map>
 #include <optional>
+#include <set>
 #include <cmath>
 #include <limits>
 #include <cstdio>
@@ -22,6 +23,10 @@ using nlohmann::json;
 
 namespace {
 
+// The inputs a model dump holds beside its judged names (golden::load_stack_inputs reads them).
+const std::set<std::string> kDumpInputs = {"indexer.q",  "indexer.k",  "indexer.k_scale", "indexer.weights",
+                                           "indexer.ks", "indexer.ke", "attn.q",          "attn.kv",
+                                           "attn.sink"};
 const std::vector<std::string> kJudged = {"indexer.logits", "indexer.topk", "attn.indices", "attn.indices_physical",
                                           "attn.out", "attn.lse", "attn.max_logits"};
 
@@ -267,6 +272,80 @@ std::optional<SwappedRope> swapped_rope(const golden::Loaded& g, int l, const Te
   return r;
 }
 
+// Kernel-level sets built from a model dump (golden --from), judged against the dump itself: the
+// golden's indexer q/k (bf16, after RoPE) re-rotated with the other RoPE layout, and that indexer's
+// top-k. The dump's metadata names the layout its q/k were rotated with (indexer_rope) and the
+// rotary table (rope: dim R, inv_freq [R/2], attention_scaling). Both transformers layouts store
+// the rotated pair of frequency j at (j, j + R/2) (the interleaved one returns [evens | odds]), so
+// the rotation is undone with the half-split formula, the pairs are regrouped (x[2j], x[2j+1] <->
+// x[j], x[j+R/2]) and rotated again; values rounded to bf16 like the model's. Approximate (the
+// inputs were rounded after the first rotation): it supports a top-k diagnosis, not a logits bound.
+std::optional<SwappedRope> swapped_rope_dump(const golden::Loaded& g, const io::SafetensorsFile& c, int l,
+                                             const Tensor<int32_t>& ks, const Tensor<int32_t>& ke, const ref::Kernels& k) {
+  auto meta = [&](const char* key) -> std::string {
+    auto it = c.metadata.find(key);
+    return it == c.metadata.end() ? "" : it->second;
+  };
+  const std::string p = "layers." + std::to_string(l) + ".";
+  const std::string layout = meta("indexer_rope");
+  if (meta("format") != golden::kDumpFormat || (layout != "half" && layout != "interleave") || meta("rope").empty() ||
+      !g.find(p + "indexer.q") || g.get(p + "indexer.q").dtype != io::DType::BF16)
+    return std::nullopt;
+  // The rotary table is the dump's word, read defensively: anything malformed leaves the hypothesis out.
+  int64_t R = 0;
+  double scale = 1.0;
+  std::vector<double> freq;
+  try {
+    const json rope = json::parse(meta("rope"));
+    if (!rope.is_object() || !rope.contains("dim") || !rope.contains("inv_freq")) return std::nullopt;
+    R = rope.at("dim").get<int64_t>();
+    scale = rope.value("attention_scaling", 1.0);
+    freq = rope.at("inv_freq").get<std::vector<double>>();
+  } catch (const json::exception&) {
+    return std::nullopt;
+  }
+  if (!std::isfinite(scale)) return std::nullopt;
+  for (double f : freq)
+    if (!std::isfinite(f)) return std::nullopt;
+  auto to_f = [&](const std::string& n) {
+    const Tensor<bf16_t> b = g.tensor<bf16_t>(p + n);
+    Tensor<float> x(b.shape);
+    for (int64_t i = 0; i < b.numel(); ++i) x[i] = bf16_to_f32(b[i]);
+    return x;
+  };
+  Tensor<float> q = to_f("indexer.q"), kk = to_f("indexer.k");
+  const int64_t D = kk.shape[1];
+  if (R <= 0 || R % 2 || R > D || int64_t(freq.size()) != R / 2 || scale <= 0) return std::nullopt;
+  const bool from_interleave = layout == "interleave";
+  // v: one vector of D values at position pos; its first R re-rotated in place. Both layouts write
+  // pair j as out[j] = a c - b s, out[j + R/2] = b c + a s, with (a, b) = (x[2j], x[2j+1])
+  // (interleaved) or (x[j], x[j + R/2]) (half-split) of the unrotated x.
+  std::vector<double> x(size_t(R), 0.0);
+  auto swap_one = [&](float* v, double pos) {
+    const int64_t h = R / 2;
+    for (int64_t j = 0; j < h; ++j) {
+      const double c = std::cos(pos * freq[size_t(j)]) * scale, s = std::sin(pos * freq[size_t(j)]) * scale;
+      const double o0 = v[j], o1 = v[j + h], n = c * c + s * s;
+      const double a = (o0 * c + o1 * s) / n, b = (o1 * c - o0 * s) / n;
+      x[size_t(from_interleave ? 2 * j : j)] = a;
+      x[size_t(from_interleave ? 2 * j + 1 : j + h)] = b;
+    }
+    for (int64_t j = 0; j < h; ++j) {
+      const double c = std::cos(pos * freq[size_t(j)]) * scale, s = std::sin(pos * freq[size_t(j)]) * scale;
+      const double a = x[size_t(from_interleave ? j : 2 * j)], b = x[size_t(from_interleave ? j + h : 2 * j + 1)];
+      v[j] = bf16_to_f32(f32_to_bf16(float(a * c - b * s)));
+      v[j + h] = bf16_to_f32(f32_to_bf16(float(b * c + a * s)));
+    }
+  };
+  const int64_t s_q = q.shape[0], H = q.shape[1], s_kv = kk.shape[0];
+  for (int64_t t = 0; t < s_q; ++t)
+    for (int64_t hh = 0; hh < H; ++hh) swap_one(&q.data[size_t((t * H + hh) * D)], double(s_kv - s_q + t));
+  for (int64_t s = 0; s < s_kv; ++s) swap_one(&kk.data[size_t(s * D)], double(s));
+  SwappedRope r{from_interleave ? "half-split" : "interleaved",
+                k.logits_f32(q, kk, g.tensor<float>(p + "indexer.k_scale"), g.tensor<float>(p + "indexer.weights"), ks, ke), {}};
+  r.topk = k.topk(r.logits, ks, ke, g.manifest["config"]["topk"].get<int64_t>());
+  return r;
+}
 
 // ---- the structure tests' layout of each judged tensor ----
 
@@ -452,6 +531,11 @@ class Judge {
   cmp::FloatRule logits_rule(const LayerData& d);
   void judge_topk(const LayerData& d, const std::string& P, const Tensor<float>& cand_logits, io::DiffPanel& panel);
   void topk_hypotheses(const LayerData& d, const std::string& P, const Tensor<int32_t>& ct);
+  void rope_dump_hypothesis(const LayerData& d, const std::string& P, const Tensor<int32_t>& ct, const char* what);
+  bool candidate_is_dump() const {
+    auto it = c_.metadata.find("format");
+    return it != c_.metadata.end() && it->second == golden::kDumpFormat;
+  }
   UsedIndices judge_indices(const LayerData& d, const std::string& P, io::DiffPanel& panel);
   cmp::Report indices_report(const LayerData& d, const LayerData& src, const std::string& P, const Tensor<int32_t>& ci);
   void indices_hypotheses(const LayerData& d, const std::string& P, const Tensor<int32_t>& ci);
@@ -484,9 +568,16 @@ class Judge {
 // Every candidate tensor must be a judged name of an existing layer; --layers must be held.
 std::set<int> Judge::candidate_layers(const std::set<int>& wanted) const {
   std::set<int> layers;
+  // A model dump (python -m indexshare.dump) is a candidate too: the model's own choices are under
+  // the judged names, and its inputs (which --from reads) are passed over.
+  auto fmt = c_.metadata.find("format");
+  const bool model_dump = fmt != c_.metadata.end() && fmt->second == golden::kDumpFormat;
   for (const io::TensorView& v : c_.tensors) {
     int l = -1;
     char rest[128] = {0};
+    if (model_dump && (v.name == "cu_seqlens_q" || v.name == "cu_seqlens_k" ||
+                       (std::sscanf(v.name.c_str(), "layers.%d.%127s", &l, rest) == 2 && kDumpInputs.count(rest))))
+      continue;
     if (std::sscanf(v.name.c_str(), "layers.%d.%127s", &l, rest) != 2 ||
         std::find(kJudged.begin(), kJudged.end(), std::string(rest)) == kJudged.end() ||
         v.name != "layers." + std::to_string(l) + "." + rest)
@@ -591,6 +682,13 @@ Tensor<float> Judge::judge_logits(const LayerData& d, const std::string& P) {
       if (passes(cmp::compare_floats("", sw->logits, cand_logits, rule)))
         res.diagnoses.push_back(P + ": indexer.logits match the indexer with its RoPE layout swapped (" + sw->layout +
                                 " instead of the model's)");
+  // A model dump's own logits: their top-k against the golden's inputs re-rotated (a NaN anywhere
+  // leaves the hypothesis out: top-k refuses NaN, and the failure is reported already).
+  if (lv == cmp::Verdict::fail && candidate_is_dump()) {
+    bool finite_or_inf = true;
+    for (int64_t i = 0; i < cand_logits.numel() && finite_or_inf; ++i) finite_or_inf = !std::isnan(cand_logits[i]);
+    if (finite_or_inf) rope_dump_hypothesis(d, P, k_.topk(cand_logits, d.ks, d.ke, topk_), "the top-k of indexer.logits");
+  }
   return cand_logits;
 }
 
@@ -617,6 +715,29 @@ void Judge::judge_topk(const LayerData& d, const std::string& P, const Tensor<fl
   if (v == cmp::Verdict::fail) topk_hypotheses(d, P, ct);
 }
 
+// A model dump judged against the golden built from it: when the model's own positions agree with
+// the golden's indexer inputs re-rotated with the other RoPE layout (mean recall >= 0.95, and
+// better than against the golden's own top-k), the dump's indexer q/k carry the wrong layout.
+void Judge::rope_dump_hypothesis(const LayerData& d, const std::string& P, const Tensor<int32_t>& ct, const char* what) {
+  const auto sw = swapped_rope_dump(g_, c_, d.l, d.ks, d.ke, k_);
+  if (!sw) return;
+  auto mean = [](const std::vector<double>& v) {
+    double m = 0;
+    for (double x : v) m += x;
+    return v.empty() ? 0.0 : m / double(v.size());
+  };
+  const double swapped = mean(row_recall(row_sets(ct, s_kv_), row_sets(sw->topk, s_kv_)));
+  const double own = mean(row_recall(row_sets(ct, s_kv_), row_sets(d.topk, s_kv_)));
+  if (swapped >= 0.95 && swapped > own) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%.3f (against the golden's own: %.3f)", swapped, own);
+    res.diagnoses.push_back(P + ": " + what + " is the top-k of the dump's indexer inputs with the RoPE layout swapped (" +
+                            sw->layout + "): mean recall " + buf +
+                            "; the dump's indexer q/k were rotated with the wrong layout (python -m indexshare.dump "
+                            "applies the model's; see its indexer_rope metadata)");
+  }
+}
+
 // A failing top-k: raw torch.topk padding, the RoPE layout swapped, the causal bound off by one.
 void Judge::topk_hypotheses(const LayerData& d, const std::string& P, const Tensor<int32_t>& ct) {
   const int l = d.l;
@@ -627,6 +748,7 @@ void Judge::topk_hypotheses(const LayerData& d, const std::string& P, const Tens
     if (passes(cmp::compare_topk("", sw->logits, d.ks, d.ke, sw->topk, ct, {})))
       res.diagnoses.push_back(P + ": indexer.topk is the top-k of the indexer with its RoPE layout swapped (" + sw->layout +
                               " instead of the model's)");
+  rope_dump_hypothesis(d, P, ct, "indexer.topk");
   for (int delta : {+1, -1}) {
     Tensor<int32_t> ke2 = d.ke;
     bool ok = true;
@@ -697,6 +819,7 @@ cmp::Report Judge::indices_report(const LayerData& d, const LayerData& src, cons
 void Judge::indices_hypotheses(const LayerData& d, const std::string& P, const Tensor<int32_t>& ci) {
   const int l = d.l;
   const LayerData& src = layer(d.source);
+  rope_dump_hypothesis(src, P, ci, "attn.indices");
   const auto cs = row_sets(ci, s_kv_);
   if (g_.find(name(l, "attn.indices_physical"))) {
     Tensor<int32_t> phys = g_.tensor<int32_t>(name(l, "attn.indices_physical"));

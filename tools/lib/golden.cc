@@ -699,6 +699,7 @@ void check_dump_names(const io::SafetensorsFile& f, const std::string& file, int
                                               "attn.sink"};
   auto it = f.metadata.find("format");
   const bool golden_file = it != f.metadata.end() && it->second == "indexshare-golden";
+  const bool model_dump = it != f.metadata.end() && it->second == kDumpFormat;
   const std::string expected = "layers.{l}.indexer.{q,k,k_scale,weights,ks,ke} and layers.{l}.attn.{q,kv,sink} for l in [0, " +
                                std::to_string(L) + "), cu_seqlens_q, cu_seqlens_k";
   for (const io::TensorView& v : f.tensors) {
@@ -710,13 +711,17 @@ void check_dump_names(const io::SafetensorsFile& f, const std::string& file, int
                   "without gaps, and 'layers." + std::to_string(L) + ".attn.q' is missing (the file's layers are 0 to " +
                   std::to_string(L - 1) + ")");
     if (per_layer ? kRead.count(rest) : (v.name == "cu_seqlens_q" || v.name == "cu_seqlens_k")) continue;
+    // A model dump (python -m indexshare.dump) carries the model's own choices under the names diff
+    // judges; --from does not read them.
+    if (model_dump && per_layer && kDumpReferences.count(rest)) continue;
     if (v.name == "rows")
       throw Error(file + ": tensor 'rows': the file holds sampled query rows (a golden set made with --rows), not whole "
                   "sequences; give the inputs of every query row");
     int64_t rl = -1;
     if (golden_file && rule_of(v.name, kAllKinds, rl)) continue;  // a golden set's own output, reference or extra
     throw Error(file + ": tensor '" + v.name + "' is not an input this reader takes (it reads " + expected +
-                (golden_file ? "; in a golden set's own file also the set's other tensors" : "") + ")");
+                (golden_file ? "; in a golden set's own file also the set's other tensors" : "") +
+                (model_dump ? "; in a model dump also layers.{l}.indexer.{topk,logits} and layers.{l}.attn.indices" : "") + ")");
   }
 }
 
@@ -752,6 +757,23 @@ void check_boundaries(const io::SafetensorsFile& f, const std::string& file, con
                   " sequences of equal length: " + std::to_string(total / n_seqs) + " rows each)");
 }
 }  // namespace
+
+std::string dump_problem(const io::SafetensorsFile& f, const std::string& file) {
+  auto it = f.metadata.find("format");
+  if (it == f.metadata.end() || it->second != kDumpFormat) return "";
+  auto p = f.metadata.find("problem");
+  require(p != f.metadata.end() && !p->second.empty(),
+          file + ": metadata 'problem' is missing: a model dump (format " + kDumpFormat +
+              ") records the top-k, dv, sm and schedule it was taken with");
+  try {  // checked here to name the file; the layer count comes from the file, as the CLI does
+    int L = 0;
+    while (f.find("layers." + std::to_string(L) + ".attn.q")) ++L;
+    (void)parse_problem(p->second.find("nl") == std::string::npos ? p->second + " nl" + std::to_string(std::max(L, 1)) : p->second);
+  } catch (const Error& e) {
+    throw Error(file + ": metadata 'problem': " + e.what());
+  }
+  return p->second;
+}
 
 StackInputs load_stack_inputs(const io::SafetensorsFile& f, const std::string& file, Problem p) {
   int L = 0;

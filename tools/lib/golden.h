@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -78,6 +79,15 @@ GoldenSet build_from(const std::string& file, Problem p, bool with_logits, const
 // Per-layer kernel inputs read from a safetensors file under the golden tensor names (a dump for
 // --from, or a golden set's own tensors): shapes from the file replace p's (s_q, s_kv, h_q, d_qk,
 // H, D, n_layers, indexer mode, n_seqs); the rest of p (top-k, d_v, sm, schedule) is kept.
+// A model dump written by `python -m indexshare.dump` (tools/python/indexshare/dump.py): besides the
+// inputs above it carries the model's own choices under the names diff judges (kDumpReferences),
+// which --from does not read, and in its metadata the problem it was taken with.
+inline constexpr const char* kDumpFormat = "indexshare-dump";
+inline const std::set<std::string> kDumpReferences = {"indexer.topk", "indexer.logits", "attn.indices"};
+// The metadata's problem descriptor (top-k, dv, sm, indexer=bf16, sched=) of a model dump; "" for
+// any other file. A dump without one is refused naming the file.
+std::string dump_problem(const io::SafetensorsFile& f, const std::string& file);
+
 struct StackInputs {
   Problem problem;
   std::vector<ref::LayerInputs> inputs;

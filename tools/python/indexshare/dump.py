@@ -1,0 +1,425 @@
+"""Dump a transformers DSA model's kernel inputs for ``indexshare golden/overlap/search --from``.
+
+    python -m indexshare.dump --model PATH_OR_CONFIG (--prompt-file F | --tokens N)
+                              [--layers 0-3,6] [--device cpu|cuda] [--seed N] [--no-logits]
+                              --out acts.safetensors
+
+``--model`` is a checkpoint folder (``config.json`` and weights: ``from_pretrained`` with
+``dtype=torch.bfloat16``), a folder with only ``config.json``, or a ``config.json`` file (both:
+random weights from ``--seed``, for tests and dry runs). Families: ``glm_moe_dsa`` (GLM-5, with
+cross-layer sharing from ``config.indexer_types``) and ``deepseek_v32``. One prefill of one
+sequence (batch 1) runs with forward hooks on every chosen layer's attention and indexer; per
+layer (renumbered 0, 1, ... in the order of ``--layers``) the file holds, under the golden tensor
+names ``indexshare golden --from`` reads:
+
+- Full layers: ``layers.{l}.indexer.q`` bf16 [S, H, D] and ``indexer.k`` bf16 [S, D] (after the
+  model's RoPE), ``indexer.weights`` f32 [S, H] (``weights_proj(x).float() * H^-0.5 * D^-0.5``, the
+  model's two scales folded in), ``indexer.k_scale`` f32 [S] (ones), ``indexer.ks``/``ke`` i32 [S]
+  (0 and t + 1: causal);
+- every layer: ``layers.{l}.attn.q`` bf16 [S, h, r + R] and ``attn.kv`` bf16 [S, 1, r + R], the
+  absorbed MLA query and the latent key (``_hf.mla_absorbed`` explains the conversion);
+- the model's own choices, under the names ``indexshare diff`` judges: ``layers.{l}.indexer.topk``
+  i32 [S, k] (Full layers: the indexer's top-k), ``layers.{l}.attn.indices`` i32 [S, 1, k] (every
+  layer: the positions its attention used; a Shared layer's are the ``prev_topk_indices`` it was
+  handed), and, unless ``--no-logits``, ``layers.{l}.indexer.logits`` f32 [S, S] (the model's own
+  index scores, future -inf). HF's masked future slots become -1 (``_hf.to_golden_topk``).
+
+The safetensors metadata (``format: indexshare-dump``) carries the model class and type, the config
+numbers, the schedule of the dumped layers, the problem descriptor (``k``, ``dv``, ``sm``,
+``indexer=bf16``, ``sched=``) that ``--from`` takes when no ``--problem`` is given, the dtype, the
+token count, the original layer numbers and the self-check. The file is written to a temporary
+name beside ``--out`` and renamed: an interrupted run leaves no partial dump.
+
+Self-check: for every Full layer the top-k recomputed from the dumped intermediates, with the
+model's own expression, must equal the model's returned top-k exactly; otherwise the dump is
+refused (this transformers version computes something the bridge does not reproduce).
+
+This module needs torch, transformers, safetensors and numpy, never the indexshare C++ extension.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import struct
+import sys
+import tempfile
+from pathlib import Path
+
+FORMAT = "indexshare-dump"
+VERSION = "1"
+
+
+class DumpError(Exception):
+    """Bad input or usage: the message names the file, option or field."""
+
+
+def parse_layers(text: str, n_layers: int) -> list[int]:
+    """'0-3,6' -> [0, 1, 2, 3, 6] (each in [0, n_layers), ascending, no repeats)."""
+    out: list[int] = []
+    for part in text.split(","):
+        part = part.strip()
+        try:
+            if "-" in part:
+                a, b = part.split("-", 1)
+                lo, hi = int(a), int(b)
+            else:
+                lo = hi = int(part)
+        except ValueError:
+            raise DumpError(f"--layers: {part!r} is not a layer number or range (e.g. 0-3,6)") from None
+        if lo > hi:
+            raise DumpError(f"--layers: range {part!r} is empty")
+        for layer in range(lo, hi + 1):
+            if not 0 <= layer < n_layers:
+                raise DumpError(f"--layers: layer {layer} is outside the model's {n_layers} layers")
+            out.append(layer)
+    if out != sorted(set(out)):
+        raise DumpError("--layers: layers must be ascending without repeats")
+    return out
+
+
+def select_layers(schedule: list[str], wanted: list[int] | None) -> tuple[list[int], str]:
+    """The layers to dump and their schedule string; a Shared layer needs its source layer."""
+    layers = list(range(len(schedule))) if wanted is None else wanted
+    sched = ""
+    for layer in layers:
+        if schedule[layer] == "S":
+            src = max(i for i in range(layer) if schedule[i] == "F")
+            if src not in layers:
+                raise DumpError(
+                    f"--layers: Shared layer {layer} reuses Full layer {src}'s positions; add layer {src}"
+                )
+        sched += schedule[layer]
+    if sched[0] == "S":
+        raise DumpError("--layers: the first dumped layer must be a Full layer")
+    return layers, sched
+
+
+def load_model(spec: str, device: str, seed: int):
+    """(model, tokenizer folder or None, where the weights came from)."""
+    import torch
+    import transformers
+
+    path = Path(spec)
+    if not path.exists():
+        raise DumpError(f"--model {spec}: no such file or folder")
+    if path.is_file():
+        try:
+            config_dict = json.loads(path.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise DumpError(f"--model {spec}: not a JSON config file: {e}") from None
+        if not isinstance(config_dict, dict) or "model_type" not in config_dict:
+            raise DumpError(f"--model {spec}: the config has no 'model_type'")
+        config = transformers.AutoConfig.for_model(**config_dict)
+        weights, tok_dir = None, None
+    else:
+        if not (path / "config.json").is_file():
+            raise DumpError(f"--model {spec}: the folder has no config.json")
+        config = transformers.AutoConfig.from_pretrained(path)
+        weights = any(path.glob("*.safetensors")) or any(path.glob("*.bin"))
+        tok_dir = path
+    from . import _hf
+
+    try:
+        _hf.family_of(config)
+    except _hf.BridgeError as e:
+        raise DumpError(f"--model {spec}: {e}") from None
+    if weights:
+        model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16)
+        source = "checkpoint"
+    else:
+        torch.manual_seed(seed)
+        # from_config with dtype, like from_pretrained: the rotary inv_freq and the MoE router stay
+        # f32 (a blanket .to(bfloat16) would round inv_freq and move every RoPE angle).
+        model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+        source = f"random init, seed {seed}"
+    return model.to(device).eval(), tok_dir, source
+
+
+def token_ids(args, model, tok_dir):
+    import torch
+
+    if args.prompt_file is not None:
+        if tok_dir is None:
+            raise DumpError("--prompt-file needs a tokenizer: give --model a checkpoint folder, or use --tokens N")
+        import transformers
+
+        try:
+            text = Path(args.prompt_file).read_text()
+        except (OSError, UnicodeDecodeError) as e:
+            raise DumpError(f"--prompt-file {args.prompt_file}: {e}") from None
+        tok = transformers.AutoTokenizer.from_pretrained(tok_dir)
+        ids = tok(text, return_tensors="pt").input_ids
+        if args.tokens is not None:
+            ids = ids[:, : args.tokens]
+        if ids.shape[1] == 0:
+            raise DumpError(f"--prompt-file {args.prompt_file}: no tokens")
+        return ids
+    if args.tokens is None or args.tokens < 1:
+        raise DumpError("give --prompt-file F or --tokens N (N >= 1)")
+    g = torch.Generator().manual_seed(args.seed)
+    return torch.randint(0, model.config.vocab_size, (1, args.tokens), generator=g)
+
+
+class _Stop(Exception):
+    """Raised by the last dumped layer's hook: later layers need not run."""
+
+
+def capture(model, input_ids, layers: list[int], with_logits: bool = True, indexer_rope: str | None = None):
+    """Runs one prefill with hooks on `layers`; returns (tensors, info).
+
+    tensors: name -> torch tensor (CPU) under the dump's names, layers renumbered 0, 1, ...;
+    info: the per-layer self-check and the numbers the metadata records.
+    indexer_rope: None = the model's own layout; 'interleave' or 'half' writes the indexer q/k with
+    that layout instead (a negative control: the model's own top-k must then fail diff).
+    """
+    import torch
+
+    from . import _hf
+
+    cfg = model.config
+    fam = _hf.family_of(cfg)
+    own_layout = _hf.indexer_rope_layout(cfg)
+    layout = indexer_rope or own_layout
+    schedule = _hf.schedule_of(cfg)
+    decoder = model.model.layers
+    k = int(cfg.index_topk)
+    S = int(input_ids.shape[1])
+    tensors: dict[str, torch.Tensor] = {}
+    info = {"self_check": {}, "sm": None}
+    pending: dict[int, dict] = {}
+    new_index = {layer: i for i, layer in enumerate(layers)}
+    last = layers[-1]
+    handles = []
+
+    def indexer_hook(layer):
+        def hook(mod, args, kwargs, output):
+            a = _hf.bind(mod, args, kwargs)
+            hs, qr, pe = a["hidden_states"], a["q_resid"], a["position_embeddings"]
+            # Scored with the mask the forward received, applied as it applies it: the same bits,
+            # so the same top-k, ties included.
+            q, kk, w, scores = _hf.indexer_intermediates(mod, hs, qr, pe, own_layout, attention_mask=a.get("attention_mask"))
+            model_topk = output[0]
+            mine = scores.topk(min(k, S), dim=-1).indices.to(model_topk.dtype)
+            same = bool(torch.equal(mine, model_topk))
+            # The reference logits: future -inf whatever the mask's form (eager adds finfo.min).
+            future = torch.ones(S, S, dtype=torch.bool, device=scores.device).triu(1)
+            scores = scores.masked_fill(future, float("-inf"))
+            if layout != own_layout:
+                q, kk, _, _ = _hf.indexer_intermediates(mod, hs, qr, pe, layout, own=False)
+            pending[layer] = dict(q=q, k=kk, w=w * mod.softmax_scale, scores=scores, topk=model_topk, same=same)
+
+        return hook
+
+    def attn_hook(layer):
+        def hook(mod, args, kwargs, output):
+            a = _hf.bind(mod, args, kwargs)
+            q, kv = _hf.mla_absorbed(mod, a["hidden_states"], a["position_embeddings"])
+            i = new_index[layer]
+            pre = f"layers.{i}."
+            if info["sm"] is None:
+                info["sm"] = _hf.softmax_scale(mod)
+            tensors[pre + "attn.q"] = q.to(torch.bfloat16).cpu()
+            tensors[pre + "attn.kv"] = kv.to(torch.bfloat16).cpu()
+            p = pending.pop(layer, None)
+            if p is not None:
+                tensors[pre + "indexer.q"] = p["q"].to(torch.bfloat16).cpu()
+                tensors[pre + "indexer.k"] = p["k"].to(torch.bfloat16).cpu()
+                tensors[pre + "indexer.weights"] = p["w"].float().cpu().contiguous()
+                tensors[pre + "indexer.k_scale"] = torch.ones(S, dtype=torch.float32)
+                tensors[pre + "indexer.ks"] = torch.zeros(S, dtype=torch.int32)
+                tensors[pre + "indexer.ke"] = torch.arange(1, S + 1, dtype=torch.int32)
+                tensors[pre + "indexer.topk"] = _hf.to_golden_topk(p["topk"], k)
+                if with_logits:
+                    tensors[pre + "indexer.logits"] = p["scores"].float().cpu().contiguous()
+                info["self_check"][layer] = p["same"]
+            # The positions this layer's attention used: GLM returns them (its own, or the
+            # prev_topk_indices a Shared layer was handed); DeepSeek-V3.2 layers use their own.
+            if isinstance(output, tuple) and len(output) >= 3 and output[2] is not None:
+                used = output[2][0]
+            elif p is not None:
+                used = p["topk"]
+            else:
+                raise DumpError(f"layer {layer}: found no top-k positions for its attention")
+            tensors[pre + "attn.indices"] = _hf.to_golden_topk(used, k).unsqueeze(1)
+            if layer == last:
+                raise _Stop()
+
+        return hook
+
+    try:
+        for layer in layers:
+            attn = decoder[layer].self_attn
+            if getattr(attn, "indexer", None) is not None:
+                handles.append(attn.indexer.register_forward_hook(indexer_hook(layer), with_kwargs=True))
+            elif schedule[layer] == "F":
+                raise DumpError(f"layer {layer} is Full in the schedule but its attention has no indexer")
+            handles.append(attn.register_forward_hook(attn_hook(layer), with_kwargs=True))
+        try:
+            with torch.no_grad():
+                model(input_ids=input_ids.to(next(model.parameters()).device), use_cache=False)
+        except _Stop:
+            pass
+    finally:
+        for h in handles:
+            h.remove()
+    rotary = model.model.rotary_emb
+    rope = {"dim": int(cfg.qk_rope_head_dim), "inv_freq": [float(f) for f in rotary.inv_freq.float().cpu()],
+            "attention_scaling": float(rotary.attention_scaling)}
+    info.update(family=fam, layout=layout, own_layout=own_layout, schedule=schedule, k=k, S=S, rope=rope)
+    return tensors, info
+
+
+def config_numbers(cfg) -> dict:
+    keys = [
+        "model_type", "num_hidden_layers", "hidden_size", "num_attention_heads", "q_lora_rank", "kv_lora_rank",
+        "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "index_n_heads", "index_head_dim", "index_topk",
+        "rope_parameters", "rms_norm_eps", "max_position_embeddings", "indexer_types", "vocab_size",
+    ]
+    return {key: getattr(cfg, key) for key in keys if hasattr(cfg, key)}
+
+
+def metadata(model, info, layers: list[int], sched: str, source: str, with_logits: bool) -> dict[str, str]:
+    cfg = model.config
+    r, rope = cfg.kv_lora_rank, cfg.qk_rope_head_dim
+    # sm as the f32 the kernels use, printed with 9 significant digits (which round-trip an f32)
+    sm32 = struct.unpack("f", struct.pack("f", info["sm"]))[0]
+    problem = f"k{info['k']} dv{r} sm={sm32:.9g} indexer=bf16 sched={sched}"
+    fails = [layer for layer, ok in info["self_check"].items() if not ok]
+    notes = {
+        "topk": "indexer.topk / attn.indices: HF's raw torch.topk with masked (future) slots turned into -1, "
+        "valid positions in torch.topk's order, -1 trailing; torch.topk's order among ties is unspecified",
+        "weights": "indexer.weights = weights_proj(x).float() * index_n_heads^-0.5 * index_head_dim^-0.5 (f32)",
+        "attn": f"attn.q = [q_nope W_uk (absorbed, {r}) | q_rope ({rope})], attn.kv = [kv_a_layernorm latent | k_rope]",
+    }
+    return {
+        "format": FORMAT,
+        "version": VERSION,
+        "model_class": type(model).__name__,
+        "model_type": cfg.model_type,
+        "weights": source,
+        "config": json.dumps(config_numbers(cfg), sort_keys=True),
+        "schedule": sched,
+        "model_schedule": "".join(info["schedule"]),
+        "layers": json.dumps(layers),
+        "problem": problem,
+        "dtype": "bfloat16",
+        "tokens": str(info["S"]),
+        "indexer_rope": info["layout"],
+        "model_indexer_rope": info["own_layout"],
+        "logits": "yes" if with_logits else "no",
+        "self_check": "pass" if not fails else "fail on model layers " + ",".join(map(str, fails)),
+        "notes": json.dumps(notes, sort_keys=True),
+        "rope": json.dumps(info["rope"]),
+    }
+
+
+def write_atomic(out: str, tensors, meta: dict[str, str]) -> None:
+    """safetensors to a temporary file beside `out`, then one rename."""
+    from safetensors.torch import save_file
+
+    target = Path(out)
+    if target.exists() and not target.is_file():
+        raise DumpError(f"--out {out}: exists and is not a regular file")
+    parent = target.parent if str(target.parent) else Path(".")
+    if not parent.is_dir():
+        raise DumpError(f"--out {out}: folder {parent} does not exist")
+    fd, tmp = tempfile.mkstemp(prefix=target.name + ".tmp.", dir=parent)
+    os.close(fd)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)  # mkstemp's 0600 would outlive the rename
+    try:
+        save_file({n: t.contiguous() for n, t in sorted(tensors.items())}, tmp, metadata=meta)
+        os.replace(tmp, target)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def dump(model, input_ids, out: str, layers: list[int] | None = None, with_logits: bool = True,
+         indexer_rope: str | None = None, source: str = "in memory") -> dict[str, str]:
+    """Captures `layers` of `model` on `input_ids` [1, S] and writes the dump to `out`.
+
+    Returns the metadata written. Raises DumpError when the layers cannot be dumped or the
+    self-check fails (unless `indexer_rope` asks for a negative control, which cannot pass it by
+    design; its metadata records the layout used).
+    """
+    from . import _hf
+
+    try:
+        schedule = _hf.schedule_of(model.config)
+    except _hf.BridgeError as e:
+        raise DumpError(str(e)) from None
+    layers, sched = select_layers(schedule, layers)
+    if getattr(model.config, "q_lora_rank", None) is None:
+        raise DumpError("config.q_lora_rank is None: the DSA indexer reads the q LoRA residual")
+    if input_ids.dim() != 2 or input_ids.shape[0] != 1:
+        raise DumpError(f"input_ids must be [1, S], got {list(input_ids.shape)}")
+    tensors, info = capture(model, input_ids, layers, with_logits, indexer_rope)
+    meta = metadata(model, info, layers, sched, source, with_logits)
+    bad = [layer for layer, ok in info["self_check"].items() if not ok]
+    if bad and indexer_rope is None:
+        raise DumpError(
+            "self-check failed on layer(s) " + ",".join(map(str, bad)) + ": the top-k recomputed from the "
+            "captured intermediates differs from the model's own; this transformers version computes something "
+            "the bridge does not reproduce (nothing written)"
+        )
+    write_atomic(out, tensors, meta)
+    return meta
+
+
+def bytes_per_token_layer(cfg, full: bool, tokens: int, with_logits: bool = True) -> int:
+    """What one token costs in one dumped layer (the README's memory figure)."""
+    h, d = cfg.num_attention_heads, cfg.kv_lora_rank + cfg.qk_rope_head_dim
+    H, D, k = cfg.index_n_heads, cfg.index_head_dim, cfg.index_topk
+    n = 2 * h * d + 2 * d + 4 * k  # attn.q, attn.kv, attn.indices
+    if full:
+        n += 2 * H * D + 2 * D + 4 + 4 * H + 8 + 4 * k + (4 * tokens if with_logits else 0)
+    return n
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="python -m indexshare.dump",
+        description="Dump a transformers DSA model's kernel inputs and its own top-k for indexshare --from.",
+    )
+    ap.add_argument("--model", required=True, help="checkpoint folder, folder with config.json, or a config.json")
+    ap.add_argument("--prompt-file", help="text to tokenise with the checkpoint's tokenizer")
+    ap.add_argument("--tokens", type=int, help="random token ids (seeded); with --prompt-file: keep the first N")
+    ap.add_argument("--layers", help="model layers to dump, e.g. 0-3,6 (default: all); renumbered 0, 1, ...")
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    ap.add_argument("--seed", type=int, default=0, help="random weights (config only) and random tokens")
+    ap.add_argument("--no-logits", action="store_true", help="leave out the model's own [S, S] index scores")
+    ap.add_argument("--indexer-rope", choices=["interleave", "half"],
+                    help="negative control: write the indexer q/k with this RoPE layout instead of the model's")
+    ap.add_argument("--out", required=True, help="the dump (.safetensors), written atomically")
+    args = ap.parse_args(argv)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    try:
+        if args.device == "cuda":
+            import torch
+
+            if not torch.cuda.is_available():
+                raise DumpError("--device cuda: torch sees no CUDA device")
+        model, tok_dir, source = load_model(args.model, args.device, args.seed)
+        ids = token_ids(args, model, tok_dir)
+        layers = parse_layers(args.layers, model.config.num_hidden_layers) if args.layers else None
+        meta = dump(model, ids, args.out, layers, not args.no_logits, args.indexer_rope, source)
+    except DumpError as e:
+        print(f"indexshare.dump: error: {e}", file=sys.stderr)
+        return 2
+    print(
+        f"dump: {meta['model_class']} ({meta['weights']}), {meta['tokens']} tokens, layers {meta['layers']} "
+        f"schedule {meta['schedule']}, self-check {meta['self_check']} -> {args.out}\n"
+        f"dump: problem \"{meta['problem']}\""
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
