@@ -342,18 +342,26 @@ void fold_in_order(std::span<const uint8_t> local, const std::function<void(std:
   }
 }
 
+int64_t sum(int64_t local) {
+  int64_t total = 0;
+  MPI_Allreduce(&local, &total, 1, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD);
+  return total;
+}
+
 std::string rank_report(const std::vector<int64_t>& bounds, double compute_s) {
   struct rusage ru {};
   getrusage(RUSAGE_SELF, &ru);
-  double mine[2] = {compute_s, double(ru.ru_maxrss) / 1024.0};  // MiB
-  std::vector<double> all(size_t(2 * g_size));
-  MPI_Gather(mine, 2, MPI_DOUBLE, all.data(), 2, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+  const double cpu = double(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) + 1e-6 * double(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec);
+  double mine[3] = {compute_s, double(ru.ru_maxrss) / 1024.0, cpu};  // MiB
+  std::vector<double> all(static_cast<size_t>(3 * g_size));
+  MPI_Gather(mine, 3, MPI_DOUBLE, all.data(), 3, MPI_DOUBLE, 0, MPI_COMM_WORLD);
   if (g_rank != 0) return "";
   std::string out;
   char line[160];
   for (int r = 0; r < g_size; ++r) {
-    std::snprintf(line, sizeof line, "rank %-4d rows [%lld, %lld)  compute %.2f s  peak RSS %.0f MiB\n", r,
-                  (long long)bounds[size_t(r)], (long long)bounds[size_t(r) + 1], all[size_t(2 * r)], all[size_t(2 * r + 1)]);
+    std::snprintf(line, sizeof line, "rank %-4d rows [%lld, %lld)  compute %.2f s  process CPU %.2f s  peak RSS %.0f MiB\n", r,
+                  (long long)bounds[size_t(r)], (long long)bounds[size_t(r) + 1], all[size_t(3 * r)], all[size_t(3 * r + 2)],
+                  all[size_t(3 * r + 1)]);
     out += line;
   }
   return out;

@@ -90,7 +90,11 @@ nlohmann::json write_golden(const std::string& dir, golden::GoldenSet part, bool
 // Blocks are received one at a time. The other ranks send theirs and never call f.
 void fold_in_order(std::span<const uint8_t> local, const std::function<void(std::span<const uint8_t>)>& f);
 
-// Per-rank timing and memory, gathered to rank 0: one line per rank.
+// The sum over the ranks (every rank gets it).
+int64_t sum(int64_t local);
+
+// Per-rank timing and memory, gathered to rank 0: one line per rank (its rows, compute wall time,
+// the process's CPU time so far, user + system, and its peak resident set).
 std::string rank_report(const std::vector<int64_t>& bounds, double compute_s);
 
 }  // namespace indexshare::dist

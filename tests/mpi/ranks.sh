@@ -2,10 +2,10 @@
 # The MPI paths of indexshare (tools/lib/distributed.h) against one process: byte-identical golden
 # sets, the same run / overlap / search reports, and failing ranks that leave nothing behind.
 #
-#   tests/mpi/golden_ranks.sh CLI MPIEXEC NPROCS CASE
+#   tests/mpi/ranks.sh CLI MPIEXEC NPROCS CASE
 #
-# CASE: stack, rows, decode, from, simd, run, overlap, search, fail-compute, fail-write,
-# fail-hash, fail-memory, refuse-edge. Each golden case writes the set with one process and with
+# CASE: stack, rows, decode, from, simd, fail-compute, fail-write, fail-hash, fail-memory,
+# kill, refuse-edge, run (the same report), refuse-overlap (overlap and search are not split yet). Each golden case writes the set with one process and with
 # NPROCS ranks (same --out text, from two working folders, so the replay lines agree) and
 # compares manifest.json and tensors.safetensors byte for byte, then every tensor's SHA-256 in
 # the two manifests. mpirun runs as root in CI and on 2 cores: --allow-run-as-root --oversubscribe.
@@ -59,7 +59,31 @@ case "$CASE" in
   fail-memory)
     # Rank 0's block holds the most rows (the cheap early ones): a budget between the ranks'
     # estimates fails rank 0 only.
-    expect_failure "rank 0 of $NP: .*estimated" --problem "sq512 skv512 hq2 dqk64 dv32 ih4 id32 k8 seed3 nl2" --max-memory 1500K ;;
+    expect_failure "rank 0 of $NP: the problem needs about" --problem "sq512 skv512 hq2 dqk64 dv32 ih4 id32 k8 seed3 nl2" --max-memory 6M ;;
+  kill)
+    # A rank killed outright mid-write: the launcher ends the job; the final folder never appears
+    # (only the temporary <out>.tmp.mpi.<pid> may remain, never read as a set).
+    rc=0
+    (cd "$WORK/ranks" && INDEXSHARE_MPI_FAULT=1:kill-write mpi golden --problem "$PROB" --out set >ranks.out 2>ranks.err) || rc=$?
+    [ "$rc" -ne 0 ] || fail "the job succeeded"
+    [ ! -e "$WORK/ranks/set" ] || fail "the output folder exists"
+    grep -qi "signal 9\|killed" "$WORK/ranks/ranks.err" || { cat "$WORK/ranks/ranks.err" >&2; fail "no word of the killed rank"; }
+    echo "ok: kill on $NP ranks: exit $rc, no output folder" ;;
+  run)
+    # run's report: the same lines as one process (rank 0 folds the ranks' rows in order), but
+    # the timing lines and the rank table.
+    for extra in "" "--rows 0,5-20,last:3 --impl simd"; do
+      "$CLI" run --problem "$PROB" $extra | grep -v '^time' >"$WORK/one/run.txt"
+      mpi run --problem "$PROB" $extra | grep -v '^time\|^rank ' >"$WORK/ranks/run.txt"
+      diff "$WORK/one/run.txt" "$WORK/ranks/run.txt" || fail "run reports differ ($extra)"
+    done
+    echo "ok: run on $NP ranks: the same report" ;;
+  refuse-overlap)
+    rc=0
+    mpi overlap --problem "$PROB" >"$WORK/ranks/o.out" 2>"$WORK/ranks/o.err" || rc=$?
+    [ "$rc" -eq 2 ] || fail "overlap under MPI exited $rc"
+    [ "$(grep -c 'overlap is not split across MPI ranks' "$WORK/ranks/o.err")" -eq 1 ] || fail "not one clear error"
+    echo "ok: refuse-overlap on $NP ranks" ;;
   refuse-edge)
     expect_failure "attention-edge set .* is computed by one process" --preset attention-edge ;;
   *) fail "unknown case" ;;
