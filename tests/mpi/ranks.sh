@@ -5,7 +5,8 @@
 #   tests/mpi/ranks.sh CLI MPIEXEC NPROCS CASE
 #
 # CASE: stack, rows, decode, from, simd, fail-compute, fail-write, fail-hash, fail-memory,
-# kill, refuse-edge, run (the same report), refuse-overlap (overlap and search are not split yet). Each golden case writes the set with one process and with
+# kill, refuse-edge, run (the same report), overlap (--no-shared-stats: the same report),
+# refuse-shared-stats (overlap's dense Shared-layer statistics and search are not split yet). Each golden case writes the set with one process and with
 # NPROCS ranks (same --out text, from two working folders, so the replay lines agree) and
 # compares manifest.json and tensors.safetensors byte for byte, then every tensor's SHA-256 in
 # the two manifests. mpirun runs as root in CI and on 2 cores: --allow-run-as-root --oversubscribe.
@@ -78,12 +79,34 @@ case "$CASE" in
       diff "$WORK/one/run.txt" "$WORK/ranks/run.txt" || fail "run reports differ ($extra)"
     done
     echo "ok: run on $NP ranks: the same report" ;;
-  refuse-overlap)
+  overlap)
+    # overlap --no-shared-stats: the same table and JSON as one process, from each source.
+    (cd "$WORK" && "$CLI" golden --problem "$PROB" --out g >/dev/null)
+    for src in problem golden from; do
+      case $src in
+        problem) args=(--problem "$PROB") ;;
+        golden) args=(--golden "$WORK/g") ;;
+        from) args=(--from "$WORK/g/tensors.safetensors" --from-problem "k8 dv32 sched=FFSS") ;;
+      esac
+      "$CLI" overlap "${args[@]}" --no-shared-stats --buckets 4 --json "$WORK/one/o.json" >"$WORK/one/o.txt" || fail "one process ($src)"
+      mpi overlap "${args[@]}" --no-shared-stats --buckets 4 --json "$WORK/ranks/o.json" >"$WORK/ranks/o.txt" || fail "ranks ($src)"
+      cmp "$WORK/one/o.json" "$WORK/ranks/o.json" || fail "overlap JSON differs ($src)"
+      diff "$WORK/one/o.txt" "$WORK/ranks/o.txt" || fail "overlap table differs ($src)"
+      rm -f "$WORK/one/o.json" "$WORK/ranks/o.json"
+    done
+    echo "ok: overlap on $NP ranks: the same report from --problem, --golden and --from" ;;
+  refuse-shared-stats)
+    # Not split yet: the dense statistics of Shared layers (overlap without --no-shared-stats) and
+    # search are refused with one clear error, not computed on every rank.
     rc=0
     mpi overlap --problem "$PROB" >"$WORK/ranks/o.out" 2>"$WORK/ranks/o.err" || rc=$?
-    [ "$rc" -eq 2 ] || fail "overlap under MPI exited $rc"
-    [ "$(grep -c 'overlap is not split across MPI ranks' "$WORK/ranks/o.err")" -eq 1 ] || fail "not one clear error"
-    echo "ok: refuse-overlap on $NP ranks" ;;
+    [ "$rc" -eq 2 ] || fail "overlap with shared stats under MPI exited $rc"
+    [ "$(grep -c 'give --no-shared-stats' "$WORK/ranks/o.err")" -eq 1 ] || fail "not one clear error (overlap)"
+    rc=0
+    mpi search --problem "sq48 skv96 hq2 dqk64 dv32 ih4 id32 k8 seed11 nl4" >"$WORK/ranks/o.out" 2>"$WORK/ranks/o.err" || rc=$?
+    [ "$rc" -eq 2 ] || fail "search under MPI exited $rc"
+    [ "$(grep -c 'search is not split across MPI ranks' "$WORK/ranks/o.err")" -eq 1 ] || fail "not one clear error (search)"
+    echo "ok: refuse-shared-stats on $NP ranks" ;;
   refuse-edge)
     expect_failure "attention-edge set .* is computed by one process" --preset attention-edge ;;
   *) fail "unknown case" ;;
