@@ -1,4 +1,4 @@
-// indexshare: golden sets, runs and statistics computed by several processes (MPI ranks), with the
+// indexshare: golden sets, runs and overlap statistics computed by several processes (MPI ranks), with the
 // same bytes as one process. Built only when CMake finds MPI (compile definition INDEXSHARE_MPI);
 // the command-line tool takes this path when an MPI launcher (mpirun, srun) started it.
 //
