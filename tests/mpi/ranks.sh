@@ -4,7 +4,7 @@
 #
 #   tests/mpi/ranks.sh CLI MPIEXEC NPROCS CASE
 #
-# CASE: stack, rows, decode, from, simd, fail-compute, fail-write, fail-hash, fail-memory,
+# CASE: stack, rows, decode, for-kernel, from, simd, fail-compute, fail-write, fail-hash, fail-memory,
 # kill, refuse-edge, run (the same report), overlap (--no-shared-stats: the same report),
 # refuse-shared-stats (overlap's dense Shared-layer statistics and search are not split yet). Each golden case writes the set with one process and with
 # NPROCS ranks (same --out text, from two working folders, so the replay lines agree) and
@@ -52,6 +52,8 @@ case "$CASE" in
   simd) same_set --problem "$PROB" --impl simd --no-logits ;;
   rows) same_set --problem "$PROB" --rows last:2,0,16-18,9,30-40 ;;
   decode) same_set --preset decode ;;
+  for-kernel)  # golden --for: the kernel's call in the manifest, from the key-side tensors
+    same_set --problem "sq64 skv256 hq64 dqk576 dv512 ih4 id128 k128 seed3 nl2 sched=FS" --for flashmla-sparse-prefill-sm90 --no-logits --impl simd ;;
   from)
     (cd "$WORK" && "$CLI" golden --problem "$PROB" --out dump >/dev/null)
     same_set --from "$WORK/dump/tensors.safetensors" --problem "k8 dv32 sched=FFSS" ;;
