@@ -286,15 +286,21 @@ AttentionOut emulate_attention_lowp(const Tensor<bf16_t>& q, const Tensor<bf16_t
   return o;
 }
 
-double attention_budget(const Tensor<float>& exact_out, const Tensor<float>& emulated_out) {
-  double emul = 0, ref_round = 0;
+BudgetParts attention_budget_parts(const Tensor<float>& exact_out, const Tensor<float>& emulated_out) {
+  BudgetParts b;
   for (int64_t i = 0; i < exact_out.numel(); ++i) {
     const double e = exact_out[i];
     if (!std::isfinite(e)) continue;
-    emul = std::max(emul, std::fabs(double(emulated_out[i]) - e));
-    ref_round = std::max(ref_round, std::fabs(double(round_bf16(exact_out[i])) - e));
+    b.emul = std::max(b.emul, std::fabs(double(emulated_out[i]) - e));
+    b.ref_round = std::max(b.ref_round, std::fabs(double(round_bf16(exact_out[i])) - e));
   }
-  return kBudgetMultiple * emul + 2 * ref_round;
+  return b;
+}
+
+double attention_budget(const BudgetParts& b) { return kBudgetMultiple * b.emul + 2 * b.ref_round; }
+
+double attention_budget(const Tensor<float>& exact_out, const Tensor<float>& emulated_out) {
+  return attention_budget(attention_budget_parts(exact_out, emulated_out));
 }
 
 // ---- Indexer logits ----------------------------------------------------------------------------

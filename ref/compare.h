@@ -135,6 +135,15 @@ AttentionOut emulate_attention_lowp(const Tensor<bf16_t>& q, const Tensor<bf16_t
                                     const Tensor<int32_t>& indices, float sm_scale, int64_t d_v,
                                     const Tensor<int32_t>* topk_length, const Tensor<float>* attn_sink);
 double attention_budget(const Tensor<float>& exact_out, const Tensor<float>& emulated_out);
+// The budget's two maxima over the finite elements of exact_out: |emulated - exact| and
+// |bf16(exact) - exact|. Maxima over disjoint row blocks combine exactly by max (the sharded
+// golden sets reduce them across MPI ranks); attention_budget(parts) = kBudgetMultiple * emul +
+// 2 * ref_round, the same double as attention_budget over the whole tensors.
+struct BudgetParts {
+  double emul = 0, ref_round = 0;
+};
+BudgetParts attention_budget_parts(const Tensor<float>& exact_out, const Tensor<float>& emulated_out);
+double attention_budget(const BudgetParts& parts);
 
 // Indexer logits from an FP8 kernel: FP8 products are exact, but Hopper's FP8 tensor cores keep
 // about 14 bits while accumulating (DeepSeek-V3 report), and the head sum order is unspecified.

@@ -4,7 +4,7 @@
 set -euo pipefail
 
 DEBS=(cmake g++ make pkg-config libeigen3-dev libhwy-dev libomp-dev doctest-dev libcli11-dev
-      nlohmann-json3-dev libssl-dev clang libclang-rt-14-dev python3 python3-pip)
+      nlohmann-json3-dev libssl-dev clang libclang-rt-14-dev libopenmpi-dev openmpi-bin python3 python3-pip)
 PIP=(numpy ml_dtypes safetensors)
 
 missing=()

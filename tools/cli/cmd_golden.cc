@@ -1,6 +1,7 @@
 // indexshare golden / presets / verify: write, list and check golden sets.
 #include <chrono>
 #include <cstdio>
+#include <functional>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -12,6 +13,9 @@
 #include "tools/cli/cli.h"
 #include "tools/lib/golden.h"
 #include "tools/lib/kernel_registry.h"
+#ifdef INDEXSHARE_MPI
+#include "tools/lib/distributed.h"
+#endif
 
 namespace indexshare::cli {
 
@@ -30,6 +34,14 @@ struct GoldenArgs {
 
 std::string quote(const std::string& s) { return "\"" + s + "\""; }
 
+#ifdef INDEXSHARE_MPI
+bool dist_active() { return dist::active(); }
+int dist_rank() { return dist::rank(); }
+#else
+bool dist_active() { return false; }
+int dist_rank() { return 0; }
+#endif
+
 int publish(golden::GoldenSet set, const GoldenArgs& a, const std::string& replay,
             std::chrono::steady_clock::time_point t0) {
   uint64_t bytes = 0;
@@ -42,6 +54,40 @@ int publish(golden::GoldenSet set, const GoldenArgs& a, const std::string& repla
   std::printf("time      %.2f s\n__REPRO: %s\n", secs, replay.c_str());
   return 0;
 }
+
+#ifdef INDEXSHARE_MPI
+// The set computed by every MPI rank, each its block of rows (tools/lib/distributed.h): `windows`
+// (each row's causal window) decides the blocks; check_memory refuses a rank's block before it is
+// computed (--max-memory is per rank); make builds the rank's part. Rank 0 prints.
+int publish_ranks(const GoldenArgs& a, const Problem& p, const std::string& replay, const std::vector<int64_t>& windows,
+                  int indexer_layers, const std::function<void(const golden::RowPart&)>& check_memory,
+                  const std::function<golden::GoldenSet(const golden::RowPart&)>& make,
+                  std::chrono::steady_clock::time_point t0) {
+  std::vector<int64_t> bounds;
+  golden::RowPart part;
+  dist::guarded([&] { part = dist::my_rows(dist::row_work(p, windows, indexer_layers), &bounds); });
+  if (dist::rank() == 0)
+    std::fprintf(stderr, "golden: %d MPI ranks, %lld query rows split by causal work\n", dist::size(), (long long)windows.size());
+  golden::GoldenSet set;
+  const auto tc = std::chrono::steady_clock::now();
+  dist::guarded([&] {
+    check_memory(part);
+    set = make(part);
+    dist::fault_point("compute");
+  });
+  const double compute_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - tc).count();
+  dist::WriteStats ws;
+  const nlohmann::json manifest = dist::write_golden(a.out, std::move(set), a.force, &ws);
+  const std::string ranks = dist::rank_report(bounds, compute_s);
+  if (dist::rank() != 0) return 0;
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::printf("%s", golden::summary(a.out, manifest, ws.bytes).c_str());
+  std::printf("%s", ranks.c_str());
+  std::printf("write     MPI-IO %.2f s, SHA-256 of the written file %.2f s (rank 0)\n", ws.write_s, ws.hash_s);
+  std::printf("time      %.2f s on %d ranks\n__REPRO: %s\n", secs, dist::size(), replay.c_str());
+  return 0;
+}
+#endif
 
 int cmd_golden(const GoldenArgs& a) {
   require(!a.out.empty(), "golden: --out DIR is required");
@@ -57,6 +103,8 @@ int cmd_golden(const GoldenArgs& a) {
     require(a.problem.empty() && a.from.empty() && (a.preset.empty() || a.model.empty()),
             "golden: --model excludes --preset, --problem and --from");
     require(!a.rows_given, "golden: --rows works with --problem or a kernel-level --preset, not module-level sets");
+    require(!dist_active(), "golden: a module-level set (--model, module presets) is computed by one process: run it "
+                            "without mpirun / srun");
     reject_given(a.given, {"--kind", "--no-logits"}, "kernel-level sets (--problem, --preset, --from)",
                  "a module-level set has its own tensor list");
     golden::ModelSpec spec;
@@ -105,6 +153,18 @@ int cmd_golden(const GoldenArgs& a) {
     golden::StackInputs si = golden::load_stack_inputs(f, a.from, parse_problem(text));
     const std::string replay = "indexshare golden --from " + a.from + " --problem " + quote(to_string(si.problem)) +
                                (a.no_logits ? " --no-logits" : "") + " --out " + a.out;
+#ifdef INDEXSHARE_MPI
+    if (dist::active()) {
+      std::vector<int64_t> windows(size_t(si.inputs.at(0).ks.numel()));
+      for (size_t t = 0; t < windows.size(); ++t) windows[t] = si.inputs[0].ke[int64_t(t)] - si.inputs[0].ks[int64_t(t)];
+      int n_ix = 0;
+      for (const ref::LayerInputs& in : si.inputs) n_ix += in.has_indexer;
+      const Problem q = si.problem;
+      return publish_ranks(
+          a, q, replay, windows, n_ix, [](const golden::RowPart&) {},
+          [&](const golden::RowPart& part) { return golden::build_from(a.from, std::move(si), !a.no_logits, replay, &part); }, t0);
+    }
+#endif
     return publish(golden::build_from(a.from, std::move(si), !a.no_logits, replay), a, replay, t0);
   }
   require(a.preset.empty() != a.problem.empty(), "golden: give exactly one of --preset, --problem, --model and --from");
@@ -156,20 +216,46 @@ int cmd_golden(const GoldenArgs& a) {
   reject_target_on_ref(a.given, impl);
   const bool streams = impl_streams(impl, p);
   const uint64_t max_bytes = parse_bytes(a.max_memory);
-  check_memory(p, !a.no_logits, streams, max_bytes,
-               "use " + logits_remedy(p, !a.no_logits, streams, max_bytes, n_rows, true, true) +
-                   (kind == "stack" ? "--rows (fewer query rows), " : "") + "a smaller --problem (s_q, s_kv, nl)",
-               n_rows, true);
+  auto memory_check = [&](int64_t rows_here, const std::string& more) {
+    check_memory(p, !a.no_logits, streams, max_bytes,
+                 "use " + logits_remedy(p, !a.no_logits, streams, max_bytes, rows_here, true, true) + more +
+                     (kind == "stack" ? "--rows (fewer query rows), " : "") + "a smaller --problem (s_q, s_kv, nl)",
+                 rows_here, true);
+  };
+  if (!dist_active()) memory_check(n_rows, "");
   const std::string replay = "indexshare golden --problem " + quote(to_string(p)) + " --kind " + kind +
                              (kern ? " --for " + kern->name : "") +
                              (a.rows_given ? " --rows " + ref::format_rows(rows) : "") +
                              (impl == "simd" ? " --impl simd" : "") +
                              (a.no_logits ? " --no-logits" : "") +
                              (a.max_memory != "8G" ? " --max-memory " + a.max_memory : "") + " --out " + a.out;
-  std::fprintf(stderr, "golden: computing %s (%lld layers%s)...\n", to_string(p).c_str(), (long long)p.n_layers,
-               a.rows_given ? (", " + std::to_string(n_rows) + " query rows").c_str() : "");
+  if (!dist_active() || dist_rank() == 0)
+    std::fprintf(stderr, "golden: computing %s (%lld layers%s)...\n", to_string(p).c_str(), (long long)p.n_layers,
+                 a.rows_given ? (", " + std::to_string(n_rows) + " query rows").c_str() : "");
+  auto kernel_block = [&](golden::GoldenSet& set) {  // the kernel's call and its tensors in the kernel's form
+    if (kern) golden::for_kernel(set, *kern, p);
+  };
+#ifdef INDEXSHARE_MPI
+  if (dist::active()) {
+    require(kind != "attention-edge", "golden: an attention-edge set (8 rows whose edge cases depend on the row number) is "
+                                      "computed by one process: run it without mpirun / srun");
+    const std::vector<int64_t> list = a.rows_given ? rows : ref::all_rows(p);
+    const Schedule sched = p.schedule();
+    int n_ix = 0;
+    for (int l = 0; l < sched.n_layers(); ++l) n_ix += sched.is_full(l) || p.own;
+    return publish_ranks(
+        a, p, replay, dist::causal_windows(p, list), n_ix,
+        [&](const golden::RowPart& part) { memory_check(part.end - part.begin, "more ranks, "); },
+        [&](const golden::RowPart& part) {
+          golden::GoldenSet set = golden::build(p, kind, !a.no_logits, replay, impl == "simd", a.rows_given ? &rows : nullptr, &part);
+          kernel_block(set);
+          return set;
+        },
+        t0);
+  }
+#endif
   golden::GoldenSet set = golden::build(p, kind, !a.no_logits, replay, impl == "simd", a.rows_given ? &rows : nullptr);
-  if (kern) golden::for_kernel(set, *kern, p);  // the kernel's call and its tensors in the kernel's form
+  kernel_block(set);
   return publish(std::move(set), a, replay, t0);
 }
 

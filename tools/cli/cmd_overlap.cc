@@ -1,6 +1,8 @@
 // indexshare overlap / search: cross-layer top-k overlap statistics and the greedy IndexCache
 // pattern search, on a golden set, a generated problem, or inputs dumped from a model.
 #include <cstdio>
+#include <cstring>
+#include <span>
 #include <memory>
 #include <string>
 
@@ -11,6 +13,9 @@
 #include "tools/lib/golden.h"
 #include "simd/simd.h"
 #include "tools/lib/svg.h"
+#ifdef INDEXSHARE_MPI
+#include "tools/lib/distributed.h"
+#endif
 
 namespace indexshare::cli {
 
@@ -85,7 +90,94 @@ struct OverlapArgs {
   bool no_shared_stats = false;
 };
 
+int emit_overlap(const OverlapArgs& a, const Problem& p, const ref::OverlapReport& r);
+
+#ifdef INDEXSHARE_MPI
+// overlap on every MPI rank (tools/lib/distributed.h): each rank computes its block of rows'
+// own top-k (the indexer, the bulk of the work); rank 0 gathers every layer's top-k and the
+// windows in row order and computes the report from them, the same as one process. The dense
+// statistics of Shared layers are not split: they need --no-shared-stats.
+int overlap_ranks(const OverlapArgs& a) {
+  require(a.no_shared_stats, "overlap under MPI ranks splits the top-k only: give --no-shared-stats (the dense attention "
+                             "statistics of Shared layers run in one process, without mpirun / srun)");
+  golden::StackInputs si;
+  std::vector<int64_t> windows;
+  const bool generated = !a.src.problem.empty();
+  if (generated) {
+    require(a.src.golden.empty() && a.src.from.empty(), "give exactly one of --golden, --problem and --from");
+    reject_given(a.src.given, {"--from-problem"}, "--from", "the other sources carry their own problem");
+    si.problem = parse_problem(a.src.problem);
+    windows = dist::causal_windows(si.problem, ref::all_rows(si.problem));
+  } else {
+    si = load(a.src, false);
+    windows.resize(size_t(si.inputs.at(0).ks.numel()));
+    for (size_t t = 0; t < windows.size(); ++t) windows[t] = si.inputs[0].ke[int64_t(t)] - si.inputs[0].ks[int64_t(t)];
+  }
+  const Problem& p = si.problem;
+  const Schedule sched = p.schedule();
+  int n_ix = 0;
+  for (int l = 0; l < sched.n_layers(); ++l) n_ix += sched.is_full(l) || p.own;
+  std::vector<int64_t> bounds;
+  golden::RowPart part;
+  dist::guarded([&] { part = dist::my_rows(dist::row_work(p, windows, n_ix), &bounds); });
+  const ref::Kernels kern = kernels_for(a.src, p);
+  std::vector<ref::LayerInputs> in;
+  std::vector<ref::StackLayerOutputs> outs;
+  dist::guarded([&] {
+    if (generated) {
+      const bool streams = impl_streams(resolve_impl(a.src.impl, p), p);
+      const uint64_t max_bytes = parse_bytes(a.src.max_memory);
+      check_memory(p, false, streams, max_bytes,
+                   "use " + logits_remedy(p, false, streams, max_bytes, part.end - part.begin, false, false) +
+                       "more ranks, a smaller --problem (s_q, s_kv, nl)",
+                   part.end - part.begin);
+      const std::vector<int64_t> all = ref::all_rows(p);
+      in = ref::make_stack_inputs(p, sched, std::vector<int64_t>(all.begin() + part.begin, all.begin() + part.end));
+    } else {
+      in = std::move(si.inputs);
+      for (ref::LayerInputs& li : in) golden::slice_rows(li, part.begin, part.end);
+    }
+    outs = ref::run_stack(p, sched, in, false, kern);
+    dist::fault_point("compute");
+  });
+  // Rank 0: every layer's own top-k and the windows, whole, in row order.
+  auto gather = [&](const Tensor<int32_t>& t, Shape whole) {
+    Tensor<int32_t> full;
+    if (dist::rank() == 0) full = Tensor<int32_t>(whole);
+    size_t at = 0;
+    dist::fold_in_order({reinterpret_cast<const uint8_t*>(t.data.data()), t.data.size() * sizeof(int32_t)},
+                        [&](std::span<const uint8_t> b) {
+                          std::memcpy(full.data.data() + at, b.data(), b.size());
+                          at += b.size() / sizeof(int32_t);
+                        });
+    return full;
+  };
+  const int64_t s_q = int64_t(windows.size());
+  const Tensor<int32_t> ks = gather(in[0].ks, {s_q}), ke = gather(in[0].ke, {s_q});
+  std::vector<ref::LayerInputs> in_all(outs.size());
+  std::vector<ref::StackLayerOutputs> out_all(outs.size());
+  for (size_t l = 0; l < outs.size(); ++l) {
+    in_all[l].has_indexer = in[l].has_indexer;
+    in_all[l].ks = ks;
+    in_all[l].ke = ke;
+    out_all[l].layer = outs[l].layer;
+    out_all[l].kind = outs[l].kind;
+    out_all[l].source = outs[l].source;
+    if (outs[l].own_topk.numel()) out_all[l].own_topk = gather(outs[l].own_topk, {s_q, p.index_topk});
+  }
+  if (dist::rank() != 0) return 0;
+  ref::OverlapOptions opt;
+  opt.kernels = kern;
+  opt.n_buckets = a.buckets;
+  opt.shared_stats = false;
+  return emit_overlap(a, p, ref::overlap_report(p, in_all, out_all, opt));
+}
+#endif
+
 int cmd_overlap(const OverlapArgs& a) {
+#ifdef INDEXSHARE_MPI
+  if (dist::active()) return overlap_ranks(a);
+#endif
   const golden::StackInputs si = load(a.src, false);
   const Problem& p = si.problem;
   ref::OverlapOptions opt;
@@ -93,7 +185,10 @@ int cmd_overlap(const OverlapArgs& a) {
   const auto outs = ref::run_stack(p, p.schedule(), si.inputs, false, opt.kernels);
   opt.n_buckets = a.buckets;
   opt.shared_stats = !a.no_shared_stats;
-  const ref::OverlapReport r = ref::overlap_report(p, si.inputs, outs, opt);
+  return emit_overlap(a, p, ref::overlap_report(p, si.inputs, outs, opt));
+}
+
+int emit_overlap(const OverlapArgs& a, const Problem& p, const ref::OverlapReport& r) {
   std::printf("%s", io::overlap_table(r).c_str());
   std::vector<std::pair<std::string, std::string>> files;  // written together: all or none
   if (!a.json.empty()) files.emplace_back(a.json, io::overlap_to_json(r).dump(2) + "\n");

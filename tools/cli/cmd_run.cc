@@ -7,6 +7,7 @@
 #include <limits>
 #include <memory>
 #include <set>
+#include <span>
 #include <string>
 
 #include "ref/config.h"
@@ -16,6 +17,9 @@
 #include "ref/stack.h"
 #include "simd/simd.h"
 #include "tools/cli/cli.h"
+#ifdef INDEXSHARE_MPI
+#include "tools/lib/distributed.h"
+#endif
 
 namespace indexshare::cli {
 
@@ -41,19 +45,11 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-template <typename T>
-uint64_t fingerprint(const std::vector<T>& v) {  // FNV-1a over the bytes: a summary, not a hash
-  uint64_t h = 0xCBF29CE484222325ull;
-  const auto* b = reinterpret_cast<const unsigned char*>(v.data());
-  for (size_t i = 0; i < v.size() * sizeof(T); ++i) h = (h ^ b[i]) * 0x100000001B3ull;
-  return h;
-}
 
-// Mean over rows of |A ∩ B| / |A| for two [rows, k] position tensors (valid entries only).
-double recall(const Tensor<int32_t>& a, const Tensor<int32_t>& b) {
-  if (a.numel() == 0 || b.numel() == 0) return std::nan("");
+// |A ∩ B| / |A| of each row of two [rows, k] position tensors (valid entries only); 1 where A is empty.
+std::vector<double> recall_rows(const Tensor<int32_t>& a, const Tensor<int32_t>& b) {
   const int64_t rows = a.dim(0), k = a.dim(1);
-  double sum = 0;
+  std::vector<double> r;
   for (int64_t t = 0; t < rows; ++t) {
     std::set<int32_t> sa, sb;
     for (int64_t j = 0; j < k; ++j) {
@@ -62,21 +58,111 @@ double recall(const Tensor<int32_t>& a, const Tensor<int32_t>& b) {
     }
     int64_t common = 0;
     for (int32_t v : sa) common += sb.count(v);
-    sum += sa.empty() ? 1.0 : double(common) / double(sa.size());
+    r.push_back(sa.empty() ? 1.0 : double(common) / double(sa.size()));
   }
-  return sum / double(rows);
+  return r;
+}
+
+// The layer's line from its folds: the per-row recalls summed in row order, the output's sum of
+// squares and FNV-1a in element order (so that ranks, folded in order, print the same line).
+struct LayerFold {
+  double recall_sum = 0, ss = 0;
+  int64_t rows = 0, numel = 0;
+  uint64_t fp = 0xCBF29CE484222325ull;
+  void add_recalls(std::span<const double> r) {
+    for (double v : r) recall_sum += v;
+    rows += int64_t(r.size());
+  }
+  void add_out(std::span<const float> out) {
+    for (float v : out) ss += double(v) * v;
+    const auto* b = reinterpret_cast<const unsigned char*>(out.data());
+    for (size_t i = 0; i < out.size() * sizeof(float); ++i) fp = (fp ^ b[i]) * 0x100000001B3ull;
+    numel += int64_t(out.size());
+  }
+};
+
+void print_layer(int l, bool full, int source, bool has_own, const LayerFold& f) {
+  const double rms = std::sqrt(f.ss / double(std::max<int64_t>(1, f.numel)));
+  const double recall = f.rows ? f.recall_sum / double(f.rows) : std::nan("");
+  std::printf("layer %3d %-6s source %3d  own-vs-used recall %-6s  out rms %.5f  fingerprint %016llx\n", l,
+              full ? "full" : "shared", source, has_own ? (std::to_string(recall).substr(0, 5)).c_str() : "-", rms,
+              (unsigned long long)f.fp);
 }
 
 void print_layer(int l, bool full, int source, const Tensor<int32_t>& own, const Tensor<int32_t>& used,
                  const ref::AttentionOut& attn) {
-  double ss = 0;
-  for (float v : attn.out.data) ss += double(v) * v;
-  const double rms = std::sqrt(ss / double(std::max<int64_t>(1, attn.out.numel())));
-  std::printf("layer %3d %-6s source %3d  own-vs-used recall %-6s  out rms %.5f  fingerprint %016llx\n", l,
-              full ? "full" : "shared", source,
-              own.numel() ? (std::to_string(recall(own, used)).substr(0, 5)).c_str() : "-", rms,
-              (unsigned long long)fingerprint(attn.out.data));
+  LayerFold f;
+  if (own.numel() && used.numel()) f.add_recalls(recall_rows(own, used));
+  f.add_out(attn.out.data);
+  print_layer(l, full, source, own.numel() > 0, f);
 }
+
+#ifdef INDEXSHARE_MPI
+bool dist_active() { return dist::active(); }
+
+// run on every MPI rank, each its block of rows (tools/lib/distributed.h); rank 0 folds the
+// ranks' per-row recalls and outputs in row order and prints what one process prints, then a
+// line per rank. --max-memory is per rank.
+int run_ranks(const RunArgs& a, const Problem& p, const Schedule& s, const std::vector<int64_t>& rows,
+              const std::string& impl, bool streams, uint64_t max_bytes) {
+  int n_ix = 0;
+  for (int l = 0; l < s.n_layers(); ++l) n_ix += s.is_full(l) || p.own;
+  std::vector<int64_t> bounds;
+  golden::RowPart part;
+  dist::guarded([&] { part = dist::my_rows(dist::row_work(p, dist::causal_windows(p, rows), n_ix), &bounds); });
+  const int64_t n_rows = int64_t(rows.size()), mine = part.end - part.begin;
+  const bool root = dist::rank() == 0;
+  if (root) {
+    std::printf("problem   %s\nschedule  %s (%d full of %d)\nimpl      %s%s\n", to_string(p).c_str(), s.pattern().c_str(),
+                s.n_full(), s.n_layers(), impl.c_str(), impl == "simd" ? (" (Highway target " + simd::current_target() + ")").c_str() : "");
+    if (a.rows_given) std::printf("rows      %lld of %lld query rows: %s\n", (long long)n_rows, (long long)p.s_q, ref::format_rows(rows).c_str());
+    std::fflush(stdout);
+  }
+  std::vector<ref::LayerInputs> in;
+  std::vector<ref::StackLayerOutputs> out;
+  double t_gen = 0, t_run = 0;
+  dist::guarded([&] {
+    check_memory(p, false, streams, max_bytes,
+                 "use " + logits_remedy(p, false, streams, max_bytes, mine, false, false) +
+                     "more ranks, --rows (fewer query rows), a smaller --problem (s_q, s_kv, nl)",
+                 mine);
+    auto t0 = std::chrono::steady_clock::now();
+    in = ref::make_stack_inputs(p, s, std::vector<int64_t>(rows.begin() + part.begin, rows.begin() + part.end));
+    t_gen = seconds_since(t0);
+    t0 = std::chrono::steady_clock::now();
+    out = impl == "simd" ? simd::run_stack(p, s, in, false) : ref::run_stack(p, s, in, false);
+    t_run = seconds_since(t0);
+    dist::fault_point("compute");
+  });
+  int64_t short_rows = 0;
+  for (int64_t t = 0; t < mine; ++t) short_rows += in[0].ke[t] - in[0].ks[t] <= p.index_topk;
+  short_rows = dist::sum(short_rows);
+  if (root)
+    std::printf("top-k     k=%lld; %lld of %lld rows are shorter than k (dense)\n", (long long)p.index_topk,
+                (long long)short_rows, (long long)n_rows);
+  for (const auto& o : out) {
+    LayerFold f;
+    const bool has_own = o.own_topk.numel() > 0;
+    if (has_own) {
+      const std::vector<double> r = recall_rows(o.own_topk, o.used_topk);
+      dist::fold_in_order({reinterpret_cast<const uint8_t*>(r.data()), r.size() * sizeof(double)}, [&](std::span<const uint8_t> b) {
+        f.add_recalls({reinterpret_cast<const double*>(b.data()), b.size() / sizeof(double)});
+      });
+    }
+    dist::fold_in_order({reinterpret_cast<const uint8_t*>(o.attn.out.data.data()), o.attn.out.data.size() * sizeof(float)},
+                        [&](std::span<const uint8_t> b) { f.add_out({reinterpret_cast<const float*>(b.data()), b.size() / sizeof(float)}); });
+    if (root) print_layer(o.layer, o.kind == LayerKind::full, o.source, has_own, f);
+  }
+  const std::string ranks = dist::rank_report(bounds, t_gen + t_run);
+  if (!root) return 0;
+  std::printf("time      inputs %.3f s, stack %.3f s (impl %s, rank 0 of %d)\n%s", t_gen, t_run, impl.c_str(), dist::size(), ranks.c_str());
+  std::printf("__REPRO: indexshare run --impl %s --problem \"%s\"%s\n", impl.c_str(), to_string(p).c_str(),
+              a.rows_given ? (" --rows " + ref::format_rows(rows)).c_str() : "");
+  return 0;
+}
+#else
+bool dist_active() { return false; }
+#endif
 
 int run_problem(const RunArgs& a) {
   Problem p = parse_problem(a.problem.empty() ? kDefaultProblem : a.problem);
@@ -92,12 +178,16 @@ int run_problem(const RunArgs& a) {
   reject_target_on_ref(a.given, impl);
   const bool streams = impl_streams(impl, p);
   const uint64_t max_bytes = parse_bytes(a.max_memory);
-  check_memory(p, false, streams, max_bytes,
-               "use " + logits_remedy(p, false, streams, max_bytes, n_rows, false, false) +
-                   "--rows (fewer query rows), a smaller --problem (s_q, s_kv, nl)",
-               n_rows);
+  if (!dist_active())
+    check_memory(p, false, streams, max_bytes,
+                 "use " + logits_remedy(p, false, streams, max_bytes, n_rows, false, false) +
+                     "--rows (fewer query rows), a smaller --problem (s_q, s_kv, nl)",
+                 n_rows);
   if (!a.rows_given) rows = ref::all_rows(p);
   apply_target(a.target);
+#ifdef INDEXSHARE_MPI
+  if (dist::active()) return run_ranks(a, p, s, rows, impl, streams, max_bytes);
+#endif
   std::printf("problem   %s\nschedule  %s (%d full of %d)\nimpl      %s%s\n", to_string(p).c_str(), s.pattern().c_str(),
               s.n_full(), s.n_layers(), impl.c_str(), impl == "simd" ? (" (Highway target " + simd::current_target() + ")").c_str() : "");
   if (a.rows_given) std::printf("rows      %lld of %lld query rows: %s\n", (long long)n_rows, (long long)p.s_q, ref::format_rows(rows).c_str());
@@ -155,6 +245,7 @@ int run_model(const RunArgs& a) {
 int cmd_run(const RunArgs& a) {
   require(a.problem.empty() || a.model.empty(), "run: give --problem or --model, not both");
   require(a.model.empty() || !a.rows_given, "--rows: only with --problem (kernel-level stacks), not --model");
+  require(a.model.empty() || !dist_active(), "run --model (the toy model) runs in one process: run it without mpirun / srun");
   check_overrides(a.given, a.layers, a.seq, a.seed);
   if (a.model.empty())
     reject_given(a.given, {"--seq", "--seed", "--sim", "--variant"}, "--model",

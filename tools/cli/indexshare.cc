@@ -11,8 +11,24 @@
 
 #include "ref/error.h"
 #include "tools/cli/cli.h"
+#ifdef INDEXSHARE_MPI
+#include "tools/lib/distributed.h"
+#endif
 
-int main(int argc, char** argv) {
+namespace {
+
+// Under an MPI launcher with several ranks, errors every rank meets alike (usage, bad input found
+// before the ranks split the work) are printed by rank 0 only; errors of one rank go through the
+// collective checks of tools/lib/distributed.h, which print them on rank 0.
+bool quiet_rank() {
+#ifdef INDEXSHARE_MPI
+  return indexshare::dist::active() && indexshare::dist::rank() != 0;
+#else
+  return false;
+#endif
+}
+
+int run(int argc, char** argv) {
   using namespace indexshare;
   // Keep freed blocks up to 32 MiB (glibc's maximum) in the heap instead of returning each one to
   // the OS: kernels called in a loop (bench repeats, stacks) would otherwise fault and zero their
@@ -34,28 +50,62 @@ int main(int argc, char** argv) {
   if (argc > 1 && argv[1][0] != '-' && app.get_subcommands([&](CLI::App* s) { return s->get_name() == argv[1]; }).empty()) {
     std::string names;
     for (const CLI::App* s : app.get_subcommands([](CLI::App*) { return true; })) names += (names.empty() ? "" : ", ") + s->get_name();
-    std::fprintf(stderr, "indexshare: error: unknown command '%s' (commands: %s)\n", argv[1], names.c_str());
+    if (!quiet_rank()) std::fprintf(stderr, "indexshare: error: unknown command '%s' (commands: %s)\n", argv[1], names.c_str());
     return 2;
   }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    if (e.get_exit_code() == 0) return app.exit(e);  // --help, --version
+    if (e.get_exit_code() == 0) return quiet_rank() ? 0 : app.exit(e);  // --help, --version
     // Usage errors read like every other bad input: the prefix, the option or token at fault.
-    std::fprintf(stderr, "indexshare: error: %s (see indexshare --help, or indexshare COMMAND --help)\n", e.what());
+    if (!quiet_rank()) std::fprintf(stderr, "indexshare: error: %s (see indexshare --help, or indexshare COMMAND --help)\n", e.what());
     return 2;
   }
+#ifdef INDEXSHARE_MPI
+  // Commands that do not split their work across ranks run on rank 0 alone.
+  if (quiet_rank()) {
+    const std::string name = app.get_subcommands().empty() ? "" : app.get_subcommands()[0]->get_name();
+    if (name != "golden" && name != "run" && name != "overlap" && name != "search") return 0;
+  }
+  // search does not split its work yet: refused rather than computed on every rank.
+  if (dist::active() && dist::size() > 1 && !app.get_subcommands().empty()) {
+    const std::string name = app.get_subcommands()[0]->get_name();
+    if (name == "search") {
+      if (!quiet_rank())
+        std::fprintf(stderr, "indexshare: error: %s is not split across MPI ranks yet: run it in one process (without "
+                             "mpirun / srun)\n", name.c_str());
+      return 2;
+    }
+  }
+#endif
   try {
     for (const cli::Action& a : actions) {
       const int rc = a();
       if (rc >= 0) return rc;
     }
   } catch (const Error& e) {
-    std::fprintf(stderr, "indexshare: error: %s\n", e.what());
+    if (!quiet_rank()) std::fprintf(stderr, "indexshare: error: %s\n", e.what());
     return 2;
+#ifdef INDEXSHARE_MPI
+  } catch (const dist::Failed&) {  // printed by rank 0 already
+    return 2;
+#endif
   } catch (const std::exception& e) {
     std::fprintf(stderr, "indexshare: internal error: %s\n", e.what());
     return 3;
   }
   return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+#ifdef INDEXSHARE_MPI
+  indexshare::dist::init(&argc, &argv);
+  const int rc = run(argc, argv);
+  indexshare::dist::finalize();
+  return rc;
+#else
+  return run(argc, argv);
+#endif
 }

@@ -137,17 +137,52 @@ void edge_indices(Tensor<int32_t>& ind, Tensor<int32_t>& topk_length, int64_t s_
 namespace {
 GoldenSet build_stack(const Problem& p, std::vector<ref::LayerInputs> inputs, const std::string& kind,
                       bool with_logits, const std::string& replay, bool use_simd = false,
-                      const std::vector<int64_t>* rows = nullptr);
+                      const std::vector<int64_t>* rows = nullptr, const RowPart* part = nullptr);
+
+// Rows [begin, end) along dim 0.
+template <class T>
+void slice_dim0(Tensor<T>& t, int64_t begin, int64_t end) {
+  if (t.numel() == 0) return;
+  const int64_t row = t.numel() / t.dim(0);
+  Tensor<T> s = t;
+  s.shape[0] = end - begin;
+  s.data.assign(t.data.begin() + begin * row, t.data.begin() + end * row);
+  t = std::move(s);
+}
+}  // namespace
+
+void slice_rows(ref::LayerInputs& in, int64_t begin, int64_t end) {
+  require(0 <= begin && begin < end && end <= in.ks.numel(),
+          "slice_rows: rows [" + std::to_string(begin) + ", " + std::to_string(end) + ") outside the " +
+              std::to_string(in.ks.numel()) + " query rows");
+  slice_dim0(in.index_q8, begin, end);
+  slice_dim0(in.index_q, begin, end);
+  slice_dim0(in.index_q_scale, begin, end);
+  slice_dim0(in.index_weights, begin, end);
+  slice_dim0(in.ks, begin, end);
+  slice_dim0(in.ke, begin, end);
+  slice_dim0(in.q, begin, end);
 }
 
 GoldenSet build(const Problem& p, const std::string& kind, bool with_logits, const std::string& replay, bool use_simd,
-                const std::vector<int64_t>* rows) {
+                const std::vector<int64_t>* rows, const RowPart* part) {
   require(kind == "stack" || kind == "attention-edge" || kind == "decode",
           "golden: unknown kind '" + kind + "' (expected stack, attention-edge or decode)");
   require(!rows || kind == "stack", "golden: --rows (sampled query rows) works with --kind stack only, not '" + kind + "'");
   const ref::Kernels kern = use_simd ? simd::kernels() : ref::Kernels{};  // the generator's fills
-  std::vector<ref::LayerInputs> inputs = rows ? ref::make_stack_inputs(p, p.schedule(), *rows, kern)
-                                              : ref::make_stack_inputs(p, p.schedule(), kern);
+  // attention-edge sets rewrite rows 0-6 by their row number: computed whole, never in parts.
+  require(!part || kind != "attention-edge", "golden: an attention-edge set is computed by one process, not in parts (MPI ranks)");
+  std::vector<ref::LayerInputs> inputs;
+  if (part) {  // only the part's rows are generated (the --rows machinery)
+    const std::vector<int64_t> all = rows ? *rows : ref::all_rows(p);
+    require(0 <= part->begin && part->begin < part->end && part->end <= int64_t(all.size()),
+            "golden: part rows [" + std::to_string(part->begin) + ", " + std::to_string(part->end) + ") outside the set's " +
+                std::to_string(all.size()) + " rows");
+    const std::vector<int64_t> mine(all.begin() + part->begin, all.begin() + part->end);
+    inputs = ref::make_stack_inputs(p, p.schedule(), mine, kern);
+  } else {
+    inputs = rows ? ref::make_stack_inputs(p, p.schedule(), *rows, kern) : ref::make_stack_inputs(p, p.schedule(), kern);
+  }
   if (kind == "decode") {
     // The decode kernels read the FP8 KV cache: the reference attention runs on the quantized
     // then dequantized latent rows (FlashMLA's own tests do the same), identical in value to what
@@ -155,7 +190,7 @@ GoldenSet build(const Problem& p, const std::string& kind, bool with_logits, con
     require(p.d_qk == paged::kFlashMlaDqk, "golden decode: the V32 FP8 KV cache needs dqk576");
     for (ref::LayerInputs& in : inputs) in.kv = paged::flashmla_quant_dequant(in.kv);
   }
-  return build_stack(p, std::move(inputs), kind, with_logits, replay, use_simd, rows);
+  return build_stack(p, std::move(inputs), kind, with_logits, replay, use_simd, rows, part);
 }
 
 namespace {
@@ -165,7 +200,7 @@ constexpr int64_t kDecodePage = 64;
 // of the layer, DeepGEMM's paged indexer k cache (layers with an indexer), and the physical
 // indices [b, next_n, topk] the attention used. Unused cache slots hold NaN.
 void add_paged(GoldenSet& g, const Problem& p, const ref::LayerInputs& in, const ref::StackLayerOutputs& o,
-               const std::string& pre, const paged::PagedLayout& layout) {
+               const std::string& pre, const paged::PagedLayout& layout, const RowPart* part) {
   const int64_t b = p.n_seqs, Lk = p.seq_kv(), k = p.index_topk;
   std::vector<Tensor<bf16_t>> kv;
   for (int64_t i = 0; i < b; ++i) {
@@ -187,15 +222,37 @@ void add_paged(GoldenSet& g, const Problem& p, const ref::LayerInputs& in, const
     }
     add(g, pre + "indexer.k_cache", paged::deepgemm_index_cache(layout, kc, sc, p.index_head_dim), Role::input);
   }
-  Tensor<int32_t> logical({b, p.seq_q(), k});
-  logical.data = o.used_topk.data;
-  add(g, pre + "attn.indices_physical", paged::logical_to_physical(layout, logical), Role::input);
+  // A part's rows sit at their place among the whole set's (the batch entry of a row is its
+  // number / next_n); the others stay -1 and are cut away after the mapping.
+  Tensor<int32_t> logical({b, p.seq_q(), k}, -1);
+  const int64_t first = part ? part->begin * k : 0;
+  std::copy(o.used_topk.data.begin(), o.used_topk.data.end(), logical.data.begin() + first);
+  Tensor<int32_t> physical = paged::logical_to_physical(layout, logical);
+  if (part) {
+    Tensor<int32_t> mine({part->end - part->begin, 1, k});
+    std::copy(physical.data.begin() + first, physical.data.begin() + first + mine.numel(), mine.data.begin());
+    g.shard.per_row[pre + "attn.indices_physical"] = physical.shape;
+    physical = std::move(mine);
+  }
+  add(g, pre + "attn.indices_physical", physical, Role::input);
+}
+
+// The per-row tensors of a stack set (their rows are query rows), by name after "layers.{l}.".
+bool per_row_tensor(const std::string& name) {
+  static const std::set<std::string> names = {
+      "indexer.q", "indexer.q_scale", "indexer.weights", "indexer.ks", "indexer.ke", "indexer.logits", "indexer.topk",
+      "attn.q", "attn.indices", "attn.out", "attn.out_bf16", "attn.lse", "attn.max_logits", "attn.indices_physical"};
+  if (name == "rows") return true;
+  if (name.rfind("layers.", 0) != 0) return false;
+  const size_t dot = name.find('.', 7);
+  return dot != std::string::npos && names.count(name.substr(dot + 1));
 }
 
 // Memory: the set's views copy the tensors; each large one (attention q, out, out_bf16, the logits)
 // is freed as soon as it is copied (take), so the peak stays near the stack's own.
 GoldenSet build_stack(const Problem& p, std::vector<ref::LayerInputs> inputs, const std::string& kind,
-                      bool with_logits, const std::string& replay, bool use_simd, const std::vector<int64_t>* rows) {
+                      bool with_logits, const std::string& replay, bool use_simd, const std::vector<int64_t>* rows,
+                      const RowPart* part) {
   const Schedule sched = p.schedule();
   // Without logits in the set, simd's stack streams the indexer into the top-k (the same
   // positions, never the [s_q, s_kv] logits), as `run` does.
@@ -203,6 +260,13 @@ GoldenSet build_stack(const Problem& p, std::vector<ref::LayerInputs> inputs, co
                                                       : ref::run_stack(p, sched, inputs, with_logits);
   const ref::Kernels kern = use_simd ? simd::kernels() : ref::Kernels{};  // the budget's emulation
   GoldenSet g;
+  const int64_t s_q_set = rows ? int64_t(rows->size()) : p.s_q;
+  if (part) {
+    g.shard.active = true;
+    g.shard.begin = part->begin;
+    g.shard.end = part->end;
+    g.shard.total = s_q_set;
+  }
   json layers = json::array(), budgets = json::object();
   paged::PagedLayout layout;
   if (kind == "decode") {
@@ -250,7 +314,9 @@ GoldenSet build_stack(const Problem& p, std::vector<ref::LayerInputs> inputs, co
       const ref::AttentionOut emu = kern.emulate_attention_lowp(in.q, in.kv, indices, p.sm_scale(), p.d_v, tl, sink);
       for (int64_t i = 0; i < attn.out.numel(); ++i)
         emu_err = std::max(emu_err, std::fabs(double(emu.out[i]) - double(attn.out[i])));
-      budget = cmp::attention_budget(attn.out, emu.out);
+      const cmp::BudgetParts parts = cmp::attention_budget_parts(attn.out, emu.out);
+      budget = cmp::attention_budget(parts);
+      if (part) g.shard.budgets[pre + "attn.out"] = {parts.emul, parts.ref_round, emu_err};
     }
     budgets[pre + "attn.out"] = {{"budget_max_abs", budget},
                                  {"emulation_max_abs", emu_err},
@@ -265,7 +331,7 @@ GoldenSet build_stack(const Problem& p, std::vector<ref::LayerInputs> inputs, co
     take(g, pre + "attn.out_bf16", attn.out_bf16, Role::output);
     add(g, pre + "attn.lse", attn.lse, Role::output);
     add(g, pre + "attn.max_logits", attn.max_logits, Role::output);
-    if (kind == "decode") add_paged(g, p, in, o, pre, layout);
+    if (kind == "decode") add_paged(g, p, in, o, pre, layout, part);
   }
   // Sequence boundaries of the flattened rows, FlashMLA / varlen style.
   // A sampled set's query rows are not whole sequences: no cu_seqlens_q (ks/ke hold each row's
@@ -274,11 +340,23 @@ GoldenSet build_stack(const Problem& p, std::vector<ref::LayerInputs> inputs, co
   for (int64_t i = 0; i <= p.n_seqs; ++i) { cu_q[i] = int32_t(i * p.seq_q()); cu_k[i] = int32_t(i * p.seq_kv()); }
   if (!rows) add(g, "cu_seqlens_q", cu_q, Role::input);
   add(g, "cu_seqlens_k", cu_k, Role::input);
-  const int64_t s_q_set = rows ? int64_t(rows->size()) : p.s_q;
   if (rows) {
-    Tensor<int32_t> rt({s_q_set});
-    for (int64_t i = 0; i < s_q_set; ++i) rt[i] = int32_t((*rows)[size_t(i)]);
+    const int64_t b = part ? part->begin : 0, e = part ? part->end : s_q_set;
+    Tensor<int32_t> rt({e - b});
+    for (int64_t i = b; i < e; ++i) rt[i - b] = int32_t((*rows)[size_t(i)]);
     add(g, "rows", rt, Role::reference);
+  }
+  // A part: every per-row tensor holds the part's rows, and is that many rows of the whole set's.
+  if (part) {
+    const int64_t n = part->end - part->begin;
+    for (const io::TensorView& v : g.tensors) {
+      if (!per_row_tensor(v.name) || g.shard.per_row.count(v.name)) continue;
+      require(!v.shape.empty() && v.shape[0] == n, "golden: part: tensor '" + v.name + "' " + shape_str(v.shape) +
+                                                       " does not hold the part's " + std::to_string(n) + " rows");
+      Shape whole = v.shape;
+      whole[0] = s_q_set;
+      g.shard.per_row[v.name] = whole;
+    }
   }
   const float sm = p.sm_scale();
   g.manifest = {
@@ -865,9 +943,12 @@ GoldenSet build_from(const std::string& file, Problem p, bool with_logits, const
   return build_from(file, load_stack_inputs(io::read_safetensors(file), file, std::move(p)), with_logits, replay);
 }
 
-GoldenSet build_from(const std::string& file, StackInputs si, bool with_logits, const std::string& replay) {
+GoldenSet build_from(const std::string& file, StackInputs si, bool with_logits, const std::string& replay,
+                     const RowPart* part, bool use_simd) {
   const Problem& q = si.problem;
-  GoldenSet g = build_stack(q, std::move(si.inputs), "stack", with_logits, replay);
+  if (part)
+    for (ref::LayerInputs& in : si.inputs) slice_rows(in, part->begin, part->end);
+  GoldenSet g = build_stack(q, std::move(si.inputs), "stack", with_logits, replay, use_simd, nullptr, part);
   g.manifest["kind"] = "stack-from-file";
   g.manifest["source_file"] = file;
   return g;
@@ -912,13 +993,14 @@ std::vector<std::string> sha256_all(const std::vector<io::TensorView>& tensors, 
 }
 }  // namespace
 
-json write(const std::string& dir, GoldenSet set, bool force) {
+Staging stage(const std::string& dir, bool force, const std::string& tag) {
   require(!dir.empty(), "golden: --out must name a folder");
+  Staging s;
+  s.dir = dir;
   const fs::path target = fs::path(dir).lexically_normal();
   std::error_code ec;
-  const bool exists = fs::exists(target, ec);
-  bool replace = false;
-  if (exists) {
+  s.exists = fs::exists(target, ec);
+  if (s.exists) {
     require(fs::is_directory(target, ec), dir + ": exists and is not a folder");
     const bool empty = fs::is_empty(target, ec);
     if (!empty) {
@@ -942,43 +1024,78 @@ json write(const std::string& dir, GoldenSet set, bool force) {
       require(m.is_object() && m.contains("format") && m["format"] == "indexshare-golden",
               dir + ": --force replaces only a golden set, and its manifest.json is not one (no \"format\": "
                     "\"indexshare-golden\")");
-      replace = true;
+      s.replace = true;
     }
   }
   const fs::path parent = target.has_parent_path() ? target.parent_path() : fs::path(".");
-  const fs::path tmp = parent / (target.filename().string() + ".tmp." + std::to_string(::getpid()));
+  const fs::path tmp = parent / (target.filename().string() + ".tmp." + tag);
   fs::create_directories(parent, ec);  // like mkdir -p; a failure shows up just below
   fs::remove_all(tmp, ec);
   if (!fs::create_directory(tmp, ec)) throw Error(tmp.string() + ": cannot create folder: " + ec.message());
+  s.target = target.string();
+  s.parent = parent.string();
+  s.tmp = tmp.string();
+  return s;
+}
+
+void discard(const Staging& s) noexcept {
+  std::error_code ec;
+  if (!s.tmp.empty()) fs::remove_all(s.tmp, ec);
+}
+
+json tensor_list(const std::vector<io::TensorSpec>& specs, const std::vector<std::string>& hashes,
+                 const std::map<std::string, Role>& roles) {
+  json list = json::array();
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const io::TensorSpec& v = specs[i];
+    list.push_back({{"name", v.name}, {"file", kTensorFile}, {"dtype", io::dtype_name(v.dtype)},
+                    {"shape", v.shape}, {"sha256", hashes[i]}, {"role", role_name(roles.at(v.name))}});
+  }
+  return list;
+}
+
+json publish(const Staging& s, json manifest) {
+  const fs::path target(s.target), parent(s.parent), tmp(s.tmp);
+  std::error_code ec;
   try {
-    // 1. Tensors, then the manifest naming each with its SHA-256.
-    io::write_safetensors((tmp / kTensorFile).string(), set.tensors, {{"format", "indexshare-golden"}});
-    const std::vector<std::string> hashes = sha256_all(set.tensors);
-    json list = json::array();
-    for (size_t i = 0; i < set.tensors.size(); ++i) {
-      const io::TensorView& v = set.tensors[i];
-      list.push_back({{"name", v.name}, {"file", kTensorFile}, {"dtype", io::dtype_name(v.dtype)},
-                      {"shape", v.shape}, {"sha256", hashes[i]}, {"role", role_name(set.roles.at(v.name))}});
-    }
-    set.manifest["tensors"] = list;
-    write_text((tmp / "manifest.json").string(), set.manifest.dump(2) + "\n");
-    // 2. One rename publishes the set; an existing set is moved aside first, then removed.
-    if (exists && !replace) fs::remove(target, ec);  // an empty folder
+    write_text((tmp / "manifest.json").string(), manifest.dump(2) + "\n");
+    // One rename publishes the set; an existing set is moved aside first, then removed.
+    if (s.exists && !s.replace) fs::remove(target, ec);  // an empty folder
     fs::path old;
-    if (replace) {
+    if (s.replace) {
       old = parent / (target.filename().string() + ".old." + std::to_string(::getpid()));
       fs::rename(target, old);
     }
     fs::rename(tmp, target);
-    if (replace) fs::remove_all(old, ec);
-    return std::move(set.manifest);
+    if (s.replace) fs::remove_all(old, ec);
+    return manifest;
   } catch (const fs::filesystem_error& e) {
-    fs::remove_all(tmp, ec);
-    throw Error(dir + ": cannot publish the golden set: " + e.what());
+    discard(s);
+    throw Error(s.dir + ": cannot publish the golden set: " + e.what());
   } catch (...) {
-    fs::remove_all(tmp, ec);
+    discard(s);
     throw;
   }
+}
+
+json write(const std::string& dir, GoldenSet set, bool force) {
+  const Staging s = stage(dir, force, std::to_string(::getpid()));
+  try {
+    // 1. Tensors, then the manifest naming each with its SHA-256.
+    io::write_safetensors((fs::path(s.tmp) / kTensorFile).string(), set.tensors, {{"format", "indexshare-golden"}});
+    const std::vector<std::string> hashes = sha256_all(set.tensors);
+    std::vector<io::TensorSpec> specs;
+    for (const io::TensorView& v : set.tensors) specs.push_back({v.name, v.dtype, v.shape});
+    set.manifest["tensors"] = tensor_list(specs, hashes, set.roles);
+  } catch (const fs::filesystem_error& e) {
+    discard(s);
+    throw Error(dir + ": cannot publish the golden set: " + e.what());
+  } catch (...) {
+    discard(s);
+    throw;
+  }
+  // 2. The manifest and one rename.
+  return publish(s, std::move(set.manifest));
 }
 
 const io::TensorView& Loaded::get(const std::string& name) const {

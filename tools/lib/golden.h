@@ -27,10 +27,33 @@ inline constexpr const char* kTensorFile = "tensors.safetensors";
 enum class Role { input, output, reference };
 std::string role_name(Role r);
 
+// A part of a set's query rows, for a set computed by several processes (MPI ranks, see
+// tools/lib/distributed.h): rows [begin, end) of the set's row list (every query row of the
+// problem in order, or the --rows list).
+struct RowPart {
+  int64_t begin = 0, end = 0;
+};
+
+// What a partial set (built with a RowPart) holds besides its tensors. Per-row tensors hold only
+// the part's rows (their bytes are the whole set's rows [begin, end), contiguous); key-side
+// tensors (indexer k, attn kv, the paged caches, cu_seqlens) are whole, the same on every part.
+// The one value computed over every row, each layer's attention budget, is kept as this part's
+// maxima, which combine exactly (max) into the whole set's (ref/compare.h BudgetParts).
+struct ShardInfo {
+  bool active = false;
+  int64_t begin = 0, end = 0, total = 0;  // this part's rows of the set's `total`
+  std::map<std::string, Shape> per_row;   // per-row tensor -> its shape in the whole set
+  struct Budget {
+    double emul = 0, ref_round = 0, emu_err = 0;
+  };
+  std::map<std::string, Budget> budgets;  // "layers.{l}.attn.out" -> this part's maxima
+};
+
 struct GoldenSet {
   nlohmann::json manifest;                 // without the "tensors" list (filled on writing)
   std::vector<io::TensorView> tensors;
   std::map<std::string, Role> roles;
+  ShardInfo shard;                         // active only for a part (build with a RowPart)
 };
 
 // Golden presets: name -> (problem descriptor, kind). Kinds: "stack" (kernel-level stack),
@@ -53,8 +76,11 @@ const Preset& preset(const std::string& name);  // Error naming the unknown pres
 // key-side tensors are whole; tensor `rows` (I32) holds the problem row numbers; config.s_q is the
 // number of rows in the set and the manifest's `rows` object records the list; cu_seqlens_q is
 // left out (the rows are no longer whole sequences: ks/ke give each row's window).
+// part: only those rows of the set's row list (kinds stack and decode; see RowPart, ShardInfo):
+// each per-row tensor's rows equal the whole set's rows [part.begin, part.end) bit for bit; the
+// manifest describes the whole set (its budgets are this part's until combined).
 GoldenSet build(const Problem& p, const std::string& kind, bool with_logits, const std::string& replay,
-                bool use_simd = false, const std::vector<int64_t>* rows = nullptr);
+                bool use_simd = false, const std::vector<int64_t>* rows = nullptr, const RowPart* part = nullptr);
 
 // A module-level golden set from the toy model (ref/model.h): per layer the hidden states, the
 // bf16 weights, the indexer and MLA intermediates, and the kernel-level tensors of `build`.
@@ -95,7 +121,13 @@ struct StackInputs {
 StackInputs load_stack_inputs(const io::SafetensorsFile& f, const std::string& file, Problem p);
 // build_from on inputs already loaded from `file` (the CLI loads them first, to print and replay
 // the problem with the file's shapes).
-GoldenSet build_from(const std::string& file, StackInputs inputs, bool with_logits, const std::string& replay);
+// part: only those query rows (the inputs are whole; the part's rows are cut from them).
+GoldenSet build_from(const std::string& file, StackInputs inputs, bool with_logits, const std::string& replay,
+                     const RowPart* part = nullptr, bool use_simd = false);
+
+// The query rows a stack's tensors are cut into: rows [begin, end) of every per-row input tensor
+// (indexer q, q_scale, weights, ks, ke; attn q), the key side untouched.
+void slice_rows(ref::LayerInputs& in, int64_t begin, int64_t end);
 
 
 // Makes `set` (built by `build` from problem p) a set for GPU kernel k (`golden --for`): adds the
@@ -109,6 +141,20 @@ void for_kernel(GoldenSet& set, const kreg::Kernel& k, const Problem& p);
 // (then an existing golden set there is replaced in one rename).
 // Returns the manifest as written (with its "tensors" list).
 nlohmann::json write(const std::string& dir, GoldenSet set, bool force);
+
+// write() in its steps, for writers that fill the tensor file themselves (tools/lib/distributed.cc):
+// stage checks `dir` (the rules of write) and creates the temporary folder `<dir>.tmp.<tag>`;
+// publish writes manifest.json there and renames the folder into place; discard removes it.
+struct Staging {
+  std::string dir, target, parent, tmp;
+  bool exists = false, replace = false;
+};
+Staging stage(const std::string& dir, bool force, const std::string& tag);
+nlohmann::json publish(const Staging& s, nlohmann::json manifest);
+void discard(const Staging& s) noexcept;
+// The manifest's "tensors" list: one entry per tensor, in order, with its SHA-256 and role.
+nlohmann::json tensor_list(const std::vector<io::TensorSpec>& specs, const std::vector<std::string>& hashes,
+                           const std::map<std::string, Role>& roles);
 
 struct Loaded {
   std::string dir;

@@ -486,23 +486,23 @@ void check_output_path(const std::string& path) {
           path + ": exists and is not a regular file (an output replaces only a file)");
 }
 
-void write_safetensors(const std::string& path, const std::vector<TensorView>& tensors,
-                       const std::map<std::string, std::string>& metadata) {
+std::string encode_header(const std::string& path, const std::vector<TensorSpec>& specs,
+                          const std::map<std::string, std::string>& metadata, std::vector<uint64_t>* offsets) {
   json header = json::object();
   uint64_t offset = 0;
-  for (const TensorView& t : tensors) {
+  if (offsets) offsets->clear();
+  for (const TensorSpec& t : specs) {
     const std::string where = path + ": tensor '" + t.name + "': ";
     if (t.name == kMetadataKey) throw Error(where + "the name is reserved for metadata");
     if (header.contains(t.name)) throw Error(where + "duplicate name");
     const int64_t numel = numel_of(t.shape, where);
     uint64_t nbytes = 0;
-    if (__builtin_mul_overflow(uint64_t(numel), uint64_t(dtype_size(t.dtype)), &nbytes) ||
-        nbytes != t.bytes.size())
-      throw Error(where + std::to_string(t.bytes.size()) + " bytes do not match dtype " +
-                  dtype_name(t.dtype) + " and shape " + short_shape(t.shape));
+    if (__builtin_mul_overflow(uint64_t(numel), uint64_t(dtype_size(t.dtype)), &nbytes))
+      throw Error(where + "shape " + short_shape(t.shape) + " overflows");
     header[t.name] = json{{"dtype", dtype_name(t.dtype)},
                           {"shape", json(t.shape)},
                           {"data_offsets", json::array({offset, offset + nbytes})}};
+    if (offsets) offsets->push_back(offset);
     offset += nbytes;
   }
   if (!metadata.empty()) header[kMetadataKey] = json(metadata);
@@ -517,8 +517,29 @@ void write_safetensors(const std::string& path, const std::vector<TensorView>& t
   text.append((8 - text.size() % 8) % 8, ' ');
   if (text.size() > kMaxHeaderBytes)
     throw Error(path + ": header of " + std::to_string(text.size()) + " bytes is too large");
-  uint8_t len[8];
-  for (int i = 0; i < 8; ++i) len[i] = uint8_t(uint64_t(text.size()) >> (8 * i));
+  std::string out(8, '\0');
+  for (int i = 0; i < 8; ++i) out[size_t(i)] = char(uint8_t(uint64_t(text.size()) >> (8 * i)));
+  return out + text;
+}
+
+void write_safetensors(const std::string& path, const std::vector<TensorView>& tensors,
+                       const std::map<std::string, std::string>& metadata) {
+  std::vector<TensorSpec> specs;
+  specs.reserve(tensors.size());
+  std::set<std::string> names;
+  for (const TensorView& t : tensors) {
+    const std::string where = path + ": tensor '" + t.name + "': ";
+    if (t.name == kMetadataKey) throw Error(where + "the name is reserved for metadata");
+    if (!names.insert(t.name).second) throw Error(where + "duplicate name");
+    const int64_t numel = numel_of(t.shape, where);
+    uint64_t nbytes = 0;
+    if (__builtin_mul_overflow(uint64_t(numel), uint64_t(dtype_size(t.dtype)), &nbytes) ||
+        nbytes != t.bytes.size())
+      throw Error(where + std::to_string(t.bytes.size()) + " bytes do not match dtype " +
+                  dtype_name(t.dtype) + " and shape " + short_shape(t.shape));
+    specs.push_back({t.name, t.dtype, t.shape});
+  }
+  const std::string prefix = encode_header(path, specs, metadata);
 
   check_output_path(path);  // never replace a folder, a FIFO or a device
   const std::string tmp = path + ".tmp." + std::to_string(::getpid());
@@ -529,8 +550,7 @@ void write_safetensors(const std::string& path, const std::vector<TensorView>& t
     ::unlink(tmp.c_str());
     throw Error(path + ": " + what + " " + tmp + ": " + os_error(err));
   };
-  int err = write_all(fd, len, sizeof len);
-  if (!err) err = write_all(fd, text.data(), text.size());
+  int err = write_all(fd, prefix.data(), prefix.size());
   for (const TensorView& t : tensors)
     if (!err) err = write_all(fd, t.bytes.data(), t.bytes.size());
   if (err) fail("cannot write", err, true);

@@ -97,6 +97,19 @@ SafetensorsFile parse_safetensors(const uint8_t* data, size_t size,
 // io::write_text_files) may replace; a folder, a FIFO or a device is never replaced.
 void check_output_path(const std::string& path);
 
+// A tensor's name, dtype and shape: what the header says of it.
+struct TensorSpec {
+  std::string name;
+  DType dtype = DType::F32;
+  Shape shape;
+};
+// The bytes before the data buffer of a file holding `specs` in this order (the 8-byte length and
+// the padded header JSON, exactly as write_safetensors writes them); offsets (when given) receives
+// each tensor's data_offsets begin relative to the data buffer. Error naming `path` on duplicate
+// or reserved names and overflowing shapes.
+std::string encode_header(const std::string& path, const std::vector<TensorSpec>& specs,
+                          const std::map<std::string, std::string>& metadata, std::vector<uint64_t>* offsets = nullptr);
+
 // Writes `tensors` in the given order. Throws Error naming `path` on invalid input (duplicate or
 // reserved names, a byte count that does not match dtype and shape, names or metadata that are not
 // valid UTF-8) and on any OS error (with strerror); the temporary file is removed on failure.

@@ -1,0 +1,115 @@
+#!/usr/bin/env bash
+# The MPI paths of indexshare (tools/lib/distributed.h) against one process: byte-identical golden
+# sets, the same run / overlap / search reports, and failing ranks that leave nothing behind.
+#
+#   tests/mpi/ranks.sh CLI MPIEXEC NPROCS CASE
+#
+# CASE: stack, rows, decode, for-kernel, from, simd, fail-compute, fail-write, fail-hash, fail-memory,
+# kill, refuse-edge, run (the same report), overlap (--no-shared-stats: the same report),
+# refuse-shared-stats (overlap's dense Shared-layer statistics and search are not split yet). Each golden case writes the set with one process and with
+# NPROCS ranks (same --out text, from two working folders, so the replay lines agree) and
+# compares manifest.json and tensors.safetensors byte for byte, then every tensor's SHA-256 in
+# the two manifests. mpirun runs as root in CI and on 2 cores: --allow-run-as-root --oversubscribe.
+set -euo pipefail
+CLI=$1 MPIEXEC=$2 NP=$3 CASE=$4
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/indexshare-mpi.XXXXXX")
+trap 'rm -rf "$WORK"' EXIT
+mkdir -p "$WORK/one" "$WORK/ranks"
+export OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE
+mpi() { "$MPIEXEC" --allow-run-as-root --oversubscribe -n "$NP" "$CLI" "$@"; }
+fail() { echo "FAIL ($CASE, $NP ranks): $*" >&2; exit 1; }
+
+PROB='sq48 skv96 hq2 dqk64 dv32 ih4 id32 k8 seed11 nseq2 nl4 sched=FFSS recency=0.25 sinks=2'
+
+same_set() {  # golden args...: one process vs NPROCS ranks
+  (cd "$WORK/one" && "$CLI" golden "$@" --out set >one.out) || fail "one process failed"
+  (cd "$WORK/ranks" && mpi golden "$@" --out set >ranks.out 2>ranks.err) || { cat "$WORK/ranks/ranks.err" >&2; fail "ranks failed"; }
+  cmp "$WORK/one/set/manifest.json" "$WORK/ranks/set/manifest.json" || fail "manifest.json differs"
+  cmp "$WORK/one/set/tensors.safetensors" "$WORK/ranks/set/tensors.safetensors" || fail "tensors.safetensors differs"
+  local n
+  n=$(grep -c '"sha256"' "$WORK/ranks/set/manifest.json")
+  [ "$n" -gt 10 ] || fail "only $n tensors"
+  # The manifest's hashes are the bytes' (verify re-reads every tensor), and the rank table printed.
+  "$CLI" verify --golden "$WORK/ranks/set" >/dev/null || fail "verify refused the ranks' set"
+  grep -q "^rank $((NP - 1)) " "$WORK/ranks/ranks.out" || fail "no per-rank line for rank $((NP - 1))"
+  ls "$WORK/ranks" | grep -q tmp && fail "a temporary folder remains"
+  echo "ok: $CASE on $NP ranks: $n tensors byte-identical"
+}
+
+expect_failure() {  # message-pattern, then golden args (with env already set)
+  local pattern=$1; shift
+  local rc=0
+  (cd "$WORK/ranks" && mpi golden "$@" --out set >ranks.out 2>ranks.err) || rc=$?
+  [ "$rc" -ne 0 ] || fail "the job succeeded"
+  grep -q -- "$pattern" "$WORK/ranks/ranks.err" || { cat "$WORK/ranks/ranks.err" >&2; fail "no '$pattern' in the error"; }
+  [ ! -e "$WORK/ranks/set" ] || fail "the output folder exists"
+  [ -z "$(ls "$WORK/ranks" | grep tmp)" ] || fail "a temporary folder remains: $(ls "$WORK/ranks")"
+  echo "ok: $CASE on $NP ranks: exit $rc, $(grep -m1 error "$WORK/ranks/ranks.err")"
+}
+
+case "$CASE" in
+  stack) same_set --problem "$PROB" ;;
+  simd) same_set --problem "$PROB" --impl simd --no-logits ;;
+  rows) same_set --problem "$PROB" --rows last:2,0,16-18,9,30-40 ;;
+  decode) same_set --preset decode ;;
+  for-kernel)  # golden --for: the kernel's call in the manifest, from the key-side tensors
+    same_set --problem "sq64 skv256 hq64 dqk576 dv512 ih4 id128 k128 seed3 nl2 sched=FS" --for flashmla-sparse-prefill-sm90 --no-logits --impl simd ;;
+  from)
+    (cd "$WORK" && "$CLI" golden --problem "$PROB" --out dump >/dev/null)
+    same_set --from "$WORK/dump/tensors.safetensors" --problem "k8 dv32 sched=FFSS" ;;
+  fail-compute|fail-write|fail-hash)
+    INDEXSHARE_MPI_FAULT="1:${CASE#fail-}" expect_failure "rank 1 of $NP: injected fault at step '${CASE#fail-}'" --problem "$PROB" ;;
+  fail-memory)
+    # Rank 0's block holds the most rows (the cheap early ones): a budget between the ranks'
+    # estimates fails rank 0 only.
+    expect_failure "rank 0 of $NP: the problem needs about" --problem "sq512 skv512 hq2 dqk64 dv32 ih4 id32 k8 seed3 nl2" --max-memory 6M ;;
+  kill)
+    # A rank killed outright mid-write: the launcher ends the job; the final folder never appears
+    # (only the temporary <out>.tmp.mpi.<pid> may remain, never read as a set).
+    rc=0
+    (cd "$WORK/ranks" && INDEXSHARE_MPI_FAULT=1:kill-write mpi golden --problem "$PROB" --out set >ranks.out 2>ranks.err) || rc=$?
+    [ "$rc" -ne 0 ] || fail "the job succeeded"
+    [ ! -e "$WORK/ranks/set" ] || fail "the output folder exists"
+    grep -qi "signal 9\|killed" "$WORK/ranks/ranks.err" || { cat "$WORK/ranks/ranks.err" >&2; fail "no word of the killed rank"; }
+    echo "ok: kill on $NP ranks: exit $rc, no output folder" ;;
+  run)
+    # run's report: the same lines as one process (rank 0 folds the ranks' rows in order), but
+    # the timing lines and the rank table.
+    for extra in "" "--rows 0,5-20,last:3 --impl simd"; do
+      "$CLI" run --problem "$PROB" $extra | grep -v '^time' >"$WORK/one/run.txt"
+      mpi run --problem "$PROB" $extra | grep -v '^time\|^rank ' >"$WORK/ranks/run.txt"
+      diff "$WORK/one/run.txt" "$WORK/ranks/run.txt" || fail "run reports differ ($extra)"
+    done
+    echo "ok: run on $NP ranks: the same report" ;;
+  overlap)
+    # overlap --no-shared-stats: the same table and JSON as one process, from each source.
+    (cd "$WORK" && "$CLI" golden --problem "$PROB" --out g >/dev/null)
+    for src in problem golden from; do
+      case $src in
+        problem) args=(--problem "$PROB") ;;
+        golden) args=(--golden "$WORK/g") ;;
+        from) args=(--from "$WORK/g/tensors.safetensors" --from-problem "k8 dv32 sched=FFSS") ;;
+      esac
+      "$CLI" overlap "${args[@]}" --no-shared-stats --buckets 4 --json "$WORK/one/o.json" >"$WORK/one/o.txt" || fail "one process ($src)"
+      mpi overlap "${args[@]}" --no-shared-stats --buckets 4 --json "$WORK/ranks/o.json" >"$WORK/ranks/o.txt" || fail "ranks ($src)"
+      cmp "$WORK/one/o.json" "$WORK/ranks/o.json" || fail "overlap JSON differs ($src)"
+      diff "$WORK/one/o.txt" "$WORK/ranks/o.txt" || fail "overlap table differs ($src)"
+      rm -f "$WORK/one/o.json" "$WORK/ranks/o.json"
+    done
+    echo "ok: overlap on $NP ranks: the same report from --problem, --golden and --from" ;;
+  refuse-shared-stats)
+    # Not split yet: the dense statistics of Shared layers (overlap without --no-shared-stats) and
+    # search are refused with one clear error, not computed on every rank.
+    rc=0
+    mpi overlap --problem "$PROB" >"$WORK/ranks/o.out" 2>"$WORK/ranks/o.err" || rc=$?
+    [ "$rc" -eq 2 ] || fail "overlap with shared stats under MPI exited $rc"
+    [ "$(grep -c 'give --no-shared-stats' "$WORK/ranks/o.err")" -eq 1 ] || fail "not one clear error (overlap)"
+    rc=0
+    mpi search --problem "sq48 skv96 hq2 dqk64 dv32 ih4 id32 k8 seed11 nl4" >"$WORK/ranks/o.out" 2>"$WORK/ranks/o.err" || rc=$?
+    [ "$rc" -eq 2 ] || fail "search under MPI exited $rc"
+    [ "$(grep -c 'search is not split across MPI ranks' "$WORK/ranks/o.err")" -eq 1 ] || fail "not one clear error (search)"
+    echo "ok: refuse-shared-stats on $NP ranks" ;;
+  refuse-edge)
+    expect_failure "attention-edge set .* is computed by one process" --preset attention-edge ;;
+  *) fail "unknown case" ;;
+esac
