@@ -73,15 +73,7 @@ int cmd_golden(const GoldenArgs& a) {
     if (spec.layers > 0) cfg.n_layers = spec.layers;
     if (spec.seq > 0) cfg.seq = spec.seq;
     check_model_memory(cfg, parse_bytes(a.max_memory), true);
-    char sim[32];
-    std::snprintf(sim, sizeof sim, "%.9g", double(spec.sim));
-    std::string replay = "indexshare golden --model " + spec.preset + " --seed " + std::to_string(spec.seed) + " --sim " + sim +
-                         " --variant " + spec.variant;
-    if (spec.layers) replay += " --layers " + std::to_string(spec.layers);
-    if (spec.seq) replay += " --seq " + std::to_string(spec.seq);
-    if (!spec.schedule.empty()) replay += " --schedule " + spec.schedule;
-    if (spec.simd) replay += " --impl simd";
-    replay += " --out " + a.out;
+    const std::string replay = golden::model_replay(spec) + " --out " + a.out;
     std::fprintf(stderr, "golden: computing the %s toy model...\n", spec.preset.c_str());
     return publish(golden::build_model(spec, replay), a, replay, t0);
   }
@@ -149,12 +141,9 @@ int cmd_golden(const GoldenArgs& a) {
                "use " + logits_remedy(p, !a.no_logits, streams, max_bytes, n_rows, true, true) +
                    (kind == "stack" ? "--rows (fewer query rows), " : "") + "a smaller --problem (s_q, s_kv, nl)",
                n_rows, true);
-  const std::string replay = "indexshare golden --problem " + quote(to_string(p)) + " --kind " + kind +
-                             (kern ? " --for " + kern->name : "") +
-                             (a.rows_given ? " --rows " + ref::format_rows(rows) : "") +
-                             (impl == "simd" ? " --impl simd" : "") +
-                             (a.no_logits ? " --no-logits" : "") +
-                             (a.max_memory != "8G" ? " --max-memory " + a.max_memory : "") + " --out " + a.out;
+  const std::string replay = golden::stack_replay(p, kind, kern ? kern->name : "", a.rows_given ? &rows : nullptr,
+                                                 impl == "simd", !a.no_logits, a.max_memory) +
+                             " --out " + a.out;
   std::fprintf(stderr, "golden: computing %s (%lld layers%s)...\n", to_string(p).c_str(), (long long)p.n_layers,
                a.rows_given ? (", " + std::to_string(n_rows) + " query rows").c_str() : "");
   golden::GoldenSet set = golden::build(p, kind, !a.no_logits, replay, impl == "simd", a.rows_given ? &rows : nullptr);

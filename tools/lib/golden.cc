@@ -319,6 +319,26 @@ namespace {
 Tensor<bf16_t> bf16_of(const Tensor<float>& x) { return to_bf16_tensor(x); }
 }  // namespace
 
+std::string stack_replay(const Problem& p, const std::string& kind, const std::string& for_kernel,
+                         const std::vector<int64_t>* rows, bool simd, bool with_logits, const std::string& max_memory) {
+  return "indexshare golden --problem \"" + to_string(p) + "\" --kind " + kind +
+         (for_kernel.empty() ? "" : " --for " + for_kernel) + (rows ? " --rows " + ref::format_rows(*rows) : "") +
+         (simd ? " --impl simd" : "") + (with_logits ? "" : " --no-logits") +
+         (max_memory != "8G" ? " --max-memory " + max_memory : "");
+}
+
+std::string model_replay(const ModelSpec& spec) {
+  char sim[32];
+  std::snprintf(sim, sizeof sim, "%.9g", double(spec.sim));
+  std::string replay = "indexshare golden --model " + spec.preset + " --seed " + std::to_string(spec.seed) + " --sim " + sim +
+                       " --variant " + spec.variant;
+  if (spec.layers) replay += " --layers " + std::to_string(spec.layers);
+  if (spec.seq) replay += " --seq " + std::to_string(spec.seq);
+  if (!spec.schedule.empty()) replay += " --schedule " + spec.schedule;
+  if (spec.simd) replay += " --impl simd";
+  return replay;
+}
+
 GoldenSet build_model(const ModelSpec& spec, const std::string& replay) {
   ModelConfig cfg = model_preset(spec.preset);
   if (spec.layers > 0) cfg.n_layers = spec.layers;

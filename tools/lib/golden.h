@@ -84,6 +84,15 @@ StackInputs load_stack_inputs(const io::SafetensorsFile& f, const std::string& f
 GoldenSet build_from(const std::string& file, StackInputs inputs, bool with_logits, const std::string& replay);
 
 
+// The manifest's `replay` command of a set, without its trailing " --out DIR" (the front end adds
+// the folder it writes to: the CLI's --out, GoldenSet.save's dir in Python), so that both write the
+// same bytes. stack_replay: a kernel-level set of `kind` (build); for_kernel "" = no --for; rows:
+// a sampled set (--rows); max_memory: the --max-memory text, left out at its default "8G".
+// model_replay: a module-level set (build_model).
+std::string stack_replay(const Problem& p, const std::string& kind, const std::string& for_kernel,
+                         const std::vector<int64_t>* rows, bool simd, bool with_logits, const std::string& max_memory = "8G");
+std::string model_replay(const ModelSpec& spec);
+
 // Writes `set` to `dir` atomically. The folder must not exist, or be empty, unless `force`
 // (then an existing golden set there is replaced in one rename).
 // Returns the manifest as written (with its "tensors" list).
