@@ -16,6 +16,7 @@
 #include <nanobind/stl/vector.h>
 #include <omp.h>
 
+#include <chrono>
 #include <cstring>
 #include <memory>
 #include <optional>
@@ -29,6 +30,7 @@
 #include "ref/config.h"
 #include "ref/error.h"
 #include "ref/indexer.h"
+#include "ref/overlap.h"
 #include "ref/problem.h"
 #include "ref/stack.h"
 #include "ref/topk.h"
@@ -37,6 +39,7 @@
 #include "tools/lib/golden.h"
 #include "tools/lib/options.h"
 #include "tools/lib/safetensors.h"
+#include "tools/lib/svg.h"
 
 namespace nb = nanobind;
 using namespace indexshare;
@@ -52,9 +55,7 @@ Tensor<T> to_tensor(const In<Raw>& a) {
   static_assert(sizeof(T) == sizeof(Raw));
   Shape shape;
   for (size_t i = 0; i < a.ndim(); ++i) shape.push_back(int64_t(a.shape(i)));
-  Tensor<T> t;
-  t.shape = shape;
-  t.data.resize(size_t(shape_numel(shape)));
+  Tensor<T> t(shape);  // as the CLI's tensors: huge pages advised for large ones (ref/tensor.h)
   if (!t.data.empty()) std::memcpy(static_cast<void*>(t.data.data()), a.data(), t.data.size() * sizeof(T));
   return t;
 }
@@ -122,6 +123,20 @@ struct PyLoaded {
   golden::Loaded loaded;
 };
 
+// Seconds the last kernel call of this thread spent in C++ computing (the GIL released), for the
+// overhead benchmark (tools/python/bench_overhead.py): a Python call's time less this is the binding's.
+thread_local double last_kernel_seconds = 0;
+
+// Runs f with the GIL released and records its time.
+template <class F>
+auto timed(F&& f) {
+  nb::gil_scoped_release release;
+  const auto t0 = std::chrono::steady_clock::now();
+  auto r = f();
+  last_kernel_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return r;
+}
+
 ref::Kernels kernels_of(bool simd) { return simd ? simd::kernels() : ref::Kernels{}; }
 
 Problem problem_of(const std::string& text) {
@@ -186,6 +201,7 @@ NB_MODULE(_core, m) {
   });
   m.def("get_num_threads", [] { return omp_get_max_threads(); });
   m.def("simd_target", [] { return simd::current_target(); });
+  m.def("last_kernel_seconds", [] { return last_kernel_seconds; });
 
   // ---- problem descriptor (ref/problem.h) ----
   m.def("problem_canonical", [](const std::string& text) { return to_string(problem_of(text)); });
@@ -278,11 +294,7 @@ NB_MODULE(_core, m) {
     const auto tq = to_tensor<e4m3_t>(q); const auto tk = to_tensor<e4m3_t>(k);
     const auto ts = to_tensor<float>(k_scale); const auto tw = to_tensor<float>(weights);
     const auto ts0 = to_tensor<int32_t>(ks); const auto te = to_tensor<int32_t>(ke);
-    Tensor<float> r;
-    {
-      nb::gil_scoped_release release;
-      r = kernels_of(simd).logits_fp8(tq, tk, ts, tw, ts0, te);
-    }
+    auto r = timed([&] { return kernels_of(simd).logits_fp8(tq, tk, ts, tw, ts0, te); });
     return to_numpy<float>(std::move(r));
   });
   m.def("indexer_logits_f32", [](In<float> q, In<float> k, In<float> k_scale, In<float> weights, In<int32_t> ks,
@@ -290,20 +302,12 @@ NB_MODULE(_core, m) {
     const auto tq = to_tensor<float>(q); const auto tk = to_tensor<float>(k);
     const auto ts = to_tensor<float>(k_scale); const auto tw = to_tensor<float>(weights);
     const auto ts0 = to_tensor<int32_t>(ks); const auto te = to_tensor<int32_t>(ke);
-    Tensor<float> r;
-    {
-      nb::gil_scoped_release release;
-      r = kernels_of(simd).logits_f32(tq, tk, ts, tw, ts0, te);
-    }
+    auto r = timed([&] { return kernels_of(simd).logits_f32(tq, tk, ts, tw, ts0, te); });
     return to_numpy<float>(std::move(r));
   });
   m.def("topk", [](In<float> logits, In<int32_t> ks, In<int32_t> ke, int64_t k, bool simd) {
     const auto tl = to_tensor<float>(logits); const auto ts = to_tensor<int32_t>(ks); const auto te = to_tensor<int32_t>(ke);
-    Tensor<int32_t> r;
-    {
-      nb::gil_scoped_release release;
-      r = kernels_of(simd).topk(tl, ts, te, k);
-    }
+    auto r = timed([&] { return kernels_of(simd).topk(tl, ts, te, k); });
     return to_numpy<int32_t>(std::move(r));
   });
   m.def("indexer_topk_fp8", [](In<uint8_t> q, In<uint8_t> k, In<float> k_scale, In<float> weights, In<int32_t> ks,
@@ -311,23 +315,15 @@ NB_MODULE(_core, m) {
     const auto tq = to_tensor<e4m3_t>(q); const auto tk = to_tensor<e4m3_t>(k);
     const auto ts = to_tensor<float>(k_scale); const auto tw = to_tensor<float>(weights);
     const auto ts0 = to_tensor<int32_t>(ks); const auto te = to_tensor<int32_t>(ke);
-    Tensor<int32_t> r;
-    {
-      nb::gil_scoped_release release;
-      r = simd ? simd::indexer_topk_fp8(tq, tk, ts, tw, ts0, te, topk)
-               : ref::topk(ref::indexer_logits_fp8(tq, tk, ts, tw, ts0, te), ts0, te, topk);
-    }
+    auto r = timed([&] { return simd ? simd::indexer_topk_fp8(tq, tk, ts, tw, ts0, te, topk)
+               : ref::topk(ref::indexer_logits_fp8(tq, tk, ts, tw, ts0, te), ts0, te, topk); });
     return to_numpy<int32_t>(std::move(r));
   });
   m.def("sparse_attention", [](In<uint16_t> q, In<uint16_t> kv, In<int32_t> indices, float sm_scale, int64_t d_v,
                                std::optional<In<int32_t>> topk_length, std::optional<In<float>> sink, bool simd) {
     const auto tq = to_tensor<bf16_t>(q); const auto tkv = to_tensor<bf16_t>(kv); const auto ti = to_tensor<int32_t>(indices);
     const auto tl = to_optional<int32_t>(topk_length); const auto tsk = to_optional<float>(sink);
-    ref::AttentionOut r;
-    {
-      nb::gil_scoped_release release;
-      r = kernels_of(simd).sparse_attention(tq, tkv, ti, sm_scale, d_v, tl ? &*tl : nullptr, tsk ? &*tsk : nullptr);
-    }
+    auto r = timed([&] { return kernels_of(simd).sparse_attention(tq, tkv, ti, sm_scale, d_v, tl ? &*tl : nullptr, tsk ? &*tsk : nullptr); });
     return attention_tuple(std::move(r));
   }, nb::arg("q"), nb::arg("kv"), nb::arg("indices"), nb::arg("sm_scale"), nb::arg("d_v"), nb::arg("topk_length").none(),
      nb::arg("sink").none(), nb::arg("simd"));
@@ -335,15 +331,27 @@ NB_MODULE(_core, m) {
                               std::optional<In<float>> sink, bool simd) {
     const auto tq = to_tensor<bf16_t>(q); const auto tkv = to_tensor<bf16_t>(kv);
     const auto ts = to_tensor<int32_t>(ks); const auto te = to_tensor<int32_t>(ke); const auto tsk = to_optional<float>(sink);
-    ref::AttentionOut r;
-    {
-      nb::gil_scoped_release release;
-      r = simd ? simd::dense_attention(tq, tkv, sm_scale, d_v, ts, te, tsk ? &*tsk : nullptr)
-               : ref::dense_attention(tq, tkv, sm_scale, d_v, ts, te, tsk ? &*tsk : nullptr);
-    }
+    auto r = timed([&] { return simd ? simd::dense_attention(tq, tkv, sm_scale, d_v, ts, te, tsk ? &*tsk : nullptr)
+               : ref::dense_attention(tq, tkv, sm_scale, d_v, ts, te, tsk ? &*tsk : nullptr); });
     return attention_tuple(std::move(r));
   }, nb::arg("q"), nb::arg("kv"), nb::arg("sm_scale"), nb::arg("d_v"), nb::arg("ks"), nb::arg("ke"), nb::arg("sink").none(),
      nb::arg("simd"));
+
+  // ---- overlap statistics (ref/overlap.h): `indexshare overlap --golden DIR | --problem DESC --json` ----
+  m.def("overlap", [](const std::string& golden_dir, const std::string& problem, int buckets, bool shared_stats,
+                      const std::string& impl) {
+    golden::StackInputs si = golden_dir.empty() ? golden::StackInputs{problem_of(problem), {}}
+                                                : golden::stack_inputs_of(golden::read(golden_dir));
+    const Problem& p = si.problem;
+    ref::OverlapOptions opt;
+    opt.kernels = kernels_of(resolve_impl(impl, p) == "simd");
+    opt.n_buckets = buckets;
+    opt.shared_stats = shared_stats;
+    nb::gil_scoped_release release;
+    if (golden_dir.empty()) si.inputs = ref::make_stack_inputs(p, p.schedule());
+    const auto outs = ref::run_stack(p, p.schedule(), si.inputs, false, opt.kernels);
+    return io::overlap_to_json(ref::overlap_report(p, si.inputs, outs, opt)).dump(2);
+  });
 
   // ---- the stack (ref/stack.h): generated inputs, or given ones under the golden tensor names ----
   m.def("run_stack", [](const std::string& problem, const std::optional<std::string>& rows_text,

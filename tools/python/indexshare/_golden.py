@@ -163,3 +163,21 @@ def golden(problem=None, *, preset: str | None = None, model: str | None = None,
     else:
         h = core().golden_stack(str(Problem(problem)), kind, impl, _rows_text(rows), bool(logits))
     return GoldenSet(h, framework)
+
+
+def overlap(golden=None, *, problem=None, buckets: int = 8, shared_stats: bool = True, impl: str = "auto") -> dict:
+    """Cross-layer top-k overlap statistics (ref/overlap.h): the JSON of ``indexshare overlap --json``
+    as a dict (the same numbers), for a golden set (a folder, a :class:`LoadedGolden` or a
+    :class:`GoldenSet`) or a generated ``problem``. Per pair of layers the mean |A ∩ B| / topk and the
+    Jaccard index of their own top-k, per Shared layer the recall of its source's positions and (with
+    ``shared_stats``) the attention cost of sharing, by ``buckets`` query-position buckets.
+    impl: the kernels of the recomputations, "ref", "simd" or "auto" (the same numbers)."""
+    import tempfile
+    if (golden is None) == (problem is None):
+        raise ValueError("overlap: give exactly one of golden and problem=")
+    if isinstance(golden, GoldenSet):
+        with tempfile.TemporaryDirectory(prefix="indexshare-golden-") as tmp:
+            return overlap(golden.save(os.path.join(tmp, "golden")), buckets=buckets, shared_stats=shared_stats, impl=impl)
+    gdir = "" if golden is None else golden.dir if isinstance(golden, LoadedGolden) else os.fspath(golden)
+    text = core().overlap(gdir, "" if problem is None else str(Problem(problem)), int(buckets), bool(shared_stats), impl)
+    return json.loads(text)
