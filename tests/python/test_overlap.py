@@ -1,4 +1,4 @@
-"""indexshare.overlap: the numbers of `indexshare overlap --json`, as Python objects."""
+"""indexshare.overlap and indexshare.cost: the numbers of `indexshare overlap --json` and `indexshare cost --json`, as Python objects."""
 import json
 
 import pytest
@@ -24,3 +24,16 @@ def test_overlap_of_a_problem_equals_the_cli_json(cli, tmp_path):
     assert {k: v for k, v in from_set.items() if k != "problem"} == {k: v for k, v in got.items() if k != "problem"}
     with pytest.raises(ValueError, match="exactly one"):
         indexshare.overlap()
+
+
+def test_cost_equals_the_cli_json(cli, tmp_path):
+    for args, kw in (([], {}), (["--context", "4096,16K,1M", "--schedule", "freq:4", "--mode", "decode"],
+                                dict(contexts="4096,16K,1M", schedule="freq:4", mode="decode"))):
+        cli("cost", "--preset", "glm-5.2", *args, "--json", tmp_path / "c.json")
+        assert indexshare.cost("glm-5.2", **kw) == json.loads((tmp_path / "c.json").read_text())
+    assert indexshare.cost("glm-5.2", [4096, 16384, 1 << 20], schedule="freq:4", mode="decode") == \
+        indexshare.cost("glm-5.2", "4096,16K,1M", schedule="freq:4", mode="decode")
+    with pytest.raises(ValueError, match="mode"):
+        indexshare.cost("glm-5.2", mode="train")
+    with pytest.raises(ValueError, match="context"):
+        indexshare.cost("glm-5.2", "4096,abc")

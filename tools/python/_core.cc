@@ -35,6 +35,7 @@
 #include "ref/stack.h"
 #include "ref/topk.h"
 #include "simd/simd.h"
+#include "tools/lib/cost_report.h"
 #include "tools/lib/diff.h"
 #include "tools/lib/golden.h"
 #include "tools/lib/options.h"
@@ -351,6 +352,14 @@ NB_MODULE(_core, m) {
     if (golden_dir.empty()) si.inputs = ref::make_stack_inputs(p, p.schedule());
     const auto outs = ref::run_stack(p, p.schedule(), si.inputs, false, opt.kernels);
     return io::overlap_to_json(ref::overlap_report(p, si.inputs, outs, opt)).dump(2);
+  });
+
+  // ---- the cost model (ref/cost.h): `indexshare cost --preset NAME --json` ----
+  m.def("cost", [](const std::string& preset, const std::string& contexts, const std::string& schedule, const std::string& mode) {
+    const ModelConfig cfg = model_preset(preset);
+    require(mode == "decode" || mode == "prefill" || mode == "both", "mode: expected decode, prefill or both, got '" + mode + "'");
+    const Schedule sched = schedule.empty() ? cfg.resolve_schedule() : parse_schedule(schedule, cfg.n_layers);
+    return cost_report_json(cfg, sched, parse_contexts(contexts), mode, CostOptions{}).dump(2);
   });
 
   // ---- the stack (ref/stack.h): generated inputs, or given ones under the golden tensor names ----

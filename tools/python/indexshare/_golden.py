@@ -181,3 +181,15 @@ def overlap(golden=None, *, problem=None, buckets: int = 8, shared_stats: bool =
     gdir = "" if golden is None else golden.dir if isinstance(golden, LoadedGolden) else os.fspath(golden)
     text = core().overlap(gdir, "" if problem is None else str(Problem(problem)), int(buckets), bool(shared_stats), impl)
     return json.loads(text)
+
+
+def cost(preset: str, contexts=(4096, 16384, 65536, 131072, 262144, 1048576), *, schedule: str = "",
+         mode: str = "both") -> dict:
+    """The cost model (ref/cost.h): the JSON of ``indexshare cost --preset NAME --json`` as a dict (the
+    same numbers). FLOPs and bytes per decoded token and per whole prefill of the model ``preset``
+    (deepseek-v3.2, glm-5, glm-5.2, tiny-deepseek, tiny-glm) under ``schedule`` (default: the model's
+    own; an F/S pattern, a preset name, freq:N,offset:M, ...) against every layer Full, at each
+    context length of ``contexts`` (ints, or the CLI's text "4096,16K,1M"); ``mode`` "decode",
+    "prefill" or "both"; the default accounting options."""
+    text = contexts if isinstance(contexts, str) else ",".join(str(int(c)) for c in contexts)
+    return json.loads(core().cost(preset, text, schedule, mode))
