@@ -136,3 +136,20 @@ def test_save_refuses_a_non_empty_folder(tmp_path):
     for e in m["tensors"]:
         data = g.tensors[e["name"]].tobytes()
         assert hashlib.sha256(data).hexdigest() == e["sha256"]
+
+
+def test_golden_from_dump_equals_the_cli(cli, root, tmp_path, monkeypatch):
+    # A dump: the checked-in glm-5.2 set's kernel inputs under the golden names.
+    g = indexshare.load_golden(root / "golden/glm-5.2")
+    keep = tuple(".indexer." + n for n in ("q", "k", "k_scale", "weights", "ks", "ke")) + (".attn.q", ".attn.kv")
+    dump = tmp_path / "dump.safetensors"
+    indexshare.save_candidate({n: a for n, a in g.tensors.items() if n.endswith(keep)}, dump)
+    problem = f"k{g.config['topk']} sched=glm-5.2"
+    (tmp_path / "cli").mkdir()
+    (tmp_path / "py").mkdir()
+    cli("golden", "--from", dump, "--problem", problem, "--out", "set", cwd=tmp_path / "cli")
+    monkeypatch.chdir(tmp_path / "py")
+    indexshare.golden(problem, from_dump=dump).save("set")
+    assert files_of("set") == files_of(tmp_path / "cli" / "set")
+    with pytest.raises(ValueError, match="from_dump"):
+        indexshare.golden(from_dump=dump, rows="0")

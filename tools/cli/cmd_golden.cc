@@ -28,8 +28,6 @@ struct GoldenArgs {
   bool rows_given = false;         // --rows among them
 };
 
-std::string quote(const std::string& s) { return "\"" + s + "\""; }
-
 int publish(golden::GoldenSet set, const GoldenArgs& a, const std::string& replay,
             std::chrono::steady_clock::time_point t0) {
   uint64_t bytes = 0;
@@ -83,18 +81,10 @@ int cmd_golden(const GoldenArgs& a) {
     reject_given(a.given, {"--layers", "--seq", "--seed", "--schedule", "--sim", "--variant", "--kind"},
                  "generated sets (--problem, --preset, --model)",
                  "--from takes shapes, layers and values from the dump, top-k and sched= from --problem");
-    // The layer count comes from the file; the problem gives top-k, d_v, sm and the schedule.
-    std::string text = a.problem.empty() ? "sq1 skv1" : a.problem;
-    const io::SafetensorsFile f = io::read_safetensors(a.from);
-    if (text.find("nl") == std::string::npos) {
-      int L = 0;
-      while (f.find("layers." + std::to_string(L) + ".attn.q")) ++L;
-      text += " nl" + std::to_string(std::max(L, 1));
-    }
-    // The shapes come from the file: the replay line carries the problem that was computed.
-    golden::StackInputs si = golden::load_stack_inputs(f, a.from, parse_problem(text));
-    const std::string replay = "indexshare golden --from " + a.from + " --problem " + quote(to_string(si.problem)) +
-                               (a.no_logits ? " --no-logits" : "") + " --out " + a.out;
+    // The layer count comes from the file; the problem gives top-k, d_v, sm and the schedule. The
+    // shapes come from the file: the replay line carries the problem that was computed.
+    golden::StackInputs si = golden::load_dump(a.from, a.problem);
+    const std::string replay = golden::from_replay(a.from, si.problem, !a.no_logits) + " --out " + a.out;
     return publish(golden::build_from(a.from, std::move(si), !a.no_logits, replay), a, replay, t0);
   }
   require(a.preset.empty() != a.problem.empty(), "golden: give exactly one of --preset, --problem, --model and --from");

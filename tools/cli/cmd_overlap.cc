@@ -36,14 +36,7 @@ golden::StackInputs load(const Source& s, bool all_indexers) {
   if (s.problem.empty())
     reject_given(s.given, {"--max-memory"}, "--problem", "it estimates generated problems; --golden and --from read existing files");
   if (!s.golden.empty()) return golden::stack_inputs_of(golden::read(s.golden));
-  if (!s.from.empty()) {
-    std::string text = s.from_problem.empty() ? "sq1 skv1" : s.from_problem;
-    const io::SafetensorsFile f = io::read_safetensors(s.from);
-    int L = 0;
-    while (f.find("layers." + std::to_string(L) + ".attn.q")) ++L;
-    if (text.find("nl") == std::string::npos) text += " nl" + std::to_string(std::max(L, 1));
-    return golden::load_stack_inputs(f, s.from, parse_problem(text));
-  }
+  if (!s.from.empty()) return golden::load_dump(s.from, s.from_problem);
   Problem p = parse_problem(s.problem);
   require(!all_indexers || p.sched == Problem{}.sched,
           "search: the problem's sched=" + p.sched + " is not read (the search starts from all-Full and chooses the "

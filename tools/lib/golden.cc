@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -325,6 +326,21 @@ std::string stack_replay(const Problem& p, const std::string& kind, const std::s
          (for_kernel.empty() ? "" : " --for " + for_kernel) + (rows ? " --rows " + ref::format_rows(*rows) : "") +
          (simd ? " --impl simd" : "") + (with_logits ? "" : " --no-logits") +
          (max_memory != "8G" ? " --max-memory " + max_memory : "");
+}
+
+StackInputs load_dump(const std::string& file, const std::string& problem_text) {
+  std::string text = problem_text.empty() ? "sq1 skv1" : problem_text;
+  const io::SafetensorsFile f = io::read_safetensors(file);
+  if (text.find("nl") == std::string::npos) {
+    int L = 0;
+    while (f.find("layers." + std::to_string(L) + ".attn.q")) ++L;
+    text += " nl" + std::to_string(std::max(L, 1));
+  }
+  return load_stack_inputs(f, file, parse_problem(text));
+}
+
+std::string from_replay(const std::string& file, const Problem& p, bool with_logits) {
+  return "indexshare golden --from " + file + " --problem \"" + to_string(p) + "\"" + (with_logits ? "" : " --no-logits");
 }
 
 std::string model_replay(const ModelSpec& spec) {

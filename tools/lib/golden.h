@@ -79,6 +79,12 @@ struct StackInputs {
   std::vector<ref::LayerInputs> inputs;
 };
 StackInputs load_stack_inputs(const io::SafetensorsFile& f, const std::string& file, Problem p);
+// The inputs of a dump for --from: `file` read, and the problem `problem_text` ("" = "sq1 skv1"; its
+// shapes are replaced by the file's) with nl set to the file's layer count (layers.{l}.attn.q for
+// l = 0, 1, ...) unless the text gives nl.
+StackInputs load_dump(const std::string& file, const std::string& problem_text);
+// The replay command of build_from, without its " --out DIR" (as stack_replay).
+std::string from_replay(const std::string& file, const Problem& p, bool with_logits);
 // build_from on inputs already loaded from `file` (the CLI loads them first, to print and replay
 // the problem with the file's shapes).
 GoldenSet build_from(const std::string& file, StackInputs inputs, bool with_logits, const std::string& replay);

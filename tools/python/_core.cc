@@ -254,6 +254,15 @@ NB_MODULE(_core, m) {
     g.set = golden::build_model(spec, g.replay);
     return g;
   });
+  m.def("golden_from", [](const std::string& file, const std::string& problem, bool with_logits) {
+    golden::StackInputs si = golden::load_dump(file, problem);
+    PyGolden g;
+    g.replay = golden::from_replay(file, si.problem, with_logits);
+    nb::gil_scoped_release release;
+    g.set = golden::build_from(file, std::move(si), with_logits, g.replay);
+    return g;
+  });
+
   nb::class_<PyLoaded>(m, "LoadedGolden")
       .def_prop_ro("dir", [](const PyLoaded& g) { return g.loaded.dir; })
       .def_prop_ro("manifest_json", [](const PyLoaded& g) { return g.loaded.manifest.dump(); })

@@ -127,7 +127,7 @@ def _rows_text(rows) -> str | None:
     return ",".join(str(int(r)) for r in rows)
 
 
-def golden(problem=None, *, preset: str | None = None, model: str | None = None, kind: str = "stack",
+def golden(problem=None, *, preset: str | None = None, model: str | None = None, from_dump=None, kind: str = "stack",
            rows=None, impl: str = "auto", logits: bool = True, layers: int = 0, seq: int = 0,
            schedule: str = "", seed: int = 1, sim: float = 0.8, variant: str = "deepseek_fp8",
            framework: str = "numpy") -> GoldenSet:
@@ -141,12 +141,20 @@ def golden(problem=None, *, preset: str | None = None, model: str | None = None,
       preset   a golden preset (:func:`presets`; ``indexshare presets``)
       model    the module-level toy model with a preset's shapes (ref/model.h; ``--model``), with
                ``layers``, ``seq``, ``schedule``, ``seed``, ``sim``, ``variant`` as the CLI's options
+      from_dump  a safetensors file of per-layer kernel inputs dumped from a real model under the
+               golden tensor names (``--from``; tools/lib/golden.h ``build_from``); ``problem`` may
+               then give top-k, d_v, sm and sched= (the shapes and layer count come from the file)
     impl: "ref", "simd" or "auto" (the same bytes; auto takes simd for large problems and records it
     in the replay line, as the CLI does). ``framework``: "numpy" or "torch" for ``.tensors``.
     """
+    if from_dump is not None:
+        if preset is not None or model is not None or rows is not None:
+            raise ValueError("from_dump: excludes preset=, model= and rows= (problem= may give top-k, dv, sm, sched=)")
+        text = "" if problem is None else str(problem)
+        return GoldenSet(core().golden_from(os.fspath(from_dump), text, bool(logits)), framework)
     given = [n for n, v in (("problem", problem), ("preset", preset), ("model", model)) if v is not None]
     if len(given) != 1:
-        raise ValueError(f"golden: give exactly one of problem=, preset= and model=, got {given or 'none'}")
+        raise ValueError(f"golden: give exactly one of problem=, preset=, model= and from_dump=, got {given or 'none'}")
     if preset is not None:
         match = [p for p in presets() if p["name"] == preset]
         if not match:
