@@ -23,6 +23,7 @@
 #include <set>
 #include <string>
 #include <tuple>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -162,6 +163,22 @@ PyGolden golden_stack(const std::string& problem, const std::string& kind, const
   return g;
 }
 
+// The indexer's logits, FP8 mode (T = e4m3_t, codes as uint8) or unquantized (T = float).
+template <class T, class RawT>
+nb::object indexer_logits(In<RawT> q, In<RawT> k, In<float> k_scale, In<float> weights, In<int32_t> ks, In<int32_t> ke,
+                          bool simd) {
+  const auto tq = to_tensor<T>(q);
+  const auto tk = to_tensor<T>(k);
+  const auto ts = to_tensor<float>(k_scale), tw = to_tensor<float>(weights);
+  const auto ts0 = to_tensor<int32_t>(ks), te = to_tensor<int32_t>(ke);
+  const ref::Kernels kern = kernels_of(simd);
+  auto r = timed([&] {
+    if constexpr (std::is_same_v<T, e4m3_t>) return kern.logits_fp8(tq, tk, ts, tw, ts0, te);
+    else return kern.logits_f32(tq, tk, ts, tw, ts0, te);
+  });
+  return to_numpy<float>(std::move(r));
+}
+
 std::vector<nb::dict> stack_outputs(std::vector<ref::StackLayerOutputs>&& outs) {
   std::vector<nb::dict> layers;
   for (ref::StackLayerOutputs& o : outs) {
@@ -299,22 +316,8 @@ NB_MODULE(_core, m) {
   });
 
   // ---- kernels (ref/indexer.h, ref/topk.h, ref/attention.h, simd/simd.h) ----
-  m.def("indexer_logits_fp8", [](In<uint8_t> q, In<uint8_t> k, In<float> k_scale, In<float> weights, In<int32_t> ks,
-                                 In<int32_t> ke, bool simd) {
-    const auto tq = to_tensor<e4m3_t>(q); const auto tk = to_tensor<e4m3_t>(k);
-    const auto ts = to_tensor<float>(k_scale); const auto tw = to_tensor<float>(weights);
-    const auto ts0 = to_tensor<int32_t>(ks); const auto te = to_tensor<int32_t>(ke);
-    auto r = timed([&] { return kernels_of(simd).logits_fp8(tq, tk, ts, tw, ts0, te); });
-    return to_numpy<float>(std::move(r));
-  });
-  m.def("indexer_logits_f32", [](In<float> q, In<float> k, In<float> k_scale, In<float> weights, In<int32_t> ks,
-                                 In<int32_t> ke, bool simd) {
-    const auto tq = to_tensor<float>(q); const auto tk = to_tensor<float>(k);
-    const auto ts = to_tensor<float>(k_scale); const auto tw = to_tensor<float>(weights);
-    const auto ts0 = to_tensor<int32_t>(ks); const auto te = to_tensor<int32_t>(ke);
-    auto r = timed([&] { return kernels_of(simd).logits_f32(tq, tk, ts, tw, ts0, te); });
-    return to_numpy<float>(std::move(r));
-  });
+  m.def("indexer_logits_fp8", &indexer_logits<e4m3_t, uint8_t>);
+  m.def("indexer_logits_f32", &indexer_logits<float, float>);
   m.def("topk", [](In<float> logits, In<int32_t> ks, In<int32_t> ke, int64_t k, bool simd) {
     const auto tl = to_tensor<float>(logits); const auto ts = to_tensor<int32_t>(ks); const auto te = to_tensor<int32_t>(ke);
     auto r = timed([&] { return kernels_of(simd).topk(tl, ts, te, k); });
