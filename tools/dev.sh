@@ -16,7 +16,11 @@ JOBS="${JOBS:-$(nproc)}"
 
 bash tools/setup.sh
 VENV="${INDEXSHARE_VENV:-.venv}"
-cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release -DINDEXSHARE_WERROR=ON -DPython3_EXECUTABLE="$(realpath "$VENV")/bin/python" >/dev/null
+# ccache (when installed) serves repeated compiles.
+launcher=()
+command -v ccache >/dev/null 2>&1 && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release -DINDEXSHARE_WERROR=ON -DPython3_EXECUTABLE="$(realpath "$VENV")/bin/python" \
+  "${launcher[@]}" >/dev/null
 cmake --build "$BUILD_DIR" -j "$JOBS" >/dev/null
 
 case "$job" in

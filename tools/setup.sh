@@ -8,7 +8,7 @@
 set -euo pipefail
 
 DEBS=(cmake g++ make pkg-config libeigen3-dev libhwy-dev libomp-dev doctest-dev libcli11-dev
-      nlohmann-json3-dev libssl-dev clang libclang-rt-14-dev python3 python3-pip python3-venv)
+      nlohmann-json3-dev libssl-dev clang libclang-rt-14-dev python3 python3-pip python3-venv ccache)
 PIP=(numpy ml_dtypes safetensors nanobind scikit-build-core pytest)
 VENV="${INDEXSHARE_VENV:-.venv}"
 
