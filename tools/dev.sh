@@ -5,7 +5,8 @@
 #                                `indexshare ARGS` instead
 #   tools/dev.sh test            build, then the whole default test suite through ctest
 #   tools/dev.sh build           install and build only
-# Environment: BUILD_DIR (default build), JOBS (default: number of cores).
+# Environment: BUILD_DIR (default build), JOBS (default: number of cores), INDEXSHARE_VENV (the project
+# venv tools/setup.sh makes, default .venv: its Python runs the interop and Python tests).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 job="${1:-demo}"
@@ -14,7 +15,12 @@ BUILD_DIR="${BUILD_DIR:-build}"
 JOBS="${JOBS:-$(nproc)}"
 
 bash tools/setup.sh
-cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release -DINDEXSHARE_WERROR=ON >/dev/null
+VENV="${INDEXSHARE_VENV:-.venv}"
+# ccache (when installed) serves repeated compiles.
+launcher=()
+command -v ccache >/dev/null 2>&1 && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release -DINDEXSHARE_WERROR=ON -DPython3_EXECUTABLE="$(realpath "$VENV")/bin/python" \
+  "${launcher[@]}" >/dev/null
 cmake --build "$BUILD_DIR" -j "$JOBS" >/dev/null
 
 case "$job" in

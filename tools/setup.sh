@@ -1,11 +1,16 @@
 #!/usr/bin/env bash
 # tools/setup.sh: installs what indexshare needs on Debian bookworm: build tools and libraries from Debian,
-# the PyPI packages used by the interop tests. Idempotent, and quiet when all is present.
+# and the project venv (default .venv at the repository root; INDEXSHARE_VENV names another) with the
+# PyPI packages of the Python package and its tests: numpy, ml_dtypes, safetensors, nanobind,
+# scikit-build-core, pytest and torch (CPU use; see TORCH below). tools/dev.sh builds with the venv's
+# Python, so the interop and Python tests run in it, never in the system Python. Idempotent, and quiet
+# when all is present.
 set -euo pipefail
 
 DEBS=(cmake g++ make pkg-config libeigen3-dev libhwy-dev libomp-dev doctest-dev libcli11-dev
-      nlohmann-json3-dev libssl-dev clang libclang-rt-14-dev libopenmpi-dev openmpi-bin python3 python3-pip)
-PIP=(numpy ml_dtypes safetensors)
+      nlohmann-json3-dev libssl-dev clang libclang-rt-14-dev libopenmpi-dev openmpi-bin python3 python3-pip python3-venv ccache)
+PIP=(numpy ml_dtypes safetensors nanobind scikit-build-core pytest)
+VENV="${INDEXSHARE_VENV:-.venv}"
 
 missing=()
 for p in "${DEBS[@]}"; do
@@ -28,8 +33,25 @@ if [ "${#missing[@]}" -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
-if ! python3 -c "import numpy, ml_dtypes, safetensors" >/dev/null 2>&1; then
-  echo "setup: installing PyPI packages: ${PIP[*]}" >&2
-  python3 -m pip install -q "${PIP[@]}" >/dev/null 2>&1 ||
-    python3 -m pip install -q --break-system-packages "${PIP[@]}" >/dev/null
+cd "$(dirname "$0")/.."
+if [ ! -x "$VENV/bin/python" ]; then
+  echo "setup: creating the project venv $VENV" >&2
+  python3 -m venv "$VENV"
+fi
+if ! "$VENV/bin/python" -c "import numpy, ml_dtypes, safetensors, nanobind, scikit_build_core, pytest" >/dev/null 2>&1; then
+  echo "setup: installing PyPI packages into $VENV: ${PIP[*]}" >&2
+  "$VENV/bin/python" -m pip install -q "${PIP[@]}" >/dev/null
+fi
+# torch: the PyPI wheel (CPU use works on a machine without a GPU). Its CUDA wheels (nvidia-*,
+# ~4 GB of the venv's 5.4 GB) cannot be left out: `pip install --no-deps torch` imports with
+# "ImportError: libcufile.so.0" (torch 2.15.0+cu132), and download.pytorch.org's CPU wheels are not
+# reachable from CI. About 2 minutes on a fresh machine. transformers: the bridge from real models
+# (python -m indexshare.dump) and its tests (tiny random-weight models, no download).
+if ! "$VENV/bin/python" -c "import torch" >/dev/null 2>&1; then
+  echo "setup: installing torch into $VENV" >&2
+  "$VENV/bin/python" -m pip install -q torch >/dev/null
+fi
+if ! "$VENV/bin/python" -c "import transformers" >/dev/null 2>&1; then
+  echo "setup: installing transformers into $VENV" >&2
+  "$VENV/bin/python" -m pip install -q transformers >/dev/null
 fi

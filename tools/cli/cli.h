@@ -34,18 +34,10 @@ Action register_explain(CLI::App& app);
 
 #include "ref/config.h"
 #include "ref/problem.h"
+#include "tools/lib/options.h"  // resolve_impl, choose_impl, resolve_model_impl, parse_rows
 
 namespace indexshare::cli {
 
-// --impl: "ref", "simd", or "auto" (simd when the indexer work of the problem exceeds about
-// 2^28 multiply-accumulates, where ref takes a second or more; n_rows > 0: that many query rows,
-// --rows). Returns "ref" or "simd".
-std::string resolve_impl(const std::string& impl, const Problem& p, int64_t n_rows = 0);
-// The rule under both: "ref" or "simd" as given, "auto" -> simd when `large`; Error otherwise.
-std::string choose_impl(const std::string& impl, bool large);
-// --impl for the module-level toy model (run/golden --model): "auto" takes simd when the layers'
-// projections exceed about 2^28 multiply-accumulates (layers, seq: 0 = the config's).
-std::string resolve_model_impl(const std::string& impl, const ModelConfig& cfg, int64_t layers, int64_t seq);
 // --target: a Highway target for the simd path ("best" = Highway's choice); Error if unknown.
 void apply_target(const std::string& target);
 // --max-memory: the bytes a kernel-level stack of p allocates (inputs, logits when kept, outputs,
@@ -87,13 +79,6 @@ bool impl_streams(const std::string& impl, const Problem& p);
 // not stream yet and streaming would bring the estimate within max_bytes; "" otherwise.
 std::string logits_remedy(const Problem& p, bool keep_logits, bool streams, uint64_t max_bytes, int64_t n_rows,
                           bool golden, bool offers_no_logits);
-// --rows: a comma-separated list of items, each
-//   N          row N                      A-B        rows A..B (inclusive, A <= B)
-//   last:N     the last N rows            every:N    rows 0, N, 2N, ... (< s_q)
-// in the order written. Every row must be in [0, s_q) and appear once; Error naming --rows and the
-// item otherwise (an empty list too). ref::format_rows prints the canonical text:
-// parse_rows(ref::format_rows(r), p) == r.
-std::vector<int64_t> parse_rows(const std::string& text, const Problem& p);
 // Parses "8G", "512M", "1000000" (bytes); Error naming the text otherwise.
 uint64_t parse_bytes(const std::string& text);
 

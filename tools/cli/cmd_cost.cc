@@ -17,6 +17,7 @@
 #include "ref/error.h"
 #include "ref/schedule.h"
 #include "tools/cli/cli.h"
+#include "tools/lib/cost_report.h"
 #include "tools/lib/json_io.h"
 #include "tools/lib/svg.h"
 
@@ -34,30 +35,6 @@ struct CostArgs {
   CostOptions options;
   std::vector<std::string> given;  // the options on the command line
 };
-
-// "4096,16K,1M": decimal integers, optional suffix K (x1024) or M (x1048576).
-std::vector<int64_t> parse_contexts(const std::string& text) {
-  std::vector<int64_t> out;
-  size_t pos = 0;
-  while (true) {
-    const size_t comma = text.find(',', pos);
-    const std::string tok = text.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
-    size_t n = 0;
-    while (n < tok.size() && tok[n] >= '0' && tok[n] <= '9') ++n;
-    int64_t mult = 1;
-    const std::string suffix = tok.substr(n);
-    if (suffix == "K" || suffix == "k") mult = 1024;
-    else if (suffix == "M" || suffix == "m") mult = 1024 * 1024;
-    else require(suffix.empty(), "--context: bad context length '" + tok + "' (expected e.g. 4096, 16K or 1M)");
-    require(n >= 1 && n <= 9, "--context: bad context length '" + tok + "' (expected e.g. 4096, 16K or 1M)");
-    const int64_t v = std::stoll(tok.substr(0, n)) * mult;
-    require(v >= 1, "--context: context length '" + tok + "' must be >= 1");
-    out.push_back(v);
-    if (comma == std::string::npos) break;
-    pos = comma + 1;
-  }
-  return out;
-}
 
 // 3.456e11 -> "345.6 G".
 std::string si(double x) {
@@ -81,28 +58,13 @@ std::string fixed(double x, int digits) {
   return buf;
 }
 
-json breakdown_json(const CostBreakdown& b) {
-  json items = json::array();
-  for (const CostItem& it : b.items) items.push_back({{"name", it.name}, {"flops", it.flops}, {"bytes", it.bytes}});
-  return {{"total_flops", b.total_flops()}, {"total_bytes", b.total_bytes()},
-          {"indexer_flops_share", b.indexer_flops_share()}, {"indexer_bytes_share", b.indexer_bytes_share()},
-          {"items", items}};
-}
-
-json options_json(const CostOptions& o) {
-  return {{"flops_per_mac", o.flops_per_mac}, {"fp8_score_weight", o.fp8_score_weight},
-          {"topk_ops_per_key", o.topk_ops_per_key}, {"mtp_layers", o.mtp_layers},
-          {"fp8_weight_bytes", o.fp8_weight_bytes}, {"prefill_query_tile", o.prefill_query_tile}};
-}
-
 void print_mode(CostMode mode, const ModelConfig& cfg, const Schedule& sched, const Schedule& full,
-                const std::vector<int64_t>& contexts, const CostOptions& o, json& out) {
+                const std::vector<int64_t>& contexts, const CostOptions& o) {
   const bool dec = mode == CostMode::decode;
   std::printf("\n%s\n", dec ? "decode: one token at context L (batch 1: every weight it uses is read once)"
                             : "prefill: the whole prefill of L tokens (causal sums; every weight read once)");
   std::printf("  %9s  %14s %14s %7s  %14s %14s %7s  %s\n", "context", "FLOPs sched", "FLOPs all-full", "ratio",
               "bytes sched", "bytes all-full", "ratio", "indexer FLOPs share sched / all-full");
-  json rows = json::array();
   std::vector<std::pair<CostBreakdown, CostBreakdown>> all;
   for (int64_t L : contexts) {
     const CostBreakdown s = cost(cfg, sched, L, mode, o), f = cost(cfg, full, L, mode, o);
@@ -111,8 +73,6 @@ void print_mode(CostMode mode, const ModelConfig& cfg, const Schedule& sched, co
                 (si(f.total_flops()) + "FLOP").c_str(), fixed(fr, 3).c_str(), (si(s.total_bytes()) + "B").c_str(),
                 (si(f.total_bytes()) + "B").c_str(), fixed(br, 3).c_str(), pct(s.indexer_flops_share()).c_str(),
                 pct(f.indexer_flops_share()).c_str());
-    rows.push_back({{"context", L}, {"flops_ratio", fr}, {"bytes_ratio", br}, {"schedule", breakdown_json(s)},
-                    {"all_full", breakdown_json(f)}});
     all.emplace_back(s, f);
   }
   for (size_t c = 0; c < contexts.size(); ++c) {
@@ -129,7 +89,6 @@ void print_mode(CostMode mode, const ModelConfig& cfg, const Schedule& sched, co
                   pct(b.bytes / f.total_bytes()).c_str());
     }
   }
-  out[cost_mode_name(mode)] = rows;
 }
 
 int cmd_cost(const CostArgs& a) {
@@ -174,37 +133,21 @@ int cmd_cost(const CostArgs& a) {
               o.flops_per_mac, o.fp8_score_weight, o.topk_ops_per_key, o.mtp_layers, o.fp8_weight_bytes,
               (long long)o.prefill_query_tile);
 
-  json out = {{"model", cfg.name},
-              {"n_layers", cfg.n_layers},
-              {"schedule", sched.pattern()},
-              {"n_full", sched.n_full()},
-              {"compared_with", "all-full"},
-              {"options", options_json(o)},
-              {"config", json::parse(config_json_text(cfg))}};
-  if (a.mode != "prefill") print_mode(CostMode::decode, cfg, sched, full, contexts, o, out);
-  if (a.mode != "decode") print_mode(CostMode::prefill, cfg, sched, full, contexts, o, out);
+  if (a.mode != "prefill") print_mode(CostMode::decode, cfg, sched, full, contexts, o);
+  if (a.mode != "decode") print_mode(CostMode::prefill, cfg, sched, full, contexts, o);
 
   // The FLOPs ratio under each accounting of ref/cost.h (independent of the options above).
-  json alts = json::array();
   if (a.alternatives) {
     std::printf("\nFLOPs ratio all-full / schedule under other accountings:\n  %-18s", "accounting");
     for (int64_t L : contexts) std::printf(" %9lld", (long long)L);
     std::printf("  description\n");
-  }
-  for (const Accounting& acc : accounting_alternatives()) {
-    json ratios = json::array();
-    if (a.alternatives) std::printf("  %-18s", acc.name.c_str());
-    for (int64_t L : contexts) {
-      const double r = flops_ratio(cfg, sched, L, acc);
-      ratios.push_back({{"context", L}, {"flops_ratio", r}});
-      if (a.alternatives) std::printf(" %9s", fixed(r, 3).c_str());
+    for (const Accounting& acc : accounting_alternatives()) {
+      std::printf("  %-18s", acc.name.c_str());
+      for (int64_t L : contexts) std::printf(" %9s", fixed(flops_ratio(cfg, sched, L, acc), 3).c_str());
+      std::printf("  %s\n", acc.description.c_str());
     }
-    if (a.alternatives) std::printf("  %s\n", acc.description.c_str());
-    alts.push_back({{"name", acc.name}, {"description", acc.description},
-                    {"mode", cost_mode_name(acc.mode)}, {"options", options_json(acc.options)},
-                    {"items", acc.items}, {"ratios", ratios}});
   }
-  out["alternatives"] = alts;
+  const json out = cost_report_json(cfg, sched, contexts, a.mode, o);
   if (!a.json_path.empty()) io::write_text_file(a.json_path, out.dump(2) + "\n");
   return 0;
 }

@@ -32,8 +32,6 @@ struct GoldenArgs {
   bool rows_given = false;         // --rows among them
 };
 
-std::string quote(const std::string& s) { return "\"" + s + "\""; }
-
 #ifdef INDEXSHARE_MPI
 bool dist_active() { return dist::active(); }
 int dist_rank() { return dist::rank(); }
@@ -121,15 +119,7 @@ int cmd_golden(const GoldenArgs& a) {
     if (spec.layers > 0) cfg.n_layers = spec.layers;
     if (spec.seq > 0) cfg.seq = spec.seq;
     check_model_memory(cfg, parse_bytes(a.max_memory), true);
-    char sim[32];
-    std::snprintf(sim, sizeof sim, "%.9g", double(spec.sim));
-    std::string replay = "indexshare golden --model " + spec.preset + " --seed " + std::to_string(spec.seed) + " --sim " + sim +
-                         " --variant " + spec.variant;
-    if (spec.layers) replay += " --layers " + std::to_string(spec.layers);
-    if (spec.seq) replay += " --seq " + std::to_string(spec.seq);
-    if (!spec.schedule.empty()) replay += " --schedule " + spec.schedule;
-    if (spec.simd) replay += " --impl simd";
-    replay += " --out " + a.out;
+    const std::string replay = golden::model_replay(spec) + " --out " + a.out;
     std::fprintf(stderr, "golden: computing the %s toy model...\n", spec.preset.c_str());
     return publish(golden::build_model(spec, replay), a, replay, t0);
   }
@@ -139,20 +129,10 @@ int cmd_golden(const GoldenArgs& a) {
     reject_given(a.given, {"--layers", "--seq", "--seed", "--schedule", "--sim", "--variant", "--kind"},
                  "generated sets (--problem, --preset, --model)",
                  "--from takes shapes, layers and values from the dump, top-k and sched= from --problem");
-    // The layer count comes from the file; the problem gives top-k, d_v, sm and the schedule.
-    // A model dump records its problem (python -m indexshare.dump); --problem replaces it.
-    const io::SafetensorsFile f = io::read_safetensors(a.from);
-    const std::string recorded = golden::dump_problem(f, a.from);
-    std::string text = !a.problem.empty() ? a.problem : !recorded.empty() ? recorded : "sq1 skv1";
-    if (text.find("nl") == std::string::npos) {
-      int L = 0;
-      while (f.find("layers." + std::to_string(L) + ".attn.q")) ++L;
-      text += " nl" + std::to_string(std::max(L, 1));
-    }
-    // The shapes come from the file: the replay line carries the problem that was computed.
-    golden::StackInputs si = golden::load_stack_inputs(f, a.from, parse_problem(text));
-    const std::string replay = "indexshare golden --from " + a.from + " --problem " + quote(to_string(si.problem)) +
-                               (a.no_logits ? " --no-logits" : "") + " --out " + a.out;
+    // The layer count comes from the file; the problem gives top-k, d_v, sm and the schedule. The
+    // shapes come from the file: the replay line carries the problem that was computed.
+    golden::StackInputs si = golden::load_dump(a.from, a.problem);
+    const std::string replay = golden::from_replay(a.from, si.problem, !a.no_logits) + " --out " + a.out;
 #ifdef INDEXSHARE_MPI
     if (dist::active()) {
       std::vector<int64_t> windows(size_t(si.inputs.at(0).ks.numel()));
@@ -223,12 +203,9 @@ int cmd_golden(const GoldenArgs& a) {
                  rows_here, true);
   };
   if (!dist_active()) memory_check(n_rows, "");
-  const std::string replay = "indexshare golden --problem " + quote(to_string(p)) + " --kind " + kind +
-                             (kern ? " --for " + kern->name : "") +
-                             (a.rows_given ? " --rows " + ref::format_rows(rows) : "") +
-                             (impl == "simd" ? " --impl simd" : "") +
-                             (a.no_logits ? " --no-logits" : "") +
-                             (a.max_memory != "8G" ? " --max-memory " + a.max_memory : "") + " --out " + a.out;
+  const std::string replay = golden::stack_replay(p, kind, kern ? kern->name : "", a.rows_given ? &rows : nullptr,
+                                                 impl == "simd", !a.no_logits, a.max_memory) +
+                             " --out " + a.out;
   if (!dist_active() || dist_rank() == 0)
     std::fprintf(stderr, "golden: computing %s (%lld layers%s)...\n", to_string(p).c_str(), (long long)p.n_layers,
                  a.rows_given ? (", " + std::to_string(n_rows) + " query rows").c_str() : "");

@@ -41,16 +41,7 @@ golden::StackInputs load(const Source& s, bool all_indexers) {
   if (s.problem.empty())
     reject_given(s.given, {"--max-memory"}, "--problem", "it estimates generated problems; --golden and --from read existing files");
   if (!s.golden.empty()) return golden::stack_inputs_of(golden::read(s.golden));
-  if (!s.from.empty()) {
-    // A model dump records its problem (python -m indexshare.dump); --from-problem replaces it.
-    const io::SafetensorsFile f = io::read_safetensors(s.from);
-    const std::string recorded = golden::dump_problem(f, s.from);
-    std::string text = !s.from_problem.empty() ? s.from_problem : !recorded.empty() ? recorded : "sq1 skv1";
-    int L = 0;
-    while (f.find("layers." + std::to_string(L) + ".attn.q")) ++L;
-    if (text.find("nl") == std::string::npos) text += " nl" + std::to_string(std::max(L, 1));
-    return golden::load_stack_inputs(f, s.from, parse_problem(text));
-  }
+  if (!s.from.empty()) return golden::load_dump(s.from, s.from_problem);
   Problem p = parse_problem(s.problem);
   require(!all_indexers || p.sched == Problem{}.sched,
           "search: the problem's sched=" + p.sched + " is not read (the search starts from all-Full and chooses the "

@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -436,6 +437,42 @@ void for_kernel(GoldenSet& set, const kreg::Kernel& k, const Problem& p) {
 namespace {
 Tensor<bf16_t> bf16_of(const Tensor<float>& x) { return to_bf16_tensor(x); }
 }  // namespace
+
+std::string stack_replay(const Problem& p, const std::string& kind, const std::string& for_kernel,
+                         const std::vector<int64_t>* rows, bool simd, bool with_logits, const std::string& max_memory) {
+  return "indexshare golden --problem \"" + to_string(p) + "\" --kind " + kind +
+         (for_kernel.empty() ? "" : " --for " + for_kernel) + (rows ? " --rows " + ref::format_rows(*rows) : "") +
+         (simd ? " --impl simd" : "") + (with_logits ? "" : " --no-logits") +
+         (max_memory != "8G" ? " --max-memory " + max_memory : "");
+}
+
+StackInputs load_dump(const std::string& file, const std::string& problem_text) {
+  const io::SafetensorsFile f = io::read_safetensors(file);
+  const std::string recorded = dump_problem(f, file);  // a model dump records its problem
+  std::string text = !problem_text.empty() ? problem_text : !recorded.empty() ? recorded : "sq1 skv1";
+  if (text.find("nl") == std::string::npos) {
+    int L = 0;
+    while (f.find("layers." + std::to_string(L) + ".attn.q")) ++L;
+    text += " nl" + std::to_string(std::max(L, 1));
+  }
+  return load_stack_inputs(f, file, parse_problem(text));
+}
+
+std::string from_replay(const std::string& file, const Problem& p, bool with_logits) {
+  return "indexshare golden --from " + file + " --problem \"" + to_string(p) + "\"" + (with_logits ? "" : " --no-logits");
+}
+
+std::string model_replay(const ModelSpec& spec) {
+  char sim[32];
+  std::snprintf(sim, sizeof sim, "%.9g", double(spec.sim));
+  std::string replay = "indexshare golden --model " + spec.preset + " --seed " + std::to_string(spec.seed) + " --sim " + sim +
+                       " --variant " + spec.variant;
+  if (spec.layers) replay += " --layers " + std::to_string(spec.layers);
+  if (spec.seq) replay += " --seq " + std::to_string(spec.seq);
+  if (!spec.schedule.empty()) replay += " --schedule " + spec.schedule;
+  if (spec.simd) replay += " --impl simd";
+  return replay;
+}
 
 GoldenSet build_model(const ModelSpec& spec, const std::string& replay) {
   ModelConfig cfg = model_preset(spec.preset);

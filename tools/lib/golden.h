@@ -119,6 +119,13 @@ struct StackInputs {
   std::vector<ref::LayerInputs> inputs;
 };
 StackInputs load_stack_inputs(const io::SafetensorsFile& f, const std::string& file, Problem p);
+// The inputs of a dump for --from: `file` read, and the problem `problem_text` ("" = the problem a
+// model dump records (python -m indexshare.dump), else "sq1 skv1"; its
+// shapes are replaced by the file's) with nl set to the file's layer count (layers.{l}.attn.q for
+// l = 0, 1, ...) unless the text gives nl.
+StackInputs load_dump(const std::string& file, const std::string& problem_text);
+// The replay command of build_from, without its " --out DIR" (as stack_replay).
+std::string from_replay(const std::string& file, const Problem& p, bool with_logits);
 // build_from on inputs already loaded from `file` (the CLI loads them first, to print and replay
 // the problem with the file's shapes).
 // part: only those query rows (the inputs are whole; the part's rows are cut from them).
@@ -136,6 +143,15 @@ void slice_rows(ref::LayerInputs& in, int64_t begin, int64_t end);
 // (kreg::manifest_block: the call, arguments mapped to tensor names with dtype and shape, kwargs).
 // The caller has checked kreg::violations and that the set's kind is k.kind.
 void for_kernel(GoldenSet& set, const kreg::Kernel& k, const Problem& p);
+
+// The manifest's `replay` command of a set, without its trailing " --out DIR" (the front end adds
+// the folder it writes to: the CLI's --out, GoldenSet.save's dir in Python), so that both write the
+// same bytes. stack_replay: a kernel-level set of `kind` (build); for_kernel "" = no --for; rows:
+// a sampled set (--rows); max_memory: the --max-memory text, left out at its default "8G".
+// model_replay: a module-level set (build_model).
+std::string stack_replay(const Problem& p, const std::string& kind, const std::string& for_kernel,
+                         const std::vector<int64_t>* rows, bool simd, bool with_logits, const std::string& max_memory = "8G");
+std::string model_replay(const ModelSpec& spec);
 
 // Writes `set` to `dir` atomically. The folder must not exist, or be empty, unless `force`
 // (then an existing golden set there is replaced in one rename).

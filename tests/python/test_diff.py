@@ -1,0 +1,88 @@
+"""indexshare.diff -> Report and testing.assert_matches: the CLI's judgement, text and JSON, on the
+checked-in golden sets, with numpy and torch candidates."""
+import json
+
+import numpy as np
+import pytest
+import torch
+
+import indexshare
+from indexshare.testing import assert_matches
+
+OUTPUTS = ("attn.out", "attn.lse", "attn.max_logits", "indexer.topk", "attn.indices")
+
+
+def candidate_of(g, layers=None):
+    """The golden's own outputs as a candidate (copies: the golden's views are read-only)."""
+    c = {}
+    for n, a in g.tensors.items():
+        if any(n.endswith(o) for o in OUTPUTS) and (layers is None or int(n.split(".")[1]) in layers):
+            c[n] = np.array(a)
+    return c
+
+
+@pytest.mark.parametrize("name", ["ties", "glm-5.2"])
+def test_report_equals_the_cli_text_and_json(name, root, cli, tmp_path):
+    gdir = root / "golden" / name
+    g = indexshare.load_golden(gdir)
+    c = candidate_of(g)
+    c["layers.0.attn.out"][0, 0, :4] += 0.25  # one failure, so the text has mismatches and a diagnosis
+    path = tmp_path / "cand.safetensors"
+    indexshare.save_candidate(c, path)
+    for cand in (c, path):
+        r = indexshare.diff(gdir, cand)
+        assert not r.passed and r.status(0, "attn.out") == "FAIL"
+        cl = cli("diff", "--golden", gdir, "--candidate", path, "--json", tmp_path / "r.json")
+        assert cl.returncode == 1
+        text = str(r) if cand is path else str(r).replace("CANDIDATE.safetensors", str(path))
+        assert text == cl.stdout
+        assert r.to_json() == (tmp_path / "r.json").read_text()
+        assert r.data == json.loads(cl.stdout and (tmp_path / "r.json").read_text())
+
+
+def test_pass_with_numpy_torch_and_a_loaded_or_in_memory_golden(root):
+    g = indexshare.load_golden(root / "golden/glm-5.2")
+    c = candidate_of(g)
+    assert indexshare.diff(g, c).passed
+    tc = {n: torch.from_numpy(a) for n, a in c.items()}
+    r = assert_matches(g, tc)
+    assert r.passed and all(t["verdict"] == "PASS" for t in r.tensors)
+    assert set(r.checked) == set(c)
+    mem = indexshare.golden(preset="ties")
+    assert assert_matches(mem, candidate_of(mem)).passed
+    # layers= judges only those layers.
+    r = indexshare.diff(g, c, layers=[1])
+    assert {t["layer"] for t in r.tensors} == {1}
+
+
+def test_bf16_out_and_torch_bf16(root):
+    g = indexshare.load_golden(root / "golden/ties", framework="torch")
+    c = {"layers.0.attn.out": g.tensors["layers.0.attn.out_bf16"].clone()}
+    assert assert_matches(g.dir, c).passed
+
+
+def test_assert_matches_raises_with_the_report(root):
+    g = indexshare.load_golden(root / "golden/ties")
+    c = candidate_of(g)
+    c["layers.0.attn.lse"] = c["layers.0.attn.lse"] / np.float32(np.log(2))  # base 2
+    with pytest.raises(AssertionError) as e:
+        assert_matches(g, c)
+    assert "attn.lse is in base 2" in str(e.value)
+    assert e.value.report.status(0, "attn.lse") == "FAIL"
+
+
+def test_bad_candidates_raise_naming_the_tensor(root):
+    g = root / "golden/ties"
+    out = np.zeros((16, 2, 512), np.float32)
+    with pytest.raises(ValueError, match="layers.0.attn.out"):
+        indexshare.diff(g, {"layers.0.attn.out": out[:, :1]})
+    with pytest.raises(ValueError, match="layers.0.attn.out"):
+        indexshare.diff(g, {"layers.0.attn.out": out.astype(np.float64)})
+    with pytest.raises(ValueError, match="layers.9"):
+        indexshare.diff(g, {"layers.9.attn.out": out})
+    with pytest.raises(ValueError, match="empty"):
+        indexshare.diff(g, {})
+    with pytest.raises(TypeError, match="candidate"):
+        indexshare.diff(g, [out])
+    with pytest.raises(ValueError, match="device"):
+        indexshare.diff(g, {"layers.0.attn.out": torch.zeros(16, 2, 512, device="meta")})

@@ -1,0 +1,178 @@
+"""The kernels on arbitrary inputs: the golden sets' bits (ref and simd, numpy and torch), zero-copy
+arguments and results, every bad-input path, the GIL released, the thread count."""
+import threading
+import time
+
+import ml_dtypes
+import numpy as np
+import pytest
+import torch
+
+import indexshare
+from indexshare import _arrays
+
+BF16, E4M3 = ml_dtypes.bfloat16, ml_dtypes.float8_e4m3fn
+
+
+def same(a, b):
+    """Equal dtype, shape and bytes (numpy or torch, either side)."""
+    a, b = (_arrays.to_numpy(x, "x") if isinstance(x, torch.Tensor) else np.asarray(x) for x in (a, b))
+    return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
+
+
+@pytest.fixture(scope="module", params=["glm-5.2", "ties", "attention-edge"])
+def gset(request, root):
+    return indexshare.load_golden(root / "golden" / request.param)
+
+
+@pytest.mark.parametrize("impl", ["ref", "simd"])
+@pytest.mark.parametrize("fw", ["numpy", "torch"])
+def test_kernels_reproduce_the_golden_bits(gset, impl, fw):
+    t = gset.tensors
+    cfg = gset.config
+    conv = (lambda a: a) if fw == "numpy" else (lambda a: _arrays.out(np.array(a), True))
+    layers = sorted({int(n.split(".")[1]) for n in t if n.startswith("layers.")})
+    checked = 0
+    for l in layers:
+        p = f"layers.{l}."
+        if p + "indexer.q" in t and p + "indexer.topk" in t:
+            args = [conv(t[p + "indexer." + n]) for n in ("q", "k", "k_scale", "weights", "ks", "ke")]
+            if p + "indexer.logits" in t:
+                logits = indexshare.indexer_logits(*args, impl=impl)
+                assert isinstance(logits, torch.Tensor) == (fw == "torch")
+                assert same(logits, t[p + "indexer.logits"])
+                assert same(indexshare.topk(logits, args[4], args[5], cfg["topk"], impl=impl), t[p + "indexer.topk"])
+            assert same(indexshare.indexer_topk(*args, cfg["topk"], impl=impl), t[p + "indexer.topk"])
+            checked += 1
+        if p + "attn.out" in t:
+            a = indexshare.sparse_attention(conv(t[p + "attn.q"]), conv(t[p + "attn.kv"]), conv(t[p + "attn.indices"]),
+                                            cfg["sm_scale"], cfg["d_v"],
+                                            topk_length=conv(t[p + "attn.topk_length"]) if p + "attn.topk_length" in t else None,
+                                            sink=conv(t[p + "attn.sink"]) if p + "attn.sink" in t else None, impl=impl)
+            for n in ("out", "out_bf16", "max_logits", "lse"):
+                assert same(getattr(a, n), t[p + "attn." + n]), (l, n)
+            checked += 1
+    assert checked > 0
+
+
+def test_dense_equals_sparse_over_every_key():
+    rng = np.random.default_rng(1)
+    s_q, s_kv, h, d = 4, 8, 2, 64
+    q = rng.standard_normal((s_q, h, d)).astype(BF16)
+    kv = rng.standard_normal((s_kv, 1, d)).astype(BF16)
+    ks = np.zeros(s_q, np.int32)
+    ke = np.arange(s_kv - s_q + 1, s_kv + 1, dtype=np.int32)
+    idx = np.where(np.arange(s_kv)[None, :] < ke[:, None], np.arange(s_kv)[None, :], -1).astype(np.int32)[:, None, :]
+    for impl in ("ref", "simd"):
+        dense = indexshare.dense_attention(q, kv, 0.125, 32, ks, ke, impl=impl)
+        sparse = indexshare.sparse_attention(q, kv, idx, 0.125, 32, impl=impl)
+        for n in dense._fields:
+            assert same(getattr(dense, n), getattr(sparse, n))
+        assert getattr(dense, "out_bf16").dtype == BF16
+
+
+def test_run_stack_equals_the_cli_golden(root):
+    g = indexshare.load_golden(root / "golden/glm-5.2")
+    problem = g.manifest["problem"]
+    for impl in ("ref", "simd"):
+        for L in indexshare.run_stack(problem, impl=impl):
+            p = f"layers.{L['layer']}."
+            assert L["kind"] == g.layers[L["layer"]]["kind"]
+            for n in ("out", "out_bf16", "lse", "max_logits", "indices"):
+                assert same(L[n], g.tensors[p + "attn." + n]), (impl, L["layer"], n)
+    # Given inputs (the golden's own, as torch tensors) give the same outputs, in torch.
+    names = tuple(".indexer." + n for n in ("q", "k", "k_scale", "weights", "ks", "ke")) + (".attn.q", ".attn.kv")
+    inputs = {n: _arrays.out(np.array(a), True) for n, a in g.tensors.items() if n.endswith(names)}
+    outs = indexshare.run_stack(problem, inputs=inputs)
+    assert isinstance(outs[0]["out"], torch.Tensor)
+    for L in outs:
+        assert same(L["out"], g.tensors[f"layers.{L['layer']}.attn.out"])
+
+
+def test_contiguous_arguments_and_results_are_not_copied():
+    q = torch.zeros(4, 2, 64, dtype=torch.bfloat16)
+    a = _arrays.arg(q, "q", [_arrays.BF16], 3, "s_q, h_q, d_qk")
+    assert a.ctypes.data == q.data_ptr()  # the same memory: no copy on the way to C++
+    n = np.zeros((4, 2, 64), BF16)
+    assert _arrays.arg(n, "q", [_arrays.BF16], 3, "").ctypes.data == n.ctypes.data
+    strided = np.zeros((4, 2, 128), BF16)[:, :, ::2]
+    assert _arrays.arg(strided, "q", [_arrays.BF16], 3, "").ctypes.data != strided.ctypes.data  # one copy
+    kv = torch.zeros(8, 1, 64, dtype=torch.bfloat16)
+    idx = torch.zeros(4, 1, 2, dtype=torch.int32)
+    r = indexshare.sparse_attention(q, kv, idx, 0.1, 32)
+    # The result wraps the C++ tensor's storage: the numpy array does not own it, torch shares it.
+    raw = indexshare.sparse_attention(q.view(torch.int16).numpy().view(BF16), kv.view(torch.int16).numpy().view(BF16),
+                                      idx.numpy(), 0.1, 32).out
+    assert not raw.flags.owndata and raw.base is not None
+    assert isinstance(r.out, torch.Tensor) and r.out_bf16.dtype == torch.bfloat16
+
+
+def test_bad_inputs_raise_naming_the_argument():
+    q = np.zeros((4, 2, 64), BF16)
+    kv = np.zeros((8, 1, 64), BF16)
+    idx = np.zeros((4, 1, 2), np.int32)
+    sa = indexshare.sparse_attention
+    with pytest.raises(ValueError, match=r"q: a tensor on device 'meta'.*\.cpu\(\)"):
+        sa(torch.zeros(4, 2, 64, dtype=torch.bfloat16, device="meta"), kv, idx, 0.1, 32)
+    with pytest.raises(TypeError, match="kv: expected dtype bfloat16, got float32"):
+        sa(q, kv.astype(np.float32), idx, 0.1, 32)
+    with pytest.raises(TypeError, match="indices: expected dtype int32, got int64"):
+        sa(q, kv, idx.astype(np.int64), 0.1, 32)
+    with pytest.raises(ValueError, match=r"indices: expected rank 3 \[s_q, 1, topk\], got shape \[4, 2\]"):
+        sa(q, kv, idx[:, 0], 0.1, 32)
+    with pytest.raises(ValueError, match="kv"):
+        sa(q, np.zeros((8, 1, 32), BF16), idx, 0.1, 32)  # d_qk differs from q's
+    with pytest.raises(ValueError, match="sink"):
+        sa(q, kv, idx, 0.1, 32, sink=np.zeros(3, np.float32))
+    with pytest.raises(TypeError, match="q: expected a numpy array or a torch CPU tensor, got list"):
+        sa([[1]], kv, idx, 0.1, 32)
+    with pytest.raises(ValueError, match="impl"):
+        sa(q, kv, idx, 0.1, 32, impl="cuda")
+    il = indexshare.indexer_logits
+    q8, k8 = np.zeros((4, 2, 16), E4M3), np.zeros((8, 16), E4M3)
+    f = np.zeros
+    with pytest.raises(TypeError, match="k: expected dtype float8_e4m3fn, got float32"):
+        il(q8, k8.astype(np.float32), f(8, np.float32), f((4, 2), np.float32), f(4, np.int32), f(4, np.int32))
+    with pytest.raises(ValueError, match="ke"):
+        il(q8, k8, f(8, np.float32), f((4, 2), np.float32), f(4, np.int32), np.full(4, 9, np.int32))  # beyond s_kv
+    with pytest.raises(ValueError, match="weights"):
+        il(q8, k8, f(8, np.float32), f((4, 3), np.float32), f(4, np.int32), f(4, np.int32))
+    with pytest.raises(ValueError, match="NaN"):
+        logits = np.full((1, 4), np.nan, np.float32)
+        indexshare.topk(logits, np.zeros(1, np.int32), np.full(1, 4, np.int32), 2)
+
+
+def test_the_gil_is_released_and_threads_are_settable():
+    rng = np.random.default_rng(0)
+    q = rng.standard_normal((256, 16, 576)).astype(BF16)
+    kv = rng.standard_normal((2048, 1, 576)).astype(BF16)
+    idx = rng.integers(0, 2048, (256, 1, 512)).astype(np.int32)
+    ticks = []
+    done = threading.Event()
+
+    def spin():
+        while not done.is_set():
+            ticks.append(time.perf_counter())
+            time.sleep(0.001)
+
+    t0 = time.perf_counter()
+    th = threading.Thread(target=spin)
+    th.start()
+    try:
+        indexshare.sparse_attention(q, kv, idx, 0.04, 512, impl="ref")
+    finally:
+        t1 = time.perf_counter()
+        done.set()
+        th.join()
+    during = [t for t in ticks if t0 < t < t1]
+    assert t1 - t0 > 0.05 and len(during) >= 10, (t1 - t0, len(during))  # the other thread ran meanwhile
+    before = indexshare.get_num_threads()
+    indexshare.set_num_threads(1)
+    assert indexshare.get_num_threads() == 1
+    one = indexshare.sparse_attention(q[:32], kv, idx[:32], 0.04, 512)
+    indexshare.set_num_threads(2)
+    two = indexshare.sparse_attention(q[:32], kv, idx[:32], 0.04, 512)
+    assert one.out.tobytes() == two.out.tobytes()
+    indexshare.set_num_threads(before)
+    with pytest.raises(ValueError, match="threads"):
+        indexshare.set_num_threads(0)

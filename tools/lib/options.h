@@ -1,0 +1,31 @@
+// indexshare: option rules shared by the front ends (the CLI's tools/cli and the Python package's
+// tools/python): which implementation `impl="auto"` takes, and the query-row list of a sampled
+// golden set (--rows / rows=).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "ref/config.h"
+#include "ref/problem.h"
+
+namespace indexshare {
+
+// --impl: "ref", "simd", or "auto" (simd when the indexer work of the problem exceeds about
+// 2^28 multiply-accumulates, where ref takes a second or more; n_rows > 0: that many query rows,
+// --rows). Returns "ref" or "simd".
+std::string resolve_impl(const std::string& impl, const Problem& p, int64_t n_rows = 0);
+// The rule under both: "ref" or "simd" as given, "auto" -> simd when `large`; Error otherwise.
+std::string choose_impl(const std::string& impl, bool large);
+// --impl for the module-level toy model (run/golden --model): "auto" takes simd when the layers'
+// projections exceed about 2^28 multiply-accumulates (layers, seq: 0 = the config's).
+std::string resolve_model_impl(const std::string& impl, const ModelConfig& cfg, int64_t layers, int64_t seq);
+// --rows: a comma-separated list of items, each
+//   N          row N                      A-B        rows A..B (inclusive, A <= B)
+//   last:N     the last N rows            every:N    rows 0, N, 2N, ... (< s_q)
+// in the order written. Every row must be in [0, s_q) and appear once; Error naming --rows and the
+// item otherwise (an empty list too). ref::format_rows prints the canonical text:
+// parse_rows(ref::format_rows(r), p) == r.
+std::vector<int64_t> parse_rows(const std::string& text, const Problem& p);
+}  // namespace indexshare

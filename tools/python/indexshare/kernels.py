@@ -1,0 +1,154 @@
+"""The kernels on arbitrary inputs, with the bits of the CLI (ref/ specifies them; simd/ returns the same).
+
+Arrays: numpy (bf16 and e4m3 as ``ml_dtypes.bfloat16`` / ``ml_dtypes.float8_e4m3fn``) or torch CPU
+tensors (``torch.bfloat16``, ``torch.float8_e4m3fn``); results come back in the framework of the
+inputs (torch if any input is a torch tensor). ``impl``: "ref" (the readable scalar specification)
+or "simd" (Highway + OpenMP, bit-identical). The GIL is released while C++ computes; the OpenMP
+thread count is :func:`set_num_threads` (it never changes a bit). A CUDA tensor, a wrong dtype or rank
+raises TypeError / ValueError naming the argument; a shape that does not fit the others raises
+ValueError with ref/'s message naming the tensor.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from . import _arrays as A
+from ._core_loader import core
+
+F32, I32 = np.float32, np.int32
+
+
+def _simd(impl: str) -> bool:
+    if impl not in ("ref", "simd"):
+        raise ValueError(f"impl: expected 'ref' or 'simd', got {impl!r}")
+    return impl == "simd"
+
+
+def set_num_threads(n: int) -> None:
+    """OpenMP threads of the simd kernels called from this thread (results do not depend on it)."""
+    core().set_num_threads(int(n))
+
+
+def get_num_threads() -> int:
+    return core().get_num_threads()
+
+
+def indexer_logits(q, k, k_scale, weights, ks, ke, *, impl: str = "simd"):
+    """The indexer's logits (ref/indexer.h; DeepGEMM ``fp8_mqa_logits``):
+
+        logits[t, s] = k_scale[s] * sum_h weights[t, h] * ReLU(q[t, h, :] . k[s, :])   ks[t] <= s < ke[t]
+        logits[t, s] = -inf                                                            otherwise
+
+    q [s_q, H, D] and k [s_kv, D]: float8_e4m3fn (FP8 mode, exact) or float32 (the unquantized HF
+    mode; bf16 values widened); k_scale [s_kv] f32; weights [s_q, H] f32 (the q scale, D^-0.5 and
+    H^-0.5 folded in); ks, ke [s_q] int32 (half-open key window of each row). Returns f32 [s_q, s_kv].
+    """
+    qa = A.arg(q, "q", [A.E4M3, F32], 3, "s_q, H, D")
+    fp8 = qa.dtype == np.uint8
+    ka = A.arg(k, "k", [A.E4M3] if fp8 else [F32], 2, "s_kv, D")
+    args = (qa, ka, A.arg(k_scale, "k_scale", [F32], 1, "s_kv"), A.arg(weights, "weights", [F32], 2, "s_q, H"),
+            A.arg(ks, "ks", [I32], 1, "s_q"), A.arg(ke, "ke", [I32], 1, "s_q"), _simd(impl))
+    r = core().indexer_logits_fp8(*args) if fp8 else core().indexer_logits_f32(*args)
+    return A.out(r, A.wants_torch(q, k, k_scale, weights, ks, ke))
+
+
+def topk(logits, ks, ke, k: int, *, impl: str = "simd"):
+    """Top-k per query row (ref/topk.h): among the columns [ks[t], ke[t]) the min(k, ke - ks) best by
+    (score descending, index ascending), as sequence-local positions s - ks[t], -1 padded.
+    logits f32 [s_q, s_kv]; ks, ke int32 [s_q]. Returns int32 [s_q, k]."""
+    r = core().topk(A.arg(logits, "logits", [F32], 2, "s_q, s_kv"), A.arg(ks, "ks", [I32], 1, "s_q"),
+                    A.arg(ke, "ke", [I32], 1, "s_q"), int(k), _simd(impl))
+    return A.out(r, A.wants_torch(logits, ks, ke))
+
+
+def indexer_topk(q, k, k_scale, weights, ks, ke, topk: int, *, impl: str = "simd"):
+    """``topk(indexer_logits(q, k, k_scale, weights, ks, ke), ks, ke, topk)`` (ref/indexer.h, ref/topk.h).
+    FP8 mode with impl="simd" streams (simd/simd.h ``indexer_topk_fp8``: the [s_q, s_kv] logits are
+    never held); the same positions either way. Returns int32 [s_q, topk]."""
+    qa = A.arg(q, "q", [A.E4M3, F32], 3, "s_q, H, D")
+    if qa.dtype == np.uint8:
+        r = core().indexer_topk_fp8(qa, A.arg(k, "k", [A.E4M3], 2, "s_kv, D"),
+                                    A.arg(k_scale, "k_scale", [F32], 1, "s_kv"),
+                                    A.arg(weights, "weights", [F32], 2, "s_q, H"), A.arg(ks, "ks", [I32], 1, "s_q"),
+                                    A.arg(ke, "ke", [I32], 1, "s_q"), int(topk), _simd(impl))
+        return A.out(r, A.wants_torch(q, k, k_scale, weights, ks, ke))
+    return globals()["topk"](indexer_logits(q, k, k_scale, weights, ks, ke, impl=impl), ks, ke, topk, impl=impl)
+
+
+class Attention(NamedTuple):
+    """Outputs of the attention kernels (ref/attention.h)."""
+    out: object         # f32 [s_q, h_q, d_v], from double math rounded once
+    out_bf16: object    # bf16 [s_q, h_q, d_v] = bf16(out), round to nearest even
+    max_logits: object  # f32 [s_q, h_q]
+    lse: object         # f32 [s_q, h_q], natural log, without the sink
+
+
+def _attention(r, torch: bool) -> Attention:
+    out, out_bf16, max_logits, lse = r
+    return Attention(A.out(out, torch), A.out(out_bf16, torch, A.BF16), A.out(max_logits, torch), A.out(lse, torch))
+
+
+def sparse_attention(q, kv, indices, sm_scale: float, d_v: int = 512, *, topk_length=None, sink=None,
+                     impl: str = "simd") -> Attention:
+    """Sparse attention with FlashMLA ``flash_mla_sparse_fwd`` semantics (ref/attention.h).
+
+    q bf16 [s_q, h_q, d_qk]; kv bf16 [s_kv, 1, d_qk] (V = kv[:, 0, :d_v]); indices int32
+    [s_q, 1, topk] (rows of kv; any index outside [0, s_kv) is ignored); topk_length int32 [s_q]
+    (row t uses its first topk_length[t] slots); sink f32 [h_q] (out *= 1 / (1 + exp(sink - lse))).
+    P = (q . kv) * sm_scale; max_logits = max P; lse = ln sum exp P (natural log, without the sink);
+    out = softmax(P) . V; an empty row gives out 0, lse +inf, max_logits -inf. Returns
+    :class:`Attention` (out, out_bf16, max_logits, lse).
+    """
+    r = core().sparse_attention(A.arg(q, "q", [A.BF16], 3, "s_q, h_q, d_qk"), A.arg(kv, "kv", [A.BF16], 3, "s_kv, 1, d_qk"),
+                                A.arg(indices, "indices", [I32], 3, "s_q, 1, topk"), float(sm_scale), int(d_v),
+                                A.optional_arg(topk_length, "topk_length", [I32], 1, "s_q"),
+                                A.optional_arg(sink, "sink", [F32], 1, "h_q"), _simd(impl))
+    return _attention(r, A.wants_torch(q, kv, indices, topk_length, sink))
+
+
+def dense_attention(q, kv, sm_scale: float, d_v: int, ks, ke, *, sink=None, impl: str = "simd") -> Attention:
+    """Dense attention (ref/attention.h): row t attends to every kv row in [ks[t], ke[t]), with the
+    outputs and rules of :func:`sparse_attention` (equal to it bit for bit when every key is selected).
+    q bf16 [s_q, h_q, d_qk]; kv bf16 [s_kv, 1, d_qk]; ks, ke int32 [s_q]; sink f32 [h_q]."""
+    r = core().dense_attention(A.arg(q, "q", [A.BF16], 3, "s_q, h_q, d_qk"), A.arg(kv, "kv", [A.BF16], 3, "s_kv, 1, d_qk"),
+                               float(sm_scale), int(d_v), A.arg(ks, "ks", [I32], 1, "s_q"), A.arg(ke, "ke", [I32], 1, "s_q"),
+                               A.optional_arg(sink, "sink", [F32], 1, "h_q"), _simd(impl))
+    return _attention(r, A.wants_torch(q, kv, ks, ke, sink))
+
+
+def run_stack(problem, *, inputs=None, rows=None, impl: str = "auto", keep_logits: bool = False,
+              framework: str | None = None) -> list[dict]:
+    """A stack of DSA layers with cross-layer index sharing (ref/stack.h): per layer, Full layers run
+    the indexer and top-k, Shared layers reuse the positions of the previous Full layer, and every
+    layer runs its own sparse attention over them.
+
+    problem  a descriptor (ref/problem.h); its inputs are generated (``indexshare run``), or
+    inputs   a dict (or a golden set's ``.tensors``) of per-layer kernel inputs under the golden tensor
+             names, layers.{l}.indexer.{q,k,k_scale,weights,ks,ke} and layers.{l}.attn.{q,kv[,sink]}:
+             their shapes replace the problem's (top-k, d_v, sm and sched= come from the problem)
+    rows     sampled query rows (generated inputs only), e.g. "last:2,0,16-18"
+    impl     "ref", "simd" or "auto" (the same bits)
+    Returns one dict per layer: layer, kind ("full" / "shared"), source, problem, used_topk int32
+    [s_q, topk], own_topk (Full layers, and Shared ones with indexer inputs), indices int32
+    [s_q, 1, topk], out, out_bf16, max_logits, lse, and logits f32 [s_q, s_kv] with keep_logits.
+    ``framework``: "numpy" or "torch" (default: torch when inputs are torch tensors).
+    """
+    raws = None
+    torch = framework == "torch"
+    if inputs is not None:
+        torch = torch or (framework is None and A.wants_torch(*inputs.values()))
+        raws = [A.to_raw(str(n), v) for n, v in inputs.items()]
+    from ._golden import Problem
+    canonical, layers = core().run_stack(str(Problem(problem)), None if rows is None else str(rows) if isinstance(rows, str)
+                                         else ",".join(str(int(r)) for r in rows), raws, impl, bool(keep_logits))
+    result = []
+    for d in layers:
+        d = dict(d)
+        for key, v in list(d.items()):
+            if isinstance(v, np.ndarray):
+                d[key] = A.out(v, torch, A.BF16 if key == "out_bf16" else None)
+        d["problem"] = canonical
+        result.append(d)
+    return result
