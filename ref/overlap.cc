@@ -231,12 +231,20 @@ Tensor<double> dense_probabilities(const Tensor<bf16_t>& q, const Tensor<bf16_t>
 double relative_error(const Tensor<float>& got, const Tensor<float>& ref) {
   require(got.shape == ref.shape, "relative_error: shapes " + shape_str(got.shape) + " and " +
                                       shape_str(ref.shape) + " differ");
-  double diff2 = 0.0, ref2 = 0.0;
-  for (int64_t i = 0; i < ref.numel(); ++i) {
+  RelativeError e;
+  e.add(got.data.data(), ref.data.data(), ref.numel());
+  return e.value();
+}
+
+void RelativeError::add(const float* got, const float* ref, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
     const double d = double(got[i]) - double(ref[i]);
     diff2 += d * d;
     ref2 += double(ref[i]) * double(ref[i]);
   }
+}
+
+double RelativeError::value() const {
   if (ref2 == 0.0) return diff2 == 0.0 ? 0.0 : std::numeric_limits<double>::infinity();
   return std::sqrt(diff2) / std::sqrt(ref2);
 }
@@ -447,20 +455,28 @@ double ScheduleEvaluator::layer_cost(int layer, int source) {
   const Tensor<int32_t>& used = own_[size_t(source)];
   double cost = 0.0;
   if (loss_ == SearchLoss::output) {
-    cost = relative_error(layer_attention(p_, li, local_to_kv_rows(used, li.ks), k_).out, own_out_[size_t(layer)]);
+    cost = output_cost(layer_attention(p_, li, local_to_kv_rows(used, li.ks), k_).out, own_out_[size_t(layer)]);
   } else {
-    double sum = 0.0;
-    int64_t rows = 0;
+    std::vector<double> terms;
     for (int64_t t = 0; t < own.dim(0); ++t) {
       if (valid_len_[size_t(t)] <= p_.index_topk) continue;  // trivial row: U = O
       const RowDivergence d = row_divergence(p_, li, t, row_positions(own, t), row_positions(used, t));
-      sum += loss_ == SearchLoss::mass ? d.mass_lost : d.kl;
-      ++rows;
+      terms.push_back(loss_ == SearchLoss::mass ? d.mass_lost : d.kl);
     }
-    cost = rows ? sum / double(rows) : 0.0;
+    cost = row_mean_cost(terms);
   }
   cache_[key] = cost;
   return cost;
+}
+
+double ScheduleEvaluator::output_cost(const Tensor<float>& got, const Tensor<float>& own) {
+  return relative_error(got, own);
+}
+
+double ScheduleEvaluator::row_mean_cost(const std::vector<double>& terms) {
+  double sum = 0.0;  // in row order
+  for (double v : terms) sum += v;
+  return terms.empty() ? 0.0 : sum / double(terms.size());
 }
 
 double ScheduleEvaluator::schedule_loss(const Schedule& s) {
@@ -474,12 +490,16 @@ double ScheduleEvaluator::schedule_loss(const Schedule& s) {
 
 SearchResult greedy_search(const Problem& p, const std::vector<LayerInputs>& in, const SearchOptions& opt) {
   ScheduleEvaluator ev(p, in, opt.loss, opt.kernels);
+  return greedy_search(p, ev, opt);
+}
+
+SearchResult greedy_search(const Problem& p, ScheduleEvaluator& ev, const SearchOptions& opt) {
   const int n = ev.n_layers();
   require(1 <= opt.n_full && opt.n_full <= n, "search: n_full must be in [1, nl=" + std::to_string(n) +
                                                   "], got " + std::to_string(opt.n_full));
   SearchResult r;
   r.problem = to_string(p);
-  r.loss = opt.loss;
+  r.loss = ev.loss();
   r.n_layers = n;
   r.n_full = opt.n_full;
   Schedule current{std::vector<LayerKind>(size_t(n), LayerKind::full)};
