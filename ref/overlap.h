@@ -229,6 +229,21 @@ struct OverlapReport {
   double jaccard_at(int i, int j) const { return matrix_jaccard[size_t(i) * size_t(n_layers) + size_t(j)]; }
 };
 
+// The per-row part of one Shared layer's statistics, over the rows `li` and `o` hold (every row,
+// or a block of rows: a distributed report concatenates the blocks in row order): the values of
+// the non-trivial rows in row order, the trivial rows' count, and the layer's attention output over
+// its own positions O (the reference of out_rel_error). `o` must have own_topk and used_topk.
+struct SharedLayerRows {
+  int64_t trivial_rows = 0;
+  std::vector<double> recall, mass_used, mass_own, mass_recall;
+  Tensor<float> own_out;
+};
+SharedLayerRows shared_layer_rows(const Problem& p, const LayerInputs& li, const StackLayerOutputs& o,
+                                  const Kernels& k = {});
+// The statistics of Shared layer `layer` (source `source`) over s_q rows from every row's values
+// and the layer's out_rel_error.
+SharedLayerStats shared_layer_stats(int layer, int source, int64_t s_q, SharedLayerRows rows, double out_rel_error);
+
 // Report of a stack already run: `in` its inputs, `out` run_stack(p, schedule, in).
 // Throws Error if sizes disagree or the layers' causal windows differ.
 OverlapReport overlap_report(const Problem& p, const std::vector<LayerInputs>& in,

@@ -98,13 +98,43 @@ struct OverlapArgs {
 int emit_overlap(const OverlapArgs& a, const Problem& p, const ref::OverlapReport& r);
 
 #ifdef INDEXSHARE_MPI
+// relative_error(got, ref) of the whole tensors, whose rows are spread over the ranks in blocks:
+// rank 0 continues one process's sums over every rank's block in row order (ref::RelativeError),
+// so the value has one process's bits; every rank gets it.
+double ranks_relative_error(const Tensor<float>& got, const Tensor<float>& ref) {
+  std::vector<float> both(got.data.begin(), got.data.end());  // a block: got's rows, then ref's
+  both.insert(both.end(), ref.data.begin(), ref.data.end());
+  ref::RelativeError e;
+  std::vector<float> block;
+  dist::fold_in_order({reinterpret_cast<const uint8_t*>(both.data()), both.size() * sizeof(float)},
+                      [&](std::span<const uint8_t> b) {
+                        block.resize(b.size() / sizeof(float));
+                        if (!b.empty()) std::memcpy(block.data(), b.data(), b.size());
+                        const int64_t n = int64_t(block.size() / 2);
+                        e.add(block.data(), block.data() + n, n);
+                      });
+  return dist::from_rank0(dist::rank() == 0 ? e.value() : 0.0);
+}
+
+// Every rank's values, concatenated in rank (row) order on rank 0; empty on the other ranks.
+std::vector<double> ranks_concat(const std::vector<double>& local) {
+  std::vector<double> all;
+  dist::fold_in_order({reinterpret_cast<const uint8_t*>(local.data()), local.size() * sizeof(double)},
+                      [&](std::span<const uint8_t> b) {
+                        const size_t at = all.size();
+                        all.resize(at + b.size() / sizeof(double));
+                        if (!b.empty()) std::memcpy(all.data() + at, b.data(), b.size());
+                      });
+  return all;
+}
+
 // overlap on every MPI rank (tools/lib/distributed.h): each rank computes its block of rows'
 // own top-k (the indexer, the bulk of the work); rank 0 gathers every layer's top-k and the
-// windows in row order and computes the report from them, the same as one process. The dense
-// statistics of Shared layers are not split: they need --no-shared-stats.
+// windows in row order and computes the report from them, the same as one process. The Shared
+// layers' statistics: each rank computes its rows' values (the dense attention per row) and its
+// rows of the layer's output over its own positions; rank 0 concatenates the values in row order
+// (so every distribution is one process's) and continues the output error's sums block by block.
 int overlap_ranks(const OverlapArgs& a) {
-  require(a.no_shared_stats, "overlap under MPI ranks splits the top-k only: give --no-shared-stats (the dense attention "
-                             "statistics of Shared layers run in one process, without mpirun / srun)");
   golden::StackInputs si;
   std::vector<int64_t> windows;
   const bool generated = !a.src.problem.empty();
@@ -170,12 +200,30 @@ int overlap_ranks(const OverlapArgs& a) {
     out_all[l].source = outs[l].source;
     if (outs[l].own_topk.numel()) out_all[l].own_topk = gather(outs[l].own_topk, {s_q, p.index_topk});
   }
+  // The Shared layers' statistics, in layer order (as overlap_report), each rank its rows.
+  std::vector<ref::SharedLayerStats> shared;
+  for (size_t l = 0; l < outs.size() && !a.no_shared_stats; ++l) {
+    const ref::StackLayerOutputs& o = outs[l];
+    if (o.kind != LayerKind::shared || o.own_topk.numel() == 0) continue;
+    ref::SharedLayerRows rows;
+    dist::guarded([&] { rows = ref::shared_layer_rows(p, in[l], o, kern); });
+    const double err = ranks_relative_error(o.attn.out, rows.own_out);
+    ref::SharedLayerRows all;
+    all.trivial_rows = dist::sum(rows.trivial_rows);
+    all.recall = ranks_concat(rows.recall);
+    all.mass_used = ranks_concat(rows.mass_used);
+    all.mass_own = ranks_concat(rows.mass_own);
+    all.mass_recall = ranks_concat(rows.mass_recall);
+    shared.push_back(ref::shared_layer_stats(int(l), o.source, s_q, std::move(all), err));
+  }
   if (dist::rank() != 0) return 0;
   ref::OverlapOptions opt;
   opt.kernels = kern;
   opt.n_buckets = a.buckets;
   opt.shared_stats = false;
-  return emit_overlap(a, p, ref::overlap_report(p, in_all, out_all, opt));
+  ref::OverlapReport r = ref::overlap_report(p, in_all, out_all, opt);
+  r.shared = std::move(shared);
+  return emit_overlap(a, p, r);
 }
 #endif
 
@@ -234,19 +282,7 @@ class RanksEvaluator : public ref::ScheduleEvaluator {
 
  protected:
   double output_cost(const Tensor<float>& got, const Tensor<float>& own) override {
-    // A block: the rank's rows of the output over U, then over O (rows are contiguous in both).
-    std::vector<float> both(got.data.begin(), got.data.end());
-    both.insert(both.end(), own.data.begin(), own.data.end());
-    ref::RelativeError e;
-    std::vector<float> block;
-    dist::fold_in_order({reinterpret_cast<const uint8_t*>(both.data()), both.size() * sizeof(float)},
-                        [&](std::span<const uint8_t> b) {
-                          block.resize(b.size() / sizeof(float));
-                          std::memcpy(block.data(), b.data(), b.size());
-                          const int64_t n = int64_t(block.size() / 2);
-                          e.add(block.data(), block.data() + n, n);
-                        });
-    return dist::from_rank0(dist::rank() == 0 ? e.value() : 0.0);
+    return ranks_relative_error(got, own);
   }
   double row_mean_cost(const std::vector<double>& terms) override {
     double sum = 0.0;  // in row order, as one process
