@@ -231,12 +231,20 @@ Tensor<double> dense_probabilities(const Tensor<bf16_t>& q, const Tensor<bf16_t>
 double relative_error(const Tensor<float>& got, const Tensor<float>& ref) {
   require(got.shape == ref.shape, "relative_error: shapes " + shape_str(got.shape) + " and " +
                                       shape_str(ref.shape) + " differ");
-  double diff2 = 0.0, ref2 = 0.0;
-  for (int64_t i = 0; i < ref.numel(); ++i) {
+  RelativeError e;
+  e.add(got.data.data(), ref.data.data(), ref.numel());
+  return e.value();
+}
+
+void RelativeError::add(const float* got, const float* ref, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
     const double d = double(got[i]) - double(ref[i]);
     diff2 += d * d;
     ref2 += double(ref[i]) * double(ref[i]);
   }
+}
+
+double RelativeError::value() const {
   if (ref2 == 0.0) return diff2 == 0.0 ? 0.0 : std::numeric_limits<double>::infinity();
   return std::sqrt(diff2) / std::sqrt(ref2);
 }
@@ -277,6 +285,48 @@ RowDivergence row_divergence(const Problem& p, const LayerInputs& in, int64_t t,
 }
 
 // ---- Overlap report --------------------------------------------------------------------------
+
+SharedLayerRows shared_layer_rows(const Problem& p, const LayerInputs& li, const StackLayerOutputs& o, const Kernels& k) {
+  const Tensor<int32_t>& ks = li.ks;
+  const std::vector<int64_t> len = valid_lengths(ks, li.ke);
+  const int64_t s_q = int64_t(len.size());
+  SharedLayerRows r;
+  const std::vector<RowOverlap> rows = row_overlaps(o.own_topk, o.used_topk, len);
+  const Tensor<double> prob = dense_probabilities(li.q, li.kv, p.sm_scale(), li.ks, li.ke);
+  const int64_t h_q = prob.dim(1);
+  for (int64_t t = 0; t < s_q; ++t) {
+    if (rows[size_t(t)].trivial) {
+      ++r.trivial_rows;
+      continue;
+    }
+    const std::vector<int32_t> own = row_positions(o.own_topk, t), used = row_positions(o.used_topk, t);
+    r.recall.push_back(rows[size_t(t)].overlap);
+    double mu = 0.0, mo = 0.0;  // head-mean mass: sum over heads, then positions, ascending
+    for (int64_t h = 0; h < h_q; ++h) {
+      for (int32_t s : used) mu += prob.at(t, h, s + ks[t]);
+      for (int32_t s : own) mo += prob.at(t, h, s + ks[t]);
+    }
+    r.mass_used.push_back(mu / double(h_q));
+    r.mass_own.push_back(mo / double(h_q));
+    r.mass_recall.push_back(row_divergence(p, li, t, own, used).mass_kept);
+  }
+  r.own_out = layer_attention(p, li, local_to_kv_rows(o.own_topk, li.ks), k).out;
+  return r;
+}
+
+SharedLayerStats shared_layer_stats(int layer, int source, int64_t s_q, SharedLayerRows rows, double out_rel_error) {
+  SharedLayerStats st;
+  st.layer = layer;
+  st.source = source;
+  st.rows = s_q;
+  st.trivial_rows = rows.trivial_rows;
+  st.recall = summarize_distribution(std::move(rows.recall));
+  st.mass_used = summarize_distribution(std::move(rows.mass_used));
+  st.mass_own = summarize_distribution(std::move(rows.mass_own));
+  st.mass_recall = summarize_distribution(std::move(rows.mass_recall));
+  st.out_rel_error = out_rel_error;
+  return st;
+}
 
 OverlapReport overlap_report(const Problem& p, const std::vector<LayerInputs>& in,
                              const std::vector<StackLayerOutputs>& out, const OverlapOptions& opt) {
@@ -355,38 +405,9 @@ OverlapReport overlap_report(const Problem& p, const std::vector<LayerInputs>& i
   for (int l = 0; l < n; ++l) {
     const StackLayerOutputs& o = out[size_t(l)];
     if (o.kind != LayerKind::shared || o.own_topk.numel() == 0) continue;
-    const LayerInputs& li = in[size_t(l)];
-    SharedLayerStats st;
-    st.layer = l;
-    st.source = o.source;
-    st.rows = s_q;
-    const std::vector<RowOverlap> rows = row_overlaps(o.own_topk, o.used_topk, len);
-    const Tensor<double> prob = dense_probabilities(li.q, li.kv, p.sm_scale(), li.ks, li.ke);
-    const int64_t h_q = prob.dim(1);
-    std::vector<double> recall, mass_used, mass_own, mass_recall;
-    for (int64_t t = 0; t < s_q; ++t) {
-      if (rows[size_t(t)].trivial) {
-        ++st.trivial_rows;
-        continue;
-      }
-      const std::vector<int32_t> own = row_positions(o.own_topk, t), used = row_positions(o.used_topk, t);
-      recall.push_back(rows[size_t(t)].overlap);
-      double mu = 0.0, mo = 0.0;  // head-mean mass: sum over heads, then positions, ascending
-      for (int64_t h = 0; h < h_q; ++h) {
-        for (int32_t s : used) mu += prob.at(t, h, s + ks[t]);
-        for (int32_t s : own) mo += prob.at(t, h, s + ks[t]);
-      }
-      mass_used.push_back(mu / double(h_q));
-      mass_own.push_back(mo / double(h_q));
-      mass_recall.push_back(row_divergence(p, li, t, own, used).mass_kept);
-    }
-    st.recall = summarize_distribution(recall);
-    st.mass_used = summarize_distribution(mass_used);
-    st.mass_own = summarize_distribution(mass_own);
-    st.mass_recall = summarize_distribution(mass_recall);
-    const AttentionOut own_attn = layer_attention(p, li, local_to_kv_rows(o.own_topk, li.ks), opt.kernels);
-    st.out_rel_error = relative_error(o.attn.out, own_attn.out);
-    r.shared.push_back(st);
+    SharedLayerRows rows = shared_layer_rows(p, in[size_t(l)], o, opt.kernels);
+    const double err = relative_error(o.attn.out, rows.own_out);
+    r.shared.push_back(shared_layer_stats(l, o.source, s_q, std::move(rows), err));
   }
   return r;
 }
@@ -447,20 +468,28 @@ double ScheduleEvaluator::layer_cost(int layer, int source) {
   const Tensor<int32_t>& used = own_[size_t(source)];
   double cost = 0.0;
   if (loss_ == SearchLoss::output) {
-    cost = relative_error(layer_attention(p_, li, local_to_kv_rows(used, li.ks), k_).out, own_out_[size_t(layer)]);
+    cost = output_cost(layer_attention(p_, li, local_to_kv_rows(used, li.ks), k_).out, own_out_[size_t(layer)]);
   } else {
-    double sum = 0.0;
-    int64_t rows = 0;
+    std::vector<double> terms;
     for (int64_t t = 0; t < own.dim(0); ++t) {
       if (valid_len_[size_t(t)] <= p_.index_topk) continue;  // trivial row: U = O
       const RowDivergence d = row_divergence(p_, li, t, row_positions(own, t), row_positions(used, t));
-      sum += loss_ == SearchLoss::mass ? d.mass_lost : d.kl;
-      ++rows;
+      terms.push_back(loss_ == SearchLoss::mass ? d.mass_lost : d.kl);
     }
-    cost = rows ? sum / double(rows) : 0.0;
+    cost = row_mean_cost(terms);
   }
   cache_[key] = cost;
   return cost;
+}
+
+double ScheduleEvaluator::output_cost(const Tensor<float>& got, const Tensor<float>& own) {
+  return relative_error(got, own);
+}
+
+double ScheduleEvaluator::row_mean_cost(const std::vector<double>& terms) {
+  double sum = 0.0;  // in row order
+  for (double v : terms) sum += v;
+  return terms.empty() ? 0.0 : sum / double(terms.size());
 }
 
 double ScheduleEvaluator::schedule_loss(const Schedule& s) {
@@ -474,12 +503,16 @@ double ScheduleEvaluator::schedule_loss(const Schedule& s) {
 
 SearchResult greedy_search(const Problem& p, const std::vector<LayerInputs>& in, const SearchOptions& opt) {
   ScheduleEvaluator ev(p, in, opt.loss, opt.kernels);
+  return greedy_search(p, ev, opt);
+}
+
+SearchResult greedy_search(const Problem& p, ScheduleEvaluator& ev, const SearchOptions& opt) {
   const int n = ev.n_layers();
   require(1 <= opt.n_full && opt.n_full <= n, "search: n_full must be in [1, nl=" + std::to_string(n) +
                                                   "], got " + std::to_string(opt.n_full));
   SearchResult r;
   r.problem = to_string(p);
-  r.loss = opt.loss;
+  r.loss = ev.loss();
   r.n_layers = n;
   r.n_full = opt.n_full;
   Schedule current{std::vector<LayerKind>(size_t(n), LayerKind::full)};

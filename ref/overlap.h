@@ -160,6 +160,14 @@ Tensor<double> dense_probabilities(const Tensor<bf16_t>& q, const Tensor<bf16_t>
 // ||got - ref||_F / ||ref||_F in double; 0 if both norms are 0, +inf if only ||ref|| is 0.
 double relative_error(const Tensor<float>& got, const Tensor<float>& ref);
 
+// relative_error in parts: add() consecutive element ranges in element order (the sums run on
+// across calls, so the parts of a tensor give relative_error's bits), then value().
+struct RelativeError {
+  double diff2 = 0.0, ref2 = 0.0;
+  void add(const float* got, const float* ref, int64_t n);
+  double value() const;
+};
+
 // For one row t of layer inputs `in`: per head, the mass recall, its complement and the skewed KL,
 // for own positions O and used positions U (sequence-local, ascending, as row_positions gives).
 // The per-head sums kept = sum_{s in O ∩ U} pO_h(s) and lost = sum_{s in O \ U} pO_h(s) are
@@ -221,6 +229,21 @@ struct OverlapReport {
   double jaccard_at(int i, int j) const { return matrix_jaccard[size_t(i) * size_t(n_layers) + size_t(j)]; }
 };
 
+// The per-row part of one Shared layer's statistics, over the rows `li` and `o` hold (every row,
+// or a block of rows: a distributed report concatenates the blocks in row order): the values of
+// the non-trivial rows in row order, the trivial rows' count, and the layer's attention output over
+// its own positions O (the reference of out_rel_error). `o` must have own_topk and used_topk.
+struct SharedLayerRows {
+  int64_t trivial_rows = 0;
+  std::vector<double> recall, mass_used, mass_own, mass_recall;
+  Tensor<float> own_out;
+};
+SharedLayerRows shared_layer_rows(const Problem& p, const LayerInputs& li, const StackLayerOutputs& o,
+                                  const Kernels& k = {});
+// The statistics of Shared layer `layer` (source `source`) over s_q rows from every row's values
+// and the layer's out_rel_error.
+SharedLayerStats shared_layer_stats(int layer, int source, int64_t s_q, SharedLayerRows rows, double out_rel_error);
+
 // Report of a stack already run: `in` its inputs, `out` run_stack(p, schedule, in).
 // Throws Error if sizes disagree or the layers' causal windows differ.
 OverlapReport overlap_report(const Problem& p, const std::vector<LayerInputs>& in,
@@ -246,6 +269,7 @@ class ScheduleEvaluator {
   // share layer 0's causal windows. Computes every layer's own top-k.
   // k: the kernels of the logits, top-k and attention it recomputes (the same bits either way).
   ScheduleEvaluator(const Problem& p, const std::vector<LayerInputs>& in, SearchLoss loss, const Kernels& k = {});
+  virtual ~ScheduleEvaluator() = default;
 
   int n_layers() const { return int(own_.size()); }
   SearchLoss loss() const { return loss_; }
@@ -254,6 +278,15 @@ class ScheduleEvaluator {
   double layer_cost(int layer, int source);
   // (1 / n_layers) sum_l c(l, s.source(l)), summed in layer order.
   double schedule_loss(const Schedule& s);
+
+ protected:
+  // How a cost is formed from the evaluator's rows (every row of `in`): the output loss from the
+  // layer's output over U (`got`) and over O (`own`), relative_error; the mass and kl losses from
+  // the per-row terms of the non-trivial rows, in row order, as their mean (0 when there are none).
+  // A distributed search (tools/lib/distributed.h), whose evaluator holds a block of the rows,
+  // overrides them to combine every block in row order, with the same bits.
+  virtual double output_cost(const Tensor<float>& got, const Tensor<float>& own);
+  virtual double row_mean_cost(const std::vector<double>& terms);
 
  private:
   const Problem& p_;
@@ -295,6 +328,8 @@ struct SearchResult {
 // The greedy search over inputs `in` (all with indexer inputs). Throws Error if n_full is not in
 // [1, n_layers] or the inputs are unsuitable (see ScheduleEvaluator).
 SearchResult greedy_search(const Problem& p, const std::vector<LayerInputs>& in, const SearchOptions& opt);
+// The same over an evaluator built by the caller (opt.loss and opt.kernels are the evaluator's).
+SearchResult greedy_search(const Problem& p, ScheduleEvaluator& ev, const SearchOptions& opt);
 
 // Generates p's layers, every one with indexer inputs (p.sched and p.own are ignored), and searches.
 SearchResult greedy_search(const Problem& p, const SearchOptions& opt);

@@ -256,6 +256,21 @@ TEST_CASE("overlap: dense probabilities agree with dense_attention's lse") {
     }
 }
 
+TEST_CASE("overlap: relative error in parts (the MPI search's blocks) has the whole tensor's bits") {
+  // Magnitudes far apart, so that any other summation order would round differently.
+  Tensor<float> ref_t({7}), got({7});
+  ref_t.data = {1e8f, 3.0f, -7.5e-3f, 1e-8f, 2.5e7f, -4.0f, 0.3f};
+  got.data = {1e8f + 8.0f, 2.9f, -7.4e-3f, 3e-8f, 2.5e7f, -4.25f, 0.1f};
+  const double whole = ref::relative_error(got, ref_t);
+  for (int64_t cut = 0; cut <= 7; ++cut) {
+    ref::RelativeError e;
+    e.add(got.data.data(), ref_t.data.data(), cut);
+    e.add(got.data.data() + cut, ref_t.data.data() + cut, 7 - cut);
+    CHECK(e.value() == whole);
+  }
+  CHECK(ref::RelativeError{}.value() == 0.0);  // nothing added: both norms 0
+}
+
 TEST_CASE("overlap: relative error by hand, and 0 when shared positions equal own") {
   Tensor<float> ref_t({2}), got({2});
   ref_t.data = {3.0f, 4.0f};

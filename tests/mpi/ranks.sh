@@ -5,8 +5,8 @@
 #   tests/mpi/ranks.sh CLI MPIEXEC NPROCS CASE
 #
 # CASE: stack, rows, decode, for-kernel, from, simd, fail-compute, fail-write, fail-hash, fail-memory,
-# kill, refuse-edge, run (the same report), overlap (--no-shared-stats: the same report),
-# refuse-shared-stats (overlap's dense Shared-layer statistics and search are not split yet). Each golden case writes the set with one process and with
+# kill, refuse-edge, run (the same report), overlap (with and without --no-shared-stats: the same
+# report), search (the same report, each loss, from --problem and --from), search-fail (a failing rank). Each golden case writes the set with one process and with
 # NPROCS ranks (same --out text, from two working folders, so the replay lines agree) and
 # compares manifest.json and tensors.safetensors byte for byte, then every tensor's SHA-256 in
 # the two manifests. mpirun runs as root in CI and on 2 cores: --allow-run-as-root --oversubscribe.
@@ -82,33 +82,53 @@ case "$CASE" in
     done
     echo "ok: run on $NP ranks: the same report" ;;
   overlap)
-    # overlap --no-shared-stats: the same table and JSON as one process, from each source.
+    # overlap, with and without the Shared layers' statistics: the same table and JSON as one
+    # process, from each source.
     (cd "$WORK" && "$CLI" golden --problem "$PROB" --out g >/dev/null)
+    for stats in --no-shared-stats ""; do
     for src in problem golden from; do
       case $src in
         problem) args=(--problem "$PROB") ;;
         golden) args=(--golden "$WORK/g") ;;
         from) args=(--from "$WORK/g/tensors.safetensors" --from-problem "k8 dv32 sched=FFSS") ;;
       esac
-      "$CLI" overlap "${args[@]}" --no-shared-stats --buckets 4 --json "$WORK/one/o.json" >"$WORK/one/o.txt" || fail "one process ($src)"
-      mpi overlap "${args[@]}" --no-shared-stats --buckets 4 --json "$WORK/ranks/o.json" >"$WORK/ranks/o.txt" || fail "ranks ($src)"
-      cmp "$WORK/one/o.json" "$WORK/ranks/o.json" || fail "overlap JSON differs ($src)"
-      diff "$WORK/one/o.txt" "$WORK/ranks/o.txt" || fail "overlap table differs ($src)"
+      "$CLI" overlap "${args[@]}" $stats --buckets 4 --json "$WORK/one/o.json" >"$WORK/one/o.txt" || fail "one process ($src $stats)"
+      mpi overlap "${args[@]}" $stats --buckets 4 --json "$WORK/ranks/o.json" >"$WORK/ranks/o.txt" || fail "ranks ($src $stats)"
+      cmp "$WORK/one/o.json" "$WORK/ranks/o.json" || fail "overlap JSON differs ($src $stats)"
+      diff "$WORK/one/o.txt" "$WORK/ranks/o.txt" || fail "overlap table differs ($src $stats)"
+      if [ -z "$stats" ]; then grep -q '"mass_recall"' "$WORK/ranks/o.json" || fail "no Shared-layer statistics ($src)"; fi
       rm -f "$WORK/one/o.json" "$WORK/ranks/o.json"
     done
-    echo "ok: overlap on $NP ranks: the same report from --problem, --golden and --from" ;;
-  refuse-shared-stats)
-    # Not split yet: the dense statistics of Shared layers (overlap without --no-shared-stats) and
-    # search are refused with one clear error, not computed on every rank.
+    done
+    echo "ok: overlap on $NP ranks: the same report from --problem, --golden and --from, with and without the Shared-layer statistics" ;;
+  search)
+    # search: the same table, JSON and CSV as one process, for each loss, from --problem and --from.
+    SPROB='sq48 skv96 hq2 dqk64 dv32 ih4 id32 k8 seed11 nseq2 nl4 recency=0.25 sinks=2'
+    (cd "$WORK" && "$CLI" golden --problem "$SPROB" --out s >/dev/null)
+    for src in problem from; do
+      case $src in
+        problem) args=(--problem "$SPROB") ;;
+        from) args=(--from "$WORK/s/tensors.safetensors" --from-problem "k8 dv32 nl4") ;;
+      esac
+      for loss in output mass kl; do
+        "$CLI" search "${args[@]}" --loss $loss --json "$WORK/one/s.json" --csv "$WORK/one/s.csv" >"$WORK/one/s.txt" || fail "one process ($src, $loss)"
+        mpi search "${args[@]}" --loss $loss --json "$WORK/ranks/s.json" --csv "$WORK/ranks/s.csv" >"$WORK/ranks/s.txt" || fail "ranks ($src, $loss)"
+        cmp "$WORK/one/s.json" "$WORK/ranks/s.json" || fail "search JSON differs ($src, $loss)"
+        cmp "$WORK/one/s.csv" "$WORK/ranks/s.csv" || fail "search CSV differs ($src, $loss)"
+        diff "$WORK/one/s.txt" "$WORK/ranks/s.txt" || fail "search table differs ($src, $loss)"
+        grep -q '"steps"' "$WORK/ranks/s.json" || fail "no steps in the JSON ($src, $loss)"
+        rm -f "$WORK"/one/s.* "$WORK"/ranks/s.*
+      done
+    done
+    echo "ok: search on $NP ranks: the same report from --problem and --from, losses output, mass, kl" ;;
+  search-fail)
+    # A rank that fails while computing its rows: one clear error, exit 2 on every rank.
     rc=0
-    mpi overlap --problem "$PROB" >"$WORK/ranks/o.out" 2>"$WORK/ranks/o.err" || rc=$?
-    [ "$rc" -eq 2 ] || fail "overlap with shared stats under MPI exited $rc"
-    [ "$(grep -c 'give --no-shared-stats' "$WORK/ranks/o.err")" -eq 1 ] || fail "not one clear error (overlap)"
-    rc=0
-    mpi search --problem "sq48 skv96 hq2 dqk64 dv32 ih4 id32 k8 seed11 nl4" >"$WORK/ranks/o.out" 2>"$WORK/ranks/o.err" || rc=$?
-    [ "$rc" -eq 2 ] || fail "search under MPI exited $rc"
-    [ "$(grep -c 'search is not split across MPI ranks' "$WORK/ranks/o.err")" -eq 1 ] || fail "not one clear error (search)"
-    echo "ok: refuse-shared-stats on $NP ranks" ;;
+    INDEXSHARE_MPI_FAULT="1:compute" mpi search --problem "sq48 skv96 hq2 dqk64 dv32 ih4 id32 k8 seed11 nl4" \
+      >"$WORK/ranks/o.out" 2>"$WORK/ranks/o.err" || rc=$?
+    [ "$rc" -ne 0 ] || fail "the job succeeded"
+    grep -q "rank 1 of $NP: injected fault at step 'compute'" "$WORK/ranks/o.err" || { cat "$WORK/ranks/o.err" >&2; fail "no clear error"; }
+    echo "ok: search-fail on $NP ranks: exit $rc" ;;
   refuse-edge)
     expect_failure "attention-edge set .* is computed by one process" --preset attention-edge ;;
   *) fail "unknown case" ;;

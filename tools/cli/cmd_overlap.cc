@@ -34,6 +34,17 @@ ref::Kernels kernels_for(const Source& s, const Problem& p) {
   return resolve_impl(s.impl, p) == "simd" ? simd::kernels() : ref::Kernels{};
 }
 
+// search --problem: the options the search chooses itself are refused, not ignored.
+void check_search_problem(const Problem& p) {
+  require(p.sched == Problem{}.sched,
+          "search: the problem's sched=" + p.sched + " is not read (the search starts from all-Full and chooses the "
+          "Shared layers itself); leave sched= out");
+  // own=yes is the default, so p.own false means own=no was written.
+  require(p.own,
+          "search: the problem's own=no is not read (the search evaluates every layer as Full and as "
+          "Shared, so every layer carries its own indexer inputs); leave own= out");
+}
+
 golden::StackInputs load(const Source& s, bool all_indexers) {
   const int given = !s.golden.empty() + !s.problem.empty() + !s.from.empty();
   require(given == 1, "give exactly one of --golden, --problem and --from");
@@ -43,13 +54,7 @@ golden::StackInputs load(const Source& s, bool all_indexers) {
   if (!s.golden.empty()) return golden::stack_inputs_of(golden::read(s.golden));
   if (!s.from.empty()) return golden::load_dump(s.from, s.from_problem);
   Problem p = parse_problem(s.problem);
-  require(!all_indexers || p.sched == Problem{}.sched,
-          "search: the problem's sched=" + p.sched + " is not read (the search starts from all-Full and chooses the "
-          "Shared layers itself); leave sched= out");
-  // own=yes is the default, so p.own false means own=no was written.
-  require(!all_indexers || p.own,
-          "search: the problem's own=no is not read (the search evaluates every layer as Full and as "
-          "Shared, so every layer carries its own indexer inputs); leave own= out");
+  if (all_indexers) check_search_problem(p);
   const bool streams = impl_streams(resolve_impl(s.impl, p), p);
   const uint64_t max_bytes = parse_bytes(s.max_memory);
   check_memory(p, false, streams, max_bytes,
@@ -84,13 +89,43 @@ struct OverlapArgs {
 int emit_overlap(const OverlapArgs& a, const Problem& p, const ref::OverlapReport& r);
 
 #ifdef INDEXSHARE_MPI
+// relative_error(got, ref) of the whole tensors, whose rows are spread over the ranks in blocks:
+// rank 0 continues one process's sums over every rank's block in row order (ref::RelativeError),
+// so the value has one process's bits; every rank gets it.
+double ranks_relative_error(const Tensor<float>& got, const Tensor<float>& ref) {
+  std::vector<float> both(got.data.begin(), got.data.end());  // a block: got's rows, then ref's
+  both.insert(both.end(), ref.data.begin(), ref.data.end());
+  ref::RelativeError e;
+  std::vector<float> block;
+  dist::fold_in_order({reinterpret_cast<const uint8_t*>(both.data()), both.size() * sizeof(float)},
+                      [&](std::span<const uint8_t> b) {
+                        block.resize(b.size() / sizeof(float));
+                        if (!b.empty()) std::memcpy(block.data(), b.data(), b.size());
+                        const int64_t n = int64_t(block.size() / 2);
+                        e.add(block.data(), block.data() + n, n);
+                      });
+  return dist::from_rank0(dist::rank() == 0 ? e.value() : 0.0);
+}
+
+// Every rank's values, concatenated in rank (row) order on rank 0; empty on the other ranks.
+std::vector<double> ranks_concat(const std::vector<double>& local) {
+  std::vector<double> all;
+  dist::fold_in_order({reinterpret_cast<const uint8_t*>(local.data()), local.size() * sizeof(double)},
+                      [&](std::span<const uint8_t> b) {
+                        const size_t at = all.size();
+                        all.resize(at + b.size() / sizeof(double));
+                        if (!b.empty()) std::memcpy(all.data() + at, b.data(), b.size());
+                      });
+  return all;
+}
+
 // overlap on every MPI rank (tools/lib/distributed.h): each rank computes its block of rows'
 // own top-k (the indexer, the bulk of the work); rank 0 gathers every layer's top-k and the
-// windows in row order and computes the report from them, the same as one process. The dense
-// statistics of Shared layers are not split: they need --no-shared-stats.
+// windows in row order and computes the report from them, the same as one process. The Shared
+// layers' statistics: each rank computes its rows' values (the dense attention per row) and its
+// rows of the layer's output over its own positions; rank 0 concatenates the values in row order
+// (so every distribution is one process's) and continues the output error's sums block by block.
 int overlap_ranks(const OverlapArgs& a) {
-  require(a.no_shared_stats, "overlap under MPI ranks splits the top-k only: give --no-shared-stats (the dense attention "
-                             "statistics of Shared layers run in one process, without mpirun / srun)");
   golden::StackInputs si;
   std::vector<int64_t> windows;
   const bool generated = !a.src.problem.empty();
@@ -156,12 +191,30 @@ int overlap_ranks(const OverlapArgs& a) {
     out_all[l].source = outs[l].source;
     if (outs[l].own_topk.numel()) out_all[l].own_topk = gather(outs[l].own_topk, {s_q, p.index_topk});
   }
+  // The Shared layers' statistics, in layer order (as overlap_report), each rank its rows.
+  std::vector<ref::SharedLayerStats> shared;
+  for (size_t l = 0; l < outs.size() && !a.no_shared_stats; ++l) {
+    const ref::StackLayerOutputs& o = outs[l];
+    if (o.kind != LayerKind::shared || o.own_topk.numel() == 0) continue;
+    ref::SharedLayerRows rows;
+    dist::guarded([&] { rows = ref::shared_layer_rows(p, in[l], o, kern); });
+    const double err = ranks_relative_error(o.attn.out, rows.own_out);
+    ref::SharedLayerRows all;
+    all.trivial_rows = dist::sum(rows.trivial_rows);
+    all.recall = ranks_concat(rows.recall);
+    all.mass_used = ranks_concat(rows.mass_used);
+    all.mass_own = ranks_concat(rows.mass_own);
+    all.mass_recall = ranks_concat(rows.mass_recall);
+    shared.push_back(ref::shared_layer_stats(int(l), o.source, s_q, std::move(all), err));
+  }
   if (dist::rank() != 0) return 0;
   ref::OverlapOptions opt;
   opt.kernels = kern;
   opt.n_buckets = a.buckets;
   opt.shared_stats = false;
-  return emit_overlap(a, p, ref::overlap_report(p, in_all, out_all, opt));
+  ref::OverlapReport r = ref::overlap_report(p, in_all, out_all, opt);
+  r.shared = std::move(shared);
+  return emit_overlap(a, p, r);
 }
 #endif
 
@@ -198,25 +251,118 @@ struct SearchArgs {
   std::string loss = "output", json, csv, svg;
 };
 
+void require_indexers(const std::vector<ref::LayerInputs>& in) {
+  for (size_t l = 0; l < in.size(); ++l)
+    require(in[l].has_indexer, "search: layer " + std::to_string(l) +
+                                   " has no indexer inputs; every layer needs its own (golden sets made with own=yes; "
+                                   "a model dump of every layer Full: a model whose Shared layers have no indexer, "
+                                   "like GLM-5's, cannot be searched)");
+}
+
+int emit_search(const SearchArgs& a, const Problem& p, const ref::SearchResult& r);
+
+#ifdef INDEXSHARE_MPI
+// The search's evaluator on one rank: it holds the rank's block of rows (each layer's own top-k
+// and, for the output loss, its all-Full attention output over them), and every cost c(l, j) is
+// combined on rank 0 from every rank's block in row order (fold_in_order), with the sums of one
+// process, then sent to every rank. Every rank runs the same greedy search on the same costs, so
+// the costs are asked for in the same order everywhere (each one a collective step).
+class RanksEvaluator : public ref::ScheduleEvaluator {
+ public:
+  using ScheduleEvaluator::ScheduleEvaluator;
+
+ protected:
+  double output_cost(const Tensor<float>& got, const Tensor<float>& own) override {
+    return ranks_relative_error(got, own);
+  }
+  double row_mean_cost(const std::vector<double>& terms) override {
+    double sum = 0.0;  // in row order, as one process
+    int64_t rows = 0;
+    dist::fold_in_order({reinterpret_cast<const uint8_t*>(terms.data()), terms.size() * sizeof(double)},
+                        [&](std::span<const uint8_t> b) {
+                          for (size_t i = 0; i < b.size() / sizeof(double); ++i) {
+                            double v;
+                            std::memcpy(&v, b.data() + i * sizeof(double), sizeof v);
+                            sum += v;
+                            ++rows;
+                          }
+                        });
+    return dist::from_rank0(rows ? sum / double(rows) : 0.0);
+  }
+};
+
+// search on every MPI rank: each rank computes its block of rows (every layer's own top-k, the
+// bulk of the work, and each cost's per-row part); rank 0 combines the costs in row order and
+// prints the report, the same as one process.
+int search_ranks(const SearchArgs& a) {
+  golden::StackInputs si;
+  std::vector<int64_t> windows;
+  const bool generated = !a.src.problem.empty();
+  if (generated) {
+    require(a.src.golden.empty() && a.src.from.empty(), "give exactly one of --golden, --problem and --from");
+    reject_given(a.src.given, {"--from-problem"}, "--from", "the other sources carry their own problem");
+    si.problem = parse_problem(a.src.problem);
+    check_search_problem(si.problem);
+    windows = dist::causal_windows(si.problem, ref::all_rows(si.problem));
+  } else {
+    si = load(a.src, true);
+    require_indexers(si.inputs);
+    windows.resize(size_t(si.inputs.at(0).ks.numel()));
+    for (size_t t = 0; t < windows.size(); ++t) windows[t] = si.inputs[0].ke[int64_t(t)] - si.inputs[0].ks[int64_t(t)];
+  }
+  const Problem& p = si.problem;
+  ref::SearchOptions opt;
+  opt.n_full = a.full_layers;
+  opt.loss = ref::parse_search_loss(a.loss);
+  opt.kernels = kernels_for(a.src, p);
+  golden::RowPart part;
+  dist::guarded([&] { part = dist::my_rows(dist::row_work(p, windows, int(p.n_layers))); });
+  std::vector<ref::LayerInputs> in;
+  std::unique_ptr<RanksEvaluator> ev;
+  dist::guarded([&] {
+    if (generated) {
+      const bool streams = impl_streams(resolve_impl(a.src.impl, p), p);
+      const uint64_t max_bytes = parse_bytes(a.src.max_memory);
+      check_memory(p, false, streams, max_bytes,
+                   "use " + logits_remedy(p, false, streams, max_bytes, part.end - part.begin, false, false) +
+                       "more ranks, a smaller --problem (s_q, s_kv, nl)",
+                   part.end - part.begin);
+      const std::vector<int64_t> all = ref::all_rows(p);
+      in = ref::make_stack_inputs(p, p.schedule(),
+                                  std::vector<int64_t>(all.begin() + part.begin, all.begin() + part.end));
+    } else {
+      in = std::move(si.inputs);
+      for (ref::LayerInputs& li : in) golden::slice_rows(li, part.begin, part.end);
+    }
+    ev = std::make_unique<RanksEvaluator>(p, in, opt.loss, opt.kernels);
+    dist::fault_point("compute");
+  });
+  const ref::SearchResult r = ref::greedy_search(p, *ev, opt);
+  return dist::rank() == 0 ? emit_search(a, p, r) : 0;
+}
+#endif
+
 int cmd_search(const SearchArgs& a) {
+#ifdef INDEXSHARE_MPI
+  if (dist::active()) return search_ranks(a);
+#endif
   const golden::StackInputs si = load(a.src, true);
-  for (size_t l = 0; l < si.inputs.size(); ++l)
-    require(si.inputs[l].has_indexer, "search: layer " + std::to_string(l) +
-                                          " has no indexer inputs; every layer needs its own (golden sets made with own=yes; "
-                                          "a model dump of every layer Full: a model whose Shared layers have no indexer, "
-                                          "like GLM-5's, cannot be searched)");
+  require_indexers(si.inputs);
   ref::SearchOptions opt;
   opt.n_full = a.full_layers;
   opt.loss = ref::parse_search_loss(a.loss);
   opt.kernels = kernels_for(a.src, si.problem);
-  const ref::SearchResult r = ref::greedy_search(si.problem, si.inputs, opt);
+  return emit_search(a, si.problem, ref::greedy_search(si.problem, si.inputs, opt));
+}
+
+int emit_search(const SearchArgs& a, const Problem& p, const ref::SearchResult& r) {
   std::printf("%s", io::search_table(r).c_str());
   std::vector<std::pair<std::string, std::string>> files;  // written together: all or none
   if (!a.json.empty()) files.emplace_back(a.json, io::search_to_json(r).dump(2) + "\n");
   if (!a.csv.empty()) files.emplace_back(a.csv, io::search_csv(r));
   if (!a.svg.empty()) files.emplace_back(a.svg, io::search_loss_svg(r, "Greedy search: " + a.loss + " loss"));
   io::write_text_files(files);
-  std::printf("__REPRO: indexshare search %s --full-layers %d --loss %s\n", replay_source(a.src, si.problem).c_str(),
+  std::printf("__REPRO: indexshare search %s --full-layers %d --loss %s\n", replay_source(a.src, p).c_str(),
               a.full_layers, a.loss.c_str());
   return 0;
 }

@@ -67,16 +67,6 @@ int run(int argc, char** argv) {
     const std::string name = app.get_subcommands().empty() ? "" : app.get_subcommands()[0]->get_name();
     if (name != "golden" && name != "run" && name != "overlap" && name != "search") return 0;
   }
-  // search does not split its work yet: refused rather than computed on every rank.
-  if (dist::active() && dist::size() > 1 && !app.get_subcommands().empty()) {
-    const std::string name = app.get_subcommands()[0]->get_name();
-    if (name == "search") {
-      if (!quiet_rank())
-        std::fprintf(stderr, "indexshare: error: %s is not split across MPI ranks yet: run it in one process (without "
-                             "mpirun / srun)\n", name.c_str());
-      return 2;
-    }
-  }
 #endif
   try {
     for (const cli::Action& a : actions) {

@@ -348,6 +348,11 @@ int64_t sum(int64_t local) {
   return total;
 }
 
+double from_rank0(double value) {
+  MPI_Bcast(&value, 1, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+  return value;
+}
+
 std::string rank_report(const std::vector<int64_t>& bounds, double compute_s) {
   struct rusage ru {};
   getrusage(RUSAGE_SELF, &ru);

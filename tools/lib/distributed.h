@@ -93,6 +93,8 @@ void fold_in_order(std::span<const uint8_t> local, const std::function<void(std:
 
 // The sum over the ranks (every rank gets it).
 int64_t sum(int64_t local);
+// Rank 0's value, on every rank.
+double from_rank0(double value);
 
 // Per-rank timing and memory, gathered to rank 0: one line per rank (its rows, compute wall time,
 // the process's CPU time so far, user + system, and its peak resident set).
