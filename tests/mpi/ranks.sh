@@ -128,7 +128,14 @@ case "$CASE" in
       >"$WORK/ranks/o.out" 2>"$WORK/ranks/o.err" || rc=$?
     [ "$rc" -ne 0 ] || fail "the job succeeded"
     grep -q "rank 1 of $NP: injected fault at step 'compute'" "$WORK/ranks/o.err" || { cat "$WORK/ranks/o.err" >&2; fail "no clear error"; }
-    echo "ok: search-fail on $NP ranks: exit $rc" ;;
+    # A rank that fails inside a cost step (no collective check there): the job ends (MPI_Abort)
+    # with the rank's error instead of the other ranks waiting forever; timeout guards the hang.
+    rc2=0
+    INDEXSHARE_MPI_FAULT="1:cost" timeout 60 "$MPIEXEC" --allow-run-as-root --oversubscribe -n "$NP" "$CLI" search \
+      --problem "sq48 skv96 hq2 dqk64 dv32 ih4 id32 k8 seed11 nl4" >"$WORK/ranks/c.out" 2>"$WORK/ranks/c.err" || rc2=$?
+    [ "$rc2" -ne 0 ] && [ "$rc2" -ne 124 ] || { cat "$WORK/ranks/c.err" >&2; fail "a failed cost step: exit $rc2 (124: hung)"; }
+    grep -q "rank 1 of $NP: injected fault at step 'cost'" "$WORK/ranks/c.err" || { cat "$WORK/ranks/c.err" >&2; fail "no clear error for the cost step"; }
+    echo "ok: search-fail on $NP ranks: exit $rc, a failed cost step: exit $rc2" ;;
   refuse-edge)
     expect_failure "attention-edge set .* is computed by one process" --preset attention-edge ;;
   *) fail "unknown case" ;;

@@ -273,9 +273,11 @@ class RanksEvaluator : public ref::ScheduleEvaluator {
 
  protected:
   double output_cost(const Tensor<float>& got, const Tensor<float>& own) override {
+    dist::fault_point("cost");
     return ranks_relative_error(got, own);
   }
   double row_mean_cost(const std::vector<double>& terms) override {
+    dist::fault_point("cost");
     double sum = 0.0;  // in row order, as one process
     int64_t rows = 0;
     dist::fold_in_order({reinterpret_cast<const uint8_t*>(terms.data()), terms.size() * sizeof(double)},
@@ -337,7 +339,14 @@ int search_ranks(const SearchArgs& a) {
     ev = std::make_unique<RanksEvaluator>(p, in, opt.loss, opt.kernels);
     dist::fault_point("compute");
   });
-  const ref::SearchResult r = ref::greedy_search(p, *ev, opt);
+  // The cost steps end in no collective check: a rank that fails in one (out of memory, say) ends
+  // the whole job (MPI_Abort), rather than leaving the other ranks waiting for its block.
+  ref::SearchResult r;
+  try {
+    r = ref::greedy_search(p, *ev, opt);
+  } catch (const std::exception& e) {
+    dist::abort_job(e.what());
+  }
   return dist::rank() == 0 ? emit_search(a, p, r) : 0;
 }
 #endif

@@ -126,6 +126,13 @@ void guarded(const std::function<void()>& f, const std::function<void()>& cleanu
   }
 }
 
+void abort_job(const std::string& error) {
+  std::fprintf(stderr, "indexshare: error: rank %d of %d: %s\n", g_rank, g_size, error.c_str());
+  std::fflush(stderr);
+  MPI_Abort(MPI_COMM_WORLD, 2);
+  std::_Exit(2);  // MPI_Abort does not return; should it, this rank still ends
+}
+
 void fault_point(const char* step) {
   const char* v = std::getenv("INDEXSHARE_MPI_FAULT");
   if (!v) return;

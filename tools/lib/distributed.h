@@ -60,8 +60,13 @@ void agree(const std::string& error);
 // runs on every rank (before agree throws) when some rank failed.
 void guarded(const std::function<void()>& f, const std::function<void()>& cleanup = {});
 
+// Ends the whole job from this rank (MPI_Abort, exit status 2), after printing "indexshare: error:
+// rank R of N: MESSAGE": for a failure inside steps that end in no collective check (the search's
+// cost steps), where the other ranks would otherwise wait for this one forever.
+[[noreturn]] void abort_job(const std::string& error);
+
 // Test hook: INDEXSHARE_MPI_FAULT="RANK:STEP" makes rank RANK fail at STEP (an Error naming the
-// hook), or die by SIGKILL with STEP "kill-STEP". Steps: compute, write, hash.
+// hook), or die by SIGKILL with STEP "kill-STEP". Steps: compute, write, hash, cost (search).
 void fault_point(const char* step);
 
 // The causal window of each of the set's rows: row t of a sequence with Lq queries and Lk keys
