@@ -135,8 +135,7 @@ int cmd_golden(const GoldenArgs& a) {
     const std::string replay = golden::from_replay(a.from, si.problem, !a.no_logits) + " --out " + a.out;
 #ifdef INDEXSHARE_MPI
     if (dist::active()) {
-      std::vector<int64_t> windows(size_t(si.inputs.at(0).ks.numel()));
-      for (size_t t = 0; t < windows.size(); ++t) windows[t] = si.inputs[0].ke[int64_t(t)] - si.inputs[0].ks[int64_t(t)];
+      const std::vector<int64_t> windows = dist::input_windows(si.inputs.at(0));
       int n_ix = 0;
       for (const ref::LayerInputs& in : si.inputs) n_ix += in.has_indexer;
       const Problem q = si.problem;

@@ -125,20 +125,51 @@ std::vector<double> ranks_concat(const std::vector<double>& local) {
 // layers' statistics: each rank computes its rows' values (the dense attention per row) and its
 // rows of the layer's output over its own positions; rank 0 concatenates the values in row order
 // (so every distribution is one process's) and continues the output error's sums block by block.
-int overlap_ranks(const OverlapArgs& a) {
+// Under MPI ranks: the source's problem, and each row's causal window (what the work split reads):
+// a generated problem's from its descriptor (no inputs yet), a loaded source's from its ks / ke.
+struct RankSource {
   golden::StackInputs si;
   std::vector<int64_t> windows;
-  const bool generated = !a.src.problem.empty();
-  if (generated) {
-    require(a.src.golden.empty() && a.src.from.empty(), "give exactly one of --golden, --problem and --from");
-    reject_given(a.src.given, {"--from-problem"}, "--from", "the other sources carry their own problem");
-    si.problem = parse_problem(a.src.problem);
-    windows = dist::causal_windows(si.problem, ref::all_rows(si.problem));
+  bool generated = false;
+};
+RankSource rank_source(const Source& src, bool all_indexers) {
+  RankSource r;
+  r.generated = !src.problem.empty();
+  if (r.generated) {
+    require(src.golden.empty() && src.from.empty(), "give exactly one of --golden, --problem and --from");
+    reject_given(src.given, {"--from-problem"}, "--from", "the other sources carry their own problem");
+    r.si.problem = parse_problem(src.problem);
+    r.windows = dist::causal_windows(r.si.problem, ref::all_rows(r.si.problem));
   } else {
-    si = load(a.src, false);
-    windows.resize(size_t(si.inputs.at(0).ks.numel()));
-    for (size_t t = 0; t < windows.size(); ++t) windows[t] = si.inputs[0].ke[int64_t(t)] - si.inputs[0].ks[int64_t(t)];
+    r.si = load(src, all_indexers);
+    r.windows = dist::input_windows(r.si.inputs.at(0));
   }
+  return r;
+}
+
+// This rank's block of rows of every layer's inputs: generated (after the per-rank memory check)
+// or cut from the loaded inputs (moved out of `r`).
+std::vector<ref::LayerInputs> rank_inputs(const Source& src, RankSource& r, const golden::RowPart& part) {
+  const Problem& p = r.si.problem;
+  if (!r.generated) {
+    std::vector<ref::LayerInputs> in = std::move(r.si.inputs);
+    for (ref::LayerInputs& li : in) golden::slice_rows(li, part.begin, part.end);
+    return in;
+  }
+  const bool streams = impl_streams(resolve_impl(src.impl, p), p);
+  const uint64_t max_bytes = parse_bytes(src.max_memory);
+  check_memory(p, false, streams, max_bytes,
+               "use " + logits_remedy(p, false, streams, max_bytes, part.end - part.begin, false, false) +
+                   "more ranks, a smaller --problem (s_q, s_kv, nl)",
+               part.end - part.begin);
+  const std::vector<int64_t> all = ref::all_rows(p);
+  return ref::make_stack_inputs(p, p.schedule(), std::vector<int64_t>(all.begin() + part.begin, all.begin() + part.end));
+}
+
+int overlap_ranks(const OverlapArgs& a) {
+  RankSource rs = rank_source(a.src, false);
+  const std::vector<int64_t>& windows = rs.windows;
+  golden::StackInputs& si = rs.si;
   const Problem& p = si.problem;
   const Schedule sched = p.schedule();
   int n_ix = 0;
@@ -150,19 +181,7 @@ int overlap_ranks(const OverlapArgs& a) {
   std::vector<ref::LayerInputs> in;
   std::vector<ref::StackLayerOutputs> outs;
   dist::guarded([&] {
-    if (generated) {
-      const bool streams = impl_streams(resolve_impl(a.src.impl, p), p);
-      const uint64_t max_bytes = parse_bytes(a.src.max_memory);
-      check_memory(p, false, streams, max_bytes,
-                   "use " + logits_remedy(p, false, streams, max_bytes, part.end - part.begin, false, false) +
-                       "more ranks, a smaller --problem (s_q, s_kv, nl)",
-                   part.end - part.begin);
-      const std::vector<int64_t> all = ref::all_rows(p);
-      in = ref::make_stack_inputs(p, sched, std::vector<int64_t>(all.begin() + part.begin, all.begin() + part.end));
-    } else {
-      in = std::move(si.inputs);
-      for (ref::LayerInputs& li : in) golden::slice_rows(li, part.begin, part.end);
-    }
+    in = rank_inputs(a.src, rs, part);
     outs = ref::run_stack(p, sched, in, false, kern);
     dist::fault_point("compute");
   });
@@ -297,21 +316,13 @@ class RanksEvaluator : public ref::ScheduleEvaluator {
 // bulk of the work, and each cost's per-row part); rank 0 combines the costs in row order and
 // prints the report, the same as one process.
 int search_ranks(const SearchArgs& a) {
-  golden::StackInputs si;
-  std::vector<int64_t> windows;
-  const bool generated = !a.src.problem.empty();
-  if (generated) {
-    require(a.src.golden.empty() && a.src.from.empty(), "give exactly one of --golden, --problem and --from");
-    reject_given(a.src.given, {"--from-problem"}, "--from", "the other sources carry their own problem");
-    si.problem = parse_problem(a.src.problem);
-    check_search_problem(si.problem);
-    windows = dist::causal_windows(si.problem, ref::all_rows(si.problem));
-  } else {
-    si = load(a.src, true);
-    require_indexers(si.inputs);
-    windows.resize(size_t(si.inputs.at(0).ks.numel()));
-    for (size_t t = 0; t < windows.size(); ++t) windows[t] = si.inputs[0].ke[int64_t(t)] - si.inputs[0].ks[int64_t(t)];
-  }
+  RankSource rs = rank_source(a.src, true);
+  if (rs.generated)
+    check_search_problem(rs.si.problem);
+  else
+    require_indexers(rs.si.inputs);
+  const std::vector<int64_t>& windows = rs.windows;
+  golden::StackInputs& si = rs.si;
   const Problem& p = si.problem;
   ref::SearchOptions opt;
   opt.n_full = a.full_layers;
@@ -322,20 +333,7 @@ int search_ranks(const SearchArgs& a) {
   std::vector<ref::LayerInputs> in;
   std::unique_ptr<RanksEvaluator> ev;
   dist::guarded([&] {
-    if (generated) {
-      const bool streams = impl_streams(resolve_impl(a.src.impl, p), p);
-      const uint64_t max_bytes = parse_bytes(a.src.max_memory);
-      check_memory(p, false, streams, max_bytes,
-                   "use " + logits_remedy(p, false, streams, max_bytes, part.end - part.begin, false, false) +
-                       "more ranks, a smaller --problem (s_q, s_kv, nl)",
-                   part.end - part.begin);
-      const std::vector<int64_t> all = ref::all_rows(p);
-      in = ref::make_stack_inputs(p, p.schedule(),
-                                  std::vector<int64_t>(all.begin() + part.begin, all.begin() + part.end));
-    } else {
-      in = std::move(si.inputs);
-      for (ref::LayerInputs& li : in) golden::slice_rows(li, part.begin, part.end);
-    }
+    in = rank_inputs(a.src, rs, part);
     ev = std::make_unique<RanksEvaluator>(p, in, opt.loss, opt.kernels);
     dist::fault_point("compute");
   });

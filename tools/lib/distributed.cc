@@ -151,6 +151,12 @@ std::vector<int64_t> causal_windows(const Problem& p, std::span<const int64_t> r
   return w;
 }
 
+std::vector<int64_t> input_windows(const ref::LayerInputs& in) {
+  std::vector<int64_t> w(size_t(in.ks.numel()));
+  for (size_t t = 0; t < w.size(); ++t) w[t] = in.ke[int64_t(t)] - in.ks[int64_t(t)];
+  return w;
+}
+
 std::vector<double> row_work(const Problem& p, std::span<const int64_t> windows, int indexer_layers) {
   std::vector<double> work(windows.size());
   const double ix = double(indexer_layers) * double(p.index_n_heads) * double(p.index_head_dim);

@@ -72,6 +72,8 @@ void fault_point(const char* step);
 // The causal window of each of the set's rows: row t of a sequence with Lq queries and Lk keys
 // sees Lk - Lq + t + 1 keys (ref/stack.h); `rows` are problem row numbers.
 std::vector<int64_t> causal_windows(const Problem& p, std::span<const int64_t> rows);
+// The causal window of each row of loaded inputs: ke - ks (a dump's or a golden set's own rows).
+std::vector<int64_t> input_windows(const ref::LayerInputs& in);
 // The work of each row, in multiply-adds: per layer with indexer inputs H * D * window (the
 // indexer) and per layer h_q * (d_qk + d_v) * min(topk, window) (the sparse attention).
 std::vector<double> row_work(const Problem& p, std::span<const int64_t> windows, int indexer_layers);
