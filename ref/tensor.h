@@ -7,6 +7,8 @@
 //   e4m3_t  : the 8-bit float8_e4m3fn code (sign, 4 exponent bits, 3 mantissa bits, bias 7)
 #pragma once
 
+#include <algorithm>
+#include <cassert>
 #include <cstddef>
 #include <cstdint>
 #include <initializer_list>
@@ -39,10 +41,176 @@ void advise_huge_pages(void* p, size_t bytes);
 int64_t shape_numel(const Shape& shape);
 std::string shape_str(const Shape& shape);
 
+// The elements of a Tensor: a std::vector<T> (every vector operation the code base uses, and
+// comparison with and assignment from std::vector<T>), with one addition: it may instead BORROW
+// memory it does not own, read-only, so that a caller's array reaches the kernels without a copy
+// (the Python package's contiguous numpy / torch inputs, tools/python/_core.cc).
+//   owning   (every Storage the code makes): a std::vector<T>.
+//   borrowed (only inside a BorrowedTensor, below): a view of [p, p + n), memory that the creator
+//            keeps alive and unchanged for the view's lifetime. A BorrowedTensor hands its tensor
+//            out as const only, so nothing can write through the view; copying a borrowed Storage
+//            gives an owning one holding a copy, and the mutating members (resize, assign, insert,
+//            reserve, push_back, clear) first make it owning, so the borrowed memory is never
+//            written. The non-const element accessors (data, [], begin, end) do not check (they
+//            are the kernels' inner loops); an assert catches their use on a borrowed view in
+//            debug builds.
+// Invariant: p_ / n_ are the elements in both modes (owning: own_.data() / own_.size()), so an
+// element access costs what a vector's does.
+template <typename T>
+class Storage {
+ public:
+  using value_type = T;
+  using size_type = size_t;
+  using difference_type = std::ptrdiff_t;
+  using reference = T&;
+  using const_reference = const T&;
+  using pointer = T*;
+  using const_pointer = const T*;
+  using iterator = T*;
+  using const_iterator = const T*;
+
+  Storage() = default;
+  Storage(std::vector<T> v) : own_(std::move(v)) { sync(); }  // NOLINT: implicit, as a vector
+  Storage(std::initializer_list<T> values) : own_(values) { sync(); }
+  Storage(const Storage& o) : own_(o.begin(), o.end()) { sync(); }
+  Storage(Storage&& o) noexcept : own_(std::move(o.own_)), p_(o.p_), n_(o.n_), borrowed_(o.borrowed_) {
+    if (!borrowed_) sync();
+    o.sync();
+  }
+  Storage& operator=(const Storage& o) {
+    if (this != &o) {
+      own_.assign(o.begin(), o.end());
+      sync();
+    }
+    return *this;
+  }
+  Storage& operator=(Storage&& o) noexcept {
+    if (this != &o) {
+      own_ = std::move(o.own_);
+      p_ = o.p_;
+      n_ = o.n_;
+      borrowed_ = o.borrowed_;
+      if (!borrowed_) sync();
+      o.own_.clear();
+      o.sync();
+    }
+    return *this;
+  }
+  Storage& operator=(std::vector<T> v) {
+    own_ = std::move(v);
+    sync();
+    return *this;
+  }
+  Storage& operator=(std::initializer_list<T> values) {
+    own_.assign(values);
+    sync();
+    return *this;
+  }
+
+  // True for a view of memory this Storage does not own (BorrowedTensor).
+  bool borrowed() const { return borrowed_; }
+
+  size_t size() const { return n_; }
+  bool empty() const { return n_ == 0; }
+  const T* data() const { return p_; }
+  T* data() {
+    assert(!borrowed_ && "write access to a borrowed (read-only) Storage");
+    return p_;
+  }
+  const T& operator[](size_t i) const { return p_[i]; }
+  T& operator[](size_t i) { return data()[i]; }
+  const T* begin() const { return p_; }
+  const T* end() const { return p_ + n_; }
+  const T* cbegin() const { return p_; }
+  const T* cend() const { return p_ + n_; }
+  T* begin() { return data(); }
+  T* end() { return data() + n_; }
+  const T& front() const { return p_[0]; }
+  const T& back() const { return p_[n_ - 1]; }
+
+  // Mutators: as std::vector's, on an owning copy when this is borrowed.
+  void reserve(size_t n) {
+    own();
+    own_.reserve(n);
+    sync();
+  }
+  void resize(size_t n) {
+    own();
+    own_.resize(n);
+    sync();
+  }
+  void resize(size_t n, const T& value) {
+    own();
+    own_.resize(n, value);
+    sync();
+  }
+  void assign(size_t n, const T& value) {
+    own_.assign(n, value);
+    sync();
+  }
+  template <class It>
+  void assign(It first, It last) {
+    std::vector<T> v(first, last);  // [first, last) may lie in this Storage
+    own_ = std::move(v);
+    sync();
+  }
+  template <class It>
+  T* insert(const T* pos, It first, It last) {
+    const size_t at = size_t(pos - p_);
+    std::vector<T> v(first, last);  // [first, last) may lie in this Storage
+    own();
+    own_.insert(own_.begin() + std::ptrdiff_t(at), v.begin(), v.end());
+    sync();
+    return p_ + at;
+  }
+  void push_back(const T& value) {
+    own();
+    own_.push_back(value);
+    sync();
+  }
+  void clear() {
+    own_.clear();
+    sync();
+  }
+
+  // As a std::vector (a copy).
+  std::vector<T> to_vector() const { return std::vector<T>(begin(), end()); }
+
+  friend bool operator==(const Storage& a, const Storage& b) {
+    return a.n_ == b.n_ && std::equal(a.begin(), a.end(), b.begin());
+  }
+  friend bool operator==(const Storage& a, const std::vector<T>& b) {
+    return a.n_ == b.size() && std::equal(a.begin(), a.end(), b.begin());
+  }
+
+ private:
+  template <typename>
+  friend class BorrowedTensor;
+  Storage(const T* p, size_t n) : p_(const_cast<T*>(p)), n_(n), borrowed_(true) {}
+
+  void sync() {
+    p_ = own_.data();
+    n_ = own_.size();
+    borrowed_ = false;
+  }
+  // Makes a borrowed Storage owning (a copy of the view); a no-op when it owns.
+  void own() {
+    if (borrowed_) {
+      own_.assign(p_, p_ + n_);
+      sync();
+    }
+  }
+
+  std::vector<T> own_;
+  T* p_ = nullptr;
+  size_t n_ = 0;
+  bool borrowed_ = false;
+};
+
 template <typename T>
 struct Tensor {
   Shape shape;
-  std::vector<T> data;
+  Storage<T> data;
 
   Tensor() = default;
   // Reserves first, advises huge pages, then fills: the fill is what touches the pages.
@@ -67,6 +235,27 @@ struct Tensor {
   const T& at(int64_t i, int64_t j, int64_t k) const {
     return data[size_t((i * shape[1] + j) * shape[2] + k)];
   }
+};
+
+// A Tensor<T> over memory it does not own, for the kernels to read without a copy: `p` holds
+// shape_numel(shape) elements, row-major, and the creator keeps them alive and unchanged while
+// this (or any reference to its tensor) lives. The tensor is only handed out as const (see
+// Storage: nothing writes through it; a copy of it owns its elements). Moving a BorrowedTensor
+// keeps the view.
+template <typename T>
+class BorrowedTensor {
+ public:
+  BorrowedTensor(Shape shape, const T* p) {
+    const size_t n = size_t(shape_numel(shape));
+    require(n == 0 || p != nullptr, "BorrowedTensor: null data for shape " + shape_str(shape));
+    t_.shape = std::move(shape);
+    t_.data = Storage<T>(p, n);
+  }
+  const Tensor<T>& get() const { return t_; }
+  operator const Tensor<T>&() const { return t_; }  // NOLINT: implicit, a const Tensor<T>
+
+ private:
+  Tensor<T> t_;
 };
 
 // Throws Error("<what>: expected shape [..], got [..]") when t's shape differs from `expected`.
