@@ -150,48 +150,27 @@ int cmd_golden(const GoldenArgs& a) {
   reject_given(a.given, {"--schedule", "--sim", "--variant"}, "--model",
                "a kernel-level set takes them from its descriptor: sched=, sim=, the indexer mode");
   if (!a.preset.empty()) reject_given(a.given, {"--kind"}, "--problem", "a preset has its own kind");
-  std::string desc = a.problem, kind = a.kind, for_kernel = a.for_kernel;
-  if (!a.preset.empty()) {
-    const golden::Preset& pr = golden::preset(a.preset);
-    desc = pr.problem;
-    kind = pr.kind;
-    // A kernel preset is written for its kernel (as --for); another --for is refused.
-    require(pr.kernel.empty() || a.for_kernel.empty() || a.for_kernel == pr.kernel,
-            "golden: preset '" + pr.name + "' is written for " + pr.kernel + ", not --for " + a.for_kernel);
-    require(pr.kernel.empty() || !a.rows_given,
-            "golden: preset '" + pr.name + "' is written for " + pr.kernel + ": --rows (sampled query rows) is not a kernel's input layout");
-    if (for_kernel.empty()) for_kernel = pr.kernel;
-  }
-  Problem p = parse_problem(desc);
-  if (a.layers > 0) p.n_layers = a.layers;
-  if (a.seq > 0) { p.s_kv = a.seq; p.s_q = std::min(p.s_q, a.seq); }
-  if (a.seed >= 0) p.seed = uint64_t(a.seed);
-  p.validate();
-  // --for KERNEL: the problem must fit the kernel's constraints (tools/lib/kernel_registry.h), checked
-  // before anything is computed; the set is the kernel's kind.
-  const kreg::Kernel* kern = for_kernel.empty() ? nullptr : &kreg::kernel(for_kernel);
-  if (kern) {
-    require(!was_given(a.given, "--kind") || a.kind == kern->kind,
-            "golden: --for " + kern->name + " writes a " + kern->kind + " set, not --kind " + a.kind);
-    require(a.preset.empty() || kind == kern->kind,
-            "golden: --for " + kern->name + " needs a " + kern->kind + " set; preset '" + a.preset + "' is " + kind);
-    kind = kern->kind;
-    const std::vector<std::string> bad = kreg::violations(*kern, p);
-    std::string msg;
-    for (const std::string& b : bad) msg += (msg.empty() ? "" : "; ") + b;
-    require(bad.empty(), "golden --for: " + msg);
-  }
-  // --rows: a sampled set of those query rows (golden.h); the replay line carries the list.
-  std::vector<int64_t> rows;
-  if (a.rows_given) {
-    require(kind == "stack", "--rows: sampled sets are kind stack only, not '" + kind + "'");
-    rows = parse_rows(a.rows, p);
-  }
+  // The preset, the overrides, --for and --rows: the rules the Python package shares (golden.h).
+  golden::StackRequest req;
+  req.preset = a.preset;
+  req.problem = a.problem;
+  req.kind = a.kind;
+  req.kind_given = was_given(a.given, "--kind");
+  req.for_kernel = a.for_kernel;
+  req.layers = a.layers;
+  req.seq = a.seq;
+  req.seed = a.seed;
+  req.rows_given = a.rows_given;
+  req.rows = a.rows;
+  golden::StackPlan plan = golden::plan_stack(req);
+  const Problem& p = plan.problem;
+  const std::string& kind = plan.kind;
+  const kreg::Kernel* kern = plan.kernel;
+  const std::vector<int64_t>& rows = plan.rows;
   const int64_t n_rows = a.rows_given ? int64_t(rows.size()) : p.s_q;
   // Kernel presets compute with simd unless --impl is given: the same bytes as ref (simd/ is
   // bit-identical to ref/), in a second instead of half a minute at h_q 64-128.
-  const bool kernel_preset = !a.preset.empty() && !golden::preset(a.preset).kernel.empty();
-  const std::string impl = resolve_impl(kernel_preset && !was_given(a.given, "--impl") ? "simd" : a.impl, p, n_rows);
+  const std::string impl = resolve_impl(plan.kernel_preset && !was_given(a.given, "--impl") ? "simd" : a.impl, p, n_rows);
   reject_target_on_ref(a.given, impl);
   const bool streams = impl_streams(impl, p);
   const uint64_t max_bytes = parse_bytes(a.max_memory);

@@ -22,6 +22,7 @@
 #include "ref/stack.h"
 #include "ref/topk.h"
 #include "tools/lib/json_io.h"
+#include "tools/lib/options.h"
 #include "tools/lib/paged.h"
 #include "simd/simd.h"
 
@@ -437,6 +438,57 @@ void for_kernel(GoldenSet& set, const kreg::Kernel& k, const Problem& p) {
 namespace {
 Tensor<bf16_t> bf16_of(const Tensor<float>& x) { return to_bf16_tensor(x); }
 }  // namespace
+
+StackPlan plan_stack(const StackRequest& r) {
+  require(r.preset.empty() != r.problem.empty(), "golden: give exactly one of --preset, --problem, --model and --from");
+  if (!r.for_kernel.empty())
+    require(!r.rows_given, "golden: --for writes whole sets: --rows (sampled query rows) is not a kernel's input layout");
+  StackPlan plan;
+  std::string desc = r.problem, for_kernel = r.for_kernel;
+  plan.kind = r.kind;
+  if (!r.preset.empty()) {
+    const Preset& pr = preset(r.preset);
+    require(pr.kind != "module", "golden: preset '" + pr.name + "' is a module-level set (--model), not a kernel-level one");
+    desc = pr.problem;
+    plan.kind = pr.kind;
+    // A kernel preset is written for its kernel (as --for); another --for is refused.
+    require(pr.kernel.empty() || r.for_kernel.empty() || r.for_kernel == pr.kernel,
+            "golden: preset '" + pr.name + "' is written for " + pr.kernel + ", not --for " + r.for_kernel);
+    require(pr.kernel.empty() || !r.rows_given,
+            "golden: preset '" + pr.name + "' is written for " + pr.kernel + ": --rows (sampled query rows) is not a kernel's input layout");
+    if (for_kernel.empty()) for_kernel = pr.kernel;
+    plan.kernel_preset = !pr.kernel.empty();
+  }
+  Problem& p = plan.problem;
+  p = parse_problem(desc);
+  if (r.layers > 0) p.n_layers = r.layers;
+  if (r.seq > 0) {
+    p.s_kv = r.seq;
+    p.s_q = std::min(p.s_q, r.seq);
+  }
+  if (r.seed >= 0) p.seed = uint64_t(r.seed);
+  p.validate();
+  // --for KERNEL: the problem must fit the kernel's constraints (tools/lib/kernel_registry.h), checked
+  // before anything is computed; the set is the kernel's kind.
+  if (!for_kernel.empty()) {
+    const kreg::Kernel& k = kreg::kernel(for_kernel);
+    require(!r.kind_given || r.kind == k.kind, "golden: --for " + k.name + " writes a " + k.kind + " set, not --kind " + r.kind);
+    require(r.preset.empty() || plan.kind == k.kind,
+            "golden: --for " + k.name + " needs a " + k.kind + " set; preset '" + r.preset + "' is " + plan.kind);
+    plan.kind = k.kind;
+    std::string msg;
+    for (const std::string& b : kreg::violations(k, p)) msg += (msg.empty() ? "" : "; ") + b;
+    require(msg.empty(), "golden --for: " + msg);
+    plan.kernel = &k;
+  }
+  // --rows: a sampled set of those query rows; the replay line carries the list.
+  plan.rows_given = r.rows_given;
+  if (r.rows_given) {
+    require(plan.kind == "stack", "--rows: sampled sets are kind stack only, not '" + plan.kind + "'");
+    plan.rows = parse_rows(r.rows, p);
+  }
+  return plan;
+}
 
 std::string stack_replay(const Problem& p, const std::string& kind, const std::string& for_kernel,
                          const std::vector<int64_t>* rows, bool simd, bool with_logits, const std::string& max_memory) {

@@ -144,6 +144,32 @@ void slice_rows(ref::LayerInputs& in, int64_t begin, int64_t end);
 // The caller has checked kreg::violations and that the set's kind is k.kind.
 void for_kernel(GoldenSet& set, const kreg::Kernel& k, const Problem& p);
 
+// A kernel-level set as a front end asks for it: the CLI's `golden --problem | --preset` and
+// Python's golden(problem= | preset=) share these rules (plan_stack).
+struct StackRequest {
+  std::string preset;          // a kernel-level golden preset, or
+  std::string problem;         // a descriptor (exactly one of the two)
+  std::string kind = "stack";  // with problem; kind_given: set by the caller (--kind / kind=)
+  bool kind_given = false;
+  std::string for_kernel;      // --for KERNEL; "" = none (a kernel preset's own kernel)
+  int64_t layers = 0, seq = 0, seed = -1;  // overrides: 0 / 0 / -1 = not given
+  bool rows_given = false;     // --rows TEXT
+  std::string rows;
+};
+struct StackPlan {
+  Problem problem;                      // the descriptor with the overrides, validated
+  std::string kind;                     // the set's kind (the kernel's with a kernel)
+  const kreg::Kernel* kernel = nullptr;  // --for, or a kernel preset's kernel
+  bool rows_given = false;
+  std::vector<int64_t> rows;            // the sampled rows (rows_given)
+  bool kernel_preset = false;           // a kernel preset: computed with simd unless --impl is given
+};
+// Resolves `r`: the preset's problem and kind, the overrides (--layers sets nl; --seq sets s_kv and
+// caps s_q at it; --seed the seed), the kernel (--for; a kernel preset is written for its kernel,
+// another --for is refused) and its constraints (kreg::violations, checked before anything is
+// computed), the rows (--rows: kind stack only, not with a kernel). Error naming the option.
+StackPlan plan_stack(const StackRequest& r);
+
 // The manifest's `replay` command of a set, without its trailing " --out DIR" (the front end adds
 // the folder it writes to: the CLI's --out, GoldenSet.save's dir in Python), so that both write the
 // same bytes. stack_replay: a kernel-level set of `kind` (build); for_kernel "" = no --for; rows:
