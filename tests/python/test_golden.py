@@ -124,6 +124,76 @@ def test_golden_bad_arguments():
         indexshare.golden("sq8 skv8 hq2 dqk64 dv32 ih2 id16 k4", impl="gpu")
 
 
+# for_kernel= and the layers= / seq= / seed= overrides are the CLI's --for, --layers, --seq, --seed: the
+# same bytes (and replay line) for a problem, a kernel-level preset and a kernel preset, each option.
+PAGED = "sq4 skv192 hq4 dqk576 dv512 ih32 id128 k64 seed4 nseq2"
+
+
+@pytest.mark.parametrize("kwargs,args", [
+    (dict(problem="sq8 skv256 hq64 k128 seed3 nl2 sched=FS", for_kernel="flashmla-sparse-prefill-sm90"),
+     ["--problem", "sq8 skv256 hq64 k128 seed3 nl2 sched=FS", "--for", "flashmla-sparse-prefill-sm90"]),
+    (dict(problem=PAGED, for_kernel="deepgemm-fp8-paged-mqa-logits"),  # adds context_lens
+     ["--problem", PAGED, "--for", "deepgemm-fp8-paged-mqa-logits"]),
+    (dict(preset="ties", layers=3), ["--preset", "ties", "--layers", "3"]),
+    (dict(preset="ties", seq=48), ["--preset", "ties", "--seq", "48"]),
+    (dict(preset="decode", seed=11), ["--preset", "decode", "--seed", "11"]),
+    (dict(problem="sq16 skv64 hq2 dqk64 dv32 ih4 id16 k8 nl2", layers=3, seq=12, seed=0),
+     ["--problem", "sq16 skv64 hq2 dqk64 dv32 ih4 id16 k8 nl2", "--layers", "3", "--seq", "12", "--seed", "0"]),
+    (dict(preset="deepgemm-fp8-mqa-logits-sm100", seq=2048, layers=2, seed=5),  # a kernel preset: simd, its kernel
+     ["--preset", "deepgemm-fp8-mqa-logits-sm100", "--seq", "2048", "--layers", "2", "--seed", "5"]),
+], ids=["for-problem", "for-paged", "layers", "seq", "seed", "all-three", "kernel-preset"])
+def test_golden_for_kernel_and_overrides_equal_the_cli(kwargs, args, cli, tmp_path, monkeypatch):
+    (tmp_path / "cli").mkdir()
+    (tmp_path / "py").mkdir()
+    cli("golden", *args, "--out", "set", cwd=tmp_path / "cli")
+    want = files_of(tmp_path / "cli" / "set")
+    g = indexshare.golden(**kwargs)
+    monkeypatch.chdir(tmp_path / "py")
+    g.save("set")
+    assert files_of("set") == want
+    assert json.loads(want["manifest.json"])["replay"] == g.replay + " --out set"
+    if "for_kernel" in kwargs or kwargs.get("preset", "").startswith("deepgemm"):
+        assert "kernel" in g.manifest
+    if "paged" in kwargs.get("for_kernel", ""):
+        assert "context_lens" in g.tensors
+
+
+def test_golden_for_kernel_and_overrides_refused_as_the_cli(cli, tmp_path):
+    small = "sq8 skv256 hq64 k64 seed3"
+    cases = [  # (python kwargs, CLI args, the message both give)
+        (dict(problem=small, for_kernel="flashmla-sparse-prefill-sm90"),
+         ["--problem", small, "--for", "flashmla-sparse-prefill-sm90"], "takes a multiple of 128"),
+        (dict(problem=small, for_kernel="nope"), ["--problem", small, "--for", "nope"], "nope"),
+        (dict(problem=PAGED, for_kernel="deepgemm-fp8-paged-mqa-logits", rows="0"),
+         ["--problem", PAGED, "--for", "deepgemm-fp8-paged-mqa-logits", "--rows", "0"], "--for writes whole sets"),
+        (dict(preset="deepgemm-fp8-mqa-logits-sm100", for_kernel="flashmla-sparse-prefill-sm90"),
+         ["--preset", "deepgemm-fp8-mqa-logits-sm100", "--for", "flashmla-sparse-prefill-sm90"], "is written for"),
+        (dict(problem=PAGED, kind="stack", for_kernel="deepgemm-fp8-paged-mqa-logits"),
+         ["--problem", PAGED, "--kind", "stack", "--for", "deepgemm-fp8-paged-mqa-logits"], "writes a decode set"),
+    ]
+    for kwargs, args, msg in cases:
+        r = cli("golden", *args, "--out", tmp_path / "x", check=False)
+        assert r.returncode == 2 and msg in r.stderr, (args, r.stderr)
+        with pytest.raises(ValueError, match=msg):
+            indexshare.golden(**kwargs)
+    with pytest.raises(ValueError, match=r"layers: must be in \[1, 10\^6\], got 0"):
+        indexshare.golden(preset="ties", layers=0)
+    with pytest.raises(ValueError, match="seq: must be"):
+        indexshare.golden(preset="ties", seq=-4)
+    with pytest.raises(ValueError, match="seed: must be"):
+        indexshare.golden(preset="ties", seed=-1)
+    with pytest.raises(TypeError, match="layers: expected an int"):
+        indexshare.golden(preset="ties", layers=2.5)
+    with pytest.raises(ValueError, match="schedule=: not for a kernel-level set"):
+        indexshare.golden(preset="ties", schedule="FS")
+    with pytest.raises(ValueError, match="kind=: not with preset="):
+        indexshare.golden(preset="ties", kind="stack")
+    with pytest.raises(ValueError, match="for_kernel=: not for a module-level set"):
+        indexshare.golden(model="tiny-glm", for_kernel="flashmla-sparse-prefill-sm90")
+    with pytest.raises(ValueError, match="layers=: not for from_dump="):
+        indexshare.golden(from_dump="x.safetensors", layers=2)
+
+
 def test_save_refuses_a_non_empty_folder(tmp_path):
     g = indexshare.golden("sq8 skv8 hq2 dqk64 dv32 ih2 id16 k4")
     (tmp_path / "x").mkdir()

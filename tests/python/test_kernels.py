@@ -107,6 +107,46 @@ def test_contiguous_arguments_and_results_are_not_copied():
     assert isinstance(r.out, torch.Tensor) and r.out_bf16.dtype == torch.bfloat16
 
 
+def ptr(x):
+    return x.data_ptr() if isinstance(x, torch.Tensor) else x.ctypes.data
+
+
+@pytest.mark.parametrize("fw", ["numpy", "torch"])
+def test_the_kernels_read_the_callers_memory(root, fw):
+    """Zero-copy into C++: the tensors each kernel reads (ref/tensor.h BorrowedTensor) have the caller's
+    data pointers (the binding records them: _core.last_input_pointers); a strided input is copied once."""
+    from indexshare._core_loader import core
+    t = indexshare.load_golden(root / "golden" / "ties").tensors
+    conv = (lambda a: np.array(a)) if fw == "numpy" else (lambda a: _arrays.out(np.array(a), True))
+    p = "layers.0."
+    ix = [conv(t[p + "indexer." + n]) for n in ("q", "k", "k_scale", "weights", "ks", "ke")]
+    q, kv, idx = (conv(t[p + "attn." + n]) for n in ("q", "kv", "indices"))
+    logits = conv(t[p + "indexer.logits"])
+    tl = conv(np.full(q.shape[0], 3, np.int32))
+    sink = conv(np.zeros(q.shape[1], np.float32))
+    ks, ke = ix[4], ix[5]
+    for impl in ("ref", "simd"):
+        calls = [
+            (lambda: indexshare.indexer_logits(*ix, impl=impl), ix),
+            (lambda: indexshare.topk(logits, ks, ke, 4, impl=impl), [logits, ks, ke]),
+            (lambda: indexshare.indexer_topk(*ix, 4, impl=impl), ix),
+            (lambda: indexshare.sparse_attention(q, kv, idx, 0.1, 32, topk_length=tl, sink=sink, impl=impl),
+             [q, kv, idx, tl, sink]),
+            (lambda: indexshare.sparse_attention(q, kv, idx, 0.1, 32, impl=impl), [q, kv, idx, None, None]),
+            (lambda: indexshare.dense_attention(q, kv, 0.1, 32, ks, ke, sink=sink, impl=impl), [q, kv, ks, ke, sink]),
+        ]
+        for i, (call, args) in enumerate(calls):
+            call()
+            want = [0 if a is None else ptr(a) for a in args]
+            assert core().last_input_pointers() == want, (impl, i)
+    # Non-contiguous: copied (once, in Python), so the kernel reads another buffer.
+    wide = conv(np.repeat(np.array(t[p + "attn.q"]), 2, axis=2))
+    strided = wide[:, :, ::2]
+    r = indexshare.sparse_attention(strided, kv, idx, 0.1, 32)
+    assert core().last_input_pointers()[0] != ptr(wide)
+    assert same(r.out, indexshare.sparse_attention(q, kv, idx, 0.1, 32).out)
+
+
 def test_bad_inputs_raise_naming_the_argument():
     q = np.zeros((4, 2, 64), BF16)
     kv = np.zeros((8, 1, 64), BF16)

@@ -6,7 +6,7 @@
 // element types (bf16 as uint16 codes, e4m3 as uint8 codes) and returns numpy arrays that own the
 // C++ result without a copy (a capsule holds the moved Tensor). indexshare::Error (bad input, with
 // the library's message naming the tensor) becomes ValueError. The GIL is released while C++
-// computes; arrays are copied into the kernels' tensors before that (ref::Tensor owns its storage).
+// computes. Input arrays reach the kernels without a copy (borrow: a read-only view of their memory).
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
@@ -16,7 +16,11 @@
 #include <nanobind/stl/vector.h>
 #include <omp.h>
 
+#include <algorithm>
 #include <chrono>
+#include <climits>
+#include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <memory>
 #include <optional>
@@ -31,6 +35,9 @@
 #include "ref/config.h"
 #include "ref/error.h"
 #include "ref/indexer.h"
+#include "ref/module.h"
+#include "ref/module_ops.h"
+#include "ref/numerics.h"
 #include "ref/overlap.h"
 #include "ref/problem.h"
 #include "ref/stack.h"
@@ -51,21 +58,33 @@ namespace {
 template <class Raw>
 using In = nb::ndarray<const Raw, nb::c_contig, nb::device::cpu>;
 
-// A C-contiguous CPU array of Raw elements -> Tensor<T> (T has Raw's size: bf16_t/uint16, ...).
+// A C-contiguous CPU array of Raw elements as a Tensor<T> (T has Raw's size: bf16_t/uint16, ...),
+// without a copy: a read-only view of the array's memory (ref/tensor.h BorrowedTensor). The
+// ndarray argument holds a reference to the Python object for the whole call, so the memory
+// outlives the kernel; the Python layer has made the array C-contiguous (copying a non-contiguous
+// one there, once).
 template <class T, class Raw>
-Tensor<T> to_tensor(const In<Raw>& a) {
+BorrowedTensor<T> borrow(const In<Raw>& a) {
   static_assert(sizeof(T) == sizeof(Raw));
   Shape shape;
   for (size_t i = 0; i < a.ndim(); ++i) shape.push_back(int64_t(a.shape(i)));
-  Tensor<T> t(shape);  // as the CLI's tensors: huge pages advised for large ones (ref/tensor.h)
-  if (!t.data.empty()) std::memcpy(static_cast<void*>(t.data.data()), a.data(), t.data.size() * sizeof(T));
-  return t;
+  return BorrowedTensor<T>(std::move(shape), reinterpret_cast<const T*>(a.data()));
 }
 
 template <class T, class Raw>
-std::optional<Tensor<T>> to_optional(const std::optional<In<Raw>>& a) {
+std::optional<BorrowedTensor<T>> borrow_optional(const std::optional<In<Raw>>& a) {
   if (!a) return std::nullopt;
-  return to_tensor<T, Raw>(*a);
+  return borrow<T, Raw>(*a);
+}
+
+// The data pointers of the input tensors the last kernel call of this thread handed to its kernel,
+// in argument order (0 for an absent optional one): the zero-copy test (tests/python/test_kernels.py)
+// compares them with the caller's arrays' pointers.
+thread_local std::vector<uintptr_t> last_input_pointers;
+
+template <class... Ts>
+void note_inputs(const Ts*... ts) {
+  last_input_pointers = {(ts ? reinterpret_cast<uintptr_t>(ts->ptr()) : uintptr_t{0})...};
 }
 
 // Moves `t` to the heap and returns a numpy array over its storage (no copy); the capsule frees it.
@@ -147,19 +166,33 @@ Problem problem_of(const std::string& text) {
   return p;
 }
 
-PyGolden golden_stack(const std::string& problem, const std::string& kind, const std::string& impl,
-                      const std::optional<std::string>& rows_text, bool with_logits) {
-  const Problem p = problem_of(problem);
-  std::vector<int64_t> rows;
-  if (rows_text) {
-    require(kind == "stack", "rows: sampled sets are kind stack only, not '" + kind + "'");
-    rows = parse_rows(*rows_text, p);
-  }
-  const bool simd = resolve_impl(impl, p, rows_text ? int64_t(rows.size()) : p.s_q) == "simd";
+// A kernel-level set (`indexshare golden --problem | --preset`): golden::plan_stack holds the rules
+// the CLI applies (preset, overrides, --for, --rows). impl "" = the CLI without --impl: simd for a
+// kernel preset, else "auto" (the package's default).
+PyGolden golden_stack(const std::string& preset, const std::string& problem, const std::optional<std::string>& kind,
+                      const std::string& impl, const std::optional<std::string>& rows_text, bool with_logits,
+                      const std::string& for_kernel, int64_t layers, int64_t seq, int64_t seed) {
+  golden::StackRequest req;
+  req.preset = preset;
+  req.problem = problem;
+  req.kind_given = kind.has_value();
+  if (kind) req.kind = *kind;
+  req.for_kernel = for_kernel;
+  req.layers = layers;
+  req.seq = seq;
+  req.seed = seed;
+  req.rows_given = rows_text.has_value();
+  if (rows_text) req.rows = *rows_text;
+  const golden::StackPlan plan = golden::plan_stack(req);
+  const Problem& p = plan.problem;
+  const std::vector<int64_t>* rows = plan.rows_given ? &plan.rows : nullptr;
+  const std::string how = !impl.empty() ? impl : plan.kernel_preset ? "simd" : "auto";
+  const bool simd = resolve_impl(how, p, rows ? int64_t(rows->size()) : p.s_q) == "simd";
   PyGolden g;
-  g.replay = golden::stack_replay(p, kind, "", rows_text ? &rows : nullptr, simd, with_logits);
+  g.replay = golden::stack_replay(p, plan.kind, plan.kernel ? plan.kernel->name : "", rows, simd, with_logits);
   nb::gil_scoped_release release;
-  g.set = golden::build(p, kind, with_logits, g.replay, simd, rows_text ? &rows : nullptr);
+  g.set = golden::build(p, plan.kind, with_logits, g.replay, simd, rows);
+  if (plan.kernel) golden::for_kernel(g.set, *plan.kernel, p);
   return g;
 }
 
@@ -167,10 +200,10 @@ PyGolden golden_stack(const std::string& problem, const std::string& kind, const
 template <class T, class RawT>
 nb::object indexer_logits(In<RawT> q, In<RawT> k, In<float> k_scale, In<float> weights, In<int32_t> ks, In<int32_t> ke,
                           bool simd) {
-  const auto tq = to_tensor<T>(q);
-  const auto tk = to_tensor<T>(k);
-  const auto ts = to_tensor<float>(k_scale), tw = to_tensor<float>(weights);
-  const auto ts0 = to_tensor<int32_t>(ks), te = to_tensor<int32_t>(ke);
+  const auto tq = borrow<T>(q), tk = borrow<T>(k);
+  const auto ts = borrow<float>(k_scale), tw = borrow<float>(weights);
+  const auto ts0 = borrow<int32_t>(ks), te = borrow<int32_t>(ke);
+  note_inputs(&tq.get(), &tk.get(), &ts.get(), &tw.get(), &ts0.get(), &te.get());
   const ref::Kernels kern = kernels_of(simd);
   auto r = timed([&] {
     if constexpr (std::is_same_v<T, e4m3_t>) return kern.logits_fp8(tq, tk, ts, tw, ts0, te);
@@ -200,6 +233,52 @@ std::vector<nb::dict> stack_outputs(std::vector<ref::StackLayerOutputs>&& outs) 
   return layers;
 }
 
+// ---- module level (ref/module.h, ref/module_ops.h, ref/numerics.h) ----
+// Weights are copied into the ref:: weight structs (they own Tensors); activations are borrowed.
+
+Tensor<float> copy_of(const In<float>& a) { return Tensor<float>(borrow<float>(a).get()); }
+
+// In the order of the structs' fields (ref/module.h): wq_b, wk, k_norm_w, k_norm_b, weights_proj.
+ref::IndexerWeights indexer_weights_of(const std::vector<In<float>>& w) {
+  require(w.size() == 5, "indexer weights: expected 5 tensors, got " + std::to_string(w.size()));
+  ref::IndexerWeights iw;
+  iw.wq_b = copy_of(w[0]); iw.wk = copy_of(w[1]); iw.k_norm_w = copy_of(w[2]); iw.k_norm_b = copy_of(w[3]);
+  iw.weights_proj = copy_of(w[4]);
+  return iw;
+}
+
+// wq_a, q_norm, wq_b, wkv_a, kv_norm, wkv_b, wo.
+ref::MlaWeights mla_weights_of(const std::vector<In<float>>& w) {
+  require(w.size() == 7, "MLA weights: expected 7 tensors, got " + std::to_string(w.size()));
+  ref::MlaWeights mw;
+  mw.wq_a = copy_of(w[0]); mw.q_norm = copy_of(w[1]); mw.wq_b = copy_of(w[2]); mw.wkv_a = copy_of(w[3]);
+  mw.kv_norm = copy_of(w[4]); mw.wkv_b = copy_of(w[5]); mw.wo = copy_of(w[6]);
+  return mw;
+}
+
+ModelConfig config_of(const std::string& model) {
+  ModelConfig cfg = model_preset(model);
+  cfg.validate();
+  return cfg;
+}
+
+ref::LinearFn linear_of(bool simd) { return simd ? simd::linear : ref::linear; }
+ref::HeadLinearFn head_of(bool simd) { return simd ? simd::head_linear : ref::head_linear; }
+
+// x viewed as [rows, n] (n = its last dim; rows = the product of the others; rank >= 1).
+std::pair<int64_t, int64_t> rows_cols(const Tensor<float>& x, const std::string& what) {
+  require(x.rank() >= 1, what + ": expected rank >= 1, got a scalar");
+  const int64_t n = x.dim(x.rank() - 1);
+  return {n == 0 ? 0 : x.numel() / n, n};
+}
+
+// An optional per-feature vector of length n (LayerNorm / RMSNorm weight or bias): nullptr if absent.
+const float* vector_of(const std::optional<BorrowedTensor<float>>& v, int64_t n, const std::string& what) {
+  if (!v) return nullptr;
+  require_shape(v->get(), Shape{n}, what);
+  return v->get().ptr();
+}
+
 }  // namespace
 
 NB_MODULE(_core, m) {
@@ -220,6 +299,7 @@ NB_MODULE(_core, m) {
   m.def("get_num_threads", [] { return omp_get_max_threads(); });
   m.def("simd_target", [] { return simd::current_target(); });
   m.def("last_kernel_seconds", [] { return last_kernel_seconds; });
+  m.def("last_input_pointers", [] { return last_input_pointers; });
 
   // ---- problem descriptor (ref/problem.h) ----
   m.def("problem_canonical", [](const std::string& text) { return to_string(problem_of(text)); });
@@ -236,8 +316,8 @@ NB_MODULE(_core, m) {
   });
   m.def("resolve_impl", [](const std::string& impl, const std::string& problem) { return resolve_impl(impl, problem_of(problem)); });
   m.def("presets", [] {
-    std::vector<std::tuple<std::string, std::string, std::string, std::string>> out;
-    for (const golden::Preset& p : golden::presets()) out.emplace_back(p.name, p.problem, p.kind, p.description);
+    std::vector<std::tuple<std::string, std::string, std::string, std::string, std::string>> out;
+    for (const golden::Preset& p : golden::presets()) out.emplace_back(p.name, p.problem, p.kind, p.description, p.kernel);
     return out;
   });
 
@@ -257,8 +337,9 @@ NB_MODULE(_core, m) {
         nb::gil_scoped_release release;
         return golden::write(dir, std::move(copy), force).dump();
       });
-  m.def("golden_stack", &golden_stack, nb::arg("problem"), nb::arg("kind"), nb::arg("impl"), nb::arg("rows").none(),
-        nb::arg("with_logits"));
+  m.def("golden_stack", &golden_stack, nb::arg("preset"), nb::arg("problem"), nb::arg("kind").none(), nb::arg("impl"),
+        nb::arg("rows").none(), nb::arg("with_logits"), nb::arg("for_kernel"), nb::arg("layers"), nb::arg("seq"),
+        nb::arg("seed"));
   m.def("golden_model", [](const std::string& model, int layers, int64_t seq, const std::string& schedule, uint64_t seed,
                            float sim, const std::string& variant, const std::string& impl) {
     golden::ModelSpec spec;
@@ -319,33 +400,40 @@ NB_MODULE(_core, m) {
   m.def("indexer_logits_fp8", &indexer_logits<e4m3_t, uint8_t>);
   m.def("indexer_logits_f32", &indexer_logits<float, float>);
   m.def("topk", [](In<float> logits, In<int32_t> ks, In<int32_t> ke, int64_t k, bool simd) {
-    const auto tl = to_tensor<float>(logits); const auto ts = to_tensor<int32_t>(ks); const auto te = to_tensor<int32_t>(ke);
+    const auto tl = borrow<float>(logits); const auto ts = borrow<int32_t>(ks); const auto te = borrow<int32_t>(ke);
+    note_inputs(&tl.get(), &ts.get(), &te.get());
     auto r = timed([&] { return kernels_of(simd).topk(tl, ts, te, k); });
     return to_numpy<int32_t>(std::move(r));
   });
   m.def("indexer_topk_fp8", [](In<uint8_t> q, In<uint8_t> k, In<float> k_scale, In<float> weights, In<int32_t> ks,
                                In<int32_t> ke, int64_t topk, bool simd) {
-    const auto tq = to_tensor<e4m3_t>(q); const auto tk = to_tensor<e4m3_t>(k);
-    const auto ts = to_tensor<float>(k_scale); const auto tw = to_tensor<float>(weights);
-    const auto ts0 = to_tensor<int32_t>(ks); const auto te = to_tensor<int32_t>(ke);
+    const auto tq = borrow<e4m3_t>(q); const auto tk = borrow<e4m3_t>(k);
+    const auto ts = borrow<float>(k_scale); const auto tw = borrow<float>(weights);
+    const auto ts0 = borrow<int32_t>(ks); const auto te = borrow<int32_t>(ke);
+    note_inputs(&tq.get(), &tk.get(), &ts.get(), &tw.get(), &ts0.get(), &te.get());
     auto r = timed([&] { return simd ? simd::indexer_topk_fp8(tq, tk, ts, tw, ts0, te, topk)
                : ref::topk(ref::indexer_logits_fp8(tq, tk, ts, tw, ts0, te), ts0, te, topk); });
     return to_numpy<int32_t>(std::move(r));
   });
   m.def("sparse_attention", [](In<uint16_t> q, In<uint16_t> kv, In<int32_t> indices, float sm_scale, int64_t d_v,
                                std::optional<In<int32_t>> topk_length, std::optional<In<float>> sink, bool simd) {
-    const auto tq = to_tensor<bf16_t>(q); const auto tkv = to_tensor<bf16_t>(kv); const auto ti = to_tensor<int32_t>(indices);
-    const auto tl = to_optional<int32_t>(topk_length); const auto tsk = to_optional<float>(sink);
-    auto r = timed([&] { return kernels_of(simd).sparse_attention(tq, tkv, ti, sm_scale, d_v, tl ? &*tl : nullptr, tsk ? &*tsk : nullptr); });
+    const auto tq = borrow<bf16_t>(q); const auto tkv = borrow<bf16_t>(kv); const auto ti = borrow<int32_t>(indices);
+    const auto tl = borrow_optional<int32_t>(topk_length); const auto tsk = borrow_optional<float>(sink);
+    const Tensor<int32_t>* pl = tl ? &tl->get() : nullptr;
+    const Tensor<float>* psk = tsk ? &tsk->get() : nullptr;
+    note_inputs(&tq.get(), &tkv.get(), &ti.get(), pl, psk);
+    auto r = timed([&] { return kernels_of(simd).sparse_attention(tq, tkv, ti, sm_scale, d_v, pl, psk); });
     return attention_tuple(std::move(r));
   }, nb::arg("q"), nb::arg("kv"), nb::arg("indices"), nb::arg("sm_scale"), nb::arg("d_v"), nb::arg("topk_length").none(),
      nb::arg("sink").none(), nb::arg("simd"));
   m.def("dense_attention", [](In<uint16_t> q, In<uint16_t> kv, float sm_scale, int64_t d_v, In<int32_t> ks, In<int32_t> ke,
                               std::optional<In<float>> sink, bool simd) {
-    const auto tq = to_tensor<bf16_t>(q); const auto tkv = to_tensor<bf16_t>(kv);
-    const auto ts = to_tensor<int32_t>(ks); const auto te = to_tensor<int32_t>(ke); const auto tsk = to_optional<float>(sink);
-    auto r = timed([&] { return simd ? simd::dense_attention(tq, tkv, sm_scale, d_v, ts, te, tsk ? &*tsk : nullptr)
-               : ref::dense_attention(tq, tkv, sm_scale, d_v, ts, te, tsk ? &*tsk : nullptr); });
+    const auto tq = borrow<bf16_t>(q); const auto tkv = borrow<bf16_t>(kv);
+    const auto ts = borrow<int32_t>(ks); const auto te = borrow<int32_t>(ke); const auto tsk = borrow_optional<float>(sink);
+    const Tensor<float>* psk = tsk ? &tsk->get() : nullptr;
+    note_inputs(&tq.get(), &tkv.get(), &ts.get(), &te.get(), psk);
+    auto r = timed([&] { return simd ? simd::dense_attention(tq, tkv, sm_scale, d_v, ts, te, psk)
+               : ref::dense_attention(tq, tkv, sm_scale, d_v, ts, te, psk); });
     return attention_tuple(std::move(r));
   }, nb::arg("q"), nb::arg("kv"), nb::arg("sm_scale"), nb::arg("d_v"), nb::arg("ks"), nb::arg("ke"), nb::arg("sink").none(),
      nb::arg("simd"));
@@ -396,4 +484,181 @@ NB_MODULE(_core, m) {
     }
     return std::make_pair(to_string(p), stack_outputs(std::move(outs)));
   }, nb::arg("problem"), nb::arg("rows").none(), nb::arg("inputs").none(), nb::arg("impl"), nb::arg("keep_logits"));
+
+  // ---- module level: the indexer and MLA steps (ref/module.h, ref/module_ops.h, ref/numerics.h) ----
+  m.def("model_config", [](const std::string& model) {
+    const ModelConfig c = config_of(model);
+    nb::dict d;
+    d["name"] = c.name; d["n_layers"] = c.n_layers; d["dim"] = c.dim; d["n_heads"] = c.n_heads;
+    d["q_lora_rank"] = c.q_lora_rank; d["kv_lora_rank"] = c.kv_lora_rank; d["qk_nope_head_dim"] = c.qk_nope_head_dim;
+    d["qk_rope_head_dim"] = c.qk_rope_head_dim; d["v_head_dim"] = c.v_head_dim; d["index_n_heads"] = c.index_n_heads;
+    d["index_head_dim"] = c.index_head_dim; d["index_topk"] = c.index_topk;
+    d["indexer_rope"] = ref::rope_layout_name(c.indexer_rope); d["index_scale_rule"] = scale_rule_name(c.index_scale_rule);
+    d["rope_theta"] = c.rope_theta; d["yarn"] = c.yarn; d["rms_eps"] = c.rms_eps; d["index_norm_eps"] = c.index_norm_eps;
+    d["d_qk"] = c.d_qk(); d["d_v"] = c.d_v(); d["softmax_scale"] = c.softmax_scale(); d["seq"] = c.seq;
+    return d;
+  });
+  m.def("model_rope_inv_freq", [](const std::string& model) {
+    const std::vector<float> f = config_of(model).rope_inv_freq();
+    Tensor<float> t(Shape{int64_t(f.size())});
+    std::copy(f.begin(), f.end(), t.ptr());
+    return to_numpy<float>(std::move(t));
+  });
+  m.def("rope_inv_freq", [](int rope_dim, double theta) {
+    const std::vector<float> f = ref::rope_inv_freq(rope_dim, theta);
+    Tensor<float> t(Shape{int64_t(f.size())});
+    std::copy(f.begin(), f.end(), t.ptr());
+    return to_numpy<float>(std::move(t));
+  });
+  // x [S, M, rope_dim] f32: row (t, m) rotated for position pos[t] (ref::apply_rope), into a copy.
+  m.def("apply_rope", [](In<float> x, In<int64_t> pos, In<float> inv_freq, const std::string& layout) {
+    const auto tx = borrow<float>(x);
+    const auto tp = borrow<int64_t>(pos);
+    const auto tf = borrow<float>(inv_freq);
+    const ref::RopeLayout l = ref::parse_rope_layout(layout);
+    require(tx.get().rank() == 3, "x: expected rank 3 [S, M, rope_dim]");
+    const int64_t S = tx.get().dim(0), M = tx.get().dim(1), R = tx.get().dim(2);
+    require_shape(tp.get(), Shape{S}, "positions");
+    require_shape(tf.get(), Shape{R / 2}, "inv_freq");
+    require(R <= INT32_MAX, "x: rope_dim too large");
+    const std::vector<float> freq(tf.get().data.begin(), tf.get().data.end());
+    Tensor<float> out(tx.get());
+    {
+      nb::gil_scoped_release release;
+      for (int64_t t = 0; t < S; ++t) {
+        require(tp.get()[t] >= 0, "positions: expected >= 0, got " + std::to_string(tp.get()[t]) + " at row " + std::to_string(t));
+        for (int64_t j = 0; j < M; ++j) ref::apply_rope(out.ptr() + (t * M + j) * R, int(R), tp.get()[t], freq, l);
+      }
+    }
+    return to_numpy<float>(std::move(out));
+  });
+  m.def("hadamard_transform", [](In<float> x) {
+    const auto tx = borrow<float>(x);
+    const auto [rows, n] = rows_cols(tx.get(), "x");
+    require(n <= INT32_MAX, "x: last dim too large");
+    Tensor<float> out(tx.get());
+    {
+      nb::gil_scoped_release release;
+      for (int64_t r = 0; r < rows; ++r) ref::hadamard_transform(out.ptr() + r * n, int(n));
+    }
+    return to_numpy<float>(std::move(out));
+  });
+  m.def("layer_norm", [](In<float> x, std::optional<In<float>> weight, std::optional<In<float>> bias, float eps) {
+    const auto tx = borrow<float>(x);
+    const auto tw = borrow_optional<float>(weight), tb = borrow_optional<float>(bias);
+    const auto [rows, n] = rows_cols(tx.get(), "x");
+    const float* w = vector_of(tw, n, "weight");
+    const float* b = vector_of(tb, n, "bias");
+    require(std::isfinite(eps) && eps >= 0, "eps: expected finite and >= 0");
+    Tensor<float> out(tx.get().shape);
+    {
+      nb::gil_scoped_release release;
+      for (int64_t r = 0; r < rows; ++r) ref::layer_norm(tx.get().ptr() + r * n, out.ptr() + r * n, n, w, b, eps);
+    }
+    return to_numpy<float>(std::move(out));
+  }, nb::arg("x"), nb::arg("weight").none(), nb::arg("bias").none(), nb::arg("eps"));
+  m.def("rms_norm", [](In<float> x, std::optional<In<float>> weight, float eps) {
+    const auto tx = borrow<float>(x);
+    const auto tw = borrow_optional<float>(weight);
+    const auto [rows, n] = rows_cols(tx.get(), "x");
+    const float* w = vector_of(tw, n, "weight");
+    require(std::isfinite(eps) && eps >= 0, "eps: expected finite and >= 0");
+    Tensor<float> out(tx.get().shape);
+    {
+      nb::gil_scoped_release release;
+      for (int64_t r = 0; r < rows; ++r) ref::rms_norm(tx.get().ptr() + r * n, out.ptr() + r * n, n, w, eps);
+    }
+    return to_numpy<float>(std::move(out));
+  }, nb::arg("x"), nb::arg("weight").none(), nb::arg("eps"));
+  m.def("linear", [](In<float> x, In<float> w, bool bf16, bool simd) {
+    const auto tx = borrow<float>(x), tw = borrow<float>(w);
+    note_inputs(&tx.get(), &tw.get());
+    auto r = timed([&] {
+      Tensor<float> y = linear_of(simd)(tx, tw);
+      if (bf16) ref::round_bf16_inplace(y);
+      return y;
+    });
+    return to_numpy<float>(std::move(r));
+  });
+  m.def("quantize", [](In<float> x, int block, const std::string& rule) {
+    const auto tx = borrow<float>(x);
+    const ScaleRule r = parse_scale_rule(rule);
+    require(block >= 1, "block: expected >= 1, got " + std::to_string(block));
+    Quantized q;
+    {
+      nb::gil_scoped_release release;
+      q = quantize(tx, block, r, "x");
+    }
+    return nb::make_tuple(to_numpy<uint8_t>(std::move(q.codes)), to_numpy<float>(std::move(q.scales)));
+  });
+  m.def("dequantize", [](In<uint8_t> codes, In<float> scales, int block) {
+    require(block >= 1, "block: expected >= 1, got " + std::to_string(block));
+    Quantized q;
+    q.codes = Tensor<e4m3_t>(borrow<e4m3_t>(codes).get());
+    q.scales = Tensor<float>(borrow<float>(scales).get());
+    Tensor<float> out;
+    {
+      nb::gil_scoped_release release;
+      out = dequantize(q, block);
+    }
+    return to_numpy<float>(std::move(out));
+  });
+  m.def("indexer_module", [](const std::string& model, const std::vector<In<float>>& w, In<float> x, In<float> qr,
+                             int64_t start_pos, const std::string& variant, bool simd) {
+    const ModelConfig cfg = config_of(model);
+    const ref::IndexerWeights iw = indexer_weights_of(w);
+    const auto tx = borrow<float>(x), tq = borrow<float>(qr);
+    const ref::IndexerVariant v = ref::parse_indexer_variant(variant);
+    require(start_pos >= 0, "start_pos: expected >= 0, got " + std::to_string(start_pos));
+    note_inputs(&tx.get(), &tq.get());
+    ref::IndexerModuleOut o = timed([&] {
+      return simd ? simd::indexer_module(cfg, iw, tx, tq, start_pos, v) : ref::indexer_module(cfg, iw, tx, tq, start_pos, v);
+    });
+    nb::dict d;
+    const std::pair<const char*, Tensor<float>*> f32s[] = {
+        {"q_proj", &o.q_proj}, {"q_rope", &o.q_rope}, {"q_hadamard", &o.q_hadamard}, {"k_proj", &o.k_proj},
+        {"k_norm", &o.k_norm}, {"k_rope", &o.k_rope}, {"k_hadamard", &o.k_hadamard}, {"q_scale", &o.q_scale},
+        {"k_scale", &o.k_scale}, {"weights", &o.weights}, {"q", &o.q}, {"k", &o.k}};
+    for (const auto& [name, t] : f32s)
+      if (t->numel()) d[name] = to_numpy<float>(std::move(*t));
+    if (o.q8.numel()) d["q8"] = to_numpy<uint8_t>(std::move(o.q8));
+    if (o.k8.numel()) d["k8"] = to_numpy<uint8_t>(std::move(o.k8));
+    return d;
+  });
+  m.def("mla_query", [](const std::string& model, const std::vector<In<float>>& w, In<float> x, int64_t start_pos, bool simd) {
+    const ModelConfig cfg = config_of(model);
+    const ref::MlaWeights mw = mla_weights_of(w);
+    const auto tx = borrow<float>(x);
+    require(start_pos >= 0, "start_pos: expected >= 0, got " + std::to_string(start_pos));
+    note_inputs(&tx.get());
+    ref::MlaQuery q = timed([&] { return ref::mla_query(cfg, mw, tx, start_pos, linear_of(simd), head_of(simd)); });
+    return nb::make_tuple(to_numpy<float>(std::move(q.qr)), to_numpy<float>(std::move(q.q_nope)),
+                          to_numpy<uint16_t>(std::move(q.q)));
+  });
+  m.def("mla_kv", [](const std::string& model, const std::vector<In<float>>& w, In<float> x, int64_t start_pos,
+                     bool fp8_roundtrip, bool simd) {
+    const ModelConfig cfg = config_of(model);
+    const ref::MlaWeights mw = mla_weights_of(w);
+    const auto tx = borrow<float>(x);
+    require(start_pos >= 0, "start_pos: expected >= 0, got " + std::to_string(start_pos));
+    note_inputs(&tx.get());
+    auto r = timed([&] { return ref::mla_kv(cfg, mw, tx, start_pos, fp8_roundtrip, linear_of(simd)); });
+    return to_numpy<uint16_t>(std::move(r));
+  });
+  m.def("mla_value_up", [](const std::string& model, const std::vector<In<float>>& w, In<float> o_lat, bool simd) {
+    const ModelConfig cfg = config_of(model);
+    const ref::MlaWeights mw = mla_weights_of(w);
+    const auto to = borrow<float>(o_lat);
+    note_inputs(&to.get());
+    auto r = timed([&] { return ref::mla_value_up(cfg, mw, to, head_of(simd)); });
+    return to_numpy<float>(std::move(r));
+  });
+  m.def("mla_output", [](const std::string& model, const std::vector<In<float>>& w, In<float> o_lat, bool simd) {
+    const ModelConfig cfg = config_of(model);
+    const ref::MlaWeights mw = mla_weights_of(w);
+    const auto to = borrow<float>(o_lat);
+    note_inputs(&to.get());
+    auto r = timed([&] { return ref::mla_output(cfg, mw, to, linear_of(simd), head_of(simd)); });
+    return to_numpy<float>(std::move(r));
+  });
 }

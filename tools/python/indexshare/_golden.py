@@ -4,6 +4,8 @@ from __future__ import annotations
 import json
 import os
 
+import numpy as np
+
 from . import _arrays
 from ._core_loader import core
 
@@ -42,8 +44,9 @@ class Problem:
 
 
 def presets() -> list[dict]:
-    """The golden presets (``indexshare presets``): name, problem, kind, description."""
-    return [dict(name=n, problem=p, kind=k, description=d) for n, p, k, d in core().presets()]
+    """The golden presets (``indexshare presets``): name, problem, kind, description, and kernel (the
+    GPU kernel a kernel preset is written for, as ``golden --for``; "" for the others)."""
+    return [dict(name=n, problem=p, kind=k, description=d, kernel=kn) for n, p, k, d, kn in core().presets()]
 
 
 class _Tensors:
@@ -127,29 +130,66 @@ def _rows_text(rows) -> str | None:
     return ",".join(str(int(r)) for r in rows)
 
 
-def golden(problem=None, *, preset: str | None = None, model: str | None = None, from_dump=None, kind: str = "stack",
-           rows=None, impl: str = "auto", logits: bool = True, layers: int = 0, seq: int = 0,
-           schedule: str = "", seed: int = 1, sim: float = 0.8, variant: str = "deepseek_fp8",
+def _override(name: str, value, lo: int, hi: int, hi_text: str) -> int:
+    """A layers= / seq= / seed= override checked as the CLI checks --layers / --seq / --seed."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name}: expected an int, got {type(value).__name__}")
+    if not lo <= int(value) <= hi:
+        raise ValueError(f"{name}: must be in [{lo}, {hi_text}], got {int(value)}")
+    return int(value)
+
+
+def _refuse(what: str, why: str, **given):
+    bad = [n for n, v in given.items() if v is not None]
+    if bad:
+        raise ValueError(f"{', '.join(n + '=' for n in bad)}: not for {what} ({why})")
+
+
+def golden(problem=None, *, preset: str | None = None, model: str | None = None, from_dump=None,
+           kind: str | None = None, for_kernel: str | None = None, rows=None, impl: str | None = None,
+           logits: bool = True, layers: int | None = None, seq: int | None = None, seed: int | None = None,
+           schedule: str | None = None, sim: float | None = None, variant: str | None = None,
            framework: str = "numpy") -> GoldenSet:
-    """Computes a golden set in memory: what ``indexshare golden`` writes (tools/lib/golden.h).
+    """Computes a golden set in memory: what ``indexshare golden`` writes (tools/lib/golden.h), with the
+    CLI's option rules (golden.h ``plan_stack``); ``.save(dir)`` writes the CLI's bytes.
 
     Exactly one of
       problem  a descriptor (str or Problem; ref/problem.h) -> a kernel-level set of ``kind``
-               ("stack" or "attention-edge"); ``rows`` (e.g. "last:2,0,16-18" or a list of row numbers)
-               makes a sampled set of those query rows (``--rows``); ``logits=False`` leaves out the
-               [s_q, s_kv] indexer logits (``--no-logits``)
-      preset   a golden preset (:func:`presets`; ``indexshare presets``)
+               ("stack", "attention-edge" or "decode"; default "stack"); ``rows`` (e.g. "last:2,0,16-18"
+               or a list of row numbers) makes a sampled set of those query rows (``--rows``);
+               ``logits=False`` leaves out the [s_q, s_kv] indexer logits (``--no-logits``)
+      preset   a golden preset (:func:`presets`; ``indexshare presets``): a kernel-level one (its own
+               kind; a kernel preset is written for its kernel) or a module-level one (as model=)
       model    the module-level toy model with a preset's shapes (ref/model.h; ``--model``), with
-               ``layers``, ``seq``, ``schedule``, ``seed``, ``sim``, ``variant`` as the CLI's options
+               ``layers``, ``seq``, ``schedule``, ``seed`` (default 1), ``sim`` (0.8), ``variant``
+               ("deepseek_fp8" or "hf_bf16") as the CLI's options
       from_dump  a safetensors file of per-layer kernel inputs dumped from a real model under the
                golden tensor names (``--from``; tools/lib/golden.h ``build_from``); ``problem`` may
                then give top-k, d_v, sm and sched= (the shapes and layer count come from the file)
+    Kernel-level sets (problem= or a kernel-level preset=) also take
+      for_kernel  a GPU kernel (``indexshare kernels``; ``--for``): the set is that kernel's kind, its
+               problem must meet the kernel's constraints (ValueError listing each one it breaks),
+               and it carries the kernel's call in the manifest (and the tensors only that kernel
+               takes, e.g. context_lens). Not with rows=.
+      layers   the number of layers (nl; ``--layers``, 1..10^6)
+      seq      the sequence length: s_kv, with s_q capped at it (``--seq``, 1..2^31-1)
+      seed     the seed (``--seed``, >= 0)
     impl: "ref", "simd" or "auto" (the same bytes; auto takes simd for large problems and records it
-    in the replay line, as the CLI does). ``framework``: "numpy" or "torch" for ``.tensors``.
+    in the replay line, as the CLI does). Default: simd for a kernel preset (as the CLI without
+    --impl), else "auto". ``framework``: "numpy" or "torch" for ``.tensors``.
+    An option the CLI refuses for that kind of set is a ValueError naming it.
     """
+    if layers is not None:
+        layers = _override("layers", layers, 1, 10 ** 6, "10^6")
+    if seq is not None:
+        seq = _override("seq", seq, 1, 2 ** 31 - 1, "2^31 - 1")
+    if seed is not None:
+        seed = _override("seed", seed, 0, 2 ** 63 - 1, "2^63 - 1")
     if from_dump is not None:
         if preset is not None or model is not None or rows is not None:
             raise ValueError("from_dump: excludes preset=, model= and rows= (problem= may give top-k, dv, sm, sched=)")
+        _refuse("from_dump=", "the dump gives shapes, layers and values, problem= top-k and sched=", kind=kind,
+                for_kernel=for_kernel, layers=layers, seq=seq, seed=seed, schedule=schedule, sim=sim, variant=variant)
         text = "" if problem is None else str(problem)
         return GoldenSet(core().golden_from(os.fspath(from_dump), text, bool(logits)), framework)
     given = [n for n, v in (("problem", problem), ("preset", preset), ("model", model)) if v is not None]
@@ -161,15 +201,24 @@ def golden(problem=None, *, preset: str | None = None, model: str | None = None,
             names = ", ".join(p["name"] for p in presets())
             raise ValueError(f"preset: unknown preset '{preset}' (one of {names})")
         if match[0]["kind"] == "module":
-            model = match[0]["problem"]
-        else:
-            problem, kind = match[0]["problem"], match[0]["kind"]
+            model, preset = match[0]["problem"], None
     if model is not None:
         if rows is not None:
             raise ValueError("rows: sampled sets are kernel-level (problem= or a kernel-level preset=), not model=")
-        h = core().golden_model(model, int(layers), int(seq), schedule, int(seed), float(sim), variant, impl)
+        _refuse("a module-level set (model=)", "it has its own tensor list; --for takes problem= or a kernel-level preset=",
+                kind=kind, for_kernel=for_kernel)
+        if not logits:
+            raise ValueError("logits=False: not for a module-level set (model=): it has its own tensor list")
+        h = core().golden_model(model, layers or 0, seq or 0, schedule or "", 1 if seed is None else seed,
+                                0.8 if sim is None else float(sim), variant or "deepseek_fp8", impl or "auto")
     else:
-        h = core().golden_stack(str(Problem(problem)), kind, impl, _rows_text(rows), bool(logits))
+        _refuse("a kernel-level set", "it takes them from its descriptor: sched=, sim=, the indexer mode",
+                schedule=schedule, sim=sim, variant=variant)
+        if preset is not None and kind is not None:
+            raise ValueError(f"kind=: not with preset= (preset '{preset}' has its own kind)")
+        h = core().golden_stack(preset or "", "" if problem is None else str(Problem(problem)), kind, impl or "",
+                                _rows_text(rows), bool(logits), for_kernel or "", layers or 0, seq or 0,
+                                -1 if seed is None else seed)
     return GoldenSet(h, framework)
 
 
