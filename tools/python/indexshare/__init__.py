@@ -6,6 +6,7 @@ index sharing, as a Python package (the C++ library the ``indexshare`` CLI stand
     g.save("golden-dir")                                                    # the CLI's bytes
     report = indexshare.diff(g, {"layers.0.attn.out": my_out})              # the CLI's judgement
     indexshare.testing.assert_matches(g, candidate)                         # in a pytest
+    indexshare.module.indexer_module("tiny-glm", w, x, qr)                  # module-level steps
 
 See README.md "Python" and tools/README.md "Validate your kernel".
 """
@@ -14,10 +15,10 @@ from ._golden import GoldenSet, LoadedGolden, Problem, cost, golden, load_golden
 from ._diff import Report, diff, save_candidate
 from .kernels import (Attention, dense_attention, get_num_threads, indexer_logits, indexer_topk, run_stack,
                       set_num_threads, sparse_attention, topk)
-from . import testing
+from . import module, testing
 
 __version__ = _load_core().version
 
 __all__ = ["Problem", "GoldenSet", "LoadedGolden", "golden", "load_golden", "overlap", "cost", "presets", "Report", "diff",
            "save_candidate", "Attention", "indexer_logits", "topk", "indexer_topk", "sparse_attention",
-           "dense_attention", "run_stack", "set_num_threads", "get_num_threads", "testing"]
+           "dense_attention", "run_stack", "set_num_threads", "get_num_threads", "module", "testing"]
