@@ -5,9 +5,10 @@
 
 For each kernel (layer 0 of the problem's golden set as inputs, numpy and torch): the median wall time
 of the Python call, the median time the C++ kernel itself ran (measured inside the binding with the GIL
-released: indexshare._core.last_kernel_seconds) and the overhead (call - kernel) / kernel: argument
-checks, the copy of the inputs into the kernel's tensors, and wrapping the result (no copy). Run from
-the repository root after a build (or with the package installed).
+released: indexshare._core.last_kernel_seconds, output allocation included) and the overhead
+(call - kernel) / kernel: argument checks, nanobind's conversions, wrapping the result and freeing it
+(the inputs reach the kernel without a copy: ref/tensor.h BorrowedTensor). Run from the repository root
+after a build (or with the package installed).
 """
 import argparse
 import os
@@ -76,6 +77,8 @@ def main():
             "indexer_topk": lambda: indexshare.indexer_topk(*ix, cfg["topk"], impl=a.impl),
             "sparse_attention": lambda: indexshare.sparse_attention(x[p + "attn.q"], x[p + "attn.kv"], x[p + "attn.indices"],
                                                                     cfg["sm_scale"], cfg["d_v"], impl=a.impl),
+            "dense_attention": lambda: indexshare.dense_attention(x[p + "attn.q"], x[p + "attn.kv"], cfg["sm_scale"],
+                                                                  cfg["d_v"], ix[4], ix[5], impl=a.impl),
         }
         for name, fn in runs.items():
             call, kern, over = measure(fn, a.repeats)

@@ -1,9 +1,11 @@
 """Array plumbing: numpy (ml_dtypes for bf16 / e4m3) and torch CPU tensors in, the caller's framework out.
 
-Inputs are checked here (device, dtype, rank) and every error names the argument. A contiguous input is
-passed on without a copy (a torch tensor becomes a numpy view of the same memory); the C++ kernels then
-copy it once into their own tensors (ref/tensor.h owns its storage). Outputs are numpy arrays over the
-C++ result's storage (no copy), viewed as torch tensors when the caller passed torch tensors.
+Inputs are checked here (device, dtype, rank) and every error names the argument. A C-contiguous input
+reaches the C++ kernel without a copy: a torch tensor becomes a numpy view of the same memory, and C++
+reads that memory in place (ref/tensor.h BorrowedTensor, a read-only view). A non-contiguous input is
+copied once, here. Outputs are numpy arrays over the C++ result's storage (no copy), viewed as torch
+tensors when the caller passed torch tensors. Do not write to an input while a call on it runs (the
+GIL is released: another Python thread could).
 """
 from __future__ import annotations
 
@@ -39,9 +41,10 @@ def is_torch(x) -> bool:
 
 def _torch_to_numpy(x, name: str) -> np.ndarray:
     t = _torch()
-    if x.device.type != "cpu":
+    if not x.is_cpu:
         raise ValueError(f"{name}: a tensor on device '{x.device}'; indexshare computes on the CPU: pass {name}.cpu()")
-    x = x.detach()
+    if x.requires_grad:  # (each torch call costs microseconds: detach only when needed)
+        x = x.detach()
     if x.dtype == t.bfloat16:
         return x.view(t.int16).numpy().view(BF16)
     if x.dtype == t.float8_e4m3fn:

@@ -2,7 +2,9 @@
 
 Arrays: numpy (bf16 and e4m3 as ``ml_dtypes.bfloat16`` / ``ml_dtypes.float8_e4m3fn``) or torch CPU
 tensors (``torch.bfloat16``, ``torch.float8_e4m3fn``); results come back in the framework of the
-inputs (torch if any input is a torch tensor). ``impl``: "ref" (the readable scalar specification)
+inputs (torch if any input is a torch tensor). A C-contiguous input is read by C++ in place, without a
+copy (ref/tensor.h BorrowedTensor); a non-contiguous one is copied once first. ``impl``: "ref" (the
+readable scalar specification)
 or "simd" (Highway + OpenMP, bit-identical). The GIL is released while C++ computes; the OpenMP
 thread count is :func:`set_num_threads` (it never changes a bit). A CUDA tensor, a wrong dtype or rank
 raises TypeError / ValueError naming the argument; a shape that does not fit the others raises
