@@ -129,7 +129,8 @@ def run_stack(problem, *, inputs=None, rows=None, impl: str = "auto", keep_logit
     problem  a descriptor (ref/problem.h); its inputs are generated (``indexshare run``), or
     inputs   a dict (or a golden set's ``.tensors``) of per-layer kernel inputs under the golden tensor
              names, layers.{l}.indexer.{q,k,k_scale,weights,ks,ke} and layers.{l}.attn.{q,kv[,sink]}:
-             their shapes replace the problem's (top-k, d_v, sm and sched= come from the problem)
+             their shapes replace the problem's (top-k, d_v, sm and sched= come from the problem);
+             they are copied (read as a golden set's tensors are), unlike the kernels' arguments
     rows     sampled query rows (generated inputs only), e.g. "last:2,0,16-18"
     impl     "ref", "simd" or "auto" (the same bits)
     Returns one dict per layer: layer, kind ("full" / "shared"), source, problem, used_topk int32
