@@ -6,11 +6,13 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "ref/attention.h"
 #include "ref/compare.h"
 #include "ref/indexer.h"
 #include "ref/module_ops.h"
+#include "ref/numerics.h"
 #include "ref/rng.h"
 #include "ref/tensor.h"
 #include "ref/topk.h"
@@ -49,6 +51,9 @@ struct Kernels {
   // run several chunks' streams in vector lanes and return the same values.
   void (*fill_range)(float*, int64_t, int64_t, Dist, float, uint64_t, uint64_t) = indexshare::fill_range;
   void (*fill_range_bf16)(bf16_t*, int64_t, int64_t, Dist, float, uint64_t, uint64_t) = indexshare::fill_range_bf16;
+  // The FP8 quantization of the generated indexer q and k (ref/numerics.h): simd's in lanes, the same bytes.
+  void (*quantize_rows)(const float*, int64_t, int64_t, int, ScaleRule, e4m3_t*, float*, const std::string&) =
+      indexshare::quantize_rows;
 };
 
 }  // namespace indexshare::ref

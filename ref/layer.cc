@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <exception>
 #include <limits>
+#include <numeric>
 
 #include "ref/indexer.h"
 #include "ref/numerics.h"
@@ -147,9 +149,40 @@ Tensor<float> mixed(const Problem& p, const std::string& name, int layer, const 
   return base;
 }
 
-// Key-side tensors are generated in blocks of kKeyBlock keys, so that a long context never holds
-// its f32 draws whole (1M keys x 576 dims would be 2.4 GB of f32 for attn.kv alone).
-constexpr int64_t kKeyBlock = 4096;
+// The indexer's q and k are generated a block of rows (query rows, or keys) at a time, the blocks
+// in parallel: every step (the draws, the cross-layer mix, the overwrite, bf16, the FP8 scale of
+// each head vector) is per row, so no byte depends on the split, and the f32 draws are never held
+// whole (q at s_q 4096, H 64, D 128 is 134 MB of f32 per stream; 1M keys x 128 dims 512 MB). A
+// block is about kBlockElems elements of the stream, and a multiple of 16 chunks where that is
+// small enough: simd's fill runs whole groups of chunks in lanes (up to 16 lanes), so a block
+// edge inside a group would send that group to ref's scalar fill.
+constexpr int64_t kBlockElems = int64_t(1) << 18;
+
+int64_t block_rows(int64_t row_len) {
+  if (row_len <= 0) return 1;
+  const int64_t group = 16 * kChunk;
+  const int64_t aligned = group / std::gcd(row_len, group);  // rows per multiple of `group` elements
+  if (aligned * row_len <= 4 * kBlockElems) return aligned * std::max<int64_t>(1, kBlockElems / (aligned * row_len));
+  return std::max<int64_t>(1, kBlockElems / row_len);
+}
+
+// fn(r0, count) for the blocks [r0, r0 + count) of n rows, `per` rows each, in parallel (OpenMP).
+// An error is rethrown after the loop: the one of the lowest block, as a serial loop would.
+template <class Fn>
+void for_each_block(int64_t n, int64_t per, Fn&& fn) {
+  const int64_t blocks = (n + per - 1) / per;
+  std::vector<std::exception_ptr> errors(static_cast<size_t>(blocks));
+#pragma omp parallel for schedule(dynamic, 1) if (blocks >= 2)
+  for (int64_t b = 0; b < blocks; ++b) {
+    try {
+      fn(b * per, std::min(per, n - b * per));
+    } catch (...) {
+      errors[size_t(b)] = std::current_exception();
+    }
+  }
+  for (const std::exception_ptr& e : errors)
+    if (e) std::rethrow_exception(e);
+}
 
 }  // namespace
 
@@ -181,39 +214,46 @@ LayerInputs make_layer_inputs(const Problem& p, int layer, bool with_indexer, st
     const float g = float(2.0 * std::pow(double(D), 0.25));
     const bool biased = D >= 2 && (p.recency > 0 || p.sinks > 0);
     // Query side, the sampled rows only. 1. Cross-layer mix of q and the raw head weights.
-    Tensor<float> q = mixed(p, "indexer.q", layer, {s_q, H, D}, rows, kern);
+    // Query side, the sampled rows only, in blocks (see block_rows). The raw head weights first
+    // (their signs orient the overwrite), whole: [n, H] is small.
     Tensor<float> w = mixed(p, "indexer.weights", layer, {s_q, H}, rows, kern);
-    // 2. Recency and sink dims (see the header).
-    if (biased)
-      for (int64_t r = 0; r < n; ++r)
-        for (int64_t h = 0; h < H; ++h) {
-          const float sg = w.at(r, h) < 0 ? -g : g;
-          q.at(r, h, D - 1) = sg;
-          q.at(r, h, D - 2) = sg;
-        }
-    // 3. bf16, then FP8 codes with one scale per head vector (fp8 mode).
-#pragma omp parallel for schedule(static) if (q.numel() >= (int64_t(1) << 16))
-    for (int64_t i = 0; i < q.numel(); ++i) q[i] = round_bf16(q[i]);
-    if (p.indexer == IndexerMode::fp8) {
-      Quantized qq = quantize(q, int(D), p.scale, prefix + "indexer.q");
-      in.index_q8 = std::move(qq.codes);
+    const bool fp8 = p.indexer == IndexerMode::fp8;
+    if (fp8) {
+      in.index_q8 = Tensor<e4m3_t>({n, H, D});
       in.index_q_scale = Tensor<float>({n, H});
-      in.index_q_scale.data = std::move(qq.scales.data);
     } else {
-      in.index_q = std::move(q);
+      in.index_q = Tensor<float>({n, H, D});
       in.index_q_scale = Tensor<float>({n, H}, 1.0f);
     }
-    // Key side, every key (each row scores them all): the same steps 1-3, a block of keys at a
-    // time (the mix, the overwrite and the per-key quantization are all per key).
-    if (p.indexer == IndexerMode::fp8) {
+    for_each_block(n, block_rows(H * D), [&](int64_t r0, int64_t nb) {
+      // 1. Cross-layer mix of q.
+      Tensor<float> q = mixed(p, "indexer.q", layer, {s_q, H, D}, rows.subspan(size_t(r0), size_t(nb)), kern);
+      // 2. Recency and sink dims (see the header).
+      if (biased)
+        for (int64_t r = 0; r < nb; ++r)
+          for (int64_t h = 0; h < H; ++h) {
+            const float sg = w.at(r0 + r, h) < 0 ? -g : g;
+            q.at(r, h, D - 1) = sg;
+            q.at(r, h, D - 2) = sg;
+          }
+      // 3. bf16, then FP8 codes with one scale per head vector (fp8 mode).
+      for (float& v : q.data) v = round_bf16(v);
+      if (fp8)
+        kern.quantize_rows(q.ptr(), nb * H, D, int(D), p.scale, in.index_q8.ptr() + r0 * H * D,
+                           in.index_q_scale.ptr() + r0 * H, prefix + "indexer.q");
+      else
+        std::copy(q.data.begin(), q.data.end(), in.index_q.data.begin() + r0 * H * D);
+    });
+    // Key side, every key (each row scores them all): the same steps 1-3 in blocks of keys (the
+    // mix, the overwrite and the per-key quantization are all per key).
+    if (fp8) {
       in.index_k8 = Tensor<e4m3_t>({s_kv, D});
       in.index_k_scale = Tensor<float>({s_kv});
     } else {
       in.index_k = Tensor<float>({s_kv, D});
       in.index_k_scale = Tensor<float>({s_kv}, 1.0f);
     }
-    for (int64_t s0 = 0; s0 < s_kv; s0 += kKeyBlock) {
-      const int64_t nb = std::min(kKeyBlock, s_kv - s0);
+    for_each_block(s_kv, block_rows(D), [&](int64_t s0, int64_t nb) {
       Tensor<float> k = mixed(p, "indexer.k", layer, {s_kv, D}, row_range(s0, nb), kern);
       if (biased)
         for (int64_t j = 0; j < nb; ++j) {
@@ -222,12 +262,12 @@ LayerInputs make_layer_inputs(const Problem& p, int layer, bool with_indexer, st
           k.at(j, D - 2) = s < p.sinks ? g : 0.0f;
         }
       for (float& v : k.data) v = round_bf16(v);
-      if (p.indexer == IndexerMode::fp8)
-        quantize_rows(k.ptr(), nb, D, int(D), p.scale, in.index_k8.ptr() + s0 * D, in.index_k_scale.ptr() + s0,
-                      prefix + "indexer.k");
+      if (fp8)
+        kern.quantize_rows(k.ptr(), nb, D, int(D), p.scale, in.index_k8.ptr() + s0 * D, in.index_k_scale.ptr() + s0,
+                           prefix + "indexer.k");
       else
         std::copy(k.data.begin(), k.data.end(), in.index_k.data.begin() + s0 * D);
-    }
+    });
     // 4. Weights: weights_proj(x) * H^-0.5 * q_scale * D^-0.5, left to right in f32.
     const float h_scale = float(1.0 / std::sqrt(double(H))), d_scale = float(1.0 / std::sqrt(double(D)));
     in.index_weights = std::move(w);

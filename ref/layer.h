@@ -48,7 +48,8 @@
 // overwrite, bf16, the FP8 scale of each (t, h), the weights' scaling) depends on that row alone;
 // ks/ke are the original row's window, so the indexer, top-k and attention need no other change.
 // Key-side tensors (indexer k, k_scale, attn kv, sink) are whole: every row scores every key.
-// Key-side tensors are generated a block of keys at a time (same bytes, bounded f32 scratch).
+// The indexer's q and k are generated a block of rows or keys at a time, the blocks in parallel
+// (the same bytes: every step is per row; the f32 draws are never held whole).
 #pragma once
 
 #include <optional>

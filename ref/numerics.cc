@@ -12,24 +12,9 @@ uint32_t bits_of(float x) {
   std::memcpy(&u, &x, 4);
   return u;
 }
-float float_of(uint32_t u) {
-  float x;
-  std::memcpy(&x, &u, 4);
-  return x;
-}
 }  // namespace
 
-// ---- bf16 -----------------------------------------------------------------------------------
-// Rounding: add 0x7FFF plus the lowest kept bit, then truncate. This rounds the 16 dropped bits
-// to nearest with ties to even, and carries into the exponent (up to infinity) as IEEE requires.
-bf16_t f32_to_bf16(float x) {
-  const uint32_t u = bits_of(x);
-  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return bf16_t{uint16_t((u >> 16 & 0x8000u) | 0x7FC0u)};
-  const uint32_t lsb = (u >> 16) & 1u;
-  return bf16_t{uint16_t((u + 0x7FFFu + lsb) >> 16)};
-}
-
-float bf16_to_f32(bf16_t x) { return float_of(uint32_t(x.bits) << 16); }
+// ---- bf16: inline in numerics.h ------------------------------------------------------------
 
 // ---- e4m3fn ---------------------------------------------------------------------------------
 // Decoding: exponent field e, mantissa m. e == 0: m * 2^-9 (subnormal); otherwise

@@ -30,6 +30,7 @@
 
 #include <array>
 #include <cstdint>
+#include <cstring>
 #include <string>
 
 #include "ref/tensor.h"
@@ -37,8 +38,22 @@
 namespace indexshare {
 
 // ---- bf16 -----------------------------------------------------------------------------------
-bf16_t f32_to_bf16(float x);
-float bf16_to_f32(bf16_t x);
+// Rounding: add 0x7FFF plus the lowest kept bit, then truncate. This rounds the 16 dropped bits
+// to nearest with ties to even, and carries into the exponent (up to infinity) as IEEE requires.
+// NaN keeps its sign and becomes the quiet NaN 0x7FC0. (Inline: the generator rounds every value.)
+inline bf16_t f32_to_bf16(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return bf16_t{uint16_t((u >> 16 & 0x8000u) | 0x7FC0u)};
+  const uint32_t lsb = (u >> 16) & 1u;
+  return bf16_t{uint16_t((u + 0x7FFFu + lsb) >> 16)};
+}
+inline float bf16_to_f32(bf16_t x) {
+  const uint32_t u = uint32_t(x.bits) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
 // x rounded to the nearest bf16 value, returned as f32.
 inline float round_bf16(float x) { return bf16_to_f32(f32_to_bf16(x)); }
 

@@ -213,6 +213,7 @@ ref::Kernels kernels() {
   k.indexer_logits_rule = simd::indexer_logits_rule;
   k.fill_range = simd::fill_range;
   k.fill_range_bf16 = simd::fill_range_bf16;
+  k.quantize_rows = simd::quantize_rows;
   return k;
 }
 

@@ -76,20 +76,22 @@ void FillGroupT(uint64_t seed, uint64_t tag, int64_t c0, float scale, float* HWY
   }
   Lanes4 g{hn::Load(du, st[0]), hn::Load(du, st[1]), hn::Load(du, st[2]), hn::Load(du, st[3])};
   const auto unit = hn::Set(df, kNormal ? 0x1p-16f : 0x1p-23f), sc = hn::Set(df, scale);
-  const VU64 mask16 = hn::Set(du, 0xFFFFu);
+  const VU64 mask16 = hn::Set(du, 0x0000FFFF0000FFFFull), mask32 = hn::Set(du, 0xFFFFFFFFull);
   HWY_ALIGN float tmp32[kBlock * kMax];
   HWY_ALIGN uint16_t tmp16[kBlock * kMax];
   for (int64_t j0 = 0; j0 < kChunk; j0 += kBlock) {
     for (int64_t j = 0; j < kBlock; ++j) {
       hn::Vec<decltype(di)> x;
       if constexpr (kNormal) {
-        // Twelve 16-bit fields of three outputs, summed (an integer in [0, 786420]), minus the mean.
-        VU64 sum = hn::Zero(du);
+        // Twelve 16-bit fields of three outputs, summed (an integer in [0, 786420]), minus the mean:
+        // fields 0 + 1 and 2 + 3 of each output in the low and high 32 bits of `pairs` (each
+        // at most 6 * 65535 over the three outputs, so neither half carries), then the halves.
+        VU64 pairs = hn::Zero(du);
         for (int i = 0; i < 3; ++i) {
           const VU64 r = g.Next();
-          sum = hn::Add(sum, hn::Add(hn::Add(hn::And(r, mask16), hn::And(hn::ShiftRight<16>(r), mask16)),
-                                     hn::Add(hn::And(hn::ShiftRight<32>(r), mask16), hn::ShiftRight<48>(r))));
+          pairs = hn::Add(pairs, hn::Add(hn::And(r, mask16), hn::And(hn::ShiftRight<16>(r), mask16)));
         }
+        const VU64 sum = hn::Add(hn::And(pairs, mask32), hn::ShiftRight<32>(pairs));
         x = hn::Sub(hn::BitCast(di, sum), hn::Set(di, 393210));
       } else {
         x = hn::Sub(hn::BitCast(di, hn::ShiftRight<40>(g.Next())), hn::Set(di, int64_t(1) << 23));

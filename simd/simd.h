@@ -13,6 +13,7 @@
 //   attention_bounds,           per-element bounds; simd/compare.cc)
 //   indexer_logits_rule
 //   fill_range, fill_range_bf16 bit-identical (the generator's streams in lanes; simd/rng.cc)
+//   quantize_rows, f32_to_e4m3  identical bytes (FP8 codes and scales in lanes; simd/numerics.cc)
 // NaN outputs are NaN at the same positions as in ref; the sign and payload bits of a NaN are
 // whatever the hardware propagates and are not part of the contract.
 //
@@ -114,6 +115,14 @@ cmp::FloatRule indexer_logits_rule(const Tensor<e4m3_t>& q, const Tensor<e4m3_t>
 // over the groups; uniform and normal draws (the others, drawn by rejection, take ref's fill).
 void fill_range(float* out, int64_t start, int64_t n, Dist dist, float scale, uint64_t seed, uint64_t tag);
 void fill_range_bf16(bf16_t* out, int64_t start, int64_t n, Dist dist, float scale, uint64_t seed, uint64_t tag);
+
+// ---- FP8 quantization (simd/numerics.cc) --------------------------------------------------------
+// codes[i] = ref's f32_to_e4m3(x[i]) for i < n, lane by lane (every f32, NaN and infinity included).
+void f32_to_e4m3(const float* x, int64_t n, e4m3_t* codes);
+// indexshare::quantize_rows (ref/numerics.h), the same codes and scales and the same errors (a
+// non-finite value: ref's message for the first one); OpenMP over rows.
+void quantize_rows(const float* x, int64_t rows, int64_t cols, int block, ScaleRule rule, e4m3_t* codes,
+                   float* scales, const std::string& what);
 
 // ---- module level (simd/linear.cc) ------------------------------------------------------------
 // y = x W^T, bit-identical to ref::linear (the register tile of the indexer with output features

@@ -964,6 +964,89 @@ TEST_CASE("simd: overlap statistics and the pattern search on simd::kernels() eq
   }
 }
 
+TEST_CASE("simd: f32_to_e4m3 equals ref's code for every f32 exponent and rounding case, on every target") {
+  // Every upper half (sign, exponent, the top 7 mantissa bits) with lower halves at and around the
+  // rounding points of both e4m3 grids (ties, just below and above), NaN and infinity included.
+  std::vector<float> x;
+  for (uint32_t hi = 0; hi < 0x10000u; ++hi)
+    for (uint32_t lo : {0x0000u, 0x0001u, 0x7FFFu, 0x8000u, 0x8001u, 0xFFFFu, 0x1234u}) {
+      const uint32_t u = hi << 16 | lo;
+      float f;
+      std::memcpy(&f, &u, 4);
+      x.push_back(f);
+    }
+  std::vector<uint8_t> want(x.size());
+  for (size_t i = 0; i < x.size(); ++i) want[i] = f32_to_e4m3(x[i]).bits;
+  for_each_target([&](const std::string&, int threads) {
+    if (threads != 1) return;
+    std::vector<e4m3_t> got(x.size(), e4m3_t{0x55});
+    simd::f32_to_e4m3(x.data(), int64_t(x.size()), got.data());
+    for (size_t i = 0; i < x.size(); ++i) {
+      CAPTURE(x[i]);
+      REQUIRE(got[i].bits == want[i]);
+    }
+  });
+}
+
+TEST_CASE("simd: quantize_rows equals ref's codes and scales (blocks, tails, rules, magnitudes) on every target") {
+  Xoshiro256 g(11);
+  struct Case { int64_t rows, cols; int block; };
+  for (const Case c : {Case{5, 128, 128}, Case{3, 130, 128}, Case{7, 300, 32}, Case{4, 7, 5}, Case{2, 1, 1},
+                       Case{600, 128, 128}, Case{9, 40, 16}})
+    for (ScaleRule rule : {ScaleRule::deepseek_ue8m0, ScaleRule::flashmla_pow2, ScaleRule::fp32_amax}) {
+      CAPTURE(c.rows);
+      CAPTURE(c.cols);
+      CAPTURE(c.block);
+      CAPTURE(scale_rule_name(rule));
+      // Rows of different magnitudes (tiny rows hit the scale floor 1e-4, subnormal and zero
+      // entries, -0), values on bf16's grid as the generator gives and off it.
+      std::vector<float> x(size_t(c.rows * c.cols));
+      for (int64_t r = 0; r < c.rows; ++r) {
+        const float mag = std::ldexp(1.0f, int(g.below(60)) - 40);
+        for (int64_t i = 0; i < c.cols; ++i) {
+          float v = mag * (float(int64_t(g.below(1 << 24)) - (1 << 23)) * 0x1p-23f);
+          if (g.below(8) == 0) v = round_bf16(v);
+          if (g.below(50) == 0) v = g.below(2) ? -0.0f : 0x1p-140f;
+          x[size_t(r * c.cols + i)] = v;
+        }
+      }
+      const int64_t nb = (c.cols + c.block - 1) / c.block;
+      std::vector<e4m3_t> want(x.size());
+      std::vector<float> want_s(size_t(c.rows * nb));
+      quantize_rows(x.data(), c.rows, c.cols, c.block, rule, want.data(), want_s.data(), "x");
+      for_each_target([&](const std::string&, int) {
+        std::vector<e4m3_t> got(x.size(), e4m3_t{0x55});
+        std::vector<float> got_s(want_s.size(), -1.0f);
+        simd::quantize_rows(x.data(), c.rows, c.cols, c.block, rule, got.data(), got_s.data(), "x");
+        for (size_t i = 0; i < x.size(); ++i) REQUIRE(got[i].bits == want[i].bits);
+        REQUIRE(std::memcmp(got_s.data(), want_s.data(), want_s.size() * sizeof(float)) == 0);
+      });
+    }
+  // A non-finite value: ref's error, naming the first one in row-major order, on every target.
+  std::vector<float> x(600 * 16, 1.0f);
+  x[size_t(500 * 16 + 3)] = kInf;
+  x[size_t(200 * 16 + 9)] = std::nanf("");
+  std::vector<e4m3_t> codes(x.size());
+  std::vector<float> scales(600);
+  std::string want;
+  try {
+    quantize_rows(x.data(), 600, 16, 16, ScaleRule::deepseek_ue8m0, codes.data(), scales.data(), "layers.0.indexer.k");
+  } catch (const Error& e) {
+    want = e.what();
+  }
+  REQUIRE(want.find("row 200, column 9") != std::string::npos);
+  for_each_target([&](const std::string&, int) {
+    std::string got;
+    try {
+      simd::quantize_rows(x.data(), 600, 16, 16, ScaleRule::deepseek_ue8m0, codes.data(), scales.data(), "layers.0.indexer.k");
+    } catch (const Error& e) {
+      got = e.what();
+    }
+    CHECK(got == want);
+  });
+  CHECK((simd::kernels().quantize_rows == &simd::quantize_rows));
+}
+
 TEST_CASE("simd: the generator's fills equal ref's bit for bit on every target (partial chunks, every dist, scales)") {
   // Ranges: whole chunks in several groups of lanes, partial chunks at either end, fewer chunks
   // than lanes, empty; scales that round, underflow to subnormals and overflow to infinity.

@@ -251,7 +251,8 @@ bool per_row_tensor(const std::string& name) {
 }
 
 // Memory: the set's views copy the tensors; each large one (attention q, out, out_bf16, the logits)
-// is freed as soon as it is copied (take), so the peak stays near the stack's own.
+// is freed as soon as it is copied (take), and the rest of a layer's inputs and outputs once the
+// layer is done, so the peak stays near the stack's own.
 GoldenSet build_stack(const Problem& p, std::vector<ref::LayerInputs> inputs, const std::string& kind,
                       bool with_logits, const std::string& replay, bool use_simd, const std::vector<int64_t>* rows,
                       const RowPart* part) {
@@ -334,6 +335,10 @@ GoldenSet build_stack(const Problem& p, std::vector<ref::LayerInputs> inputs, co
     add(g, pre + "attn.lse", attn.lse, Role::output);
     add(g, pre + "attn.max_logits", attn.max_logits, Role::output);
     if (kind == "decode") add_paged(g, p, in, o, pre, layout, part);
+    // The layer's inputs and outputs live in the set's views from here on (the next layers read
+    // neither), so they are freed now: the peak holds at most one layer's tensors twice.
+    in = ref::LayerInputs();
+    o = ref::StackLayerOutputs();
   }
   // Sequence boundaries of the flattened rows, FlashMLA / varlen style.
   // A sampled set's query rows are not whole sequences: no cu_seqlens_q (ks/ke hold each row's
