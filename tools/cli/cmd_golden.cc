@@ -63,7 +63,7 @@ int publish_ranks(const GoldenArgs& a, const Problem& p, const std::string& repl
                   std::chrono::steady_clock::time_point t0) {
   std::vector<int64_t> bounds;
   golden::RowPart part;
-  dist::guarded([&] { part = dist::my_rows(dist::row_work(p, windows, indexer_layers), &bounds); });
+  dist::guarded([&] { part = dist::my_rows(dist::row_work(p, windows, indexer_layers, true), &bounds); });
   if (dist::rank() == 0)
     std::fprintf(stderr, "golden: %d MPI ranks, %lld query rows split by causal work\n", dist::size(), (long long)windows.size());
   golden::GoldenSet set;
@@ -77,10 +77,11 @@ int publish_ranks(const GoldenArgs& a, const Problem& p, const std::string& repl
   dist::WriteStats ws;
   const nlohmann::json manifest = dist::write_golden(a.out, std::move(set), a.force, &ws);
   const std::string ranks = dist::rank_report(bounds, compute_s);
+  const std::string timing = dist::timing_requested() ? dist::timing_report() : "";
   if (dist::rank() != 0) return 0;
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::printf("%s", golden::summary(a.out, manifest, ws.bytes).c_str());
-  std::printf("%s", ranks.c_str());
+  std::printf("%s%s", ranks.c_str(), timing.c_str());
   std::printf("write     MPI-IO %.2f s, SHA-256 of the written file %.2f s (rank 0)\n", ws.write_s, ws.hash_s);
   std::printf("time      %.2f s on %d ranks\n__REPRO: %s\n", secs, dist::size(), replay.c_str());
   return 0;

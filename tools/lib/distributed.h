@@ -74,9 +74,17 @@ void fault_point(const char* step);
 std::vector<int64_t> causal_windows(const Problem& p, std::span<const int64_t> rows);
 // The causal window of each row of loaded inputs: ke - ks (a dump's or a golden set's own rows).
 std::vector<int64_t> input_windows(const ref::LayerInputs& in);
-// The work of each row, in multiply-adds: per layer with indexer inputs H * D * window (the
-// indexer) and per layer h_q * (d_qk + d_v) * min(topk, window) (the sparse attention).
-std::vector<double> row_work(const Problem& p, std::span<const int64_t> windows, int indexer_layers);
+// The cost of each row, in units of one indexer multiply-add (simd, FP8), so that equal sums
+// are equal times. Per layer with indexer inputs: H * D * (window + kIxRowFixed) + kTopkPerK * topk
+// (the indexer over the window, the row's query generation and the top-k's per-row work); per
+// layer: h_q * (d_qk + d_v) * (attention * min(topk, window) + kAttnRowFixed) (the sparse
+// attention, and the row's q generation and output copies), where attention is kAttnRun, plus
+// kAttnEmulation when the golden set's budget emulates the attention again (golden_budget).
+// The constants are measured costs relative to the indexer's multiply-add (the derivation is at
+// their definition in distributed.cc); a row's causal work alone (window) left the ranks of a
+// 16K-row golden 30% apart, as every row carries costs that do not grow with its window.
+std::vector<double> row_work(const Problem& p, std::span<const int64_t> windows, int indexer_layers,
+                             bool golden_budget = false);
 // Boundaries b_0 = 0 < b_1 < ... < b_parts = work.size(): part r is rows [b_r, b_{r+1}), each of
 // about total / parts work and at least one row. Error when there are fewer rows than parts.
 std::vector<int64_t> partition(const std::vector<double>& work, int parts);
@@ -106,5 +114,13 @@ double from_rank0(double value);
 // Per-rank timing and memory, gathered to rank 0: one line per rank (its rows, compute wall time,
 // the process's CPU time so far, user + system, and its peak resident set).
 std::string rank_report(const std::vector<int64_t>& bounds, double compute_s);
+
+// The timing breakdown (tools/lib/phases.h): INDEXSHARE_TIMING set (not "0") asks for it.
+// Collective: every rank's phases gathered to rank 0, which gets one line per phase with each
+// rank's wall and process CPU seconds (the others get ""). The phase "wait (collective checks)" is
+// the time a rank spent waiting for the others at the collective checks: a rank done early waits
+// there, so it measures the imbalance.
+bool timing_requested();
+std::string timing_report();
 
 }  // namespace indexshare::dist

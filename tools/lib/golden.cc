@@ -23,6 +23,7 @@
 #include "ref/topk.h"
 #include "tools/lib/json_io.h"
 #include "tools/lib/paged.h"
+#include "tools/lib/phases.h"
 #include "simd/simd.h"
 
 namespace indexshare::golden {
@@ -173,6 +174,7 @@ GoldenSet build(const Problem& p, const std::string& kind, bool with_logits, con
   const ref::Kernels kern = use_simd ? simd::kernels() : ref::Kernels{};  // the generator's fills
   // attention-edge sets rewrite rows 0-6 by their row number: computed whole, never in parts.
   require(!part || kind != "attention-edge", "golden: an attention-edge set is computed by one process, not in parts (MPI ranks)");
+  phases::begin("inputs");
   std::vector<ref::LayerInputs> inputs;
   if (part) {  // only the part's rows are generated (the --rows machinery)
     const std::vector<int64_t> all = rows ? *rows : ref::all_rows(p);
@@ -255,10 +257,12 @@ GoldenSet build_stack(const Problem& p, std::vector<ref::LayerInputs> inputs, co
                       bool with_logits, const std::string& replay, bool use_simd, const std::vector<int64_t>* rows,
                       const RowPart* part) {
   const Schedule sched = p.schedule();
+  phases::begin("compute");
   // Without logits in the set, simd's stack streams the indexer into the top-k (the same
   // positions, never the [s_q, s_kv] logits), as `run` does.
   std::vector<ref::StackLayerOutputs> outs = use_simd ? simd::run_stack(p, sched, inputs, with_logits)
                                                       : ref::run_stack(p, sched, inputs, with_logits);
+  phases::begin("assemble (budget emulation, copies)");
   const ref::Kernels kern = use_simd ? simd::kernels() : ref::Kernels{};  // the budget's emulation
   GoldenSet g;
   const int64_t s_q_set = rows ? int64_t(rows->size()) : p.s_q;
