@@ -162,32 +162,34 @@ std::vector<int64_t> input_windows(const ref::LayerInputs& in) {
   return w;
 }
 
-// Row costs in indexer multiply-adds, measured with INDEXSHARE_TIMING on the 2-core AMD EPYC
-// (Highway AVX3, simd, 1 thread), golden sq16384 skv16384 hq2 dqk576 dv512 ih16 id64 k128 on 2
-// ranks, each rank's phases against its rows:
-//   compute (indexer + top-k + attention): 4.4e-11 s per indexer multiply-add over the windows,
-//     plus 6.8e-5 s a row, of which the attention's ~3.7e-5 s (perf: AttentionChunk 5.9% of
-//     the run) is 1.3e-10 s = 3x an indexer multiply-add per attention multiply-add (kAttnRun),
-//     and the rest ~3.1e-5 s = 700K (the top-k's per-row work: 5500 per slot of k, kTopkPerK);
-//   assemble: the budget's emulated attention (perf: EmulateChunk 18.4%) is 9.5x an indexer
-//     multiply-add per attention multiply-add (kAttnEmulation), and the copies of the row's
-//     outputs ~4.6e-5 s a row;
-//   inputs: ~2.9e-5 s a row to generate its q (indexer and attention): about 300 per generated
-//     element (kIxRowFixed, per H * D) and, with the copies, 640 per h_q * (d_qk + d_v)
-//     (kAttnRowFixed).
-// They are ratios of one implementation on one machine; an error of a few tens of percent in one
-// of them moves the split by less than the causal term alone did (checked by the wait phase of
-// INDEXSHARE_TIMING, the time a rank done early waits for the others).
-constexpr double kIxRowFixed = 300, kTopkPerK = 5500, kAttnRun = 3, kAttnEmulation = 9.5, kAttnRowFixed = 640;
+// Row costs in indexer multiply-adds (the unit: 4.4e-11 s each), measured with INDEXSHARE_TIMING
+// on the 2-core AMD EPYC (Highway AVX3, simd, 1 thread), golden --no-logits on 2 ranks, each rank's
+// phases against its rows, for sq16384 skv16384 hq2 dqk576 dv512 ih16 id64 k128 and sq4096 skv4096
+// hq16 dqk576 dv512 ih32 id128 k512:
+//   - the indexer: H * D per key of the window, plus per row its query generation and
+//     quantization (~300 per H * D element, kIxRowFixed) and the top-k's per-row work (~700K at
+//     k128: kTopkPerK per slot of k);
+//   - the attention and, in a golden set, its budget's emulation (perf: EmulateChunk 18.4%,
+//     AttentionChunk 5.9% of the hq2 run): per selected key (min(topk, window) of them) and kv
+//     element (d_qk + d_v), a cost that hardly grows with h_q (MLA's kv row is shared by every
+//     head: loading and converting it dominates): kKvKey + kKvHead * h_q, about a quarter of it
+//     the attention itself and the rest the emulation;
+//   - per row, its attention q generation and output copies: kAttnRowFixed per h_q * (d_qk + d_v).
+// A row's causal work alone (window, with the attention at one multiply-add) left the two ranks
+// of the hq2 golden 30% apart (6.2 vs 4.3 s CPU); with these, 0.5%. They are ratios of one
+// implementation on one machine; INDEXSHARE_TIMING's wait phase (the time a rank done early waits
+// for the others) shows what is left on another.
+constexpr double kIxRowFixed = 300, kTopkPerK = 5500, kAttnRowFixed = 640;
+constexpr double kKvKeyRun = 6, kKvHeadRun = 0.03, kKvKeyGolden = 23.5, kKvHeadGolden = 0.09;
 
 std::vector<double> row_work(const Problem& p, std::span<const int64_t> windows, int indexer_layers, bool golden_budget) {
   std::vector<double> work(windows.size());
   const double hd = double(p.index_n_heads) * double(p.index_head_dim), nix = double(indexer_layers);
-  const double at = double(p.n_layers) * double(p.h_q) * double(p.d_qk + p.d_v);
-  const double attention = kAttnRun + (golden_budget ? kAttnEmulation : 0.0);
+  const double nl = double(p.n_layers), kv = double(p.d_qk + p.d_v), hq = double(p.h_q);
+  const double per_key = kv * (golden_budget ? kKvKeyGolden + kKvHeadGolden * hq : kKvKeyRun + kKvHeadRun * hq);
   for (size_t i = 0; i < windows.size(); ++i) {
     const double w = double(windows[i]), kw = double(std::min<int64_t>(p.index_topk, windows[i]));
-    work[i] = nix * (hd * (w + kIxRowFixed) + kTopkPerK * double(p.index_topk)) + at * (attention * kw + kAttnRowFixed);
+    work[i] = nix * (hd * (w + kIxRowFixed) + kTopkPerK * double(p.index_topk)) + nl * (per_key * kw + kAttnRowFixed * hq * kv);
   }
   return work;
 }

@@ -75,14 +75,10 @@ std::vector<int64_t> causal_windows(const Problem& p, std::span<const int64_t> r
 // The causal window of each row of loaded inputs: ke - ks (a dump's or a golden set's own rows).
 std::vector<int64_t> input_windows(const ref::LayerInputs& in);
 // The cost of each row, in units of one indexer multiply-add (simd, FP8), so that equal sums
-// are equal times. Per layer with indexer inputs: H * D * (window + kIxRowFixed) + kTopkPerK * topk
-// (the indexer over the window, the row's query generation and the top-k's per-row work); per
-// layer: h_q * (d_qk + d_v) * (attention * min(topk, window) + kAttnRowFixed) (the sparse
-// attention, and the row's q generation and output copies), where attention is kAttnRun, plus
-// kAttnEmulation when the golden set's budget emulates the attention again (golden_budget).
-// The constants are measured costs relative to the indexer's multiply-add (the derivation is at
-// their definition in distributed.cc); a row's causal work alone (window) left the ranks of a
-// 16K-row golden 30% apart, as every row carries costs that do not grow with its window.
+// are about equal times: the indexer over the row's causal window, and the costs every row carries
+// whatever its window (its query generation, the top-k's per-row work, the attention over
+// min(topk, window) keys, the output copies; golden_budget: the golden set's budget emulates the
+// attention again). The constants and how they were measured: distributed.cc.
 std::vector<double> row_work(const Problem& p, std::span<const int64_t> windows, int indexer_layers,
                              bool golden_budget = false);
 // Boundaries b_0 = 0 < b_1 < ... < b_parts = work.size(): part r is rows [b_r, b_{r+1}), each of
