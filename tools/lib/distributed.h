@@ -19,7 +19,8 @@
 // fails (bad input, out of memory, --max-memory, an I/O error) makes every rank stop, rank 0
 // removes the temporary folder and prints each failing rank's error, and the tool exits 2. A
 // process killed outright makes the launcher end the job: the final folder never appears, only
-// `<out>.tmp.mpi.<pid>` may remain (never read as a set; to be deleted by hand, as the
+// `<out>.tmp.mpi.<pid>` may remain, never read as a set. Its owner record (golden::stage) lets the
+// next run into the same folder remove it once rank 0's process is gone (the same for the
 // `<out>.tmp.<pid>` a killed single process leaves).
 #pragma once
 

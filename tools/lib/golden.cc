@@ -11,6 +11,7 @@
 #include <exception>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <set>
 #include <sstream>
 
@@ -1034,6 +1035,78 @@ std::vector<std::string> sha256_all(const std::vector<io::TensorView>& tensors, 
 }
 }  // namespace
 
+namespace {
+// The owner record of a temporary folder (kOwnerFile inside it, removed before the folder is
+// published): the host, its boot, the process id and the process's start time, so that a later
+// run can tell a folder whose writer is gone (killed outright: SIGKILL, a node lost, an MPI job
+// ended by its launcher) from one still being written.
+constexpr const char* kOwnerFile = ".indexshare-owner";
+
+std::string read_first_line(const std::string& path) {
+  std::ifstream f(path);
+  std::string line;
+  std::getline(f, line);
+  return line;
+}
+std::string host_name() {
+  char h[256] = {};
+  if (::gethostname(h, sizeof h - 1) != 0) return "";
+  return h;
+}
+// Field 22 of /proc/PID/stat (the start time in clock ticks since boot), "" when PID is not running.
+std::string process_start(const std::string& pid) {
+  const std::string stat = read_first_line("/proc/" + pid + "/stat");
+  const size_t close = stat.rfind(')');
+  if (close == std::string::npos) return "";
+  std::istringstream in(stat.substr(close + 1));
+  std::string field;
+  for (int i = 3; i <= 22 && (in >> field); ++i)
+    if (i == 22) return field;
+  return "";
+}
+std::string owner_record() {
+  const std::string pid = std::to_string(::getpid());
+  return "host " + host_name() + "\nboot " + read_first_line("/proc/sys/kernel/random/boot_id") + "\npid " + pid +
+         "\nstart " + process_start(pid) + "\n";
+}
+
+// Temporary folders `<name>.tmp.*` next to the target that earlier runs left: removed when their
+// owner record names a process of this host (this boot) that is no longer running; otherwise left
+// alone with a note (a writer still running, another host's, or no record: delete by hand).
+void remove_stale_temporaries(const fs::path& parent, const std::string& name, const fs::path& mine) {
+  std::error_code ec;
+  const std::string prefix = name + ".tmp.";
+  const std::string host = host_name(), boot = read_first_line("/proc/sys/kernel/random/boot_id");
+  for (const fs::directory_entry& e : fs::directory_iterator(parent, ec)) {
+    const std::string entry = e.path().filename().string();
+    if (entry.rfind(prefix, 0) != 0 || e.path() == mine || !e.is_directory(ec)) continue;
+    std::map<std::string, std::string> owner;
+    {
+      std::ifstream f((e.path() / kOwnerFile).string());
+      std::string key, value;
+      while (f >> key && std::getline(f >> std::ws, value)) owner[key] = value;
+    }
+    const std::string where = e.path().string();
+    if (!owner.count("pid")) {
+      std::fprintf(stderr, "golden: note: %s is a temporary folder without an owner record (an earlier run, or an older "
+                           "version of the tool): delete it by hand if no run is writing it\n", where.c_str());
+      continue;
+    }
+    if (owner["host"] != host || owner["boot"] != boot) {
+      std::fprintf(stderr, "golden: note: %s is being written, or was left, by process %s on %s, which this process cannot "
+                           "check: delete it by hand if that run is over\n", where.c_str(), owner["pid"].c_str(),
+                   owner["host"].c_str());
+      continue;
+    }
+    const std::string start = process_start(owner["pid"]);
+    if (!start.empty() && start == owner["start"]) continue;  // its writer is running
+    fs::remove_all(e.path(), ec);
+    std::fprintf(stderr, "golden: removed %s, left by process %s of an earlier run that ended before publishing it\n",
+                 where.c_str(), owner["pid"].c_str());
+  }
+}
+}  // namespace
+
 Staging stage(const std::string& dir, bool force, const std::string& tag) {
   require(!dir.empty(), "golden: --out must name a folder");
   Staging s;
@@ -1071,8 +1144,11 @@ Staging stage(const std::string& dir, bool force, const std::string& tag) {
   const fs::path parent = target.has_parent_path() ? target.parent_path() : fs::path(".");
   const fs::path tmp = parent / (target.filename().string() + ".tmp." + tag);
   fs::create_directories(parent, ec);  // like mkdir -p; a failure shows up just below
+  remove_stale_temporaries(parent, target.filename().string(), tmp);
   fs::remove_all(tmp, ec);
   if (!fs::create_directory(tmp, ec)) throw Error(tmp.string() + ": cannot create folder: " + ec.message());
+  // The owner record, for remove_stale_temporaries of a later run should this process die.
+  write_text((tmp / kOwnerFile).string(), owner_record());
   s.target = target.string();
   s.parent = parent.string();
   s.tmp = tmp.string();
@@ -1100,6 +1176,7 @@ json publish(const Staging& s, json manifest) {
   std::error_code ec;
   try {
     write_text((tmp / "manifest.json").string(), manifest.dump(2) + "\n");
+    fs::remove(tmp / kOwnerFile, ec);  // the set holds its two files only
     // One rename publishes the set; an existing set is moved aside first, then removed.
     if (s.exists && !s.replace) fs::remove(target, ec);  // an empty folder
     fs::path old;

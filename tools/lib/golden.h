@@ -159,7 +159,11 @@ std::string model_replay(const ModelSpec& spec);
 nlohmann::json write(const std::string& dir, GoldenSet set, bool force);
 
 // write() in its steps, for writers that fill the tensor file themselves (tools/lib/distributed.cc):
-// stage checks `dir` (the rules of write) and creates the temporary folder `<dir>.tmp.<tag>`;
+// stage checks `dir` (the rules of write) and creates the temporary folder `<dir>.tmp.<tag>`
+// holding an owner record (host, boot, pid and start time of this process; removed on publishing),
+// after removing the `<dir>.tmp.*` folders whose recorded owner, a process of this host, has ended
+// (a run killed outright; a note on stderr names each) and noting on stderr those it cannot prove
+// stale (another host's, or without a record);
 // publish writes manifest.json there and renames the folder into place; discard removes it.
 struct Staging {
   std::string dir, target, parent, tmp;
