@@ -56,7 +56,7 @@ run() {  # ranks folder: runs golden, prints "wall maxcpu"
 }
 
 echo "problem   $PROB"
-echo "machine   $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), OMP_NUM_THREADS=1"
+echo "machine   $(nproc --all) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), OMP_NUM_THREADS=1"
 printf "%-5s %-17s %10s %10s %12s %12s %9s %9s\n" pair "load (1 min)" "wall 1" "wall $RANKS" "CPU 1" "CPU $RANKS max" "wall x" "CPU x"
 walls=() cpus=()
 for i in $(seq 1 "$PAIRS"); do

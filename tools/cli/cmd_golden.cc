@@ -132,19 +132,24 @@ int cmd_golden(const GoldenArgs& a) {
                  "--from takes shapes, layers and values from the dump, top-k and sched= from --problem");
     // The layer count comes from the file; the problem gives top-k, d_v, sm and the schedule. The
     // shapes come from the file: the replay line carries the problem that was computed.
-    golden::StackInputs si = golden::load_dump(a.from, a.problem);
-    const std::string replay = golden::from_replay(a.from, si.problem, !a.no_logits) + " --out " + a.out;
 #ifdef INDEXSHARE_MPI
     if (dist::active()) {
-      const std::vector<int64_t> windows = dist::input_windows(si.inputs.at(0));
-      int n_ix = 0;
-      for (const ref::LayerInputs& in : si.inputs) n_ix += in.has_indexer;
-      const Problem q = si.problem;
+      // Every rank reads the header and the windows first, then the key side and its own rows
+      // only (from their offsets in the file).
+      golden::DumpRows dr;
+      dist::guarded([&] { dr = golden::dump_rows(a.from, a.problem); });
+      const std::string replay = golden::from_replay(a.from, dr.problem, !a.no_logits) + " --out " + a.out;
       return publish_ranks(
-          a, q, replay, windows, n_ix, [](const golden::RowPart&) {},
-          [&](const golden::RowPart& part) { return golden::build_from(a.from, std::move(si), !a.no_logits, replay, &part); }, t0);
+          a, dr.problem, replay, dr.windows, dr.indexer_layers, [](const golden::RowPart&) {},
+          [&](const golden::RowPart& part) {
+            golden::StackInputs si = golden::load_dump(a.from, a.problem, &part);
+            return golden::build_from(a.from, std::move(si), !a.no_logits, replay, &part);
+          },
+          t0);
     }
 #endif
+    golden::StackInputs si = golden::load_dump(a.from, a.problem);
+    const std::string replay = golden::from_replay(a.from, si.problem, !a.no_logits) + " --out " + a.out;
     return publish(golden::build_from(a.from, std::move(si), !a.no_logits, replay), a, replay, t0);
   }
   require(a.preset.empty() != a.problem.empty(), "golden: give exactly one of --preset, --problem, --model and --from");

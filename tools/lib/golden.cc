@@ -451,8 +451,13 @@ std::string stack_replay(const Problem& p, const std::string& kind, const std::s
          (max_memory != "8G" ? " --max-memory " + max_memory : "");
 }
 
-StackInputs load_dump(const std::string& file, const std::string& problem_text) {
-  const io::SafetensorsFile f = io::read_safetensors(file);
+namespace {
+Problem dump_shapes(const io::SafetensorsFile& f, const std::string& file, Problem p);
+io::SafetensorsFile read_dump(const std::string& file, const RowPart* part, bool header_only = false);
+}  // namespace
+
+StackInputs load_dump(const std::string& file, const std::string& problem_text, const RowPart* part) {
+  const io::SafetensorsFile f = read_dump(file, part);
   const std::string recorded = dump_problem(f, file);  // a model dump records its problem
   std::string text = !problem_text.empty() ? problem_text : !recorded.empty() ? recorded : "sq1 skv1";
   if (text.find("nl") == std::string::npos) {
@@ -460,7 +465,30 @@ StackInputs load_dump(const std::string& file, const std::string& problem_text) 
     while (f.find("layers." + std::to_string(L) + ".attn.q")) ++L;
     text += " nl" + std::to_string(std::max(L, 1));
   }
-  return load_stack_inputs(f, file, parse_problem(text));
+  StackInputs si = load_stack_inputs(f, file, parse_problem(text), part);
+  si.part_rows = part != nullptr;
+  return si;
+}
+
+DumpRows dump_rows(const std::string& file, const std::string& problem_text) {
+  const io::SafetensorsFile f = read_dump(file, nullptr, true);
+  const std::string recorded = dump_problem(f, file);
+  std::string text = !problem_text.empty() ? problem_text : !recorded.empty() ? recorded : "sq1 skv1";
+  if (text.find("nl") == std::string::npos) {
+    int L = 0;
+    while (f.find("layers." + std::to_string(L) + ".attn.q")) ++L;
+    text += " nl" + std::to_string(std::max(L, 1));
+  }
+  DumpRows d;
+  d.problem = dump_shapes(f, file, parse_problem(text));
+  for (int l = 0; l < d.problem.n_layers; ++l) d.indexer_layers += f.find("layers." + std::to_string(l) + ".indexer.q") != nullptr;
+  const Tensor<int32_t> ks = io::as_tensor<int32_t>(f.get("layers.0.indexer.ks"), file);
+  const Tensor<int32_t> ke = io::as_tensor<int32_t>(f.get("layers.0.indexer.ke"), file);
+  require(ks.numel() == d.problem.s_q && ke.numel() == d.problem.s_q,
+          file + ": layers.0.indexer.ks / ke must hold s_q = " + std::to_string(d.problem.s_q) + " rows");
+  d.windows.resize(size_t(d.problem.s_q));
+  for (int64_t t = 0; t < d.problem.s_q; ++t) d.windows[size_t(t)] = int64_t(ke[t]) - int64_t(ks[t]);
+  return d;
 }
 
 std::string from_replay(const std::string& file, const Problem& p, bool with_logits) {
@@ -895,7 +923,10 @@ std::string dump_problem(const io::SafetensorsFile& f, const std::string& file) 
   return p->second;
 }
 
-StackInputs load_stack_inputs(const io::SafetensorsFile& f, const std::string& file, Problem p) {
+namespace {
+// The problem of a dump's inputs: its shapes (from the headers of layers.0.attn.q, attn.kv and
+// indexer.q, and cu_seqlens) replace p's; the layer count is the file's.
+Problem dump_shapes(const io::SafetensorsFile& f, const std::string& file, Problem p) {
   int L = 0;
   while (f.find("layers." + std::to_string(L) + ".attn.q")) ++L;
   require(L > 0, file + ": no tensor 'layers.0.attn.q': expected per-layer inputs under the golden tensor names");
@@ -921,9 +952,51 @@ StackInputs load_stack_inputs(const io::SafetensorsFile& f, const std::string& f
   }
   check_boundaries(f, file, "cu_seqlens_q", p.s_q, p.n_seqs);
   check_boundaries(f, file, "cu_seqlens_k", p.s_kv, p.n_seqs);
+  return p;
+}
+
+// A dump's tensors as load_stack_inputs reads them: with `part`, each per-row tensor's view keeps
+// its whole shape but holds only rows [part->begin, part->end) (read from their offsets, pread),
+// the other tensors whole; header_only: no bytes but those of cu_seqlens and indexer.ks / ke.
+io::SafetensorsFile read_dump(const std::string& file, const RowPart* part, bool header_only) {
+  if (!part && !header_only) return io::read_safetensors(file);
+  io::SafetensorsIndex idx = io::read_safetensors_index(file, 0);
+  for (size_t i = 0; i < idx.file.tensors.size(); ++i) {
+    io::TensorView& v = idx.file.tensors[i];
+    const uint64_t size = uint64_t(shape_numel(v.shape)) * io::dtype_size(v.dtype);
+    const bool rows = per_row_tensor(v.name) && !v.shape.empty() && v.shape[0] > 0;
+    const bool window = v.name.size() > 11 && (v.name.ends_with(".indexer.ks") || v.name.ends_with(".indexer.ke"));
+    if (header_only) {
+      if (!window && v.name.rfind("cu_seqlens_", 0) != 0) continue;
+      v.bytes.resize(size);
+      io::read_file_range(file, idx.offsets[i], v.bytes.data(), size);
+    } else if (rows) {
+      require(part->end <= v.shape[0], file + ": tensor '" + v.name + "' " + shape_str(v.shape) + " has fewer than the " +
+                                           std::to_string(part->end) + " query rows of this part");
+      const uint64_t row = size / uint64_t(v.shape[0]);
+      v.bytes.resize(row * uint64_t(part->end - part->begin));
+      io::read_file_range(file, idx.offsets[i] + row * uint64_t(part->begin), v.bytes.data(), v.bytes.size());
+    } else {
+      v.bytes.resize(size);
+      io::read_file_range(file, idx.offsets[i], v.bytes.data(), size);
+    }
+  }
+  return std::move(idx.file);
+}
+}  // namespace
+
+StackInputs load_stack_inputs(const io::SafetensorsFile& f, const std::string& file, Problem p) {
+  return load_stack_inputs(f, file, std::move(p), nullptr);
+}
+
+StackInputs load_stack_inputs(const io::SafetensorsFile& f, const std::string& file, Problem p, const RowPart* part) {
+  p = dump_shapes(f, file, std::move(p));
+  const int L = int(p.n_layers);
   const Schedule sched = p.schedule();
   std::vector<ref::LayerInputs> inputs(static_cast<size_t>(L));
-  const int64_t s_q = p.s_q, s_kv = p.s_kv, H = p.index_n_heads, D = p.index_head_dim;
+  const int64_t s_kv = p.s_kv, H = p.index_n_heads, D = p.index_head_dim;
+  // With a part, the per-row tensors' views hold its rows only (read_dump): s_q of them.
+  const int64_t s_q = part ? part->end - part->begin : p.s_q;
   auto bf16_to_f = [](const Tensor<bf16_t>& b) {
     Tensor<float> x(b.shape);
     for (int64_t i = 0; i < b.numel(); ++i) x[i] = bf16_to_f32(b[i]);
@@ -934,10 +1007,18 @@ StackInputs load_stack_inputs(const io::SafetensorsFile& f, const std::string& f
     ref::LayerInputs& in = inputs[size_t(l)];
     in.has_indexer = f.find(pre + "indexer.q") != nullptr;
     require(in.has_indexer || !sched.is_full(l), file + ": Full layer " + std::to_string(l) + " has no '" + pre + "indexer.q'");
+    io::TensorView rows_view;  // a per-row tensor's view with the part's row count
     auto get = [&](const std::string& n, const Shape& shape) -> const io::TensorView& {
       const io::TensorView& v = f.get(pre + n);
-      io::expect_shape(v, shape, file);
-      return v;
+      if (!part || shape.empty() || shape[0] != s_q || !per_row_tensor(pre + n)) {
+        io::expect_shape(v, shape, file);
+        return v;
+      }
+      Shape whole = shape;
+      whole[0] = p.s_q;
+      io::expect_shape(v, whole, file);
+      rows_view = io::TensorView{v.name, v.dtype, shape, v.bytes};
+      return rows_view;
     };
     // Every float input must be finite (attn.sink may be +-inf: the sink rule defines both): a NaN
     // would otherwise reach the golden outputs, or surface late without the file and tensor.
@@ -988,7 +1069,7 @@ GoldenSet build_from(const std::string& file, Problem p, bool with_logits, const
 GoldenSet build_from(const std::string& file, StackInputs si, bool with_logits, const std::string& replay,
                      const RowPart* part, bool use_simd) {
   const Problem& q = si.problem;
-  if (part)
+  if (part && !si.part_rows)
     for (ref::LayerInputs& in : si.inputs) slice_rows(in, part->begin, part->end);
   GoldenSet g = build_stack(q, std::move(si.inputs), "stack", with_logits, replay, use_simd, nullptr, part);
   g.manifest["kind"] = "stack-from-file";
