@@ -162,25 +162,25 @@ std::vector<int64_t> input_windows(const ref::LayerInputs& in) {
   return w;
 }
 
-// Row costs in indexer multiply-adds (the unit: 4.4e-11 s each), measured with INDEXSHARE_TIMING
-// on the 2-core AMD EPYC (Highway AVX3, simd, 1 thread), golden --no-logits on 2 ranks, each rank's
-// phases against its rows, for sq16384 skv16384 hq2 dqk576 dv512 ih16 id64 k128 and sq4096 skv4096
-// hq16 dqk576 dv512 ih32 id128 k512:
+// Row costs in indexer multiply-adds (the unit: about 4e-11 s each), fitted with INDEXSHARE_TIMING
+// on the 2-core AMD EPYC (Highway AVX3, simd, 1 thread): golden --no-logits on 2 ranks, each
+// rank's phases (inputs, compute, assemble) against its rows, for sq16384 skv16384 hq2 dqk576
+// dv512 ih16 id64 k128 and sq16384 skv16384 hq16 dqk576 dv512 ih32 id128 k512:
 //   - the indexer: H * D per key of the window, plus per row its query generation and
 //     quantization (~300 per H * D element, kIxRowFixed) and the top-k's per-row work (~700K at
 //     k128: kTopkPerK per slot of k);
-//   - the attention and, in a golden set, its budget's emulation (perf: EmulateChunk 18.4%,
-//     AttentionChunk 5.9% of the hq2 run): per selected key (min(topk, window) of them) and kv
-//     element (d_qk + d_v), a cost that hardly grows with h_q (MLA's kv row is shared by every
-//     head: loading and converting it dominates): kKvKey + kKvHead * h_q, about a quarter of it
-//     the attention itself and the rest the emulation;
+//   - the attention: per selected key (min(topk, window) of them) and kv element (d_qk + d_v),
+//     kKvKeyRun + kKvHeadRun * h_q (MLA's kv row is shared by every head: loading and converting
+//     it is the per-key part); a golden set's budget emulates it again, at about kKvKeyGolden per
+//     key and element whatever h_q (the compute phase's per-row cost: 1.55M at hq2 k128, 16.8M
+//     at hq16 k512; the assemble phase's: 3.6M and 19.4M);
 //   - per row, its attention q generation and output copies: kAttnRowFixed per h_q * (d_qk + d_v).
-// A row's causal work alone (window, with the attention at one multiply-add) left the two ranks
-// of the hq2 golden 30% apart (6.2 vs 4.3 s CPU); with these, 0.5%. They are ratios of one
-// implementation on one machine; INDEXSHARE_TIMING's wait phase (the time a rank done early waits
-// for the others) shows what is left on another.
+// A row's causal work alone (window, the attention at one multiply-add per key and head) left the
+// two ranks of the hq2 golden 30% apart (6.2 vs 4.3 s CPU); with these, within the load noise (a
+// few percent). They are ratios of one implementation on one machine; INDEXSHARE_TIMING's wait
+// phase (the time a rank done early waits for the others) shows what is left on another.
 constexpr double kIxRowFixed = 300, kTopkPerK = 5500, kAttnRowFixed = 640;
-constexpr double kKvKeyRun = 6, kKvHeadRun = 0.03, kKvKeyGolden = 23.5, kKvHeadGolden = 0.09;
+constexpr double kKvKeyRun = 3.4, kKvHeadRun = 1.36, kKvKeyGolden = 3.4 + 15.8, kKvHeadGolden = 1.36;
 
 std::vector<double> row_work(const Problem& p, std::span<const int64_t> windows, int indexer_layers, bool golden_budget) {
   std::vector<double> work(windows.size());
