@@ -91,7 +91,7 @@ case "$CASE" in
     [ -d "$WORK/ranks/set.tmp.mpi.1" ] && [ -d "$WORK/ranks/set.tmp.mpi.2" ] && [ -d "$WORK/ranks/set.tmp.3" ] || fail "a folder not proven stale was removed"
     grep -q "set.tmp.mpi.1 is being written, or was left, by process 1 on elsewhere" "$WORK/ranks/ranks.err" || fail "no note of the other host's folder"
     grep -q "set.tmp.3 is a temporary folder without an owner record" "$WORK/ranks/ranks.err" || fail "no note of the folder without a record"
-    grep -q "set.tmp.mpi.2" "$WORK/ranks/ranks.err" && fail "a note about the folder of a running process"
+    grep -q "set.tmp.mpi.2 " "$WORK/ranks/ranks.err" && fail "a note about the folder of a running process"
     (cd "$WORK/one" && "$CLI" golden --problem "$PROB" --out set >/dev/null) || fail "one process failed"
     cmp "$WORK/one/set/tensors.safetensors" "$WORK/ranks/set/tensors.safetensors" || fail "tensors.safetensors differs"
     [ "$(ls -A "$WORK/ranks/set")" = "$(printf 'manifest.json\ntensors.safetensors')" ] || fail "the set holds more than its two files: $(ls -A "$WORK/ranks/set")"
