@@ -65,13 +65,37 @@ case "$CASE" in
     expect_failure "rank 0 of $NP: the problem needs about" --problem "sq512 skv512 hq2 dqk64 dv32 ih4 id32 k8 seed3 nl2" --max-memory 6M ;;
   kill)
     # A rank killed outright mid-write: the launcher ends the job; the final folder never appears
-    # (only the temporary <out>.tmp.mpi.<pid> may remain, never read as a set).
+    # (only the temporary <out>.tmp.mpi.<pid> remains, never read as a set, and the next run
+    # removes it once its owner is gone).
     rc=0
     (cd "$WORK/ranks" && INDEXSHARE_MPI_FAULT=1:kill-write mpi golden --problem "$PROB" --out set >ranks.out 2>ranks.err) || rc=$?
     [ "$rc" -ne 0 ] || fail "the job succeeded"
     [ ! -e "$WORK/ranks/set" ] || fail "the output folder exists"
     grep -qi "signal 9\|killed" "$WORK/ranks/ranks.err" || { cat "$WORK/ranks/ranks.err" >&2; fail "no word of the killed rank"; }
-    echo "ok: kill on $NP ranks: exit $rc, no output folder" ;;
+    # The temporary folder the job left carries its owner record (rank 0's host, boot, pid, start).
+    stale=$(ls -d "$WORK"/ranks/set.tmp.mpi.* 2>/dev/null | head -1)
+    [ -n "$stale" ] && [ -f "$stale/.indexshare-owner" ] || fail "no temporary folder with an owner record: $(ls -a "$WORK/ranks")"
+    pid=$(awk '$1 == "pid" { print $2 }' "$stale/.indexshare-owner")
+    for _ in $(seq 100); do [ -e "/proc/$pid" ] || break; sleep 0.2; done  # the launcher ends rank 0 too
+    [ ! -e "/proc/$pid" ] || fail "rank 0 (pid $pid) of the killed job still runs"
+    # Beside it: a folder another host owns, one whose owner runs (this shell), one without a record.
+    mkdir "$WORK/ranks/set.tmp.mpi.1" "$WORK/ranks/set.tmp.mpi.2" "$WORK/ranks/set.tmp.3"
+    printf 'host elsewhere\nboot x\npid 1\nstart 1\n' >"$WORK/ranks/set.tmp.mpi.1/.indexshare-owner"
+    sed "s/^pid .*/pid $$/; s/^start .*/start $(awk '{ sub(/.*\) /, ""); print $20 }' /proc/$$/stat)/" "$stale/.indexshare-owner" \
+      >"$WORK/ranks/set.tmp.mpi.2/.indexshare-owner"
+    # The same command again: it removes the dead job's folder (and says so), leaves the others,
+    # and writes the set, byte-identical to one process's.
+    (cd "$WORK/ranks" && mpi golden --problem "$PROB" --out set >ranks.out 2>ranks.err) || { cat "$WORK/ranks/ranks.err" >&2; fail "the rerun failed"; }
+    grep -q "removed .*$(basename "$stale"), left by process $pid" "$WORK/ranks/ranks.err" || { cat "$WORK/ranks/ranks.err" >&2; fail "no word of the stale folder"; }
+    [ ! -e "$stale" ] || fail "the stale folder remains"
+    [ -d "$WORK/ranks/set.tmp.mpi.1" ] && [ -d "$WORK/ranks/set.tmp.mpi.2" ] && [ -d "$WORK/ranks/set.tmp.3" ] || fail "a folder not proven stale was removed"
+    grep -q "set.tmp.mpi.1 is being written, or was left, by process 1 on elsewhere" "$WORK/ranks/ranks.err" || fail "no note of the other host's folder"
+    grep -q "set.tmp.3 is a temporary folder without an owner record" "$WORK/ranks/ranks.err" || fail "no note of the folder without a record"
+    grep -q "set.tmp.mpi.2 " "$WORK/ranks/ranks.err" && fail "a note about the folder of a running process"
+    (cd "$WORK/one" && "$CLI" golden --problem "$PROB" --out set >/dev/null) || fail "one process failed"
+    cmp "$WORK/one/set/tensors.safetensors" "$WORK/ranks/set/tensors.safetensors" || fail "tensors.safetensors differs"
+    [ "$(ls -A "$WORK/ranks/set")" = "$(printf 'manifest.json\ntensors.safetensors')" ] || fail "the set holds more than its two files: $(ls -A "$WORK/ranks/set")"
+    echo "ok: kill on $NP ranks: exit $rc, no output folder; the rerun removed $(basename "$stale") and kept the 3 others" ;;
   run)
     # run's report: the same lines as one process (rank 0 folds the ranks' rows in order), but
     # the timing lines and the rank table.

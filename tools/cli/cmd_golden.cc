@@ -63,7 +63,7 @@ int publish_ranks(const GoldenArgs& a, const Problem& p, const std::string& repl
                   std::chrono::steady_clock::time_point t0) {
   std::vector<int64_t> bounds;
   golden::RowPart part;
-  dist::guarded([&] { part = dist::my_rows(dist::row_work(p, windows, indexer_layers), &bounds); });
+  dist::guarded([&] { part = dist::my_rows(dist::row_work(p, windows, indexer_layers, true), &bounds); });
   if (dist::rank() == 0)
     std::fprintf(stderr, "golden: %d MPI ranks, %lld query rows split by causal work\n", dist::size(), (long long)windows.size());
   golden::GoldenSet set;
@@ -77,10 +77,11 @@ int publish_ranks(const GoldenArgs& a, const Problem& p, const std::string& repl
   dist::WriteStats ws;
   const nlohmann::json manifest = dist::write_golden(a.out, std::move(set), a.force, &ws);
   const std::string ranks = dist::rank_report(bounds, compute_s);
+  const std::string timing = dist::timing_requested() ? dist::timing_report() : "";
   if (dist::rank() != 0) return 0;
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::printf("%s", golden::summary(a.out, manifest, ws.bytes).c_str());
-  std::printf("%s", ranks.c_str());
+  std::printf("%s%s", ranks.c_str(), timing.c_str());
   std::printf("write     MPI-IO %.2f s, SHA-256 of the written file %.2f s (rank 0)\n", ws.write_s, ws.hash_s);
   std::printf("time      %.2f s on %d ranks\n__REPRO: %s\n", secs, dist::size(), replay.c_str());
   return 0;
@@ -131,19 +132,24 @@ int cmd_golden(const GoldenArgs& a) {
                  "--from takes shapes, layers and values from the dump, top-k and sched= from --problem");
     // The layer count comes from the file; the problem gives top-k, d_v, sm and the schedule. The
     // shapes come from the file: the replay line carries the problem that was computed.
-    golden::StackInputs si = golden::load_dump(a.from, a.problem);
-    const std::string replay = golden::from_replay(a.from, si.problem, !a.no_logits) + " --out " + a.out;
 #ifdef INDEXSHARE_MPI
     if (dist::active()) {
-      const std::vector<int64_t> windows = dist::input_windows(si.inputs.at(0));
-      int n_ix = 0;
-      for (const ref::LayerInputs& in : si.inputs) n_ix += in.has_indexer;
-      const Problem q = si.problem;
+      // Every rank reads the header and the windows first, then the key side and its own rows
+      // only (from their offsets in the file).
+      golden::DumpRows dr;
+      dist::guarded([&] { dr = golden::dump_rows(a.from, a.problem); });
+      const std::string replay = golden::from_replay(a.from, dr.problem, !a.no_logits) + " --out " + a.out;
       return publish_ranks(
-          a, q, replay, windows, n_ix, [](const golden::RowPart&) {},
-          [&](const golden::RowPart& part) { return golden::build_from(a.from, std::move(si), !a.no_logits, replay, &part); }, t0);
+          a, dr.problem, replay, dr.windows, dr.indexer_layers, [](const golden::RowPart&) {},
+          [&](const golden::RowPart& part) {
+            golden::StackInputs si = golden::load_dump(a.from, a.problem, &part);
+            return golden::build_from(a.from, std::move(si), !a.no_logits, replay, &part);
+          },
+          t0);
     }
 #endif
+    golden::StackInputs si = golden::load_dump(a.from, a.problem);
+    const std::string replay = golden::from_replay(a.from, si.problem, !a.no_logits) + " --out " + a.out;
     return publish(golden::build_from(a.from, std::move(si), !a.no_logits, replay), a, replay, t0);
   }
   require(a.preset.empty() != a.problem.empty(), "golden: give exactly one of --preset, --problem, --model and --from");

@@ -17,6 +17,7 @@
 #include "ref/stack.h"
 #include "simd/simd.h"
 #include "tools/cli/cli.h"
+#include "tools/lib/phases.h"
 #ifdef INDEXSHARE_MPI
 #include "tools/lib/distributed.h"
 #endif
@@ -127,9 +128,11 @@ int run_ranks(const RunArgs& a, const Problem& p, const Schedule& s, const std::
                      "more ranks, --rows (fewer query rows), a smaller --problem (s_q, s_kv, nl)",
                  mine);
     auto t0 = std::chrono::steady_clock::now();
+    phases::begin("inputs");
     in = ref::make_stack_inputs(p, s, std::vector<int64_t>(rows.begin() + part.begin, rows.begin() + part.end));
     t_gen = seconds_since(t0);
     t0 = std::chrono::steady_clock::now();
+    phases::begin("compute");
     out = impl == "simd" ? simd::run_stack(p, s, in, false) : ref::run_stack(p, s, in, false);
     t_run = seconds_since(t0);
     dist::fault_point("compute");
@@ -153,9 +156,11 @@ int run_ranks(const RunArgs& a, const Problem& p, const Schedule& s, const std::
                         [&](std::span<const uint8_t> b) { f.add_out({reinterpret_cast<const float*>(b.data()), b.size() / sizeof(float)}); });
     if (root) print_layer(o.layer, o.kind == LayerKind::full, o.source, has_own, f);
   }
+  phases::begin("report (folds to rank 0)");
   const std::string ranks = dist::rank_report(bounds, t_gen + t_run);
+  const std::string timing = dist::timing_requested() ? dist::timing_report() : "";
   if (!root) return 0;
-  std::printf("time      inputs %.3f s, stack %.3f s (impl %s, rank 0 of %d)\n%s", t_gen, t_run, impl.c_str(), dist::size(), ranks.c_str());
+  std::printf("time      inputs %.3f s, stack %.3f s (impl %s, rank 0 of %d)\n%s", t_gen, t_run, impl.c_str(), dist::size(), (ranks + timing).c_str());
   std::printf("__REPRO: indexshare run --impl %s --problem \"%s\"%s\n", impl.c_str(), to_string(p).c_str(),
               a.rows_given ? (" --rows " + ref::format_rows(rows)).c_str() : "");
   return 0;

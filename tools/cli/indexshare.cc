@@ -11,6 +11,7 @@
 
 #include "ref/error.h"
 #include "tools/cli/cli.h"
+#include "tools/lib/phases.h"
 #ifdef INDEXSHARE_MPI
 #include "tools/lib/distributed.h"
 #endif
@@ -91,7 +92,9 @@ int run(int argc, char** argv) {
 
 int main(int argc, char** argv) {
 #ifdef INDEXSHARE_MPI
+  indexshare::phases::begin("MPI_Init");
   indexshare::dist::init(&argc, &argv);
+  indexshare::phases::begin("setup (arguments, problem, split)");
   const int rc = run(argc, argv);
   indexshare::dist::finalize();
   return rc;

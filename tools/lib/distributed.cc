@@ -12,9 +12,11 @@
 #include <filesystem>
 #include <map>
 #include <new>
+#include <sstream>
 
 #include "ref/compare.h"
 #include "ref/error.h"
+#include "tools/lib/phases.h"
 #include "tools/lib/safetensors.h"
 
 namespace indexshare::dist {
@@ -73,7 +75,10 @@ int size() { return g_size; }
 
 void agree(const std::string& error) {
   int bad = !error.empty(), any = 0;
-  MPI_Allreduce(&bad, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  {
+    const phases::Scope wait("wait (collective checks)");  // a rank done early waits here for the others
+    MPI_Allreduce(&bad, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  }
   if (!any) return;
   // Gather the messages to rank 0: lengths, then the texts.
   const int len = int(error.size());
@@ -157,12 +162,35 @@ std::vector<int64_t> input_windows(const ref::LayerInputs& in) {
   return w;
 }
 
-std::vector<double> row_work(const Problem& p, std::span<const int64_t> windows, int indexer_layers) {
+// Row costs in indexer multiply-adds (the unit: about 4e-11 s each), fitted with INDEXSHARE_TIMING
+// on the 2-core AMD EPYC (Highway AVX3, simd, 1 thread): golden --no-logits on 2 ranks, each
+// rank's phases (inputs, compute, assemble) against its rows, for sq16384 skv16384 hq2 dqk576
+// dv512 ih16 id64 k128 and sq16384 skv16384 hq16 dqk576 dv512 ih32 id128 k512:
+//   - the indexer: H * D per key of the window, plus per row its query generation and
+//     quantization (~300 per H * D element, kIxRowFixed) and the top-k's per-row work (~700K at
+//     k128: kTopkPerK per slot of k);
+//   - the attention: per selected key (min(topk, window) of them) and kv element (d_qk + d_v),
+//     kKvKeyRun + kKvHeadRun * h_q (MLA's kv row is shared by every head: loading and converting
+//     it is the per-key part); a golden set's budget emulates it again, at about kKvKeyGolden per
+//     key and element whatever h_q (the compute phase's per-row cost: 1.55M at hq2 k128, 16.8M
+//     at hq16 k512; the assemble phase's: 3.6M and 19.4M);
+//   - per row, its attention q generation and output copies: kAttnRowFixed per h_q * (d_qk + d_v).
+// A row's causal work alone (window, the attention at one multiply-add per key and head) left the
+// two ranks of the hq2 golden 30% apart (6.2 vs 4.3 s CPU); with these, within the load noise (a
+// few percent). They are ratios of one implementation on one machine; INDEXSHARE_TIMING's wait
+// phase (the time a rank done early waits for the others) shows what is left on another.
+constexpr double kIxRowFixed = 300, kTopkPerK = 5500, kAttnRowFixed = 640;
+constexpr double kKvKeyRun = 3.4, kKvHeadRun = 1.36, kKvKeyGolden = 3.4 + 15.8, kKvHeadGolden = 1.36;
+
+std::vector<double> row_work(const Problem& p, std::span<const int64_t> windows, int indexer_layers, bool golden_budget) {
   std::vector<double> work(windows.size());
-  const double ix = double(indexer_layers) * double(p.index_n_heads) * double(p.index_head_dim);
-  const double at = double(p.n_layers) * double(p.h_q) * double(p.d_qk + p.d_v);
-  for (size_t i = 0; i < windows.size(); ++i)
-    work[i] = ix * double(windows[i]) + at * double(std::min<int64_t>(p.index_topk, windows[i]));
+  const double hd = double(p.index_n_heads) * double(p.index_head_dim), nix = double(indexer_layers);
+  const double nl = double(p.n_layers), kv = double(p.d_qk + p.d_v), hq = double(p.h_q);
+  const double per_key = kv * (golden_budget ? kKvKeyGolden + kKvHeadGolden * hq : kKvKeyRun + kKvHeadRun * hq);
+  for (size_t i = 0; i < windows.size(); ++i) {
+    const double w = double(windows[i]), kw = double(std::min<int64_t>(p.index_topk, windows[i]));
+    work[i] = nix * (hd * (w + kIxRowFixed) + kTopkPerK * double(p.index_topk)) + nl * (per_key * kw + kAttnRowFixed * hq * kv);
+  }
   return work;
 }
 
@@ -211,6 +239,7 @@ nlohmann::json write_golden(const std::string& dir, golden::GoldenSet part, bool
   const uint64_t data0 = header.size();
 
   // 2. The budgets: each layer's maxima over every rank's rows.
+  phases::begin("write: budgets, staging");
   {
     std::vector<double> local, global;
     for (const auto& [name, b] : part.shard.budgets) local.insert(local.end(), {b.emul, b.ref_round, b.emu_err});
@@ -238,6 +267,7 @@ nlohmann::json write_golden(const std::string& dir, golden::GoldenSet part, bool
   };
 
   // 4. The tensor file: rank 0 the header and the key-side tensors, every rank its rows.
+  phases::begin("write (MPI-IO)");
   const double t_write = now_s();
   MPI_File fh;
   const int open_rc = MPI_File_open(MPI_COMM_WORLD, path.c_str(), MPI_MODE_CREATE | MPI_MODE_WRONLY, MPI_INFO_NULL, &fh);
@@ -283,6 +313,7 @@ nlohmann::json write_golden(const std::string& dir, golden::GoldenSet part, bool
 
   // 5. SHA-256 of every tensor, spread over the ranks: per-row tensors read back from the closed
   // file, key-side ones from memory (every rank holds them).
+  phases::begin("hash (SHA-256 read-back)");
   const double t_hash = now_s();
   const size_t n = specs.size();
   std::vector<uint64_t> sizes(n);
@@ -317,6 +348,7 @@ nlohmann::json write_golden(const std::string& dir, golden::GoldenSet part, bool
   }
 
   // 6. Rank 0: the manifest, then one rename publishes the set.
+  phases::begin("publish (manifest, rename)");
   nlohmann::json written = nlohmann::json::object();
   guarded(
       [&] {
@@ -383,6 +415,74 @@ std::string rank_report(const std::vector<int64_t>& bounds, double compute_s) {
     out += line;
   }
   return out;
+}
+
+bool timing_requested() {
+  const char* v = std::getenv("INDEXSHARE_TIMING");
+  return v && *v && std::string(v) != "0";
+}
+
+std::string timing_report() {
+  // Every rank's phases as "name\twall\tcpu\n" lines, gathered to rank 0 as text.
+  std::string mine;
+  char num[64];
+  for (const phases::Phase& ph : phases::recorded()) {
+    std::snprintf(num, sizeof num, "\t%.6f\t%.6f\n", ph.wall_s, ph.cpu_s);
+    mine += ph.name + num;
+  }
+  const int len = int(mine.size());
+  std::vector<int> lens(static_cast<size_t>(g_size)), displs(static_cast<size_t>(g_size));
+  MPI_Gather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, 0, MPI_COMM_WORLD);
+  int total = 0;
+  for (int r = 0; r < g_size; ++r) {
+    displs[size_t(r)] = total;
+    total += lens[size_t(r)];
+  }
+  std::string all(size_t(total), '\0');
+  MPI_Gatherv(mine.data(), len, MPI_CHAR, all.data(), lens.data(), displs.data(), MPI_CHAR, 0, MPI_COMM_WORLD);
+  if (g_rank != 0) return "";
+  // Rows: the phases in order of first appearance over the ranks; columns: wall / CPU per rank.
+  std::vector<std::string> names;
+  std::vector<std::map<std::string, std::pair<double, double>>> per(static_cast<size_t>(g_size));
+  for (int r = 0; r < g_size; ++r) {
+    std::istringstream in(all.substr(size_t(displs[size_t(r)]), size_t(lens[size_t(r)])));
+    std::string line;
+    while (std::getline(in, line)) {
+      const size_t a = line.find('\t'), b = line.find('\t', a + 1);
+      const std::string name = line.substr(0, a);
+      if (std::find(names.begin(), names.end(), name) == names.end()) names.push_back(name);
+      per[size_t(r)][name] = {std::atof(line.substr(a + 1, b - a - 1).c_str()), std::atof(line.substr(b + 1).c_str())};
+    }
+  }
+  std::string out = "timing    phase (INDEXSHARE_TIMING; seconds, wall / process CPU)";
+  for (int r = 0; r < g_size; ++r) {
+    std::snprintf(num, sizeof num, "  %15s", ("rank " + std::to_string(r)).c_str());
+    out += num;
+  }
+  out += "\n";
+  std::vector<double> sum_w(static_cast<size_t>(g_size), 0), sum_c(static_cast<size_t>(g_size), 0);
+  for (const std::string& name : names) {
+    char head[80];
+    std::snprintf(head, sizeof head, "          %-55s", name.c_str());
+    out += head;
+    for (int r = 0; r < g_size; ++r) {
+      const auto it = per[size_t(r)].find(name);
+      const auto [w, c] = it == per[size_t(r)].end() ? std::pair<double, double>{0, 0} : it->second;
+      sum_w[size_t(r)] += w;
+      sum_c[size_t(r)] += c;
+      std::snprintf(num, sizeof num, "  %7.3f /%6.3f", w, c);
+      out += num;
+    }
+    out += "\n";
+  }
+  char head[80];
+  std::snprintf(head, sizeof head, "          %-55s", "total (MPI_Init to this report)");
+  out += head;
+  for (int r = 0; r < g_size; ++r) {
+    std::snprintf(num, sizeof num, "  %7.3f /%6.3f", sum_w[size_t(r)], sum_c[size_t(r)]);
+    out += num;
+  }
+  return out + "\n";
 }
 
 }  // namespace indexshare::dist

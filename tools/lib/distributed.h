@@ -19,7 +19,8 @@
 // fails (bad input, out of memory, --max-memory, an I/O error) makes every rank stop, rank 0
 // removes the temporary folder and prints each failing rank's error, and the tool exits 2. A
 // process killed outright makes the launcher end the job: the final folder never appears, only
-// `<out>.tmp.mpi.<pid>` may remain (never read as a set; to be deleted by hand, as the
+// `<out>.tmp.mpi.<pid>` may remain, never read as a set. Its owner record (golden::stage) lets the
+// next run into the same folder remove it once rank 0's process is gone (the same for the
 // `<out>.tmp.<pid>` a killed single process leaves).
 #pragma once
 
@@ -74,9 +75,13 @@ void fault_point(const char* step);
 std::vector<int64_t> causal_windows(const Problem& p, std::span<const int64_t> rows);
 // The causal window of each row of loaded inputs: ke - ks (a dump's or a golden set's own rows).
 std::vector<int64_t> input_windows(const ref::LayerInputs& in);
-// The work of each row, in multiply-adds: per layer with indexer inputs H * D * window (the
-// indexer) and per layer h_q * (d_qk + d_v) * min(topk, window) (the sparse attention).
-std::vector<double> row_work(const Problem& p, std::span<const int64_t> windows, int indexer_layers);
+// The cost of each row, in units of one indexer multiply-add (simd, FP8), so that equal sums
+// are about equal times: the indexer over the row's causal window, and the costs every row carries
+// whatever its window (its query generation, the top-k's per-row work, the attention over
+// min(topk, window) keys, the output copies; golden_budget: the golden set's budget emulates the
+// attention again). The constants and how they were measured: distributed.cc.
+std::vector<double> row_work(const Problem& p, std::span<const int64_t> windows, int indexer_layers,
+                             bool golden_budget = false);
 // Boundaries b_0 = 0 < b_1 < ... < b_parts = work.size(): part r is rows [b_r, b_{r+1}), each of
 // about total / parts work and at least one row. Error when there are fewer rows than parts.
 std::vector<int64_t> partition(const std::vector<double>& work, int parts);
@@ -106,5 +111,13 @@ double from_rank0(double value);
 // Per-rank timing and memory, gathered to rank 0: one line per rank (its rows, compute wall time,
 // the process's CPU time so far, user + system, and its peak resident set).
 std::string rank_report(const std::vector<int64_t>& bounds, double compute_s);
+
+// The timing breakdown (tools/lib/phases.h): INDEXSHARE_TIMING set (not "0") asks for it.
+// Collective: every rank's phases gathered to rank 0, which gets one line per phase with each
+// rank's wall and process CPU seconds (the others get ""). The phase "wait (collective checks)" is
+// the time a rank spent waiting for the others at the collective checks: a rank done early waits
+// there, so it measures the imbalance.
+bool timing_requested();
+std::string timing_report();
 
 }  // namespace indexshare::dist

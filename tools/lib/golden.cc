@@ -11,6 +11,7 @@
 #include <exception>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <set>
 #include <sstream>
 
@@ -24,6 +25,7 @@
 #include "tools/lib/json_io.h"
 #include "tools/lib/options.h"
 #include "tools/lib/paged.h"
+#include "tools/lib/phases.h"
 #include "simd/simd.h"
 
 namespace indexshare::golden {
@@ -174,6 +176,7 @@ GoldenSet build(const Problem& p, const std::string& kind, bool with_logits, con
   const ref::Kernels kern = use_simd ? simd::kernels() : ref::Kernels{};  // the generator's fills
   // attention-edge sets rewrite rows 0-6 by their row number: computed whole, never in parts.
   require(!part || kind != "attention-edge", "golden: an attention-edge set is computed by one process, not in parts (MPI ranks)");
+  phases::begin("inputs");
   std::vector<ref::LayerInputs> inputs;
   if (part) {  // only the part's rows are generated (the --rows machinery)
     const std::vector<int64_t> all = rows ? *rows : ref::all_rows(p);
@@ -257,10 +260,12 @@ GoldenSet build_stack(const Problem& p, std::vector<ref::LayerInputs> inputs, co
                       bool with_logits, const std::string& replay, bool use_simd, const std::vector<int64_t>* rows,
                       const RowPart* part) {
   const Schedule sched = p.schedule();
+  phases::begin("compute");
   // Without logits in the set, simd's stack streams the indexer into the top-k (the same
   // positions, never the [s_q, s_kv] logits), as `run` does.
   std::vector<ref::StackLayerOutputs> outs = use_simd ? simd::run_stack(p, sched, inputs, with_logits)
                                                       : ref::run_stack(p, sched, inputs, with_logits);
+  phases::begin("assemble (budget emulation, copies)");
   const ref::Kernels kern = use_simd ? simd::kernels() : ref::Kernels{};  // the budget's emulation
   GoldenSet g;
   const int64_t s_q_set = rows ? int64_t(rows->size()) : p.s_q;
@@ -503,8 +508,13 @@ std::string stack_replay(const Problem& p, const std::string& kind, const std::s
          (max_memory != "8G" ? " --max-memory " + max_memory : "");
 }
 
-StackInputs load_dump(const std::string& file, const std::string& problem_text) {
-  const io::SafetensorsFile f = io::read_safetensors(file);
+namespace {
+Problem dump_shapes(const io::SafetensorsFile& f, const std::string& file, Problem p);
+io::SafetensorsFile read_dump(const std::string& file, const RowPart* part, bool header_only = false);
+}  // namespace
+
+StackInputs load_dump(const std::string& file, const std::string& problem_text, const RowPart* part) {
+  const io::SafetensorsFile f = read_dump(file, part);
   const std::string recorded = dump_problem(f, file);  // a model dump records its problem
   std::string text = !problem_text.empty() ? problem_text : !recorded.empty() ? recorded : "sq1 skv1";
   if (text.find("nl") == std::string::npos) {
@@ -512,7 +522,30 @@ StackInputs load_dump(const std::string& file, const std::string& problem_text) 
     while (f.find("layers." + std::to_string(L) + ".attn.q")) ++L;
     text += " nl" + std::to_string(std::max(L, 1));
   }
-  return load_stack_inputs(f, file, parse_problem(text));
+  StackInputs si = load_stack_inputs(f, file, parse_problem(text), part);
+  si.part_rows = part != nullptr;
+  return si;
+}
+
+DumpRows dump_rows(const std::string& file, const std::string& problem_text) {
+  const io::SafetensorsFile f = read_dump(file, nullptr, true);
+  const std::string recorded = dump_problem(f, file);
+  std::string text = !problem_text.empty() ? problem_text : !recorded.empty() ? recorded : "sq1 skv1";
+  if (text.find("nl") == std::string::npos) {
+    int L = 0;
+    while (f.find("layers." + std::to_string(L) + ".attn.q")) ++L;
+    text += " nl" + std::to_string(std::max(L, 1));
+  }
+  DumpRows d;
+  d.problem = dump_shapes(f, file, parse_problem(text));
+  for (int l = 0; l < d.problem.n_layers; ++l) d.indexer_layers += f.find("layers." + std::to_string(l) + ".indexer.q") != nullptr;
+  const Tensor<int32_t> ks = io::as_tensor<int32_t>(f.get("layers.0.indexer.ks"), file);
+  const Tensor<int32_t> ke = io::as_tensor<int32_t>(f.get("layers.0.indexer.ke"), file);
+  require(ks.numel() == d.problem.s_q && ke.numel() == d.problem.s_q,
+          file + ": layers.0.indexer.ks / ke must hold s_q = " + std::to_string(d.problem.s_q) + " rows");
+  d.windows.resize(size_t(d.problem.s_q));
+  for (int64_t t = 0; t < d.problem.s_q; ++t) d.windows[size_t(t)] = int64_t(ke[t]) - int64_t(ks[t]);
+  return d;
 }
 
 std::string from_replay(const std::string& file, const Problem& p, bool with_logits) {
@@ -947,7 +980,10 @@ std::string dump_problem(const io::SafetensorsFile& f, const std::string& file) 
   return p->second;
 }
 
-StackInputs load_stack_inputs(const io::SafetensorsFile& f, const std::string& file, Problem p) {
+namespace {
+// The problem of a dump's inputs: its shapes (from the headers of layers.0.attn.q, attn.kv and
+// indexer.q, and cu_seqlens) replace p's; the layer count is the file's.
+Problem dump_shapes(const io::SafetensorsFile& f, const std::string& file, Problem p) {
   int L = 0;
   while (f.find("layers." + std::to_string(L) + ".attn.q")) ++L;
   require(L > 0, file + ": no tensor 'layers.0.attn.q': expected per-layer inputs under the golden tensor names");
@@ -973,9 +1009,51 @@ StackInputs load_stack_inputs(const io::SafetensorsFile& f, const std::string& f
   }
   check_boundaries(f, file, "cu_seqlens_q", p.s_q, p.n_seqs);
   check_boundaries(f, file, "cu_seqlens_k", p.s_kv, p.n_seqs);
+  return p;
+}
+
+// A dump's tensors as load_stack_inputs reads them: with `part`, each per-row tensor's view keeps
+// its whole shape but holds only rows [part->begin, part->end) (read from their offsets, pread),
+// the other tensors whole; header_only: no bytes but those of cu_seqlens and indexer.ks / ke.
+io::SafetensorsFile read_dump(const std::string& file, const RowPart* part, bool header_only) {
+  if (!part && !header_only) return io::read_safetensors(file);
+  io::SafetensorsIndex idx = io::read_safetensors_index(file, 0);
+  for (size_t i = 0; i < idx.file.tensors.size(); ++i) {
+    io::TensorView& v = idx.file.tensors[i];
+    const uint64_t size = uint64_t(shape_numel(v.shape)) * io::dtype_size(v.dtype);
+    const bool rows = per_row_tensor(v.name) && !v.shape.empty() && v.shape[0] > 0;
+    const bool window = v.name.size() > 11 && (v.name.ends_with(".indexer.ks") || v.name.ends_with(".indexer.ke"));
+    if (header_only) {
+      if (!window && v.name.rfind("cu_seqlens_", 0) != 0) continue;
+      v.bytes.resize(size);
+      io::read_file_range(file, idx.offsets[i], v.bytes.data(), size);
+    } else if (rows) {
+      require(part->end <= v.shape[0], file + ": tensor '" + v.name + "' " + shape_str(v.shape) + " has fewer than the " +
+                                           std::to_string(part->end) + " query rows of this part");
+      const uint64_t row = size / uint64_t(v.shape[0]);
+      v.bytes.resize(row * uint64_t(part->end - part->begin));
+      io::read_file_range(file, idx.offsets[i] + row * uint64_t(part->begin), v.bytes.data(), v.bytes.size());
+    } else {
+      v.bytes.resize(size);
+      io::read_file_range(file, idx.offsets[i], v.bytes.data(), size);
+    }
+  }
+  return std::move(idx.file);
+}
+}  // namespace
+
+StackInputs load_stack_inputs(const io::SafetensorsFile& f, const std::string& file, Problem p) {
+  return load_stack_inputs(f, file, std::move(p), nullptr);
+}
+
+StackInputs load_stack_inputs(const io::SafetensorsFile& f, const std::string& file, Problem p, const RowPart* part) {
+  p = dump_shapes(f, file, std::move(p));
+  const int L = int(p.n_layers);
   const Schedule sched = p.schedule();
   std::vector<ref::LayerInputs> inputs(static_cast<size_t>(L));
-  const int64_t s_q = p.s_q, s_kv = p.s_kv, H = p.index_n_heads, D = p.index_head_dim;
+  const int64_t s_kv = p.s_kv, H = p.index_n_heads, D = p.index_head_dim;
+  // With a part, the per-row tensors' views hold its rows only (read_dump): s_q of them.
+  const int64_t s_q = part ? part->end - part->begin : p.s_q;
   auto bf16_to_f = [](const Tensor<bf16_t>& b) {
     Tensor<float> x(b.shape);
     for (int64_t i = 0; i < b.numel(); ++i) x[i] = bf16_to_f32(b[i]);
@@ -986,10 +1064,18 @@ StackInputs load_stack_inputs(const io::SafetensorsFile& f, const std::string& f
     ref::LayerInputs& in = inputs[size_t(l)];
     in.has_indexer = f.find(pre + "indexer.q") != nullptr;
     require(in.has_indexer || !sched.is_full(l), file + ": Full layer " + std::to_string(l) + " has no '" + pre + "indexer.q'");
+    io::TensorView rows_view;  // a per-row tensor's view with the part's row count
     auto get = [&](const std::string& n, const Shape& shape) -> const io::TensorView& {
       const io::TensorView& v = f.get(pre + n);
-      io::expect_shape(v, shape, file);
-      return v;
+      if (!part || shape.empty() || shape[0] != s_q || !per_row_tensor(pre + n)) {
+        io::expect_shape(v, shape, file);
+        return v;
+      }
+      Shape whole = shape;
+      whole[0] = p.s_q;
+      io::expect_shape(v, whole, file);
+      rows_view = io::TensorView{v.name, v.dtype, shape, v.bytes};
+      return rows_view;
     };
     // Every float input must be finite (attn.sink may be +-inf: the sink rule defines both): a NaN
     // would otherwise reach the golden outputs, or surface late without the file and tensor.
@@ -1040,7 +1126,7 @@ GoldenSet build_from(const std::string& file, Problem p, bool with_logits, const
 GoldenSet build_from(const std::string& file, StackInputs si, bool with_logits, const std::string& replay,
                      const RowPart* part, bool use_simd) {
   const Problem& q = si.problem;
-  if (part)
+  if (part && !si.part_rows)
     for (ref::LayerInputs& in : si.inputs) slice_rows(in, part->begin, part->end);
   GoldenSet g = build_stack(q, std::move(si.inputs), "stack", with_logits, replay, use_simd, nullptr, part);
   g.manifest["kind"] = "stack-from-file";
@@ -1087,6 +1173,78 @@ std::vector<std::string> sha256_all(const std::vector<io::TensorView>& tensors, 
 }
 }  // namespace
 
+namespace {
+// The owner record of a temporary folder (kOwnerFile inside it, removed before the folder is
+// published): the host, its boot, the process id and the process's start time, so that a later
+// run can tell a folder whose writer is gone (killed outright: SIGKILL, a node lost, an MPI job
+// ended by its launcher) from one still being written.
+constexpr const char* kOwnerFile = ".indexshare-owner";
+
+std::string read_first_line(const std::string& path) {
+  std::ifstream f(path);
+  std::string line;
+  std::getline(f, line);
+  return line;
+}
+std::string host_name() {
+  char h[256] = {};
+  if (::gethostname(h, sizeof h - 1) != 0) return "";
+  return h;
+}
+// Field 22 of /proc/PID/stat (the start time in clock ticks since boot), "" when PID is not running.
+std::string process_start(const std::string& pid) {
+  const std::string stat = read_first_line("/proc/" + pid + "/stat");
+  const size_t close = stat.rfind(')');
+  if (close == std::string::npos) return "";
+  std::istringstream in(stat.substr(close + 1));
+  std::string field;
+  for (int i = 3; i <= 22 && (in >> field); ++i)
+    if (i == 22) return field;
+  return "";
+}
+std::string owner_record() {
+  const std::string pid = std::to_string(::getpid());
+  return "host " + host_name() + "\nboot " + read_first_line("/proc/sys/kernel/random/boot_id") + "\npid " + pid +
+         "\nstart " + process_start(pid) + "\n";
+}
+
+// Temporary folders `<name>.tmp.*` next to the target that earlier runs left: removed when their
+// owner record names a process of this host (this boot) that is no longer running; otherwise left
+// alone with a note (a writer still running, another host's, or no record: delete by hand).
+void remove_stale_temporaries(const fs::path& parent, const std::string& name, const fs::path& mine) {
+  std::error_code ec;
+  const std::string prefix = name + ".tmp.";
+  const std::string host = host_name(), boot = read_first_line("/proc/sys/kernel/random/boot_id");
+  for (const fs::directory_entry& e : fs::directory_iterator(parent, ec)) {
+    const std::string entry = e.path().filename().string();
+    if (entry.rfind(prefix, 0) != 0 || e.path() == mine || !e.is_directory(ec)) continue;
+    std::map<std::string, std::string> owner;
+    {
+      std::ifstream f((e.path() / kOwnerFile).string());
+      std::string key, value;
+      while (f >> key && std::getline(f >> std::ws, value)) owner[key] = value;
+    }
+    const std::string where = e.path().string();
+    if (!owner.count("pid")) {
+      std::fprintf(stderr, "golden: note: %s is a temporary folder without an owner record (an earlier run, or an older "
+                           "version of the tool): delete it by hand if no run is writing it\n", where.c_str());
+      continue;
+    }
+    if (owner["host"] != host || owner["boot"] != boot) {
+      std::fprintf(stderr, "golden: note: %s is being written, or was left, by process %s on %s, which this process cannot "
+                           "check: delete it by hand if that run is over\n", where.c_str(), owner["pid"].c_str(),
+                   owner["host"].c_str());
+      continue;
+    }
+    const std::string start = process_start(owner["pid"]);
+    if (!start.empty() && start == owner["start"]) continue;  // its writer is running
+    fs::remove_all(e.path(), ec);
+    std::fprintf(stderr, "golden: removed %s, left by process %s of an earlier run that ended before publishing it\n",
+                 where.c_str(), owner["pid"].c_str());
+  }
+}
+}  // namespace
+
 Staging stage(const std::string& dir, bool force, const std::string& tag) {
   require(!dir.empty(), "golden: --out must name a folder");
   Staging s;
@@ -1124,8 +1282,11 @@ Staging stage(const std::string& dir, bool force, const std::string& tag) {
   const fs::path parent = target.has_parent_path() ? target.parent_path() : fs::path(".");
   const fs::path tmp = parent / (target.filename().string() + ".tmp." + tag);
   fs::create_directories(parent, ec);  // like mkdir -p; a failure shows up just below
+  remove_stale_temporaries(parent, target.filename().string(), tmp);
   fs::remove_all(tmp, ec);
   if (!fs::create_directory(tmp, ec)) throw Error(tmp.string() + ": cannot create folder: " + ec.message());
+  // The owner record, for remove_stale_temporaries of a later run should this process die.
+  write_text((tmp / kOwnerFile).string(), owner_record());
   s.target = target.string();
   s.parent = parent.string();
   s.tmp = tmp.string();
@@ -1153,6 +1314,7 @@ json publish(const Staging& s, json manifest) {
   std::error_code ec;
   try {
     write_text((tmp / "manifest.json").string(), manifest.dump(2) + "\n");
+    fs::remove(tmp / kOwnerFile, ec);  // the set holds its two files only
     // One rename publishes the set; an existing set is moved aside first, then removed.
     if (s.exists && !s.replace) fs::remove(target, ec);  // an empty folder
     fs::path old;

@@ -117,13 +117,28 @@ std::string dump_problem(const io::SafetensorsFile& f, const std::string& file);
 struct StackInputs {
   Problem problem;
   std::vector<ref::LayerInputs> inputs;
+  bool part_rows = false;  // the per-row inputs hold a RowPart's rows only (load_dump with a part)
 };
 StackInputs load_stack_inputs(const io::SafetensorsFile& f, const std::string& file, Problem p);
+// part: f's per-row tensors (views of their whole shape) hold only the part's rows (as read by
+// load_dump with a part); the inputs' per-row tensors get those rows.
+StackInputs load_stack_inputs(const io::SafetensorsFile& f, const std::string& file, Problem p, const RowPart* part);
 // The inputs of a dump for --from: `file` read, and the problem `problem_text` ("" = the problem a
 // model dump records (python -m indexshare.dump), else "sq1 skv1"; its
 // shapes are replaced by the file's) with nl set to the file's layer count (layers.{l}.attn.q for
 // l = 0, 1, ...) unless the text gives nl.
-StackInputs load_dump(const std::string& file, const std::string& problem_text);
+// part (MPI ranks): only the part's query rows of each per-row tensor are read (from their
+// offsets in the file), the key side whole: a rank never holds the other ranks' rows.
+StackInputs load_dump(const std::string& file, const std::string& problem_text, const RowPart* part = nullptr);
+// What an MPI rank needs of a dump before it knows its rows: the problem (as load_dump's), the
+// layers with an indexer, and each query row's window (ke - ks of layer 0), read from the header,
+// cu_seqlens and layer 0's indexer.ks / ke only.
+struct DumpRows {
+  Problem problem;
+  int indexer_layers = 0;
+  std::vector<int64_t> windows;
+};
+DumpRows dump_rows(const std::string& file, const std::string& problem_text);
 // The replay command of build_from, without its " --out DIR" (as stack_replay).
 std::string from_replay(const std::string& file, const Problem& p, bool with_logits);
 // build_from on inputs already loaded from `file` (the CLI loads them first, to print and replay
@@ -185,7 +200,11 @@ std::string model_replay(const ModelSpec& spec);
 nlohmann::json write(const std::string& dir, GoldenSet set, bool force);
 
 // write() in its steps, for writers that fill the tensor file themselves (tools/lib/distributed.cc):
-// stage checks `dir` (the rules of write) and creates the temporary folder `<dir>.tmp.<tag>`;
+// stage checks `dir` (the rules of write) and creates the temporary folder `<dir>.tmp.<tag>`
+// holding an owner record (host, boot, pid and start time of this process; removed on publishing),
+// after removing the `<dir>.tmp.*` folders whose recorded owner, a process of this host, has ended
+// (a run killed outright; a note on stderr names each) and noting on stderr those it cannot prove
+// stale (another host's, or without a record);
 // publish writes manifest.json there and renames the folder into place; discard removes it.
 struct Staging {
   std::string dir, target, parent, tmp;
