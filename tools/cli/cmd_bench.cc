@@ -673,7 +673,7 @@ void Bench::time_commands() {
   write_exact_copy(dir, cand);  // the exact copy of the set's outputs (untimed)
   diff::Result verdict;
   time_command("diff", [&] {
-    const golden::Loaded g = golden::read(dir, uint64_t{16} << 20);
+    const golden::Loaded g = golden::read(dir, diff::kGoldenKeepBytes);
     const io::SafetensorsFile c = io::read_safetensors(cand);
     verdict = diff::judge(g, c, {}, simd::kernels());
   });

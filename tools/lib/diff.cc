@@ -216,19 +216,21 @@ GoldenLayer load_golden_layer(const golden::Loaded& g, int l, const ref::Kernels
 
 namespace {
 
-// The attention a layer would compute over `indices`, with its bounds and budget.
+// The attention a layer would compute over `indices`, with its bounds and budget (with_sm: and the
+// softmax-scale direction of the structure tests, from the bounds' pass).
 struct Expected {
   ref::AttentionOut attn;
   cmp::AttentionBounds bounds;
   double budget = -1;
 };
 Expected expected_attention(const LayerData& d, const Tensor<int32_t>& indices, float sm, int64_t d_v,
-                            const ref::Kernels& k) {
+                            const ref::Kernels& k, bool with_sm = false) {
   const Tensor<int32_t>* tl = d.topk_length.numel() ? &d.topk_length : nullptr;
   const Tensor<float>* sink = d.sink ? &*d.sink : nullptr;
   Expected e;
   e.attn = k.sparse_attention(d.q, d.kv, indices, sm, d_v, tl, sink);
-  e.bounds = k.attention_bounds(d.q, d.kv, indices, sm, d_v, tl, e.attn);
+  e.bounds = with_sm ? k.attention_bounds_sm(d.q, d.kv, indices, sm, d_v, tl, sink, e.attn)
+                     : k.attention_bounds(d.q, d.kv, indices, sm, d_v, tl, e.attn);
   e.budget = cmp::attention_budget(e.attn.out, k.emulate_attention_lowp(d.q, d.kv, indices, sm, d_v, tl, sink).out);
   return e;
 }
@@ -371,26 +373,6 @@ std::vector<int64_t> row_sequences(const golden::Loaded& g, int64_t s_q, const T
   return seq;
 }
 
-// The derivative of a layer's attention outputs with respect to ln(sm_scale), by a forward
-// difference of one more exact evaluation at sm_scale (1 + 2^-10) against the exact outputs at
-// sm_scale (f32, rounded once from double: the quotient is good to ~1e-3 relative, enough for a
-// regression direction).
-struct SmDirection {
-  Tensor<float> out, lse;
-};
-SmDirection sm_direction(const LayerData& d, const Tensor<int32_t>& indices, const ref::AttentionOut& exact, float sm,
-                         int64_t d_v, const ref::Kernels& k) {
-  const double eps = 0x1p-10;
-  const Tensor<int32_t>* tl = d.topk_length.numel() ? &d.topk_length : nullptr;
-  const Tensor<float>* sink = d.sink ? &*d.sink : nullptr;
-  const ref::AttentionOut up = k.sparse_attention(d.q, d.kv, indices, float(sm * (1 + eps)), d_v, tl, sink);
-  SmDirection r{Tensor<float>(up.out.shape), Tensor<float>(up.lse.shape)};
-  for (int64_t i = 0; i < r.out.numel(); ++i) r.out[i] = float((double(up.out[i]) - double(exact.out[i])) / eps);
-  for (int64_t i = 0; i < r.lse.numel(); ++i)
-    r.lse[i] = std::isfinite(up.lse[i]) ? float((double(up.lse[i]) - double(exact.lse[i])) / eps) : 0.0f;
-  return r;
-}
-
 // Per (tensor, role): the layers judged and those whose structure tests flagged.
 using RoleLayers = std::map<std::string, std::pair<std::vector<int>, std::vector<int>>>;
 
@@ -506,7 +488,6 @@ class Judge {
     std::string P, note;
     const Tensor<int32_t>& use;
     Expected e;
-    SmDirection smd;
     std::vector<int64_t> seqs;
     double lse_abs = 0;
   };
@@ -614,8 +595,9 @@ void Judge::judge_layer(int l) {
   // Memory: the layer's attention tensors are not read again (later layers read only another
   // layer's indices, windows, logits and top-k).
   LayerData& done = data_[size_t(l)];
-  done.q = Tensor<bf16_t>();
+  done.q = done.kv = Tensor<bf16_t>();
   done.out = done.lse = done.max_logits = Tensor<float>();
+  done.sink.reset();
 }
 
 // ---- 1. indexer logits ----
@@ -885,20 +867,23 @@ void Judge::judge_physical(const LayerData& d, const std::string& P) {
 
 void Judge::judge_attention(const LayerData& d, const std::string& P, const UsedIndices& used, io::DiffPanel& panel) {
   const int l = d.l;
+  // The softmax-scale direction of the structure tests (out and lse) comes from the bounds' pass.
+  const bool with_sm = has(l, "attn.out") || has(l, "attn.lse");
   Expected e;
   if (used.note.empty()) {  // the golden's own outputs, bounds and budget
     // Moved, not copied: the layer's golden outputs are not read again (see the end of judge_layer).
     e.attn.out = std::move(data_[size_t(l)].out);
     e.attn.lse = std::move(data_[size_t(l)].lse);
     e.attn.max_logits = std::move(data_[size_t(l)].max_logits);
-    e.bounds = k_.attention_bounds(d.q, d.kv, d.indices, sm_, d_v_, d.topk_length.numel() ? &d.topk_length : nullptr, e.attn);
+    const Tensor<int32_t>* tl = d.topk_length.numel() ? &d.topk_length : nullptr;
+    e.bounds = with_sm ? k_.attention_bounds_sm(d.q, d.kv, d.indices, sm_, d_v_, tl, d.sink ? &*d.sink : nullptr, e.attn)
+                       : k_.attention_bounds(d.q, d.kv, d.indices, sm_, d_v_, tl, e.attn);
     const json& b = m_["budgets"];
     e.budget = b.contains(name(l, "attn.out")) ? b[name(l, "attn.out")]["budget_max_abs"].get<double>() : -1;
   } else {
-    e = expected_attention(d, used.indices, sm_, d_v_, k_);
+    e = expected_attention(d, used.indices, sm_, d_v_, k_, with_sm);
   }
-  AttnCtx a{d, P, used.note, used.indices, std::move(e), {}, {}, 0};
-  if (has(l, "attn.out") || has(l, "attn.lse")) a.smd = sm_direction(d, used.indices, a.e.attn, sm_, d_v_, k_);
+  AttnCtx a{d, P, used.note, used.indices, std::move(e), {}, 0};
   a.seqs = row_sequences(g_, s_q_, d.has_indexer ? &d.ks : layer(d.source).has_indexer ? &layer(d.source).ks : nullptr);
   a.lse_abs = kFlashMlaLseAbs * std::max(1.0, cmp::rms_finite(a.e.attn.max_logits));
   if (has(l, "attn.out")) judge_out(a, panel);
@@ -936,7 +921,7 @@ void Judge::judge_out(AttnCtx& a, io::DiffPanel& panel) {
   spec.cluster_cols = d_v_;
   spec.lanes = true;
   spec.floor = cmp::kFloorOut;
-  spec.sm_dir = a.smd.out.ptr();
+  spec.sm_dir = a.e.bounds.sm_out.data();
   panel.rows = s_q_;
   panel.heads = h_q_;
   panel.ratio = out_ratios(a.e.attn.out, co, rule.bound, d_v_);
@@ -982,7 +967,7 @@ void Judge::judge_lse(AttnCtx& a) {
   spec.rows = s_q_;
   spec.heads = h_q_;
   spec.floor = cmp::kFloorLse;
-  spec.sm_dir = a.smd.lse.ptr();
+  spec.sm_dir = a.e.bounds.sm_lse.data();
   if (structured(a, "attn.lse", a.e.attn.lse, cl, rule, spec) != cmp::Verdict::fail) return;
   Tensor<float> conv = cl;
   for (float& v : conv.data) v = float(double(v) * std::log(2.0));

@@ -59,6 +59,10 @@ struct Result {
   std::string svg(const std::string& title) const;    // io::diff_svg of the panels
 };
 
+// What `diff` keeps of a golden set when it reads it (golden::read's keep_bytes): larger tensors
+// are read from the file when a layer is judged and freed after it (peak memory near one layer's).
+inline constexpr uint64_t kGoldenKeepBytes = uint64_t{1} << 20;
+
 // Judges `candidate` against `golden`. layers: empty = every layer the candidate covers.
 // Throws Error (exit 2) for bad input: an unknown or mis-shaped tensor, a wrong dtype, a layer
 // outside the golden set, a candidate with nothing to judge.
