@@ -674,8 +674,8 @@ void Bench::time_commands() {
   diff::Result verdict;
   time_command("diff", [&] {
     const golden::Loaded g = golden::read(dir, diff::kGoldenKeepBytes);
-    const io::SafetensorsFile c = io::read_safetensors(cand);
-    verdict = diff::judge(g, c, {}, simd::kernels());
+    const io::SafetensorsIndex c = io::read_safetensors_index(cand, diff::kCandidateKeepBytes);
+    verdict = diff::judge(g, c, cand, {}, simd::kernels());
   });
   commands_verdict = verdict.failed() ? "FAIL" : "PASS";
   if (verdict.failed()) mismatches.push_back("diff of an exact copy of the golden's outputs (it failed)");

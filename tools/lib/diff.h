@@ -71,6 +71,13 @@ inline constexpr uint64_t kGoldenKeepBytes = uint64_t{1} << 20;
 Result judge(const golden::Loaded& golden, const io::SafetensorsFile& candidate, const std::set<int>& layers,
              const ref::Kernels& k = {});
 
+// The same judgement of a candidate read with io::read_safetensors_index(path, keep_bytes): the
+// tensors it left in the file are read when their layer is judged and freed after (`diff` keeps
+// only small tensors in memory: kCandidateKeepBytes).
+inline constexpr uint64_t kCandidateKeepBytes = uint64_t{1} << 20;
+Result judge(const golden::Loaded& golden, const io::SafetensorsIndex& candidate, const std::string& path,
+             const std::set<int>& layers, const ref::Kernels& k = {});
+
 // "0,3-5" -> {0, 3, 4, 5}; throws Error naming the bad text.
 std::set<int> parse_layers(const std::string& text);
 
