@@ -516,6 +516,14 @@ class Judge {
     return one;
   }
   Tensor<float> cand_float(const std::string& n, const Shape& shape) const {
+    // F32 left in the file: read straight into the tensor (no second copy of the bytes).
+    if (const io::TensorView* t = c_.find(n); lazy_ && t && t->bytes.empty() && t->dtype == io::DType::F32) {
+      io::expect_shape(*t, shape, c_.source);
+      Tensor<float> out(shape);
+      if (out.numel() > 0)
+        io::read_file_range(path_, lazy_->offsets[size_t(t - c_.tensors.data())], out.ptr(), size_t(out.numel()) * sizeof(float));
+      return out;
+    }
     const auto one = lazy_one(n);
     return candidate_float(one ? *one : c_, n, shape);
   }
