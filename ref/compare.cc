@@ -197,14 +197,20 @@ std::vector<int64_t> valid_rows(const Tensor<int32_t>& indices, const Tensor<int
 }
 }  // namespace
 
-AttentionBounds attention_bounds(const Tensor<bf16_t>& q, const Tensor<bf16_t>& kv, const Tensor<int32_t>& indices,
-                                 float sm_scale, int64_t d_v, const Tensor<int32_t>* topk_length,
-                                 const AttentionOut& exact) {
+namespace {
+// attention_bounds, and with `dir` the softmax-scale direction too (attention_bounds_sm).
+AttentionBounds bounds_impl(const Tensor<bf16_t>& q, const Tensor<bf16_t>& kv, const Tensor<int32_t>& indices,
+                            float sm_scale, int64_t d_v, const Tensor<int32_t>* topk_length,
+                            const Tensor<float>* attn_sink, const AttentionOut& exact, bool dir) {
   const int64_t s_q = q.dim(0), h_q = q.dim(1), d_qk = q.dim(2), s_kv = kv.dim(0);
   AttentionBounds b;
   b.out.assign(size_t(s_q * h_q * d_v), 0.0);
   b.lse.assign(size_t(s_q * h_q), 0.0);
   b.max_logits.assign(size_t(s_q * h_q), 0.0);
+  if (dir) {
+    b.sm_out.assign(size_t(s_q * h_q * d_v), 0.0f);
+    b.sm_lse.assign(size_t(s_q * h_q), 0.0f);
+  }
   const double sm = std::fabs(double(sm_scale));
   for (int64_t t = 0; t < s_q; ++t) {
     const std::vector<int64_t> rows = valid_rows(indices, topk_length, t, s_kv);
@@ -226,8 +232,28 @@ AttentionBounds attention_bounds(const Tensor<bf16_t>& q, const Tensor<bf16_t>& 
         G = std::max(G, sm * mag);
         m = std::max(m, p[i]);
       }
+      // z_i = s_i - m (kept for the direction), then p_i = exp(z_i) summed into l.
+      std::vector<double> z(p);
+      for (double& v : z) v -= m;
       double l = 0;
       for (double& v : p) l += (v = std::exp(v - m));
+      if (dir) {
+        // The softmax-scale direction (see compare.h): zbar = sum w_i z_i with w_i = p_i / l,
+        // D_c = sum_i u_i V_ic with u_i = f32(w_i (z_i - zbar)), the sink factor f of the exact attention.
+        double zbar = 0;
+        for (size_t i = 0; i < rows.size(); ++i) zbar += p[i] / l * z[i];
+        const double sbar = m + zbar, lse = m + std::log(l);
+        const double f = attn_sink ? 1.0 / (1.0 + std::exp(double((*attn_sink)[h]) - lse)) : 1.0;
+        // D in f32 (a regression direction needs ~1e-3, f32 gives ~1e-6): u_i rounded once.
+        std::vector<float> u(rows.size());
+        for (size_t i = 0; i < rows.size(); ++i) u[i] = float(p[i] / l * (z[i] - zbar));
+        for (int64_t c = 0; c < d_v; ++c) {
+          float D = 0;
+          for (size_t i = 0; i < rows.size(); ++i) D += u[i] * bf16_to_f32(kv[rows[i] * d_qk + c]);
+          b.sm_out[size_t(th * d_v + c)] = float(f * double(D) + (1 - f) * sbar * double(exact.out[th * d_v + c]));
+        }
+        b.sm_lse[size_t(th)] = float(sbar);
+      }
       const double logit_err = (double(d_qk) + 2) * kF32E * G;
       for (int64_t c = 0; c < d_v; ++c) {
         double A = 0;
@@ -241,6 +267,19 @@ AttentionBounds attention_bounds(const Tensor<bf16_t>& q, const Tensor<bf16_t>& 
     }
   }
   return b;
+}
+}  // namespace
+
+AttentionBounds attention_bounds(const Tensor<bf16_t>& q, const Tensor<bf16_t>& kv, const Tensor<int32_t>& indices,
+                                 float sm_scale, int64_t d_v, const Tensor<int32_t>* topk_length,
+                                 const AttentionOut& exact) {
+  return bounds_impl(q, kv, indices, sm_scale, d_v, topk_length, nullptr, exact, false);
+}
+
+AttentionBounds attention_bounds_sm(const Tensor<bf16_t>& q, const Tensor<bf16_t>& kv, const Tensor<int32_t>& indices,
+                                    float sm_scale, int64_t d_v, const Tensor<int32_t>* topk_length,
+                                    const Tensor<float>* attn_sink, const AttentionOut& exact) {
+  return bounds_impl(q, kv, indices, sm_scale, d_v, topk_length, attn_sink, exact, true);
 }
 
 AttentionOut emulate_attention_lowp(const Tensor<bf16_t>& q, const Tensor<bf16_t>& kv, const Tensor<int32_t>& indices,

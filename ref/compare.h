@@ -115,10 +115,26 @@ Report compare_exact(const std::string& tensor, const Tensor<int32_t>& expected,
 constexpr double kAttentionMultiple = 3.0;
 struct AttentionBounds {
   std::vector<double> out, lse, max_logits;  // per element, already multiplied
+  std::vector<float> sm_out, sm_lse;         // attention_bounds_sm only: d out / d ln sm_scale, d lse / d ln sm_scale
 };
 AttentionBounds attention_bounds(const Tensor<bf16_t>& q, const Tensor<bf16_t>& kv,
                                  const Tensor<int32_t>& indices, float sm_scale, int64_t d_v,
                                  const Tensor<int32_t>* topk_length, const AttentionOut& exact);
+// attention_bounds, and in the same pass over the exact logits the softmax-scale direction the
+// structure tests regress on (ref/structure.h, "sm"): the derivative of the exact attention with
+// respect to ln(sm_scale). With logits s_i = sm_scale q.k_i, m = max s_i, z_i = s_i - m,
+// w_i = exp(z_i) / l (l = sum exp(z_j)), zbar = sum w_i z_i (i ascending, double) and the sink
+// factor f = 1 / (1 + exp(sink_h - lse)) (1 without a sink):
+//   d lse / d ln sm  = m + zbar                                  (= sum w_i s_i)
+//   d out_c / d ln sm = f D_c + (1 - f) (m + zbar) out_c,  D_c = sum_i w_i (z_i - zbar) V_ic
+// (out = f sum w_i V_i, d w_i = w_i (s_i - sbar), d f = f (1 - f) d lse). D_c is summed in f32
+// (i ascending, the weights w_i (z_i - zbar) rounded to f32 once: ~1e-6 relative where a
+// regression direction needs ~1e-3, at half the cost of double lanes); the results are rounded
+// once to f32; 0 on rows without keys. It replaces a forward difference of a second exact evaluation.
+AttentionBounds attention_bounds_sm(const Tensor<bf16_t>& q, const Tensor<bf16_t>& kv,
+                                    const Tensor<int32_t>& indices, float sm_scale, int64_t d_v,
+                                    const Tensor<int32_t>* topk_length, const Tensor<float>* attn_sink,
+                                    const AttentionOut& exact);
 
 // The naive emulation at kernel precision: f32 dot products, f32 softmax, P rounded to bf16,
 // f32 accumulation, out rounded to bf16 (out holds the bf16 values as f32). Its error against

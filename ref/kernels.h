@@ -45,6 +45,9 @@ struct Kernels {
       cmp::emulate_attention_lowp;
   cmp::AttentionBounds (*attention_bounds)(const Tensor<bf16_t>&, const Tensor<bf16_t>&, const Tensor<int32_t>&, float,
                                            int64_t, const Tensor<int32_t>*, const AttentionOut&) = cmp::attention_bounds;
+  cmp::AttentionBounds (*attention_bounds_sm)(const Tensor<bf16_t>&, const Tensor<bf16_t>&, const Tensor<int32_t>&, float,
+                                              int64_t, const Tensor<int32_t>*, const Tensor<float>*,
+                                              const AttentionOut&) = cmp::attention_bounds_sm;
   cmp::FloatRule (*indexer_logits_rule)(const Tensor<e4m3_t>&, const Tensor<e4m3_t>&, const Tensor<float>&,
                                         const Tensor<float>&, const Tensor<float>&) = cmp::indexer_logits_rule;
   // The generator's fills (ref/rng.h), which make the generated inputs (make_layer_inputs): simd's

@@ -373,6 +373,30 @@ HWY_INLINE void BoundATile(const double* HWY_RESTRICT w, int64_t hp, const doubl
     for (size_t u = 0; u < kV; ++u) hn::StoreU(acc[h][u], d64, o + int64_t(h) * ostride + int64_t(u * N));
 }
 
+// The softmax-scale direction's D_c = sum_i u[i][h] * V_i[c] in f32 for kH heads and kV vectors
+// of columns (V rows vr, f32), i ascending, a multiply then an add (ref's `D += u * v`).
+using DF32 = hn::ScalableTag<float>;
+using VF32 = hn::Vec<DF32>;
+template <size_t kH, size_t kV>
+HWY_INLINE void BoundDTile(const float* HWY_RESTRICT u, int64_t hp, const float* HWY_RESTRICT vr, int64_t vstride,
+                           int64_t n, float* HWY_RESTRICT o, int64_t ostride) {
+  const DF32 df;
+  const size_t N = hn::Lanes(df);
+  VF32 acc[kH][kV];
+  for (size_t h = 0; h < kH; ++h)
+    for (size_t k = 0; k < kV; ++k) acc[h][k] = hn::Zero(df);
+  for (int64_t i = 0; i < n; ++i) {
+    VF32 x[kV];
+    for (size_t k = 0; k < kV; ++k) x[k] = hn::LoadU(df, vr + i * vstride + int64_t(k * N));
+    for (size_t h = 0; h < kH; ++h) {
+      const VF32 q = hn::Set(df, u[i * hp + int64_t(h)]);
+      for (size_t k = 0; k < kV; ++k) acc[h][k] = hn::Add(acc[h][k], hn::Mul(q, x[k]));
+    }
+  }
+  for (size_t h = 0; h < kH; ++h)
+    for (size_t k = 0; k < kV; ++k) hn::StoreU(acc[h][k], df, o + int64_t(h) * ostride + int64_t(k * N));
+}
+
 // Pass 1 tile: keys x 2 vectors of heads (x 2 sums: 16 accumulators with 32 registers, 8 with 16).
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
 constexpr size_t kBoundKeys = 4, kBoundHeadVecs = 2;
@@ -380,6 +404,7 @@ constexpr size_t kBoundKeys = 4, kBoundHeadVecs = 2;
 constexpr size_t kBoundKeys = 2, kBoundHeadVecs = 2;
 #endif
 constexpr size_t kBoundAHeads = 4, kBoundAVecs = 2;   // A tile: 4 heads x 2 vectors of columns
+constexpr size_t kBoundDHeads = 4, kBoundDVecs = 2;   // D tile: 4 heads x 2 vectors of columns (f32)
 
 // The bf16 codes src[0, n) as doubles into dst (exact), zeros up to n_pad.
 HWY_INLINE void Bf16RowToF64(const uint16_t* HWY_RESTRICT src, int64_t n, int64_t n_pad, double* HWY_RESTRICT dst) {
@@ -400,9 +425,12 @@ HWY_INLINE void Bf16RowToF64(const uint16_t* HWY_RESTRICT src, int64_t n, int64_
 constexpr double kBf16U = 0x1p-8, kF32E = 0x1p-24;
 
 // ref's attention_bounds for query rows [t0, t1): out [s_q, h_q, d_v], lse / max [s_q, h_q]
-// (zero-initialised by the caller: empty rows keep bound 0).
+// (zero-initialised by the caller: empty rows keep bound 0); with sm_out / sm_lse (else null)
+// attention_bounds_sm's softmax-scale direction too (v.sink: the sink of its factor f).
 void BoundsChunk(const detail::AttentionView& v, const float* exact_out, const float* exact_lse,
-                 const float* exact_max, int64_t t0, int64_t t1, double* b_out, double* b_lse, double* b_max) {
+                 const float* exact_max, int64_t t0, int64_t t1, double* b_out, double* b_lse, double* b_max,
+                 float* sm_out, float* sm_lse) {
+  const bool dir = sm_out != nullptr;
   const DF64 d64;
   const int64_t N = int64_t(hn::Lanes(d64));
   const int64_t h_q = v.h_q, d_qk = v.d_qk, d_v = v.d_v;
@@ -413,10 +441,14 @@ void BoundsChunk(const detail::AttentionView& v, const float* exact_out, const f
   const double sm = std::fabs(v.sm_scale), scale = v.sm_scale;
   auto qt = hwy::AllocateAligned<double>(size_t(d_qk * hp)), qa = hwy::AllocateAligned<double>(size_t(d_qk * hp));
   auto A = hwy::AllocateAligned<double>(size_t(hp * dvp));
+  const int64_t cwf = int64_t(kBoundDVecs * hn::Lanes(DF32())), dvf = RoundUp(d_v, cwf);
+  auto Dv = hwy::AllocateAligned<float>(size_t(dir ? hp * dvf : 1));
+  hwy::AlignedFreeUniquePtr<float[]> vf, ubuf;  // the direction's V rows in f32 and weights u
   hwy::AlignedFreeUniquePtr<double[]> kd, pbuf, mbuf;
   int64_t cap = 0;
   std::vector<int64_t> rows;
-  std::vector<double> qrow(static_cast<size_t>(d_qk)), G(static_cast<size_t>(hp)), mv(static_cast<size_t>(hp));
+  std::vector<double> qrow(static_cast<size_t>(d_qk)), G(static_cast<size_t>(hp)), mv(static_cast<size_t>(hp)),
+      lv(static_cast<size_t>(hp)), zb(static_cast<size_t>(hp));
   std::fill(qt.get(), qt.get() + d_qk * hp, 0.0);
   std::fill(qa.get(), qa.get() + d_qk * hp, 0.0);
   for (int64_t t = t0; t < t1; ++t) {
@@ -430,6 +462,10 @@ void BoundsChunk(const detail::AttentionView& v, const float* exact_out, const f
       pbuf = hwy::AllocateAligned<double>(size_t(cap * hp));
       mbuf = hwy::AllocateAligned<double>(size_t(cap * hp));
       std::fill(pbuf.get(), pbuf.get() + cap * hp, 0.0);
+      if (dir) {
+        vf = hwy::AllocateAligned<float>(size_t(cap * dvf));
+        ubuf = hwy::AllocateAligned<float>(size_t(cap * hp));
+      }
     }
     for (int64_t h = 0; h < h_q; ++h) {
       Bf16RowToF64(v.q + (t * h_q + h) * d_qk, d_qk, d_qk, qrow.data());
@@ -464,6 +500,11 @@ void BoundsChunk(const detail::AttentionView& v, const float* exact_out, const f
       hn::StoreU(g, d64, G.data() + h0);
       hn::StoreU(m, d64, mv.data() + h0);
     }
+    // The direction's z = s - m replaces MG (G is taken), where ref copies the logits first.
+    if (dir)
+      for (int64_t i = 0; i < n; ++i)
+        for (int64_t h0 = 0; h0 < hp; h0 += N)
+          hn::Store(hn::Sub(hn::Load(d64, P + i * hp + h0), hn::LoadU(d64, mv.data() + h0)), d64, MG + i * hp + h0);
     for (int64_t i = 0; i < n; ++i) {
       double* pi = P + i * hp;
       for (int64_t h = 0; h < h_q; ++h) pi[h] = std::exp(pi[h] - mv[size_t(h)]);
@@ -471,10 +512,33 @@ void BoundsChunk(const detail::AttentionView& v, const float* exact_out, const f
     for (int64_t h0 = 0; h0 < hp; h0 += N) {
       VF64 sum = hn::Zero(d64);
       for (int64_t i = 0; i < n; ++i) sum = hn::Add(sum, hn::Load(d64, P + i * hp + h0));
+      hn::StoreU(sum, d64, lv.data() + h0);
       for (int64_t i = 0; i < n; ++i) hn::Store(hn::Div(hn::Load(d64, P + i * hp + h0), sum), d64, P + i * hp + h0);
     }
     for (int64_t i = 0; i < n; ++i)
       for (int64_t h = h_q; h < hp; ++h) P[i * hp + h] = 0.0;
+    if (dir) {
+      // zbar = sum_i w_i z_i (i ascending), then u_i = f32(w_i (z_i - zbar)).
+      const hn::Rebind<float, DF64> dh;
+      for (int64_t h0 = 0; h0 < hp; h0 += N) {
+        VF64 zs = hn::Zero(d64);
+        for (int64_t i = 0; i < n; ++i) zs = hn::Add(zs, hn::Mul(hn::Load(d64, P + i * hp + h0), hn::Load(d64, MG + i * hp + h0)));
+        hn::StoreU(zs, d64, zb.data() + h0);
+        for (int64_t i = 0; i < n; ++i)
+          hn::StoreU(hn::DemoteTo(dh, hn::Mul(hn::Load(d64, P + i * hp + h0), hn::Sub(hn::Load(d64, MG + i * hp + h0), zs))), dh,
+                     ubuf.get() + i * hp + h0);
+      }
+      // V in f32 (bf16 values: exact), zeros past d_v.
+      for (int64_t i = 0; i < n; ++i) {
+        float* dst = vf.get() + i * dvf;
+        const double* src = kd.get() + i * dpad;
+        for (int64_t c = 0; c < d_v; ++c) dst[c] = float(src[c]);
+        for (int64_t c = d_v; c < dvf; ++c) dst[c] = 0.0f;
+      }
+      for (int64_t c0 = 0; c0 < dvf; c0 += cwf)
+        for (int64_t h0 = 0; h0 < hp; h0 += int64_t(kBoundDHeads))
+          BoundDTile<kBoundDHeads, kBoundDVecs>(ubuf.get() + h0, hp, vf.get() + c0, dvf, n, Dv.get() + h0 * dvf + c0, dvf);
+    }
     // A_c per head, column strips of V (|V| taken on load).
     for (int64_t c0 = 0; c0 < dvp; c0 += cw)
       for (int64_t h0 = 0; h0 < hp; h0 += int64_t(kBoundAHeads))
@@ -491,6 +555,14 @@ void BoundsChunk(const detail::AttentionView& v, const float* exact_out, const f
       }
       b_lse[th] = cmp::kAttentionMultiple * (logit_err + (k + 8) * kF32E + 2 * kF32E * std::fabs(double(exact_lse[th])));
       b_max[th] = cmp::kAttentionMultiple * (logit_err + kF32E * std::fabs(double(exact_max[th])));
+      if (!dir) continue;
+      // ref's direction expressions element by element.
+      const double mh = mv[size_t(h)], sbar = mh + zb[size_t(h)], lse = mh + std::log(lv[size_t(h)]);
+      const double f = v.sink ? 1.0 / (1.0 + std::exp(double(v.sink[h]) - lse)) : 1.0;
+      const float* dd = Dv.get() + h * dvf;
+      for (int64_t c = 0; c < d_v; ++c)
+        sm_out[th * d_v + c] = float(f * double(dd[c]) + (1 - f) * sbar * double(exact_out[th * d_v + c]));
+      sm_lse[th] = float(sbar);
     }
   }
 }
@@ -636,21 +708,40 @@ AttentionOut emulate_attention_lowp(const Tensor<bf16_t>& q, const Tensor<bf16_t
   return o;
 }
 
-cmp::AttentionBounds attention_bounds(const Tensor<bf16_t>& q, const Tensor<bf16_t>& kv, const Tensor<int32_t>& indices,
-                                      float sm_scale, int64_t d_v, const Tensor<int32_t>* topk_length,
-                                      const AttentionOut& exact) {
+namespace {
+cmp::AttentionBounds bounds(const Tensor<bf16_t>& q, const Tensor<bf16_t>& kv, const Tensor<int32_t>& indices,
+                            float sm_scale, int64_t d_v, const Tensor<int32_t>* topk_length,
+                            const Tensor<float>* attn_sink, const AttentionOut& exact, bool dir) {
   const int64_t s_q = q.dim(0), h_q = q.dim(1);
   require(d_v <= q.dim(2), "attention_bounds: d_v " + std::to_string(d_v) + " exceeds d_qk " + std::to_string(q.dim(2)));
   cmp::AttentionBounds b;
   b.out.assign(size_t(s_q * h_q * d_v), 0.0);
   b.lse.assign(size_t(s_q * h_q), 0.0);
   b.max_logits.assign(size_t(s_q * h_q), 0.0);
-  const detail::AttentionView v = detail::sparse_view(q, kv, indices, sm_scale, d_v, topk_length, nullptr);
+  if (dir) {
+    b.sm_out.assign(size_t(s_q * h_q * d_v), 0.0f);
+    b.sm_lse.assign(size_t(s_q * h_q), 0.0f);
+  }
+  const detail::AttentionView v = detail::sparse_view(q, kv, indices, sm_scale, d_v, topk_length, attn_sink);
   over_rows(s_q, 8, [&](int64_t t0, int64_t t1) {
     HWY_DYNAMIC_DISPATCH(BoundsChunk)(v, exact.out.ptr(), exact.lse.ptr(), exact.max_logits.ptr(), t0, t1,
-                                      b.out.data(), b.lse.data(), b.max_logits.data());
+                                      b.out.data(), b.lse.data(), b.max_logits.data(), dir ? b.sm_out.data() : nullptr,
+                                      dir ? b.sm_lse.data() : nullptr);
   });
   return b;
+}
+}  // namespace
+
+cmp::AttentionBounds attention_bounds(const Tensor<bf16_t>& q, const Tensor<bf16_t>& kv, const Tensor<int32_t>& indices,
+                                      float sm_scale, int64_t d_v, const Tensor<int32_t>* topk_length,
+                                      const AttentionOut& exact) {
+  return bounds(q, kv, indices, sm_scale, d_v, topk_length, nullptr, exact, false);
+}
+
+cmp::AttentionBounds attention_bounds_sm(const Tensor<bf16_t>& q, const Tensor<bf16_t>& kv, const Tensor<int32_t>& indices,
+                                         float sm_scale, int64_t d_v, const Tensor<int32_t>* topk_length,
+                                         const Tensor<float>* attn_sink, const AttentionOut& exact) {
+  return bounds(q, kv, indices, sm_scale, d_v, topk_length, attn_sink, exact, true);
 }
 
 cmp::FloatRule indexer_logits_rule(const Tensor<e4m3_t>& q, const Tensor<e4m3_t>& k, const Tensor<float>& k_scale,

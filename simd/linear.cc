@@ -210,6 +210,7 @@ ref::Kernels kernels() {
                         int64_t topk) { return simd::indexer_topk_fp8(q, kk, k_scale, weights, ks, ke, topk); };
   k.emulate_attention_lowp = simd::emulate_attention_lowp;
   k.attention_bounds = simd::attention_bounds;
+  k.attention_bounds_sm = simd::attention_bounds_sm;
   k.indexer_logits_rule = simd::indexer_logits_rule;
   k.fill_range = simd::fill_range;
   k.fill_range_bf16 = simd::fill_range_bf16;

@@ -106,6 +106,9 @@ AttentionOut emulate_attention_lowp(const Tensor<bf16_t>& q, const Tensor<bf16_t
 cmp::AttentionBounds attention_bounds(const Tensor<bf16_t>& q, const Tensor<bf16_t>& kv, const Tensor<int32_t>& indices,
                                       float sm_scale, int64_t d_v, const Tensor<int32_t>* topk_length,
                                       const AttentionOut& exact);
+cmp::AttentionBounds attention_bounds_sm(const Tensor<bf16_t>& q, const Tensor<bf16_t>& kv, const Tensor<int32_t>& indices,
+                                         float sm_scale, int64_t d_v, const Tensor<int32_t>* topk_length,
+                                         const Tensor<float>* attn_sink, const AttentionOut& exact);
 cmp::FloatRule indexer_logits_rule(const Tensor<e4m3_t>& q, const Tensor<e4m3_t>& k, const Tensor<float>& k_scale,
                                    const Tensor<float>& weights, const Tensor<float>& exact_logits);
 

@@ -264,3 +264,38 @@ TEST_CASE("compare: top-k recall_mean and recall_min are over the same rows (nev
   CHECK(r.stats.recall_min == doctest::Approx(7.0 / 8));
   CHECK(r.stats.recall_mean == doctest::Approx((15 + 7.0 / 8) / 16));
 }
+
+// attention_bounds_sm's softmax-scale direction against a central difference of the exact
+// attention at sm_scale e^(+-2^-7) (independent of the analytic formula), with and without a sink;
+// the bounds themselves are attention_bounds'.
+TEST_CASE("compare: the softmax-scale direction equals the derivative of the exact attention") {
+  const Golden g = golden("sq8 skv48 hq3 dqk64 dv32 ih4 id32 k8 seed5");
+  const float sm = g.p.sm_scale();
+  const float up = float(double(sm) * std::exp(0x1p-7)), dn = float(double(sm) * std::exp(-0x1p-7));
+  const double h = std::log(double(up)) - std::log(double(dn));
+  Tensor<float> sink({3});
+  sink[0] = 0.5f, sink[1] = -1.0f, sink[2] = 2.0f;
+  for (const Tensor<float>* s : std::initializer_list<const Tensor<float>*>{nullptr, &sink}) {
+    CAPTURE(s != nullptr);
+    const ref::AttentionOut exact = ref::sparse_attention(g.in.q, g.in.kv, g.out.indices, sm, g.p.d_v, nullptr, s);
+    const ref::AttentionOut a = ref::sparse_attention(g.in.q, g.in.kv, g.out.indices, up, g.p.d_v, nullptr, s);
+    const ref::AttentionOut b = ref::sparse_attention(g.in.q, g.in.kv, g.out.indices, dn, g.p.d_v, nullptr, s);
+    const cmp::AttentionBounds d = cmp::attention_bounds_sm(g.in.q, g.in.kv, g.out.indices, sm, g.p.d_v, nullptr, s, exact);
+    const cmp::AttentionBounds plain = cmp::attention_bounds(g.in.q, g.in.kv, g.out.indices, sm, g.p.d_v, nullptr, exact);
+    CHECK(d.out == plain.out);
+    CHECK(d.lse == plain.lse);
+    double scale = 0, worst = 0;
+    for (int64_t i = 0; i < exact.out.numel(); ++i) {
+      const double fd = (double(a.out[i]) - double(b.out[i])) / h;
+      scale = std::max(scale, std::fabs(fd));
+      worst = std::max(worst, std::fabs(fd - double(d.sm_out[size_t(i)])));
+    }
+    CHECK(scale > 0);
+    CHECK(worst <= 1e-3 * scale);
+    for (int64_t i = 0; i < exact.lse.numel(); ++i) {
+      if (!std::isfinite(exact.lse[i])) continue;
+      const double fd = (double(a.lse[i]) - double(b.lse[i])) / h;
+      CHECK(std::fabs(fd - double(d.sm_lse[size_t(i)])) <= 1e-3 * std::max(1.0, std::fabs(fd)));
+    }
+  }
+}

@@ -605,17 +605,32 @@ void check_emulation_and_bounds(const AttnCase& c) {
   const ref::AttentionOut emu = cmp::emulate_attention_lowp(c.q, c.kv, c.indices, c.sm_scale, c.d_v, tl, sink);
   const ref::AttentionOut exact = ref::sparse_attention(c.q, c.kv, c.indices, c.sm_scale, c.d_v, tl, sink);
   const cmp::AttentionBounds bounds = cmp::attention_bounds(c.q, c.kv, c.indices, c.sm_scale, c.d_v, tl, exact);
+  // With the softmax-scale direction: the same bounds, and the direction (with the sink's factor).
+  const cmp::AttentionBounds with_sm = cmp::attention_bounds_sm(c.q, c.kv, c.indices, c.sm_scale, c.d_v, tl, sink, exact);
+  REQUIRE(first_diff_d(with_sm.out, bounds.out) == -1);
+  REQUIRE(with_sm.sm_out.size() == bounds.out.size());
+  REQUIRE(with_sm.sm_lse.size() == bounds.lse.size());
+  auto same_f = [](const std::vector<float>& a, const std::vector<float>& b) {
+    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+  };
   for_each_target([&](const std::string&, int) {
     REQUIRE(attention_bitwise(simd::emulate_attention_lowp(c.q, c.kv, c.indices, c.sm_scale, c.d_v, tl, sink), emu));
     const cmp::AttentionBounds b = simd::attention_bounds(c.q, c.kv, c.indices, c.sm_scale, c.d_v, tl, exact);
     REQUIRE(first_diff_d(b.out, bounds.out) == -1);
     REQUIRE(first_diff_d(b.lse, bounds.lse) == -1);
     REQUIRE(first_diff_d(b.max_logits, bounds.max_logits) == -1);
+    const cmp::AttentionBounds s = simd::attention_bounds_sm(c.q, c.kv, c.indices, c.sm_scale, c.d_v, tl, sink, exact);
+    REQUIRE(first_diff_d(s.out, bounds.out) == -1);
+    REQUIRE(first_diff_d(s.lse, bounds.lse) == -1);
+    REQUIRE(first_diff_d(s.max_logits, bounds.max_logits) == -1);
+    REQUIRE(same_f(s.sm_out, with_sm.sm_out));
+    REQUIRE(same_f(s.sm_lse, with_sm.sm_lse));
   });
   // Through the kernel table, as golden and diff call them.
   const ref::Kernels k = simd::kernels();
   REQUIRE(attention_bitwise(k.emulate_attention_lowp(c.q, c.kv, c.indices, c.sm_scale, c.d_v, tl, sink), emu));
   REQUIRE(first_diff_d(k.attention_bounds(c.q, c.kv, c.indices, c.sm_scale, c.d_v, tl, exact).out, bounds.out) == -1);
+  REQUIRE(same_f(k.attention_bounds_sm(c.q, c.kv, c.indices, c.sm_scale, c.d_v, tl, sink, exact).sm_out, with_sm.sm_out));
 }
 
 }  // namespace

@@ -32,12 +32,12 @@ bool diff_uses_simd(const DiffArgs& a) {
 }
 
 int cmd_diff(const DiffArgs& a) {
-  // Tensors above 16 MiB stay in the file (verified now, read when the judge needs them): the
-  // golden set is never held whole beside the candidate.
-  const golden::Loaded g = golden::read(a.golden, uint64_t{16} << 20);
-  const io::SafetensorsFile c = io::read_safetensors(a.candidate);
+  // Tensors above 1 MiB stay in the file (verified now, read when the judge needs them, layer by
+  // layer, and freed after it): the golden set is never held whole beside the candidate.
+  const golden::Loaded g = golden::read(a.golden, diff::kGoldenKeepBytes);
+  const io::SafetensorsIndex c = io::read_safetensors_index(a.candidate, diff::kCandidateKeepBytes);
   const bool use_simd = diff_uses_simd(a);
-  const diff::Result r = diff::judge(g, c, a.layers.empty() ? std::set<int>{} : diff::parse_layers(a.layers),
+  const diff::Result r = diff::judge(g, c, a.candidate, a.layers.empty() ? std::set<int>{} : diff::parse_layers(a.layers),
                                      use_simd ? simd::kernels() : ref::Kernels{});
   std::string replay = "indexshare diff --golden " + a.golden + " --candidate " + a.candidate;
   if (!a.layers.empty()) replay += " --layers " + a.layers;

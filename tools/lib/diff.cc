@@ -216,19 +216,21 @@ GoldenLayer load_golden_layer(const golden::Loaded& g, int l, const ref::Kernels
 
 namespace {
 
-// The attention a layer would compute over `indices`, with its bounds and budget.
+// The attention a layer would compute over `indices`, with its bounds and budget (with_sm: and the
+// softmax-scale direction of the structure tests, from the bounds' pass).
 struct Expected {
   ref::AttentionOut attn;
   cmp::AttentionBounds bounds;
   double budget = -1;
 };
 Expected expected_attention(const LayerData& d, const Tensor<int32_t>& indices, float sm, int64_t d_v,
-                            const ref::Kernels& k) {
+                            const ref::Kernels& k, bool with_sm = false) {
   const Tensor<int32_t>* tl = d.topk_length.numel() ? &d.topk_length : nullptr;
   const Tensor<float>* sink = d.sink ? &*d.sink : nullptr;
   Expected e;
   e.attn = k.sparse_attention(d.q, d.kv, indices, sm, d_v, tl, sink);
-  e.bounds = k.attention_bounds(d.q, d.kv, indices, sm, d_v, tl, e.attn);
+  e.bounds = with_sm ? k.attention_bounds_sm(d.q, d.kv, indices, sm, d_v, tl, sink, e.attn)
+                     : k.attention_bounds(d.q, d.kv, indices, sm, d_v, tl, e.attn);
   e.budget = cmp::attention_budget(e.attn.out, k.emulate_attention_lowp(d.q, d.kv, indices, sm, d_v, tl, sink).out);
   return e;
 }
@@ -371,26 +373,6 @@ std::vector<int64_t> row_sequences(const golden::Loaded& g, int64_t s_q, const T
   return seq;
 }
 
-// The derivative of a layer's attention outputs with respect to ln(sm_scale), by a forward
-// difference of one more exact evaluation at sm_scale (1 + 2^-10) against the exact outputs at
-// sm_scale (f32, rounded once from double: the quotient is good to ~1e-3 relative, enough for a
-// regression direction).
-struct SmDirection {
-  Tensor<float> out, lse;
-};
-SmDirection sm_direction(const LayerData& d, const Tensor<int32_t>& indices, const ref::AttentionOut& exact, float sm,
-                         int64_t d_v, const ref::Kernels& k) {
-  const double eps = 0x1p-10;
-  const Tensor<int32_t>* tl = d.topk_length.numel() ? &d.topk_length : nullptr;
-  const Tensor<float>* sink = d.sink ? &*d.sink : nullptr;
-  const ref::AttentionOut up = k.sparse_attention(d.q, d.kv, indices, float(sm * (1 + eps)), d_v, tl, sink);
-  SmDirection r{Tensor<float>(up.out.shape), Tensor<float>(up.lse.shape)};
-  for (int64_t i = 0; i < r.out.numel(); ++i) r.out[i] = float((double(up.out[i]) - double(exact.out[i])) / eps);
-  for (int64_t i = 0; i < r.lse.numel(); ++i)
-    r.lse[i] = std::isfinite(up.lse[i]) ? float((double(up.lse[i]) - double(exact.lse[i])) / eps) : 0.0f;
-  return r;
-}
-
 // Per (tensor, role): the layers judged and those whose structure tests flagged.
 using RoleLayers = std::map<std::string, std::pair<std::vector<int>, std::vector<int>>>;
 
@@ -483,8 +465,11 @@ namespace {
 // step judges one tensor of one layer (numbered as in diff.h) and then tests its hypotheses.
 class Judge {
  public:
-  Judge(const golden::Loaded& g, const io::SafetensorsFile& c, const ref::Kernels& k)
-      : g_(g), c_(c), k_(k), m_(g.manifest), cfg_(m_["config"]), n_layers_(int(m_["layers"].size())), s_q_(cfg_["s_q"]),
+  // lazy / path: the candidate read with read_safetensors_index (tensors without bytes are read
+  // from `path` when judged, and freed after).
+  Judge(const golden::Loaded& g, const io::SafetensorsFile& c, const ref::Kernels& k,
+        const io::SafetensorsIndex* lazy = nullptr, std::string path = "")
+      : g_(g), c_(c), k_(k), lazy_(lazy), path_(std::move(path)), m_(g.manifest), cfg_(m_["config"]), n_layers_(int(m_["layers"].size())), s_q_(cfg_["s_q"]),
         s_kv_(cfg_["s_kv"]), topk_(cfg_["topk"]), h_q_(cfg_["h_q"]), d_v_(cfg_["d_v"]), sm_(cfg_["sm_scale"].get<float>()),
         decode_(m_.value("kind", "") == "decode"), ids_(row_ids(g)), data_(size_t(n_layers_)), loaded_(size_t(n_layers_), false) {}
 
@@ -506,7 +491,6 @@ class Judge {
     std::string P, note;
     const Tensor<int32_t>& use;
     Expected e;
-    SmDirection smd;
     std::vector<int64_t> seqs;
     double lse_abs = 0;
   };
@@ -516,6 +500,37 @@ class Judge {
     return data_[size_t(l)];
   }
   bool has(int l, const std::string& n) const { return c_.find(name(l, n)) != nullptr; }
+  // The candidate's tensor `n` alone, its bytes read from the file, when the index left them
+  // there; nothing when c_ holds them.
+  std::optional<io::SafetensorsFile> lazy_one(const std::string& n) const {
+    const io::TensorView* t = c_.find(n);
+    if (!lazy_ || !t || !t->bytes.empty()) return std::nullopt;
+    int64_t numel = 1;
+    for (int64_t x : t->shape) numel *= x;
+    const size_t bytes = size_t(numel) * io::dtype_size(t->dtype);
+    if (bytes == 0) return std::nullopt;
+    io::SafetensorsFile one;
+    one.source = c_.source;
+    one.tensors.push_back({t->name, t->dtype, t->shape, std::vector<uint8_t>(bytes)});
+    io::read_file_range(path_, lazy_->offsets[size_t(t - c_.tensors.data())], one.tensors.back().bytes.data(), bytes);
+    return one;
+  }
+  Tensor<float> cand_float(const std::string& n, const Shape& shape) const {
+    // F32 left in the file: read straight into the tensor (no second copy of the bytes).
+    if (const io::TensorView* t = c_.find(n); lazy_ && t && t->bytes.empty() && t->dtype == io::DType::F32) {
+      io::expect_shape(*t, shape, c_.source);
+      Tensor<float> out(shape);
+      if (out.numel() > 0)
+        io::read_file_range(path_, lazy_->offsets[size_t(t - c_.tensors.data())], out.ptr(), size_t(out.numel()) * sizeof(float));
+      return out;
+    }
+    const auto one = lazy_one(n);
+    return candidate_float(one ? *one : c_, n, shape);
+  }
+  Tensor<int32_t> cand_int(const std::string& n, const Shape& shape, std::vector<std::string>& diagnoses) const {
+    const auto one = lazy_one(n);
+    return candidate_int(one ? *one : c_, n, shape, diagnoses);
+  }
   static std::string name(int l, const std::string& n) { return "layers." + std::to_string(l) + "." + n; }
   cmp::Verdict add(int l, const std::string& n, cmp::Report r, const std::string& note = "") {
     r.tensor = name(l, n);
@@ -551,6 +566,8 @@ class Judge {
   const golden::Loaded& g_;
   const io::SafetensorsFile& c_;
   const ref::Kernels& k_;
+  const io::SafetensorsIndex* lazy_;
+  const std::string path_;
   const json& m_;
   const json& cfg_;
   const int n_layers_;
@@ -614,8 +631,9 @@ void Judge::judge_layer(int l) {
   // Memory: the layer's attention tensors are not read again (later layers read only another
   // layer's indices, windows, logits and top-k).
   LayerData& done = data_[size_t(l)];
-  done.q = Tensor<bf16_t>();
+  done.q = done.kv = Tensor<bf16_t>();
   done.out = done.lse = done.max_logits = Tensor<float>();
+  done.sink.reset();
 }
 
 // ---- 1. indexer logits ----
@@ -638,7 +656,7 @@ cmp::FloatRule Judge::logits_rule(const LayerData& d) {
 Tensor<float> Judge::judge_logits(const LayerData& d, const std::string& P) {
   const int l = d.l;
   require_indexer(d, "indexer.logits");
-  Tensor<float> cand_logits = candidate_float(c_, name(l, "indexer.logits"), {s_q_, s_kv_});
+  Tensor<float> cand_logits = cand_float(name(l, "indexer.logits"), {s_q_, s_kv_});
   // clean_logits=False (the paged indexer's default; the set's `kernel` block records it): the
   // kernel leaves unspecified values outside each row's window [ks, ke), so they are masked to
   // -inf here, as DeepGEMM's own tests do before comparing; inside the window nothing changes.
@@ -697,7 +715,7 @@ Tensor<float> Judge::judge_logits(const LayerData& d, const std::string& P) {
 void Judge::judge_topk(const LayerData& d, const std::string& P, const Tensor<float>& cand_logits, io::DiffPanel& panel) {
   const int l = d.l;
   require_indexer(d, "indexer.topk");
-  const Tensor<int32_t> ct = candidate_int(c_, name(l, "indexer.topk"), {s_q_, topk_}, res.diagnoses);
+  const Tensor<int32_t> ct = cand_int(name(l, "indexer.topk"), {s_q_, topk_}, res.diagnoses);
   cmp::TopkOptions o;
   if (cand_logits.numel()) { o.candidate_logits = &cand_logits; o.logits_rule = &d.logits_rule; }
   const cmp::Verdict v = add(l, "indexer.topk", cmp::compare_topk("", d.logits, d.ks, d.ke, d.topk, ct, o));
@@ -771,14 +789,14 @@ void Judge::topk_hypotheses(const LayerData& d, const std::string& P, const Tens
 Judge::UsedIndices Judge::judge_indices(const LayerData& d, const std::string& P, io::DiffPanel& panel) {
   const int l = d.l;
   UsedIndices used{d.indices, ""};
-  const Tensor<int32_t> ci = candidate_int(c_, name(l, "attn.indices"), {s_q_, 1, topk_}, res.diagnoses);
+  const Tensor<int32_t> ci = cand_int(name(l, "attn.indices"), {s_q_, 1, topk_}, res.diagnoses);
   const LayerData& src = layer(d.source);  // the layer whose indexer chose the positions
   cmp::Report r = indices_report(d, src, P, ci);
   if (!d.full && passes(r) && has(d.source, "attn.indices")) {
     // IndexShare: exactly the source layer's positions in the candidate's own pipeline (the
     // source layer's own check diagnoses its values).
     std::vector<std::string> ignored;
-    const auto a = row_sets(ci, s_kv_), b = row_sets(candidate_int(c_, name(d.source, "attn.indices"), {s_q_, 1, topk_}, ignored), s_kv_);
+    const auto a = row_sets(ci, s_kv_), b = row_sets(cand_int(name(d.source, "attn.indices"), {s_q_, 1, topk_}, ignored), s_kv_);
     if (a != b) {
       r.verdict = cmp::Verdict::fail;
       r.reasons.push_back("the Shared layer's positions differ from its source layer " + std::to_string(d.source) + "'s in the candidate");
@@ -859,7 +877,7 @@ void Judge::judge_physical(const LayerData& d, const std::string& P) {
   require(g_.find(name(l, "attn.indices_physical")) != nullptr,
           c_.source + ": " + name(l, "attn.indices_physical") + ": the golden set is not a decode set");
   const Tensor<int32_t> gp = g_.tensor<int32_t>(name(l, "attn.indices_physical"));
-  Tensor<int32_t> cp = candidate_int(c_, name(l, "attn.indices_physical"), gp.shape, res.diagnoses);
+  Tensor<int32_t> cp = cand_int(name(l, "attn.indices_physical"), gp.shape, res.diagnoses);
   Tensor<int32_t> gflat = gp, cflat = cp;
   gflat.shape = cflat.shape = {s_q_, 1, topk_};
   cmp::Report r;
@@ -885,20 +903,23 @@ void Judge::judge_physical(const LayerData& d, const std::string& P) {
 
 void Judge::judge_attention(const LayerData& d, const std::string& P, const UsedIndices& used, io::DiffPanel& panel) {
   const int l = d.l;
+  // The softmax-scale direction of the structure tests (out and lse) comes from the bounds' pass.
+  const bool with_sm = has(l, "attn.out") || has(l, "attn.lse");
   Expected e;
   if (used.note.empty()) {  // the golden's own outputs, bounds and budget
     // Moved, not copied: the layer's golden outputs are not read again (see the end of judge_layer).
     e.attn.out = std::move(data_[size_t(l)].out);
     e.attn.lse = std::move(data_[size_t(l)].lse);
     e.attn.max_logits = std::move(data_[size_t(l)].max_logits);
-    e.bounds = k_.attention_bounds(d.q, d.kv, d.indices, sm_, d_v_, d.topk_length.numel() ? &d.topk_length : nullptr, e.attn);
+    const Tensor<int32_t>* tl = d.topk_length.numel() ? &d.topk_length : nullptr;
+    e.bounds = with_sm ? k_.attention_bounds_sm(d.q, d.kv, d.indices, sm_, d_v_, tl, d.sink ? &*d.sink : nullptr, e.attn)
+                       : k_.attention_bounds(d.q, d.kv, d.indices, sm_, d_v_, tl, e.attn);
     const json& b = m_["budgets"];
     e.budget = b.contains(name(l, "attn.out")) ? b[name(l, "attn.out")]["budget_max_abs"].get<double>() : -1;
   } else {
-    e = expected_attention(d, used.indices, sm_, d_v_, k_);
+    e = expected_attention(d, used.indices, sm_, d_v_, k_, with_sm);
   }
-  AttnCtx a{d, P, used.note, used.indices, std::move(e), {}, {}, 0};
-  if (has(l, "attn.out") || has(l, "attn.lse")) a.smd = sm_direction(d, used.indices, a.e.attn, sm_, d_v_, k_);
+  AttnCtx a{d, P, used.note, used.indices, std::move(e), {}, 0};
   a.seqs = row_sequences(g_, s_q_, d.has_indexer ? &d.ks : layer(d.source).has_indexer ? &layer(d.source).ks : nullptr);
   a.lse_abs = kFlashMlaLseAbs * std::max(1.0, cmp::rms_finite(a.e.attn.max_logits));
   if (has(l, "attn.out")) judge_out(a, panel);
@@ -921,7 +942,7 @@ cmp::Verdict Judge::structured(AttnCtx& a, const std::string& tensor, const Tens
 }
 
 void Judge::judge_out(AttnCtx& a, io::DiffPanel& panel) {
-  const Tensor<float> co = candidate_float(c_, name(a.d.l, "attn.out"), {s_q_, h_q_, d_v_});
+  const Tensor<float> co = cand_float(name(a.d.l, "attn.out"), {s_q_, h_q_, d_v_});
   cmp::FloatRule rule = bound_rule(std::move(a.e.bounds.out), a.e.budget);
   const double scale = std::max(1.0, rms_v(a.d.kv, d_v_) / kFlashMlaDataRms);
   rule.anchor_abs = (decode_ ? kFlashMlaDecodeOutAbs : kFlashMlaOutAbs) * scale;
@@ -936,7 +957,7 @@ void Judge::judge_out(AttnCtx& a, io::DiffPanel& panel) {
   spec.cluster_cols = d_v_;
   spec.lanes = true;
   spec.floor = cmp::kFloorOut;
-  spec.sm_dir = a.smd.out.ptr();
+  spec.sm_dir = a.e.bounds.sm_out.data();
   panel.rows = s_q_;
   panel.heads = h_q_;
   panel.ratio = out_ratios(a.e.attn.out, co, rule.bound, d_v_);
@@ -973,7 +994,7 @@ void Judge::out_hypotheses(AttnCtx& a, const Tensor<float>& co) {
 // attn.lse, and when it fails: base 2 units, the sink included.
 void Judge::judge_lse(AttnCtx& a) {
   const LayerData& d = a.d;
-  const Tensor<float> cl = candidate_float(c_, name(d.l, "attn.lse"), {s_q_, h_q_});
+  const Tensor<float> cl = cand_float(name(d.l, "attn.lse"), {s_q_, h_q_});
   cmp::FloatRule rule = bound_rule(a.e.bounds.lse);
   rule.anchor_abs = a.lse_abs;
   rule.anchor_rel = decode_ ? kFlashMlaDecodeLseRel : kFlashMlaLseRel;
@@ -982,7 +1003,7 @@ void Judge::judge_lse(AttnCtx& a) {
   spec.rows = s_q_;
   spec.heads = h_q_;
   spec.floor = cmp::kFloorLse;
-  spec.sm_dir = a.smd.lse.ptr();
+  spec.sm_dir = a.e.bounds.sm_lse.data();
   if (structured(a, "attn.lse", a.e.attn.lse, cl, rule, spec) != cmp::Verdict::fail) return;
   Tensor<float> conv = cl;
   for (float& v : conv.data) v = float(double(v) * std::log(2.0));
@@ -1001,7 +1022,7 @@ void Judge::judge_lse(AttnCtx& a) {
 
 // attn.max_logits, and when it fails: base 2 units.
 void Judge::judge_max_logits(AttnCtx& a) {
-  const Tensor<float> cm = candidate_float(c_, name(a.d.l, "attn.max_logits"), {s_q_, h_q_});
+  const Tensor<float> cm = cand_float(name(a.d.l, "attn.max_logits"), {s_q_, h_q_});
   cmp::FloatRule rule = bound_rule(a.e.bounds.max_logits);
   rule.anchor_abs = a.lse_abs;
   rule.anchor_rel = kFlashMlaLseRel;
@@ -1062,9 +1083,25 @@ void Judge::judge_pooled() {
 
 }  // namespace
 
+namespace {
+Result judge_file(const golden::Loaded& g, const io::SafetensorsFile& c, const std::set<int>& wanted, const ref::Kernels& k,
+                  const io::SafetensorsIndex* lazy, const std::string& path);
+}  // namespace
+
 Result judge(const golden::Loaded& g, const io::SafetensorsFile& c, const std::set<int>& wanted,
              const ref::Kernels& k) {
-  Judge j(g, c, k);
+  return judge_file(g, c, wanted, k, nullptr, "");
+}
+
+Result judge(const golden::Loaded& g, const io::SafetensorsIndex& c, const std::string& path, const std::set<int>& wanted,
+             const ref::Kernels& k) {
+  return judge_file(g, c.file, wanted, k, &c, path);
+}
+
+namespace {
+Result judge_file(const golden::Loaded& g, const io::SafetensorsFile& c, const std::set<int>& wanted, const ref::Kernels& k,
+                  const io::SafetensorsIndex* lazy, const std::string& path) {
+  Judge j(g, c, k, lazy, path);
   for (int l : j.candidate_layers(wanted)) j.judge_layer(l);
   const size_t across0 = j.res.diagnoses.size();
   j.judge_by_role();
@@ -1072,6 +1109,7 @@ Result judge(const golden::Loaded& g, const io::SafetensorsFile& c, const std::s
   j.res.across_layers.assign(j.res.diagnoses.begin() + long(across0), j.res.diagnoses.end());
   return std::move(j.res);
 }
+}  // namespace
 
 std::string Result::svg(const std::string& title) const { return io::diff_svg(panels, across_layers, title); }
 

@@ -59,6 +59,10 @@ struct Result {
   std::string svg(const std::string& title) const;    // io::diff_svg of the panels
 };
 
+// What `diff` keeps of a golden set when it reads it (golden::read's keep_bytes): larger tensors
+// are read from the file when a layer is judged and freed after it (peak memory near one layer's).
+inline constexpr uint64_t kGoldenKeepBytes = uint64_t{1} << 20;
+
 // Judges `candidate` against `golden`. layers: empty = every layer the candidate covers.
 // Throws Error (exit 2) for bad input: an unknown or mis-shaped tensor, a wrong dtype, a layer
 // outside the golden set, a candidate with nothing to judge.
@@ -66,6 +70,13 @@ struct Result {
 // bits faster on large sets).
 Result judge(const golden::Loaded& golden, const io::SafetensorsFile& candidate, const std::set<int>& layers,
              const ref::Kernels& k = {});
+
+// The same judgement of a candidate read with io::read_safetensors_index(path, keep_bytes): the
+// tensors it left in the file are read when their layer is judged and freed after (`diff` keeps
+// only small tensors in memory: kCandidateKeepBytes).
+inline constexpr uint64_t kCandidateKeepBytes = uint64_t{1} << 20;
+Result judge(const golden::Loaded& golden, const io::SafetensorsIndex& candidate, const std::string& path,
+             const std::set<int>& layers, const ref::Kernels& k = {});
 
 // "0,3-5" -> {0, 3, 4, 5}; throws Error naming the bad text.
 std::set<int> parse_layers(const std::string& text);
