@@ -522,3 +522,21 @@ def test_model_attention_bound_is_not_loose(glm, tmp_path):
     for x in rep["tensors"]:
         if x["tensor"] == "attn.model_out":
             assert 0.05 < x["stats"]["max_err_over_bound"] < 1, x
+
+
+def test_model_attention_bad_input_is_refused(glm, tmp_path):
+    """An attention implementation or dtype the bound is not derived for, or a mis-shaped W_uv:
+    exit 2 naming the file, tensor and field."""
+    t = load_file(str(glm["dump"]))
+    with safe_open(str(glm["dump"]), "pt") as f:
+        meta = f.metadata()
+    bad = tmp_path / "bad.safetensors"
+    save_file(t, str(bad), metadata=dict(meta, attn_implementation="flash_attention_2"))
+    r = run("diff", "--golden", glm["golden"], "--candidate", bad, expect=2)
+    assert "attn_implementation is 'flash_attention_2'" in r.stderr
+    t["layers.0.attn.w_uv"] = t["layers.0.attn.w_uv"][:, :-1].contiguous()
+    save_file(t, str(bad), metadata=meta)
+    r = run("diff", "--golden", glm["golden"], "--candidate", bad, expect=2)
+    assert "layers.0.attn.w_uv" in r.stderr
+    with pytest.raises(D.DumpError, match="bf16 models"):
+        D.dump(glm_model().float(), glm["ids"], str(tmp_path / "f32.safetensors"))
