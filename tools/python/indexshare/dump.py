@@ -22,7 +22,12 @@ names ``indexshare golden --from`` reads:
   i32 [S, k] (Full layers: the indexer's top-k), ``layers.{l}.attn.indices`` i32 [S, 1, k] (every
   layer: the positions its attention used; a Shared layer's are the ``prev_topk_indices`` it was
   handed), and, unless ``--no-logits``, ``layers.{l}.indexer.logits`` f32 [S, S] (the model's own
-  index scores, future -inf). HF's masked future slots become -1 (``_hf.to_golden_topk``).
+  index scores, future -inf). HF's masked future slots become -1 (``_hf.to_golden_topk``);
+- the model's own attention, which ``diff`` judges through W_uv: ``layers.{l}.attn.model_out``
+  [S, h, v_head_dim] (o_proj's input per head, eager or sdpa, model dtype), ``attn.w_uk`` /
+  ``attn.w_uv`` [h, nope | v_head_dim, r] (kv_b_proj) and ``attn.q_nope`` [S, h, nope]
+  (``_hf.model_attention``). Only bf16 models with eager or sdpa attention are dumped; the
+  metadata records ``attn_implementation``, ``dtype`` and ``sdpa_bf16_reduction``.
 
 The safetensors metadata (``format: indexshare-dump``) carries the model class and type, the config
 numbers, the schedule of the dumped layers, the problem descriptor (``k``, ``dv``, ``sm``,
