@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import os
 import struct
 import subprocess
@@ -57,18 +58,29 @@ YARN = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 40.0, "original_ma
         "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0}
 
 
+def peaked(model):
+    """Random init gives MLA logits of rms 0.02 (uniform attention, where a wrong softmax scale is
+    invisible); q_b_proj, kv_b_proj and kv_a_proj x 10 give logits of rms ~2, peaked like a trained
+    model's (the latent c is normalised, so k_nope, v and k_rope grow x 10, q x 10)."""
+    with torch.no_grad():
+        for layer in model.model.layers:
+            for lin in (layer.self_attn.q_b_proj, layer.self_attn.kv_b_proj, layer.self_attn.kv_a_proj_with_mqa):
+                lin.weight.mul_(10)
+    return model
+
+
 def glm_model(pattern="FFSFS", seed=0, attn="sdpa"):
     cfg = transformers.GlmMoeDsaConfig(num_hidden_layers=len(pattern), index_topk_pattern=pattern, **COMMON)
     torch.manual_seed(seed)
     # dtype at construction, as from_pretrained(dtype=bfloat16) loads: inv_freq and the router stay f32
-    return transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16, attn_implementation=attn).eval()
+    return peaked(transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16, attn_implementation=attn).eval())
 
 
 def v32_model(layers=3, seed=1):
     cfg = transformers.DeepseekV32Config(num_hidden_layers=layers, rope_parameters=dict(YARN), n_group=1, topk_group=1,
                                          **COMMON)
     torch.manual_seed(seed)
-    return transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).eval()
+    return peaked(transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).eval())
 
 
 def tokens(seed=0):
@@ -153,6 +165,7 @@ def test_glm_model_topk_passes_diff(glm, tmp_path):
         assert st[(layer, "indexer.logits")] == "PASS"
     for layer in range(5):
         assert st[(layer, "attn.indices")] == "PASS"
+        assert st[(layer, "attn.model_out")] == "PASS"  # the model's own attention (sdpa), Shared layers included
 
 
 def test_masked_future_slots_become_minus_one(glm):
@@ -266,6 +279,7 @@ def test_v32_dump_passes_diff_with_yarn_scale(v32, tmp_path):
     st = statuses(rep)
     for layer in range(3):
         assert st[(layer, "indexer.topk")] == "PASS" and st[(layer, "attn.indices")] == "PASS"
+        assert st[(layer, "attn.model_out")] == "PASS"
 
 
 def test_v32_swapped_rope_fails_topk_with_diagnosis(v32, work, tmp_path):
@@ -369,11 +383,14 @@ def test_eager_attention_dump_passes(glm, tmp_path):
     out = tmp_path / "eager.safetensors"
     assert D.dump(model, glm["ids"], str(out))["self_check"] == "pass"
     a, b = load_file(str(out)), load_file(str(glm["dump"]))
-    assert all(torch.equal(a[n], b[n]) for n in b if n.startswith("layers.0."))
+    assert all(torch.equal(a[n], b[n]) for n in b if n.startswith("layers.0.") and n != "layers.0.attn.model_out")
     assert bool(torch.isneginf(a["layers.3.indexer.logits"].triu(1)[torch.ones(S, S).triu(1).bool()]).all())
+    with safe_open(str(out), "pt") as f:
+        assert f.metadata()["attn_implementation"] == "eager" and f.metadata()["dtype"] == "bfloat16"
     gold = tmp_path / "g"
     run("golden", "--from", out, "--out", gold, expect=0)
-    run("diff", "--golden", gold, "--candidate", out, expect=0)
+    _, rep = diff_json(gold, out, tmp_path, expect=0)
+    assert all(statuses(rep)[(layer, "attn.model_out")] == "PASS" for layer in range(5))
 
 
 def test_memory_per_token_and_layer_matches_the_dump(glm):
@@ -382,9 +399,144 @@ def test_memory_per_token_and_layer_matches_the_dump(glm):
     cfg = glm["model"].config
     for layer, full in enumerate([True, True, False, True, False]):
         n = sum(v.numel() * v.element_size() for name, v in t.items() if name.startswith(f"layers.{layer}."))
-        assert n == S * D.bytes_per_token_layer(cfg, full, S), layer
+        assert n == S * D.bytes_per_token_layer(cfg, full, S) + D.bytes_per_layer(cfg), layer
     # the README's GLM-5 and DeepSeek-V3.2 figures
     glm5 = transformers.GlmMoeDsaConfig()
-    assert (D.bytes_per_token_layer(glm5, False, 0), D.bytes_per_token_layer(glm5, True, 0, False)) == (83072, 99852)
+    assert (D.bytes_per_token_layer(glm5, False, 0), D.bytes_per_token_layer(glm5, True, 0, False)) == (140416, 157196)
+    assert D.bytes_per_layer(glm5) == 29360128
     v32 = transformers.DeepseekV32Config()
-    assert (D.bytes_per_token_layer(v32, False, 0), D.bytes_per_token_layer(v32, True, 0, False)) == (156800, 181900)
+    assert (D.bytes_per_token_layer(v32, False, 0), D.bytes_per_token_layer(v32, True, 0, False)) == (222336, 247436)
+    assert D.bytes_per_layer(v32) == 33554432
+
+
+# --- the model's own attention (attn.model_out): faults injected into the model's forward ---------
+
+def model_out_fault(glm, tmp_path, layer, hooks):
+    """The clean GLM dump with layer `layer`'s attn.model_out taken from a forward with `hooks`
+    (module -> forward pre-hook with kwargs) on the model: the layers before it and the layer's own
+    inputs are unchanged, so only the model's attention output of that layer carries the fault."""
+    model = glm["model"]
+    handles = [m.register_forward_pre_hook(h, with_kwargs=True) for m, h in hooks.items()]
+    try:
+        faulty = tmp_path / "faulty.safetensors"
+        D.dump(model, glm["ids"], str(faulty), layers=list(range(layer + 1)), with_logits=False)
+    finally:
+        for h in handles:
+            h.remove()
+    t = load_file(str(glm["dump"]))
+    name = f"layers.{layer}.attn.model_out"
+    bad_out = load_file(str(faulty))[name]
+    assert not torch.equal(bad_out, t[name])  # the fault reached the output
+    t[name] = bad_out
+    with safe_open(str(glm["dump"]), "pt") as f:
+        meta = f.metadata()
+    bad = tmp_path / "bad.safetensors"
+    save_file(t, str(bad), metadata=meta)
+    return bad
+
+
+def test_model_attention_softmax_scale_off_fails(glm, tmp_path):
+    attn = glm["model"].model.layers[3].self_attn
+    sm = attn.scaling
+
+    def scale(mod, args, kwargs):
+        mod.scaling = sm * 1.01
+
+    try:
+        bad = model_out_fault(glm, tmp_path, 3, {attn: scale})
+    finally:
+        attn.scaling = sm
+    r, rep = diff_json(glm["golden"], bad, tmp_path, expect=1)
+    st = statuses(rep)
+    assert st[(3, "attn.model_out")] == "FAIL"
+    assert all(st[(layer, "attn.model_out")] == "PASS" for layer in (0, 1, 2, 4))
+    assert re.search(r"attn.model_out matches a softmax scale off by \+(0\.9|1\.0)", r.stdout), r.stdout
+
+
+def test_model_attention_shared_layer_over_another_layers_positions_fails(glm, tmp_path):
+    topk0 = glm["raw"][("own", 0)].unsqueeze(0)
+
+    def other(mod, args, kwargs):
+        kwargs["prev_topk_indices"] = topk0  # layer 4 (Shared, source 3) handed layer 0's positions
+        return args, kwargs
+
+    bad = model_out_fault(glm, tmp_path, 4, {glm["model"].model.layers[4].self_attn: other})
+    r, rep = diff_json(glm["golden"], bad, tmp_path, expect=1)
+    assert statuses(rep)[(4, "attn.model_out")] == "FAIL"
+    assert "attn.model_out is the model's attention over Full layer 0's positions instead of layer 3's" in r.stdout, r.stdout
+
+
+def test_model_attention_dropped_position_fails(glm, tmp_path):
+    row = S - 1
+    topk = glm["raw"][("own", 1)].clone()
+    dropped = int(topk[row, 0])
+    topk[row, 0] = topk[row, 1]  # a duplicate: the mask loses one position of the last row
+    topk = topk.unsqueeze(0)
+
+    def drop(mod, args, kwargs):
+        kwargs["prev_topk_indices"] = topk  # layer 2 (Shared, source 1)
+        return args, kwargs
+
+    bad = model_out_fault(glm, tmp_path, 2, {glm["model"].model.layers[2].self_attn: drop})
+    r, rep = diff_json(glm["golden"], bad, tmp_path, expect=1)
+    st = statuses(rep)
+    assert st[(2, "attn.model_out")] == "FAIL" and st[(2, "attn.indices")] == "PASS"
+    failed = next(t for t in rep["tensors"] if (t["layer"], t["tensor"]) == (2, "attn.model_out"))
+    assert failed["stats"]["failed"] <= failed["stats"]["n"] // S  # that row's elements only
+    assert f"attn.model_out row {row} is the model's attention without position {dropped}" in r.stdout, r.stdout
+
+
+def test_model_attention_wrong_head_w_uv_fails(glm, tmp_path):
+    t = load_file(str(glm["dump"]))
+    with safe_open(str(glm["dump"]), "pt") as f:
+        meta = f.metadata()
+    w = t["layers.0.attn.w_uv"]
+    t["layers.0.attn.w_uv"] = w[[1, 0, 2, 3]].contiguous()  # heads 0 and 1 swapped: V of the wrong head
+    bad = tmp_path / "bad.safetensors"
+    save_file(t, str(bad), metadata=meta)
+    r, rep = diff_json(glm["golden"], bad, tmp_path, expect=1)
+    assert statuses(rep)[(0, "attn.model_out")] == "FAIL"
+    assert "attn.model_out head 0 is its latent output mapped through head 1's W_uv" in r.stdout, r.stdout
+
+
+def test_model_attention_small_systematic_error_fails(glm, tmp_path):
+    """Sharpness: the model's output 0.2% too large on one layer, inside every element's bound,
+    fails by the structure tests' scale test (floor 2^-11 = 0.05%)."""
+    t = load_file(str(glm["dump"]))
+    with safe_open(str(glm["dump"]), "pt") as f:
+        meta = f.metadata()
+    t["layers.1.attn.model_out"] = t["layers.1.attn.model_out"].float() * 1.002
+    bad = tmp_path / "bad.safetensors"
+    save_file(t, str(bad), metadata=meta)
+    r, rep = diff_json(glm["golden"], bad, tmp_path, expect=1)
+    res = next(x for x in rep["tensors"] if (x["layer"], x["tensor"]) == (1, "attn.model_out"))
+    assert res["verdict"] == "FAIL" and res["stats"]["failed"] == 0  # no element beyond its bound
+    assert res["structure"]["flagged"], res
+    assert re.search(r"attn.model_out scale error 1.00(1[5-9]|2[0-5])", r.stdout), r.stdout
+
+
+def test_model_attention_bound_is_not_loose(glm, tmp_path):
+    """The per-element bound against the model's real rounding: used, not vacuous (the model's
+    error reaches a tenth of it somewhere), on every layer."""
+    _, rep = diff_json(glm["golden"], glm["dump"], tmp_path, expect=0)
+    for x in rep["tensors"]:
+        if x["tensor"] == "attn.model_out":
+            assert 0.05 < x["stats"]["max_err_over_bound"] < 1, x
+
+
+def test_model_attention_bad_input_is_refused(glm, tmp_path):
+    """An attention implementation or dtype the bound is not derived for, or a mis-shaped W_uv:
+    exit 2 naming the file, tensor and field."""
+    t = load_file(str(glm["dump"]))
+    with safe_open(str(glm["dump"]), "pt") as f:
+        meta = f.metadata()
+    bad = tmp_path / "bad.safetensors"
+    save_file(t, str(bad), metadata=dict(meta, attn_implementation="flash_attention_2"))
+    r = run("diff", "--golden", glm["golden"], "--candidate", bad, expect=2)
+    assert "attn_implementation is 'flash_attention_2'" in r.stderr
+    t["layers.0.attn.w_uv"] = t["layers.0.attn.w_uv"][:, :-1].contiguous()
+    save_file(t, str(bad), metadata=meta)
+    r = run("diff", "--golden", glm["golden"], "--candidate", bad, expect=2)
+    assert "layers.0.attn.w_uv" in r.stderr
+    with pytest.raises(D.DumpError, match="bf16 models"):
+        D.dump(glm_model().float(), glm["ids"], str(tmp_path / "f32.safetensors"))

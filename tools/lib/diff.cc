@@ -26,9 +26,9 @@ namespace {
 // The inputs a model dump holds beside its judged names (golden::load_stack_inputs reads them).
 const std::set<std::string> kDumpInputs = {"indexer.q",  "indexer.k",  "indexer.k_scale", "indexer.weights",
                                            "indexer.ks", "indexer.ke", "attn.q",          "attn.kv",
-                                           "attn.sink"};
+                                           "attn.sink",      "attn.q_nope", "attn.w_uk",       "attn.w_uv"};
 const std::vector<std::string> kJudged = {"indexer.logits", "indexer.topk", "attn.indices", "attn.indices_physical",
-                                          "attn.out", "attn.lse", "attn.max_logits"};
+                                          "attn.out", "attn.lse", "attn.max_logits", "attn.model_out"};
 
 }  // namespace
 
@@ -561,6 +561,7 @@ class Judge {
   void judge_out(AttnCtx& a, io::DiffPanel& panel);
   void out_hypotheses(AttnCtx& a, const Tensor<float>& co);
   void judge_lse(AttnCtx& a);
+  void judge_model_out(const LayerData& d, const std::string& P, const UsedIndices& used, io::DiffPanel& panel);
   void judge_max_logits(AttnCtx& a);
 
   const golden::Loaded& g_;
@@ -599,7 +600,8 @@ std::set<int> Judge::candidate_layers(const std::set<int>& wanted) const {
         std::find(kJudged.begin(), kJudged.end(), std::string(rest)) == kJudged.end() ||
         v.name != "layers." + std::to_string(l) + "." + rest)
       throw Error(c_.source + ": tensor '" + v.name + "' is not a golden output name (expected layers.{l}." +
-                  "indexer.logits, indexer.topk, attn.indices, attn.indices_physical, attn.out, attn.lse or attn.max_logits)");
+                  "indexer.logits, indexer.topk, attn.indices, attn.indices_physical, attn.out, attn.lse, attn.max_logits, or a "
+                  "model dump's attn.model_out)");
     if (l < 0 || l >= n_layers_)
       throw Error(c_.source + ": tensor '" + v.name + "': layer " + std::to_string(l) + " is outside the golden set's " +
                   std::to_string(n_layers_) + " layers");
@@ -626,6 +628,7 @@ void Judge::judge_layer(int l) {
   UsedIndices used{d.indices, ""};
   if (has(l, "attn.indices")) used = judge_indices(d, P, panel);
   if (has(l, "attn.indices_physical")) judge_physical(d, P);
+  if (has(l, "attn.model_out")) judge_model_out(d, P, used, panel);
   if (has(l, "attn.out") || has(l, "attn.lse") || has(l, "attn.max_logits")) judge_attention(d, P, used, panel);
   finish_panel(res, std::move(panel), P, diagnoses0, tensors0);
   // Memory: the layer's attention tensors are not read again (later layers read only another
@@ -1039,6 +1042,150 @@ void Judge::judge_max_logits(AttnCtx& a) {
     res.diagnoses.push_back(a.P + ": attn.max_logits is in base-2 units (scaled by log2 e)");
 }
 
+// ---- 4b. a model dump's own attention (attn.model_out) ----
+
+// The model's per-head context (o_proj's input, python -m indexshare.dump) against the golden's
+// latent output mapped through the model's W_uv, with the bound of HF's eager/sdpa bf16 rounding
+// (cmp::model_attention_bounds; derivation in ref/compare.h). The structure tests run on it as on
+// attn.out (clusters (row, head), the softmax-scale direction mapped through W_uv too).
+void Judge::judge_model_out(const LayerData& d, const std::string& P, const UsedIndices& used, io::DiffPanel& panel) {
+  const int l = d.l;
+  const std::string mo = name(l, "attn.model_out");
+  require(candidate_is_dump(), c_.source + ": " + mo + ": only a model dump (python -m indexshare.dump, format " +
+                                   golden::kDumpFormat + ") carries a model's own attention");
+  auto meta = [&](const char* key) {
+    auto it = c_.metadata.find(key);
+    return it == c_.metadata.end() ? std::string() : it->second;
+  };
+  const std::string impl = meta("attn_implementation"), dtype = meta("dtype");
+  require(impl == "eager" || impl == "sdpa", c_.source + ": " + mo + ": metadata attn_implementation is '" + impl +
+                                                 "'; the model-attention bound is derived for 'eager' and 'sdpa'");
+  // eager rounds the logits to bf16; sdpa computes them in f32 unless the dump records that torch
+  // was allowed bf16 reductions in its math path (then as eager).
+  const bool rounded = impl == "eager" || meta("sdpa_bf16_reduction") == "yes";
+  require(dtype == "bfloat16", c_.source + ": " + mo + ": metadata dtype is '" + dtype + "'; the bound is derived for bfloat16 models");
+  require(!d.sink, c_.source + ": " + mo + ": the golden layer has an attention sink, which the dumped families do not have");
+  const io::TensorView& ov = c_.get(mo);
+  require(ov.shape.size() == 3 && ov.shape[0] == s_q_ && ov.shape[1] == h_q_ && ov.shape[2] > 0,
+          c_.source + ": " + mo + ": shape " + shape_str(ov.shape) + ", expected [" + std::to_string(s_q_) + ", " +
+              std::to_string(h_q_) + ", v_head_dim]");
+  const int64_t V = ov.shape[2];
+  const io::TensorView& kv_uk = c_.get(name(l, "attn.w_uk"));
+  require(kv_uk.shape.size() == 3 && kv_uk.shape[0] == h_q_ && kv_uk.shape[2] == d_v_,
+          c_.source + ": " + name(l, "attn.w_uk") + ": shape " + shape_str(kv_uk.shape) + ", expected [" + std::to_string(h_q_) +
+              ", qk_nope_head_dim, " + std::to_string(d_v_) + "]");
+  const int64_t N = kv_uk.shape[1];
+  auto bf = [&](const std::string& n, const Shape& shape) {
+    const io::TensorView& v = c_.get(name(l, n));
+    io::expect_shape(v, shape, c_.source);
+    return io::as_tensor<bf16_t>(v, c_.source);
+  };
+  const Tensor<bf16_t> w_uv = bf("attn.w_uv", {h_q_, V, d_v_}), w_uk = bf("attn.w_uk", {h_q_, N, d_v_}),
+                       q_nope = bf("attn.q_nope", {s_q_, h_q_, N});
+  const Tensor<float> co = candidate_float(c_, mo, {s_q_, h_q_, V});
+  ref::AttentionOut lat;
+  if (used.note.empty()) {
+    lat.out = d.out;
+    lat.lse = d.lse;
+  } else {
+    lat = k_.sparse_attention(d.q, d.kv, used.indices, sm_, d_v_, nullptr, nullptr);
+  }
+  const Tensor<float> expected = cmp::map_latent_output(lat.out, w_uv);
+  cmp::FloatRule rule = bound_rule(cmp::model_attention_bounds(d.q, d.kv, used.indices, sm_, q_nope, w_uk, w_uv, lat.out, expected, rounded));
+  rule.derivation = "per-element bound of the model's " + impl + " bf16 rounding (ref/compare.h: a transformers model's own attention)";
+  const Tensor<float> sm_dir = cmp::map_latent_output(sm_direction(d, used.indices, lat, sm_, d_v_, k_).out, w_uv);
+  cmp::StructureSpec spec;
+  spec.rows = s_q_;
+  spec.heads = h_q_;
+  spec.cols = V;
+  spec.cluster_cols = V;
+  spec.lanes = true;
+  spec.floor = cmp::kFloorOut;
+  spec.sm_dir = sm_dir.ptr();
+  if (panel.rows == 0) {
+    panel.rows = s_q_;
+    panel.heads = h_q_;
+    panel.ratio = out_ratios(expected, co, rule.bound, V);
+  }
+  AttnCtx a{d, P, used.note, used.indices, {}, {}, row_sequences(g_, s_q_, d.has_indexer ? &d.ks : nullptr), 0};
+  if (structured(a, "attn.model_out", expected, co, rule, spec) != cmp::Verdict::fail) return;
+
+  // What explains a failure. Another Full layer's positions (a Shared layer attending over them):
+  for (int j = 0; j < n_layers_; ++j) {
+    if (j == d.source || !layer(j).full) continue;
+    const Tensor<float> lj = k_.sparse_attention(d.q, d.kv, layer(j).indices, sm_, d_v_, nullptr, nullptr).out;
+    const Tensor<float> ej = cmp::map_latent_output(lj, w_uv);
+    if (passes(cmp::compare_floats("", ej, co, bound_rule(cmp::model_attention_bounds(d.q, d.kv, layer(j).indices, sm_, q_nope,
+                                                                                        w_uk, w_uv, lj, ej, rounded)))))
+      res.diagnoses.push_back(P + ": attn.model_out is the model's attention over Full layer " + std::to_string(j) +
+                              "'s positions instead of layer " + std::to_string(d.source) + "'s");
+  }
+  // Per (row, head): does the element fail?
+  auto fails = [&](const Tensor<float>& e, const std::vector<double>& b, int64_t t, int64_t hh) {
+    for (int64_t j = 0; j < V; ++j) {
+      const int64_t i = (t * h_q_ + hh) * V + j;
+      if (!(std::fabs(double(co[i]) - double(e[i])) <= b[size_t(i)])) return true;
+    }
+    return false;
+  };
+  // V of another head: a failing head whose every row passes with head h2's W_uv (the first 4
+  // failing heads; every other head tried).
+  int tried = 0;
+  for (int64_t hh = 0; hh < h_q_ && tried < 4; ++hh) {
+    bool bad = false;
+    for (int64_t t = 0; t < s_q_ && !bad; ++t) bad = fails(expected, rule.bound, t, hh);
+    if (!bad) continue;
+    ++tried;
+    for (int64_t h2 = 0; h2 < h_q_; ++h2) {
+      if (h2 == hh) continue;
+      Tensor<bf16_t> w2 = w_uv;
+      for (int64_t i = 0; i < V * d_v_; ++i) w2[hh * V * d_v_ + i] = w_uv[h2 * V * d_v_ + i];
+      const Tensor<float> e2 = cmp::map_latent_output(lat.out, w2);
+      const std::vector<double> b2 = cmp::model_attention_bounds(d.q, d.kv, used.indices, sm_, q_nope, w_uk, w2, lat.out, e2, rounded);
+      bool ok = true;
+      for (int64_t t = 0; t < s_q_ && ok; ++t) ok = !fails(e2, b2, t, hh);
+      if (ok) {
+        res.diagnoses.push_back(P + ": attn.model_out head " + std::to_string(hh) + " is its latent output mapped through head " +
+                                std::to_string(h2) + "'s W_uv (the model used another head's V, or attn.w_uv is not the model's)");
+        break;
+      }
+    }
+  }
+  // One position missing from a row's mask: the first 3 failing rows, each valid position left out.
+  const int64_t k = used.indices.shape[2];
+  int rows = 0;
+  for (int64_t t = 0; t < s_q_ && rows < 3; ++t) {
+    bool bad = false;
+    for (int64_t hh = 0; hh < h_q_ && !bad; ++hh) bad = fails(expected, rule.bound, t, hh);
+    if (!bad) continue;
+    ++rows;
+    for (int64_t j = 0; j < k; ++j) {
+      const int32_t s = used.indices[t * k + j];
+      if (s < 0 || s >= s_kv_) continue;
+      Tensor<int32_t> one({1, 1, k});
+      Tensor<bf16_t> q1({1, h_q_, d.q.shape[2]});
+      for (int64_t i = 0; i < k; ++i) one[i] = i == j ? -1 : used.indices[t * k + i];
+      for (int64_t i = 0; i < q1.numel(); ++i) q1[i] = d.q[t * q1.numel() + i];
+      const Tensor<float> l1 = k_.sparse_attention(q1, d.kv, one, sm_, d_v_, nullptr, nullptr).out;
+      const Tensor<float> e1 = cmp::map_latent_output(l1, w_uv);
+      Tensor<bf16_t> qn1({1, h_q_, N});
+      for (int64_t i = 0; i < qn1.numel(); ++i) qn1[i] = q_nope[t * qn1.numel() + i];
+      const std::vector<double> b1 = cmp::model_attention_bounds(q1, d.kv, one, sm_, qn1, w_uk, w_uv, l1, e1, rounded);
+      bool ok = true;
+      for (int64_t hh = 0; hh < h_q_ && ok; ++hh)
+        for (int64_t c = 0; c < V && ok; ++c) {
+          const int64_t i = hh * V + c;
+          ok = std::fabs(double(co[t * h_q_ * V + i]) - double(e1[i])) <= b1[size_t(i)];
+        }
+      if (ok) {
+        res.diagnoses.push_back(P + ": attn.model_out row " + std::to_string(t) + " is the model's attention without position " +
+                                std::to_string(s) + " (a top-k position missing from its mask)");
+        break;
+      }
+    }
+  }
+}
+
 // ---- 5. across layers ----
 
 // By role: a tensor flagged on every layer of one role and on none of the other points at that
@@ -1067,7 +1214,9 @@ void Judge::judge_pooled() {
     const std::string tensor = key.substr(0, key.find('|')), role = key.substr(key.find('|') + 1);
     cmp::StructureSpec spec;
     spec.tensor = tensor + " (" + role + " layers pooled)";
-    spec.floor = tensor == "attn.out" ? cmp::kFloorOut : tensor == "indexer.logits" ? cmp::kFloorLogits : cmp::kFloorLse;
+    spec.floor = tensor == "attn.out" || tensor == "attn.model_out" ? cmp::kFloorOut
+                 : tensor == "indexer.logits"                          ? cmp::kFloorLogits
+                                                                      : cmp::kFloorLse;
     const cmp::StructureReport st = cmp::pooled_tests(spec, v.second);
     if (!st.flagged) continue;
     cmp::Report r;

@@ -18,6 +18,10 @@
 //      (conditional evaluation), so a tie never becomes a false failure downstream;
 //   4. compares attention out / lse / max_logits with derived per-element bounds and the
 //      FlashAttention-style budget;
+//   4b. a model dump's attn.model_out (python -m indexshare.dump: the model's own attention per head,
+//      [s_q, h_q, v_head_dim], with attn.w_uk / attn.w_uv / attn.q_nope beside it): the golden's
+//      latent out mapped through W_uv, within cmp::model_attention_bounds (HF's eager/sdpa bf16
+//      rounding), plus the structure tests;
 //   5. when something fails, tests named hypotheses and reports the ones that explain it.
 #pragma once
 

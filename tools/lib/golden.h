@@ -109,7 +109,10 @@ GoldenSet build_from(const std::string& file, Problem p, bool with_logits, const
 // inputs above it carries the model's own choices under the names diff judges (kDumpReferences),
 // which --from does not read, and in its metadata the problem it was taken with.
 inline constexpr const char* kDumpFormat = "indexshare-dump";
-inline const std::set<std::string> kDumpReferences = {"indexer.topk", "indexer.logits", "attn.indices"};
+// (and the model's own attention with what diff needs to judge it: attn.model_out, attn.q_nope,
+// attn.w_uk, attn.w_uv)
+inline const std::set<std::string> kDumpReferences = {"indexer.topk", "indexer.logits", "attn.indices", "attn.model_out",
+                                                      "attn.q_nope",  "attn.w_uk",      "attn.w_uv"};
 // The metadata's problem descriptor (top-k, dv, sm, indexer=bf16, sched=) of a model dump; "" for
 // any other file. A dump without one is refused naming the file.
 std::string dump_problem(const io::SafetensorsFile& f, const std::string& file);

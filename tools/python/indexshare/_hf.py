@@ -183,6 +183,33 @@ def mla_absorbed(attn: torch.nn.Module, hidden_states, position_embeddings):
     return q, kv
 
 
+@torch.no_grad()
+def model_attention(attn: torch.nn.Module, hidden_states, context) -> dict:
+    """The model's own attention output and what ``diff`` needs to judge it, batch 1.
+
+    context: o_proj's input [1, S, h * v_head_dim] (eager or sdpa over the top-k mask, model dtype).
+    Returns ``attn.model_out`` [S, h, v_head_dim] (that context per head), ``attn.w_uv``
+    [h, v_head_dim, r] and ``attn.w_uk`` [h, nope, r] (``kv_b_proj.weight`` viewed [h, nope + v, r],
+    split: v = c W_uv[h]^T and k_nope = c W_uk[h]^T of the normalised latent c), and ``attn.q_nope``
+    [S, h, nope] (the model's q before absorption): all in the model dtype, bits as the model has them.
+    diff maps the golden's latent output through W_uv and bounds the model's rounding with W_uk and
+    q_nope (tools/README.md, "the model's own attention").
+    """
+    b, s, _ = hidden_states.shape
+    h, nope, rope, r, dv = attn.num_heads, attn.qk_nope_head_dim, attn.qk_rope_head_dim, attn.kv_lora_rank, attn.v_head_dim
+    if tuple(context.shape) != (b, s, h * dv):
+        raise BridgeError(f"o_proj input has shape {list(context.shape)}, expected {[b, s, h * dv]}")
+    w = attn.kv_b_proj.weight.view(h, nope + dv, r)
+    q_resid = attn.q_a_layernorm(attn.q_a_proj(hidden_states))
+    q_states = attn.q_b_proj(q_resid).view(b, s, h, nope + rope)
+    return {
+        "attn.model_out": context[0].reshape(s, h, dv),
+        "attn.w_uv": w[:, nope:, :],
+        "attn.w_uk": w[:, :nope, :],
+        "attn.q_nope": q_states[0, :, :, :nope],
+    }
+
+
 def softmax_scale(attn: torch.nn.Module) -> float:
     """The attention's own scaling (qk_head_dim^-0.5, times mscale^2 under YaRN)."""
     return float(attn.scaling)

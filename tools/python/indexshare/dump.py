@@ -22,7 +22,12 @@ names ``indexshare golden --from`` reads:
   i32 [S, k] (Full layers: the indexer's top-k), ``layers.{l}.attn.indices`` i32 [S, 1, k] (every
   layer: the positions its attention used; a Shared layer's are the ``prev_topk_indices`` it was
   handed), and, unless ``--no-logits``, ``layers.{l}.indexer.logits`` f32 [S, S] (the model's own
-  index scores, future -inf). HF's masked future slots become -1 (``_hf.to_golden_topk``).
+  index scores, future -inf). HF's masked future slots become -1 (``_hf.to_golden_topk``);
+- the model's own attention, which ``diff`` judges through W_uv: ``layers.{l}.attn.model_out``
+  [S, h, v_head_dim] (o_proj's input per head, eager or sdpa, model dtype), ``attn.w_uk`` /
+  ``attn.w_uv`` [h, nope | v_head_dim, r] (kv_b_proj) and ``attn.q_nope`` [S, h, nope]
+  (``_hf.model_attention``). Only bf16 models with eager or sdpa attention are dumped; the
+  metadata records ``attn_implementation``, ``dtype`` and ``sdpa_bf16_reduction``.
 
 The safetensors metadata (``format: indexshare-dump``) carries the model class and type, the config
 numbers, the schedule of the dumped layers, the problem descriptor (``k``, ``dv``, ``sm``,
@@ -212,12 +217,27 @@ def capture(model, input_ids, layers: list[int], with_logits: bool = True, index
 
         return hook
 
+    model_out: dict[int, torch.Tensor] = {}
+
+    def o_proj_hook(layer):
+        def hook(mod, args):
+            # o_proj's input: the attention's per-head context [B, S, h * v_head_dim], as the
+            # model's eager/sdpa attention computed it (top-k mask included), in the model dtype.
+            model_out[layer] = args[0].detach()
+
+        return hook
+
     def attn_hook(layer):
         def hook(mod, args, kwargs, output):
             a = _hf.bind(mod, args, kwargs)
             q, kv = _hf.mla_absorbed(mod, a["hidden_states"], a["position_embeddings"])
             i = new_index[layer]
             pre = f"layers.{i}."
+            ctx = model_out.pop(layer, None)
+            if ctx is None:
+                raise DumpError(f"layer {layer}: o_proj was not called (no attention output to capture)")
+            for name, t in _hf.model_attention(mod, a["hidden_states"], ctx).items():
+                tensors[pre + name] = t.cpu().contiguous()
             if info["sm"] is None:
                 info["sm"] = _hf.softmax_scale(mod)
             tensors[pre + "attn.q"] = q.to(torch.bfloat16).cpu()
@@ -255,6 +275,7 @@ def capture(model, input_ids, layers: list[int], with_logits: bool = True, index
                 handles.append(attn.indexer.register_forward_hook(indexer_hook(layer), with_kwargs=True))
             elif schedule[layer] == "F":
                 raise DumpError(f"layer {layer} is Full in the schedule but its attention has no indexer")
+            handles.append(attn.o_proj.register_forward_pre_hook(o_proj_hook(layer)))
             handles.append(attn.register_forward_hook(attn_hook(layer), with_kwargs=True))
         try:
             with torch.no_grad():
@@ -267,6 +288,10 @@ def capture(model, input_ids, layers: list[int], with_logits: bool = True, index
     rotary = model.model.rotary_emb
     rope = {"dim": int(cfg.qk_rope_head_dim), "inv_freq": [float(f) for f in rotary.inv_freq.float().cpu()],
             "attention_scaling": float(rotary.attention_scaling)}
+    # torch's math sdpa keeps bf16 reductions only when allowed (default: upcast to f32); diff's bound
+    # then treats the logits as rounded, as eager's
+    info.update(sdpa_bf16_reduction="yes" if torch.backends.cuda.fp16_bf16_reduction_math_sdp_allowed() else "no")
+    info.update(attn_implementation=str(cfg._attn_implementation), dtype=str(next(model.parameters()).dtype).replace("torch.", ""))
     info.update(family=fam, layout=layout, own_layout=own_layout, schedule=schedule, k=k, S=S, rope=rope)
     return tensors, info
 
@@ -292,6 +317,9 @@ def metadata(model, info, layers: list[int], sched: str, source: str, with_logit
         "valid positions in torch.topk's order, -1 trailing; torch.topk's order among ties is unspecified",
         "weights": "indexer.weights = weights_proj(x).float() * index_n_heads^-0.5 * index_head_dim^-0.5 (f32)",
         "attn": f"attn.q = [q_nope W_uk (absorbed, {r}) | q_rope ({rope})], attn.kv = [kv_a_layernorm latent | k_rope]",
+        "model_out": "attn.model_out = the input of o_proj viewed [S, h, v_head_dim] (the model's own attention, "
+        f"{info['attn_implementation']}, {info['dtype']}); attn.w_uk / attn.w_uv = kv_b_proj.weight viewed "
+        "[h, nope + v_head_dim, r] split; attn.q_nope = q_b_proj's nope part [S, h, nope]",
     }
     return {
         "format": FORMAT,
@@ -304,7 +332,9 @@ def metadata(model, info, layers: list[int], sched: str, source: str, with_logit
         "model_schedule": "".join(info["schedule"]),
         "layers": json.dumps(layers),
         "problem": problem,
-        "dtype": "bfloat16",
+        "dtype": info["dtype"],
+        "attn_implementation": info["attn_implementation"],
+        "sdpa_bf16_reduction": info["sdpa_bf16_reduction"],
         "tokens": str(info["S"]),
         "indexer_rope": info["layout"],
         "model_indexer_rope": info["own_layout"],
@@ -360,6 +390,16 @@ def dump(model, input_ids, out: str, layers: list[int] | None = None, with_logit
         raise DumpError("config.q_lora_rank is None: the DSA indexer reads the q LoRA residual")
     if input_ids.dim() != 2 or input_ids.shape[0] != 1:
         raise DumpError(f"input_ids must be [1, S], got {list(input_ids.shape)}")
+    import torch
+
+    dtype = next(model.parameters()).dtype
+    if dtype != torch.bfloat16:
+        raise DumpError(f"the model runs in {dtype}: the bridge dumps bf16 models (from_pretrained/from_config with "
+                        "dtype=torch.bfloat16), whose kernel inputs the golden takes without rounding")
+    impl = getattr(model.config, "_attn_implementation", None)
+    if impl not in ("eager", "sdpa"):
+        raise DumpError(f"attn_implementation {impl!r}: the bridge captures and diff judges the model's attention for "
+                        "'eager' and 'sdpa' (the dense attention with the top-k mask)")
     tensors, info = capture(model, input_ids, layers, with_logits, indexer_rope)
     meta = metadata(model, info, layers, sched, source, with_logits)
     bad = [layer for layer, ok in info["self_check"].items() if not ok]
@@ -378,9 +418,15 @@ def bytes_per_token_layer(cfg, full: bool, tokens: int, with_logits: bool = True
     h, d = cfg.num_attention_heads, cfg.kv_lora_rank + cfg.qk_rope_head_dim
     H, D, k = cfg.index_n_heads, cfg.index_head_dim, cfg.index_topk
     n = 2 * h * d + 2 * d + 4 * k  # attn.q, attn.kv, attn.indices
+    n += 2 * h * cfg.v_head_dim + 2 * h * cfg.qk_nope_head_dim  # attn.model_out, attn.q_nope
     if full:
         n += 2 * H * D + 2 * D + 4 + 4 * H + 8 + 4 * k + (4 * tokens if with_logits else 0)
     return n
+
+
+def bytes_per_layer(cfg) -> int:
+    """What one dumped layer costs whatever the token count: attn.w_uk and attn.w_uv (kv_b_proj, bf16)."""
+    return 2 * cfg.num_attention_heads * (cfg.qk_nope_head_dim + cfg.v_head_dim) * cfg.kv_lora_rank
 
 
 def main(argv: list[str] | None = None) -> int:
