@@ -1093,7 +1093,14 @@ void Judge::judge_model_out(const LayerData& d, const std::string& P, const Used
   const Tensor<float> expected = cmp::map_latent_output(lat.out, w_uv);
   cmp::FloatRule rule = bound_rule(cmp::model_attention_bounds(d.q, d.kv, used.indices, sm_, q_nope, w_uk, w_uv, lat.out, expected, rounded));
   rule.derivation = "per-element bound of the model's " + impl + " bf16 rounding (ref/compare.h: a transformers model's own attention)";
-  const Tensor<float> sm_dir = cmp::map_latent_output(sm_direction(d, used.indices, lat, sm_, d_v_, k_).out, w_uv);
+  // The softmax-scale direction of the latent output (analytic, from the bounds' pass), mapped
+  // through W_uv as the output is (linear).
+  Tensor<float> lat_dir(lat.out.shape);
+  {
+    const Tensor<int32_t>* tl = d.topk_length.numel() ? &d.topk_length : nullptr;
+    lat_dir.data = k_.attention_bounds_sm(d.q, d.kv, used.indices, sm_, d_v_, tl, nullptr, lat).sm_out;
+  }
+  const Tensor<float> sm_dir = cmp::map_latent_output(lat_dir, w_uv);
   cmp::StructureSpec spec;
   spec.rows = s_q_;
   spec.heads = h_q_;
@@ -1107,7 +1114,7 @@ void Judge::judge_model_out(const LayerData& d, const std::string& P, const Used
     panel.heads = h_q_;
     panel.ratio = out_ratios(expected, co, rule.bound, V);
   }
-  AttnCtx a{d, P, used.note, used.indices, {}, {}, row_sequences(g_, s_q_, d.has_indexer ? &d.ks : nullptr), 0};
+  AttnCtx a{d, P, used.note, used.indices, {}, row_sequences(g_, s_q_, d.has_indexer ? &d.ks : nullptr), 0};
   if (structured(a, "attn.model_out", expected, co, rule, spec) != cmp::Verdict::fail) return;
 
   // What explains a failure. Another Full layer's positions (a Shared layer attending over them):

@@ -169,8 +169,10 @@ TensorView make_view(const std::string& name, const Tensor<T>& t) {
   const int64_t numel = shape_numel(t.shape);
   require(numel == t.numel(), "make_view: tensor '" + name + "': shape " + shape_str(t.shape) +
                                   " does not match " + std::to_string(t.numel()) + " elements");
-  v.bytes.resize(t.data.size() * sizeof(T));
-  if (!v.bytes.empty()) std::memcpy(v.bytes.data(), t.data.data(), v.bytes.size());
+  // One pass over the bytes: assigned from the range, not zero-filled and then copied (the
+  // zeroing was a sixth of golden's time beyond run at hq16).
+  const auto* first = reinterpret_cast<const uint8_t*>(t.data.data());
+  v.bytes.assign(first, first + t.data.size() * sizeof(T));
   return v;
 }
 
