@@ -1084,9 +1084,10 @@ void Judge::judge_model_out(const LayerData& d, const std::string& P, const Used
                        q_nope = bf("attn.q_nope", {s_q_, h_q_, N});
   const Tensor<float> co = candidate_float(c_, mo, {s_q_, h_q_, V});
   ref::AttentionOut lat;
-  if (used.note.empty()) {
+  if (used.note.empty() && d.max_logits.numel() == d.lse.numel()) {
     lat.out = d.out;
     lat.lse = d.lse;
+    lat.max_logits = d.max_logits;  // read by the bounds' pass
   } else {
     lat = k_.sparse_attention(d.q, d.kv, used.indices, sm_, d_v_, nullptr, nullptr);
   }
