@@ -53,28 +53,28 @@ std::vector<double> model_attention_bounds(const Tensor<bf16_t>& q, const Tensor
   // Per (key, head): k_nope exact and its magnitude sum_r |W_uk| |c| [n]; V exact and M [v].
   std::vector<double> kno(static_cast<size_t>(s_kv * h * n)), kmag(kno.size()), vex(static_cast<size_t>(s_kv * h * v)),
       M(vex.size());
+  // Row j of head hh's up-projection W [h, rows, r] times the latent row c: the exact sum (r
+  // ascending) into out[0] and the sum of |products| into out[1].
+  auto project = [&](const Tensor<bf16_t>& w, int64_t rows, int64_t hh, int64_t j, const bf16_t* row, double* a, double* m) {
+    double sa = 0, sm_ = 0;
+    for (int64_t c = 0; c < r; ++c) {
+      const double wx = f(w[(hh * rows + j) * r + c]) * f(row[c]);
+      sa += wx;
+      sm_ += std::fabs(wx);
+    }
+    *a = sa;
+    *m = sm_;
+  };
   for (int64_t i = 0; i < s_kv; ++i) {
     const bf16_t* row = &kv[i * d];
     for (int64_t hh = 0; hh < h; ++hh) {
       for (int64_t nn = 0; nn < n; ++nn) {
-        double a = 0, m = 0;
-        for (int64_t c = 0; c < r; ++c) {
-          const double w = f(w_uk[(hh * n + nn) * r + c]), x = f(row[c]);
-          a += w * x;
-          m += std::fabs(w * x);
-        }
-        kno[size_t((i * h + hh) * n + nn)] = a;
-        kmag[size_t((i * h + hh) * n + nn)] = m;
+        const size_t o = size_t((i * h + hh) * n + nn);
+        project(w_uk, n, hh, nn, row, &kno[o], &kmag[o]);
       }
       for (int64_t j = 0; j < v; ++j) {
-        double a = 0, m = 0;
-        for (int64_t c = 0; c < r; ++c) {
-          const double w = f(w_uv[(hh * v + j) * r + c]), x = f(row[c]);
-          a += w * x;
-          m += std::fabs(w * x);
-        }
-        vex[size_t((i * h + hh) * v + j)] = a;
-        M[size_t((i * h + hh) * v + j)] = m;
+        const size_t o = size_t((i * h + hh) * v + j);
+        project(w_uv, v, hh, j, row, &vex[o], &M[o]);
       }
     }
   }

@@ -373,29 +373,8 @@ HWY_INLINE void BoundATile(const double* HWY_RESTRICT w, int64_t hp, const doubl
     for (size_t u = 0; u < kV; ++u) hn::StoreU(acc[h][u], d64, o + int64_t(h) * ostride + int64_t(u * N));
 }
 
-// The softmax-scale direction's D_c = sum_i u[i][h] * V_i[c] in f32 for kH heads and kV vectors
-// of columns (V rows vr, f32), i ascending, a multiply then an add (ref's `D += u * v`).
-using DF32 = hn::ScalableTag<float>;
-using VF32 = hn::Vec<DF32>;
-template <size_t kH, size_t kV>
-HWY_INLINE void BoundDTile(const float* HWY_RESTRICT u, int64_t hp, const float* HWY_RESTRICT vr, int64_t vstride,
-                           int64_t n, float* HWY_RESTRICT o, int64_t ostride) {
-  const DF32 df;
-  const size_t N = hn::Lanes(df);
-  VF32 acc[kH][kV];
-  for (size_t h = 0; h < kH; ++h)
-    for (size_t k = 0; k < kV; ++k) acc[h][k] = hn::Zero(df);
-  for (int64_t i = 0; i < n; ++i) {
-    VF32 x[kV];
-    for (size_t k = 0; k < kV; ++k) x[k] = hn::LoadU(df, vr + i * vstride + int64_t(k * N));
-    for (size_t h = 0; h < kH; ++h) {
-      const VF32 q = hn::Set(df, u[i * hp + int64_t(h)]);
-      for (size_t k = 0; k < kV; ++k) acc[h][k] = hn::Add(acc[h][k], hn::Mul(q, x[k]));
-    }
-  }
-  for (size_t h = 0; h < kH; ++h)
-    for (size_t k = 0; k < kV; ++k) hn::StoreU(acc[h][k], df, o + int64_t(h) * ostride + int64_t(k * N));
-}
+// The softmax-scale direction's D_c = sum_i u[i][h] * V_i[c] in f32, i ascending, a multiply then
+// an add (ref's `D += u * v`): pass 3's tile of the emulation, unfused (EmuPVTile<kH, kV, false>).
 
 // Pass 1 tile: keys x 2 vectors of heads (x 2 sums: 16 accumulators with 32 registers, 8 with 16).
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
@@ -537,7 +516,7 @@ void BoundsChunk(const detail::AttentionView& v, const float* exact_out, const f
       }
       for (int64_t c0 = 0; c0 < dvf; c0 += cwf)
         for (int64_t h0 = 0; h0 < hp; h0 += int64_t(kBoundDHeads))
-          BoundDTile<kBoundDHeads, kBoundDVecs>(ubuf.get() + h0, hp, vf.get() + c0, dvf, n, Dv.get() + h0 * dvf + c0, dvf);
+          EmuPVTile<kBoundDHeads, kBoundDVecs, false>(ubuf.get() + h0, hp, vf.get() + c0, dvf, n, Dv.get() + h0 * dvf + c0, dvf);
     }
     // A_c per head, column strips of V (|V| taken on load).
     for (int64_t c0 = 0; c0 < dvp; c0 += cw)

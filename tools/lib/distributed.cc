@@ -47,6 +47,24 @@ std::string bcast(std::string s) {
 
 // Bytes in pieces below MPI's int counts.
 constexpr uint64_t kChunk = 1ull << 30;
+// Every rank's text gathered to rank 0, in rank order (lengths, then the texts); empty elsewhere.
+std::vector<std::string> gather_texts(const std::string& mine) {
+  const int len = int(mine.size());
+  std::vector<int> lens(static_cast<size_t>(g_size)), displs(static_cast<size_t>(g_size));
+  MPI_Gather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, 0, MPI_COMM_WORLD);
+  int total = 0;
+  for (int r = 0; r < g_size; ++r) {
+    displs[size_t(r)] = total;
+    total += lens[size_t(r)];
+  }
+  std::string all(size_t(total), '\0');
+  MPI_Gatherv(mine.data(), len, MPI_CHAR, all.data(), lens.data(), displs.data(), MPI_CHAR, 0, MPI_COMM_WORLD);
+  std::vector<std::string> texts;
+  if (g_rank == 0)
+    for (int r = 0; r < g_size; ++r) texts.push_back(all.substr(size_t(displs[size_t(r)]), size_t(lens[size_t(r)])));
+  return texts;
+}
+
 }  // namespace
 
 bool launched() {
@@ -80,24 +98,13 @@ void agree(const std::string& error) {
     MPI_Allreduce(&bad, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
   }
   if (!any) return;
-  // Gather the messages to rank 0: lengths, then the texts.
-  const int len = int(error.size());
-  const size_t nranks = size_t(g_size);
-  std::vector<int> lens(nranks), displs(nranks);
-  MPI_Gather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, 0, MPI_COMM_WORLD);
-  int total = 0;
-  for (int r = 0; r < g_size; ++r) {
-    displs[size_t(r)] = total;
-    total += lens[size_t(r)];
-  }
-  std::string all(size_t(total), '\0');
-  MPI_Gatherv(error.data(), len, MPI_CHAR, all.data(), lens.data(), displs.data(), MPI_CHAR, 0, MPI_COMM_WORLD);
+  const std::vector<std::string> texts = gather_texts(error);  // the messages, at rank 0
   if (g_rank == 0) {
     std::map<std::string, std::vector<int>> by_message;  // the same error on several ranks: one line
     std::vector<std::string> order;
     for (int r = 0; r < g_size; ++r) {
-      if (!lens[size_t(r)]) continue;
-      const std::string m = all.substr(size_t(displs[size_t(r)]), size_t(lens[size_t(r)]));
+      const std::string& m = texts[size_t(r)];
+      if (m.empty()) continue;
       if (!by_message.count(m)) order.push_back(m);
       by_message[m].push_back(r);
     }
@@ -430,22 +437,13 @@ std::string timing_report() {
     std::snprintf(num, sizeof num, "\t%.6f\t%.6f\n", ph.wall_s, ph.cpu_s);
     mine += ph.name + num;
   }
-  const int len = int(mine.size());
-  std::vector<int> lens(static_cast<size_t>(g_size)), displs(static_cast<size_t>(g_size));
-  MPI_Gather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, 0, MPI_COMM_WORLD);
-  int total = 0;
-  for (int r = 0; r < g_size; ++r) {
-    displs[size_t(r)] = total;
-    total += lens[size_t(r)];
-  }
-  std::string all(size_t(total), '\0');
-  MPI_Gatherv(mine.data(), len, MPI_CHAR, all.data(), lens.data(), displs.data(), MPI_CHAR, 0, MPI_COMM_WORLD);
+const std::vector<std::string> texts = gather_texts(mine);
   if (g_rank != 0) return "";
   // Rows: the phases in order of first appearance over the ranks; columns: wall / CPU per rank.
   std::vector<std::string> names;
   std::vector<std::map<std::string, std::pair<double, double>>> per(static_cast<size_t>(g_size));
   for (int r = 0; r < g_size; ++r) {
-    std::istringstream in(all.substr(size_t(displs[size_t(r)]), size_t(lens[size_t(r)])));
+    std::istringstream in(texts[size_t(r)]);
     std::string line;
     while (std::getline(in, line)) {
       const size_t a = line.find('\t'), b = line.find('\t', a + 1);
