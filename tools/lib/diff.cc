@@ -495,6 +495,19 @@ class Judge {
     double lse_abs = 0;
   };
 
+  // The structure tests of an [s_q, h_q, cols] attention output (attn.out, attn.model_out):
+  // clusters (row, head), column lanes, the out floor, regressed also on the softmax-scale direction.
+  cmp::StructureSpec out_spec(int64_t cols, const float* sm_dir) const {
+    cmp::StructureSpec spec;
+    spec.rows = s_q_;
+    spec.heads = h_q_;
+    spec.cols = cols;
+    spec.cluster_cols = cols;
+    spec.lanes = true;
+    spec.floor = cmp::kFloorOut;
+    spec.sm_dir = sm_dir;
+    return spec;
+  }
   const LayerData& layer(int l) {
     if (!loaded_[size_t(l)]) { data_[size_t(l)] = load_golden_layer(g_, l, k_); loaded_[size_t(l)] = true; }
     return data_[size_t(l)];
@@ -953,14 +966,7 @@ void Judge::judge_out(AttnCtx& a, io::DiffPanel& panel) {
   rule.anchor_name = decode_ ? "FlashMLA's decode check_is_allclose" : "FlashMLA's prefill check_is_allclose";
   rule.metric_max = decode_ ? kFlashMlaDecodeOutCos : kFlashMlaOutCos;
   rule.metric_name = decode_ ? "(FlashMLA's decode cos_diff_tol)" : "(FlashMLA's prefill cos_diff_tol)";
-  cmp::StructureSpec spec;
-  spec.rows = s_q_;
-  spec.heads = h_q_;
-  spec.cols = d_v_;
-  spec.cluster_cols = d_v_;
-  spec.lanes = true;
-  spec.floor = cmp::kFloorOut;
-  spec.sm_dir = a.e.bounds.sm_out.data();
+  cmp::StructureSpec spec = out_spec(d_v_, a.e.bounds.sm_out.data());
   panel.rows = s_q_;
   panel.heads = h_q_;
   panel.ratio = out_ratios(a.e.attn.out, co, rule.bound, d_v_);
@@ -1102,14 +1108,7 @@ void Judge::judge_model_out(const LayerData& d, const std::string& P, const Used
     lat_dir.data = k_.attention_bounds_sm(d.q, d.kv, used.indices, sm_, d_v_, tl, nullptr, lat).sm_out;
   }
   const Tensor<float> sm_dir = cmp::map_latent_output(lat_dir, w_uv);
-  cmp::StructureSpec spec;
-  spec.rows = s_q_;
-  spec.heads = h_q_;
-  spec.cols = V;
-  spec.cluster_cols = V;
-  spec.lanes = true;
-  spec.floor = cmp::kFloorOut;
-  spec.sm_dir = sm_dir.ptr();
+  cmp::StructureSpec spec = out_spec(V, sm_dir.ptr());
   if (panel.rows == 0) {
     panel.rows = s_q_;
     panel.heads = h_q_;

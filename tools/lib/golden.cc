@@ -511,24 +511,9 @@ std::string stack_replay(const Problem& p, const std::string& kind, const std::s
 namespace {
 Problem dump_shapes(const io::SafetensorsFile& f, const std::string& file, Problem p);
 io::SafetensorsFile read_dump(const std::string& file, const RowPart* part, bool header_only = false);
-}  // namespace
-
-StackInputs load_dump(const std::string& file, const std::string& problem_text, const RowPart* part) {
-  const io::SafetensorsFile f = read_dump(file, part);
-  const std::string recorded = dump_problem(f, file);  // a model dump records its problem
-  std::string text = !problem_text.empty() ? problem_text : !recorded.empty() ? recorded : "sq1 skv1";
-  if (text.find("nl") == std::string::npos) {
-    int L = 0;
-    while (f.find("layers." + std::to_string(L) + ".attn.q")) ++L;
-    text += " nl" + std::to_string(std::max(L, 1));
-  }
-  StackInputs si = load_stack_inputs(f, file, parse_problem(text), part);
-  si.part_rows = part != nullptr;
-  return si;
-}
-
-DumpRows dump_rows(const std::string& file, const std::string& problem_text) {
-  const io::SafetensorsFile f = read_dump(file, nullptr, true);
+// The problem a dump is read under: problem_text, else the one the dump records (a model dump),
+// else "sq1 skv1" (the shapes come from the tensors); without an "nl" field, the file's layer count.
+Problem dump_text_problem(const io::SafetensorsFile& f, const std::string& file, const std::string& problem_text) {
   const std::string recorded = dump_problem(f, file);
   std::string text = !problem_text.empty() ? problem_text : !recorded.empty() ? recorded : "sq1 skv1";
   if (text.find("nl") == std::string::npos) {
@@ -536,8 +521,21 @@ DumpRows dump_rows(const std::string& file, const std::string& problem_text) {
     while (f.find("layers." + std::to_string(L) + ".attn.q")) ++L;
     text += " nl" + std::to_string(std::max(L, 1));
   }
+  return parse_problem(text);
+}
+}  // namespace
+
+StackInputs load_dump(const std::string& file, const std::string& problem_text, const RowPart* part) {
+  const io::SafetensorsFile f = read_dump(file, part);
+  StackInputs si = load_stack_inputs(f, file, dump_text_problem(f, file, problem_text), part);
+  si.part_rows = part != nullptr;
+  return si;
+}
+
+DumpRows dump_rows(const std::string& file, const std::string& problem_text) {
+  const io::SafetensorsFile f = read_dump(file, nullptr, true);
   DumpRows d;
-  d.problem = dump_shapes(f, file, parse_problem(text));
+  d.problem = dump_shapes(f, file, dump_text_problem(f, file, problem_text));
   for (int l = 0; l < d.problem.n_layers; ++l) d.indexer_layers += f.find("layers." + std::to_string(l) + ".indexer.q") != nullptr;
   const Tensor<int32_t> ks = io::as_tensor<int32_t>(f.get("layers.0.indexer.ks"), file);
   const Tensor<int32_t> ke = io::as_tensor<int32_t>(f.get("layers.0.indexer.ke"), file);

@@ -256,6 +256,14 @@ ref::MlaWeights mla_weights_of(const std::vector<In<float>>& w) {
   return mw;
 }
 
+// A vector as a rank-1 tensor (moved, no copy).
+Tensor<float> vector_tensor(std::vector<float> v) {
+  Tensor<float> t;
+  t.shape = {int64_t(v.size())};
+  t.data = std::move(v);
+  return t;
+}
+
 ModelConfig config_of(const std::string& model) {
   ModelConfig cfg = model_preset(model);
   cfg.validate();
@@ -499,16 +507,10 @@ NB_MODULE(_core, m) {
     return d;
   });
   m.def("model_rope_inv_freq", [](const std::string& model) {
-    const std::vector<float> f = config_of(model).rope_inv_freq();
-    Tensor<float> t(Shape{int64_t(f.size())});
-    std::copy(f.begin(), f.end(), t.ptr());
-    return to_numpy<float>(std::move(t));
+    return to_numpy<float>(vector_tensor(config_of(model).rope_inv_freq()));
   });
   m.def("rope_inv_freq", [](int rope_dim, double theta) {
-    const std::vector<float> f = ref::rope_inv_freq(rope_dim, theta);
-    Tensor<float> t(Shape{int64_t(f.size())});
-    std::copy(f.begin(), f.end(), t.ptr());
-    return to_numpy<float>(std::move(t));
+    return to_numpy<float>(vector_tensor(ref::rope_inv_freq(rope_dim, theta)));
   });
   // x [S, M, rope_dim] f32: row (t, m) rotated for position pos[t] (ref::apply_rope), into a copy.
   m.def("apply_rope", [](In<float> x, In<int64_t> pos, In<float> inv_freq, const std::string& layout) {
