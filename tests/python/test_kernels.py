@@ -182,6 +182,43 @@ def test_bad_inputs_raise_naming_the_argument():
         indexshare.topk(logits, np.zeros(1, np.int32), np.full(1, 4, np.int32), 2)
 
 
+def test_topk_fast_path_takes_only_what_it_can_pass_unchanged():
+    """topk hands C-contiguous numpy arrays or torch tensors straight to C++ (kernels.py fast path; the
+    binding's typed arguments refuse without converting); everything else goes the checked way: the same
+    results, the same errors naming the argument, a copy only for a non-contiguous input."""
+    from indexshare._core_loader import core
+    rng = np.random.default_rng(1)
+    logits = rng.standard_normal((8, 64)).astype(np.float32)
+    logits[:, 5] = logits[:, 9]  # a tie: index ascending
+    ks, ke = np.array([0, 1, 2, 3, 0, 0, 10, 60], np.int32), np.array([64, 64, 40, 3, 1, 64, 20, 64], np.int32)
+    want = indexshare.topk(logits, ks, ke, 16, impl="ref")
+    assert type(want) is np.ndarray and want.dtype == np.int32 and want.shape == (8, 16)
+    tt = [torch.from_numpy(a) for a in (logits, ks, ke)]
+    for impl in ("ref", "simd"):
+        r = indexshare.topk(*tt, 16, impl=impl)
+        assert type(r) is torch.Tensor and r.dtype == torch.int32 and same(r, want)
+        r[0, 0] = -7  # a torch result owns its memory (the C++ tensor, via DLPack): writable, freed with it
+        assert same(indexshare.topk(tt[0].requires_grad_(True), *tt[1:], 16, impl=impl), want)
+        tt[0].requires_grad_(False)
+        assert isinstance(indexshare.topk(tt[0], ks, ke, 16, impl=impl), torch.Tensor)  # mixed: checked path
+        fortran = np.asfortranarray(logits)
+        assert same(indexshare.topk(fortran, ks, ke, 16, impl=impl), want)
+        assert core().last_input_pointers()[0] != fortran.ctypes.data  # copied once (C order) on the checked path
+        assert same(indexshare.topk(tt[0].t().contiguous().t(), *tt[1:], 16, impl=impl), want)
+    with pytest.raises(TypeError, match="logits: expected dtype float32, got float64"):
+        indexshare.topk(logits.astype(np.float64), ks, ke, 16)  # never converted silently
+    with pytest.raises(TypeError, match="ke: expected dtype int32, got int64"):
+        indexshare.topk(*tt[:2], tt[2].long(), 16)
+    with pytest.raises(ValueError, match=r"logits: expected rank 2 \[s_q, s_kv\], got shape \[1, 8, 64\]"):
+        indexshare.topk(logits[None], ks, ke, 16)
+    with pytest.raises(ValueError, match=r"logits: a tensor on device 'meta'.*\.cpu\(\)"):
+        indexshare.topk(torch.zeros(8, 64, device="meta"), *tt[1:], 16)
+    with pytest.raises(ValueError, match="impl"):
+        indexshare.topk(logits, ks, ke, 16, impl="cuda")
+    with pytest.raises(ValueError, match="ke"):
+        indexshare.topk(logits, ks, np.full(8, 65, np.int32), 16)  # beyond s_kv: ref/'s message, either path
+
+
 def test_the_gil_is_released_and_threads_are_settable():
     rng = np.random.default_rng(0)
     q = rng.standard_normal((256, 16, 576)).astype(BF16)

@@ -57,15 +57,20 @@ namespace {
 
 template <class Raw>
 using In = nb::ndarray<const Raw, nb::c_contig, nb::device::cpu>;
+// The same with its rank fixed: an argument of the Python fast path (indexshare/kernels.py topk), which
+// hands the caller's arrays straight to C++; bound with .noconvert(), nanobind refuses (TypeError)
+// instead of converting anything else, and the Python layer then takes its checked path.
+template <class Raw, size_t N>
+using InN = nb::ndarray<const Raw, nb::ndim<N>, nb::c_contig, nb::device::cpu>;
 
 // A C-contiguous CPU array of Raw elements as a Tensor<T> (T has Raw's size: bf16_t/uint16, ...),
 // without a copy: a read-only view of the array's memory (ref/tensor.h BorrowedTensor). The
 // ndarray argument holds a reference to the Python object for the whole call, so the memory
 // outlives the kernel; the Python layer has made the array C-contiguous (copying a non-contiguous
 // one there, once).
-template <class T, class Raw>
-BorrowedTensor<T> borrow(const In<Raw>& a) {
-  static_assert(sizeof(T) == sizeof(Raw));
+template <class T, class Array>
+BorrowedTensor<T> borrow(const Array& a) {
+  static_assert(sizeof(T) == sizeof(typename Array::Scalar));
   Shape shape;
   for (size_t i = 0; i < a.ndim(); ++i) shape.push_back(int64_t(a.shape(i)));
   return BorrowedTensor<T>(std::move(shape), reinterpret_cast<const T*>(a.data()));
@@ -74,7 +79,7 @@ BorrowedTensor<T> borrow(const In<Raw>& a) {
 template <class T, class Raw>
 std::optional<BorrowedTensor<T>> borrow_optional(const std::optional<In<Raw>>& a) {
   if (!a) return std::nullopt;
-  return borrow<T, Raw>(*a);
+  return borrow<T>(*a);
 }
 
 // The data pointers of the input tensors the last kernel call of this thread handed to its kernel,
@@ -88,13 +93,15 @@ void note_inputs(const Ts*... ts) {
 }
 
 // Moves `t` to the heap and returns a numpy array over its storage (no copy); the capsule frees it.
-template <class Raw, class T>
+// Framework nb::no_framework returns a DLPack capsule ("dltensor") instead, owning the Tensor the same
+// way: torch._C._from_dlpack wraps it without numpy in between (the torch fast path of topk).
+template <class Raw, class Framework = nb::numpy, class T>
 nb::object to_numpy(Tensor<T>&& t) {
   static_assert(sizeof(T) == sizeof(Raw));
   auto* held = new Tensor<T>(std::move(t));
   nb::capsule owner(held, [](void* p) noexcept { delete static_cast<Tensor<T>*>(p); });
   std::vector<size_t> shape(held->shape.begin(), held->shape.end());
-  return nb::cast(nb::ndarray<nb::numpy, Raw>(reinterpret_cast<Raw*>(held->data.data()), shape.size(), shape.data(), owner));
+  return nb::cast(nb::ndarray<Framework, Raw>(reinterpret_cast<Raw*>(held->data.data()), shape.size(), shape.data(), owner));
 }
 
 nb::tuple attention_tuple(ref::AttentionOut&& a) {
@@ -407,12 +414,13 @@ NB_MODULE(_core, m) {
   // ---- kernels (ref/indexer.h, ref/topk.h, ref/attention.h, simd/simd.h) ----
   m.def("indexer_logits_fp8", &indexer_logits<e4m3_t, uint8_t>);
   m.def("indexer_logits_f32", &indexer_logits<float, float>);
-  m.def("topk", [](In<float> logits, In<int32_t> ks, In<int32_t> ke, int64_t k, bool simd) {
+  m.def("topk", [](InN<float, 2> logits, InN<int32_t, 1> ks, InN<int32_t, 1> ke, int64_t k, bool simd, bool capsule) {
     const auto tl = borrow<float>(logits); const auto ts = borrow<int32_t>(ks); const auto te = borrow<int32_t>(ke);
     note_inputs(&tl.get(), &ts.get(), &te.get());
     auto r = timed([&] { return kernels_of(simd).topk(tl, ts, te, k); });
-    return to_numpy<int32_t>(std::move(r));
-  });
+    return capsule ? to_numpy<int32_t, nb::no_framework>(std::move(r)) : to_numpy<int32_t>(std::move(r));
+  }, nb::arg("logits").noconvert(), nb::arg("ks").noconvert(), nb::arg("ke").noconvert(), nb::arg("k"), nb::arg("simd"),
+     nb::arg("capsule") = false);
   m.def("indexer_topk_fp8", [](In<uint8_t> q, In<uint8_t> k, In<float> k_scale, In<float> weights, In<int32_t> ks,
                                In<int32_t> ke, int64_t topk, bool simd) {
     const auto tq = borrow<e4m3_t>(q); const auto tk = borrow<e4m3_t>(k);

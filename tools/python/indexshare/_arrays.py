@@ -34,6 +34,46 @@ def _torch():
     return sys.modules.get("torch")
 
 
+class _TorchFast:
+    """The torch functions the kernels' fast path calls: C functions of torch, no Python in between."""
+
+    def __init__(self, t):
+        self.Tensor = t.Tensor
+        self.to_dlpack = t.utils.dlpack.to_dlpack  # torch._C._to_dlpack: a capsule over the same memory
+        # A DLPack capsule as a tensor: the last step of torch.utils.dlpack.from_dlpack, without its Python.
+        self.from_dlpack = getattr(t._C, "_from_dlpack", None) or t.utils.dlpack.from_dlpack
+
+
+_torch_fast = None
+
+
+def fast_args(*xs):
+    """The arguments of a kernel's fast path (kernels.py topk), or None for the checked path: (xs, None)
+    when every x is a numpy array; (their DLPack capsules, the torch functions) when every x is a torch
+    tensor; None when they are neither, or a tensor cannot be exported (a meta tensor: the checked path
+    names it). The C++ binding's typed arguments check dtype, rank, layout and device."""
+    for x in xs:
+        if type(x) is not np.ndarray:
+            break
+    else:
+        return xs, None
+    global _torch_fast
+    t = _torch()
+    if t is None:
+        return None
+    if _torch_fast is None:
+        import torch.utils.dlpack  # noqa: F401  (part of torch, loaded by `import torch`)
+        _torch_fast = _TorchFast(t)
+    f = _torch_fast
+    for x in xs:
+        if type(x) is not f.Tensor:
+            return None
+    try:
+        return list(map(f.to_dlpack, xs)), f
+    except Exception:  # (BufferError on a meta tensor, RuntimeError for layouts DLPack lacks)
+        return None
+
+
 def is_torch(x) -> bool:
     t = _torch()
     return t is not None and isinstance(x, t.Tensor)
