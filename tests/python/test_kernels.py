@@ -207,6 +207,19 @@ def test_topk_fast_path_takes_only_what_it_can_pass_unchanged():
         assert same(indexshare.topk(tt[0].t().contiguous().t(), *tt[1:], 16, impl=impl), want)
     with pytest.raises(TypeError, match="logits: expected dtype float32, got float64"):
         indexshare.topk(logits.astype(np.float64), ks, ke, 16)  # never converted silently
+    # The fast path is the one taken (no check in Python): with the checked path's argument check broken,
+    # plain numpy arrays and torch tensors still pass, a mixed call does not.
+    import indexshare._arrays as arrays_module
+    real = arrays_module.arg
+    arrays_module.arg = None
+    try:
+        assert same(indexshare.topk(logits, ks, ke, 16), want)
+        assert same(indexshare.topk(*[torch.from_numpy(a) for a in (logits, ks, ke)], 16), want)
+        assert core().last_input_pointers() == [logits.ctypes.data, ks.ctypes.data, ke.ctypes.data]
+        with pytest.raises(TypeError):
+            indexshare.topk(torch.from_numpy(logits), ks, ke, 16)
+    finally:
+        arrays_module.arg = real
     with pytest.raises(TypeError, match="ke: expected dtype int32, got int64"):
         indexshare.topk(*tt[:2], tt[2].long(), 16)
     with pytest.raises(ValueError, match=r"logits: expected rank 2 \[s_q, s_kv\], got shape \[1, 8, 64\]"):

@@ -93,16 +93,104 @@ void note_inputs(const Ts*... ts) {
 }
 
 // Moves `t` to the heap and returns a numpy array over its storage (no copy); the capsule frees it.
-// Framework nb::no_framework returns a DLPack capsule ("dltensor") instead, owning the Tensor the same
-// way: torch._C._from_dlpack wraps it without numpy in between (the torch fast path of topk).
-template <class Raw, class Framework = nb::numpy, class T>
+template <class Raw, class T>
 nb::object to_numpy(Tensor<T>&& t) {
   static_assert(sizeof(T) == sizeof(Raw));
   auto* held = new Tensor<T>(std::move(t));
   nb::capsule owner(held, [](void* p) noexcept { delete static_cast<Tensor<T>*>(p); });
   std::vector<size_t> shape(held->shape.begin(), held->shape.end());
-  return nb::cast(nb::ndarray<Framework, Raw>(reinterpret_cast<Raw*>(held->data.data()), shape.size(), shape.data(), owner));
+  return nb::cast(nb::ndarray<nb::numpy, Raw>(reinterpret_cast<Raw*>(held->data.data()), shape.size(), shape.data(), owner));
 }
+
+// ---- torch tensors through DLPack's C exchange API (dlpack.h 1.2+; torch >= 2.10 puts it on the type as
+// Tensor.__dlpack_c_exchange_api__, a capsule "dlpack_exchange_api"): a tensor's DLTensor is read and a
+// result handed over by C function pointers, without torch's Python argument parsing or any capsule.
+// The layouts below are DLPack 1.x's (stable within a major version; the header's major is checked).
+namespace dlx {
+using nb::dlpack::dltensor;
+struct Version {
+  uint32_t major, minor;
+};
+struct ManagedVersioned {  // DLManagedTensorVersioned
+  Version version;
+  void* manager_ctx;
+  void (*deleter)(ManagedVersioned* self);
+  uint64_t flags;
+  dltensor dl_tensor;
+};
+struct ExchangeApi {  // DLPackExchangeAPI
+  struct Header {
+    Version version;
+    Header* prev_api;
+  } header;
+  int (*managed_tensor_allocator)(dltensor*, ManagedVersioned**, void*, void (*)(void*, const char*, const char*));
+  int (*managed_tensor_from_py_object_no_sync)(void*, ManagedVersioned**);
+  int (*managed_tensor_to_py_object_no_sync)(ManagedVersioned*, void**);
+  int (*dltensor_from_py_object_no_sync)(void*, dltensor*);
+  int (*current_work_stream)(int32_t, int32_t, void**);
+};
+constexpr int32_t kCpu = 1;                      // kDLCPU
+constexpr nb::dlpack::dtype kF32{2, 32, 1}, kI32{0, 32, 1};  // kDLFloat / kDLInt, bits, lanes
+
+// The API of obj's type (cached for one type: torch.Tensor), or nullptr.
+const ExchangeApi* api_of(nb::handle obj) {
+  static PyTypeObject* type = nullptr;
+  static const ExchangeApi* api = nullptr;
+  PyTypeObject* t = Py_TYPE(obj.ptr());
+  if (t == type) return api;
+  PyObject* cap = PyObject_GetAttrString(reinterpret_cast<PyObject*>(t), "__dlpack_c_exchange_api__");
+  const ExchangeApi* a = cap ? static_cast<const ExchangeApi*>(PyCapsule_GetPointer(cap, "dlpack_exchange_api")) : nullptr;
+  Py_XDECREF(cap);
+  PyErr_Clear();
+  if (a && (a->header.version.major != 1 || !a->dltensor_from_py_object_no_sync)) a = nullptr;
+  type = t;
+  api = a;
+  return a;
+}
+
+// obj (a CPU tensor of dtype `want`, rank `ndim`, C-contiguous) as a read-only view of its memory; anything
+// else is a TypeError, after which the Python layer takes its checked path (whose errors name the argument).
+template <class T>
+BorrowedTensor<T> borrow(const ExchangeApi* api, nb::handle obj, nb::dlpack::dtype want, int32_t ndim) {
+  dltensor d;
+  if (api_of(obj) != api || api->dltensor_from_py_object_no_sync(obj.ptr(), &d) != 0) {  // (same type only)
+    PyErr_Clear();
+    throw nb::type_error("not a DLPack tensor");
+  }
+  bool ok = d.device.device_type == kCpu && d.dtype == want && d.ndim == ndim;
+  Shape shape;
+  int64_t stride = 1;
+  for (int32_t i = ok ? ndim - 1 : -1; i >= 0; --i) {
+    if (d.strides && d.shape[i] > 1 && d.strides[i] != stride) ok = false;
+    stride *= d.shape[i];
+  }
+  if (!ok) throw nb::type_error("not a C-contiguous CPU tensor of the expected dtype and rank");
+  shape.assign(d.shape, d.shape + ndim);
+  return BorrowedTensor<T>(std::move(shape), reinterpret_cast<const T*>(static_cast<const char*>(d.data) + d.byte_offset));
+}
+
+// Moves `t` into a DLManagedTensorVersioned that torch takes over (no copy; its deleter frees the Tensor).
+template <class T>
+nb::object to_torch(const ExchangeApi* api, Tensor<T>&& t, nb::dlpack::dtype dtype) {
+  struct Held {
+    ManagedVersioned m;
+    Tensor<T> t;
+    std::vector<int64_t> shape, strides;
+  };
+  auto* h = new Held{{}, std::move(t), {}, {}};
+  h->shape.assign(h->t.shape.begin(), h->t.shape.end());
+  h->strides.resize(h->shape.size());
+  for (size_t i = h->shape.size(), s = 1; i-- > 0; s *= size_t(h->shape[i])) h->strides[i] = int64_t(s);
+  h->m.version = {1, 0};
+  h->m.manager_ctx = h;
+  h->m.deleter = [](ManagedVersioned* m) { delete static_cast<Held*>(m->manager_ctx); };
+  h->m.flags = 0;
+  h->m.dl_tensor = {h->t.data.data(), {kCpu, 0}, int32_t(h->shape.size()), dtype, h->shape.data(), h->strides.data(), 0};
+  void* out = nullptr;
+  if (api->managed_tensor_to_py_object_no_sync(&h->m, &out) != 0) throw nb::python_error();
+  return nb::steal(static_cast<PyObject*>(out));
+}
+}  // namespace dlx
 
 nb::tuple attention_tuple(ref::AttentionOut&& a) {
   return nb::make_tuple(to_numpy<float>(std::move(a.out)), to_numpy<uint16_t>(std::move(a.out_bf16)),
@@ -414,13 +502,22 @@ NB_MODULE(_core, m) {
   // ---- kernels (ref/indexer.h, ref/topk.h, ref/attention.h, simd/simd.h) ----
   m.def("indexer_logits_fp8", &indexer_logits<e4m3_t, uint8_t>);
   m.def("indexer_logits_f32", &indexer_logits<float, float>);
-  m.def("topk", [](InN<float, 2> logits, InN<int32_t, 1> ks, InN<int32_t, 1> ke, int64_t k, bool simd, bool capsule) {
+  m.def("topk", [](InN<float, 2> logits, InN<int32_t, 1> ks, InN<int32_t, 1> ke, int64_t k, bool simd) {
     const auto tl = borrow<float>(logits); const auto ts = borrow<int32_t>(ks); const auto te = borrow<int32_t>(ke);
     note_inputs(&tl.get(), &ts.get(), &te.get());
     auto r = timed([&] { return kernels_of(simd).topk(tl, ts, te, k); });
-    return capsule ? to_numpy<int32_t, nb::no_framework>(std::move(r)) : to_numpy<int32_t>(std::move(r));
-  }, nb::arg("logits").noconvert(), nb::arg("ks").noconvert(), nb::arg("ke").noconvert(), nb::arg("k"), nb::arg("simd"),
-     nb::arg("capsule") = false);
+    return to_numpy<int32_t>(std::move(r));
+  }, nb::arg("logits").noconvert(), nb::arg("ks").noconvert(), nb::arg("ke").noconvert(), nb::arg("k"), nb::arg("simd"));
+  // topk on torch tensors (the fast path of indexshare/kernels.py): read and returned by DLPack's C exchange API.
+  m.def("topk_torch", [](nb::handle logits, nb::handle ks, nb::handle ke, int64_t k, bool simd) {
+    const dlx::ExchangeApi* api = dlx::api_of(logits);
+    if (!api) throw nb::type_error("torch has no DLPack C exchange API");
+    const auto tl = dlx::borrow<float>(api, logits, dlx::kF32, 2);
+    const auto ts = dlx::borrow<int32_t>(api, ks, dlx::kI32, 1), te = dlx::borrow<int32_t>(api, ke, dlx::kI32, 1);
+    note_inputs(&tl.get(), &ts.get(), &te.get());
+    auto r = timed([&] { return kernels_of(simd).topk(tl, ts, te, k); });
+    return dlx::to_torch(api, std::move(r), dlx::kI32);
+  });
   m.def("indexer_topk_fp8", [](In<uint8_t> q, In<uint8_t> k, In<float> k_scale, In<float> weights, In<int32_t> ks,
                                In<int32_t> ke, int64_t topk, bool simd) {
     const auto tq = borrow<e4m3_t>(q); const auto tk = borrow<e4m3_t>(k);

@@ -1,14 +1,23 @@
 #!/usr/bin/env python3
 """The Python call's overhead over the C++ kernel, on the bench problem (`indexshare bench`'s default).
 
-    python tools/python/bench_overhead.py [--repeats 7] [--impl simd] [--problem DESC]
+    python tools/python/bench_overhead.py [--repeats 31] [--impl simd] [--problem DESC]
 
 For each kernel (layer 0 of the problem's golden set as inputs, numpy and torch): the median wall time
-of the Python call, the median time the C++ kernel itself ran (measured inside the binding with the GIL
-released: indexshare._core.last_kernel_seconds, output allocation included) and the overhead
-(call - kernel) / kernel: argument checks, nanobind's conversions, wrapping the result and freeing it
-(the inputs reach the kernel without a copy: ref/tensor.h BorrowedTensor). Run from the repository root
-after a build (or with the package installed).
+of the Python call (the user's whole call: arguments in, the result back in the caller's framework, and
+freeing it), the median time the C++ kernel itself ran (measured inside the binding with the GIL
+released: indexshare._core.last_kernel_seconds, output allocation included) and the median overhead of
+a call (call - kernel, paired) in microseconds and as a share of the kernel. The load average is printed
+before and after: the machine's other work stretches both times. Run from the repository root after a
+build (or with the package installed).
+
+What the overhead is: the inputs reach the kernel without a copy (ref/tensor.h BorrowedTensor), so it
+is argument checks, nanobind's conversions, wrapping the result and freeing it: a few microseconds with
+warm caches, but a call runs right after its kernel has streamed megabytes through the core (or the
+core has run other processes), so its Python and nanobind code runs cold, several times slower. topk
+(a ~2 ms kernel here) therefore has a fast path (indexshare/kernels.py) that hands C-contiguous numpy
+arrays / torch tensors straight to the binding's typed arguments and returns torch results by DLPack,
+without the checks and numpy views in Python; see README "Python" for the numbers.
 """
 import argparse
 import os
@@ -50,7 +59,7 @@ def measure(fn, repeats):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--repeats", type=int, default=31)
     ap.add_argument("--impl", default="simd")
     ap.add_argument("--problem", default=BENCH)
     a = ap.parse_args()
@@ -66,7 +75,8 @@ def main():
     cfg = g.config
     print(f"problem   {indexshare.Problem(a.problem)}  impl {a.impl}  threads {indexshare.get_num_threads()}  "
           f"target {core().simd_target()}  repeats {a.repeats} (medians)")
-    print(f"{'kernel':18} {'framework':9} {'call ms':>10} {'kernel ms':>10} {'overhead ms':>12} {'overhead':>9}")
+    print(f"load average {load()} (1, 5, 15 min) before")
+    print(f"{'kernel':18} {'framework':9} {'call ms':>10} {'kernel ms':>10} {'overhead us':>12} {'overhead':>9}")
     for fw, x in frameworks.items():
         p = "layers.0."
         ix = [x[p + "indexer." + n] for n in ("q", "k", "k_scale", "weights", "ks", "ke")]
@@ -82,7 +92,12 @@ def main():
         }
         for name, fn in runs.items():
             call, kern, over = measure(fn, a.repeats)
-            print(f"{name:18} {fw:9} {call * 1e3:10.3f} {kern * 1e3:10.3f} {over * 1e3:12.3f} {100 * over / kern:8.2f}%")
+            print(f"{name:18} {fw:9} {call * 1e3:10.3f} {kern * 1e3:10.3f} {over * 1e6:12.1f} {100 * over / kern:8.2f}%")
+    print(f"load average {load()} after")
+
+
+def load():
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
 if __name__ == "__main__":

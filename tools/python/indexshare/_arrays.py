@@ -34,44 +34,28 @@ def _torch():
     return sys.modules.get("torch")
 
 
-class _TorchFast:
-    """The torch functions the kernels' fast path calls: C functions of torch, no Python in between."""
-
-    def __init__(self, t):
-        self.Tensor = t.Tensor
-        self.to_dlpack = t.utils.dlpack.to_dlpack  # torch._C._to_dlpack: a capsule over the same memory
-        # A DLPack capsule as a tensor: the last step of torch.utils.dlpack.from_dlpack, without its Python.
-        self.from_dlpack = getattr(t._C, "_from_dlpack", None) or t.utils.dlpack.from_dlpack
+_torch_tensor = None  # torch.Tensor once torch is imported and has DLPack's C exchange API, else False
 
 
-_torch_fast = None
-
-
-def fast_args(*xs):
-    """The arguments of a kernel's fast path (kernels.py topk), or None for the checked path: (xs, None)
-    when every x is a numpy array; (their DLPack capsules, the torch functions) when every x is a torch
-    tensor; None when they are neither, or a tensor cannot be exported (a meta tensor: the checked path
-    names it). The C++ binding's typed arguments check dtype, rank, layout and device."""
+def fast_kind(*xs):
+    """Which fast path of a kernel (kernels.py topk) may take xs: "numpy" when every x is a numpy array,
+    "torch" when every x is a torch.Tensor (and torch has DLPack's C exchange API, torch >= 2.10), else
+    None (the checked path). The C++ binding checks dtype, rank, layout and device."""
     for x in xs:
         if type(x) is not np.ndarray:
             break
     else:
-        return xs, None
-    global _torch_fast
-    t = _torch()
-    if t is None:
-        return None
-    if _torch_fast is None:
-        import torch.utils.dlpack  # noqa: F401  (part of torch, loaded by `import torch`)
-        _torch_fast = _TorchFast(t)
-    f = _torch_fast
-    for x in xs:
-        if type(x) is not f.Tensor:
+        return "numpy"
+    global _torch_tensor
+    if _torch_tensor is None:
+        t = _torch()
+        if t is None:
             return None
-    try:
-        return list(map(f.to_dlpack, xs)), f
-    except Exception:  # (BufferError on a meta tensor, RuntimeError for layouts DLPack lacks)
-        return None
+        _torch_tensor = t.Tensor if hasattr(t.Tensor, "__dlpack_c_exchange_api__") else False
+    for x in xs:
+        if type(x) is not _torch_tensor:
+            return None
+    return "torch"
 
 
 def is_torch(x) -> bool:

@@ -8,7 +8,8 @@ readable scalar specification)
 or "simd" (Highway + OpenMP, bit-identical). The GIL is released while C++ computes; the OpenMP
 thread count is :func:`set_num_threads` (it never changes a bit). A CUDA tensor, a wrong dtype or rank
 raises TypeError / ValueError naming the argument; a shape that does not fit the others raises
-ValueError with ref/'s message naming the tensor.
+ValueError with ref/'s message naming the tensor. :func:`topk` (a short kernel, where a call's fixed
+cost shows) hands arrays that need no checking or conversion straight to C++ (its fast path).
 """
 from __future__ import annotations
 
@@ -61,20 +62,18 @@ def topk(logits, ks, ke, k: int, *, impl: str = "simd"):
     (score descending, index ascending), as sequence-local positions s - ks[t], -1 padded.
     logits f32 [s_q, s_kv]; ks, ke int32 [s_q]. Returns int32 [s_q, k]."""
     # Fast path for the common call (C-contiguous CPU arrays of the right dtypes and ranks, all numpy or all
-    # torch): the caller's arrays go to C++ as they are (torch's as DLPack capsules) and the binding's
-    # typed arguments check them, without converting. Whatever they refuse (TypeError) takes the checked
-    # path below, whose errors name the argument. Same kernel, same bits; only less Python runs, and
-    # after a 2 ms kernel it runs with cold caches (tools/python/bench_overhead.py).
+    # torch): the caller's arrays go to C++ as they are, whose typed arguments check them without converting
+    # (torch tensors through DLPack's C exchange API, the result back the same way). Whatever they refuse
+    # (TypeError) takes the checked path below, whose errors name the argument. Same kernel, same bits;
+    # only less Python runs, and after a 2 ms kernel it runs with cold caches (bench_overhead.py).
     simd = impl == "simd"
-    fast = A.fast_args(logits, ks, ke) if simd or impl == "ref" else None
-    if fast is not None:
-        xs, t = fast
-        try:
-            r = core().topk(*xs, int(k), simd, t is not None)
-        except TypeError:
-            pass
-        else:
-            return r if t is None else t.from_dlpack(r)
+    if simd or impl == "ref":
+        fast = A.fast_kind(logits, ks, ke)
+        if fast is not None:
+            try:
+                return (core().topk if fast == "numpy" else core().topk_torch)(logits, ks, ke, int(k), simd)
+            except TypeError:
+                pass
     r = core().topk(A.arg(logits, "logits", [F32], 2, "s_q, s_kv"), A.arg(ks, "ks", [I32], 1, "s_q"),
                     A.arg(ke, "ke", [I32], 1, "s_q"), int(k), _simd(impl))
     return A.out(r, A.wants_torch(logits, ks, ke))
