@@ -7,6 +7,9 @@
 // C++ result without a copy (a capsule holds the moved Tensor). indexshare::Error (bad input, with
 // the library's message naming the tensor) becomes ValueError. The GIL is released while C++
 // computes. Input arrays reach the kernels without a copy (borrow: a read-only view of their memory).
+// topk, a short kernel where a call's fixed cost shows, also takes the caller's arrays as they are: its
+// typed arguments refuse (TypeError) whatever the Python layer would check or convert, and torch tensors
+// and its result go through DLPack's C exchange API (the fast path of indexshare/kernels.py topk).
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
@@ -102,8 +105,8 @@ nb::object to_numpy(Tensor<T>&& t) {
   return nb::cast(nb::ndarray<nb::numpy, Raw>(reinterpret_cast<Raw*>(held->data.data()), shape.size(), shape.data(), owner));
 }
 
-// ---- torch tensors through DLPack's C exchange API (dlpack.h 1.2+; torch >= 2.10 puts it on the type as
-// Tensor.__dlpack_c_exchange_api__, a capsule "dlpack_exchange_api"): a tensor's DLTensor is read and a
+// ---- torch tensors through DLPack's C exchange API (DLPack 1.3; a torch that has it, 2.15 here, puts it on
+// the type as Tensor.__dlpack_c_exchange_api__, a capsule "dlpack_exchange_api"): a tensor's DLTensor is read and a
 // result handed over by C function pointers, without torch's Python argument parsing or any capsule.
 // The layouts below are DLPack 1.x's (stable within a major version; the header's major is checked).
 namespace dlx {
@@ -187,6 +190,7 @@ nb::object to_torch(const ExchangeApi* api, Tensor<T>&& t, nb::dlpack::dtype dty
   h->m.flags = 0;
   h->m.dl_tensor = {h->t.data.data(), {kCpu, 0}, int32_t(h->shape.size()), dtype, h->shape.data(), h->strides.data(), 0};
   void* out = nullptr;
+  // (On failure torch may or may not have taken h over: it is left, never freed twice.)
   if (api->managed_tensor_to_py_object_no_sync(&h->m, &out) != 0) throw nb::python_error();
   return nb::steal(static_cast<PyObject*>(out));
 }

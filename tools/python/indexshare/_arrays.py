@@ -5,7 +5,8 @@ reaches the C++ kernel without a copy: a torch tensor becomes a numpy view of th
 reads that memory in place (ref/tensor.h BorrowedTensor, a read-only view). A non-contiguous input is
 copied once, here. Outputs are numpy arrays over the C++ result's storage (no copy), viewed as torch
 tensors when the caller passed torch tensors. Do not write to an input while a call on it runs (the
-GIL is released: another Python thread could).
+GIL is released: another Python thread could). topk's fast path (kernels.py) skips these checks for
+arrays that need none (fast_kind): the C++ binding's typed arguments check them instead.
 """
 from __future__ import annotations
 
@@ -39,7 +40,7 @@ _torch_tensor = None  # torch.Tensor once torch is imported and has DLPack's C e
 
 def fast_kind(*xs):
     """Which fast path of a kernel (kernels.py topk) may take xs: "numpy" when every x is a numpy array,
-    "torch" when every x is a torch.Tensor (and torch has DLPack's C exchange API, torch >= 2.10), else
+    "torch" when every x is a torch.Tensor (and torch has DLPack's C exchange API: torch 2.15 has), else
     None (the checked path). The C++ binding checks dtype, rank, layout and device."""
     for x in xs:
         if type(x) is not np.ndarray:
