@@ -205,6 +205,9 @@ def test_topk_fast_path_takes_only_what_it_can_pass_unchanged():
         assert same(indexshare.topk(fortran, ks, ke, 16, impl=impl), want)
         assert core().last_input_pointers()[0] != fortran.ctypes.data  # copied once (C order) on the checked path
         assert same(indexshare.topk(tt[0].t().contiguous().t(), *tt[1:], 16, impl=impl), want)
+        rows = torch.cat([tt[0][:2], tt[0]])[2:]  # contiguous, at a storage offset: read in place
+        assert same(indexshare.topk(rows, *tt[1:], 16, impl=impl), want)
+        assert core().last_input_pointers()[0] == rows.data_ptr() != rows.untyped_storage().data_ptr()
     with pytest.raises(TypeError, match="logits: expected dtype float32, got float64"):
         indexshare.topk(logits.astype(np.float64), ks, ke, 16)  # never converted silently
     # The fast path is the one taken (no check in Python): with the checked path's argument check broken,
