@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "ref/compare.h"
 #include "ref/error.h"
 #include "ref/layer.h"
 #include "ref/problem.h"
@@ -63,7 +64,7 @@ int publish_ranks(const GoldenArgs& a, const Problem& p, const std::string& repl
                   std::chrono::steady_clock::time_point t0) {
   std::vector<int64_t> bounds;
   golden::RowPart part;
-  dist::guarded([&] { part = dist::my_rows(dist::row_work(p, windows, indexer_layers, true), &bounds); });
+  dist::guarded([&] { part = dist::my_rows(dist::row_work(p, windows, indexer_layers, int64_t(windows.size()) <= cmp::kBudgetAllRows), &bounds); });
   if (dist::rank() == 0)
     std::fprintf(stderr, "golden: %d MPI ranks, %lld query rows split by causal work\n", dist::size(), (long long)windows.size());
   golden::GoldenSet set;

@@ -67,7 +67,8 @@ void guarded(const std::function<void()>& f, const std::function<void()>& cleanu
 [[noreturn]] void abort_job(const std::string& error);
 
 // Test hook: INDEXSHARE_MPI_FAULT="RANK:STEP" makes rank RANK fail at STEP (an Error naming the
-// hook), or die by SIGKILL with STEP "kill-STEP". Steps: compute, write, hash, cost (search).
+// hook), or die by SIGKILL with STEP "kill-STEP". Steps: compute, budget (golden: the gather of
+// the budget's row maxima, inside the compute step), write, hash, cost (search).
 void fault_point(const char* step);
 
 // The causal window of each of the set's rows: row t of a sequence with Lq queries and Lk keys

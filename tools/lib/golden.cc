@@ -316,13 +316,24 @@ GoldenSet build_stack(const Problem& p, std::vector<ref::LayerInputs> inputs, co
     }
     const Tensor<int32_t>* tl = topk_length.numel() ? &topk_length : nullptr;
     // Tolerance budget of the attention output (FlashAttention style, see ref/compare.h), first:
-    // it reads q and out, which the views below take.
+    // it reads q and out, which the views below take. Large sets emulate a row subset chosen from
+    // the whole set's rows (ref/compare.h budget_rows; a part gathers every part's row maxima).
     double emu_err = 0, budget = 0;
+    int64_t emulated = 0;
     {
-      const ref::AttentionOut emu = kern.emulate_attention_lowp(in.q, in.kv, indices, p.sm_scale(), p.d_v, tl, sink);
-      for (int64_t i = 0; i < attn.out.numel(); ++i)
-        emu_err = std::max(emu_err, std::fabs(double(emu.out[i]) - double(attn.out[i])));
-      const cmp::BudgetParts parts = cmp::attention_budget_parts(attn.out, emu.out);
+      const std::vector<double> mine = cmp::budget_row_max(attn.out);
+      const std::vector<double> all = part && part->gather_rows ? part->gather_rows(mine) : mine;
+      require(int64_t(all.size()) == s_q_set, "golden: the budget's row maxima cover " + std::to_string(all.size()) +
+                                                  " rows, not the set's " + std::to_string(s_q_set));
+      const int64_t b = part ? part->begin : 0, e = part ? part->end : s_q_set;
+      std::vector<int64_t> local;
+      for (int64_t t : cmp::budget_rows(all)) {
+        emulated += 1;
+        if (t >= b && t < e) local.push_back(t - b);
+      }
+      const cmp::BudgetParts parts =
+          cmp::attention_budget_parts_rows(kern.emulate_attention_lowp, in.q, in.kv, indices, p.sm_scale(), p.d_v, tl,
+                                           sink, attn.out, local, s_q_set > cmp::kBudgetAllRows, &emu_err);
       budget = cmp::attention_budget(parts);
       if (part) g.shard.budgets[pre + "attn.out"] = {parts.emul, parts.ref_round, emu_err};
     }
@@ -330,6 +341,7 @@ GoldenSet build_stack(const Problem& p, std::vector<ref::LayerInputs> inputs, co
                                  {"emulation_max_abs", emu_err},
                                  {"multiple", cmp::kBudgetMultiple},
                                  {"emulation", "f32 logits and softmax, P rounded to bf16, f32 accumulation, bf16 out"}};
+    if (s_q_set > cmp::kBudgetAllRows) budgets[pre + "attn.out"]["emulation_rows"] = cmp::budget_rows_text(emulated, s_q_set);
     take(g, pre + "attn.q", in.q, Role::input);
     add(g, pre + "attn.kv", in.kv, Role::input);
     add(g, pre + "attn.indices", indices, Role::input);
@@ -635,10 +647,15 @@ GoldenSet build_model(const ModelSpec& spec, const std::string& replay) {
     add(g, pre + "attn.lse", tr.attn.lse, Role::output);
     add(g, pre + "attn.max_logits", tr.attn.max_logits, Role::output);
     add(g, pre + "out", bf16_of(tr.out), Role::reference);
-    const ref::AttentionOut emu = kern.emulate_attention_lowp(tr.q, cache.kv[size_t(l)], indices, sm, cfg.d_v(), nullptr, nullptr);
-    budgets[pre + "attn.out"] = {{"budget_max_abs", cmp::attention_budget(tr.attn.out, emu.out)},
+    const std::vector<int64_t> brows = cmp::budget_rows(cmp::budget_row_max(tr.attn.out));
+    const cmp::BudgetParts bparts = cmp::attention_budget_parts_rows(
+        kern.emulate_attention_lowp, tr.q, cache.kv[size_t(l)], indices, sm, cfg.d_v(), nullptr, nullptr, tr.attn.out, brows,
+        S > cmp::kBudgetAllRows);
+    budgets[pre + "attn.out"] = {{"budget_max_abs", cmp::attention_budget(bparts)},
                                  {"multiple", cmp::kBudgetMultiple},
                                  {"emulation", "f32 logits and softmax, P rounded to bf16, f32 accumulation, bf16 out"}};
+    if (S > cmp::kBudgetAllRows)
+      budgets[pre + "attn.out"]["emulation_rows"] = cmp::budget_rows_text(int64_t(brows.size()), S);
     for (int64_t i = 0; i < h.numel(); ++i) h[i] = round_bf16(h[i] + tr.out[i]);
   }
   add(g, "hidden_out", bf16_of(f.h_out), Role::output);
