@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <limits>
 #include <set>
 #include <sstream>
@@ -338,12 +339,39 @@ BudgetParts attention_budget_parts(const Tensor<float>& exact_out, const Tensor<
 
 double attention_budget(const BudgetParts& b) { return kBudgetMultiple * b.emul + 2 * b.ref_round; }
 
+namespace {
+// Per row of x (dimension 0): max |x| and max |bf16(x) - x| over the finite elements, in f32, which
+// holds both exactly (a bf16 rounding error is x's dropped low bits); rows in parallel.
+void row_maxima(const Tensor<float>& x, std::vector<double>* max_abs, std::vector<double>* max_round) {
+  const int64_t rows = x.dim(0), per_row = rows ? x.numel() / rows : 0;
+  if (max_abs) max_abs->assign(static_cast<size_t>(rows), 0.0);
+  if (max_round) max_round->assign(static_cast<size_t>(rows), 0.0);
+#pragma omp parallel for schedule(static) if (x.numel() >= (int64_t(1) << 16))
+  for (int64_t t = 0; t < rows; ++t) {
+    const float* r = x.data.data() + t * per_row;
+    float ma = 0, mr = 0;
+    for (int64_t i = 0; i < per_row; ++i) {
+      const float a = std::fabs(r[i]);
+      const bool finite = a <= std::numeric_limits<float>::max();  // false for inf and NaN
+      // round_bf16 without its NaN case (finite values only; the same bits, and the compiler's lanes)
+      uint32_t u;
+      std::memcpy(&u, &r[i], 4);
+      u = (u + 0x7FFFu + ((u >> 16) & 1u)) & 0xFFFF0000u;
+      float rounded;
+      std::memcpy(&rounded, &u, 4);
+      ma = finite && a > ma ? a : ma;
+      const float d = std::fabs(rounded - r[i]);
+      mr = finite && d > mr ? d : mr;
+    }
+    if (max_abs) (*max_abs)[size_t(t)] = ma;
+    if (max_round) (*max_round)[size_t(t)] = mr;
+  }
+}
+}  // namespace
+
 std::vector<double> budget_row_max(const Tensor<float>& exact_out) {
-  const int64_t rows = exact_out.dim(0), per_row = rows ? exact_out.numel() / rows : 0;
-  std::vector<double> m(static_cast<size_t>(rows), 0.0);
-  for (int64_t t = 0; t < rows; ++t)
-    for (int64_t i = t * per_row; i < (t + 1) * per_row; ++i)
-      if (std::isfinite(exact_out[i])) m[size_t(t)] = std::max(m[size_t(t)], std::fabs(double(exact_out[i])));
+  std::vector<double> m;
+  row_maxima(exact_out, &m, nullptr);
   return m;
 }
 
@@ -388,10 +416,9 @@ BudgetParts attention_budget_parts_rows(EmulateFn emulate, const Tensor<bf16_t>&
                                         double* emulated_max) {
   const int64_t s_q = q.dim(0), per_row = s_q ? exact_out.numel() / s_q : 0;
   BudgetParts b;
-  for (int64_t i = 0; i < exact_out.numel(); ++i) {  // the output rounding, over every row
-    const double e = exact_out[i];
-    if (std::isfinite(e)) b.ref_round = std::max(b.ref_round, std::fabs(double(round_bf16(exact_out[i])) - e));
-  }
+  std::vector<double> round_rows;  // the output rounding, over every row
+  row_maxima(exact_out, nullptr, &round_rows);
+  for (double r : round_rows) b.ref_round = std::max(b.ref_round, r);
   double emul = 0;
   if (int64_t(rows.size()) == s_q) {  // every row: the emulation on the tensors as they are
     const AttentionOut emu = emulate(q, kv, indices, sm_scale, d_v, topk_length, attn_sink);

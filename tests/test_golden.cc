@@ -202,7 +202,7 @@ TEST_CASE("golden: --from takes per-layer inputs dumped from a model and reprodu
   Problem options = parse_problem("sq1 skv1 k4 dv8 nl3 sched=FSF own=no");  // shapes come from the file
   const golden::GoldenSet a = golden::build_from(file, options, true, "r");
   const golden::GoldenSet b = golden::build(p, "stack", true, "r");
-  std::map<std::string, std::vector<uint8_t>> bb;
+  std::map<std::string, io::TensorBytes> bb;
   for (const auto& v : b.tensors) bb[v.name] = v.bytes;
   for (const auto& v : a.tensors) {
     if (v.name.find("q_scale") != std::string::npos) continue;  // not in a dump: folded into the weights

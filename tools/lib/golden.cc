@@ -105,11 +105,16 @@ void add(GoldenSet& g, const std::string& name, const Tensor<T>& t, Role role) {
   g.tensors.push_back(io::make_view(name, t));
   g.roles[name] = role;
 }
-// add, then frees t (its bytes now live in the view only).
+// add without a copy: the view adopts t's elements and t is left empty.
 template <class T>
 void take(GoldenSet& g, const std::string& name, Tensor<T>& t, Role role) {
-  add(g, name, t, role);
-  t = Tensor<T>();
+  g.tensors.push_back(io::make_view(name, std::move(t)));  // adopts t's elements (no copy)
+  g.roles[name] = role;
+}
+// add of a temporary: adopted as take does.
+template <class T>
+void add(GoldenSet& g, const std::string& name, Tensor<T>&& t, Role role) {
+  take(g, name, t, role);
 }
 
 Tensor<bf16_t> to_bf16_tensor(const Tensor<float>& x) {
@@ -288,21 +293,26 @@ GoldenSet build_stack(const Problem& p, std::vector<ref::LayerInputs> inputs, co
     const std::string pre = "layers." + std::to_string(l) + ".";
     layers.push_back({{"index", l}, {"kind", sched.is_full(l) ? "full" : "shared"}, {"source", o.source},
                       {"has_indexer", in.has_indexer}});
+    // The set's views adopt the layer's tensors (take) where nothing later reads them: a decode
+    // set's paged caches (add_paged) read the key side and the used positions.
+    const bool paged_reads = kind == "decode";
     if (in.has_indexer) {
       if (p.indexer == IndexerMode::fp8) {
-        add(g, pre + "indexer.q", in.index_q8, Role::input);
-        add(g, pre + "indexer.k", in.index_k8, Role::input);
+        take(g, pre + "indexer.q", in.index_q8, Role::input);
+        if (paged_reads) add(g, pre + "indexer.k", in.index_k8, Role::input);
+        else take(g, pre + "indexer.k", in.index_k8, Role::input);
       } else {
         add(g, pre + "indexer.q", to_bf16_tensor(in.index_q), Role::input);
         add(g, pre + "indexer.k", to_bf16_tensor(in.index_k), Role::input);
       }
-      add(g, pre + "indexer.k_scale", in.index_k_scale, Role::input);
-      add(g, pre + "indexer.q_scale", in.index_q_scale, Role::reference);
-      add(g, pre + "indexer.weights", in.index_weights, Role::input);
-      add(g, pre + "indexer.ks", in.ks, Role::input);
-      add(g, pre + "indexer.ke", in.ke, Role::input);
+      if (paged_reads) add(g, pre + "indexer.k_scale", in.index_k_scale, Role::input);
+      else take(g, pre + "indexer.k_scale", in.index_k_scale, Role::input);
+      take(g, pre + "indexer.q_scale", in.index_q_scale, Role::reference);
+      take(g, pre + "indexer.weights", in.index_weights, Role::input);
+      take(g, pre + "indexer.ks", in.ks, Role::input);
+      take(g, pre + "indexer.ke", in.ke, Role::input);
       if (with_logits) take(g, pre + "indexer.logits", o.logits, Role::output);
-      add(g, pre + "indexer.topk", o.own_topk, Role::output);
+      take(g, pre + "indexer.topk", o.own_topk, Role::output);
     }
     // Attention: the indices the layer used (edge cases rewrite them for attention-edge sets).
     Tensor<int32_t> indices = o.indices, topk_length;
@@ -343,14 +353,15 @@ GoldenSet build_stack(const Problem& p, std::vector<ref::LayerInputs> inputs, co
                                  {"emulation", "f32 logits and softmax, P rounded to bf16, f32 accumulation, bf16 out"}};
     if (s_q_set > cmp::kBudgetAllRows) budgets[pre + "attn.out"]["emulation_rows"] = cmp::budget_rows_text(emulated, s_q_set);
     take(g, pre + "attn.q", in.q, Role::input);
-    add(g, pre + "attn.kv", in.kv, Role::input);
-    add(g, pre + "attn.indices", indices, Role::input);
-    if (tl) add(g, pre + "attn.topk_length", topk_length, Role::input);
+    if (paged_reads) add(g, pre + "attn.kv", in.kv, Role::input);
+    else take(g, pre + "attn.kv", in.kv, Role::input);
+    take(g, pre + "attn.indices", indices, Role::input);
+    if (tl) take(g, pre + "attn.topk_length", topk_length, Role::input);
     if (sink) add(g, pre + "attn.sink", *sink, Role::input);
     take(g, pre + "attn.out", attn.out, Role::output);
     take(g, pre + "attn.out_bf16", attn.out_bf16, Role::output);
-    add(g, pre + "attn.lse", attn.lse, Role::output);
-    add(g, pre + "attn.max_logits", attn.max_logits, Role::output);
+    take(g, pre + "attn.lse", attn.lse, Role::output);
+    take(g, pre + "attn.max_logits", attn.max_logits, Role::output);
     if (kind == "decode") add_paged(g, p, in, o, pre, layout, part);
     // The layer's inputs and outputs live in the set's views from here on (the next layers read
     // neither), so they are freed now: the peak holds at most one layer's tensors twice.
