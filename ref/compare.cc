@@ -349,20 +349,26 @@ void row_maxima(const Tensor<float>& x, std::vector<double>* max_abs, std::vecto
 #pragma omp parallel for schedule(static) if (x.numel() >= (int64_t(1) << 16))
   for (int64_t t = 0; t < rows; ++t) {
     const float* r = x.data.data() + t * per_row;
-    float ma = 0, mr = 0;
+    // Maxima of non-negative floats as their bit patterns (the same order; integer maxima take
+    // the compiler's vector lanes where float ones would need -ffast-math). Non-finite: skipped.
+    uint32_t ma_bits = 0, mr_bits = 0;
     for (int64_t i = 0; i < per_row; ++i) {
-      const float a = std::fabs(r[i]);
-      const bool finite = a <= std::numeric_limits<float>::max();  // false for inf and NaN
-      // round_bf16 without its NaN case (finite values only; the same bits, and the compiler's lanes)
       uint32_t u;
       std::memcpy(&u, &r[i], 4);
-      u = (u + 0x7FFFu + ((u >> 16) & 1u)) & 0xFFFF0000u;
+      const uint32_t a = u & 0x7FFFFFFFu;
+      const bool finite = a < 0x7F800000u;
+      const uint32_t rounded_bits = (u + 0x7FFFu + ((u >> 16) & 1u)) & 0xFFFF0000u;  // round_bf16, finite x
       float rounded;
-      std::memcpy(&rounded, &u, 4);
-      ma = finite && a > ma ? a : ma;
+      std::memcpy(&rounded, &rounded_bits, 4);
       const float d = std::fabs(rounded - r[i]);
-      mr = finite && d > mr ? d : mr;
+      uint32_t db;
+      std::memcpy(&db, &d, 4);
+      ma_bits = std::max(ma_bits, finite ? a : 0u);
+      mr_bits = std::max(mr_bits, finite ? db : 0u);
     }
+    float ma, mr;
+    std::memcpy(&ma, &ma_bits, 4);
+    std::memcpy(&mr, &mr_bits, 4);
     if (max_abs) (*max_abs)[size_t(t)] = ma;
     if (max_round) (*max_round)[size_t(t)] = mr;
   }

@@ -427,7 +427,7 @@ struct Dump {
   }
 };
 template <class T>
-void poke(io::TensorView& v, int64_t i, T value) { std::memcpy(v.bytes.data() + i * sizeof(T), &value, sizeof(T)); }
+void poke(io::TensorView& v, int64_t i, T value) { std::memcpy(v.bytes.mutable_data() + i * sizeof(T), &value, sizeof(T)); }
 // The message build_from refuses the dump with ("" when it builds a set).
 std::string from_error(const std::string& file, const std::vector<io::TensorView>& views, const Problem& options) {
   io::write_safetensors(file, views);

@@ -529,7 +529,7 @@ class Judge {
     io::SafetensorsFile one;
     one.source = c_.source;
     one.tensors.push_back({t->name, t->dtype, t->shape, std::vector<uint8_t>(bytes)});
-    io::read_file_range(path_, lazy_->offsets[size_t(t - c_.tensors.data())], one.tensors.back().bytes.data(), bytes);
+    io::read_file_range(path_, lazy_->offsets[size_t(t - c_.tensors.data())], one.tensors.back().bytes.mutable_data(), bytes);
     return one;
   }
   Tensor<float> cand_float(const std::string& n, const Shape& shape) const {

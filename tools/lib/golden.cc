@@ -14,6 +14,7 @@
 #include <map>
 #include <set>
 #include <sstream>
+#include <thread>
 
 #include "ref/compare.h"
 #include "ref/config.h"
@@ -1052,16 +1053,16 @@ io::SafetensorsFile read_dump(const std::string& file, const RowPart* part, bool
     if (header_only) {
       if (!window && v.name.rfind("cu_seqlens_", 0) != 0) continue;
       v.bytes.resize(size);
-      io::read_file_range(file, idx.offsets[i], v.bytes.data(), size);
+      io::read_file_range(file, idx.offsets[i], v.bytes.mutable_data(), size);
     } else if (rows) {
       require(part->end <= v.shape[0], file + ": tensor '" + v.name + "' " + shape_str(v.shape) + " has fewer than the " +
                                            std::to_string(part->end) + " query rows of this part");
       const uint64_t row = size / uint64_t(v.shape[0]);
       v.bytes.resize(row * uint64_t(part->end - part->begin));
-      io::read_file_range(file, idx.offsets[i] + row * uint64_t(part->begin), v.bytes.data(), v.bytes.size());
+      io::read_file_range(file, idx.offsets[i] + row * uint64_t(part->begin), v.bytes.mutable_data(), v.bytes.size());
     } else {
       v.bytes.resize(size);
-      io::read_file_range(file, idx.offsets[i], v.bytes.data(), size);
+      io::read_file_range(file, idx.offsets[i], v.bytes.mutable_data(), size);
     }
   }
   return std::move(idx.file);
@@ -1363,9 +1364,27 @@ json publish(const Staging& s, json manifest) {
 json write(const std::string& dir, GoldenSet set, bool force) {
   const Staging s = stage(dir, force, std::to_string(::getpid()));
   try {
-    // 1. Tensors, then the manifest naming each with its SHA-256.
-    io::write_safetensors((fs::path(s.tmp) / kTensorFile).string(), set.tensors, {{"format", "indexshare-golden"}});
-    const std::vector<std::string> hashes = sha256_all(set.tensors);
+    // 1. Tensors, then the manifest naming each with its SHA-256. The hashes (of the bytes in
+    // memory) are computed on a second thread while this one writes: the write is the kernel
+    // copying into the page cache, and the hashes would otherwise wait for it.
+    std::vector<std::string> hashes(set.tensors.size());
+    std::exception_ptr hash_error;
+    const std::vector<io::TensorView>& tensors = set.tensors;  // read only, by both threads
+    std::thread hasher([&] {
+      try {
+        for (size_t i = 0; i < tensors.size(); ++i) hashes[i] = io::sha256_hex(tensors[i].bytes.data(), tensors[i].bytes.size());
+      } catch (...) {
+        hash_error = std::current_exception();
+      }
+    });
+    try {
+      io::write_safetensors((fs::path(s.tmp) / kTensorFile).string(), tensors, {{"format", "indexshare-golden"}});
+    } catch (...) {
+      hasher.join();
+      throw;
+    }
+    hasher.join();
+    if (hash_error) std::rethrow_exception(hash_error);
     std::vector<io::TensorSpec> specs;
     for (const io::TensorView& v : set.tensors) specs.push_back({v.name, v.dtype, v.shape});
     set.manifest["tensors"] = tensor_list(specs, hashes, set.roles);

@@ -57,9 +57,9 @@ size_t dtype_size(DType dtype);
 
 // A tensor's bytes: a std::vector<uint8_t> (the operations the code base uses), or memory SHARED
 // with an owner that keeps it alive (make_view of a moved tensor: a golden set adopts its tensors'
-// elements instead of copying them). Shared bytes are read-only: the first mutating or non-const
-// access (data(), [], begin/end, resize, assign, pop_back) copies them into an owned vector, so an
-// owner's memory is never written through a view. Copying TensorBytes shares shared bytes and copies
+// elements instead of copying them). Shared bytes are read-only: the first mutating access
+// (mutable_data, resize, assign, pop_back) copies them into an owned vector, so an owner's memory is
+// never written through a view; data(), [], begin and end are const. Copying TensorBytes shares shared bytes and copies
 // owned ones.
 class TensorBytes {
  public:
@@ -81,10 +81,9 @@ class TensorBytes {
   const uint8_t* begin() const { return data(); }
   const uint8_t* end() const { return data() + size(); }
   const uint8_t& operator[](size_t i) const { return data()[i]; }
-  uint8_t* data() { return own().data(); }
-  uint8_t* begin() { return own().data(); }
-  uint8_t* end() { return own().data() + own_.size(); }
-  uint8_t& operator[](size_t i) { return own()[i]; }
+  // Write access, explicitly (a shared view becomes an owned copy first): every plain accessor
+  // is const, so reading a view never copies it by accident.
+  uint8_t* mutable_data() { return own().data(); }
 
   template <class It>
   void assign(It first, It last) {
