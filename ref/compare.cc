@@ -375,9 +375,10 @@ void row_maxima(const Tensor<float>& x, std::vector<double>* max_abs, std::vecto
 }
 }  // namespace
 
-std::vector<double> budget_row_max(const Tensor<float>& exact_out) {
-  std::vector<double> m;
-  row_maxima(exact_out, &m, nullptr);
+std::vector<double> budget_row_max(const Tensor<float>& exact_out, double* ref_round) {
+  std::vector<double> m, r;
+  row_maxima(exact_out, &m, ref_round ? &r : nullptr);
+  if (ref_round) *ref_round = r.empty() ? 0.0 : *std::max_element(r.begin(), r.end());
   return m;
 }
 
@@ -419,12 +420,16 @@ BudgetParts attention_budget_parts_rows(EmulateFn emulate, const Tensor<bf16_t>&
                                         const Tensor<int32_t>& indices, float sm_scale, int64_t d_v,
                                         const Tensor<int32_t>* topk_length, const Tensor<float>* attn_sink,
                                         const Tensor<float>& exact_out, const std::vector<int64_t>& rows, bool floor,
-                                        double* emulated_max) {
+                                        double* emulated_max, double ref_round) {
   const int64_t s_q = q.dim(0), per_row = s_q ? exact_out.numel() / s_q : 0;
   BudgetParts b;
-  std::vector<double> round_rows;  // the output rounding, over every row
-  row_maxima(exact_out, nullptr, &round_rows);
-  for (double r : round_rows) b.ref_round = std::max(b.ref_round, r);
+  if (ref_round >= 0) {
+    b.ref_round = ref_round;
+  } else {
+    std::vector<double> round_rows;  // the output rounding, over every row
+    row_maxima(exact_out, nullptr, &round_rows);
+    for (double r : round_rows) b.ref_round = std::max(b.ref_round, r);
+  }
   double emul = 0;
   if (int64_t(rows.size()) == s_q) {  // every row: the emulation on the tensors as they are
     const AttentionOut emu = emulate(q, kv, indices, sm_scale, d_v, topk_length, attn_sink);

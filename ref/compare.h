@@ -173,21 +173,24 @@ double attention_budget(const BudgetParts& parts);
 // output to bf16 too): the budget never drops below 6 half-ulps of the largest outputs, which is
 // FlashMLA's own 3-ulp acceptance. ref_round is always over every row.
 constexpr int64_t kBudgetAllRows = 256, kBudgetTopRows = 64, kBudgetStrideRows = 64;
-// max |exact_out[t, ...]| over each row's finite elements (0 for a row without any), in double.
-std::vector<double> budget_row_max(const Tensor<float>& exact_out);
+// max |exact_out[t, ...]| over each row's finite elements (0 for a row without any), in double;
+// ref_round, when given, receives BudgetParts::ref_round (the output rounding's maximum over every
+// row), from the same pass.
+std::vector<double> budget_row_max(const Tensor<float>& exact_out, double* ref_round = nullptr);
 // The rows to emulate, ascending, from every row's budget_row_max (the whole set's rows).
 std::vector<int64_t> budget_rows(const std::vector<double>& row_max);
 // Emulates `rows` (ascending row numbers of q, indices and topk_length; all of q's rows when it
 // holds them all) and returns the budget's maxima: emul over those rows (floored at ref_round when
 // `floor`, i.e. when the rows are a subset of the set's), ref_round over every row of exact_out.
 // emulated_max, when given, receives the raw maximum |emulated - exact| over the emulated rows.
+// ref_round >= 0: that value (budget_row_max's, of the same exact_out) instead of another pass.
 using EmulateFn = AttentionOut (*)(const Tensor<bf16_t>&, const Tensor<bf16_t>&, const Tensor<int32_t>&, float, int64_t,
                                    const Tensor<int32_t>*, const Tensor<float>*);
 BudgetParts attention_budget_parts_rows(EmulateFn emulate, const Tensor<bf16_t>& q, const Tensor<bf16_t>& kv,
                                         const Tensor<int32_t>& indices, float sm_scale, int64_t d_v,
                                         const Tensor<int32_t>* topk_length, const Tensor<float>* attn_sink,
                                         const Tensor<float>& exact_out, const std::vector<int64_t>& rows, bool floor,
-                                        double* emulated_max = nullptr);
+                                        double* emulated_max = nullptr, double ref_round = -1);
 // The same as a manifest sentence: "every row" or "N of S rows: ...".
 std::string budget_rows_text(int64_t emulated, int64_t total);
 

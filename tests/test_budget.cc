@@ -64,7 +64,8 @@ TEST_CASE("budget: a subset's maxima are the whole emulation's over those rows, 
   const Tensor<float>* sink = in.sink ? &*in.sink : nullptr;
   const Tensor<int32_t>& ix = out.indices;
   const ref::AttentionOut emu = cmp::emulate_attention_lowp(in.q, in.kv, ix, p.sm_scale(), p.d_v, nullptr, sink);
-  const std::vector<int64_t> rows = cmp::budget_rows(cmp::budget_row_max(out.attn.out));
+  double rr_pass = -1;
+  const std::vector<int64_t> rows = cmp::budget_rows(cmp::budget_row_max(out.attn.out, &rr_pass));
   REQUIRE(rows.size() < size_t(p.s_q));
   REQUIRE(rows.size() >= size_t(cmp::kBudgetTopRows));
   const std::set<int64_t> row_set(rows.begin(), rows.end());
@@ -78,6 +79,7 @@ TEST_CASE("budget: a subset's maxima are the whole emulation's over those rows, 
     for (int64_t i = 0; i < out.attn.out.numel(); ++i)
       rr = std::max(rr, std::fabs(double(round_bf16(out.attn.out[i])) - double(out.attn.out[i])));
     CHECK(sub.ref_round == rr);
+    CHECK(rr_pass == rr);  // budget_row_max's, from its one pass
     CHECK(sub.emul == std::max(raw, rr));
     // Every row, no floor: attention_budget_parts over the whole tensors, bit for bit.
     std::vector<int64_t> all(size_t(p.s_q));

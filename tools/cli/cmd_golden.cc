@@ -14,6 +14,7 @@
 #include "tools/cli/cli.h"
 #include "tools/lib/golden.h"
 #include "tools/lib/kernel_registry.h"
+#include "tools/lib/phases.h"
 #ifdef INDEXSHARE_MPI
 #include "tools/lib/distributed.h"
 #endif
@@ -50,6 +51,7 @@ int publish(golden::GoldenSet set, const GoldenArgs& a, const std::string& repla
   const nlohmann::json manifest = golden::write(a.out, std::move(set), a.force);
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::printf("%s", golden::summary(a.out, manifest, bytes).c_str());
+  if (phases::requested()) std::printf("%s", phases::table().c_str());
   std::printf("time      %.2f s\n__REPRO: %s\n", secs, replay.c_str());
   return 0;
 }

@@ -332,7 +332,8 @@ GoldenSet build_stack(const Problem& p, std::vector<ref::LayerInputs> inputs, co
     double emu_err = 0, budget = 0;
     int64_t emulated = 0;
     {
-      const std::vector<double> mine = cmp::budget_row_max(attn.out);
+      double ref_round = 0;
+      const std::vector<double> mine = cmp::budget_row_max(attn.out, &ref_round);
       const std::vector<double> all = part && part->gather_rows ? part->gather_rows(mine) : mine;
       require(int64_t(all.size()) == s_q_set, "golden: the budget's row maxima cover " + std::to_string(all.size()) +
                                                   " rows, not the set's " + std::to_string(s_q_set));
@@ -344,7 +345,7 @@ GoldenSet build_stack(const Problem& p, std::vector<ref::LayerInputs> inputs, co
       }
       const cmp::BudgetParts parts =
           cmp::attention_budget_parts_rows(kern.emulate_attention_lowp, in.q, in.kv, indices, p.sm_scale(), p.d_v, tl,
-                                           sink, attn.out, local, s_q_set > cmp::kBudgetAllRows, &emu_err);
+                                           sink, attn.out, local, s_q_set > cmp::kBudgetAllRows, &emu_err, ref_round);
       budget = cmp::attention_budget(parts);
       if (part) g.shard.budgets[pre + "attn.out"] = {parts.emul, parts.ref_round, emu_err};
     }
@@ -1367,6 +1368,7 @@ json write(const std::string& dir, GoldenSet set, bool force) {
     // 1. Tensors, then the manifest naming each with its SHA-256. The hashes (of the bytes in
     // memory) are computed on a second thread while this one writes: the write is the kernel
     // copying into the page cache, and the hashes would otherwise wait for it.
+    phases::begin("write (file; SHA-256 on a second thread)");
     std::vector<std::string> hashes(set.tensors.size());
     std::exception_ptr hash_error;
     const std::vector<io::TensorView>& tensors = set.tensors;  // read only, by both threads
@@ -1396,6 +1398,7 @@ json write(const std::string& dir, GoldenSet set, bool force) {
     throw;
   }
   // 2. The manifest and one rename.
+  phases::begin("publish (manifest, rename)");
   return publish(s, std::move(set.manifest));
 }
 
