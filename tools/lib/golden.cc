@@ -271,7 +271,7 @@ GoldenSet build_stack(const Problem& p, std::vector<ref::LayerInputs> inputs, co
   // positions, never the [s_q, s_kv] logits), as `run` does.
   std::vector<ref::StackLayerOutputs> outs = use_simd ? simd::run_stack(p, sched, inputs, with_logits)
                                                       : ref::run_stack(p, sched, inputs, with_logits);
-  phases::begin("assemble (budget emulation, copies)");
+  phases::begin("assemble (budget emulation, the set's views)");
   const ref::Kernels kern = use_simd ? simd::kernels() : ref::Kernels{};  // the budget's emulation
   GoldenSet g;
   const int64_t s_q_set = rows ? int64_t(rows->size()) : p.s_q;
