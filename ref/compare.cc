@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <limits>
 #include <set>
 #include <sstream>
@@ -337,6 +338,126 @@ BudgetParts attention_budget_parts(const Tensor<float>& exact_out, const Tensor<
 }
 
 double attention_budget(const BudgetParts& b) { return kBudgetMultiple * b.emul + 2 * b.ref_round; }
+
+namespace {
+// Per row of x (dimension 0): max |x| and max |bf16(x) - x| over the finite elements, in f32, which
+// holds both exactly (a bf16 rounding error is x's dropped low bits); rows in parallel.
+void row_maxima(const Tensor<float>& x, std::vector<double>* max_abs, std::vector<double>* max_round) {
+  const int64_t rows = x.dim(0), per_row = rows ? x.numel() / rows : 0;
+  if (max_abs) max_abs->assign(static_cast<size_t>(rows), 0.0);
+  if (max_round) max_round->assign(static_cast<size_t>(rows), 0.0);
+#pragma omp parallel for schedule(static) if (x.numel() >= (int64_t(1) << 16))
+  for (int64_t t = 0; t < rows; ++t) {
+    const float* r = x.data.data() + t * per_row;
+    // Maxima of non-negative floats as their bit patterns (the same order; integer maxima take
+    // the compiler's vector lanes where float ones would need -ffast-math). Non-finite: skipped.
+    uint32_t ma_bits = 0, mr_bits = 0;
+    for (int64_t i = 0; i < per_row; ++i) {
+      uint32_t u;
+      std::memcpy(&u, &r[i], 4);
+      const uint32_t a = u & 0x7FFFFFFFu;
+      const bool finite = a < 0x7F800000u;
+      const uint32_t rounded_bits = (u + 0x7FFFu + ((u >> 16) & 1u)) & 0xFFFF0000u;  // round_bf16, finite x
+      float rounded;
+      std::memcpy(&rounded, &rounded_bits, 4);
+      const float d = std::fabs(rounded - r[i]);
+      uint32_t db;
+      std::memcpy(&db, &d, 4);
+      ma_bits = std::max(ma_bits, finite ? a : 0u);
+      mr_bits = std::max(mr_bits, finite ? db : 0u);
+    }
+    float ma, mr;
+    std::memcpy(&ma, &ma_bits, 4);
+    std::memcpy(&mr, &mr_bits, 4);
+    if (max_abs) (*max_abs)[size_t(t)] = ma;
+    if (max_round) (*max_round)[size_t(t)] = mr;
+  }
+}
+}  // namespace
+
+std::vector<double> budget_row_max(const Tensor<float>& exact_out, double* ref_round) {
+  std::vector<double> m, r;
+  row_maxima(exact_out, &m, ref_round ? &r : nullptr);
+  if (ref_round) *ref_round = r.empty() ? 0.0 : *std::max_element(r.begin(), r.end());
+  return m;
+}
+
+std::vector<int64_t> budget_rows(const std::vector<double>& row_max) {
+  const int64_t n = int64_t(row_max.size());
+  std::vector<int64_t> all(static_cast<size_t>(n));
+  for (int64_t t = 0; t < n; ++t) all[size_t(t)] = t;
+  if (n <= kBudgetAllRows) return all;
+  // The kBudgetTopRows largest (ties: the lower row), then every stride-th row.
+  std::vector<int64_t> order = all;
+  std::partial_sort(order.begin(), order.begin() + kBudgetTopRows, order.end(), [&](int64_t a, int64_t b) {
+    return row_max[size_t(a)] != row_max[size_t(b)] ? row_max[size_t(a)] > row_max[size_t(b)] : a < b;
+  });
+  std::vector<char> take(static_cast<size_t>(n), 0);
+  for (int64_t i = 0; i < kBudgetTopRows; ++i) take[size_t(order[size_t(i)])] = 1;
+  const int64_t stride = (n + kBudgetStrideRows - 1) / kBudgetStrideRows;
+  for (int64_t t = 0; t < n; t += stride) take[size_t(t)] = 1;
+  std::vector<int64_t> rows;
+  for (int64_t t = 0; t < n; ++t)
+    if (take[size_t(t)]) rows.push_back(t);
+  return rows;
+}
+
+namespace {
+// Rows `rows` of a row-major tensor (dimension 0), in that order.
+template <typename T>
+Tensor<T> take_rows(const Tensor<T>& x, const std::vector<int64_t>& rows) {
+  Shape shape = x.shape;
+  const int64_t per_row = x.dim(0) ? x.numel() / x.dim(0) : 0;
+  shape[0] = int64_t(rows.size());
+  Tensor<T> y(shape);
+  for (size_t r = 0; r < rows.size(); ++r)
+    std::copy(x.data.begin() + rows[r] * per_row, x.data.begin() + (rows[r] + 1) * per_row, y.data.begin() + int64_t(r) * per_row);
+  return y;
+}
+}  // namespace
+
+BudgetParts attention_budget_parts_rows(EmulateFn emulate, const Tensor<bf16_t>& q, const Tensor<bf16_t>& kv,
+                                        const Tensor<int32_t>& indices, float sm_scale, int64_t d_v,
+                                        const Tensor<int32_t>* topk_length, const Tensor<float>* attn_sink,
+                                        const Tensor<float>& exact_out, const std::vector<int64_t>& rows, bool floor,
+                                        double* emulated_max, double ref_round) {
+  const int64_t s_q = q.dim(0), per_row = s_q ? exact_out.numel() / s_q : 0;
+  BudgetParts b;
+  if (ref_round >= 0) {
+    b.ref_round = ref_round;
+  } else {
+    std::vector<double> round_rows;  // the output rounding, over every row
+    row_maxima(exact_out, nullptr, &round_rows);
+    for (double r : round_rows) b.ref_round = std::max(b.ref_round, r);
+  }
+  double emul = 0;
+  if (int64_t(rows.size()) == s_q) {  // every row: the emulation on the tensors as they are
+    const AttentionOut emu = emulate(q, kv, indices, sm_scale, d_v, topk_length, attn_sink);
+    for (int64_t i = 0; i < exact_out.numel(); ++i) {
+      const double e = exact_out[i];
+      if (std::isfinite(e)) emul = std::max(emul, std::fabs(double(emu.out[i]) - e));
+    }
+  } else if (!rows.empty()) {  // rows are independent: the subset's rows equal the whole emulation's
+    const Tensor<int32_t> tl = topk_length ? take_rows(*topk_length, rows) : Tensor<int32_t>();
+    const AttentionOut emu = emulate(take_rows(q, rows), kv, take_rows(indices, rows), sm_scale, d_v,
+                                     topk_length ? &tl : nullptr, attn_sink);
+    for (size_t r = 0; r < rows.size(); ++r)
+      for (int64_t c = 0; c < per_row; ++c) {
+        const double e = exact_out[rows[r] * per_row + c];
+        if (std::isfinite(e)) emul = std::max(emul, std::fabs(double(emu.out[int64_t(r) * per_row + c]) - e));
+      }
+  }
+  if (emulated_max) *emulated_max = emul;
+  b.emul = floor ? std::max(emul, b.ref_round) : emul;
+  return b;
+}
+
+std::string budget_rows_text(int64_t emulated, int64_t total) {
+  if (total <= kBudgetAllRows) return "every row";
+  return std::to_string(emulated) + " of " + std::to_string(total) + " rows: the " + std::to_string(kBudgetTopRows) +
+         " with the largest max |out| and every " + std::to_string((total + kBudgetStrideRows - 1) / kBudgetStrideRows) +
+         "th; the emulation term floored at the output rounding's maximum over every row (ref/compare.h budget_rows)";
+}
 
 double attention_budget(const Tensor<float>& exact_out, const Tensor<float>& emulated_out) {
   return attention_budget(attention_budget_parts(exact_out, emulated_out));

@@ -160,6 +160,39 @@ struct BudgetParts {
 };
 BudgetParts attention_budget_parts(const Tensor<float>& exact_out, const Tensor<float>& emulated_out);
 double attention_budget(const BudgetParts& parts);
+// The budget's emulation on a subset of rows. The budget is a maximum over every element, and the
+// emulation costs as much as the attention itself, so large sets emulate a deterministic subset:
+//   sets of at most kBudgetAllRows query rows: every row (the maxima above, unchanged);
+//   larger sets: the kBudgetTopRows rows with the largest max |exact out[t, :, :]| (ties: the lower
+//   row), and every stride-th row (t % stride == 0, stride = ceil(rows / kBudgetStrideRows)).
+// Why those rows: the emulation's error is its own output rounding plus P's bf16 rounding, both
+// relative to the row's magnitudes, so the maximum sits in the rows holding the largest outputs
+// (measured: tools/README.md "The budget on a row subset"); the stride rows cover the rest of the
+// sequence. The subset's maximum can only be smaller than the whole tensor's, so the emulation term
+// is floored at ref_round, the output rounding's maximum over EVERY row (the emulation rounds its
+// output to bf16 too): the budget never drops below 6 half-ulps of the largest outputs, which is
+// FlashMLA's own 3-ulp acceptance. ref_round is always over every row.
+constexpr int64_t kBudgetAllRows = 256, kBudgetTopRows = 64, kBudgetStrideRows = 64;
+// max |exact_out[t, ...]| over each row's finite elements (0 for a row without any), in double;
+// ref_round, when given, receives BudgetParts::ref_round (the output rounding's maximum over every
+// row), from the same pass.
+std::vector<double> budget_row_max(const Tensor<float>& exact_out, double* ref_round = nullptr);
+// The rows to emulate, ascending, from every row's budget_row_max (the whole set's rows).
+std::vector<int64_t> budget_rows(const std::vector<double>& row_max);
+// Emulates `rows` (ascending row numbers of q, indices and topk_length; all of q's rows when it
+// holds them all) and returns the budget's maxima: emul over those rows (floored at ref_round when
+// `floor`, i.e. when the rows are a subset of the set's), ref_round over every row of exact_out.
+// emulated_max, when given, receives the raw maximum |emulated - exact| over the emulated rows.
+// ref_round >= 0: that value (budget_row_max's, of the same exact_out) instead of another pass.
+using EmulateFn = AttentionOut (*)(const Tensor<bf16_t>&, const Tensor<bf16_t>&, const Tensor<int32_t>&, float, int64_t,
+                                   const Tensor<int32_t>*, const Tensor<float>*);
+BudgetParts attention_budget_parts_rows(EmulateFn emulate, const Tensor<bf16_t>& q, const Tensor<bf16_t>& kv,
+                                        const Tensor<int32_t>& indices, float sm_scale, int64_t d_v,
+                                        const Tensor<int32_t>* topk_length, const Tensor<float>* attn_sink,
+                                        const Tensor<float>& exact_out, const std::vector<int64_t>& rows, bool floor,
+                                        double* emulated_max = nullptr, double ref_round = -1);
+// The same as a manifest sentence: "every row" or "N of S rows: ...".
+std::string budget_rows_text(int64_t emulated, int64_t total);
 
 // Indexer logits from an FP8 kernel: FP8 products are exact, but Hopper's FP8 tensor cores keep
 // about 14 bits while accumulating (DeepSeek-V3 report), and the head sum order is unspecified.

@@ -202,7 +202,7 @@ TEST_CASE("golden: --from takes per-layer inputs dumped from a model and reprodu
   Problem options = parse_problem("sq1 skv1 k4 dv8 nl3 sched=FSF own=no");  // shapes come from the file
   const golden::GoldenSet a = golden::build_from(file, options, true, "r");
   const golden::GoldenSet b = golden::build(p, "stack", true, "r");
-  std::map<std::string, std::vector<uint8_t>> bb;
+  std::map<std::string, io::TensorBytes> bb;
   for (const auto& v : b.tensors) bb[v.name] = v.bytes;
   for (const auto& v : a.tensors) {
     if (v.name.find("q_scale") != std::string::npos) continue;  // not in a dump: folded into the weights
@@ -427,7 +427,7 @@ struct Dump {
   }
 };
 template <class T>
-void poke(io::TensorView& v, int64_t i, T value) { std::memcpy(v.bytes.data() + i * sizeof(T), &value, sizeof(T)); }
+void poke(io::TensorView& v, int64_t i, T value) { std::memcpy(v.bytes.mutable_data() + i * sizeof(T), &value, sizeof(T)); }
 // The message build_from refuses the dump with ("" when it builds a set).
 std::string from_error(const std::string& file, const std::vector<io::TensorView>& views, const Problem& options) {
   io::write_safetensors(file, views);

@@ -136,12 +136,12 @@ io::TensorView* find(std::vector<io::TensorView>& list, const std::string& name)
 void set_f32(io::TensorView& v, size_t i, float x) {
   REQUIRE(v.dtype == io::DType::F32);
   REQUIRE((i + 1) * 4 <= v.bytes.size());
-  std::memcpy(v.bytes.data() + 4 * i, &x, 4);
+  std::memcpy(v.bytes.mutable_data() + 4 * i, &x, 4);
 }
 void set_bf16(io::TensorView& v, size_t i, uint16_t bits) {
   REQUIRE(v.dtype == io::DType::BF16);
   REQUIRE((i + 1) * 2 <= v.bytes.size());
-  std::memcpy(v.bytes.data() + 2 * i, &bits, 2);
+  std::memcpy(v.bytes.mutable_data() + 2 * i, &bits, 2);
 }
 
 std::string diff_cmd(const std::string& golden, const std::string& candidate) {

@@ -490,7 +490,7 @@ TEST_CASE("kernels: context_lens is the paged indexer's 2-D form, held exactly w
   }
   {  // values other than cache_seqlens[b] - next_n + j + 1
     PagedSet s;
-    s.tensor("context_lens").bytes[0] += 1;  // element [0, 0]: 128 instead of 127
+    s.tensor("context_lens").bytes.mutable_data()[0] += 1;  // element [0, 0]: 128 instead of 127
     golden::write(dir, s.set, true);
     CHECK_THROWS_WITH_AS(golden::read(dir), doctest::Contains("element [0, 0] is 128, expected cache_seqlens[b] - next_n + j + 1 = 127"), Error);
   }

@@ -108,7 +108,7 @@ TensorView raw_view(const std::string& name, DType dtype, Shape shape, uint8_t s
   v.dtype = dtype;
   v.shape = std::move(shape);
   v.bytes.resize(size_t(shape_numel(v.shape)) * dtype_size(dtype));
-  for (size_t i = 0; i < v.bytes.size(); ++i) v.bytes[i] = uint8_t(seed + 37 * i);
+  for (size_t i = 0; i < v.bytes.size(); ++i) v.bytes.mutable_data()[i] = uint8_t(seed + 37 * i);
   return v;
 }
 
@@ -147,7 +147,7 @@ TEST_CASE("safetensors: round trip of every dtype, rank-0 and zero-size tensors,
   };
   for (TensorView& v : in)
     if (v.dtype == DType::BOOL)
-      for (uint8_t& b : v.bytes) b &= 1;  // valid booleans
+      for (size_t i = 0; i < v.bytes.size(); ++i) v.bytes.mutable_data()[i] &= 1;  // valid booleans
   const std::map<std::string, std::string> meta = {{"format", "pt"}, {"note", "héllo ✓"}};
   write_safetensors(path, in, meta);
 

@@ -4,7 +4,8 @@
 #
 #   tests/mpi/ranks.sh CLI MPIEXEC NPROCS CASE
 #
-# CASE: stack, rows, decode, for-kernel, from, simd, fail-compute, fail-write, fail-hash, fail-memory,
+# CASE: stack, rows, decode, for-kernel, from, simd, subset (a set over 256 rows: the budget's
+# row subset), fail-budget, fail-compute, fail-write, fail-hash, fail-memory,
 # kill, refuse-edge, run (the same report), overlap (with and without --no-shared-stats: the same
 # report), search (the same report, each loss, from --problem and --from), search-fail (a failing rank). Each golden case writes the set with one process and with
 # NPROCS ranks (same --out text, from two working folders, so the replay lines agree) and
@@ -57,6 +58,13 @@ case "$CASE" in
   from)
     (cd "$WORK" && "$CLI" golden --problem "$PROB" --out dump >/dev/null)
     same_set --from "$WORK/dump/tensors.safetensors" --problem "k8 dv32 sched=FFSS" ;;
+  subset)  # over kBudgetAllRows rows: the budget's row subset is chosen from every rank's rows
+    same_set --problem "sq320 skv320 hq2 dqk64 dv32 ih4 id32 k8 seed5 nseq2 nl2 sched=FS sinks=2"
+    grep -q '"emulation_rows": "[0-9]* of 320 rows' "$WORK/ranks/set/manifest.json" || fail "no emulation_rows in the manifest" ;;
+  fail-budget)  # a rank failing before the gather of the budget's row maxima: no rank waits forever
+    # (a hang would run into the ctest's timeout)
+    INDEXSHARE_MPI_FAULT="1:budget" expect_failure "rank 1 of $NP: injected fault at step 'budget'" \
+        --problem "sq320 skv320 hq2 dqk64 dv32 ih4 id32 k8 seed5 nl2" ;;
   fail-compute|fail-write|fail-hash)
     INDEXSHARE_MPI_FAULT="1:${CASE#fail-}" expect_failure "rank 1 of $NP: injected fault at step '${CASE#fail-}'" --problem "$PROB" ;;
   fail-memory)

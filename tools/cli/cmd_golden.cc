@@ -7,12 +7,14 @@
 #include <string>
 #include <vector>
 
+#include "ref/compare.h"
 #include "ref/error.h"
 #include "ref/layer.h"
 #include "ref/problem.h"
 #include "tools/cli/cli.h"
 #include "tools/lib/golden.h"
 #include "tools/lib/kernel_registry.h"
+#include "tools/lib/phases.h"
 #ifdef INDEXSHARE_MPI
 #include "tools/lib/distributed.h"
 #endif
@@ -49,6 +51,7 @@ int publish(golden::GoldenSet set, const GoldenArgs& a, const std::string& repla
   const nlohmann::json manifest = golden::write(a.out, std::move(set), a.force);
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::printf("%s", golden::summary(a.out, manifest, bytes).c_str());
+  if (phases::requested()) std::printf("%s", phases::table().c_str());
   std::printf("time      %.2f s\n__REPRO: %s\n", secs, replay.c_str());
   return 0;
 }
@@ -63,7 +66,7 @@ int publish_ranks(const GoldenArgs& a, const Problem& p, const std::string& repl
                   std::chrono::steady_clock::time_point t0) {
   std::vector<int64_t> bounds;
   golden::RowPart part;
-  dist::guarded([&] { part = dist::my_rows(dist::row_work(p, windows, indexer_layers, true), &bounds); });
+  dist::guarded([&] { part = dist::my_rows(dist::row_work(p, windows, indexer_layers, int64_t(windows.size()) <= cmp::kBudgetAllRows), &bounds); });
   if (dist::rank() == 0)
     std::fprintf(stderr, "golden: %d MPI ranks, %lld query rows split by causal work\n", dist::size(), (long long)windows.size());
   golden::GoldenSet set;

@@ -231,7 +231,11 @@ Expected expected_attention(const LayerData& d, const Tensor<int32_t>& indices, 
   e.attn = k.sparse_attention(d.q, d.kv, indices, sm, d_v, tl, sink);
   e.bounds = with_sm ? k.attention_bounds_sm(d.q, d.kv, indices, sm, d_v, tl, sink, e.attn)
                      : k.attention_bounds(d.q, d.kv, indices, sm, d_v, tl, e.attn);
-  e.budget = cmp::attention_budget(e.attn.out, k.emulate_attention_lowp(d.q, d.kv, indices, sm, d_v, tl, sink).out);
+  // The golden's own budget rule (ref/compare.h budget_rows: every row, or a subset of large sets).
+  const int64_t s_q = d.q.dim(0);
+  e.budget = cmp::attention_budget(cmp::attention_budget_parts_rows(
+      k.emulate_attention_lowp, d.q, d.kv, indices, sm, d_v, tl, sink, e.attn.out,
+      cmp::budget_rows(cmp::budget_row_max(e.attn.out)), s_q > cmp::kBudgetAllRows));
   return e;
 }
 
@@ -525,7 +529,7 @@ class Judge {
     io::SafetensorsFile one;
     one.source = c_.source;
     one.tensors.push_back({t->name, t->dtype, t->shape, std::vector<uint8_t>(bytes)});
-    io::read_file_range(path_, lazy_->offsets[size_t(t - c_.tensors.data())], one.tensors.back().bytes.data(), bytes);
+    io::read_file_range(path_, lazy_->offsets[size_t(t - c_.tensors.data())], one.tensors.back().bytes.mutable_data(), bytes);
     return one;
   }
   Tensor<float> cand_float(const std::string& n, const Shape& shape) const {

@@ -123,6 +123,8 @@ void guarded(const std::function<void()>& f, const std::function<void()>& cleanu
   std::string err;
   try {
     f();
+  } catch (const Failed&) {
+    throw;  // a check inside f already failed on every rank, which all know it
   } catch (const Error& e) {
     err = e.what();
   } catch (const std::bad_alloc&) {
@@ -225,7 +227,28 @@ std::vector<int64_t> partition(const std::vector<double>& work, int parts) {
 golden::RowPart my_rows(const std::vector<double>& work, std::vector<int64_t>* bounds) {
   const std::vector<int64_t> b = partition(work, g_size);
   if (bounds) *bounds = b;
-  return {b[size_t(g_rank)], b[size_t(g_rank) + 1]};
+  golden::RowPart part{b[size_t(g_rank)], b[size_t(g_rank) + 1], {}};
+  // The budget's row maxima of every rank, in row order. A collective inside a guarded step: the
+  // check first, so that a rank which failed earlier in the step (and reports from its guarded
+  // check) meets the others here instead of leaving them waiting in the gather.
+  part.gather_rows = [b](const std::vector<double>& mine) {
+    fault_point("budget");
+    agree("");
+    const size_t n_ranks = static_cast<size_t>(g_size);
+    std::vector<int> counts(n_ranks), displs(n_ranks);
+    for (int r = 0; r < g_size; ++r) {
+      counts[size_t(r)] = int(b[size_t(r) + 1] - b[size_t(r)]);
+      displs[size_t(r)] = int(b[size_t(r)]);
+    }
+    require(int64_t(mine.size()) == int64_t(counts[size_t(g_rank)]),
+            "golden: the budget's row maxima hold " + std::to_string(mine.size()) + " rows, not this rank's " +
+                std::to_string(counts[size_t(g_rank)]));
+    std::vector<double> all(size_t(b.back()));
+    MPI_Allgatherv(mine.data(), int(mine.size()), MPI_DOUBLE, all.data(), counts.data(), displs.data(), MPI_DOUBLE,
+                   MPI_COMM_WORLD);
+    return all;
+  };
+  return part;
 }
 
 nlohmann::json write_golden(const std::string& dir, golden::GoldenSet part, bool force, WriteStats* stats) {

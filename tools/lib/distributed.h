@@ -67,7 +67,8 @@ void guarded(const std::function<void()>& f, const std::function<void()>& cleanu
 [[noreturn]] void abort_job(const std::string& error);
 
 // Test hook: INDEXSHARE_MPI_FAULT="RANK:STEP" makes rank RANK fail at STEP (an Error naming the
-// hook), or die by SIGKILL with STEP "kill-STEP". Steps: compute, write, hash, cost (search).
+// hook), or die by SIGKILL with STEP "kill-STEP". Steps: compute, budget (golden: the gather of
+// the budget's row maxima, inside the compute step), write, hash, cost (search).
 void fault_point(const char* step);
 
 // The causal window of each of the set's rows: row t of a sequence with Lq queries and Lk keys
@@ -79,7 +80,8 @@ std::vector<int64_t> input_windows(const ref::LayerInputs& in);
 // are about equal times: the indexer over the row's causal window, and the costs every row carries
 // whatever its window (its query generation, the top-k's per-row work, the attention over
 // min(topk, window) keys, the output copies; golden_budget: the golden set's budget emulates the
-// attention again). The constants and how they were measured: distributed.cc.
+// attention again, which it does on every row of sets of at most cmp::kBudgetAllRows rows; larger
+// sets emulate at most 128 rows, left out of the split). The constants: distributed.cc.
 std::vector<double> row_work(const Problem& p, std::span<const int64_t> windows, int indexer_layers,
                              bool golden_budget = false);
 // Boundaries b_0 = 0 < b_1 < ... < b_parts = work.size(): part r is rows [b_r, b_{r+1}), each of

@@ -14,6 +14,7 @@
 #include <map>
 #include <set>
 #include <sstream>
+#include <thread>
 
 #include "ref/compare.h"
 #include "ref/config.h"
@@ -105,11 +106,16 @@ void add(GoldenSet& g, const std::string& name, const Tensor<T>& t, Role role) {
   g.tensors.push_back(io::make_view(name, t));
   g.roles[name] = role;
 }
-// add, then frees t (its bytes now live in the view only).
+// add without a copy: the view adopts t's elements and t is left empty.
 template <class T>
 void take(GoldenSet& g, const std::string& name, Tensor<T>& t, Role role) {
-  add(g, name, t, role);
-  t = Tensor<T>();
+  g.tensors.push_back(io::make_view(name, std::move(t)));  // adopts t's elements (no copy)
+  g.roles[name] = role;
+}
+// add of a temporary: adopted as take does.
+template <class T>
+void add(GoldenSet& g, const std::string& name, Tensor<T>&& t, Role role) {
+  take(g, name, t, role);
 }
 
 Tensor<bf16_t> to_bf16_tensor(const Tensor<float>& x) {
@@ -265,7 +271,7 @@ GoldenSet build_stack(const Problem& p, std::vector<ref::LayerInputs> inputs, co
   // positions, never the [s_q, s_kv] logits), as `run` does.
   std::vector<ref::StackLayerOutputs> outs = use_simd ? simd::run_stack(p, sched, inputs, with_logits)
                                                       : ref::run_stack(p, sched, inputs, with_logits);
-  phases::begin("assemble (budget emulation, copies)");
+  phases::begin("assemble (budget emulation, the set's views)");
   const ref::Kernels kern = use_simd ? simd::kernels() : ref::Kernels{};  // the budget's emulation
   GoldenSet g;
   const int64_t s_q_set = rows ? int64_t(rows->size()) : p.s_q;
@@ -288,21 +294,26 @@ GoldenSet build_stack(const Problem& p, std::vector<ref::LayerInputs> inputs, co
     const std::string pre = "layers." + std::to_string(l) + ".";
     layers.push_back({{"index", l}, {"kind", sched.is_full(l) ? "full" : "shared"}, {"source", o.source},
                       {"has_indexer", in.has_indexer}});
+    // The set's views adopt the layer's tensors (take) where nothing later reads them: a decode
+    // set's paged caches (add_paged) read the key side and the used positions.
+    const bool paged_reads = kind == "decode";
     if (in.has_indexer) {
       if (p.indexer == IndexerMode::fp8) {
-        add(g, pre + "indexer.q", in.index_q8, Role::input);
-        add(g, pre + "indexer.k", in.index_k8, Role::input);
+        take(g, pre + "indexer.q", in.index_q8, Role::input);
+        if (paged_reads) add(g, pre + "indexer.k", in.index_k8, Role::input);
+        else take(g, pre + "indexer.k", in.index_k8, Role::input);
       } else {
         add(g, pre + "indexer.q", to_bf16_tensor(in.index_q), Role::input);
         add(g, pre + "indexer.k", to_bf16_tensor(in.index_k), Role::input);
       }
-      add(g, pre + "indexer.k_scale", in.index_k_scale, Role::input);
-      add(g, pre + "indexer.q_scale", in.index_q_scale, Role::reference);
-      add(g, pre + "indexer.weights", in.index_weights, Role::input);
-      add(g, pre + "indexer.ks", in.ks, Role::input);
-      add(g, pre + "indexer.ke", in.ke, Role::input);
+      if (paged_reads) add(g, pre + "indexer.k_scale", in.index_k_scale, Role::input);
+      else take(g, pre + "indexer.k_scale", in.index_k_scale, Role::input);
+      take(g, pre + "indexer.q_scale", in.index_q_scale, Role::reference);
+      take(g, pre + "indexer.weights", in.index_weights, Role::input);
+      take(g, pre + "indexer.ks", in.ks, Role::input);
+      take(g, pre + "indexer.ke", in.ke, Role::input);
       if (with_logits) take(g, pre + "indexer.logits", o.logits, Role::output);
-      add(g, pre + "indexer.topk", o.own_topk, Role::output);
+      take(g, pre + "indexer.topk", o.own_topk, Role::output);
     }
     // Attention: the indices the layer used (edge cases rewrite them for attention-edge sets).
     Tensor<int32_t> indices = o.indices, topk_length;
@@ -316,13 +327,25 @@ GoldenSet build_stack(const Problem& p, std::vector<ref::LayerInputs> inputs, co
     }
     const Tensor<int32_t>* tl = topk_length.numel() ? &topk_length : nullptr;
     // Tolerance budget of the attention output (FlashAttention style, see ref/compare.h), first:
-    // it reads q and out, which the views below take.
+    // it reads q and out, which the views below take. Large sets emulate a row subset chosen from
+    // the whole set's rows (ref/compare.h budget_rows; a part gathers every part's row maxima).
     double emu_err = 0, budget = 0;
+    int64_t emulated = 0;
     {
-      const ref::AttentionOut emu = kern.emulate_attention_lowp(in.q, in.kv, indices, p.sm_scale(), p.d_v, tl, sink);
-      for (int64_t i = 0; i < attn.out.numel(); ++i)
-        emu_err = std::max(emu_err, std::fabs(double(emu.out[i]) - double(attn.out[i])));
-      const cmp::BudgetParts parts = cmp::attention_budget_parts(attn.out, emu.out);
+      double ref_round = 0;
+      const std::vector<double> mine = cmp::budget_row_max(attn.out, &ref_round);
+      const std::vector<double> all = part && part->gather_rows ? part->gather_rows(mine) : mine;
+      require(int64_t(all.size()) == s_q_set, "golden: the budget's row maxima cover " + std::to_string(all.size()) +
+                                                  " rows, not the set's " + std::to_string(s_q_set));
+      const int64_t b = part ? part->begin : 0, e = part ? part->end : s_q_set;
+      std::vector<int64_t> local;
+      for (int64_t t : cmp::budget_rows(all)) {
+        emulated += 1;
+        if (t >= b && t < e) local.push_back(t - b);
+      }
+      const cmp::BudgetParts parts =
+          cmp::attention_budget_parts_rows(kern.emulate_attention_lowp, in.q, in.kv, indices, p.sm_scale(), p.d_v, tl,
+                                           sink, attn.out, local, s_q_set > cmp::kBudgetAllRows, &emu_err, ref_round);
       budget = cmp::attention_budget(parts);
       if (part) g.shard.budgets[pre + "attn.out"] = {parts.emul, parts.ref_round, emu_err};
     }
@@ -330,15 +353,17 @@ GoldenSet build_stack(const Problem& p, std::vector<ref::LayerInputs> inputs, co
                                  {"emulation_max_abs", emu_err},
                                  {"multiple", cmp::kBudgetMultiple},
                                  {"emulation", "f32 logits and softmax, P rounded to bf16, f32 accumulation, bf16 out"}};
+    if (s_q_set > cmp::kBudgetAllRows) budgets[pre + "attn.out"]["emulation_rows"] = cmp::budget_rows_text(emulated, s_q_set);
     take(g, pre + "attn.q", in.q, Role::input);
-    add(g, pre + "attn.kv", in.kv, Role::input);
-    add(g, pre + "attn.indices", indices, Role::input);
-    if (tl) add(g, pre + "attn.topk_length", topk_length, Role::input);
+    if (paged_reads) add(g, pre + "attn.kv", in.kv, Role::input);
+    else take(g, pre + "attn.kv", in.kv, Role::input);
+    take(g, pre + "attn.indices", indices, Role::input);
+    if (tl) take(g, pre + "attn.topk_length", topk_length, Role::input);
     if (sink) add(g, pre + "attn.sink", *sink, Role::input);
     take(g, pre + "attn.out", attn.out, Role::output);
     take(g, pre + "attn.out_bf16", attn.out_bf16, Role::output);
-    add(g, pre + "attn.lse", attn.lse, Role::output);
-    add(g, pre + "attn.max_logits", attn.max_logits, Role::output);
+    take(g, pre + "attn.lse", attn.lse, Role::output);
+    take(g, pre + "attn.max_logits", attn.max_logits, Role::output);
     if (kind == "decode") add_paged(g, p, in, o, pre, layout, part);
     // The layer's inputs and outputs live in the set's views from here on (the next layers read
     // neither), so they are freed now: the peak holds at most one layer's tensors twice.
@@ -635,10 +660,15 @@ GoldenSet build_model(const ModelSpec& spec, const std::string& replay) {
     add(g, pre + "attn.lse", tr.attn.lse, Role::output);
     add(g, pre + "attn.max_logits", tr.attn.max_logits, Role::output);
     add(g, pre + "out", bf16_of(tr.out), Role::reference);
-    const ref::AttentionOut emu = kern.emulate_attention_lowp(tr.q, cache.kv[size_t(l)], indices, sm, cfg.d_v(), nullptr, nullptr);
-    budgets[pre + "attn.out"] = {{"budget_max_abs", cmp::attention_budget(tr.attn.out, emu.out)},
+    const std::vector<int64_t> brows = cmp::budget_rows(cmp::budget_row_max(tr.attn.out));
+    const cmp::BudgetParts bparts = cmp::attention_budget_parts_rows(
+        kern.emulate_attention_lowp, tr.q, cache.kv[size_t(l)], indices, sm, cfg.d_v(), nullptr, nullptr, tr.attn.out, brows,
+        S > cmp::kBudgetAllRows);
+    budgets[pre + "attn.out"] = {{"budget_max_abs", cmp::attention_budget(bparts)},
                                  {"multiple", cmp::kBudgetMultiple},
                                  {"emulation", "f32 logits and softmax, P rounded to bf16, f32 accumulation, bf16 out"}};
+    if (S > cmp::kBudgetAllRows)
+      budgets[pre + "attn.out"]["emulation_rows"] = cmp::budget_rows_text(int64_t(brows.size()), S);
     for (int64_t i = 0; i < h.numel(); ++i) h[i] = round_bf16(h[i] + tr.out[i]);
   }
   add(g, "hidden_out", bf16_of(f.h_out), Role::output);
@@ -1024,16 +1054,16 @@ io::SafetensorsFile read_dump(const std::string& file, const RowPart* part, bool
     if (header_only) {
       if (!window && v.name.rfind("cu_seqlens_", 0) != 0) continue;
       v.bytes.resize(size);
-      io::read_file_range(file, idx.offsets[i], v.bytes.data(), size);
+      io::read_file_range(file, idx.offsets[i], v.bytes.mutable_data(), size);
     } else if (rows) {
       require(part->end <= v.shape[0], file + ": tensor '" + v.name + "' " + shape_str(v.shape) + " has fewer than the " +
                                            std::to_string(part->end) + " query rows of this part");
       const uint64_t row = size / uint64_t(v.shape[0]);
       v.bytes.resize(row * uint64_t(part->end - part->begin));
-      io::read_file_range(file, idx.offsets[i] + row * uint64_t(part->begin), v.bytes.data(), v.bytes.size());
+      io::read_file_range(file, idx.offsets[i] + row * uint64_t(part->begin), v.bytes.mutable_data(), v.bytes.size());
     } else {
       v.bytes.resize(size);
-      io::read_file_range(file, idx.offsets[i], v.bytes.data(), size);
+      io::read_file_range(file, idx.offsets[i], v.bytes.mutable_data(), size);
     }
   }
   return std::move(idx.file);
@@ -1335,9 +1365,28 @@ json publish(const Staging& s, json manifest) {
 json write(const std::string& dir, GoldenSet set, bool force) {
   const Staging s = stage(dir, force, std::to_string(::getpid()));
   try {
-    // 1. Tensors, then the manifest naming each with its SHA-256.
-    io::write_safetensors((fs::path(s.tmp) / kTensorFile).string(), set.tensors, {{"format", "indexshare-golden"}});
-    const std::vector<std::string> hashes = sha256_all(set.tensors);
+    // 1. Tensors, then the manifest naming each with its SHA-256. The hashes (of the bytes in
+    // memory) are computed on a second thread while this one writes: the write is the kernel
+    // copying into the page cache, and the hashes would otherwise wait for it.
+    phases::begin("write (file; SHA-256 on a second thread)");
+    std::vector<std::string> hashes(set.tensors.size());
+    std::exception_ptr hash_error;
+    const std::vector<io::TensorView>& tensors = set.tensors;  // read only, by both threads
+    std::thread hasher([&] {
+      try {
+        for (size_t i = 0; i < tensors.size(); ++i) hashes[i] = io::sha256_hex(tensors[i].bytes.data(), tensors[i].bytes.size());
+      } catch (...) {
+        hash_error = std::current_exception();
+      }
+    });
+    try {
+      io::write_safetensors((fs::path(s.tmp) / kTensorFile).string(), tensors, {{"format", "indexshare-golden"}});
+    } catch (...) {
+      hasher.join();
+      throw;
+    }
+    hasher.join();
+    if (hash_error) std::rethrow_exception(hash_error);
     std::vector<io::TensorSpec> specs;
     for (const io::TensorView& v : set.tensors) specs.push_back({v.name, v.dtype, v.shape});
     set.manifest["tensors"] = tensor_list(specs, hashes, set.roles);
@@ -1349,6 +1398,7 @@ json write(const std::string& dir, GoldenSet set, bool force) {
     throw;
   }
   // 2. The manifest and one rename.
+  phases::begin("publish (manifest, rename)");
   return publish(s, std::move(set.manifest));
 }
 

@@ -9,6 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <functional>
 #include <map>
 #include <set>
 #include <string>
@@ -32,6 +33,10 @@ std::string role_name(Role r);
 // problem in order, or the --rows list).
 struct RowPart {
   int64_t begin = 0, end = 0;
+  // Every part's per-row values in row order, from this part's (a collective under MPI, every rank
+  // calling it the same number of times: tools/lib/distributed.cc). The budget's row subset
+  // (ref/compare.h budget_rows) is chosen from the whole set's rows. Unset: this part is the set.
+  std::function<std::vector<double>(const std::vector<double>&)> gather_rows;
 };
 
 // What a partial set (built with a RowPart) holds besides its tensors. Per-row tensors hold only

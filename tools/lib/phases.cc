@@ -3,6 +3,8 @@
 #include <sys/resource.h>
 
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
 
 namespace indexshare::phases {
 
@@ -51,6 +53,21 @@ std::vector<Phase> recorded() {
   std::vector<Phase> v = s.done;
   if (!s.name.empty()) add(v, s.name, wall_now() - s.wall0, cpu_now() - s.cpu0);
   return v;
+}
+
+bool requested() {
+  const char* v = std::getenv("INDEXSHARE_TIMING");
+  return v && *v && std::string(v) != "0";
+}
+
+std::string table() {
+  std::string out = "timing    phase (INDEXSHARE_TIMING; seconds, wall / process CPU)\n";
+  char line[160];
+  for (const Phase& ph : recorded()) {
+    std::snprintf(line, sizeof line, "          %-58s %7.3f / %7.3f\n", ph.name.c_str(), ph.wall_s, ph.cpu_s);
+    out += line;
+  }
+  return out;
 }
 
 }  // namespace indexshare::phases

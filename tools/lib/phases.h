@@ -22,6 +22,11 @@ std::string current();
 // Every phase so far in order of first appearance, the running one included up to now.
 std::vector<Phase> recorded();
 
+// INDEXSHARE_TIMING is set (and not "0").
+bool requested();
+// Every phase so far, one line each (a single process's table; MPI ranks': distributed.h).
+std::string table();
+
 // begin(name) now, begin(the phase that was running) when the scope ends: for a step inside
 // another (a collective wait inside a write).
 class Scope {

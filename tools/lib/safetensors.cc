@@ -451,7 +451,7 @@ SafetensorsIndex read_safetensors_index(const std::string& path, uint64_t keep_b
       e.view.bytes.resize(size_t(n));
       if (::lseek(fd, off_t(layout.data_start + e.begin), SEEK_SET) < 0)
         throw Error(path + ": cannot seek: " + os_error(errno));
-      read_into(e.view.bytes.data(), e.view.bytes.size());
+      read_into(e.view.bytes.mutable_data(), e.view.bytes.size());
     }
     index.offsets.push_back(layout.data_start + e.begin);
     out.tensors.push_back(std::move(e.view));

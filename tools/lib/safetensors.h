@@ -32,6 +32,7 @@
 #include <cstdint>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -54,11 +55,75 @@ DType parse_dtype(const std::string& name);
 // Bytes per element.
 size_t dtype_size(DType dtype);
 
+// A tensor's bytes: a std::vector<uint8_t> (the operations the code base uses), or memory SHARED
+// with an owner that keeps it alive (make_view of a moved tensor: a golden set adopts its tensors'
+// elements instead of copying them). Shared bytes are read-only: the first mutating access
+// (mutable_data, resize, assign, pop_back) copies them into an owned vector, so an owner's memory is
+// never written through a view; data(), [], begin and end are const. Copying TensorBytes shares shared bytes and copies
+// owned ones.
+class TensorBytes {
+ public:
+  TensorBytes() = default;
+  TensorBytes(std::vector<uint8_t> v) : own_(std::move(v)) {}  // NOLINT: implicit, as a vector
+  // n bytes at p, kept alive by owner.
+  static TensorBytes shared(std::shared_ptr<const void> owner, const uint8_t* p, size_t n) {
+    TensorBytes b;
+    b.owner_ = std::move(owner);
+    b.p_ = p;
+    b.n_ = n;
+    return b;
+  }
+  bool is_shared() const { return owner_ != nullptr; }
+
+  size_t size() const { return owner_ ? n_ : own_.size(); }
+  bool empty() const { return size() == 0; }
+  const uint8_t* data() const { return owner_ ? p_ : own_.data(); }
+  const uint8_t* begin() const { return data(); }
+  const uint8_t* end() const { return data() + size(); }
+  const uint8_t& operator[](size_t i) const { return data()[i]; }
+  // Write access, explicitly (a shared view becomes an owned copy first): every plain accessor
+  // is const, so reading a view never copies it by accident.
+  uint8_t* mutable_data() { return own().data(); }
+
+  template <class It>
+  void assign(It first, It last) {
+    release();
+    own_.assign(first, last);
+  }
+  void resize(size_t n) { own().resize(n); }
+  void pop_back() { own().pop_back(); }
+  void clear() {
+    release();
+    own_.clear();
+  }
+  friend bool operator==(const TensorBytes& a, const TensorBytes& b) {
+    return a.size() == b.size() && (a.size() == 0 || std::memcmp(a.data(), b.data(), a.size()) == 0);
+  }
+
+ private:
+  std::vector<uint8_t>& own() {
+    if (owner_) {
+      own_.assign(p_, p_ + n_);
+      release();
+    }
+    return own_;
+  }
+  void release() {
+    owner_.reset();
+    p_ = nullptr;
+    n_ = 0;
+  }
+  std::vector<uint8_t> own_;
+  std::shared_ptr<const void> owner_;
+  const uint8_t* p_ = nullptr;
+  size_t n_ = 0;
+};
+
 struct TensorView {
   std::string name;
   DType dtype = DType::F32;
   Shape shape;
-  std::vector<uint8_t> bytes;  // numel * dtype_size bytes, little-endian, row-major
+  TensorBytes bytes;  // numel * dtype_size bytes, little-endian, row-major
 };
 
 struct SafetensorsFile {
@@ -173,6 +238,31 @@ TensorView make_view(const std::string& name, const Tensor<T>& t) {
   // zeroing was a sixth of golden's time beyond run at hq16).
   const auto* first = reinterpret_cast<const uint8_t*>(t.data.data());
   v.bytes.assign(first, first + t.data.size() * sizeof(T));
+  return v;
+}
+
+// make_view of a tensor the caller gives up: the view adopts its elements (no copy) when it owns
+// them; t is left empty. (A borrowed tensor's memory is not its own to hand on: copied.)
+template <class T>
+TensorView make_view(const std::string& name, Tensor<T>&& t) {
+  if (t.data.borrowed()) {
+    TensorView v = make_view(name, static_cast<const Tensor<T>&>(t));
+    t = Tensor<T>();
+    return v;
+  }
+  static_assert(std::is_trivially_copyable_v<T>);
+  TensorView v;
+  v.name = name;
+  v.dtype = dtype_of<T>::value;
+  v.shape = t.shape;
+  const int64_t numel = shape_numel(t.shape);
+  require(numel == t.numel(), "make_view: tensor '" + name + "': shape " + shape_str(t.shape) +
+                                  " does not match " + std::to_string(t.numel()) + " elements");
+  auto owner = std::make_shared<Storage<T>>(std::move(t.data));
+  const auto* first = reinterpret_cast<const uint8_t*>(owner->data());
+  const size_t n = owner->size() * sizeof(T);
+  v.bytes = TensorBytes::shared(std::move(owner), first, n);
+  t = Tensor<T>();
   return v;
 }
 
