@@ -350,23 +350,27 @@ FloatRule indexer_logits_rule(const Tensor<e4m3_t>& q, const Tensor<e4m3_t>& k, 
   FloatRule rule;
   rule.bound.assign(size_t(s_q * s_kv), 0.0);
   double sum_b2 = 0, sum_r2 = 0;
-  std::vector<double> kd(size_t(s_kv * D));
+  std::vector<double> kd(static_cast<size_t>(s_kv * D)), qt(static_cast<size_t>(D));
   for (int64_t i = 0; i < s_kv * D; ++i) kd[size_t(i)] = std::fabs(double(e4m3_to_f32(k[i])));
-  for (int64_t t = 0; t < s_q; ++t)
+  for (int64_t t = 0; t < s_q; ++t) {
+    // Qt[d] = sum_h |w[t,h]| |q[t,h,d]|, h ascending (each product exact in double).
+    std::fill(qt.begin(), qt.end(), 0.0);
+    for (int64_t h = 0; h < H; ++h) {
+      const double w = std::fabs(double(weights.at(t, h)));
+      for (int64_t d = 0; d < D; ++d) qt[size_t(d)] += w * std::fabs(double(e4m3_to_f32(q.at(t, h, d))));
+    }
     for (int64_t s = 0; s < s_kv; ++s) {
       const double r = exact_logits.at(t, s);
       if (!std::isfinite(r)) continue;
+      // M[t,s] / k_scale[s] = sum_d Qt[d] |k[s,d]|, d ascending.
       double mag = 0;
-      for (int64_t h = 0; h < H; ++h) {
-        double m = 0;
-        for (int64_t d = 0; d < D; ++d) m += std::fabs(double(e4m3_to_f32(q.at(t, h, d)))) * kd[size_t(s * D + d)];
-        mag += std::fabs(double(weights.at(t, h))) * m;
-      }
+      for (int64_t d = 0; d < D; ++d) mag += qt[size_t(d)] * kd[size_t(s * D + d)];
       const double b = kLogitSigmas * std::sqrt(double(D) + double(H) + 2) * kFp8AccU * double(k_scale[s]) * mag;
       rule.bound[size_t(t * s_kv + s)] = b;
       sum_b2 += b * b;
       sum_r2 += 2 * r * r;
     }
+  }
   // calc_diff ~ |x - y|^2 / (|x|^2 + |y|^2): every element off by its full bound.
   rule.metric_max = sum_r2 > 0 ? sum_b2 / sum_r2 : 0;
   rule.derivation = "bound = 4 sqrt(D + H + 2) 2^-14 k_scale sum_h |w| sum_d |q k|: a 14-bit FP8 accumulator";

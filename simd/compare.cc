@@ -12,7 +12,8 @@
 //                            of keys x head vectors
 //   P.V and A_c              lanes over output columns, each lane summing i (the sorted kv rows)
 //                            ascending; a tile of heads x column vectors
-//   logits magnitudes        lanes over keys s (|k| transposed to [d][s]), d then h ascending
+//   logits magnitudes        Qt = sum_h |w| |q| with lanes over d (h ascending), then lanes over
+//                            keys s (|k| transposed to [d][s]), d ascending
 // The scalar parts (max, exp, log, the softmax sum, the per-element bound formulas) run per
 // element with ref's own expressions and the same C library calls (float std::exp / std::log in
 // the emulation, double std::exp in the bounds), which cost little next to the dot products.
@@ -548,81 +549,59 @@ void BoundsChunk(const detail::AttentionView& v, const float* exact_out, const f
 
 // ---- the indexer logits rule (double) ----------------------------------------------------------
 
-// Per lane (key s): mag += |w_h| * (sum_d |q_hd| * |k_sd|), d then h ascending, for kV vectors of
-// keys (kt[d * sp + s], |k| transposed in a tile of keys: sp is the tile's width) starting at s0;
-// qa[h * D + d] = |q_hd|, wa[h] = |w_h|. kHB heads at a time share each load of |k| (every head
-// still sums its own d ascending, and its term joins mag in h order).
-template <size_t kHB, size_t kV>
-HWY_INLINE void LogitMagHeads(const double* HWY_RESTRICT qa, const double* HWY_RESTRICT wa, int64_t D,
-                              const double* HWY_RESTRICT kt, int64_t sp, double* HWY_RESTRICT mag_out) {
-  const DF64 d64;
-  const size_t N = hn::Lanes(d64);
-  VF64 m[kHB][kV];
-  for (size_t hb = 0; hb < kHB; ++hb)
-    for (size_t u = 0; u < kV; ++u) m[hb][u] = hn::Zero(d64);
-  for (int64_t d = 0; d < D; ++d) {
-    VF64 k[kV];
-    for (size_t u = 0; u < kV; ++u) k[u] = hn::LoadU(d64, kt + d * sp + int64_t(u * N));
-    for (size_t hb = 0; hb < kHB; ++hb) {
-      const VF64 q = hn::Set(d64, qa[int64_t(hb) * D + d]);
-      // |q| |k| of two e4m3 values is exact in double: a fused multiply-add rounds as ref's add.
-      for (size_t u = 0; u < kV; ++u) m[hb][u] = hn::MulAdd(q, k[u], m[hb][u]);
-    }
-  }
-  for (size_t hb = 0; hb < kHB; ++hb) {
-    const VF64 w = hn::Set(d64, wa[hb]);
-    for (size_t u = 0; u < kV; ++u) {
-      double* o = mag_out + int64_t(u * N);
-      hn::StoreU(hn::Add(hn::LoadU(d64, o), hn::Mul(w, m[hb][u])), d64, o);
-    }
-  }
-}
-
-#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
-constexpr size_t kMagHeads = 4;  // 16 accumulators of 32 registers
-#else
-constexpr size_t kMagHeads = 2;
-#endif
-constexpr size_t kMagVecs = 4;  // vectors of keys per tile
-
+// Per lane (key s): mag = sum_d Qt[d] * |k_sd|, d ascending, a multiply then an add (Qt is a full
+// double: the product rounds, as in ref), for kV vectors of keys (kt[d * sp + s], |k| transposed in
+// a tile of keys: sp is the tile's width).
 template <size_t kV>
-HWY_INLINE void LogitMagTile(const double* HWY_RESTRICT qa, const double* HWY_RESTRICT wa, int64_t H, int64_t D,
-                             const double* HWY_RESTRICT kt, int64_t sp, double* HWY_RESTRICT mag_out) {
+HWY_INLINE void LogitMagTile(const double* HWY_RESTRICT qt, int64_t D, const double* HWY_RESTRICT kt, int64_t sp,
+                             double* HWY_RESTRICT mag_out) {
   const DF64 d64;
   const size_t N = hn::Lanes(d64);
-  for (size_t u = 0; u < kV; ++u) hn::StoreU(hn::Zero(d64), d64, mag_out + int64_t(u * N));
-  int64_t h = 0;
-  for (; h + int64_t(kMagHeads) <= H; h += int64_t(kMagHeads))
-    LogitMagHeads<kMagHeads, kV>(qa + h * D, wa + h, D, kt, sp, mag_out);
-  for (; h < H; ++h) LogitMagHeads<1, kV>(qa + h * D, wa + h, D, kt, sp, mag_out);
+  VF64 m[kV];
+  for (size_t u = 0; u < kV; ++u) m[u] = hn::Zero(d64);
+  for (int64_t d = 0; d < D; ++d) {
+    const VF64 q = hn::Set(d64, qt[d]);
+    for (size_t u = 0; u < kV; ++u) m[u] = hn::Add(m[u], hn::Mul(q, hn::LoadU(d64, kt + d * sp + int64_t(u * N))));
+  }
+  for (size_t u = 0; u < kV; ++u) hn::StoreU(m[u], d64, mag_out + int64_t(u * N));
 }
 
+constexpr size_t kMagVecs = 4;  // vectors of keys per tile
 constexpr int64_t kMagTile = 64;  // keys per tile of |k| (indexer_logits_rule's layout)
 static_assert(kMagTile % (kMagVecs * HWY_LANES(double)) == 0, "indexer_logits_rule's tiles are 64 keys");
 
 // Rows [t0, t1) of the logits bound (ref's indexer_logits_rule, without its global sums): q8 codes
 // [s_q, H, D], kt = |k| transposed by tiles of kMagTile keys, [sp / kMagTile][D][kMagTile] (sp =
-// s_kv padded to whole tiles, zeros past s_kv): a tile is contiguous (64 KB at D 128) and stays in
-// L2 for every head, where [D][sp] rows sp apart would fall into the same few cache sets.
+// s_kv padded to whole tiles, zeros past s_kv): a tile is contiguous and stays in L1/L2 while the
+// row's Qt sweeps it.
 void LogitsBoundChunk(const uint8_t* q8, const double* kt, int64_t sp, const float* k_scale, const float* weights,
                       const float* exact, int64_t H, int64_t D, int64_t s_kv, int64_t t0, int64_t t1, double* bound) {
   const DF64 d64;
   const int64_t N = int64_t(hn::Lanes(d64));
   const int64_t sw = int64_t(kMagVecs) * N;
   const double* e4 = detail::e4m3_table();
-  std::vector<double> qa(static_cast<size_t>(H * D)), wa(static_cast<size_t>(H));
+  const int64_t Dp = RoundUp(D, N);
+  auto qt = hwy::AllocateAligned<double>(size_t(Dp));
+  std::vector<double> qa(static_cast<size_t>(Dp));
   auto mag = hwy::AllocateAligned<double>(size_t(sp));
   const double C = cmp::kLogitSigmas * std::sqrt(double(D) + double(H) + 2) * 0x1p-14;
   for (int64_t t = t0; t < t1; ++t) {
-    for (int64_t i = 0; i < H * D; ++i) qa[size_t(i)] = std::fabs(e4[q8[t * H * D + i]]);
-    for (int64_t h = 0; h < H; ++h) wa[size_t(h)] = std::fabs(double(weights[t * H + h]));
+    // Qt[d] = sum_h |w_h| |q_hd|, h ascending, lanes over d: the product of an f32 and an e4m3
+    // value is exact in double, so ref's multiply-then-add is one fused multiply-add.
+    std::fill(qt.get(), qt.get() + Dp, 0.0);
+    for (int64_t h = 0; h < H; ++h) {
+      const VF64 w = hn::Set(d64, std::fabs(double(weights[t * H + h])));
+      const uint8_t* qh = q8 + (t * H + h) * D;
+      for (int64_t d = 0; d < D; ++d) qa[size_t(d)] = std::fabs(e4[qh[d]]);
+      for (int64_t d = 0; d < Dp; d += N)
+        hn::Store(hn::MulAdd(w, hn::LoadU(d64, qa.data() + d), hn::Load(d64, qt.get() + d)), d64, qt.get() + d);
+    }
     // Only the tiles holding finite logits (the row's window; ref skips the others, bound 0).
     int64_t s_lo = 0, s_hi = s_kv;
     while (s_lo < s_kv && !std::isfinite(exact[t * s_kv + s_lo])) ++s_lo;
     while (s_hi > s_lo && !std::isfinite(exact[t * s_kv + s_hi - 1])) --s_hi;
     for (int64_t s0 = s_lo / sw * sw; s0 < s_hi; s0 += sw)
-      LogitMagTile<kMagVecs>(qa.data(), wa.data(), H, D, kt + s0 / kMagTile * D * kMagTile + s0 % kMagTile, kMagTile,
-                             mag.get() + s0);
+      LogitMagTile<kMagVecs>(qt.get(), D, kt + s0 / kMagTile * D * kMagTile + s0 % kMagTile, kMagTile, mag.get() + s0);
     for (int64_t s = 0; s < s_kv; ++s) {
       const double r = exact[t * s_kv + s];
       // ref: kLogitSigmas * sqrt(D + H + 2) * 2^-14 * k_scale * mag, left to right.
