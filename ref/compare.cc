@@ -212,26 +212,32 @@ AttentionBounds bounds_impl(const Tensor<bf16_t>& q, const Tensor<bf16_t>& kv, c
     b.sm_lse.assign(size_t(s_q * h_q), 0.0f);
   }
   const double sm = std::fabs(double(sm_scale));
+  // f32 sums of nonnegative terms are inflated to sound upper bounds (compare.h): m roundings.
+  auto inflate = [](double m) { return 1 + 2 * m * kF32E; };
   for (int64_t t = 0; t < s_q; ++t) {
     const std::vector<int64_t> rows = valid_rows(indices, topk_length, t, s_kv);
     const double k = double(rows.size());
     for (int64_t h = 0; h < h_q; ++h) {
       const int64_t th = t * h_q + h;
       if (rows.empty()) continue;  // out 0, lse +inf, max -inf: exact, bound 0
-      // Exact logits and the logit magnitude G.
+      // Logits s'_i = f32(q.k_i) * sm_scale (f32 sums, d ascending, a multiply then an add; the
+      // product to double) and the magnitudes mag_i = sum_d |q_d| |k_id| (f32 likewise).
       std::vector<double> p(rows.size());
-      double G = 0, m = -std::numeric_limits<double>::infinity();
+      double Gm = 0, m = -std::numeric_limits<double>::infinity();
       for (size_t i = 0; i < rows.size(); ++i) {
-        double dot = 0, mag = 0;
+        float dot = 0, mag = 0;
         for (int64_t d = 0; d < d_qk; ++d) {
-          const double a = bf16_to_f32(q.at(t, h, d)), c = bf16_to_f32(kv[rows[i] * d_qk + d]);
+          const float a = bf16_to_f32(q.at(t, h, d)), c = bf16_to_f32(kv[rows[i] * d_qk + d]);
           dot += a * c;
-          mag += std::fabs(a * c);
+          mag += std::fabs(a) * std::fabs(c);
         }
-        p[i] = dot * double(sm_scale);
-        G = std::max(G, sm * mag);
+        p[i] = double(dot) * double(sm_scale);
+        Gm = std::max(Gm, double(mag));
         m = std::max(m, p[i]);
       }
+      // G bounds sm max_i sum_d |q_d k_id|; delta bounds |s'_i - s_i| (f32 dot of d_qk terms).
+      const double G = sm * Gm * inflate(double(d_qk) + 1);
+      const double delta = 2 * (double(d_qk) + 1) * kF32E * G;
       // z_i = s_i - m (kept for the direction), then p_i = exp(z_i) summed into l.
       std::vector<double> z(p);
       for (double& v : z) v -= m;
@@ -255,9 +261,16 @@ AttentionBounds bounds_impl(const Tensor<bf16_t>& q, const Tensor<bf16_t>& kv, c
         b.sm_lse[size_t(th)] = float(sbar);
       }
       const double logit_err = (double(d_qk) + 2) * kF32E * G;
+      // A_c from the weights w'_i = f32(p_i / l) of the f32 logits, summed in f32 (i ascending, a
+      // multiply then an add), inflated: the true weights are within e^(2 delta) of the computed
+      // ones, and the f32 sum of k terms (weights and products rounded) within inflate(k + 2).
+      const double A_up = std::exp(2 * delta) * inflate(k + 2);
+      std::vector<float> w(rows.size());
+      for (size_t i = 0; i < rows.size(); ++i) w[i] = float(p[i] / l);
       for (int64_t c = 0; c < d_v; ++c) {
-        double A = 0;
-        for (size_t i = 0; i < rows.size(); ++i) A += p[i] / l * std::fabs(double(bf16_to_f32(kv[rows[i] * d_qk + c])));
+        float Af = 0;
+        for (size_t i = 0; i < rows.size(); ++i) Af += w[i] * std::fabs(bf16_to_f32(kv[rows[i] * d_qk + c]));
+        const double A = double(Af) * A_up;
         const double o = std::fabs(double(exact.out[th * d_v + c]));
         const double bound = kBf16U * o + kBf16U * A + ((k + 8) * kF32E + 2 * logit_err) * A;
         b.out[size_t(th * d_v + c)] = kAttentionMultiple * bound;

@@ -112,6 +112,22 @@ Report compare_exact(const std::string& tensor, const Tensor<int32_t>& expected,
 //   max bound   = (d_qk + 2) e G + e |max|
 // Every bound is multiplied by kAttentionMultiple = 3: an error source can reach its bound in
 // more than one rounding step, and FlashMLA's own acceptance (3 bf16 ulps relative) sits there.
+// How G, p_i and A_c are evaluated (a fixed order, which simd/ mirrors bit for bit): the sums run
+// in f32 and are inflated to sound upper bounds, with e = 2^-24 and infl(m) = 1 + 2 m e (a
+// sequential f32 sum of nonnegative terms with m roundings in all is at least (1 - gamma_m) times
+// the exact one, gamma_m = m e / (1 - m e), and 1 / (1 - gamma_m) <= 1 + 2 m e while m e <= 1/4):
+//   dot_i = f32 sum_d q_d k_id, mag_i = f32 sum_d |q_d| |k_id|   (d ascending, a multiply then an
+//                                   add: d_qk + 1 roundings with the products')
+//   s'_i  = double(dot_i) * sm_scale (the logits), G = sm_scale * max_i mag_i * infl(d_qk + 1)
+//   delta = 2 (d_qk + 1) e G       >= |s'_i - s_i| (the f32 dot's error, gamma_(d_qk+1) sum |q k|)
+//   w'_i  = f32(exp(s'_i - m') / l') (double softmax of s', rounded to f32 once)
+//   A_c   = f32 sum_i w'_i |V_ic| (i ascending) * exp(2 delta) * infl(k + 2)
+// Every true weight is within exp(2 delta) of its computed one (the logits move by at most delta,
+// the normaliser by at most exp(delta)), and the f32 sum has k + 2 roundings per term at most (the
+// weight's, the product's, the adds'). The double steps (exp, division; relative ~1e-16) and f32
+// weights that underflow (absolute 2^-149 each) are far inside kAttentionMultiple. At d_qk 576 and
+// G ~ 15 the inflation is ~0.2%; sums in f32 lanes hold twice double's, and both products of
+// pass 1 are exact in f32 for bf16 inputs of ordinary exponents (one fused multiply-add each).
 constexpr double kAttentionMultiple = 3.0;
 struct AttentionBounds {
   std::vector<double> out, lse, max_logits;  // per element, already multiplied
