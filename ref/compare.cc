@@ -204,9 +204,9 @@ AttentionBounds bounds_impl(const Tensor<bf16_t>& q, const Tensor<bf16_t>& kv, c
                             const Tensor<float>* attn_sink, const AttentionOut& exact, bool dir) {
   const int64_t s_q = q.dim(0), h_q = q.dim(1), d_qk = q.dim(2), s_kv = kv.dim(0);
   AttentionBounds b;
-  b.out.assign(size_t(s_q * h_q * d_v), 0.0);
-  b.lse.assign(size_t(s_q * h_q), 0.0);
-  b.max_logits.assign(size_t(s_q * h_q), 0.0);
+  b.out.assign(size_t(s_q * h_q * d_v), 0.0f);
+  b.lse.assign(size_t(s_q * h_q), 0.0f);
+  b.max_logits.assign(size_t(s_q * h_q), 0.0f);
   if (dir) {
     b.sm_out.assign(size_t(s_q * h_q * d_v), 0.0f);
     b.sm_lse.assign(size_t(s_q * h_q), 0.0f);
@@ -273,10 +273,10 @@ AttentionBounds bounds_impl(const Tensor<bf16_t>& q, const Tensor<bf16_t>& kv, c
         const double A = double(Af) * A_up;
         const double o = std::fabs(double(exact.out[th * d_v + c]));
         const double bound = kBf16U * o + kBf16U * A + ((k + 8) * kF32E + 2 * logit_err) * A;
-        b.out[size_t(th * d_v + c)] = kAttentionMultiple * bound;
+        b.out[size_t(th * d_v + c)] = bound_f32(kAttentionMultiple * bound);
       }
-      b.lse[size_t(th)] = kAttentionMultiple * (logit_err + (k + 8) * kF32E + 2 * kF32E * std::fabs(double(exact.lse[th])));
-      b.max_logits[size_t(th)] = kAttentionMultiple * (logit_err + kF32E * std::fabs(double(exact.max_logits[th])));
+      b.lse[size_t(th)] = bound_f32(kAttentionMultiple * (logit_err + (k + 8) * kF32E + 2 * kF32E * std::fabs(double(exact.lse[th]))));
+      b.max_logits[size_t(th)] = bound_f32(kAttentionMultiple * (logit_err + kF32E * std::fabs(double(exact.max_logits[th]))));
     }
   }
   return b;
@@ -361,7 +361,7 @@ FloatRule indexer_logits_rule(const Tensor<e4m3_t>& q, const Tensor<e4m3_t>& k, 
                               const Tensor<float>& weights, const Tensor<float>& exact_logits) {
   const int64_t s_q = q.dim(0), H = q.dim(1), D = q.dim(2), s_kv = k.dim(0);
   FloatRule rule;
-  rule.bound.assign(size_t(s_q * s_kv), 0.0);
+  rule.bound.assign(size_t(s_q * s_kv), 0.0f);
   double sum_b2 = 0, sum_r2 = 0;
   std::vector<double> kd(static_cast<size_t>(s_kv * D)), qt(static_cast<size_t>(D));
   for (int64_t i = 0; i < s_kv * D; ++i) kd[size_t(i)] = std::fabs(double(e4m3_to_f32(k[i])));
@@ -378,8 +378,8 @@ FloatRule indexer_logits_rule(const Tensor<e4m3_t>& q, const Tensor<e4m3_t>& k, 
       // M[t,s] / k_scale[s] = sum_d Qt[d] |k[s,d]|, d ascending.
       double mag = 0;
       for (int64_t d = 0; d < D; ++d) mag += qt[size_t(d)] * kd[size_t(s * D + d)];
-      const double b = kLogitSigmas * std::sqrt(double(D) + double(H) + 2) * kFp8AccU * double(k_scale[s]) * mag;
-      rule.bound[size_t(t * s_kv + s)] = b;
+      const double b = bound_f32(kLogitSigmas * std::sqrt(double(D) + double(H) + 2) * kFp8AccU * double(k_scale[s]) * mag);
+      rule.bound[size_t(t * s_kv + s)] = float(b);
       sum_b2 += b * b;
       sum_r2 += 2 * r * r;
     }

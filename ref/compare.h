@@ -17,7 +17,9 @@
 // Top-k positions (compare_topk): see below.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
+#include <limits>
 #include <optional>
 #include <string>
 #include <vector>
@@ -80,7 +82,7 @@ double rms_finite(const Tensor<float>& x);
 double calc_diff(const float* x, const float* y, int64_t n);
 
 struct FloatRule {
-  std::vector<double> bound;       // per element, >= 0 (size = numel); empty: exact (bound 0)
+  std::vector<float> bound;        // per element, >= 0 (size = numel); empty: exact (bound 0); f32 rounded up
   double metric_max = -1;          // calc_diff threshold; < 0: reported only
   std::string metric_name;         // where the threshold comes from, printed with a failure
   double budget_max_abs = -1;      // FlashAttention-style global max |error|; < 0: off
@@ -97,6 +99,15 @@ Report compare_floats(const std::string& tensor, const Tensor<float>& expected,
 Report compare_exact(const std::string& tensor, const Tensor<int32_t>& expected, const Tensor<int32_t>& got);
 
 // ---- Derived bounds --------------------------------------------------------------------------
+// Every bound is derived in double and stored as the f32 at or above it (bound_f32: round to
+// nearest, then one step up where that fell below): never below the derivation, at most one f32
+// ulp (relative 2^-23) wider, and half the memory of a double per element (attn.out's bound is
+// the size of the output itself).
+inline float bound_f32(double b) {
+  float f = float(b);
+  if (double(f) < b) f = std::nextafter(f, std::numeric_limits<float>::infinity());
+  return f;
+}
 // Unit roundoffs: bf16 u = 2^-8, f32 e = 2^-24.
 // Attention (FlashMLA-like kernels: bf16 q and kv, f32 logits and softmax, P rounded to bf16
 // before the PV product, f32 accumulation, bf16 output). For query row t, head h, with valid kv
@@ -130,7 +141,7 @@ Report compare_exact(const std::string& tensor, const Tensor<int32_t>& expected,
 // pass 1 are exact in f32 for bf16 inputs of ordinary exponents (one fused multiply-add each).
 constexpr double kAttentionMultiple = 3.0;
 struct AttentionBounds {
-  std::vector<double> out, lse, max_logits;  // per element, already multiplied
+  std::vector<float> out, lse, max_logits;   // per element, already multiplied, rounded up to f32 (bound_f32)
   std::vector<float> sm_out, sm_lse;         // attention_bounds_sm only: d out / d ln sm_scale, d lse / d ln sm_scale
 };
 AttentionBounds attention_bounds(const Tensor<bf16_t>& q, const Tensor<bf16_t>& kv,
@@ -246,7 +257,7 @@ FloatRule indexer_logits_rule(const Tensor<e4m3_t>& q, const Tensor<e4m3_t>& k, 
 // golden's out), expected [s_q, h, v] (map_latent_output). Throws Error on mismatched shapes.
 constexpr double kModelUnit = 0x1p-8;
 Tensor<float> map_latent_output(const Tensor<float>& latent, const Tensor<bf16_t>& w_uv);
-std::vector<double> model_attention_bounds(const Tensor<bf16_t>& q, const Tensor<bf16_t>& kv, const Tensor<int32_t>& indices,
+std::vector<float> model_attention_bounds(const Tensor<bf16_t>& q, const Tensor<bf16_t>& kv, const Tensor<int32_t>& indices,
                                            float sm_scale, const Tensor<bf16_t>& q_nope, const Tensor<bf16_t>& w_uk,
                                            const Tensor<bf16_t>& w_uv, const Tensor<float>& latent,
                                            const Tensor<float>& expected, bool logits_rounded);

@@ -393,7 +393,7 @@ HWY_INLINE double Inflate(double m) { return 1 + 2 * m * kF32E; }
 // attention_bounds_sm's softmax-scale direction too (v.sink: the sink of its factor f). kv_lo,
 // kv_hi, kv_finite: kv's exponent range (ExpRange), for the fused pass 1.
 void BoundsChunk(const detail::AttentionView& v, const float* exact_out, const float* exact_lse,
-                 const float* exact_max, int64_t t0, int64_t t1, double* b_out, double* b_lse, double* b_max,
+                 const float* exact_max, int64_t t0, int64_t t1, float* b_out, float* b_lse, float* b_max,
                  float* sm_out, float* sm_lse, int kv_lo, int kv_hi, bool kv_finite) {
   ExpRange kvr;
   kvr.lo = kv_lo, kvr.hi = kv_hi, kvr.finite = kv_finite;
@@ -542,10 +542,10 @@ void BoundsChunk(const detail::AttentionView& v, const float* exact_out, const f
         const double Ac = double(a[c]) * A_up;
         const double o = std::fabs(double(exact_out[th * d_v + c]));
         const double bound = kBf16U * o + kBf16U * Ac + ((k + 8) * kF32E + 2 * logit_err) * Ac;
-        b_out[th * d_v + c] = cmp::kAttentionMultiple * bound;
+        b_out[th * d_v + c] = cmp::bound_f32(cmp::kAttentionMultiple * bound);
       }
-      b_lse[th] = cmp::kAttentionMultiple * (logit_err + (k + 8) * kF32E + 2 * kF32E * std::fabs(double(exact_lse[th])));
-      b_max[th] = cmp::kAttentionMultiple * (logit_err + kF32E * std::fabs(double(exact_max[th])));
+      b_lse[th] = cmp::bound_f32(cmp::kAttentionMultiple * (logit_err + (k + 8) * kF32E + 2 * kF32E * std::fabs(double(exact_lse[th]))));
+      b_max[th] = cmp::bound_f32(cmp::kAttentionMultiple * (logit_err + kF32E * std::fabs(double(exact_max[th]))));
       if (!dir) continue;
       // ref's direction expressions element by element.
       const double mh = mv[size_t(h)], sbar = mh + zb[size_t(h)], lse = mh + std::log(lv[size_t(h)]);
@@ -586,7 +586,7 @@ static_assert(kMagTile % (kMagVecs * HWY_LANES(double)) == 0, "indexer_logits_ru
 // s_kv padded to whole tiles, zeros past s_kv): a tile is contiguous and stays in L1/L2 while the
 // row's Qt sweeps it.
 void LogitsBoundChunk(const uint8_t* q8, const double* kt, int64_t sp, const float* k_scale, const float* weights,
-                      const float* exact, int64_t H, int64_t D, int64_t s_kv, int64_t t0, int64_t t1, double* bound) {
+                      const float* exact, int64_t H, int64_t D, int64_t s_kv, int64_t t0, int64_t t1, float* bound) {
   const DF64 d64;
   const int64_t N = int64_t(hn::Lanes(d64));
   const int64_t sw = int64_t(kMagVecs) * N;
@@ -616,7 +616,7 @@ void LogitsBoundChunk(const uint8_t* q8, const double* kt, int64_t sp, const flo
     for (int64_t s = 0; s < s_kv; ++s) {
       const double r = exact[t * s_kv + s];
       // ref: kLogitSigmas * sqrt(D + H + 2) * 2^-14 * k_scale * mag, left to right.
-      bound[t * s_kv + s] = std::isfinite(r) ? C * double(k_scale[s]) * mag[size_t(s)] : 0.0;
+      bound[t * s_kv + s] = std::isfinite(r) ? cmp::bound_f32(C * double(k_scale[s]) * mag[size_t(s)]) : 0.0f;
     }
   }
 }
@@ -689,9 +689,9 @@ cmp::AttentionBounds bounds(const Tensor<bf16_t>& q, const Tensor<bf16_t>& kv, c
   const int64_t s_q = q.dim(0), h_q = q.dim(1);
   require(d_v <= q.dim(2), "attention_bounds: d_v " + std::to_string(d_v) + " exceeds d_qk " + std::to_string(q.dim(2)));
   cmp::AttentionBounds b;
-  b.out.assign(size_t(s_q * h_q * d_v), 0.0);
-  b.lse.assign(size_t(s_q * h_q), 0.0);
-  b.max_logits.assign(size_t(s_q * h_q), 0.0);
+  b.out.assign(size_t(s_q * h_q * d_v), 0.0f);
+  b.lse.assign(size_t(s_q * h_q), 0.0f);
+  b.max_logits.assign(size_t(s_q * h_q), 0.0f);
   if (dir) {
     b.sm_out.assign(size_t(s_q * h_q * d_v), 0.0f);
     b.sm_lse.assign(size_t(s_q * h_q), 0.0f);
@@ -725,7 +725,7 @@ cmp::FloatRule indexer_logits_rule(const Tensor<e4m3_t>& q, const Tensor<e4m3_t>
                                    const Tensor<float>& weights, const Tensor<float>& exact_logits) {
   const int64_t s_q = q.dim(0), H = q.dim(1), D = q.dim(2), s_kv = k.dim(0);
   cmp::FloatRule rule;
-  rule.bound.assign(size_t(s_q * s_kv), 0.0);
+  rule.bound.assign(size_t(s_q * s_kv), 0.0f);
   // |k| transposed by tiles of 64 keys, [sp / 64][D][64], sp a multiple of 64 keys, a whole
   // number of tiles on every target (zeros past s_kv).
   const int64_t sp = (s_kv + 63) / 64 * 64;

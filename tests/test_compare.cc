@@ -357,3 +357,16 @@ TEST_CASE("compare: the f32-evaluated attention bounds are at least their double
     MESSAGE("smallest f32 bound / double bound: " << slack);
   }
 }
+
+// Bounds are stored as the f32 at or above the derived double: never below it, one ulp at most.
+TEST_CASE("compare: bound_f32 rounds a derived bound up to the next f32") {
+  for (const double b : {0.0, 1.0 / 3, 0.1, 0.7, 0.9, 1e-30, 0x1p-140, 3.0, 1e30}) {
+    CAPTURE(b);
+    const float f = cmp::bound_f32(b);
+    CHECK(double(f) >= b);
+    CHECK(double(std::nextafter(f, 0.0f)) < b + (b == 0 ? 1 : 0));  // the least such f32 (0 stays 0)
+  }
+  CHECK(cmp::bound_f32(0.7) == std::nextafter(float(0.7), 1.0f));  // float(0.7) rounds down: one step up
+  CHECK(cmp::bound_f32(0.5) == 0.5f);                                          // exact values stay
+  CHECK(std::isinf(cmp::bound_f32(1e39)));                                     // past FLT_MAX: +inf
+}

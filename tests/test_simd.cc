@@ -590,10 +590,11 @@ bool same_bits_d(double a, double b) {
   if (std::isnan(a) || std::isnan(b)) return std::isnan(a) && std::isnan(b);
   return std::memcmp(&a, &b, sizeof a) == 0;
 }
-int64_t first_diff_d(const std::vector<double>& a, const std::vector<double>& b) {
+// The first element whose bits differ (NaNs equal), -1 when none: bounds are f32 (rounded up).
+int64_t first_diff_d(const std::vector<float>& a, const std::vector<float>& b) {
   REQUIRE(a.size() == b.size());
   for (size_t i = 0; i < a.size(); ++i)
-    if (!same_bits_d(a[i], b[i])) return int64_t(i);
+    if (!same_bits_d(double(a[i]), double(b[i]))) return int64_t(i);
   return -1;
 }
 

@@ -140,7 +140,7 @@ std::vector<double> row_recall(const std::vector<std::set<int32_t>>& cand, const
 
 // Per (row, head): the largest |got - expected| / bound over the d_v columns (inf where a bound
 // of 0 is exceeded or a non-finite value differs).
-std::vector<double> out_ratios(const Tensor<float>& expected, const Tensor<float>& got, const std::vector<double>& bound,
+std::vector<double> out_ratios(const Tensor<float>& expected, const Tensor<float>& got, const std::vector<float>& bound,
                                int64_t d_v) {
   const int64_t n = expected.numel() / std::max<int64_t>(1, d_v);
   std::vector<double> r(size_t(n), 0.0);
@@ -235,7 +235,7 @@ Expected expected_attention(const LayerData& d, const Tensor<int32_t>& indices, 
   return e;
 }
 
-cmp::FloatRule bound_rule(std::vector<double> b, double budget = -1) {
+cmp::FloatRule bound_rule(std::vector<float> b, double budget = -1) {
   cmp::FloatRule r;
   r.bound = std::move(b);
   r.budget_max_abs = budget;
@@ -662,9 +662,10 @@ cmp::FloatRule Judge::logits_rule(const LayerData& d) {
                                                               g_.tensor<float>(p + "indexer.k_scale"), g_.tensor<float>(p + "indexer.weights"), d.logits);
   cmp::FloatRule rule = d.logits_rule;
   if (rule.bound.empty()) {  // bf16-mode sets: the same 14-bit-accumulator rule on f32 data
-    rule.bound.assign(size_t(d.logits.numel()), 0.0);
+    rule.bound.assign(size_t(d.logits.numel()), 0.0f);
     for (int64_t i = 0; i < d.logits.numel(); ++i)
-      if (std::isfinite(d.logits[i])) rule.bound[size_t(i)] = 4 * std::sqrt(double(topk_) + 2) * 0x1p-14 * std::fabs(double(d.logits[i]));
+      if (std::isfinite(d.logits[i]))
+        rule.bound[size_t(i)] = cmp::bound_f32(4 * std::sqrt(double(topk_) + 2) * 0x1p-14 * std::fabs(double(d.logits[i])));
   }
   return rule;
 }
@@ -1128,7 +1129,7 @@ void Judge::judge_model_out(const LayerData& d, const std::string& P, const Used
                               "'s positions instead of layer " + std::to_string(d.source) + "'s");
   }
   // Per (row, head): does the element fail?
-  auto fails = [&](const Tensor<float>& e, const std::vector<double>& b, int64_t t, int64_t hh) {
+  auto fails = [&](const Tensor<float>& e, const std::vector<float>& b, int64_t t, int64_t hh) {
     for (int64_t j = 0; j < V; ++j) {
       const int64_t i = (t * h_q_ + hh) * V + j;
       if (!(std::fabs(double(co[i]) - double(e[i])) <= b[size_t(i)])) return true;
@@ -1148,7 +1149,7 @@ void Judge::judge_model_out(const LayerData& d, const std::string& P, const Used
       Tensor<bf16_t> w2 = w_uv;
       for (int64_t i = 0; i < V * d_v_; ++i) w2[hh * V * d_v_ + i] = w_uv[h2 * V * d_v_ + i];
       const Tensor<float> e2 = cmp::map_latent_output(lat.out, w2);
-      const std::vector<double> b2 = cmp::model_attention_bounds(d.q, d.kv, used.indices, sm_, q_nope, w_uk, w2, lat.out, e2, rounded);
+      const std::vector<float> b2 = cmp::model_attention_bounds(d.q, d.kv, used.indices, sm_, q_nope, w_uk, w2, lat.out, e2, rounded);
       bool ok = true;
       for (int64_t t = 0; t < s_q_ && ok; ++t) ok = !fails(e2, b2, t, hh);
       if (ok) {
@@ -1177,7 +1178,7 @@ void Judge::judge_model_out(const LayerData& d, const std::string& P, const Used
       const Tensor<float> e1 = cmp::map_latent_output(l1, w_uv);
       Tensor<bf16_t> qn1({1, h_q_, N});
       for (int64_t i = 0; i < qn1.numel(); ++i) qn1[i] = q_nope[t * qn1.numel() + i];
-      const std::vector<double> b1 = cmp::model_attention_bounds(q1, d.kv, one, sm_, qn1, w_uk, w_uv, l1, e1, rounded);
+      const std::vector<float> b1 = cmp::model_attention_bounds(q1, d.kv, one, sm_, qn1, w_uk, w_uv, l1, e1, rounded);
       bool ok = true;
       for (int64_t hh = 0; hh < h_q_ && ok; ++hh)
         for (int64_t c = 0; c < V && ok; ++c) {
