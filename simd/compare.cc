@@ -538,7 +538,23 @@ void BoundsChunk(const detail::AttentionView& v, const float* exact_out, const f
       const double logit_err = (double(d_qk) + 2) * kF32E * Gh;
       const double A_up = std::exp(2 * delta) * Inflate(k + 2);
       const float* a = A.get() + h * dvp;
-      for (int64_t c = 0; c < d_v; ++c) {
+      const double coef = (k + 8) * kF32E + 2 * logit_err;
+      // ref's expression in double lanes (a multiply or an add per step, as ref's: no fusion),
+      // then bound_f32: the demoted value, one ulp up (bits + 1: bounds are >= 0) where it fell below.
+      const hn::Rebind<float, DF64> dh;
+      const hn::Rebind<int32_t, DF64> di32;
+      const VF64 vu = hn::Set(d64, kBf16U), vup = hn::Set(d64, A_up), vcoef = hn::Set(d64, coef),
+                 vmul = hn::Set(d64, cmp::kAttentionMultiple);
+      int64_t c = 0;
+      for (; c + N <= d_v; c += N) {
+        const VF64 Ac = hn::Mul(hn::PromoteTo(d64, hn::LoadU(dh, a + c)), vup);
+        const VF64 o = hn::Abs(hn::PromoteTo(d64, hn::LoadU(dh, exact_out + th * d_v + c)));
+        const VF64 r = hn::Mul(vmul, hn::Add(hn::Add(hn::Mul(vu, o), hn::Mul(vu, Ac)), hn::Mul(vcoef, Ac)));
+        const auto f = hn::DemoteTo(dh, r);
+        const auto up = hn::DemoteTo(di32, hn::IfThenElseZero(hn::Lt(hn::PromoteTo(d64, f), r), hn::Set(d64, 1.0)));
+        hn::StoreU(hn::BitCast(dh, hn::Add(hn::BitCast(di32, f), up)), dh, b_out + th * d_v + c);
+      }
+      for (; c < d_v; ++c) {
         const double Ac = double(a[c]) * A_up;
         const double o = std::fabs(double(exact_out[th * d_v + c]));
         const double bound = kBf16U * o + kBf16U * Ac + ((k + 8) * kF32E + 2 * logit_err) * Ac;
