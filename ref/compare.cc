@@ -4,7 +4,6 @@
 #include <cmath>
 #include <cstdio>
 #include <limits>
-#include <set>
 #include <sstream>
 
 #include "ref/numerics.h"
@@ -410,17 +409,29 @@ Report compare_topk(const std::string& tensor, const Tensor<float>& golden_logit
   auto fail_row = [&](int64_t t, const std::string& what) {
     add_mismatch(r, {{t}, 0, 0, 0, 0, what});
   };
+  // Position sets per row as sorted vectors of distinct values (what std::set would iterate).
+  auto sorted_set = [](std::vector<int32_t>& v) {
+    std::sort(v.begin(), v.end());
+    v.erase(std::unique(v.begin(), v.end()), v.end());
+  };
+  auto member = [](const std::vector<int32_t>& v, int32_t x) { return std::binary_search(v.begin(), v.end(), x); };
+  std::vector<int32_t> gold, in_window;
+  int64_t max_len = 0;
+  for (int64_t t = 0; t < s_q; ++t) max_len = std::max<int64_t>(max_len, ke[t] - ks[t]);
+  std::vector<int64_t> seen_in(size_t(max_len), -1);  // seen_in[v] = t: position v taken in row t
   for (int64_t t = 0; t < s_q; ++t) {
     const int64_t len = ke[t] - ks[t], k_eff = std::min(topk, len);
     nontrivial += len > topk;
-    std::set<int32_t> gold;
-    for (int64_t j = 0; j < topk; ++j) if (golden_topk.at(t, j) >= 0) gold.insert(golden_topk.at(t, j));
+    gold.clear();
+    for (int64_t j = 0; j < topk; ++j) if (golden_topk.at(t, j) >= 0) gold.push_back(golden_topk.at(t, j));
+    sorted_set(gold);
     // Recall over every row, malformed ones included: the distinct in-window positions it holds.
-    std::set<int32_t> in_window;
+    in_window.clear();
     for (int64_t j = 0; j < topk; ++j)
-      if (cand.at(t, j) >= 0 && cand.at(t, j) < len) in_window.insert(cand.at(t, j));
+      if (cand.at(t, j) >= 0 && cand.at(t, j) < len) in_window.push_back(cand.at(t, j));
+    sorted_set(in_window);
     int64_t common = 0;
-    for (int32_t v : in_window) common += gold.count(v);
+    for (int32_t v : in_window) common += member(gold, v);
     const double recall = k_eff ? double(std::min(common, k_eff)) / double(k_eff) : 1.0;
     recall_sum += recall;
     r.stats.recall_min = std::min(r.stats.recall_min, recall);
@@ -431,7 +442,6 @@ Report compare_topk(const std::string& tensor, const Tensor<float>& golden_logit
     const std::string window = opt.kv_rows ? "the row's window [" + std::to_string(ks[t]) + ", " + std::to_string(ke[t]) + ")"
                                            : "[0, " + std::to_string(len) + ")";
     // 1. Structure.
-    std::set<int32_t> seen;
     int64_t valid = 0, first_pad = -1;
     bool ok = true;
     for (int64_t j = 0; j < topk; ++j) {
@@ -439,11 +449,12 @@ Report compare_topk(const std::string& tensor, const Tensor<float>& golden_logit
       if (v == -1) { if (first_pad < 0) first_pad = j; continue; }
       if (v < 0 || v >= len) { fail_row(t, "slot " + std::to_string(j) + " holds " + shown(j) +
                                             ", outside " + window + " and not -1"); ok = false; break; }
-      if (!seen.insert(v).second) {
+      if (seen_in[size_t(v)] == t) {
         fail_row(t, (opt.kv_rows ? shown(j) : "position " + shown(j)) + " appears twice");
         ok = false;
         break;
       }
+      seen_in[size_t(v)] = t;
       if (opt.trailing_padding && first_pad >= 0) { fail_row(t, "valid position after a -1 slot (padding must be trailing)"); ok = false; break; }
       ++valid;
     }
@@ -453,6 +464,8 @@ Report compare_topk(const std::string& tensor, const Tensor<float>& golden_logit
     }
     if (!ok) { ++structural; ++r.stats.n_fail; continue; }
     if (len > 0) ++r.stats.n_checked;
+    // A well-formed row's positions are its distinct in-window values, ascending.
+    const std::vector<int32_t>& seen = in_window;
     // 2. Selection: multisets of golden scores.
     std::vector<float> sc, sg;
     for (int32_t v : seen) sc.push_back(golden_logits.at(t, ks[t] + v));
@@ -464,8 +477,8 @@ Report compare_topk(const std::string& tensor, const Tensor<float>& golden_logit
     bool legit = false;
     if (opt.candidate_logits) {
       std::vector<int32_t> taken, missed;
-      for (int32_t v : seen) if (!gold.count(v)) taken.push_back(v);
-      for (int32_t v : gold) if (!seen.count(v)) missed.push_back(v);
+      for (int32_t v : seen) if (!member(gold, v)) taken.push_back(v);
+      for (int32_t v : gold) if (!member(seen, v)) missed.push_back(v);
       auto dev = [&](int32_t v) {
         const int64_t c = ks[t] + v;
         return std::fabs(double(opt.candidate_logits->at(t, c)) - double(golden_logits.at(t, c)));
