@@ -119,12 +119,18 @@ std::optional<Tensor<int32_t>> pad_beyond_window(const Tensor<int32_t>& local, c
 const char* kBeyondWindow = "positions beyond the causal window in rows shorter than top-k: pad with -1 (raw torch.topk output, "
                             "as in transformers, keeps masked future positions there)";
 
-std::vector<std::set<int32_t>> row_sets(const Tensor<int32_t>& rows, int64_t s_kv) {
+// Each row's positions in [0, s_kv) as a set: sorted, distinct (equal rows compare equal).
+using RowSet = std::vector<int32_t>;
+std::vector<RowSet> row_sets(const Tensor<int32_t>& rows, int64_t s_kv) {
   const int64_t s_q = rows.dim(0), k = rows.numel() / std::max<int64_t>(1, s_q);
-  std::vector<std::set<int32_t>> out(static_cast<size_t>(s_q));
-  for (int64_t t = 0; t < s_q; ++t)
+  std::vector<RowSet> out(static_cast<size_t>(s_q));
+  for (int64_t t = 0; t < s_q; ++t) {
+    RowSet& r = out[size_t(t)];
     for (int64_t j = 0; j < k; ++j)
-      if (rows[t * k + j] >= 0 && rows[t * k + j] < s_kv) out[size_t(t)].insert(rows[t * k + j]);
+      if (rows[t * k + j] >= 0 && rows[t * k + j] < s_kv) r.push_back(rows[t * k + j]);
+    std::sort(r.begin(), r.end());
+    r.erase(std::unique(r.begin(), r.end()), r.end());
+  }
   return out;
 }
 
@@ -142,12 +148,12 @@ void release_freed_memory() {
 }
 
 // Per row |C ∩ G| / |G| (1 where G is empty): the recall strip of the picture.
-std::vector<double> row_recall(const std::vector<std::set<int32_t>>& cand, const std::vector<std::set<int32_t>>& gold) {
+std::vector<double> row_recall(const std::vector<RowSet>& cand, const std::vector<RowSet>& gold) {
   std::vector<double> r(gold.size(), 1.0);
   for (size_t t = 0; t < gold.size(); ++t) {
     if (gold[t].empty()) continue;
     size_t common = 0;
-    for (int32_t v : cand[t]) common += gold[t].count(v);
+    for (int32_t v : cand[t]) common += std::binary_search(gold[t].begin(), gold[t].end(), v);
     r[t] = double(common) / double(gold[t].size());
   }
   return r;
