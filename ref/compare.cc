@@ -5,7 +5,6 @@
 #include <cstdio>
 #include <cstring>
 #include <limits>
-#include <set>
 #include <sstream>
 
 #include "ref/numerics.h"
@@ -205,34 +204,40 @@ AttentionBounds bounds_impl(const Tensor<bf16_t>& q, const Tensor<bf16_t>& kv, c
                             const Tensor<float>* attn_sink, const AttentionOut& exact, bool dir) {
   const int64_t s_q = q.dim(0), h_q = q.dim(1), d_qk = q.dim(2), s_kv = kv.dim(0);
   AttentionBounds b;
-  b.out.assign(size_t(s_q * h_q * d_v), 0.0);
-  b.lse.assign(size_t(s_q * h_q), 0.0);
-  b.max_logits.assign(size_t(s_q * h_q), 0.0);
+  b.out.assign(size_t(s_q * h_q * d_v), 0.0f);
+  b.lse.assign(size_t(s_q * h_q), 0.0f);
+  b.max_logits.assign(size_t(s_q * h_q), 0.0f);
   if (dir) {
     b.sm_out.assign(size_t(s_q * h_q * d_v), 0.0f);
     b.sm_lse.assign(size_t(s_q * h_q), 0.0f);
   }
   const double sm = std::fabs(double(sm_scale));
+  // f32 sums of nonnegative terms are inflated to sound upper bounds (compare.h): m roundings.
+  auto inflate = [](double m) { return 1 + 2 * m * kF32E; };
   for (int64_t t = 0; t < s_q; ++t) {
     const std::vector<int64_t> rows = valid_rows(indices, topk_length, t, s_kv);
     const double k = double(rows.size());
     for (int64_t h = 0; h < h_q; ++h) {
       const int64_t th = t * h_q + h;
       if (rows.empty()) continue;  // out 0, lse +inf, max -inf: exact, bound 0
-      // Exact logits and the logit magnitude G.
+      // Logits s'_i = f32(q.k_i) * sm_scale (f32 sums, d ascending, a multiply then an add; the
+      // product to double) and the magnitudes mag_i = sum_d |q_d| |k_id| (f32 likewise).
       std::vector<double> p(rows.size());
-      double G = 0, m = -std::numeric_limits<double>::infinity();
+      double Gm = 0, m = -std::numeric_limits<double>::infinity();
       for (size_t i = 0; i < rows.size(); ++i) {
-        double dot = 0, mag = 0;
+        float dot = 0, mag = 0;
         for (int64_t d = 0; d < d_qk; ++d) {
-          const double a = bf16_to_f32(q.at(t, h, d)), c = bf16_to_f32(kv[rows[i] * d_qk + d]);
+          const float a = bf16_to_f32(q.at(t, h, d)), c = bf16_to_f32(kv[rows[i] * d_qk + d]);
           dot += a * c;
-          mag += std::fabs(a * c);
+          mag += std::fabs(a) * std::fabs(c);
         }
-        p[i] = dot * double(sm_scale);
-        G = std::max(G, sm * mag);
+        p[i] = double(dot) * double(sm_scale);
+        Gm = std::max(Gm, double(mag));
         m = std::max(m, p[i]);
       }
+      // G bounds sm max_i sum_d |q_d k_id|; delta bounds |s'_i - s_i| (f32 dot of d_qk terms).
+      const double G = sm * Gm * inflate(double(d_qk) + 1);
+      const double delta = 2 * (double(d_qk) + 1) * kF32E * G;
       // z_i = s_i - m (kept for the direction), then p_i = exp(z_i) summed into l.
       std::vector<double> z(p);
       for (double& v : z) v -= m;
@@ -256,15 +261,22 @@ AttentionBounds bounds_impl(const Tensor<bf16_t>& q, const Tensor<bf16_t>& kv, c
         b.sm_lse[size_t(th)] = float(sbar);
       }
       const double logit_err = (double(d_qk) + 2) * kF32E * G;
+      // A_c from the weights w'_i = f32(p_i / l) of the f32 logits, summed in f32 (i ascending, a
+      // multiply then an add), inflated: the true weights are within e^(2 delta) of the computed
+      // ones, and the f32 sum of k terms (weights and products rounded) within inflate(k + 2).
+      const double A_up = std::exp(2 * delta) * inflate(k + 2);
+      std::vector<float> w(rows.size());
+      for (size_t i = 0; i < rows.size(); ++i) w[i] = float(p[i] / l);
       for (int64_t c = 0; c < d_v; ++c) {
-        double A = 0;
-        for (size_t i = 0; i < rows.size(); ++i) A += p[i] / l * std::fabs(double(bf16_to_f32(kv[rows[i] * d_qk + c])));
+        float Af = 0;
+        for (size_t i = 0; i < rows.size(); ++i) Af += w[i] * std::fabs(bf16_to_f32(kv[rows[i] * d_qk + c]));
+        const double A = double(Af) * A_up;
         const double o = std::fabs(double(exact.out[th * d_v + c]));
         const double bound = kBf16U * o + kBf16U * A + ((k + 8) * kF32E + 2 * logit_err) * A;
-        b.out[size_t(th * d_v + c)] = kAttentionMultiple * bound;
+        b.out[size_t(th * d_v + c)] = bound_f32(kAttentionMultiple * bound);
       }
-      b.lse[size_t(th)] = kAttentionMultiple * (logit_err + (k + 8) * kF32E + 2 * kF32E * std::fabs(double(exact.lse[th])));
-      b.max_logits[size_t(th)] = kAttentionMultiple * (logit_err + kF32E * std::fabs(double(exact.max_logits[th])));
+      b.lse[size_t(th)] = bound_f32(kAttentionMultiple * (logit_err + (k + 8) * kF32E + 2 * kF32E * std::fabs(double(exact.lse[th]))));
+      b.max_logits[size_t(th)] = bound_f32(kAttentionMultiple * (logit_err + kF32E * std::fabs(double(exact.max_logits[th]))));
     }
   }
   return b;
@@ -469,25 +481,29 @@ FloatRule indexer_logits_rule(const Tensor<e4m3_t>& q, const Tensor<e4m3_t>& k, 
                               const Tensor<float>& weights, const Tensor<float>& exact_logits) {
   const int64_t s_q = q.dim(0), H = q.dim(1), D = q.dim(2), s_kv = k.dim(0);
   FloatRule rule;
-  rule.bound.assign(size_t(s_q * s_kv), 0.0);
+  rule.bound.assign(size_t(s_q * s_kv), 0.0f);
   double sum_b2 = 0, sum_r2 = 0;
-  std::vector<double> kd(size_t(s_kv * D));
+  std::vector<double> kd(static_cast<size_t>(s_kv * D)), qt(static_cast<size_t>(D));
   for (int64_t i = 0; i < s_kv * D; ++i) kd[size_t(i)] = std::fabs(double(e4m3_to_f32(k[i])));
-  for (int64_t t = 0; t < s_q; ++t)
+  for (int64_t t = 0; t < s_q; ++t) {
+    // Qt[d] = sum_h |w[t,h]| |q[t,h,d]|, h ascending (each product exact in double).
+    std::fill(qt.begin(), qt.end(), 0.0);
+    for (int64_t h = 0; h < H; ++h) {
+      const double w = std::fabs(double(weights.at(t, h)));
+      for (int64_t d = 0; d < D; ++d) qt[size_t(d)] += w * std::fabs(double(e4m3_to_f32(q.at(t, h, d))));
+    }
     for (int64_t s = 0; s < s_kv; ++s) {
       const double r = exact_logits.at(t, s);
       if (!std::isfinite(r)) continue;
+      // M[t,s] / k_scale[s] = sum_d Qt[d] |k[s,d]|, d ascending.
       double mag = 0;
-      for (int64_t h = 0; h < H; ++h) {
-        double m = 0;
-        for (int64_t d = 0; d < D; ++d) m += std::fabs(double(e4m3_to_f32(q.at(t, h, d)))) * kd[size_t(s * D + d)];
-        mag += std::fabs(double(weights.at(t, h))) * m;
-      }
-      const double b = kLogitSigmas * std::sqrt(double(D) + double(H) + 2) * kFp8AccU * double(k_scale[s]) * mag;
-      rule.bound[size_t(t * s_kv + s)] = b;
+      for (int64_t d = 0; d < D; ++d) mag += qt[size_t(d)] * kd[size_t(s * D + d)];
+      const double b = bound_f32(kLogitSigmas * std::sqrt(double(D) + double(H) + 2) * kFp8AccU * double(k_scale[s]) * mag);
+      rule.bound[size_t(t * s_kv + s)] = float(b);
       sum_b2 += b * b;
       sum_r2 += 2 * r * r;
     }
+  }
   // calc_diff ~ |x - y|^2 / (|x|^2 + |y|^2): every element off by its full bound.
   rule.metric_max = sum_r2 > 0 ? sum_b2 / sum_r2 : 0;
   rule.derivation = "bound = 4 sqrt(D + H + 2) 2^-14 k_scale sum_h |w| sum_d |q k|: a 14-bit FP8 accumulator";
@@ -514,17 +530,29 @@ Report compare_topk(const std::string& tensor, const Tensor<float>& golden_logit
   auto fail_row = [&](int64_t t, const std::string& what) {
     add_mismatch(r, {{t}, 0, 0, 0, 0, what});
   };
+  // Position sets per row as sorted vectors of distinct values (what std::set would iterate).
+  auto sorted_set = [](std::vector<int32_t>& v) {
+    std::sort(v.begin(), v.end());
+    v.erase(std::unique(v.begin(), v.end()), v.end());
+  };
+  auto member = [](const std::vector<int32_t>& v, int32_t x) { return std::binary_search(v.begin(), v.end(), x); };
+  std::vector<int32_t> gold, in_window;
+  int64_t max_len = 0;
+  for (int64_t t = 0; t < s_q; ++t) max_len = std::max<int64_t>(max_len, ke[t] - ks[t]);
+  std::vector<int64_t> seen_in(size_t(max_len), -1);  // seen_in[v] = t: position v taken in row t
   for (int64_t t = 0; t < s_q; ++t) {
     const int64_t len = ke[t] - ks[t], k_eff = std::min(topk, len);
     nontrivial += len > topk;
-    std::set<int32_t> gold;
-    for (int64_t j = 0; j < topk; ++j) if (golden_topk.at(t, j) >= 0) gold.insert(golden_topk.at(t, j));
+    gold.clear();
+    for (int64_t j = 0; j < topk; ++j) if (golden_topk.at(t, j) >= 0) gold.push_back(golden_topk.at(t, j));
+    sorted_set(gold);
     // Recall over every row, malformed ones included: the distinct in-window positions it holds.
-    std::set<int32_t> in_window;
+    in_window.clear();
     for (int64_t j = 0; j < topk; ++j)
-      if (cand.at(t, j) >= 0 && cand.at(t, j) < len) in_window.insert(cand.at(t, j));
+      if (cand.at(t, j) >= 0 && cand.at(t, j) < len) in_window.push_back(cand.at(t, j));
+    sorted_set(in_window);
     int64_t common = 0;
-    for (int32_t v : in_window) common += gold.count(v);
+    for (int32_t v : in_window) common += member(gold, v);
     const double recall = k_eff ? double(std::min(common, k_eff)) / double(k_eff) : 1.0;
     recall_sum += recall;
     r.stats.recall_min = std::min(r.stats.recall_min, recall);
@@ -535,7 +563,6 @@ Report compare_topk(const std::string& tensor, const Tensor<float>& golden_logit
     const std::string window = opt.kv_rows ? "the row's window [" + std::to_string(ks[t]) + ", " + std::to_string(ke[t]) + ")"
                                            : "[0, " + std::to_string(len) + ")";
     // 1. Structure.
-    std::set<int32_t> seen;
     int64_t valid = 0, first_pad = -1;
     bool ok = true;
     for (int64_t j = 0; j < topk; ++j) {
@@ -543,11 +570,12 @@ Report compare_topk(const std::string& tensor, const Tensor<float>& golden_logit
       if (v == -1) { if (first_pad < 0) first_pad = j; continue; }
       if (v < 0 || v >= len) { fail_row(t, "slot " + std::to_string(j) + " holds " + shown(j) +
                                             ", outside " + window + " and not -1"); ok = false; break; }
-      if (!seen.insert(v).second) {
+      if (seen_in[size_t(v)] == t) {
         fail_row(t, (opt.kv_rows ? shown(j) : "position " + shown(j)) + " appears twice");
         ok = false;
         break;
       }
+      seen_in[size_t(v)] = t;
       if (opt.trailing_padding && first_pad >= 0) { fail_row(t, "valid position after a -1 slot (padding must be trailing)"); ok = false; break; }
       ++valid;
     }
@@ -557,6 +585,8 @@ Report compare_topk(const std::string& tensor, const Tensor<float>& golden_logit
     }
     if (!ok) { ++structural; ++r.stats.n_fail; continue; }
     if (len > 0) ++r.stats.n_checked;
+    // A well-formed row's positions are its distinct in-window values, ascending.
+    const std::vector<int32_t>& seen = in_window;
     // 2. Selection: multisets of golden scores.
     std::vector<float> sc, sg;
     for (int32_t v : seen) sc.push_back(golden_logits.at(t, ks[t] + v));
@@ -568,8 +598,8 @@ Report compare_topk(const std::string& tensor, const Tensor<float>& golden_logit
     bool legit = false;
     if (opt.candidate_logits) {
       std::vector<int32_t> taken, missed;
-      for (int32_t v : seen) if (!gold.count(v)) taken.push_back(v);
-      for (int32_t v : gold) if (!seen.count(v)) missed.push_back(v);
+      for (int32_t v : seen) if (!member(gold, v)) taken.push_back(v);
+      for (int32_t v : gold) if (!member(seen, v)) missed.push_back(v);
       auto dev = [&](int32_t v) {
         const int64_t c = ks[t] + v;
         return std::fabs(double(opt.candidate_logits->at(t, c)) - double(golden_logits.at(t, c)));

@@ -17,7 +17,9 @@
 // Top-k positions (compare_topk): see below.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
+#include <limits>
 #include <optional>
 #include <string>
 #include <vector>
@@ -80,7 +82,7 @@ double rms_finite(const Tensor<float>& x);
 double calc_diff(const float* x, const float* y, int64_t n);
 
 struct FloatRule {
-  std::vector<double> bound;       // per element, >= 0 (size = numel); empty: exact (bound 0)
+  std::vector<float> bound;        // per element, >= 0 (size = numel); empty: exact (bound 0); f32 rounded up
   double metric_max = -1;          // calc_diff threshold; < 0: reported only
   std::string metric_name;         // where the threshold comes from, printed with a failure
   double budget_max_abs = -1;      // FlashAttention-style global max |error|; < 0: off
@@ -97,6 +99,15 @@ Report compare_floats(const std::string& tensor, const Tensor<float>& expected,
 Report compare_exact(const std::string& tensor, const Tensor<int32_t>& expected, const Tensor<int32_t>& got);
 
 // ---- Derived bounds --------------------------------------------------------------------------
+// Every bound is derived in double and stored as the f32 at or above it (bound_f32: round to
+// nearest, then one step up where that fell below): never below the derivation, at most one f32
+// ulp (relative 2^-23) wider, and half the memory of a double per element (attn.out's bound is
+// the size of the output itself).
+inline float bound_f32(double b) {
+  float f = float(b);
+  if (double(f) < b) f = std::nextafter(f, std::numeric_limits<float>::infinity());
+  return f;
+}
 // Unit roundoffs: bf16 u = 2^-8, f32 e = 2^-24.
 // Attention (FlashMLA-like kernels: bf16 q and kv, f32 logits and softmax, P rounded to bf16
 // before the PV product, f32 accumulation, bf16 output). For query row t, head h, with valid kv
@@ -112,9 +123,25 @@ Report compare_exact(const std::string& tensor, const Tensor<int32_t>& expected,
 //   max bound   = (d_qk + 2) e G + e |max|
 // Every bound is multiplied by kAttentionMultiple = 3: an error source can reach its bound in
 // more than one rounding step, and FlashMLA's own acceptance (3 bf16 ulps relative) sits there.
+// How G, p_i and A_c are evaluated (a fixed order, which simd/ mirrors bit for bit): the sums run
+// in f32 and are inflated to sound upper bounds, with e = 2^-24 and infl(m) = 1 + 2 m e (a
+// sequential f32 sum of nonnegative terms with m roundings in all is at least (1 - gamma_m) times
+// the exact one, gamma_m = m e / (1 - m e), and 1 / (1 - gamma_m) <= 1 + 2 m e while m e <= 1/4):
+//   dot_i = f32 sum_d q_d k_id, mag_i = f32 sum_d |q_d| |k_id|   (d ascending, a multiply then an
+//                                   add: d_qk + 1 roundings with the products')
+//   s'_i  = double(dot_i) * sm_scale (the logits), G = sm_scale * max_i mag_i * infl(d_qk + 1)
+//   delta = 2 (d_qk + 1) e G       >= |s'_i - s_i| (the f32 dot's error, gamma_(d_qk+1) sum |q k|)
+//   w'_i  = f32(exp(s'_i - m') / l') (double softmax of s', rounded to f32 once)
+//   A_c   = f32 sum_i w'_i |V_ic| (i ascending) * exp(2 delta) * infl(k + 2)
+// Every true weight is within exp(2 delta) of its computed one (the logits move by at most delta,
+// the normaliser by at most exp(delta)), and the f32 sum has k + 2 roundings per term at most (the
+// weight's, the product's, the adds'). The double steps (exp, division; relative ~1e-16) and f32
+// weights that underflow (absolute 2^-149 each) are far inside kAttentionMultiple. At d_qk 576 and
+// G ~ 15 the inflation is ~0.2%; sums in f32 lanes hold twice double's, and both products of
+// pass 1 are exact in f32 for bf16 inputs of ordinary exponents (one fused multiply-add each).
 constexpr double kAttentionMultiple = 3.0;
 struct AttentionBounds {
-  std::vector<double> out, lse, max_logits;  // per element, already multiplied
+  std::vector<float> out, lse, max_logits;   // per element, already multiplied, rounded up to f32 (bound_f32)
   std::vector<float> sm_out, sm_lse;         // attention_bounds_sm only: d out / d ln sm_scale, d lse / d ln sm_scale
 };
 AttentionBounds attention_bounds(const Tensor<bf16_t>& q, const Tensor<bf16_t>& kv,
@@ -202,6 +229,13 @@ std::string budget_rows_text(int64_t emulated, int64_t total);
 //   bound[t,s] = kLogitSigmas * sqrt(D + H + 2) * 2^-14 * M[t,s],   kLogitSigmas = 4
 // (4 standard deviations; the worst case (D + H + 2) 2^-14 M would let 10% errors through). The
 // metric threshold is the calc_diff reached if every element were off by its full bound.
+// Evaluation order (fixed, so simd/ gives the same bits): M is the same real number as
+//   M[t,s] = k_scale[s] * sum_d |k[s,d]| * Qt[t,d],   Qt[t,d] = sum_h |w[t,h]| |q[t,h,d]|
+// (nonnegative terms: the sums exchange), computed in double as Qt (h ascending; each product of
+// an f32 and an e4m3 value is exact in double), then sum_d Qt[t,d] |k[s,d]| (d ascending, a multiply
+// then an add), then the left-to-right product kLogitSigmas * sqrt(D + H + 2) * 2^-14 * k_scale * that:
+// O(s_q (H + s_kv) D) instead of O(s_q s_kv H D). The double roundings (relative 1e-16 per step)
+// are negligible next to the 2^-14 being bounded.
 constexpr double kLogitSigmas = 4.0;
 FloatRule indexer_logits_rule(const Tensor<e4m3_t>& q, const Tensor<e4m3_t>& k, const Tensor<float>& k_scale,
                               const Tensor<float>& weights, const Tensor<float>& exact_logits);
@@ -256,7 +290,7 @@ FloatRule indexer_logits_rule(const Tensor<e4m3_t>& q, const Tensor<e4m3_t>& k, 
 // golden's out), expected [s_q, h, v] (map_latent_output). Throws Error on mismatched shapes.
 constexpr double kModelUnit = 0x1p-8;
 Tensor<float> map_latent_output(const Tensor<float>& latent, const Tensor<bf16_t>& w_uv);
-std::vector<double> model_attention_bounds(const Tensor<bf16_t>& q, const Tensor<bf16_t>& kv, const Tensor<int32_t>& indices,
+std::vector<float> model_attention_bounds(const Tensor<bf16_t>& q, const Tensor<bf16_t>& kv, const Tensor<int32_t>& indices,
                                            float sm_scale, const Tensor<bf16_t>& q_nope, const Tensor<bf16_t>& w_uk,
                                            const Tensor<bf16_t>& w_uv, const Tensor<float>& latent,
                                            const Tensor<float>& expected, bool logits_rounded);

@@ -33,7 +33,7 @@ Tensor<float> map_latent_output(const Tensor<float>& latent, const Tensor<bf16_t
   return out;
 }
 
-std::vector<double> model_attention_bounds(const Tensor<bf16_t>& q, const Tensor<bf16_t>& kv, const Tensor<int32_t>& indices,
+std::vector<float> model_attention_bounds(const Tensor<bf16_t>& q, const Tensor<bf16_t>& kv, const Tensor<int32_t>& indices,
                                            float sm_scale, const Tensor<bf16_t>& q_nope, const Tensor<bf16_t>& w_uk,
                                            const Tensor<bf16_t>& w_uv, const Tensor<float>& latent,
                                            const Tensor<float>& expected, bool logits_rounded) {
@@ -78,7 +78,7 @@ std::vector<double> model_attention_bounds(const Tensor<bf16_t>& q, const Tensor
       }
     }
   }
-  std::vector<double> bound(size_t(s_q * h * v), 0.0);
+  std::vector<float> bound(size_t(s_q * h * v), 0.0f);
   std::vector<int64_t> keys;
   std::vector<double> x, delta, p, ea;
   std::vector<double> s_lg(static_cast<size_t>(v)), s_vr(static_cast<size_t>(v)), s_w(static_cast<size_t>(v));
@@ -143,7 +143,7 @@ std::vector<double> model_attention_bounds(const Tensor<bf16_t>& q, const Tensor
         for (int64_t c = 0; c < r; ++c)
           wo += std::fabs(f(w_uv[(hh * v + j) * r + c])) * std::fabs(double(latent[(t * h + hh) * r + c]));
         b += 2 * e * wo + e * ex;
-        bound[size_t((t * h + hh) * v + j)] = b;
+        bound[size_t((t * h + hh) * v + j)] = bound_f32(b);
       }
     }
   }

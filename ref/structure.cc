@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <limits>
+#include <map>
 #include <numbers>
 
 #include "ref/tensor.h"
@@ -229,9 +230,13 @@ void finish(StructureReport& rep, const StructureSpec& s, const std::vector<std:
   rep.m = 0;
   rep.max_ratio = -kRatioCap;
   for (const GroupTest& t : rep.tests) rep.m += t.tested;
+  std::map<int64_t, double> t_crit;  // by degrees of freedom: groups of a kind mostly share theirs
   for (GroupTest& t : rep.tests) {
     if (!t.tested) continue;
-    t.t_crit = t_upper_quantile(kStructureAlpha / (2.0 * double(rep.m)), t.clusters - 1);
+    auto it = t_crit.find(t.clusters - 1);
+    if (it == t_crit.end())
+      it = t_crit.emplace(t.clusters - 1, t_upper_quantile(kStructureAlpha / (2.0 * double(rep.m)), t.clusters - 1)).first;
+    t.t_crit = it->second;
     t.flagged = t.ratio() > 1;
     rep.flagged = rep.flagged || t.flagged;
     rep.max_ratio = std::max(rep.max_ratio, t.ratio());

@@ -1,18 +1,20 @@
 // indexshare simd/: the oracle's own computations of ref/compare.cc, bit-identical to ref's:
 //   emulate_attention_lowp   the FlashAttention-style budget's low-precision emulation
-//   attention_bounds         the per-element bounds of attention out / lse / max_logits
+//   attention_bounds         the per-element bounds of attention out / lse / max_logits (f32 sums
+//                            inflated to upper bounds, ref/compare.h)
 //   indexer_logits_rule      the per-element bounds of the indexer logits
 //
 // Every sum of ref's is sequential (f32 or double, one rounding per term). The vector code keeps
 // each sum's order by putting independent sums in the lanes, never one sum across lanes:
 //   dot products (q . k)     lanes over heads (q of one query row transposed to [d][head]), each
 //                            lane summing d ascending with a separate multiply and add (ref's
-//                            `a += b * c` under -ffp-contract=off; in the double bounds a fused
-//                            multiply-add, the same bits: bf16 x bf16 is exact in double); a tile
-//                            of keys x head vectors
+//                            `a += b * c` under -ffp-contract=off, or a fused multiply-add where
+//                            every product is exact in f32 (ExpRange), the same bits); the bounds'
+//                            pass sums q.k and |q|.|k| in the same tile of keys x head vectors
 //   P.V and A_c              lanes over output columns, each lane summing i (the sorted kv rows)
 //                            ascending; a tile of heads x column vectors
-//   logits magnitudes        lanes over keys s (|k| transposed to [d][s]), d then h ascending
+//   logits magnitudes        Qt = sum_h |w| |q| with lanes over d (h ascending), then lanes over
+//                            keys s (|k| transposed to [d][s]), d ascending
 // The scalar parts (max, exp, log, the softmax sum, the per-element bound formulas) run per
 // element with ref's own expressions and the same C library calls (float std::exp / std::log in
 // the emulation, double std::exp in the bounds), which cost little next to the dot products.
@@ -308,128 +310,115 @@ void EmulateChunk(const detail::AttentionView& v, int64_t t0, int64_t t1, float*
   }
 }
 
-// ---- the attention bounds (double) -------------------------------------------------------------
-
 using DF64 = hn::ScalableTag<double>;
 using VF64 = hn::Vec<DF64>;
 
-// Pass 1 tile of the bounds: per lane (head) dot += q * k and mag += |q| * |k|, d ascending, for
-// kK keys (double rows kr + k * kstride) and kV vectors of heads (qt[d * hp + h], qa = |qt|).
-// Stores P[k * hp + h] = dot * sm_scale and M[k * hp + h] = sm * mag.
-// A product of two bf16 values is exact in double (16 significant bits; exponents within double's
-// range), so ref's `dot += a * c` (a multiply, then an add: one rounding) is one fused multiply-add
-// here, bit for bit, and |a * c| = |a| * |c|. (Highway's MulAdd is a multiply then an add on
-// targets without FMA, the same result again.)
-template <size_t kK, size_t kV>
-HWY_INLINE void BoundDotTile(const double* HWY_RESTRICT qt, const double* HWY_RESTRICT qa, int64_t hp,
-                             const double* HWY_RESTRICT kr, int64_t kstride, int64_t d_qk, double scale, double sm,
-                             double* HWY_RESTRICT p, double* HWY_RESTRICT mg) {
-  const DF64 d64;
-  const size_t N = hn::Lanes(d64);
-  VF64 dot[kK][kV], mag[kK][kV];
+// ---- the attention bounds (f32 sums, double scalars) -------------------------------------------
+
+// Pass 1 tile of the bounds: per lane (head) dot += q * k and mag += |q| * |k| in f32, d
+// ascending, for kK keys (f32 rows kr / ka = |kr|, + k * kstride) and kV vectors of heads
+// (qt[d * hp + h], qa = |qt|). Stores the raw sums dot[k * hp + h] and mag[k * hp + h].
+// kFused: every product q * k is exact in f32 (ExpRange), so ref's multiply-then-add (one
+// rounding) is one fused multiply-add, and so is |q| * |k| (the same product's magnitude).
+template <size_t kK, size_t kV, bool kFused>
+HWY_INLINE void BoundDotTile(const float* HWY_RESTRICT qt, const float* HWY_RESTRICT qa, int64_t hp,
+                             const float* HWY_RESTRICT kr, const float* HWY_RESTRICT ka, int64_t kstride, int64_t d_qk,
+                             float* HWY_RESTRICT dot_out, float* HWY_RESTRICT mag_out) {
+  const DF32 df;
+  const size_t N = hn::Lanes(df);
+  VF32 dot[kK][kV], mag[kK][kV];
   for (size_t k = 0; k < kK; ++k)
-    for (size_t u = 0; u < kV; ++u) dot[k][u] = mag[k][u] = hn::Zero(d64);
+    for (size_t u = 0; u < kV; ++u) dot[k][u] = mag[k][u] = hn::Zero(df);
   for (int64_t d = 0; d < d_qk; ++d) {
-    VF64 q[kV], a[kV];
+    VF32 q[kV], a[kV];
     for (size_t u = 0; u < kV; ++u) {
-      q[u] = hn::LoadU(d64, qt + d * hp + int64_t(u * N));
-      a[u] = hn::LoadU(d64, qa + d * hp + int64_t(u * N));
+      q[u] = hn::LoadU(df, qt + d * hp + int64_t(u * N));
+      a[u] = hn::LoadU(df, qa + d * hp + int64_t(u * N));
     }
     for (size_t k = 0; k < kK; ++k) {
-      const double kv = kr[int64_t(k) * kstride + d];
-      const VF64 b = hn::Set(d64, kv), ba = hn::Set(d64, std::fabs(kv));
+      const VF32 b = hn::Set(df, kr[int64_t(k) * kstride + d]), ba = hn::Set(df, ka[int64_t(k) * kstride + d]);
       for (size_t u = 0; u < kV; ++u) {
-        dot[k][u] = hn::MulAdd(q[u], b, dot[k][u]);
-        mag[k][u] = hn::MulAdd(a[u], ba, mag[k][u]);
+        dot[k][u] = kFused ? hn::MulAdd(q[u], b, dot[k][u]) : hn::Add(dot[k][u], hn::Mul(q[u], b));
+        mag[k][u] = kFused ? hn::MulAdd(a[u], ba, mag[k][u]) : hn::Add(mag[k][u], hn::Mul(a[u], ba));
       }
     }
   }
-  const VF64 s = hn::Set(d64, scale), a = hn::Set(d64, sm);
   for (size_t k = 0; k < kK; ++k)
     for (size_t u = 0; u < kV; ++u) {
-      hn::StoreU(hn::Mul(dot[k][u], s), d64, p + int64_t(k) * hp + int64_t(u * N));
-      hn::StoreU(hn::Mul(a, mag[k][u]), d64, mg + int64_t(k) * hp + int64_t(u * N));
+      hn::StoreU(dot[k][u], df, dot_out + int64_t(k) * hp + int64_t(u * N));
+      hn::StoreU(mag[k][u], df, mag_out + int64_t(k) * hp + int64_t(u * N));
     }
 }
 
-// A_c = sum_i w[i][h] * |V_i[c]| for kH heads and kV vectors of columns, i ascending.
+// A_c = sum_i w[i][h] * |V_i[c]| in f32 for kH heads and kV vectors of columns, i ascending, a
+// multiply then an add (ref's `Af += w * |v|`).
 template <size_t kH, size_t kV>
-HWY_INLINE void BoundATile(const double* HWY_RESTRICT w, int64_t hp, const double* HWY_RESTRICT vr, int64_t vstride,
-                           int64_t n, double* HWY_RESTRICT o, int64_t ostride) {
-  const DF64 d64;
-  const size_t N = hn::Lanes(d64);
-  VF64 acc[kH][kV];
+HWY_INLINE void BoundATile(const float* HWY_RESTRICT w, int64_t hp, const float* HWY_RESTRICT vr, int64_t vstride,
+                           int64_t n, float* HWY_RESTRICT o, int64_t ostride) {
+  const DF32 df;
+  const size_t N = hn::Lanes(df);
+  VF32 acc[kH][kV];
   for (size_t h = 0; h < kH; ++h)
-    for (size_t u = 0; u < kV; ++u) acc[h][u] = hn::Zero(d64);
+    for (size_t u = 0; u < kV; ++u) acc[h][u] = hn::Zero(df);
   for (int64_t i = 0; i < n; ++i) {
-    VF64 x[kV];
-    for (size_t u = 0; u < kV; ++u) x[u] = hn::Abs(hn::LoadU(d64, vr + i * vstride + int64_t(u * N)));
+    VF32 x[kV];
+    for (size_t u = 0; u < kV; ++u) x[u] = hn::Abs(hn::LoadU(df, vr + i * vstride + int64_t(u * N)));
     for (size_t h = 0; h < kH; ++h) {
-      const VF64 p = hn::Set(d64, w[i * hp + int64_t(h)]);
+      const VF32 p = hn::Set(df, w[i * hp + int64_t(h)]);
       for (size_t u = 0; u < kV; ++u) acc[h][u] = hn::Add(acc[h][u], hn::Mul(p, x[u]));
     }
   }
   for (size_t h = 0; h < kH; ++h)
-    for (size_t u = 0; u < kV; ++u) hn::StoreU(acc[h][u], d64, o + int64_t(h) * ostride + int64_t(u * N));
+    for (size_t u = 0; u < kV; ++u) hn::StoreU(acc[h][u], df, o + int64_t(h) * ostride + int64_t(u * N));
 }
 
 // The softmax-scale direction's D_c = sum_i u[i][h] * V_i[c] in f32, i ascending, a multiply then
 // an add (ref's `D += u * v`): pass 3's tile of the emulation, unfused (EmuPVTile<kH, kV, false>).
 
-// Pass 1 tile: keys x 2 vectors of heads (x 2 sums: 16 accumulators with 32 registers, 8 with 16).
+// Pass 1 tile: keys x one vector of heads (x 2 sums: 16 accumulators with 32 registers, 8 with 16);
+// one vector of heads keeps h_q 16 in whole f32 vectors on AVX-512.
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
-constexpr size_t kBoundKeys = 4, kBoundHeadVecs = 2;
+constexpr size_t kBoundKeys = 8, kBoundHeadVecs = 1;
 #else
-constexpr size_t kBoundKeys = 2, kBoundHeadVecs = 2;
+constexpr size_t kBoundKeys = 4, kBoundHeadVecs = 1;
 #endif
-constexpr size_t kBoundAHeads = 4, kBoundAVecs = 2;   // A tile: 4 heads x 2 vectors of columns
-constexpr size_t kBoundDHeads = 4, kBoundDVecs = 2;   // D tile: 4 heads x 2 vectors of columns (f32)
-
-// The bf16 codes src[0, n) as doubles into dst (exact), zeros up to n_pad.
-HWY_INLINE void Bf16RowToF64(const uint16_t* HWY_RESTRICT src, int64_t n, int64_t n_pad, double* HWY_RESTRICT dst) {
-  const DF64 d64;
-  const hn::Rebind<uint16_t, DF64> d16;
-  const hn::Rebind<uint32_t, DF64> d32;
-  const hn::Rebind<float, DF64> df32;
-  const int64_t N = int64_t(hn::Lanes(d64));
-  int64_t i = 0;
-  for (; i + N <= n; i += N)
-    hn::StoreU(hn::PromoteTo(d64, hn::BitCast(df32, hn::ShiftLeft<16>(hn::PromoteTo(d32, hn::LoadU(d16, src + i))))), d64,
-               dst + i);
-  for (; i < n; ++i) dst[i] = detail::bf16_to_double(src[i]);
-  for (; i < n_pad; ++i) dst[i] = 0.0;
-}
+constexpr size_t kBoundAHeads = 4, kBoundAVecs = 2;   // A and D tiles: 4 heads x 2 vectors of columns
 
 // The scalars of cmp::attention_bounds (ref/compare.cc), as there.
 constexpr double kBf16U = 0x1p-8, kF32E = 0x1p-24;
+HWY_INLINE double Inflate(double m) { return 1 + 2 * m * kF32E; }
 
 // ref's attention_bounds for query rows [t0, t1): out [s_q, h_q, d_v], lse / max [s_q, h_q]
 // (zero-initialised by the caller: empty rows keep bound 0); with sm_out / sm_lse (else null)
-// attention_bounds_sm's softmax-scale direction too (v.sink: the sink of its factor f).
+// attention_bounds_sm's softmax-scale direction too (v.sink: the sink of its factor f). kv_lo,
+// kv_hi, kv_finite: kv's exponent range (ExpRange), for the fused pass 1.
 void BoundsChunk(const detail::AttentionView& v, const float* exact_out, const float* exact_lse,
-                 const float* exact_max, int64_t t0, int64_t t1, double* b_out, double* b_lse, double* b_max,
-                 float* sm_out, float* sm_lse) {
+                 const float* exact_max, int64_t t0, int64_t t1, float* b_out, float* b_lse, float* b_max,
+                 float* sm_out, float* sm_lse, int kv_lo, int kv_hi, bool kv_finite) {
+  ExpRange kvr;
+  kvr.lo = kv_lo, kvr.hi = kv_hi, kvr.finite = kv_finite;
   const bool dir = sm_out != nullptr;
   const DF64 d64;
-  const int64_t N = int64_t(hn::Lanes(d64));
+  const DF32 df;
+  const int64_t N = int64_t(hn::Lanes(d64)), NF = int64_t(hn::Lanes(df));
   const int64_t h_q = v.h_q, d_qk = v.d_qk, d_v = v.d_v;
-  const int64_t hv = int64_t(kBoundHeadVecs) * N;
-  const int64_t hp = RoundUp(h_q, std::max<int64_t>(hv, int64_t(kBoundAHeads)));
-  const int64_t cw = int64_t(kBoundAVecs) * N;
-  const int64_t dpad = RoundUp(d_qk, cw), dvp = RoundUp(d_v, cw);
+  const int64_t hv = int64_t(kBoundHeadVecs) * NF;
+  const int64_t hp = RoundUp(h_q, std::max<int64_t>({hv, int64_t(kBoundAHeads), N}));
+  const int64_t cw = int64_t(kBoundAVecs) * NF;
+  const int64_t dpad = RoundUp(d_qk, cw), dvp = RoundUp(d_v, cw);  // V: the first d_v columns of a kv row
   const double sm = std::fabs(v.sm_scale), scale = v.sm_scale;
-  auto qt = hwy::AllocateAligned<double>(size_t(d_qk * hp)), qa = hwy::AllocateAligned<double>(size_t(d_qk * hp));
-  auto A = hwy::AllocateAligned<double>(size_t(hp * dvp));
-  const int64_t cwf = int64_t(kBoundDVecs * hn::Lanes(DF32())), dvf = RoundUp(d_v, cwf);
-  auto Dv = hwy::AllocateAligned<float>(size_t(dir ? hp * dvf : 1));
-  hwy::AlignedFreeUniquePtr<float[]> vf, ubuf;  // the direction's V rows in f32 and weights u
-  hwy::AlignedFreeUniquePtr<double[]> kd, pbuf, mbuf;
+  auto qt = hwy::AllocateAligned<float>(size_t(d_qk * hp)), qa = hwy::AllocateAligned<float>(size_t(d_qk * hp));
+  auto A = hwy::AllocateAligned<float>(size_t(hp * dvp));
+  auto Dv = hwy::AllocateAligned<float>(size_t(dir ? hp * dvp : 1));
+  hwy::AlignedFreeUniquePtr<float[]> kf, ka, dotb, magb, wbuf, ubuf;
+  hwy::AlignedFreeUniquePtr<double[]> pbuf, mbuf;
   int64_t cap = 0;
   std::vector<int64_t> rows;
-  std::vector<double> qrow(static_cast<size_t>(d_qk)), G(static_cast<size_t>(hp)), mv(static_cast<size_t>(hp)),
-      lv(static_cast<size_t>(hp)), zb(static_cast<size_t>(hp));
-  std::fill(qt.get(), qt.get() + d_qk * hp, 0.0);
-  std::fill(qa.get(), qa.get() + d_qk * hp, 0.0);
+  std::vector<float> qrow(static_cast<size_t>(d_qk));
+  std::vector<double> G(static_cast<size_t>(hp)), mv(static_cast<size_t>(hp)), lv(static_cast<size_t>(hp)),
+      zb(static_cast<size_t>(hp));
+  std::fill(qt.get(), qt.get() + d_qk * hp, 0.0f);
+  std::fill(qa.get(), qa.get() + d_qk * hp, 0.0f);
   for (int64_t t = t0; t < t1; ++t) {
     ValidRows(v, t, rows);
     const int64_t n = int64_t(rows.size());
@@ -437,38 +426,59 @@ void BoundsChunk(const detail::AttentionView& v, const float* exact_out, const f
     const double k = double(n);
     if (n > cap) {
       cap = n;
-      kd = hwy::AllocateAligned<double>(size_t(cap * dpad));
+      kf = hwy::AllocateAligned<float>(size_t(cap * dpad));
+      ka = hwy::AllocateAligned<float>(size_t(cap * dpad));
+      dotb = hwy::AllocateAligned<float>(size_t(cap * hp));
+      magb = hwy::AllocateAligned<float>(size_t(cap * hp));
+      wbuf = hwy::AllocateAligned<float>(size_t(cap * hp));
       pbuf = hwy::AllocateAligned<double>(size_t(cap * hp));
       mbuf = hwy::AllocateAligned<double>(size_t(cap * hp));
-      std::fill(pbuf.get(), pbuf.get() + cap * hp, 0.0);
-      if (dir) {
-        vf = hwy::AllocateAligned<float>(size_t(cap * dvf));
-        ubuf = hwy::AllocateAligned<float>(size_t(cap * hp));
-      }
+      if (dir) ubuf = hwy::AllocateAligned<float>(size_t(cap * hp));
     }
+    // q of row t transposed to [d][h] (and |q|); the kv rows in f32 (and |k|), zeros past d_qk.
+    ExpRange qr;
     for (int64_t h = 0; h < h_q; ++h) {
-      Bf16RowToF64(v.q + (t * h_q + h) * d_qk, d_qk, d_qk, qrow.data());
+      Bf16RowToF32(v.q + (t * h_q + h) * d_qk, d_qk, d_qk, qrow.data());
       for (int64_t d = 0; d < d_qk; ++d) {
         qt[size_t(d * hp + h)] = qrow[size_t(d)];
         qa[size_t(d * hp + h)] = std::fabs(qrow[size_t(d)]);
+        qr.add_bits(F32Bits(qrow[size_t(d)]));
       }
     }
-    for (int64_t i = 0; i < n; ++i) Bf16RowToF64(v.kv + rows[size_t(i)] * d_qk, d_qk, dpad, kd.get() + i * dpad);
-    // Pass 1: the exact logits p (dot * sm_scale) and sm * mag per key and head.
-    double* P = pbuf.get();
-    double* MG = mbuf.get();
+    const bool fused = qr.exact_with(kvr);
+    for (int64_t i = 0; i < n; ++i) {
+      float* kr = kf.get() + i * dpad;
+      Bf16RowToF32(v.kv + rows[size_t(i)] * d_qk, d_qk, dpad, kr);
+      for (int64_t d = 0; d < dpad; d += NF) hn::Store(hn::Abs(hn::Load(df, kr + d)), df, ka.get() + i * dpad + d);
+    }
+    // Pass 1: the f32 sums dot and mag per key and head.
+    float* DT = dotb.get();
+    float* MA = magb.get();
     int64_t i0 = 0;
     for (; i0 + int64_t(kBoundKeys) <= n; i0 += int64_t(kBoundKeys))
-      for (int64_t h0 = 0; h0 < hp; h0 += hv)
-        BoundDotTile<kBoundKeys, kBoundHeadVecs>(qt.get() + h0, qa.get() + h0, hp, kd.get() + i0 * dpad, dpad, d_qk, scale, sm,
-                                                 P + i0 * hp + h0, MG + i0 * hp + h0);
+      for (int64_t h0 = 0; h0 < hp; h0 += hv) {
+        const int64_t o = i0 * dpad;
+        if (fused)
+          BoundDotTile<kBoundKeys, kBoundHeadVecs, true>(qt.get() + h0, qa.get() + h0, hp, kf.get() + o, ka.get() + o, dpad,
+                                                         d_qk, DT + i0 * hp + h0, MA + i0 * hp + h0);
+        else
+          BoundDotTile<kBoundKeys, kBoundHeadVecs, false>(qt.get() + h0, qa.get() + h0, hp, kf.get() + o, ka.get() + o, dpad,
+                                                          d_qk, DT + i0 * hp + h0, MA + i0 * hp + h0);
+      }
     for (; i0 < n; ++i0)
       for (int64_t h0 = 0; h0 < hp; h0 += hv)
-        BoundDotTile<1, kBoundHeadVecs>(qt.get() + h0, qa.get() + h0, hp, kd.get() + i0 * dpad, dpad, d_qk, scale, sm,
-                                        P + i0 * hp + h0, MG + i0 * hp + h0);
-    // Pass 2, ref's per-head loops with lanes over heads: G and m (std::max, i ascending), p =
+        BoundDotTile<1, kBoundHeadVecs, false>(qt.get() + h0, qa.get() + h0, hp, kf.get() + i0 * dpad, ka.get() + i0 * dpad,
+                                               dpad, d_qk, DT + i0 * hp + h0, MA + i0 * hp + h0);
+    // The logits p = double(dot) * sm_scale and the magnitudes in double (exact widenings).
+    double* P = pbuf.get();
+    double* MG = mbuf.get();
+    for (int64_t e = 0; e < n * hp; ++e) {
+      P[e] = double(DT[e]) * scale;
+      MG[e] = double(MA[e]);
+    }
+    // Pass 2, ref's per-head loops with lanes over heads: Gm and m (std::max, i ascending), p =
     // exp(p - m) by the C library's double exp element by element, summed into l (i ascending),
-    // then the weights p / l of A (in place; IEEE division, the same in a lane). Padding heads: 0.
+    // then the weights p / l (in place; IEEE division, the same in a lane). Padding heads: 0.
     for (int64_t h0 = 0; h0 < hp; h0 += N) {
       VF64 g = hn::Zero(d64), m = hn::Set(d64, -std::numeric_limits<double>::infinity());
       for (int64_t i = 0; i < n; ++i) {
@@ -479,7 +489,7 @@ void BoundsChunk(const detail::AttentionView& v, const float* exact_out, const f
       hn::StoreU(g, d64, G.data() + h0);
       hn::StoreU(m, d64, mv.data() + h0);
     }
-    // The direction's z = s - m replaces MG (G is taken), where ref copies the logits first.
+    // The direction's z = s - m replaces MG (Gm is taken), where ref copies the logits first.
     if (dir)
       for (int64_t i = 0; i < n; ++i)
         for (int64_t h0 = 0; h0 < hp; h0 += N)
@@ -496,6 +506,11 @@ void BoundsChunk(const detail::AttentionView& v, const float* exact_out, const f
     }
     for (int64_t i = 0; i < n; ++i)
       for (int64_t h = h_q; h < hp; ++h) P[i * hp + h] = 0.0;
+    // The weights of A in f32 (ref's float(p / l)).
+    {
+      const hn::Rebind<float, DF64> dh;
+      for (int64_t e = 0; e < n * hp; e += N) hn::StoreU(hn::DemoteTo(dh, hn::Load(d64, P + e)), dh, wbuf.get() + e);
+    }
     if (dir) {
       // zbar = sum_i w_i z_i (i ascending), then u_i = f32(w_i (z_i - zbar)).
       const hn::Rebind<float, DF64> dh;
@@ -507,38 +522,51 @@ void BoundsChunk(const detail::AttentionView& v, const float* exact_out, const f
           hn::StoreU(hn::DemoteTo(dh, hn::Mul(hn::Load(d64, P + i * hp + h0), hn::Sub(hn::Load(d64, MG + i * hp + h0), zs))), dh,
                      ubuf.get() + i * hp + h0);
       }
-      // V in f32 (bf16 values: exact), zeros past d_v.
-      for (int64_t i = 0; i < n; ++i) {
-        float* dst = vf.get() + i * dvf;
-        const double* src = kd.get() + i * dpad;
-        for (int64_t c = 0; c < d_v; ++c) dst[c] = float(src[c]);
-        for (int64_t c = d_v; c < dvf; ++c) dst[c] = 0.0f;
-      }
-      for (int64_t c0 = 0; c0 < dvf; c0 += cwf)
-        for (int64_t h0 = 0; h0 < hp; h0 += int64_t(kBoundDHeads))
-          EmuPVTile<kBoundDHeads, kBoundDVecs, false>(ubuf.get() + h0, hp, vf.get() + c0, dvf, n, Dv.get() + h0 * dvf + c0, dvf);
+      for (int64_t c0 = 0; c0 < dvp; c0 += cw)
+        for (int64_t h0 = 0; h0 < hp; h0 += int64_t(kBoundAHeads))
+          EmuPVTile<kBoundAHeads, kBoundAVecs, false>(ubuf.get() + h0, hp, kf.get() + c0, dpad, n, Dv.get() + h0 * dvp + c0, dvp);
     }
-    // A_c per head, column strips of V (|V| taken on load).
+    // A_c per head in f32, column strips of V (|V| taken on load).
     for (int64_t c0 = 0; c0 < dvp; c0 += cw)
       for (int64_t h0 = 0; h0 < hp; h0 += int64_t(kBoundAHeads))
-        BoundATile<kBoundAHeads, kBoundAVecs>(P + h0, hp, kd.get() + c0, dpad, n, A.get() + h0 * dvp + c0, dvp);
+        BoundATile<kBoundAHeads, kBoundAVecs>(wbuf.get() + h0, hp, kf.get() + c0, dpad, n, A.get() + h0 * dvp + c0, dvp);
     // The bounds, ref's expressions element by element.
     for (int64_t h = 0; h < h_q; ++h) {
       const int64_t th = t * h_q + h;
-      const double logit_err = (double(d_qk) + 2) * kF32E * G[size_t(h)];
-      const double* a = A.get() + h * dvp;
-      for (int64_t c = 0; c < d_v; ++c) {
-        const double o = std::fabs(double(exact_out[th * d_v + c]));
-        const double bound = kBf16U * o + kBf16U * a[c] + ((k + 8) * kF32E + 2 * logit_err) * a[c];
-        b_out[th * d_v + c] = cmp::kAttentionMultiple * bound;
+      const double Gh = sm * G[size_t(h)] * Inflate(double(d_qk) + 1);
+      const double delta = 2 * (double(d_qk) + 1) * kF32E * Gh;
+      const double logit_err = (double(d_qk) + 2) * kF32E * Gh;
+      const double A_up = std::exp(2 * delta) * Inflate(k + 2);
+      const float* a = A.get() + h * dvp;
+      const double coef = (k + 8) * kF32E + 2 * logit_err;
+      // ref's expression in double lanes (a multiply or an add per step, as ref's: no fusion),
+      // then bound_f32: the demoted value, one ulp up (bits + 1: bounds are >= 0) where it fell below.
+      const hn::Rebind<float, DF64> dh;
+      const hn::Rebind<int32_t, DF64> di32;
+      const VF64 vu = hn::Set(d64, kBf16U), vup = hn::Set(d64, A_up), vcoef = hn::Set(d64, coef),
+                 vmul = hn::Set(d64, cmp::kAttentionMultiple);
+      int64_t c = 0;
+      for (; c + N <= d_v; c += N) {
+        const VF64 Ac = hn::Mul(hn::PromoteTo(d64, hn::LoadU(dh, a + c)), vup);
+        const VF64 o = hn::Abs(hn::PromoteTo(d64, hn::LoadU(dh, exact_out + th * d_v + c)));
+        const VF64 r = hn::Mul(vmul, hn::Add(hn::Add(hn::Mul(vu, o), hn::Mul(vu, Ac)), hn::Mul(vcoef, Ac)));
+        const auto f = hn::DemoteTo(dh, r);
+        const auto up = hn::DemoteTo(di32, hn::IfThenElseZero(hn::Lt(hn::PromoteTo(d64, f), r), hn::Set(d64, 1.0)));
+        hn::StoreU(hn::BitCast(dh, hn::Add(hn::BitCast(di32, f), up)), dh, b_out + th * d_v + c);
       }
-      b_lse[th] = cmp::kAttentionMultiple * (logit_err + (k + 8) * kF32E + 2 * kF32E * std::fabs(double(exact_lse[th])));
-      b_max[th] = cmp::kAttentionMultiple * (logit_err + kF32E * std::fabs(double(exact_max[th])));
+      for (; c < d_v; ++c) {
+        const double Ac = double(a[c]) * A_up;
+        const double o = std::fabs(double(exact_out[th * d_v + c]));
+        const double bound = kBf16U * o + kBf16U * Ac + ((k + 8) * kF32E + 2 * logit_err) * Ac;
+        b_out[th * d_v + c] = cmp::bound_f32(cmp::kAttentionMultiple * bound);
+      }
+      b_lse[th] = cmp::bound_f32(cmp::kAttentionMultiple * (logit_err + (k + 8) * kF32E + 2 * kF32E * std::fabs(double(exact_lse[th]))));
+      b_max[th] = cmp::bound_f32(cmp::kAttentionMultiple * (logit_err + kF32E * std::fabs(double(exact_max[th]))));
       if (!dir) continue;
       // ref's direction expressions element by element.
       const double mh = mv[size_t(h)], sbar = mh + zb[size_t(h)], lse = mh + std::log(lv[size_t(h)]);
       const double f = v.sink ? 1.0 / (1.0 + std::exp(double(v.sink[h]) - lse)) : 1.0;
-      const float* dd = Dv.get() + h * dvf;
+      const float* dd = Dv.get() + h * dvp;
       for (int64_t c = 0; c < d_v; ++c)
         sm_out[th * d_v + c] = float(f * double(dd[c]) + (1 - f) * sbar * double(exact_out[th * d_v + c]));
       sm_lse[th] = float(sbar);
@@ -548,85 +576,63 @@ void BoundsChunk(const detail::AttentionView& v, const float* exact_out, const f
 
 // ---- the indexer logits rule (double) ----------------------------------------------------------
 
-// Per lane (key s): mag += |w_h| * (sum_d |q_hd| * |k_sd|), d then h ascending, for kV vectors of
-// keys (kt[d * sp + s], |k| transposed in a tile of keys: sp is the tile's width) starting at s0;
-// qa[h * D + d] = |q_hd|, wa[h] = |w_h|. kHB heads at a time share each load of |k| (every head
-// still sums its own d ascending, and its term joins mag in h order).
-template <size_t kHB, size_t kV>
-HWY_INLINE void LogitMagHeads(const double* HWY_RESTRICT qa, const double* HWY_RESTRICT wa, int64_t D,
-                              const double* HWY_RESTRICT kt, int64_t sp, double* HWY_RESTRICT mag_out) {
-  const DF64 d64;
-  const size_t N = hn::Lanes(d64);
-  VF64 m[kHB][kV];
-  for (size_t hb = 0; hb < kHB; ++hb)
-    for (size_t u = 0; u < kV; ++u) m[hb][u] = hn::Zero(d64);
-  for (int64_t d = 0; d < D; ++d) {
-    VF64 k[kV];
-    for (size_t u = 0; u < kV; ++u) k[u] = hn::LoadU(d64, kt + d * sp + int64_t(u * N));
-    for (size_t hb = 0; hb < kHB; ++hb) {
-      const VF64 q = hn::Set(d64, qa[int64_t(hb) * D + d]);
-      // |q| |k| of two e4m3 values is exact in double: a fused multiply-add rounds as ref's add.
-      for (size_t u = 0; u < kV; ++u) m[hb][u] = hn::MulAdd(q, k[u], m[hb][u]);
-    }
-  }
-  for (size_t hb = 0; hb < kHB; ++hb) {
-    const VF64 w = hn::Set(d64, wa[hb]);
-    for (size_t u = 0; u < kV; ++u) {
-      double* o = mag_out + int64_t(u * N);
-      hn::StoreU(hn::Add(hn::LoadU(d64, o), hn::Mul(w, m[hb][u])), d64, o);
-    }
-  }
-}
-
-#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
-constexpr size_t kMagHeads = 4;  // 16 accumulators of 32 registers
-#else
-constexpr size_t kMagHeads = 2;
-#endif
-constexpr size_t kMagVecs = 4;  // vectors of keys per tile
-
+// Per lane (key s): mag = sum_d Qt[d] * |k_sd|, d ascending, a multiply then an add (Qt is a full
+// double: the product rounds, as in ref), for kV vectors of keys (kt[d * sp + s], |k| transposed in
+// a tile of keys: sp is the tile's width).
 template <size_t kV>
-HWY_INLINE void LogitMagTile(const double* HWY_RESTRICT qa, const double* HWY_RESTRICT wa, int64_t H, int64_t D,
-                             const double* HWY_RESTRICT kt, int64_t sp, double* HWY_RESTRICT mag_out) {
+HWY_INLINE void LogitMagTile(const double* HWY_RESTRICT qt, int64_t D, const double* HWY_RESTRICT kt, int64_t sp,
+                             double* HWY_RESTRICT mag_out) {
   const DF64 d64;
   const size_t N = hn::Lanes(d64);
-  for (size_t u = 0; u < kV; ++u) hn::StoreU(hn::Zero(d64), d64, mag_out + int64_t(u * N));
-  int64_t h = 0;
-  for (; h + int64_t(kMagHeads) <= H; h += int64_t(kMagHeads))
-    LogitMagHeads<kMagHeads, kV>(qa + h * D, wa + h, D, kt, sp, mag_out);
-  for (; h < H; ++h) LogitMagHeads<1, kV>(qa + h * D, wa + h, D, kt, sp, mag_out);
+  VF64 m[kV];
+  for (size_t u = 0; u < kV; ++u) m[u] = hn::Zero(d64);
+  for (int64_t d = 0; d < D; ++d) {
+    const VF64 q = hn::Set(d64, qt[d]);
+    for (size_t u = 0; u < kV; ++u) m[u] = hn::Add(m[u], hn::Mul(q, hn::LoadU(d64, kt + d * sp + int64_t(u * N))));
+  }
+  for (size_t u = 0; u < kV; ++u) hn::StoreU(m[u], d64, mag_out + int64_t(u * N));
 }
 
+constexpr size_t kMagVecs = 4;  // vectors of keys per tile
 constexpr int64_t kMagTile = 64;  // keys per tile of |k| (indexer_logits_rule's layout)
 static_assert(kMagTile % (kMagVecs * HWY_LANES(double)) == 0, "indexer_logits_rule's tiles are 64 keys");
 
 // Rows [t0, t1) of the logits bound (ref's indexer_logits_rule, without its global sums): q8 codes
 // [s_q, H, D], kt = |k| transposed by tiles of kMagTile keys, [sp / kMagTile][D][kMagTile] (sp =
-// s_kv padded to whole tiles, zeros past s_kv): a tile is contiguous (64 KB at D 128) and stays in
-// L2 for every head, where [D][sp] rows sp apart would fall into the same few cache sets.
+// s_kv padded to whole tiles, zeros past s_kv): a tile is contiguous and stays in L1/L2 while the
+// row's Qt sweeps it.
 void LogitsBoundChunk(const uint8_t* q8, const double* kt, int64_t sp, const float* k_scale, const float* weights,
-                      const float* exact, int64_t H, int64_t D, int64_t s_kv, int64_t t0, int64_t t1, double* bound) {
+                      const float* exact, int64_t H, int64_t D, int64_t s_kv, int64_t t0, int64_t t1, float* bound) {
   const DF64 d64;
   const int64_t N = int64_t(hn::Lanes(d64));
   const int64_t sw = int64_t(kMagVecs) * N;
   const double* e4 = detail::e4m3_table();
-  std::vector<double> qa(static_cast<size_t>(H * D)), wa(static_cast<size_t>(H));
+  const int64_t Dp = RoundUp(D, N);
+  auto qt = hwy::AllocateAligned<double>(size_t(Dp));
+  std::vector<double> qa(static_cast<size_t>(Dp));
   auto mag = hwy::AllocateAligned<double>(size_t(sp));
   const double C = cmp::kLogitSigmas * std::sqrt(double(D) + double(H) + 2) * 0x1p-14;
   for (int64_t t = t0; t < t1; ++t) {
-    for (int64_t i = 0; i < H * D; ++i) qa[size_t(i)] = std::fabs(e4[q8[t * H * D + i]]);
-    for (int64_t h = 0; h < H; ++h) wa[size_t(h)] = std::fabs(double(weights[t * H + h]));
+    // Qt[d] = sum_h |w_h| |q_hd|, h ascending, lanes over d: the product of an f32 and an e4m3
+    // value is exact in double, so ref's multiply-then-add is one fused multiply-add.
+    std::fill(qt.get(), qt.get() + Dp, 0.0);
+    for (int64_t h = 0; h < H; ++h) {
+      const VF64 w = hn::Set(d64, std::fabs(double(weights[t * H + h])));
+      const uint8_t* qh = q8 + (t * H + h) * D;
+      for (int64_t d = 0; d < D; ++d) qa[size_t(d)] = std::fabs(e4[qh[d]]);
+      for (int64_t d = 0; d < Dp; d += N)
+        hn::Store(hn::MulAdd(w, hn::LoadU(d64, qa.data() + d), hn::Load(d64, qt.get() + d)), d64, qt.get() + d);
+    }
     // Only the tiles holding finite logits (the row's window; ref skips the others, bound 0).
     int64_t s_lo = 0, s_hi = s_kv;
     while (s_lo < s_kv && !std::isfinite(exact[t * s_kv + s_lo])) ++s_lo;
     while (s_hi > s_lo && !std::isfinite(exact[t * s_kv + s_hi - 1])) --s_hi;
     for (int64_t s0 = s_lo / sw * sw; s0 < s_hi; s0 += sw)
-      LogitMagTile<kMagVecs>(qa.data(), wa.data(), H, D, kt + s0 / kMagTile * D * kMagTile + s0 % kMagTile, kMagTile,
-                             mag.get() + s0);
+      LogitMagTile<kMagVecs>(qt.get(), D, kt + s0 / kMagTile * D * kMagTile + s0 % kMagTile, kMagTile, mag.get() + s0);
     for (int64_t s = 0; s < s_kv; ++s) {
       const double r = exact[t * s_kv + s];
       // ref: kLogitSigmas * sqrt(D + H + 2) * 2^-14 * k_scale * mag, left to right.
-      bound[t * s_kv + s] = std::isfinite(r) ? C * double(k_scale[s]) * mag[size_t(s)] : 0.0;
+      bound[t * s_kv + s] = std::isfinite(r) ? cmp::bound_f32(C * double(k_scale[s]) * mag[size_t(s)]) : 0.0f;
     }
   }
 }
@@ -658,6 +664,19 @@ void over_rows(int64_t s_q, int64_t max_chunk, Fn&& fn) {
   for (int64_t c = 0; c < chunks; ++c) fn(c * rows, std::min(s_q, (c + 1) * rows));
 }
 
+// The exponent range of kv's nonzero values (see ExpRange in the target code): bf16 bits << 16.
+void kv_exp_range(const Tensor<bf16_t>& kv, int& lo, int& hi, bool& finite) {
+  lo = 1000, hi = -1000, finite = true;
+  for (int64_t i = 0; i < kv.numel(); ++i) {
+    const int e = (kv[i].bits >> 7) & 0xFF;
+    if (e == 0xFF) finite = false;
+    if (e == 0xFF || (kv[i].bits & 0x7FFF) == 0) continue;
+    const int u = e == 0 ? -126 : e - 127;
+    lo = std::min(lo, u);
+    hi = std::max(hi, u);
+  }
+}
+
 }  // namespace
 
 AttentionOut emulate_attention_lowp(const Tensor<bf16_t>& q, const Tensor<bf16_t>& kv, const Tensor<int32_t>& indices,
@@ -669,17 +688,9 @@ AttentionOut emulate_attention_lowp(const Tensor<bf16_t>& q, const Tensor<bf16_t
   AttentionOut o{Tensor<float>({s_q, h_q, d_v}), Tensor<bf16_t>({s_q, h_q, d_v}), Tensor<float>({s_q, h_q}),
                  Tensor<float>({s_q, h_q})};
   const detail::AttentionView v = detail::sparse_view(q, kv, indices, sm_scale, d_v, topk_length, attn_sink);
-  // The exponent range of kv's nonzero values (see ExpRange in the target code): bf16 bits << 16.
-  int kv_lo = 1000, kv_hi = -1000;
-  bool kv_finite = true;
-  for (int64_t i = 0; i < kv.numel(); ++i) {
-    const int e = (kv[i].bits >> 7) & 0xFF;
-    if (e == 0xFF) kv_finite = false;
-    if (e == 0xFF || (kv[i].bits & 0x7FFF) == 0) continue;
-    const int u = e == 0 ? -126 : e - 127;
-    kv_lo = std::min(kv_lo, u);
-    kv_hi = std::max(kv_hi, u);
-  }
+  int kv_lo, kv_hi;
+  bool kv_finite;
+  kv_exp_range(kv, kv_lo, kv_hi, kv_finite);
   over_rows(s_q, 8, [&](int64_t t0, int64_t t1) {
     HWY_DYNAMIC_DISPATCH(EmulateChunk)(v, t0, t1, o.out.ptr(), reinterpret_cast<uint16_t*>(o.out_bf16.ptr()),
                                        o.lse.ptr(), o.max_logits.ptr(), kv_lo, kv_hi, kv_finite);
@@ -694,18 +705,21 @@ cmp::AttentionBounds bounds(const Tensor<bf16_t>& q, const Tensor<bf16_t>& kv, c
   const int64_t s_q = q.dim(0), h_q = q.dim(1);
   require(d_v <= q.dim(2), "attention_bounds: d_v " + std::to_string(d_v) + " exceeds d_qk " + std::to_string(q.dim(2)));
   cmp::AttentionBounds b;
-  b.out.assign(size_t(s_q * h_q * d_v), 0.0);
-  b.lse.assign(size_t(s_q * h_q), 0.0);
-  b.max_logits.assign(size_t(s_q * h_q), 0.0);
+  b.out.assign(size_t(s_q * h_q * d_v), 0.0f);
+  b.lse.assign(size_t(s_q * h_q), 0.0f);
+  b.max_logits.assign(size_t(s_q * h_q), 0.0f);
   if (dir) {
     b.sm_out.assign(size_t(s_q * h_q * d_v), 0.0f);
     b.sm_lse.assign(size_t(s_q * h_q), 0.0f);
   }
   const detail::AttentionView v = detail::sparse_view(q, kv, indices, sm_scale, d_v, topk_length, attn_sink);
+  int kv_lo, kv_hi;
+  bool kv_finite;
+  kv_exp_range(kv, kv_lo, kv_hi, kv_finite);
   over_rows(s_q, 8, [&](int64_t t0, int64_t t1) {
     HWY_DYNAMIC_DISPATCH(BoundsChunk)(v, exact.out.ptr(), exact.lse.ptr(), exact.max_logits.ptr(), t0, t1,
                                       b.out.data(), b.lse.data(), b.max_logits.data(), dir ? b.sm_out.data() : nullptr,
-                                      dir ? b.sm_lse.data() : nullptr);
+                                      dir ? b.sm_lse.data() : nullptr, kv_lo, kv_hi, kv_finite);
   });
   return b;
 }
@@ -727,7 +741,7 @@ cmp::FloatRule indexer_logits_rule(const Tensor<e4m3_t>& q, const Tensor<e4m3_t>
                                    const Tensor<float>& weights, const Tensor<float>& exact_logits) {
   const int64_t s_q = q.dim(0), H = q.dim(1), D = q.dim(2), s_kv = k.dim(0);
   cmp::FloatRule rule;
-  rule.bound.assign(size_t(s_q * s_kv), 0.0);
+  rule.bound.assign(size_t(s_q * s_kv), 0.0f);
   // |k| transposed by tiles of 64 keys, [sp / 64][D][64], sp a multiple of 64 keys, a whole
   // number of tiles on every target (zeros past s_kv).
   const int64_t sp = (s_kv + 63) / 64 * 64;

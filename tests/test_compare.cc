@@ -3,6 +3,7 @@
 // written here (a kernel-like computation must PASS, a wrong one must FAIL).
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <set>
@@ -298,4 +299,74 @@ TEST_CASE("compare: the softmax-scale direction equals the derivative of the exa
       CHECK(std::fabs(fd - double(d.sm_lse[size_t(i)])) <= 1e-3 * std::max(1.0, std::fabs(fd)));
     }
   }
+}
+
+// The attention bounds sum in f32 and inflate (ref/compare.h). They must never fall below the
+// same formulas evaluated with double sums and exact-in-double weights (written out here, as the
+// bounds were evaluated before), on ordinary and on peaked logits (large G: the e^(2 delta) term).
+TEST_CASE("compare: the f32-evaluated attention bounds are at least their double evaluation") {
+  const Golden g = golden("sq6 skv64 hq4 dqk96 dv64 ih4 id32 k16 seed9");
+  for (const float mult : {1.0f, 12.0f}) {  // sm_scale times 12: logits of magnitude ~100
+    CAPTURE(mult);
+    const float sm = g.p.sm_scale() * mult;
+    const int64_t s_q = 6, h_q = 4, d_qk = 96, d_v = 64, topk = 16;
+    const ref::AttentionOut exact = ref::sparse_attention(g.in.q, g.in.kv, g.out.indices, sm, d_v, nullptr, nullptr);
+    const cmp::AttentionBounds b = cmp::attention_bounds(g.in.q, g.in.kv, g.out.indices, sm, d_v, nullptr, exact);
+    const double u = 0x1p-8, e = 0x1p-24;
+    int64_t checked = 0;
+    double slack = 1e300;
+    for (int64_t t = 0; t < s_q; ++t) {
+      std::vector<int64_t> rows;
+      for (int64_t j = 0; j < topk; ++j)
+        if (g.out.indices[t * topk + j] >= 0) rows.push_back(g.out.indices[t * topk + j]);
+      std::sort(rows.begin(), rows.end());
+      if (rows.empty()) continue;
+      const double k = double(rows.size());
+      for (int64_t h = 0; h < h_q; ++h) {
+        std::vector<double> s(rows.size());
+        double G = 0, m = -1e300, l = 0;
+        for (size_t i = 0; i < rows.size(); ++i) {
+          double dot = 0, mag = 0;
+          for (int64_t d = 0; d < d_qk; ++d) {
+            const double a = bf16_to_f32(g.in.q.at(t, h, d)), c = bf16_to_f32(g.in.kv[rows[i] * d_qk + d]);
+            dot += a * c;
+            mag += std::fabs(a * c);
+          }
+          s[i] = dot * double(sm);
+          G = std::max(G, std::fabs(double(sm)) * mag);
+          m = std::max(m, s[i]);
+        }
+        for (double& v : s) l += (v = std::exp(v - m));
+        const double logit_err = (double(d_qk) + 2) * e * G;
+        for (int64_t c = 0; c < d_v; ++c) {
+          double A = 0;
+          for (size_t i = 0; i < rows.size(); ++i) A += s[i] / l * std::fabs(double(bf16_to_f32(g.in.kv[rows[i] * d_qk + c])));
+          const int64_t el = (t * h_q + h) * d_v + c;
+          const double o = std::fabs(double(exact.out[el]));
+          const double want = 3 * (u * o + u * A + ((k + 8) * e + 2 * logit_err) * A);
+          CHECK(b.out[size_t(el)] >= want);
+          slack = std::min(slack, b.out[size_t(el)] / want);
+          ++checked;
+        }
+        CHECK(b.lse[size_t(t * h_q + h)] >= 3 * (logit_err + (k + 8) * e + 2 * e * std::fabs(double(exact.lse[t * h_q + h]))));
+        CHECK(b.max_logits[size_t(t * h_q + h)] >= 3 * (logit_err + e * std::fabs(double(exact.max_logits[t * h_q + h]))));
+      }
+    }
+    CHECK(checked > 0);
+    CHECK(slack < 1.05);  // and sharp: the inflation costs a few percent at most
+    MESSAGE("smallest f32 bound / double bound: " << slack);
+  }
+}
+
+// Bounds are stored as the f32 at or above the derived double: never below it, one ulp at most.
+TEST_CASE("compare: bound_f32 rounds a derived bound up to the next f32") {
+  for (const double b : {0.0, 1.0 / 3, 0.1, 0.7, 0.9, 1e-30, 0x1p-140, 3.0, 1e30}) {
+    CAPTURE(b);
+    const float f = cmp::bound_f32(b);
+    CHECK(double(f) >= b);
+    CHECK(double(std::nextafter(f, 0.0f)) < b + (b == 0 ? 1 : 0));  // the least such f32 (0 stays 0)
+  }
+  CHECK(cmp::bound_f32(0.7) == std::nextafter(float(0.7), 1.0f));  // float(0.7) rounds down: one step up
+  CHECK(cmp::bound_f32(0.5) == 0.5f);                                          // exact values stay
+  CHECK(std::isinf(cmp::bound_f32(1e39)));                                     // past FLT_MAX: +inf
 }

@@ -590,10 +590,11 @@ bool same_bits_d(double a, double b) {
   if (std::isnan(a) || std::isnan(b)) return std::isnan(a) && std::isnan(b);
   return std::memcmp(&a, &b, sizeof a) == 0;
 }
-int64_t first_diff_d(const std::vector<double>& a, const std::vector<double>& b) {
+// The first element whose bits differ (NaNs equal), -1 when none: bounds are f32 (rounded up).
+int64_t first_diff_d(const std::vector<float>& a, const std::vector<float>& b) {
   REQUIRE(a.size() == b.size());
   for (size_t i = 0; i < a.size(); ++i)
-    if (!same_bits_d(a[i], b[i])) return int64_t(i);
+    if (!same_bits_d(double(a[i]), double(b[i]))) return int64_t(i);
   return -1;
 }
 
@@ -691,6 +692,22 @@ TEST_CASE("simd: the budget emulation and the attention bounds are bit-identical
     CHECK(cmp::emulate_attention_lowp(q, kv, idx, 1.0f, 2, nullptr, nullptr).max_logits[0] == 0x1p-125f);
     for_each_target([&](const std::string&, int threads) {
       if (threads == 1) CHECK(simd::emulate_attention_lowp(q, kv, idx, 1.0f, 2, nullptr, nullptr).max_logits[0] == 0x1p-125f);
+    });
+  }
+  // The bounds' logits are f32 sums too (ref/compare.h): the same q . k = 2^-125 + 1.25 * 2^-149
+  // over eight equal keys (a whole pass-1 tile on every target) must keep ref's unfused 2^-125,
+  // which the softmax-scale direction's d lse / d ln sm = m + zbar = s (sm_scale 1) shows.
+  {
+    Tensor<bf16_t> q({1, 1, 2}), kv({8, 1, 2});
+    q[0] = f32_to_bf16(0x1p-62f), q[1] = f32_to_bf16(0x1.4p-74f);
+    for (int64_t r = 0; r < 8; ++r) kv[r * 2] = f32_to_bf16(0x1p-63f), kv[r * 2 + 1] = f32_to_bf16(0x1p-75f);
+    Tensor<int32_t> idx({1, 1, 8});
+    for (int32_t j = 0; j < 8; ++j) idx[j] = j;
+    const ref::AttentionOut exact = ref::sparse_attention(q, kv, idx, 1.0f, 2, nullptr, nullptr);
+    const cmp::AttentionBounds rb = cmp::attention_bounds_sm(q, kv, idx, 1.0f, 2, nullptr, nullptr, exact);
+    CHECK(rb.sm_lse[0] == 0x1p-125f);
+    for_each_target([&](const std::string&, int threads) {
+      if (threads == 1) CHECK(simd::attention_bounds_sm(q, kv, idx, 1.0f, 2, nullptr, nullptr, exact).sm_lse[0] == 0x1p-125f);
     });
   }
   // The output's bf16 rounding ties to even: q = 0 (p = 1 for both keys, factor 1/2), V[:, 0] =

@@ -250,14 +250,14 @@ void candidate_section(Ctx& c, const io::SafetensorsFile& f) {
     any = true;
     require(c.d.has_indexer, f.source + ": " + p + "indexer.logits: layer " + std::to_string(c.d.l) + " has no indexer in the golden set");
     const Tensor<float> cl = diff::candidate_float(f, p + "indexer.logits", {c.s_q, c.s_kv});
-    std::vector<double> bound(size_t(c.s_kv), 0.0);
+    std::vector<float> bound(size_t(c.s_kv), 0.0f);
     if (c.g.get(p + "indexer.q").dtype == io::DType::F8_E4M3) {
       bound = cmp::indexer_logits_rule(row_of(c.g.tensor<e4m3_t>(p + "indexer.q"), t), c.g.tensor<e4m3_t>(p + "indexer.k"),
                                        c.g.tensor<float>(p + "indexer.k_scale"), row_of(c.g.tensor<float>(p + "indexer.weights"), t),
                                        row_of(c.d.logits, t)).bound;
     } else {
       for (int64_t s = 0; s < c.s_kv; ++s)
-        if (std::isfinite(c.d.logits.at(t, s))) bound[size_t(s)] = 4 * std::sqrt(double(c.topk) + 2) * 0x1p-14 * std::fabs(double(c.d.logits.at(t, s)));
+        if (std::isfinite(c.d.logits.at(t, s))) bound[size_t(s)] = cmp::bound_f32(4 * std::sqrt(double(c.topk) + 2) * 0x1p-14 * std::fabs(double(c.d.logits.at(t, s))));
     }
     double worst = -1;
     int64_t at = -1, over = 0;
