@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <memory>
@@ -264,6 +265,67 @@ int write_all(int fd, const void* data, size_t n) {
     p += w;
     n -= size_t(w);
   }
+  return 0;
+}
+
+// Files of at least kDirectWriteMin bytes are written past the page cache (O_DIRECT) through an
+// aligned staging buffer. Measured on the 2-core EPYC VM: a 2.4 GB golden set's buffered write
+// took 6.4 s (the kernel filling fresh page-cache pages, 0.4-0.6 GB/s), the same bytes direct
+// 1.3-1.5 s (1.7-1.9 GB/s, the copy into the staging buffer included). The file's bytes are the
+// same; only the route differs. A filesystem without O_DIRECT (tmpfs) takes the buffered route.
+constexpr uint64_t kDirectWriteMin = uint64_t(64) << 20;
+constexpr size_t kDirectAlign = 4096, kDirectChunk = size_t(8) << 20;
+constexpr int kDirectUnsupported = -1;
+
+// Writes the concatenation of `parts` (total bytes) to fd, an open, empty file: switches fd to
+// O_DIRECT, writes whole staging chunks (the last one zero-padded to the alignment), truncates the
+// file to `total` and switches O_DIRECT off again. Returns 0, an errno value, or
+// kDirectUnsupported when the filesystem refuses direct I/O before a byte was written (the caller
+// then writes buffered from the start).
+int write_direct(int fd, const std::vector<std::pair<const uint8_t*, size_t>>& parts, uint64_t total) {
+  const int flags = ::fcntl(fd, F_GETFL);
+  if (flags < 0 || ::fcntl(fd, F_SETFL, flags | O_DIRECT) != 0) return kDirectUnsupported;
+  struct Restore {
+    int fd, flags;
+    ~Restore() { ::fcntl(fd, F_SETFL, flags); }
+  } restore{fd, flags};
+  std::unique_ptr<uint8_t, decltype(&std::free)> stage(static_cast<uint8_t*>(std::aligned_alloc(kDirectAlign, kDirectChunk)),
+                                                      &std::free);
+  if (!stage) return ENOMEM;
+  size_t fill = 0;
+  bool wrote = false;
+  auto flush = [&](size_t n) -> int {  // n: a multiple of kDirectAlign
+    size_t done = 0;
+    while (done < n) {
+      const ssize_t w = ::write(fd, stage.get() + done, n - done);
+      if (w < 0) {
+        if (errno == EINTR) continue;
+        return !wrote && errno == EINVAL ? kDirectUnsupported : errno;
+      }
+      wrote = true;
+      done += size_t(w);
+    }
+    return 0;
+  };
+  for (const auto& [p, n] : parts) {
+    size_t used = 0;
+    while (used < n) {
+      const size_t take = std::min(n - used, kDirectChunk - fill);
+      std::memcpy(stage.get() + fill, p + used, take);
+      fill += take;
+      used += take;
+      if (fill == kDirectChunk) {
+        if (const int e = flush(fill)) return e;
+        fill = 0;
+      }
+    }
+  }
+  if (fill > 0) {
+    const size_t padded = (fill + kDirectAlign - 1) / kDirectAlign * kDirectAlign;
+    std::memset(stage.get() + fill, 0, padded - fill);
+    if (const int e = flush(padded)) return e;
+  }
+  if (::ftruncate(fd, off_t(total)) != 0) return errno;
   return 0;
 }
 
@@ -550,9 +612,16 @@ void write_safetensors(const std::string& path, const std::vector<TensorView>& t
     ::unlink(tmp.c_str());
     throw Error(path + ": " + what + " " + tmp + ": " + os_error(err));
   };
-  int err = write_all(fd, prefix.data(), prefix.size());
-  for (const TensorView& t : tensors)
-    if (!err) err = write_all(fd, t.bytes.data(), t.bytes.size());
+  uint64_t total = prefix.size();
+  for (const TensorView& t : tensors) total += t.bytes.size();
+  std::vector<std::pair<const uint8_t*, size_t>> parts{{reinterpret_cast<const uint8_t*>(prefix.data()), prefix.size()}};
+  for (const TensorView& t : tensors) parts.emplace_back(t.bytes.data(), t.bytes.size());
+  int err = total >= kDirectWriteMin ? write_direct(fd, parts, total) : kDirectUnsupported;
+  if (err == kDirectUnsupported) {  // buffered, from the start
+    err = ::ftruncate(fd, 0) == 0 && ::lseek(fd, 0, SEEK_SET) == 0 ? 0 : errno;
+    for (const auto& [p, n] : parts)
+      if (!err) err = write_all(fd, p, n);
+  }
   if (err) fail("cannot write", err, true);
   if (::fsync(fd) != 0) fail("cannot sync", errno, true);
   if (::close(fd) != 0) fail("cannot close", errno, false);
