@@ -224,8 +224,9 @@ Tensor<T> as_tensor(const TensorView& view, const std::string& file) {
   return t;
 }
 
+// A view's name, dtype and shape for t, its bytes still empty (make_view's common part).
 template <class T>
-TensorView make_view(const std::string& name, const Tensor<T>& t) {
+TensorView view_header(const std::string& name, const Tensor<T>& t) {
   static_assert(std::is_trivially_copyable_v<T>);
   TensorView v;
   v.name = name;
@@ -234,6 +235,12 @@ TensorView make_view(const std::string& name, const Tensor<T>& t) {
   const int64_t numel = shape_numel(t.shape);
   require(numel == t.numel(), "make_view: tensor '" + name + "': shape " + shape_str(t.shape) +
                                   " does not match " + std::to_string(t.numel()) + " elements");
+  return v;
+}
+
+template <class T>
+TensorView make_view(const std::string& name, const Tensor<T>& t) {
+  TensorView v = view_header(name, t);
   // One pass over the bytes: assigned from the range, not zero-filled and then copied (the
   // zeroing was a sixth of golden's time beyond run at hq16).
   const auto* first = reinterpret_cast<const uint8_t*>(t.data.data());
@@ -250,14 +257,7 @@ TensorView make_view(const std::string& name, Tensor<T>&& t) {
     t = Tensor<T>();
     return v;
   }
-  static_assert(std::is_trivially_copyable_v<T>);
-  TensorView v;
-  v.name = name;
-  v.dtype = dtype_of<T>::value;
-  v.shape = t.shape;
-  const int64_t numel = shape_numel(t.shape);
-  require(numel == t.numel(), "make_view: tensor '" + name + "': shape " + shape_str(t.shape) +
-                                  " does not match " + std::to_string(t.numel()) + " elements");
+  TensorView v = view_header(name, t);
   auto owner = std::make_shared<Storage<T>>(std::move(t.data));
   const auto* first = reinterpret_cast<const uint8_t*>(owner->data());
   const size_t n = owner->size() * sizeof(T);
