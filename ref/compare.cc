@@ -442,26 +442,35 @@ BudgetParts attention_budget_parts_rows(EmulateFn emulate, const Tensor<bf16_t>&
     row_maxima(exact_out, nullptr, &round_rows);
     for (double r : round_rows) b.ref_round = std::max(b.ref_round, r);
   }
-  double emul = 0;
-  if (int64_t(rows.size()) == s_q) {  // every row: the emulation on the tensors as they are
-    const AttentionOut emu = emulate(q, kv, indices, sm_scale, d_v, topk_length, attn_sink);
-    for (int64_t i = 0; i < exact_out.numel(); ++i) {
-      const double e = exact_out[i];
-      if (std::isfinite(e)) emul = std::max(emul, std::fabs(double(emu.out[i]) - e));
-    }
-  } else if (!rows.empty()) {  // rows are independent: the subset's rows equal the whole emulation's
+  // Every row: the emulation on the tensors as they are. A subset: on its rows alone (rows are
+  // independent, so they equal the whole emulation's). Row r of emu.out is row rows[r].
+  AttentionOut emu;
+  if (int64_t(rows.size()) == s_q) {
+    emu = emulate(q, kv, indices, sm_scale, d_v, topk_length, attn_sink);
+  } else if (!rows.empty()) {
     const Tensor<int32_t> tl = topk_length ? take_rows(*topk_length, rows) : Tensor<int32_t>();
-    const AttentionOut emu = emulate(take_rows(q, rows), kv, take_rows(indices, rows), sm_scale, d_v,
-                                     topk_length ? &tl : nullptr, attn_sink);
-    for (size_t r = 0; r < rows.size(); ++r)
-      for (int64_t c = 0; c < per_row; ++c) {
-        const double e = exact_out[rows[r] * per_row + c];
-        if (std::isfinite(e)) emul = std::max(emul, std::fabs(double(emu.out[int64_t(r) * per_row + c]) - e));
-      }
+    emu = emulate(take_rows(q, rows), kv, take_rows(indices, rows), sm_scale, d_v, topk_length ? &tl : nullptr, attn_sink);
   }
+  double emul = 0;
+  for (size_t r = 0; r < rows.size(); ++r)
+    for (int64_t c = 0; c < per_row; ++c) {
+      const double e = exact_out[rows[r] * per_row + c];
+      if (std::isfinite(e)) emul = std::max(emul, std::fabs(double(emu.out[int64_t(r) * per_row + c]) - e));
+    }
   if (emulated_max) *emulated_max = emul;
   b.emul = floor ? std::max(emul, b.ref_round) : emul;
   return b;
+}
+
+BudgetParts attention_budget_parts_set(EmulateFn emulate, const Tensor<bf16_t>& q, const Tensor<bf16_t>& kv,
+                                       const Tensor<int32_t>& indices, float sm_scale, int64_t d_v,
+                                       const Tensor<int32_t>* topk_length, const Tensor<float>* attn_sink,
+                                       const Tensor<float>& exact_out, int64_t* emulated_rows) {
+  double ref_round = 0;
+  const std::vector<int64_t> rows = budget_rows(budget_row_max(exact_out, &ref_round));
+  if (emulated_rows) *emulated_rows = int64_t(rows.size());
+  return attention_budget_parts_rows(emulate, q, kv, indices, sm_scale, d_v, topk_length, attn_sink, exact_out, rows,
+                                     q.dim(0) > kBudgetAllRows, nullptr, ref_round);
 }
 
 std::string budget_rows_text(int64_t emulated, int64_t total) {

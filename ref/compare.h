@@ -218,6 +218,12 @@ BudgetParts attention_budget_parts_rows(EmulateFn emulate, const Tensor<bf16_t>&
                                         const Tensor<int32_t>* topk_length, const Tensor<float>* attn_sink,
                                         const Tensor<float>& exact_out, const std::vector<int64_t>& rows, bool floor,
                                         double* emulated_max = nullptr, double ref_round = -1);
+// The budget's maxima of a set held whole in one process: the rows budget_rows picks from
+// exact_out, floored when they are a subset. emulated_rows, when given, receives their count.
+BudgetParts attention_budget_parts_set(EmulateFn emulate, const Tensor<bf16_t>& q, const Tensor<bf16_t>& kv,
+                                       const Tensor<int32_t>& indices, float sm_scale, int64_t d_v,
+                                       const Tensor<int32_t>* topk_length, const Tensor<float>* attn_sink,
+                                       const Tensor<float>& exact_out, int64_t* emulated_rows = nullptr);
 // The same as a manifest sentence: "every row" or "N of S rows: ...".
 std::string budget_rows_text(int64_t emulated, int64_t total);
 

@@ -80,7 +80,7 @@ int publish_ranks(const GoldenArgs& a, const Problem& p, const std::string& repl
   dist::WriteStats ws;
   const nlohmann::json manifest = dist::write_golden(a.out, std::move(set), a.force, &ws);
   const std::string ranks = dist::rank_report(bounds, compute_s);
-  const std::string timing = dist::timing_requested() ? dist::timing_report() : "";
+  const std::string timing = phases::requested() ? dist::timing_report() : "";
   if (dist::rank() != 0) return 0;
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::printf("%s", golden::summary(a.out, manifest, ws.bytes).c_str());

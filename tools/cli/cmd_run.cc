@@ -158,7 +158,7 @@ int run_ranks(const RunArgs& a, const Problem& p, const Schedule& s, const std::
   }
   phases::begin("report (folds to rank 0)");
   const std::string ranks = dist::rank_report(bounds, t_gen + t_run);
-  const std::string timing = dist::timing_requested() ? dist::timing_report() : "";
+  const std::string timing = phases::requested() ? dist::timing_report() : "";
   if (!root) return 0;
   std::printf("time      inputs %.3f s, stack %.3f s (impl %s, rank 0 of %d)\n%s", t_gen, t_run, impl.c_str(), dist::size(), (ranks + timing).c_str());
   std::printf("__REPRO: indexshare run --impl %s --problem \"%s\"%s\n", impl.c_str(), to_string(p).c_str(),

@@ -253,10 +253,8 @@ Expected expected_attention(const LayerData& d, const Tensor<int32_t>& indices, 
   e.bounds = with_sm ? k.attention_bounds_sm(d.q, d.kv, indices, sm, d_v, tl, sink, e.attn)
                      : k.attention_bounds(d.q, d.kv, indices, sm, d_v, tl, e.attn);
   // The golden's own budget rule (ref/compare.h budget_rows: every row, or a subset of large sets).
-  const int64_t s_q = d.q.dim(0);
-  e.budget = cmp::attention_budget(cmp::attention_budget_parts_rows(
-      k.emulate_attention_lowp, d.q, d.kv, indices, sm, d_v, tl, sink, e.attn.out,
-      cmp::budget_rows(cmp::budget_row_max(e.attn.out)), s_q > cmp::kBudgetAllRows));
+  e.budget = cmp::attention_budget(
+      cmp::attention_budget_parts_set(k.emulate_attention_lowp, d.q, d.kv, indices, sm, d_v, tl, sink, e.attn.out));
   return e;
 }
 

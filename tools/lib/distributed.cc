@@ -447,11 +447,6 @@ std::string rank_report(const std::vector<int64_t>& bounds, double compute_s) {
   return out;
 }
 
-bool timing_requested() {
-  const char* v = std::getenv("INDEXSHARE_TIMING");
-  return v && *v && std::string(v) != "0";
-}
-
 std::string timing_report() {
   // Every rank's phases as "name\twall\tcpu\n" lines, gathered to rank 0 as text.
   std::string mine;

@@ -114,12 +114,11 @@ double from_rank0(double value);
 // the process's CPU time so far, user + system, and its peak resident set).
 std::string rank_report(const std::vector<int64_t>& bounds, double compute_s);
 
-// The timing breakdown (tools/lib/phases.h): INDEXSHARE_TIMING set (not "0") asks for it.
-// Collective: every rank's phases gathered to rank 0, which gets one line per phase with each
+// The timing breakdown (tools/lib/phases.h), when phases::requested() (INDEXSHARE_TIMING set, not
+// "0"). Collective: every rank's phases gathered to rank 0, which gets one line per phase with each
 // rank's wall and process CPU seconds (the others get ""). The phase "wait (collective checks)" is
 // the time a rank spent waiting for the others at the collective checks: a rank done early waits
 // there, so it measures the imbalance.
-bool timing_requested();
 std::string timing_report();
 
 }  // namespace indexshare::dist

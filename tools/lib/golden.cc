@@ -660,15 +660,14 @@ GoldenSet build_model(const ModelSpec& spec, const std::string& replay) {
     add(g, pre + "attn.lse", tr.attn.lse, Role::output);
     add(g, pre + "attn.max_logits", tr.attn.max_logits, Role::output);
     add(g, pre + "out", bf16_of(tr.out), Role::reference);
-    const std::vector<int64_t> brows = cmp::budget_rows(cmp::budget_row_max(tr.attn.out));
-    const cmp::BudgetParts bparts = cmp::attention_budget_parts_rows(
-        kern.emulate_attention_lowp, tr.q, cache.kv[size_t(l)], indices, sm, cfg.d_v(), nullptr, nullptr, tr.attn.out, brows,
-        S > cmp::kBudgetAllRows);
+    int64_t emulated = 0;
+    const cmp::BudgetParts bparts = cmp::attention_budget_parts_set(kern.emulate_attention_lowp, tr.q, cache.kv[size_t(l)],
+                                                                    indices, sm, cfg.d_v(), nullptr, nullptr, tr.attn.out, &emulated);
     budgets[pre + "attn.out"] = {{"budget_max_abs", cmp::attention_budget(bparts)},
                                  {"multiple", cmp::kBudgetMultiple},
                                  {"emulation", "f32 logits and softmax, P rounded to bf16, f32 accumulation, bf16 out"}};
     if (S > cmp::kBudgetAllRows)
-      budgets[pre + "attn.out"]["emulation_rows"] = cmp::budget_rows_text(int64_t(brows.size()), S);
+      budgets[pre + "attn.out"]["emulation_rows"] = cmp::budget_rows_text(emulated, S);
     for (int64_t i = 0; i < h.numel(); ++i) h[i] = round_bf16(h[i] + tr.out[i]);
   }
   add(g, "hidden_out", bf16_of(f.h_out), Role::output);

@@ -73,7 +73,6 @@ class TensorBytes {
     b.n_ = n;
     return b;
   }
-  bool is_shared() const { return owner_ != nullptr; }
 
   size_t size() const { return owner_ ? n_ : own_.size(); }
   bool empty() const { return size() == 0; }
@@ -92,10 +91,6 @@ class TensorBytes {
   }
   void resize(size_t n) { own().resize(n); }
   void pop_back() { own().pop_back(); }
-  void clear() {
-    release();
-    own_.clear();
-  }
   friend bool operator==(const TensorBytes& a, const TensorBytes& b) {
     return a.size() == b.size() && (a.size() == 0 || std::memcmp(a.data(), b.data(), a.size()) == 0);
   }
