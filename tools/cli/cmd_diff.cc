@@ -12,6 +12,7 @@
 #include "ref/error.h"
 #include "tools/cli/cli.h"
 #include "tools/lib/diff.h"
+#include "tools/lib/phases.h"
 #include "simd/simd.h"
 #include "tools/lib/svg.h"
 
@@ -34,11 +35,13 @@ bool diff_uses_simd(const DiffArgs& a) {
 int cmd_diff(const DiffArgs& a) {
   // Tensors above 1 MiB stay in the file (verified now, read when the judge needs them, layer by
   // layer, and freed after it): the golden set is never held whole beside the candidate.
+  phases::begin("read (golden verified, candidate index)");
   const golden::Loaded g = golden::read(a.golden, diff::kGoldenKeepBytes);
   const io::SafetensorsIndex c = io::read_safetensors_index(a.candidate, diff::kCandidateKeepBytes);
   const bool use_simd = diff_uses_simd(a);
   const diff::Result r = diff::judge(g, c, a.candidate, a.layers.empty() ? std::set<int>{} : diff::parse_layers(a.layers),
                                      use_simd ? simd::kernels() : ref::Kernels{});
+  phases::begin("report");
   std::string replay = "indexshare diff --golden " + a.golden + " --candidate " + a.candidate;
   if (!a.layers.empty()) replay += " --layers " + a.layers;
   std::printf("%s", r.text(replay).c_str());
@@ -47,6 +50,7 @@ int cmd_diff(const DiffArgs& a) {
   if (!a.svg.empty())
     files.push_back({a.svg, r.svg("indexshare diff: " + a.candidate + " against " + a.golden + (r.failed() ? " (FAIL)" : " (PASS)"))});
   if (!files.empty()) io::write_text_files(files);
+  if (phases::requested()) std::fprintf(stderr, "%s", phases::table().c_str());
   return r.exit_code();
 }
 }  // namespace

@@ -20,6 +20,7 @@
 #include "ref/numerics.h"
 #include "ref/structure.h"
 #include "ref/topk.h"
+#include "tools/lib/phases.h"
 
 namespace indexshare::diff {
 
@@ -532,7 +533,11 @@ class Judge {
     return spec;
   }
   const LayerData& layer(int l) {
-    if (!loaded_[size_t(l)]) { data_[size_t(l)] = load_golden_layer(g_, l, k_); loaded_[size_t(l)] = true; }
+    if (!loaded_[size_t(l)]) {
+      const phases::Scope load("load golden layers (and logits not stored)");
+      data_[size_t(l)] = load_golden_layer(g_, l, k_);
+      loaded_[size_t(l)] = true;
+    }
     return data_[size_t(l)];
   }
   bool has(int l, const std::string& n) const { return c_.find(name(l, n)) != nullptr; }
@@ -660,12 +665,14 @@ void Judge::judge_layer(int l) {
   panel.row_ids = ids_;
   const size_t diagnoses0 = res.diagnoses.size(), tensors0 = res.tensors.size();
   {  // the candidate's logits and their bound serve the logits and top-k checks only
+    phases::begin("indexer logits and top-k");
     Tensor<float> cand_logits;
     if (has(l, "indexer.logits")) cand_logits = judge_logits(d, P);
     if (has(l, "indexer.topk")) judge_topk(d, P, cand_logits, panel);
     data_[size_t(l)].logits_rule = cmp::FloatRule();
   }
   release_freed_memory();
+  phases::begin("indices");
   UsedIndices used{d.indices, ""};
   if (has(l, "attn.indices")) used = judge_indices(d, P, panel);
   if (has(l, "attn.indices_physical")) judge_physical(d, P);
@@ -950,6 +957,7 @@ void Judge::judge_attention(const LayerData& d, const std::string& P, const Used
   const int l = d.l;
   // The softmax-scale direction of the structure tests (out and lse) comes from the bounds' pass.
   const bool with_sm = has(l, "attn.out") || has(l, "attn.lse");
+  phases::begin("attention: expected outputs and bounds");
   Expected e;
   if (used.note.empty()) {  // the golden's own outputs, bounds and budget
     // Moved, not copied: the layer's golden outputs are not read again (see the end of judge_layer).
@@ -972,6 +980,7 @@ void Judge::judge_attention(const LayerData& d, const std::string& P, const Used
   AttnCtx a{d, P, used.note, used.indices, std::move(e), {}, 0};
   a.seqs = row_sequences(g_, s_q_, d.has_indexer ? &d.ks : layer(d.source).has_indexer ? &layer(d.source).ks : nullptr);
   a.lse_abs = kFlashMlaLseAbs * std::max(1.0, cmp::rms_finite(a.e.attn.max_logits));
+  phases::begin("attention: compare and structure tests");
   if (has(l, "attn.out")) judge_out(a, panel);
   if (has(l, "attn.lse")) judge_lse(a);
   if (has(l, "attn.max_logits")) judge_max_logits(a);
@@ -1295,6 +1304,7 @@ Result judge_file(const golden::Loaded& g, const io::SafetensorsFile& c, const s
   Judge j(g, c, k, lazy, path);
   for (int l : j.candidate_layers(wanted)) j.judge_layer(l);
   const size_t across0 = j.res.diagnoses.size();
+  phases::begin("across layers");
   j.judge_by_role();
   j.judge_pooled();
   j.res.across_layers.assign(j.res.diagnoses.begin() + long(across0), j.res.diagnoses.end());
