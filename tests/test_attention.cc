@@ -85,7 +85,7 @@ TEST_CASE("attention: sparse outputs match an independent long-double softmax") 
   }
 }
 
-TEST_CASE("attention: invalid indices are ignored wherever they sit; duplicates count twice") {
+TEST_CASE("attention: invalid indices are ignored wherever they sit, duplicates count twice") {
   const int64_t s_kv = 9, d_qk = 16, d_v = 8;
   Data d = make(1, 2, s_kv, d_qk, 5);
   auto run = [&](std::vector<int32_t> v) { return ref::sparse_attention(d.q, d.kv, idx(1, v), 0.3f, d_v); };

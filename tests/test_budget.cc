@@ -28,7 +28,7 @@ double max_err(const Tensor<float>& exact, const Tensor<float>& emu, const std::
 }
 }  // namespace
 
-TEST_CASE("budget: small sets emulate every row; large ones the largest rows and a stride") {
+TEST_CASE("budget: small sets emulate every row, large ones the largest rows and a stride") {
   for (int64_t n : {1, 8, 255, 256}) {
     const std::vector<int64_t> r = cmp::budget_rows(std::vector<double>(size_t(n), 1.0));
     REQUIRE(int64_t(r.size()) == n);
@@ -56,7 +56,7 @@ TEST_CASE("budget: small sets emulate every row; large ones the largest rows and
   CHECK(!got.count(478));
 }
 
-TEST_CASE("budget: a subset's maxima are the whole emulation's over those rows, floored; every row unchanged") {
+TEST_CASE("budget: a subset's maxima are the whole emulation's over those rows, floored, every row unchanged") {
   // 300 rows (a subset is taken), sinks and two sequences; top-k 24 of a short window.
   const Problem p = parse_problem("sq300 skv400 hq4 dqk64 dv32 ih4 id32 k24 seed13 nseq2 sinks=2");
   const ref::LayerInputs in = ref::make_layer_inputs(p);

@@ -77,7 +77,7 @@ TEST_CASE("cli: golden writes a set, verify checks it, bad input exits 2 without
   std::system(("rm -rf " + dir).c_str());
 }
 
-TEST_CASE("cli: --impl simd reproduces ref's outputs; --target and --max-memory are honoured") {
+TEST_CASE("cli: --impl simd reproduces ref's outputs, --target and --max-memory are honoured") {
   const std::string prob = "--problem 'sq8 skv40 hq2 dqk16 dv8 ih4 id16 k4 nl3 sched=FSF seed5'";
   auto layers = [](const std::string& out) {  // the per-layer lines, fingerprints included
     std::string lines;
@@ -126,7 +126,7 @@ TEST_CASE("cli: --impl simd reproduces ref's outputs; --target and --max-memory 
   std::system(("rm -rf " + dir).c_str());
 }
 
-TEST_CASE("cli: overlap and search write their reports; bad sources exit 2") {
+TEST_CASE("cli: overlap and search write their reports, bad sources exit 2") {
   const std::string dir = "/tmp/indexshare-cli-ovl-" + std::to_string(::getpid());
   std::system(("rm -rf " + dir + " && mkdir -p " + dir).c_str());
   Result r = cli("overlap --golden " + std::string(INDEXSHARE_SOURCE_DIR) + "/golden/glm-5.2 --json " + dir + "/o.json --csv " + dir +

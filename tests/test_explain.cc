@@ -152,7 +152,7 @@ TEST_CASE("explain --candidate: where the candidate departs on the row, relative
   CHECK(has(explain::explain(g, o, &f), "within every bound"));
 }
 
-TEST_CASE("explain: the CLI prints the report and its replay line; a layer, row or head outside the set is exit 2") {
+TEST_CASE("explain: the CLI prints the report and its replay line, a layer, row or head outside the set is exit 2") {
   const std::string set = golden_dir("glm-5.2");
   auto r = indexshare::testing::run_cli("explain --golden " + set + " --layer 7 --row 4 --head 1");
   CHECK(r.status == 0);

@@ -110,7 +110,7 @@ TEST_CASE("indexer: unquantized mode matches a long-double formula within its ro
   }
 }
 
-TEST_CASE("indexer: bad shapes and bounds are refused with the tensor named; NaN propagates") {
+TEST_CASE("indexer: bad shapes and bounds are refused with the tensor named, NaN propagates") {
   Inputs in = make_inputs(4, 8, 2, 16, Dist::normal, 1);
   CHECK_NOTHROW(ref::indexer_logits_fp8(in.q, in.k, in.k_scale, in.w, in.ks, in.ke));
   Tensor<int32_t> bad_ke = in.ke;

@@ -136,7 +136,7 @@ TEST_CASE("layer: fp8 and bf16 indexers mostly agree on the selection") {
 }
 
 // drift=: each layer's own indexer inputs are an AR(1) chain across layers (ref/layer.h).
-TEST_CASE("layer: drift= chains the layers' own indexer inputs; jumps use jumprho; drift=0 is the independent draw") {
+TEST_CASE("layer: drift= chains the layers' own indexer inputs, jumps use jumprho, drift=0 is the independent draw") {
   const Shape qs{4, 2, 16};
   auto q_of = [&](const Problem& p, int l) { return ref::make_layer_inputs(p, l, true).index_q; };
   auto own = [&](const Problem& p, int l) { return ref::generate(p, "layers." + std::to_string(l) + ".indexer.q", qs); };

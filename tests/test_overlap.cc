@@ -511,7 +511,7 @@ TEST_CASE("overlap: SVG figures are well-formed XML with escaped text") {
 // The synthetic stacks should look like real ones: with sim= alone every pair of layers overlaps
 // alike; with drift= adjacent layers overlap most and the overlap decays with layer distance; the
 // glm-5.2-drift preset has one jump, just before its Full layer 6.
-TEST_CASE("overlap: drift= makes adjacent layers overlap most, decaying with distance; the glm-5.2-drift preset's jump") {
+TEST_CASE("overlap: drift= makes adjacent layers overlap most, decaying with distance, the glm-5.2-drift preset's jump") {
   auto adjacent_and_far = [](const std::string& desc) {
     const ref::OverlapReport r = ref::overlap_report(parse_problem(desc), {8, false, {}});
     double adj = 0, far = 0;

@@ -91,7 +91,7 @@ TEST_CASE("stack: the similarity knob's end points") {
   CHECK(overlap(c[0].own_topk, c[1].own_topk) > ov);
 }
 
-TEST_CASE("stack: decode rows follow the next_n causal rule; Shared layers may lack indexer inputs") {
+TEST_CASE("stack: decode rows follow the next_n causal rule, Shared layers may lack indexer inputs") {
   const Problem p = parse_problem("sq2 skv10 hq2 dqk16 dv8 ih2 id16 k4 seed1 nl2 sched=FS own=no");
   const auto in = ref::make_stack_inputs(p, p.schedule());
   CHECK(in[0].ke.data == std::vector<int32_t>{9, 10});  // row t sees keys <= 10 - 2 + t
