@@ -151,6 +151,7 @@ StructureReport structure_tests(const StructureSpec& s, const float* x, const fl
   // folds[m] for m = 128, 64, 32, 16, 8: the bins of column mod m (index 0 holds mod 128).
   std::array<std::array<Sums, 128>, 5> folds;
   for (int pass = 1; pass <= 2; ++pass) {
+    int64_t cluster = 0;  // the index into sm_sums
     for (int64_t r = 0; r < R; ++r)
       for (int64_t h = 0; h < H; ++h)
         for (int64_t c0 = 0; c0 < C; c0 += CC) {
@@ -170,6 +171,11 @@ StructureReport structure_tests(const StructureSpec& s, const float* x, const fl
               for (int j = 0; j < m; ++j) { folds[size_t(f)][size_t(j)] = folds[size_t(f - 1)][size_t(j)]; folds[size_t(f)][size_t(j)].add(folds[size_t(f - 1)][size_t(j + m)]); }
             }
           }
+          if (s.sm_sums) {
+            total.sgg = s.sm_sums[2 * cluster];
+            total.sge = s.sm_sums[2 * cluster + 1];
+          }
+          ++cluster;
           if (total.n == 0) continue;
           if (pass == 2) rep.clusters.push_back({total.n, total.sxx, total.sxe, total.se});
           for (size_t k = 0; k < kinds.size(); ++k) {
@@ -214,7 +220,7 @@ StructureReport structure_tests(const StructureSpec& s, const float* x, const fl
       test("scale", k, g, a.b_scale, a.s.sxx, a.v_scale);
       test("offset", k, g, a.b_off, a.rms * a.rms * a.s.n, a.v_off);
     }
-  if (s.sm_dir) test("sm", 0, 0, acc[0][0].b_sm, acc[0][0].s.sgg, acc[0][0].v_sm);
+  if (s.sm_dir || s.sm_sums) test("sm", 0, 0, acc[0][0].b_sm, acc[0][0].s.sgg, acc[0][0].v_sm);
   rep.tests = std::move(tests);
   std::vector<std::string> kind_names;
   for (const Kind& K : kinds) kind_names.push_back(K.name);
@@ -329,6 +335,20 @@ void finish(StructureReport& rep, const StructureSpec& s, const std::vector<std:
 
 }  // namespace
 
+
+void sm_cluster_sums(const float* x, const float* y, const float* g, int64_t clusters, int64_t cols, double* out) {
+  for (int64_t c = 0; c < clusters; ++c) {
+    double sgg = 0, sge = 0;
+    for (int64_t j = c * cols; j < (c + 1) * cols; ++j) {
+      if (!std::isfinite(x[j]) || !std::isfinite(y[j])) continue;
+      const double gv = g[j];
+      sgg += gv * gv;
+      sge += gv * (double(y[j]) - double(x[j]));
+    }
+    out[2 * c] = sgg;
+    out[2 * c + 1] = sge;
+  }
+}
 
 StructureReport pooled_tests(const StructureSpec& s, const std::vector<ClusterSums>& clusters) {
   StructureReport rep;

@@ -85,6 +85,9 @@ struct StructureSpec {
   std::vector<int64_t> row_ids; // the problem row number of each row, for labels (empty: 0..rows-1)
   double floor = kFloorOut;
   const float* sm_dir = nullptr;  // dx/d(ln sm_scale) per element (whole-tensor test), optional
+  // Or, in its place, what the test reads of it: per cluster (in order) the pair sum g^2, sum g e
+  // over the cluster's finite pairs (sm_cluster_sums), so a caller need not hold the direction whole.
+  const double* sm_sums = nullptr;
   std::string head_word = "head"; // how a head group is named
   std::string scale_meaning = "a normalisation or scale factor";  // what a scale error means here
 };
@@ -122,6 +125,13 @@ struct StructureReport {
 // Runs every test on golden x and candidate y (both rows * heads * cols floats, row-major).
 // Non-finite pairs are left out (compare_floats judges them).
 StructureReport structure_tests(const StructureSpec& spec, const float* x, const float* y);
+
+// The softmax-scale direction's part of the structure tests for `clusters` consecutive clusters of
+// `cols` elements each (x golden, y candidate, g the direction, all clusters * cols floats): out[2c]
+// = sum g^2 and out[2c + 1] = sum g (y - x) over cluster c's pairs with x and y finite, in double,
+// columns ascending. A caller that computes the direction block by block folds each block at once
+// (StructureSpec::sm_sums) instead of holding a float per element.
+void sm_cluster_sums(const float* x, const float* y, const float* g, int64_t clusters, int64_t cols, double* out);
 
 // The whole-tensor scale and offset tests over clusters gathered from several tensors (e.g. every
 // Shared layer's attn.out): spec gives the names and the floor.

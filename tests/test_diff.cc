@@ -328,7 +328,7 @@ TEST_CASE("diff: decode sets — physical indices where logical were expected, a
   CHECK(diagnosed(rb, "are logical kv rows; physical (paged) slots were expected"));
 }
 
-TEST_CASE("diff: I64 positions are read; a value outside int32 fails and the diagnosis shows its real value") {
+TEST_CASE("diff: I64 positions are read, a value outside int32 fails and the diagnosis shows its real value") {
   const golden::Loaded g = golden::read(golden_dir("deepseek-v3.2"));
   const Tensor<int32_t> topk = g.tensor<int32_t>("layers.0.indexer.topk");
   Tensor<int64_t> wide(topk.shape);
@@ -473,7 +473,7 @@ TEST_CASE("diff --svg: the CLI writes the picture with the JSON, and a parser re
   std::filesystem::remove_all(dir);
 }
 
-TEST_CASE("diff: a golden set read lazily judges word for word as one read whole; a tensor changed after the read is refused") {
+TEST_CASE("diff: a golden set read lazily judges word for word as one read whole, a tensor changed after the read is refused") {
   // keep_bytes 0: every non-empty tensor stays in the file and is read (and hashed again) on demand.
   for (const std::string name : {"glm-5.2", "attention-edge", "decode"}) {
     CAPTURE(name);
@@ -484,6 +484,20 @@ TEST_CASE("diff: a golden set read lazily judges word for word as one read whole
     CHECK(lazy.tensor<bf16_t>("layers.0.attn.q").data == whole.tensor<bf16_t>("layers.0.attn.q").data);
     const io::SafetensorsFile c = faithful(whole).file();
     CHECK(diff::judge(lazy, c, {}).text("r") == diff::judge(whole, c, {}).text("r"));
+    // Streamed in pieces (the bounds' pass reads q a block of rows at a time): the same bytes,
+    // every byte required before finish(), none past the end.
+    for (const golden::Loaded* g : {&whole, &lazy}) {
+      const Tensor<bf16_t> q = whole.tensor<bf16_t>("layers.0.attn.q");
+      Tensor<bf16_t> got(q.shape);
+      const size_t bytes = size_t(q.numel()) * 2, half = bytes / 2;
+      golden::Loaded::Stream st(*g, "layers.0.attn.q");
+      st.read(got.ptr(), half);
+      CHECK_THROWS_WITH_AS(golden::Loaded::Stream(*g, "layers.0.attn.q").finish(), doctest::Contains("read 0 of its"), Error);
+      st.read(reinterpret_cast<uint8_t*>(got.ptr()) + half, bytes - half);
+      st.finish();
+      CHECK(got.data == q.data);
+      CHECK_THROWS_WITH_AS(st.read(got.ptr(), 1), doctest::Contains("read past its end"), Error);
+    }
   }
   // A byte flipped in the file after the (verified) read: the lazy load refuses the tensor.
   const std::filesystem::path dir = std::filesystem::temp_directory_path() / ("indexshare-lazy-" + std::to_string(::getpid()));
@@ -496,6 +510,9 @@ TEST_CASE("diff: a golden set read lazily judges word for word as one read whole
     f.put(char(0x55));
   }
   CHECK_THROWS_WITH_AS(g.tensor<bf16_t>("layers.0.attn.q"), doctest::Contains("'layers.0.attn.q': the tensor's bytes do not match field 'sha256'"), Error);
+  // ... and so does the judge, which streams q through the bounds' pass without loading it whole.
+  CHECK_THROWS_WITH_AS(diff::judge(g, faithful(golden::read(golden_dir("glm-5.2"))).file(), {}),
+                       doctest::Contains("'layers.0.attn.q': the tensor's bytes do not match field 'sha256'"), Error);
   CHECK_THROWS_WITH_AS(golden::read(dir.string(), 0), doctest::Contains("do not match field 'sha256'"), Error);
   std::filesystem::remove_all(dir);
 }

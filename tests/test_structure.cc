@@ -158,7 +158,7 @@ TEST_CASE("structure: Student's t tail and quantile match closed forms") {
   CHECK(cmp::t_upper_quantile(1e-9, 9) > cmp::t_upper_quantile(1e-9, 100));
 }
 
-TEST_CASE("structure: rounding noise flags nothing; each planted error is found and named") {
+TEST_CASE("structure: rounding noise flags nothing, each planted error is found and named") {
   for (uint64_t seed : {1, 2, 3}) {
     const Synthetic s(seed);
     const cmp::StructureReport r = cmp::structure_tests(s.spec(), s.x.data(), s.y.data());
@@ -206,6 +206,38 @@ TEST_CASE("structure: rounding noise flags nothing; each planted error is found 
   CHECK(!r.flagged);
 }
 
+TEST_CASE("structure: the softmax-scale direction given whole or as its cluster sums gives the same test") {
+  // diff folds the direction block by block into sm_cluster_sums and never holds it whole: the
+  // "sm" test must read the same from either. A candidate off along the direction is flagged and
+  // estimated the same way; a correct one is flagged by neither.
+  for (const double off : {0.0, 3e-2}) {
+    CAPTURE(off);
+    Synthetic s(11);
+    std::vector<float> g(s.x.size());
+    Xoshiro256 r(12);
+    for (size_t i = 0; i < g.size(); ++i) g[i] = float(double(int64_t(r.below(1u << 20)) - (1 << 19)) / double(1 << 19));
+    for (size_t i = 0; i < g.size(); ++i) s.y[i] = float(double(s.y[i]) + off * double(g[i]));
+    cmp::StructureSpec whole = s.spec();
+    whole.sm_dir = g.data();
+    std::vector<double> sums(size_t(2 * s.R * s.H));
+    cmp::sm_cluster_sums(s.x.data(), s.y.data(), g.data(), s.R * s.H, s.C, sums.data());
+    cmp::StructureSpec folded = s.spec();
+    folded.sm_sums = sums.data();
+    const cmp::StructureReport a = cmp::structure_tests(whole, s.x.data(), s.y.data());
+    const cmp::StructureReport b = cmp::structure_tests(folded, s.x.data(), s.y.data());
+    REQUIRE(a.tests.size() == b.tests.size());
+    for (size_t i = 0; i < a.tests.size(); ++i) {
+      CAPTURE(a.tests[i].stat);
+      CHECK(a.tests[i].flagged == b.tests[i].flagged);
+      CHECK(b.tests[i].b == doctest::Approx(a.tests[i].b).epsilon(1e-9));
+      CHECK(b.tests[i].se == doctest::Approx(a.tests[i].se).epsilon(1e-9));
+    }
+    CHECK(a.tests.back().stat == "sm");
+    CHECK(a.tests.back().flagged == (off != 0));
+    CHECK(a.findings == b.findings);
+  }
+}
+
 TEST_CASE("structure: pooled tests see an error spread over layers") {
   Synthetic s(5);
   s.apply([](int64_t, int64_t, int64_t, double x, double y) { return y + 2e-3 * x; });
@@ -220,7 +252,7 @@ TEST_CASE("structure: pooled tests see an error spread over layers") {
   CHECK(!cmp::pooled_tests(clean.spec(), cmp::structure_tests(clean.spec(), clean.x.data(), clean.y.data()).clusters).flagged);
 }
 
-TEST_CASE("structure: a correct kernel passes; systematic faults on it fail diff with their diagnosis") {
+TEST_CASE("structure: a correct kernel passes, systematic faults on it fail diff with their diagnosis") {
   const Fixture f;
   {
     const diff::Result r = f.judge_with("layers.0.attn.out", f.base.out);

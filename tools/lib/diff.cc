@@ -195,7 +195,7 @@ using LayerData = GoldenLayer;
 
 }  // namespace
 
-GoldenLayer load_golden_layer(const golden::Loaded& g, int l, const ref::Kernels& k) {
+GoldenLayer load_golden_layer(const golden::Loaded& g, int l, const ref::Kernels& k, bool with_q) {
   const json& m = g.manifest;
   const std::string p = "layers." + std::to_string(l) + ".";
   LayerData d;
@@ -225,7 +225,7 @@ GoldenLayer load_golden_layer(const golden::Loaded& g, int l, const ref::Kernels
     // d.logits_rule (the per-element logits bound, O(s_q s_kv H D)) is computed in judge, and only
     // when the candidate holds logits: for a sampled 1M-key set it costs minutes.
   }
-  d.q = g.tensor<bf16_t>(p + "attn.q");
+  if (with_q) d.q = g.tensor<bf16_t>(p + "attn.q");
   d.kv = g.tensor<bf16_t>(p + "attn.kv");
   d.indices = g.tensor<int32_t>(p + "attn.indices");
   if (g.find(p + "attn.topk_length")) d.topk_length = g.tensor<int32_t>(p + "attn.topk_length");
@@ -239,20 +239,82 @@ GoldenLayer load_golden_layer(const golden::Loaded& g, int l, const ref::Kernels
 namespace {
 
 // The attention a layer would compute over `indices`, with its bounds and budget (with_sm: and the
-// softmax-scale direction of the structure tests, from the bounds' pass).
+// softmax-scale direction of the structure tests, from the bounds' pass: sm_lse whole, and that of
+// out as its (row, head) sums against the candidate's out, sm_out_sums; see bounds_sm_by_blocks).
 struct Expected {
   ref::AttentionOut attn;
   cmp::AttentionBounds bounds;
+  std::vector<double> sm_out_sums;
   double budget = -1;
 };
-Expected expected_attention(const LayerData& d, const Tensor<int32_t>& indices, float sm, int64_t d_v,
-                            const ref::Kernels& k, bool with_sm = false) {
+
+// The bounds' pass with the softmax-scale direction (attention_bounds_sm) over blocks of query
+// rows, so that the direction of out (a float per element, as large as the output) is never held
+// whole: each block's is folded at once into its (row, head) sums against the candidate's out `co`
+// (cmp::sm_cluster_sums), which is all the structure tests read of it; without `co` it is dropped.
+// Every row's bounds depend on that row alone, so they are the bits of one call over every row.
+// When the layer's q is not loaded (d.q empty) it is read from the set a block at a time as well
+// (golden::Loaded::Stream, its SHA-256 checked at the end). Blocks of about 2 MiB of output (at
+// least 8 rows) keep the temporaries small.
+void bounds_sm_by_blocks(const ref::Kernels& k, const golden::Loaded& g, const LayerData& d, const Tensor<int32_t>& indices,
+                         float sm, int64_t d_v, const ref::AttentionOut& exact, const Tensor<float>* co, Expected& e) {
+  const std::string qname = "layers." + std::to_string(d.l) + ".attn.q";
+  const io::TensorView& qv = g.get(qname);
+  const int64_t s_q = qv.shape[0], h_q = qv.shape[1], d_qk = qv.shape[2], topk = indices.dim(2);
+  std::optional<golden::Loaded::Stream> qs;
+  Tensor<bf16_t> qbuf;
+  if (d.q.numel() == 0) qs.emplace(g, qname);
+  const Tensor<int32_t>* tl = d.topk_length.numel() ? &d.topk_length : nullptr;
+  const Tensor<float>* sink = d.sink ? &*d.sink : nullptr;
+  const int64_t per_row = std::max<int64_t>(1, h_q * d_v), rows = std::max<int64_t>(8, (int64_t(2) << 20) / (4 * per_row));
+  cmp::AttentionBounds& b = e.bounds;
+  b.out.assign(size_t(s_q * per_row), 0.0f);
+  b.lse.assign(size_t(s_q * h_q), 0.0f);
+  b.max_logits.assign(size_t(s_q * h_q), 0.0f);
+  b.sm_lse.assign(size_t(s_q * h_q), 0.0f);
+  b.sm_out.clear();
+  e.sm_out_sums.assign(co ? size_t(2 * s_q * h_q) : 0, 0.0);
+  for (int64_t r0 = 0; r0 < s_q; r0 += rows) {
+    const int64_t n = std::min(rows, s_q - r0);
+    if (qs) {
+      qbuf.shape = {n, h_q, d_qk};
+      qbuf.data.resize(size_t(n * h_q * d_qk));
+      qs->read(qbuf.ptr(), qbuf.data.size() * sizeof(bf16_t));
+    }
+    const BorrowedTensor<bf16_t> q({n, h_q, d_qk}, qs ? qbuf.ptr() : d.q.ptr() + r0 * h_q * d_qk);
+    const BorrowedTensor<int32_t> ix({n, 1, topk}, indices.ptr() + r0 * topk);
+    std::optional<BorrowedTensor<int32_t>> len;
+    if (tl) len.emplace(Shape{n}, tl->ptr() + r0);
+    auto slice = [&](const Tensor<float>& t, int64_t w) {
+      Tensor<float> o({n, h_q, w});
+      std::copy(t.ptr() + r0 * h_q * w, t.ptr() + (r0 + n) * h_q * w, o.ptr());
+      if (w == 1) o.shape = {n, h_q};
+      return o;
+    };
+    ref::AttentionOut x;
+    x.out = slice(exact.out, d_v);
+    x.lse = slice(exact.lse, 1);
+    x.max_logits = slice(exact.max_logits, 1);
+    const cmp::AttentionBounds bb = k.attention_bounds_sm(q, d.kv, ix, sm, d_v, len ? &len->get() : nullptr, sink, x);
+    std::copy(bb.out.begin(), bb.out.end(), b.out.begin() + r0 * per_row);
+    std::copy(bb.lse.begin(), bb.lse.end(), b.lse.begin() + r0 * h_q);
+    std::copy(bb.max_logits.begin(), bb.max_logits.end(), b.max_logits.begin() + r0 * h_q);
+    std::copy(bb.sm_lse.begin(), bb.sm_lse.end(), b.sm_lse.begin() + r0 * h_q);
+    if (co)
+      cmp::sm_cluster_sums(x.out.ptr(), co->ptr() + r0 * per_row, bb.sm_out.data(), n * h_q, d_v, e.sm_out_sums.data() + 2 * r0 * h_q);
+  }
+  if (qs) qs->finish();
+}
+
+// d.q must be loaded.
+Expected expected_attention(const golden::Loaded& g, const LayerData& d, const Tensor<int32_t>& indices, float sm, int64_t d_v,
+                            const ref::Kernels& k, bool with_sm = false, const Tensor<float>* co = nullptr) {
   const Tensor<int32_t>* tl = d.topk_length.numel() ? &d.topk_length : nullptr;
   const Tensor<float>* sink = d.sink ? &*d.sink : nullptr;
   Expected e;
   e.attn = k.sparse_attention(d.q, d.kv, indices, sm, d_v, tl, sink);
-  e.bounds = with_sm ? k.attention_bounds_sm(d.q, d.kv, indices, sm, d_v, tl, sink, e.attn)
-                     : k.attention_bounds(d.q, d.kv, indices, sm, d_v, tl, e.attn);
+  if (with_sm) bounds_sm_by_blocks(k, g, d, indices, sm, d_v, e.attn, co, e);
+  else e.bounds = k.attention_bounds(d.q, d.kv, indices, sm, d_v, tl, e.attn);
   // The golden's own budget rule (ref/compare.h budget_rows: every row, or a subset of large sets).
   e.budget = cmp::attention_budget(
       cmp::attention_budget_parts_set(k.emulate_attention_lowp, d.q, d.kv, indices, sm, d_v, tl, sink, e.attn.out));
@@ -379,8 +441,8 @@ std::optional<SwappedRope> swapped_rope_dump(const golden::Loaded& g, const io::
 // sequence starts ks of a layer with an indexer; empty when unknown or one sequence.
 std::vector<int64_t> row_sequences(const golden::Loaded& g, int64_t s_q, const Tensor<int32_t>* ks) {
   std::vector<int64_t> seq;
-  if (const io::TensorView* v = g.find("cu_seqlens_q")) {
-    const Tensor<int32_t> cu = io::as_tensor<int32_t>(*v, g.dir);
+  if (g.find("cu_seqlens_q")) {
+    const Tensor<int32_t> cu = g.tensor<int32_t>("cu_seqlens_q");
     if (cu.numel() <= 2) return {};
     seq.assign(size_t(s_q), 0);
     for (int64_t i = 0; i + 1 < cu.numel(); ++i)
@@ -414,8 +476,8 @@ void pool(std::map<std::string, std::pair<int, std::vector<cmp::ClusterSums>>>& 
 // Rows of a sampled set carry their problem row numbers (labels only).
 std::vector<int64_t> row_ids(const golden::Loaded& g) {
   std::vector<int64_t> ids;
-  if (const io::TensorView* v = g.find("rows")) {
-    const Tensor<int32_t> r = io::as_tensor<int32_t>(*v, g.dir);
+  if (g.find("rows")) {
+    const Tensor<int32_t> r = g.tensor<int32_t>("rows");
     ids.assign(r.data.begin(), r.data.end());
   }
   return ids;
@@ -535,10 +597,16 @@ class Judge {
   const LayerData& layer(int l) {
     if (!loaded_[size_t(l)]) {
       const phases::Scope load("load golden layers (and logits not stored)");
-      data_[size_t(l)] = load_golden_layer(g_, l, k_);
+      data_[size_t(l)] = load_golden_layer(g_, l, k_, false);  // q on demand (q_of)
       loaded_[size_t(l)] = true;
     }
     return data_[size_t(l)];
+  }
+  // The layer with its q (load_golden_layer leaves it out: the passing path streams it).
+  const LayerData& with_q(int l) {
+    const LayerData& d = layer(l);
+    if (d.q.numel() == 0) data_[size_t(l)].q = g_.tensor<bf16_t>(name(l, "attn.q"));
+    return d;
   }
   bool has(int l, const std::string& n) const { return c_.find(name(l, n)) != nullptr; }
   // The candidate's tensor `n` alone, its bytes read from the file, when the index left them
@@ -599,7 +667,7 @@ class Judge {
   void judge_attention(const LayerData& d, const std::string& P, const UsedIndices& used, io::DiffPanel& panel);
   cmp::Verdict structured(AttnCtx& a, const std::string& tensor, const Tensor<float>& expected, const Tensor<float>& got,
                           const cmp::FloatRule& rule, cmp::StructureSpec spec);
-  void judge_out(AttnCtx& a, io::DiffPanel& panel);
+  void judge_out(AttnCtx& a, const Tensor<float>& co, io::DiffPanel& panel);
   void out_hypotheses(AttnCtx& a, const Tensor<float>& co);
   void judge_lse(AttnCtx& a);
   void judge_model_out(const LayerData& d, const std::string& P, const UsedIndices& used, io::DiffPanel& panel);
@@ -957,6 +1025,11 @@ void Judge::judge_attention(const LayerData& d, const std::string& P, const Used
   const int l = d.l;
   // The softmax-scale direction of the structure tests (out and lse) comes from the bounds' pass.
   const bool with_sm = has(l, "attn.out") || has(l, "attn.lse");
+  // The candidate's out first: the bounds' pass folds the softmax-scale direction against it.
+  phases::begin("attention: the candidate's out");
+  Tensor<float> co;
+  if (has(l, "attn.out")) co = cand_float(name(l, "attn.out"), {s_q_, h_q_, d_v_});
+  const Tensor<float>* cop = co.numel() ? &co : nullptr;
   phases::begin("attention: expected outputs and bounds");
   Expected e;
   if (used.note.empty()) {  // the golden's own outputs, bounds and budget
@@ -965,12 +1038,12 @@ void Judge::judge_attention(const LayerData& d, const std::string& P, const Used
     e.attn.lse = std::move(data_[size_t(l)].lse);
     e.attn.max_logits = std::move(data_[size_t(l)].max_logits);
     const Tensor<int32_t>* tl = d.topk_length.numel() ? &d.topk_length : nullptr;
-    e.bounds = with_sm ? k_.attention_bounds_sm(d.q, d.kv, d.indices, sm_, d_v_, tl, d.sink ? &*d.sink : nullptr, e.attn)
-                       : k_.attention_bounds(d.q, d.kv, d.indices, sm_, d_v_, tl, e.attn);
+    if (with_sm) bounds_sm_by_blocks(k_, g_, d, d.indices, sm_, d_v_, e.attn, cop, e);
+    else e.bounds = k_.attention_bounds(with_q(l).q, d.kv, d.indices, sm_, d_v_, tl, e.attn);
     const json& b = m_["budgets"];
     e.budget = b.contains(name(l, "attn.out")) ? b[name(l, "attn.out")]["budget_max_abs"].get<double>() : -1;
   } else {
-    e = expected_attention(d, used.indices, sm_, d_v_, k_, with_sm);
+    e = expected_attention(g_, with_q(l), used.indices, sm_, d_v_, k_, with_sm, cop);
   }
   // Memory: q (the size of the output at d_qk 576, d_v 512) is read again only by a failure's
   // hypotheses (out_hypotheses reloads it); the passing path holds out, bound, direction and
@@ -981,7 +1054,7 @@ void Judge::judge_attention(const LayerData& d, const std::string& P, const Used
   a.seqs = row_sequences(g_, s_q_, d.has_indexer ? &d.ks : layer(d.source).has_indexer ? &layer(d.source).ks : nullptr);
   a.lse_abs = kFlashMlaLseAbs * std::max(1.0, cmp::rms_finite(a.e.attn.max_logits));
   phases::begin("attention: compare and structure tests");
-  if (has(l, "attn.out")) judge_out(a, panel);
+  if (has(l, "attn.out")) judge_out(a, co, panel);
   if (has(l, "attn.lse")) judge_lse(a);
   if (has(l, "attn.max_logits")) judge_max_logits(a);
 }
@@ -1000,8 +1073,7 @@ cmp::Verdict Judge::structured(AttnCtx& a, const std::string& tensor, const Tens
   return v;
 }
 
-void Judge::judge_out(AttnCtx& a, io::DiffPanel& panel) {
-  const Tensor<float> co = cand_float(name(a.d.l, "attn.out"), {s_q_, h_q_, d_v_});
+void Judge::judge_out(AttnCtx& a, const Tensor<float>& co, io::DiffPanel& panel) {
   cmp::FloatRule rule = bound_rule(std::move(a.e.bounds.out), a.e.budget);
   const double scale = std::max(1.0, rms_v(a.d.kv, d_v_) / kFlashMlaDataRms);
   rule.anchor_abs = (decode_ ? kFlashMlaDecodeOutAbs : kFlashMlaOutAbs) * scale;
@@ -1009,7 +1081,8 @@ void Judge::judge_out(AttnCtx& a, io::DiffPanel& panel) {
   rule.anchor_name = decode_ ? "FlashMLA's decode check_is_allclose" : "FlashMLA's prefill check_is_allclose";
   rule.metric_max = decode_ ? kFlashMlaDecodeOutCos : kFlashMlaOutCos;
   rule.metric_name = decode_ ? "(FlashMLA's decode cos_diff_tol)" : "(FlashMLA's prefill cos_diff_tol)";
-  cmp::StructureSpec spec = out_spec(d_v_, a.e.bounds.sm_out.data());
+  cmp::StructureSpec spec = out_spec(d_v_, nullptr);
+  spec.sm_sums = a.e.sm_out_sums.data();
   panel.rows = s_q_;
   panel.heads = h_q_;
   panel.ratio = out_ratios(a.e.attn.out, co, rule.bound, d_v_);
@@ -1019,19 +1092,19 @@ void Judge::judge_out(AttnCtx& a, io::DiffPanel& panel) {
 // A failing attn.out: another Full layer's positions, a Shared layer's fresh top-k, no sink.
 void Judge::out_hypotheses(AttnCtx& a, const Tensor<float>& co) {
   const LayerData& d = a.d;
-  if (d.q.numel() == 0) data_[size_t(d.l)].q = g_.tensor<bf16_t>(name(d.l, "attn.q"));  // released by judge_attention
+  with_q(d.l);  // released by judge_attention
   const Tensor<int32_t>* tl = d.topk_length.numel() ? &d.topk_length : nullptr;
   for (int j = 0; j < n_layers_; ++j) {
     if (j == d.source) continue;
     const LayerData& o = layer(j);
     if (!o.full) continue;
-    const Expected x = expected_attention(d, o.indices, sm_, d_v_, k_);
+    const Expected x = expected_attention(g_, d, o.indices, sm_, d_v_, k_);
     if (passes(cmp::compare_floats("", x.attn.out, co, bound_rule(x.bounds.out))))
       res.diagnoses.push_back(a.P + ": attn.out is the attention over Full layer " + std::to_string(j) + "'s positions instead of layer " +
                               std::to_string(d.source) + "'s");
   }
   if (!d.full && d.has_indexer) {
-    const Expected x = expected_attention(d, ref::local_to_kv_rows(d.topk, d.ks), sm_, d_v_, k_);
+    const Expected x = expected_attention(g_, d, ref::local_to_kv_rows(d.topk, d.ks), sm_, d_v_, k_);
     if (passes(cmp::compare_floats("", x.attn.out, co, bound_rule(x.bounds.out))))
       res.diagnoses.push_back(a.P + ": attn.out is the attention over the layer's own fresh top-k (a Shared layer that recomputes)");
   }
@@ -1100,6 +1173,7 @@ void Judge::judge_max_logits(AttnCtx& a) {
 // attn.out (clusters (row, head), the softmax-scale direction mapped through W_uv too).
 void Judge::judge_model_out(const LayerData& d, const std::string& P, const UsedIndices& used, io::DiffPanel& panel) {
   const int l = d.l;
+  with_q(l);
   const std::string mo = name(l, "attn.model_out");
   require(candidate_is_dump(), c_.source + ": " + mo + ": only a model dump (python -m indexshare.dump, format " +
                                    golden::kDumpFormat + ") carries a model's own attention");

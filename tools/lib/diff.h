@@ -100,7 +100,8 @@ struct GoldenLayer {
   std::optional<Tensor<float>> sink;
   Tensor<float> out, lse, max_logits;
 };
-GoldenLayer load_golden_layer(const golden::Loaded& g, int l, const ref::Kernels& k = {});
+// with_q false leaves q empty (diff reads it on demand, or streams it through the bounds' pass).
+GoldenLayer load_golden_layer(const golden::Loaded& g, int l, const ref::Kernels& k = {}, bool with_q = true);
 
 // A candidate's float tensor (F32 or BF16) and integer positions (I32 or I64; I64 values outside
 // int32 are clamped and named in `diagnoses`), shape-checked; Error (exit 2) naming the file and

@@ -1833,6 +1833,29 @@ void Loaded::load(const std::string& name, void* dst, size_t n) const {
                 "(the golden set is tampered or corrupted)");
 }
 
+Loaded::Stream::Stream(const Loaded& g, const std::string& name) : g_(g), name_(name), v_(g.get(name)) {
+  size_ = uint64_t(shape_numel(v_.shape)) * io::dtype_size(v_.dtype);
+}
+
+void Loaded::Stream::read(void* dst, size_t n) {
+  require(done_ + n <= size_, g_.dir + "/" + kTensorFile + ": tensor '" + name_ + "': read past its end");
+  if (g_.lazy.count(name_)) {
+    io::read_file_range(g_.dir + "/" + kTensorFile, g_.lazy.at(name_).offset + done_, dst, n);
+    sha_.update(dst, n);
+  } else {
+    std::memcpy(dst, v_.bytes.data() + done_, n);
+  }
+  done_ += n;
+}
+
+void Loaded::Stream::finish() {
+  require(done_ == size_, g_.dir + "/" + kTensorFile + ": tensor '" + name_ + "': read " + std::to_string(done_) + " of its " +
+                              std::to_string(size_) + " bytes");
+  if (g_.lazy.count(name_) && sha_.hex() != g_.lazy.at(name_).sha256)
+    throw Error(g_.dir + "/manifest.json: tensor '" + name_ + "': the tensor's bytes do not match field 'sha256' "
+                "(the golden set is tampered or corrupted)");
+}
+
 Loaded read(const std::string& dir, uint64_t keep_bytes) {
   Loaded g;
   g.dir = dir;

@@ -248,6 +248,24 @@ struct Loaded {
   }
   // The bytes of lazy tensor `name` into dst (n bytes), checked against the manifest's SHA-256.
   void load(const std::string& name, void* dst, size_t n) const;
+
+  // A tensor's bytes read front to back in pieces (diff's bounds' pass reads q a block of rows at a
+  // time, never holding it whole): read(dst, n) gives the next n bytes; finish() checks that every
+  // byte was read and, for a lazy tensor, that they match the manifest's SHA-256 (Error otherwise:
+  // a caller publishes nothing it computed before finish()).
+  class Stream {
+   public:
+    Stream(const Loaded& g, const std::string& name);
+    void read(void* dst, size_t n);
+    void finish();
+
+   private:
+    const Loaded& g_;
+    std::string name_;
+    const io::TensorView& v_;
+    uint64_t done_ = 0, size_ = 0;
+    io::Sha256 sha_;
+  };
 };
 // Reads and verifies a golden set: manifest fields, every tensor's presence, dtype, shape and
 // SHA-256. Errors name the file and the field. keep_bytes: tensors above it are verified (streamed

@@ -634,33 +634,26 @@ void write_safetensors(const std::string& path, const std::vector<TensorView>& t
 
 // ---- hashes ------------------------------------------------------------------------------------
 
-namespace {
+Sha256::Sha256() : ctx_(EVP_MD_CTX_new(), EVP_MD_CTX_free) {
+  if (!ctx_ || EVP_DigestInit_ex(ctx_.get(), EVP_sha256(), nullptr) != 1) throw Error("sha256: OpenSSL EVP initialisation failed");
+}
 
-struct Sha256 {
-  std::unique_ptr<EVP_MD_CTX, void (*)(EVP_MD_CTX*)> ctx{EVP_MD_CTX_new(), EVP_MD_CTX_free};
-  Sha256() {
-    if (!ctx || EVP_DigestInit_ex(ctx.get(), EVP_sha256(), nullptr) != 1)
-      throw Error("sha256: OpenSSL EVP initialisation failed");
-  }
-  void update(const void* data, size_t n) {
-    if (n != 0 && EVP_DigestUpdate(ctx.get(), data, n) != 1)
-      throw Error("sha256: OpenSSL update failed");
-  }
-  std::string hex() {
-    unsigned char md[EVP_MAX_MD_SIZE];
-    unsigned int len = 0;
-    if (EVP_DigestFinal_ex(ctx.get(), md, &len) != 1) throw Error("sha256: OpenSSL final failed");
-    static const char digits[] = "0123456789abcdef";
-    std::string s;
-    for (unsigned int i = 0; i < len; ++i) {
-      s += digits[md[i] >> 4];
-      s += digits[md[i] & 15];
-    }
-    return s;
-  }
-};
+void Sha256::update(const void* data, size_t n) {
+  if (n != 0 && EVP_DigestUpdate(ctx_.get(), data, n) != 1) throw Error("sha256: OpenSSL update failed");
+}
 
-}  // namespace
+std::string Sha256::hex() {
+  unsigned char md[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  if (EVP_DigestFinal_ex(ctx_.get(), md, &len) != 1) throw Error("sha256: OpenSSL final failed");
+  static const char digits[] = "0123456789abcdef";
+  std::string s;
+  for (unsigned int i = 0; i < len; ++i) {
+    s += digits[md[i] >> 4];
+    s += digits[md[i] & 15];
+  }
+  return s;
+}
 
 std::string sha256_hex(const uint8_t* data, size_t n) {
   Sha256 h;

@@ -38,6 +38,9 @@
 #include <vector>
 
 #include "ref/error.h"
+
+struct evp_md_ctx_st;  // OpenSSL's EVP_MD_CTX
+typedef struct evp_md_ctx_st EVP_MD_CTX;
 #include "ref/tensor.h"
 
 namespace indexshare::io {
@@ -175,6 +178,17 @@ std::string encode_header(const std::string& path, const std::vector<TensorSpec>
 // valid UTF-8) and on any OS error (with strerror); the temporary file is removed on failure.
 void write_safetensors(const std::string& path, const std::vector<TensorView>& tensors,
                        const std::map<std::string, std::string>& metadata = {});
+
+// SHA-256 fed piece by piece (OpenSSL EVP): update() in order, then hex() once.
+class Sha256 {
+ public:
+  Sha256();
+  void update(const void* data, size_t n);
+  std::string hex();  // lower-case hex of everything fed
+
+ private:
+  std::unique_ptr<EVP_MD_CTX, void (*)(EVP_MD_CTX*)> ctx_;
+};
 
 // Lower-case hex SHA-256 (OpenSSL EVP).
 std::string sha256_hex(const uint8_t* data, size_t n);
