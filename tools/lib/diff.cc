@@ -254,8 +254,8 @@ struct Expected {
 // (cmp::sm_cluster_sums), which is all the structure tests read of it; without `co` it is dropped.
 // Every row's bounds depend on that row alone, so they are the bits of one call over every row.
 // When the layer's q is not loaded (d.q empty) it is read from the set a block at a time as well
-// (golden::Loaded::Stream, its SHA-256 checked at the end). Blocks of about 2 MiB of output (at
-// least 8 rows) keep the temporaries small.
+// (golden::Loaded::Stream, its SHA-256 checked at the end). Blocks of 1 MiB of output (and at least
+// 16 rows, so the kernel's threads share each block) keep the temporaries small.
 void bounds_sm_by_blocks(const ref::Kernels& k, const golden::Loaded& g, const LayerData& d, const Tensor<int32_t>& indices,
                          float sm, int64_t d_v, const ref::AttentionOut& exact, const Tensor<float>* co, Expected& e) {
   const std::string qname = "layers." + std::to_string(d.l) + ".attn.q";
@@ -266,7 +266,7 @@ void bounds_sm_by_blocks(const ref::Kernels& k, const golden::Loaded& g, const L
   if (d.q.numel() == 0) qs.emplace(g, qname);
   const Tensor<int32_t>* tl = d.topk_length.numel() ? &d.topk_length : nullptr;
   const Tensor<float>* sink = d.sink ? &*d.sink : nullptr;
-  const int64_t per_row = std::max<int64_t>(1, h_q * d_v), rows = std::max<int64_t>(8, (int64_t(2) << 20) / (4 * per_row));
+  const int64_t per_row = std::max<int64_t>(1, h_q * d_v), rows = std::max<int64_t>(16, (int64_t(1) << 20) / (4 * per_row));
   cmp::AttentionBounds& b = e.bounds;
   b.out.assign(size_t(s_q * per_row), 0.0f);
   b.lse.assign(size_t(s_q * h_q), 0.0f);
@@ -561,6 +561,10 @@ class Judge {
 
   std::set<int> candidate_layers(const std::set<int>& wanted) const;
   void judge_layer(int l);
+  void judge_layers(const std::set<int>& layers) {
+    judged_ = layers;
+    for (int l : judged_) judge_layer(l);
+  }
   void judge_by_role();
   void judge_pooled();
   Result res;
@@ -690,6 +694,20 @@ class Judge {
   RoleLayers roles_;
   std::vector<LayerData> data_;  // sized once: references into it stay valid
   std::vector<bool> loaded_;
+  std::set<int> judged_;  // the layers judge_file judges, in order
+
+  // A layer's logits are read by its own top-k and indices checks and by the indices checks of the
+  // layers whose source it is: once the last of those is past (every layer after `l` neither is it
+  // nor reads it), they are freed (at sq1024 hq16 they are 4 MiB of diff's peak).
+  void release_logits_after(int l) {
+    for (int x = 0; x < n_layers_; ++x) {
+      if (!loaded_[size_t(x)] || data_[size_t(x)].logits.numel() == 0) continue;
+      bool needed = false;
+      for (auto it = judged_.upper_bound(l); it != judged_.end() && !needed; ++it)
+        needed = *it == x || m_["layers"][size_t(*it)]["source"].get<int>() == x;
+      if (!needed) data_[size_t(x)].logits = Tensor<float>();
+    }
+  }
 };
 
 // Every candidate tensor must be a judged name of an existing layer; --layers must be held.
@@ -744,6 +762,7 @@ void Judge::judge_layer(int l) {
   UsedIndices used{d.indices, ""};
   if (has(l, "attn.indices")) used = judge_indices(d, P, panel);
   if (has(l, "attn.indices_physical")) judge_physical(d, P);
+  release_logits_after(l);
   if (has(l, "attn.model_out")) judge_model_out(d, P, used, panel);
   if (has(l, "attn.out") || has(l, "attn.lse") || has(l, "attn.max_logits")) judge_attention(d, P, used, panel);
   finish_panel(res, std::move(panel), P, diagnoses0, tensors0);
@@ -1376,7 +1395,7 @@ namespace {
 Result judge_file(const golden::Loaded& g, const io::SafetensorsFile& c, const std::set<int>& wanted, const ref::Kernels& k,
                   const io::SafetensorsIndex* lazy, const std::string& path) {
   Judge j(g, c, k, lazy, path);
-  for (int l : j.candidate_layers(wanted)) j.judge_layer(l);
+  j.judge_layers(j.candidate_layers(wanted));
   const size_t across0 = j.res.diagnoses.size();
   phases::begin("across layers");
   j.judge_by_role();
