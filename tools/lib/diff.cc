@@ -254,8 +254,9 @@ struct Expected {
 // (cmp::sm_cluster_sums), which is all the structure tests read of it; without `co` it is dropped.
 // Every row's bounds depend on that row alone, so they are the bits of one call over every row.
 // When the layer's q is not loaded (d.q empty) it is read from the set a block at a time as well
-// (golden::Loaded::Stream, its SHA-256 checked at the end). Blocks of 1 MiB of output (and at least
-// 16 rows, so the kernel's threads share each block) keep the temporaries small.
+// (golden::Loaded::Stream, its SHA-256 checked at the end). Blocks of 1/32 of the output or 1 MiB,
+// whichever is larger (and at least 16 rows, so the kernel's threads share each block), keep the
+// temporaries small and the blocks few (each call forks the threads and scans kv's exponents).
 void bounds_sm_by_blocks(const ref::Kernels& k, const golden::Loaded& g, const LayerData& d, const Tensor<int32_t>& indices,
                          float sm, int64_t d_v, const ref::AttentionOut& exact, const Tensor<float>* co, Expected& e) {
   const std::string qname = "layers." + std::to_string(d.l) + ".attn.q";
@@ -266,7 +267,7 @@ void bounds_sm_by_blocks(const ref::Kernels& k, const golden::Loaded& g, const L
   if (d.q.numel() == 0) qs.emplace(g, qname);
   const Tensor<int32_t>* tl = d.topk_length.numel() ? &d.topk_length : nullptr;
   const Tensor<float>* sink = d.sink ? &*d.sink : nullptr;
-  const int64_t per_row = std::max<int64_t>(1, h_q * d_v), rows = std::max<int64_t>(16, (int64_t(1) << 20) / (4 * per_row));
+  const int64_t per_row = std::max<int64_t>(1, h_q * d_v), rows = std::max<int64_t>(16, std::max<int64_t>(int64_t(1) << 20, 4 * s_q * per_row / 32) / (4 * per_row));
   cmp::AttentionBounds& b = e.bounds;
   b.out.assign(size_t(s_q * per_row), 0.0f);
   b.lse.assign(size_t(s_q * h_q), 0.0f);
