@@ -36,11 +36,14 @@ int cmd_diff(const DiffArgs& a) {
   // Tensors above 1 MiB stay in the file (verified now, read when the judge needs them, layer by
   // layer, and freed after it): the golden set is never held whole beside the candidate.
   phases::begin("read (golden verified, candidate index)");
-  const golden::Loaded g = golden::read(a.golden, diff::kGoldenKeepBytes);
+  // Each tensor above 1 MiB is hashed once: when the judge reads it, or by verify_rest below.
+  const golden::Loaded g = golden::read(a.golden, diff::kGoldenKeepBytes, true);
   const io::SafetensorsIndex c = io::read_safetensors_index(a.candidate, diff::kCandidateKeepBytes);
   const bool use_simd = diff_uses_simd(a);
   const diff::Result r = diff::judge(g, c, a.candidate, a.layers.empty() ? std::set<int>{} : diff::parse_layers(a.layers),
                                      use_simd ? simd::kernels() : ref::Kernels{});
+  phases::begin("verify (the golden tensors the judge did not read)");
+  g.verify_rest();  // before anything is reported: a tampered set is exit 2 whichever tensor it is
   phases::begin("report");
   std::string replay = "indexshare diff --golden " + a.golden + " --candidate " + a.candidate;
   if (!a.layers.empty()) replay += " --layers " + a.layers;

@@ -1180,14 +1180,17 @@ namespace {
 // The SHA-256 of each tensor, tensors in parallel (OpenMP); an error is rethrown on this thread.
 // With a file: a tensor whose bytes are not in memory (fewer than sizes[i]) is hashed from the file
 // range [offsets[i], offsets[i] + sizes[i]).
+// skip_file: tensors left in the file are not hashed (their hash stays "").
 std::vector<std::string> sha256_all(const std::vector<io::TensorView>& tensors, const std::string& file = "",
-                                    const std::vector<uint64_t>& offsets = {}, const std::vector<uint64_t>& sizes = {}) {
+                                    const std::vector<uint64_t>& offsets = {}, const std::vector<uint64_t>& sizes = {},
+                                    bool skip_file = false) {
   std::vector<std::string> hashes(tensors.size());
   std::exception_ptr err;
 #pragma omp parallel for schedule(dynamic, 1)
   for (size_t i = 0; i < tensors.size(); ++i) {
     try {
       const io::TensorView& v = tensors[i];
+      if (skip_file && !sizes.empty() && v.bytes.size() != sizes[i]) continue;
       hashes[i] = !sizes.empty() && v.bytes.size() != sizes[i] ? io::sha256_file_range(file, offsets[i], sizes[i])
                                                                : io::sha256_hex(v.bytes.data(), v.bytes.size());
     } catch (...) {
@@ -1831,6 +1834,31 @@ void Loaded::load(const std::string& name, void* dst, size_t n) const {
   if (io::sha256_hex(static_cast<const uint8_t*>(dst), n) != e.sha256)
     throw Error(dir + "/manifest.json: tensor '" + name + "': the tensor's bytes do not match field 'sha256' "
                 "(the golden set is tampered or corrupted)");
+  unverified.erase(name);
+}
+
+void Loaded::verify_rest() const {
+  const std::vector<std::string> rest(unverified.begin(), unverified.end());
+  std::vector<std::string> hashes(rest.size());
+  std::exception_ptr err;
+#pragma omp parallel for schedule(dynamic, 1)
+  for (size_t i = 0; i < rest.size(); ++i) {
+    try {
+      const io::TensorView& v = get(rest[i]);
+      hashes[i] = io::sha256_file_range(dir + "/" + kTensorFile, lazy.at(rest[i]).offset,
+                                        uint64_t(shape_numel(v.shape)) * io::dtype_size(v.dtype));
+    } catch (...) {
+#pragma omp critical(indexshare_verify_rest)
+      if (!err) err = std::current_exception();
+    }
+  }
+  if (err) std::rethrow_exception(err);
+  for (size_t i = 0; i < rest.size(); ++i) {
+    if (hashes[i] != lazy.at(rest[i]).sha256)
+      throw Error(dir + "/manifest.json: tensor '" + rest[i] + "': the tensor's bytes do not match field 'sha256' "
+                  "(the golden set is tampered or corrupted)");
+    unverified.erase(rest[i]);
+  }
 }
 
 Loaded::Stream::Stream(const Loaded& g, const std::string& name) : g_(g), name_(name), v_(g.get(name)) {
@@ -1854,9 +1882,10 @@ void Loaded::Stream::finish() {
   if (g_.lazy.count(name_) && sha_.hex() != g_.lazy.at(name_).sha256)
     throw Error(g_.dir + "/manifest.json: tensor '" + name_ + "': the tensor's bytes do not match field 'sha256' "
                 "(the golden set is tampered or corrupted)");
+  g_.unverified.erase(name_);
 }
 
-Loaded read(const std::string& dir, uint64_t keep_bytes) {
+Loaded read(const std::string& dir, uint64_t keep_bytes, bool defer_hashes) {
   Loaded g;
   g.dir = dir;
   const std::string mpath = dir + "/manifest.json";
@@ -1883,7 +1912,7 @@ Loaded read(const std::string& dir, uint64_t keep_bytes) {
     const io::TensorView& v = g.data.tensors[i];
     sizes[i] = uint64_t(shape_numel(v.shape)) * io::dtype_size(v.dtype);
   }
-  const std::vector<std::string> hashes = sha256_all(g.data.tensors, dir + "/" + kTensorFile, index.offsets, sizes);
+  const std::vector<std::string> hashes = sha256_all(g.data.tensors, dir + "/" + kTensorFile, index.offsets, sizes, defer_hashes);
   std::map<std::string, size_t> seen;
   for (size_t i = 0; i < tensors.size(); ++i) {
     const json& t = tensors[i];
@@ -1913,10 +1942,17 @@ Loaded read(const std::string& dir, uint64_t keep_bytes) {
       throw Error(where + " ('" + name + "'): shape " + shape_str(shape) + " in the manifest, " +
                   shape_str(v->shape) + " in the file");
     const size_t vi = size_t(v - g.data.tensors.data());
+    const bool lazy = v->bytes.size() != sizes[vi];
+    if (lazy && defer_hashes) {  // checked when read (load, Stream) or by verify_rest
+      const std::string& want = t["sha256"].get<std::string>();
+      g.lazy[name] = {index.offsets[vi], want};
+      g.unverified.insert(name);
+      continue;
+    }
     if (hashes[vi] != t["sha256"].get<std::string>())
       throw Error(where + " ('" + name + "'): the tensor's bytes do not match field 'sha256' "
                   "(the golden set is tampered or corrupted)");
-    if (v->bytes.size() != sizes[vi]) g.lazy[name] = {index.offsets[vi], hashes[vi]};
+    if (lazy) g.lazy[name] = {index.offsets[vi], hashes[vi]};
   }
   if (tensors.size() != g.data.tensors.size())
     throw Error(dir + "/" + kTensorFile + ": holds " + std::to_string(g.data.tensors.size()) +

@@ -236,6 +236,12 @@ struct Loaded {
     std::string sha256;
   };
   std::map<std::string, LazyTensor> lazy;
+  // read(..., defer_hashes): the lazy tensors whose bytes have not been checked yet (each is
+  // checked when read: load, Stream; verify_rest checks the others).
+  mutable std::set<std::string> unverified;
+  // Checks every tensor still unverified against the manifest's SHA-256 (Error naming the first
+  // that differs); diff calls it before it reports, so every tensor of the set is checked once.
+  void verify_rest() const;
   const io::TensorView& get(const std::string& name) const;
   const io::TensorView* find(const std::string& name) const { return data.find(name); }
   template <class T>
@@ -271,7 +277,10 @@ struct Loaded {
 // SHA-256. Errors name the file and the field. keep_bytes: tensors above it are verified (streamed
 // through SHA-256) but not kept; Loaded::tensor reads them on demand (diff: a golden set is never
 // held whole).
-Loaded read(const std::string& dir, uint64_t keep_bytes = UINT64_MAX);
+// defer_hashes: the tensors above keep_bytes are not hashed now but when they are read (load,
+// Stream) or by verify_rest, so that diff hashes each tensor once instead of twice (read, then
+// load); the caller must call verify_rest before it trusts a result.
+Loaded read(const std::string& dir, uint64_t keep_bytes = UINT64_MAX, bool defer_hashes = false);
 
 // A golden set's problem (from its manifest's config and layer schedule) and its layer inputs.
 StackInputs stack_inputs_of(const Loaded& g);
