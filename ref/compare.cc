@@ -99,6 +99,7 @@ inline double max_of(double a, double b) { return a < b ? b : a; }
 // the division elsewhere (a running maximum rarely sits within 8u of a new quotient).
 constexpr double kBelow = 1 - 0x1p-50, kAbove = 1 + 0x1p-50;
 inline double max_quotient(double m, double a, double d) {
+  if (a == 0) return m;  // fl(0 / d) = 0 <= m
   const double t = m * d;
   if (t >= std::numeric_limits<double>::min() && a <= t * kBelow) return m;
   return max_of(m, a / d);

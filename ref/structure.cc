@@ -156,29 +156,17 @@ void cluster_bins(const float* x, const float* y, const float* g, int64_t c0, in
   B = Bins{};
   for (int64_t c = c0; c < c1;) {
     const int64_t j0 = c % 128, len = std::min(c1 - c, 128 - j0);
-    double* n = B.n + j0;
-    double* sxx = B.sxx + j0;
-    double* sxe = B.sxe + j0;
-    double* se = B.se + j0;
-    const float* xs = x + c;
-    const float* ys = y + c;
+    double *n = B.n + j0, *sxx = B.sxx + j0, *sxe = B.sxe + j0, *se = B.se + j0, *sgg = B.sgg + j0, *sge = B.sge + j0;
+    const float *xs = x + c, *ys = y + c, *gs = kDir ? g + c : nullptr;
     for (int64_t k = 0; k < len; ++k) {
-      const float xf = xs[k], yf = ys[k];
+      const float xf = xs[k], yf = ys[k], gf = kDir ? gs[k] : 0.0f;
       const bool fin = finite_f32(xf) & finite_f32(yf);
-      const double xv = fin ? double(xf) : 0.0, e = fin ? double(yf) - double(xf) : 0.0;
+      const double xv = fin ? double(xf) : 0.0, e = fin ? double(yf) - double(xf) : 0.0, gv = fin ? double(gf) : 0.0;
       n[k] += fin ? 1.0 : 0.0;
       sxx[k] += xv * xv;
       sxe[k] += xv * e;
       se[k] += e;
-    }
-    if constexpr (kDir) {
-      double* sgg = B.sgg + j0;
-      double* sge = B.sge + j0;
-      const float* gs = g + c;
-      for (int64_t k = 0; k < len; ++k) {
-        const float xf = xs[k], yf = ys[k], gf = gs[k];
-        const bool fin = finite_f32(xf) & finite_f32(yf);
-        const double e = fin ? double(yf) - double(xf) : 0.0, gv = fin ? double(gf) : 0.0;
+      if constexpr (kDir) {
         sgg[k] += gv * gv;
         sge[k] += gv * e;
       }
