@@ -69,15 +69,16 @@ double rms_finite(const Tensor<float>& x) {
 // ---- compare_floats' pass ---------------------------------------------------------------------
 // compare_floats and calc_diff run over fixed blocks of kCompareBlock elements (OpenMP over the
 // blocks; the partition depends only on n), and within a block over kCompareLanes interleaved
-// lanes (element i0 + j goes to lane j mod kCompareLanes). Every sum is accumulated per lane in
-// element order, the lanes are added in lane order, then the blocks in block order; counts and
-// maxima do not depend on the order. So a report's every bit is the same for any thread count. A
+// lanes (element i0 + j goes to lane j mod kCompareLanes: independent chains of additions). Every
+// sum is accumulated per lane in element order, the lanes are added in lane order, then the blocks
+// in block order; counts and maxima do not depend on the order. So a report's every bit is the same for any thread count. A
 // non-finite pair enters every sum as 0 (which leaves a sum that starts at +0 unchanged) and every
 // count through its mask; the special values and the mismatch list come from a second,
 // element-by-element pass over the blocks that hold any (block_events).
 namespace {
 
-constexpr int64_t kCompareBlock = int64_t(1) << 16, kCompareLanes = 8;
+constexpr int64_t kCompareBlock = int64_t(1) << 16;
+constexpr int kCompareLanes = 4;
 
 // One block's counts, sums and maxima over its finite pairs (counts in double: exact below 2^53).
 struct FloatBlock {
@@ -121,42 +122,46 @@ inline bool quotient_below(double a, double d, double r) {
 //   fails the anchor !(ad < anchor_abs || ad / (|e| + 1e-6) < anchor_rel)
 template <bool kBound, bool kAnchor>
 FloatBlock float_block(const float* e, const float* g, const float* b, int64_t i0, int64_t i1, double aa, double ar) {
-  constexpr int64_t L = kCompareLanes;
-  double n_checked[L] = {}, nonzero[L] = {}, n_fail[L] = {}, anchor_fail[L] = {}, sum_signed[L] = {}, sxy[L] = {},
-         sxx_yy[L] = {}, max_abs[L] = {}, max_rel[L] = {}, max_ratio[L] = {};
+  constexpr int L = kCompareLanes;
+  double sum_signed[L] = {}, sxy[L] = {}, sxx_yy[L] = {};
+  int64_t n_checked = 0, nonzero = 0, n_fail = 0, anchor_fail = 0;
+  double max_abs = 0, max_rel = 0, max_ratio = 0;
   const double inf = std::numeric_limits<double>::infinity();
-  for (int64_t i = i0; i < i1; ++i) {
-    const int64_t j = (i - i0) % L;
+  auto element = [&](int64_t i, int j) {
     const float ef = e[i], gf = g[i];
     const bool fin = finite_f32(ef) & finite_f32(gf);
     const double ev = fin ? double(ef) : 0.0, gv = fin ? double(gf) : 0.0;
     const double bv = kBound ? double(b[i]) : 0.0;
     const double diff = gv - ev, ad = std::fabs(diff), ae = std::fabs(ev);
-    n_checked[j] += fin ? 1.0 : 0.0;
-    nonzero[j] += ev != 0.0 ? 1.0 : 0.0;
-    n_fail[j] += ad > bv ? 1.0 : 0.0;  // 0 > b never holds for a masked pair
+    n_checked += fin;
+    nonzero += ev != 0.0;
+    n_fail += ad > bv;  // 0 > b never holds for a masked pair
     sum_signed[j] += diff;
     sxy[j] += ev * gv;
     sxx_yy[j] += ev * ev + gv * gv;
-    max_abs[j] = max_of(max_abs[j], ad);
-    if (ev != 0.0) max_rel[j] = max_quotient(max_rel[j], ad, ae);
-    if (bv > 0) max_ratio[j] = max_quotient(max_ratio[j], ad, bv);
-    else if (ad > 0) max_ratio[j] = inf;
-    if constexpr (kAnchor) anchor_fail[j] += fin && !(ad < aa || quotient_below(ad, ae + 1e-6, ar)) ? 1.0 : 0.0;
-  }
+    max_abs = max_of(max_abs, ad);
+    if (ev != 0.0) max_rel = max_quotient(max_rel, ad, ae);
+    if (bv > 0) max_ratio = max_quotient(max_ratio, ad, bv);
+    else if (ad > 0) max_ratio = inf;
+    if constexpr (kAnchor) anchor_fail += fin && !(ad < aa || quotient_below(ad, ae + 1e-6, ar));
+  };
+  int64_t i = i0;
+  for (; i + L <= i1; i += L)
+    for (int j = 0; j < L; ++j) element(i + j, j);
+  for (int j = 0; i + j < i1; ++j) element(i + j, j);
   FloatBlock r;
-  for (int64_t j = 0; j < L; ++j) {
-    r.n_checked += n_checked[j];
-    r.nonzero += nonzero[j];
-    r.n_fail += n_fail[j];
-    r.anchor_fail += anchor_fail[j];
+  r.n_checked = double(n_checked);
+  r.nonzero = double(nonzero);
+  r.n_fail = double(n_fail);
+  r.anchor_fail = double(anchor_fail);
+  for (int j = 0; j < L; ++j) {
     r.sum_signed += sum_signed[j];
     r.sxy += sxy[j];
     r.sxx_yy += sxx_yy[j];
-    r.max_abs = std::max(r.max_abs, max_abs[j]);
-    r.max_rel = std::max(r.max_rel, max_rel[j]);
-    r.max_ratio = std::max(r.max_ratio, max_ratio[j]);
   }
+  r.max_abs = max_abs;
+  r.max_rel = max_rel;
+  r.max_ratio = max_ratio;
   return r;
 }
 
