@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <sstream>
 
 #include "ref/numerics.h"
@@ -65,16 +66,169 @@ double rms_finite(const Tensor<float>& x) {
   return n ? std::sqrt(s / double(n)) : 0.0;
 }
 
-double calc_diff(const float* x, const float* y, int64_t n) {
-  double sxy = 0, sxx_yy = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    if (!std::isfinite(x[i]) || !std::isfinite(y[i])) continue;
-    sxy += double(x[i]) * double(y[i]);
-    sxx_yy += double(x[i]) * double(x[i]) + double(y[i]) * double(y[i]);
+// ---- compare_floats' pass ---------------------------------------------------------------------
+// compare_floats and calc_diff run over fixed blocks of kCompareBlock elements (OpenMP over the
+// blocks; the partition depends only on n), and within a block over kCompareLanes interleaved
+// lanes (element i0 + j goes to lane j mod kCompareLanes: independent chains of additions). Every
+// sum is accumulated per lane in element order, the lanes are added in lane order, then the blocks
+// in block order; counts and maxima do not depend on the order. So a report's every bit is the same for any thread count. A
+// non-finite pair enters every sum as 0 (which leaves a sum that starts at +0 unchanged) and every
+// count through its mask; the special values and the mismatch list come from a second,
+// element-by-element pass over the blocks that hold any (block_events).
+namespace {
+
+constexpr int64_t kCompareBlock = int64_t(1) << 16;
+constexpr int kCompareLanes = 4;
+
+// One block's counts, sums and maxima over its finite pairs (counts in double: exact below 2^53).
+struct FloatBlock {
+  double n_checked = 0, nonzero = 0, n_fail = 0, anchor_fail = 0;
+  double sum_signed = 0, sxy = 0, sxx_yy = 0;
+  double max_abs = 0, max_rel = 0, max_ratio = 0;
+};
+
+inline bool finite_f32(float v) { return std::fabs(v) <= std::numeric_limits<float>::max(); }
+
+// max(a, b) of doubles that are not NaN.
+inline double max_of(double a, double b) { return a < b ? b : a; }
+
+// Divisions only where they decide something. For doubles a >= 0, d > 0 and m, r >= 0, with
+// u = 2^-53, rounding to nearest, and t = fl(m d) (or fl(r d)) normal (so t is within (1 +- u) of m d):
+//   a <= fl(t (1 - 8u))  =>  a / d <= m (1 + u)^2 (1 - 8u), so fl(a / d) <= (a / d)(1 + u) < m
+//   a >= fl(t (1 + 8u))  =>  a / d >= r (1 - u)^2 (1 + 8u), so fl(a / d) >= (a / d)(1 - u) > r
+// so max(m, fl(a / d)) and fl(a / d) < r are decided exactly without the division there, and by
+// the division elsewhere (a running maximum rarely sits within 8u of a new quotient).
+constexpr double kBelow = 1 - 0x1p-50, kAbove = 1 + 0x1p-50;
+inline double max_quotient(double m, double a, double d) {
+  if (a == 0) return m;  // fl(0 / d) = 0 <= m
+  const double t = m * d;
+  if (t >= std::numeric_limits<double>::min() && a <= t * kBelow) return m;
+  return max_of(m, a / d);
+}
+inline bool quotient_below(double a, double d, double r) {
+  const double t = r * d;
+  if (t >= std::numeric_limits<double>::min()) {
+    if (a <= t * kBelow) return true;
+    if (a >= t * kAbove) return false;
   }
+  return a / d < r;
+}
+
+// Elements [i0, i1) of golden e and candidate g against bound b (nullptr: 0) and, with kAnchor,
+// the anchor's check (rule.anchor_abs, anchor_rel). The per-element tests are compare_floats':
+//   finite pair      |e| and |g| <= FLT_MAX;   diff = g - e (double), ad = |diff|
+//   fails its bound  ad > b;   ratio = ad / b (b > 0), inf (b = 0 < ad), 0 (b = ad = 0)
+//   relative         ad / |e| where e != 0
+//   fails the anchor !(ad < anchor_abs || ad / (|e| + 1e-6) < anchor_rel)
+template <bool kBound, bool kAnchor>
+FloatBlock float_block(const float* e, const float* g, const float* b, int64_t i0, int64_t i1, double aa, double ar) {
+  constexpr int L = kCompareLanes;
+  double sum_signed[L] = {}, sxy[L] = {}, sxx_yy[L] = {};
+  int64_t n_checked = 0, nonzero = 0, n_fail = 0, anchor_fail = 0;
+  double max_abs = 0, max_rel = 0, max_ratio = 0;
+  const double inf = std::numeric_limits<double>::infinity();
+  auto element = [&](int64_t i, int j) {
+    const float ef = e[i], gf = g[i];
+    const bool fin = finite_f32(ef) & finite_f32(gf);
+    const double ev = fin ? double(ef) : 0.0, gv = fin ? double(gf) : 0.0;
+    const double bv = kBound ? double(b[i]) : 0.0;
+    const double diff = gv - ev, ad = std::fabs(diff), ae = std::fabs(ev);
+    n_checked += fin;
+    nonzero += ev != 0.0;
+    n_fail += ad > bv;  // 0 > b never holds for a masked pair
+    sum_signed[j] += diff;
+    sxy[j] += ev * gv;
+    sxx_yy[j] += ev * ev + gv * gv;
+    max_abs = max_of(max_abs, ad);
+    if (ev != 0.0) max_rel = max_quotient(max_rel, ad, ae);
+    if (bv > 0) max_ratio = max_quotient(max_ratio, ad, bv);
+    else if (ad > 0) max_ratio = inf;
+    if constexpr (kAnchor) anchor_fail += fin && !(ad < aa || quotient_below(ad, ae + 1e-6, ar));
+  };
+  int64_t i = i0;
+  for (; i + L <= i1; i += L)
+    for (int j = 0; j < L; ++j) element(i + j, j);
+  for (int j = 0; i + j < i1; ++j) element(i + j, j);
+  FloatBlock r;
+  r.n_checked = double(n_checked);
+  r.nonzero = double(nonzero);
+  r.n_fail = double(n_fail);
+  r.anchor_fail = double(anchor_fail);
+  for (int j = 0; j < L; ++j) {
+    r.sum_signed += sum_signed[j];
+    r.sxy += sxy[j];
+    r.sxx_yy += sxx_yy[j];
+  }
+  r.max_abs = max_abs;
+  r.max_rel = max_rel;
+  r.max_ratio = max_ratio;
+  return r;
+}
+
+// The blocks of elements [0, n), in parallel; parts[k] is block k's.
+std::vector<FloatBlock> float_blocks(const float* e, const float* g, const float* b, int64_t n, double aa, double ar) {
+  const int64_t blocks = (n + kCompareBlock - 1) / kCompareBlock;
+  std::vector<FloatBlock> parts(static_cast<size_t>(blocks));
+#pragma omp parallel for schedule(static) if (blocks > 1)
+  for (int64_t k = 0; k < blocks; ++k) {
+    const int64_t i0 = k * kCompareBlock, i1 = std::min(n, i0 + kCompareBlock);
+    FloatBlock& p = parts[size_t(k)];
+    if (b) p = ar >= 0 ? float_block<true, true>(e, g, b, i0, i1, aa, ar) : float_block<true, false>(e, g, b, i0, i1, aa, ar);
+    else p = ar >= 0 ? float_block<false, true>(e, g, b, i0, i1, aa, ar) : float_block<false, false>(e, g, b, i0, i1, aa, ar);
+  }
+  return parts;
+}
+
+double calc_diff_of(const std::vector<FloatBlock>& parts) {
+  double sxy = 0, sxx_yy = 0;
+  for (const FloatBlock& p : parts) { sxy += p.sxy; sxx_yy += p.sxx_yy; }
   return sxx_yy == 0 ? 0.0 : 1.0 - 2.0 * sxy / sxx_yy;
 }
 
+// The mismatches of a block that has any (a non-finite pair, an element beyond its bound, an
+// anchor failure), element by element as compare_floats states them: the special-value failures,
+// the first kMaxMismatches mismatches in element order, and the block's first anchor failure
+// (`anchor`: its mismatch when it is within its bound, which only the tensor's first is listed).
+struct BlockEvents {
+  int64_t special_fail = 0, first_anchor = -1;
+  std::vector<std::pair<int64_t, Mismatch>> list;
+  std::optional<Mismatch> anchor;
+};
+
+BlockEvents block_events(const Tensor<float>& expected, const Tensor<float>& got, const FloatRule& rule, int64_t i0, int64_t i1) {
+  BlockEvents v;
+  for (int64_t i = i0; i < i1; ++i) {
+    const float e = expected[i], g = got[i];
+    if (!std::isfinite(e) || !std::isfinite(g)) {
+      const bool same = (std::isnan(e) && std::isnan(g)) || (std::isinf(e) && e == g);
+      if (!same) {
+        ++v.special_fail;
+        if (v.list.size() < kMaxMismatches)
+          v.list.push_back({i, {unflatten(i, expected.shape), e, g, std::numeric_limits<double>::quiet_NaN(), 0,
+                                std::string("golden is ") + fclass(e) + ", candidate is " + fclass(g)}});
+      }
+      continue;
+    }
+    const double diff = double(g) - double(e), ad = std::fabs(diff);
+    const double bound = rule.bound.empty() ? 0.0 : rule.bound[size_t(i)];
+    if (v.first_anchor < 0 && rule.anchor_rel >= 0 && !(ad < rule.anchor_abs || ad / (std::fabs(double(e)) + 1e-6) < rule.anchor_rel)) {
+      v.first_anchor = i;
+      if (ad <= bound) v.anchor = Mismatch{unflatten(i, expected.shape), e, g, diff, bound, "fails " + rule.anchor_name};
+    }
+    if (ad > bound && v.list.size() < kMaxMismatches) v.list.push_back({i, {unflatten(i, expected.shape), e, g, diff, bound, ""}});
+  }
+  return v;
+}
+
+}  // namespace
+
+// calc_diff's sums run in compare_floats' blocks and lanes (above), so compare_floats' metric is
+// this function's value.
+double calc_diff(const float* x, const float* y, int64_t n) { return calc_diff_of(float_blocks(x, y, nullptr, n, -1, -1)); }
+
+// One pass over the elements (float_blocks: counts, sums and maxima, blocks in parallel), then an
+// element-by-element pass over the blocks that have a mismatch (block_events), merged in block
+// order: the mismatch list is the first kMaxMismatches in element order.
 Report compare_floats(const std::string& tensor, const Tensor<float>& expected, const Tensor<float>& got,
                       const FloatRule& rule) {
   Report r;
@@ -88,42 +242,44 @@ Report compare_floats(const std::string& tensor, const Tensor<float>& expected, 
           "compare " + tensor + ": bound has the wrong size");
   const int64_t n = expected.numel();
   r.stats.n = n;
-  int64_t special_fail = 0, nonzero = 0, anchor_fail = 0;
-  double sum_signed = 0, max_err = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    const float e = expected[i], g = got[i];
-    // 1. Special values must match in class and sign.
-    if (!std::isfinite(e) || !std::isfinite(g)) {
-      const bool same = (std::isnan(e) && std::isnan(g)) || (std::isinf(e) && e == g);
-      if (!same) {
-        ++special_fail;
-        add_mismatch(r, {unflatten(i, expected.shape), e, g, std::numeric_limits<double>::quiet_NaN(), 0,
-                         std::string("golden is ") + fclass(e) + ", candidate is " + fclass(g)});
-      }
-      continue;
-    }
-    // 2. Finite pairs: the per-element bound.
-    ++r.stats.n_checked;
-    nonzero += e != 0.0f;
-    const double diff = double(g) - double(e), ad = std::fabs(diff);
-    const double bound = rule.bound.empty() ? 0.0 : rule.bound[size_t(i)];
-    sum_signed += diff;
-    max_err = std::max(max_err, ad);
-    r.stats.max_abs = std::max(r.stats.max_abs, ad);
-    if (e != 0.0f) r.stats.max_rel = std::max(r.stats.max_rel, ad / std::fabs(double(e)));
-    if (bound > 0) r.stats.max_ratio = std::max(r.stats.max_ratio, ad / bound);
-    else if (ad > 0) r.stats.max_ratio = std::numeric_limits<double>::infinity();
-    if (rule.anchor_rel >= 0 && !(ad < rule.anchor_abs || ad / (std::fabs(double(e)) + 1e-6) < rule.anchor_rel) &&
-        anchor_fail++ == 0 && ad <= bound)
-      add_mismatch(r, {unflatten(i, expected.shape), e, g, diff, bound, "fails " + rule.anchor_name});
-    if (ad > bound) {
-      ++r.stats.n_fail;
-      add_mismatch(r, {unflatten(i, expected.shape), e, g, diff, bound, ""});
-    }
+  const std::vector<FloatBlock> parts = float_blocks(expected.ptr(), got.ptr(), rule.bound.empty() ? nullptr : rule.bound.data(), n,
+                                                     rule.anchor_abs, rule.anchor_rel);
+  // 1. Special values (class and sign), 2. the finite pairs' bounds and the anchor: mismatches.
+  std::vector<BlockEvents> events(parts.size());
+#pragma omp parallel for schedule(static) if (parts.size() > 1)
+  for (size_t k = 0; k < parts.size(); ++k) {
+    const int64_t i0 = int64_t(k) * kCompareBlock, i1 = std::min(n, i0 + kCompareBlock);
+    const FloatBlock& p = parts[k];
+    if (p.n_checked < double(i1 - i0) || p.n_fail > 0 || p.anchor_fail > 0) events[k] = block_events(expected, got, rule, i0, i1);
   }
+  int64_t special_fail = 0, nonzero = 0, anchor_fail = 0;
+  double sum_signed = 0;
+  bool anchor_seen = false;
+  for (size_t k = 0; k < parts.size(); ++k) {
+    const FloatBlock& p = parts[k];
+    r.stats.n_checked += int64_t(p.n_checked);
+    r.stats.n_fail += int64_t(p.n_fail);
+    nonzero += int64_t(p.nonzero);
+    anchor_fail += int64_t(p.anchor_fail);
+    sum_signed += p.sum_signed;
+    r.stats.max_abs = std::max(r.stats.max_abs, p.max_abs);
+    r.stats.max_rel = std::max(r.stats.max_rel, p.max_rel);
+    r.stats.max_ratio = std::max(r.stats.max_ratio, p.max_ratio);
+    BlockEvents& v = events[k];
+    special_fail += v.special_fail;
+    if (!anchor_seen && v.first_anchor >= 0) {  // the tensor's first anchor failure
+      anchor_seen = true;
+      if (v.anchor) {
+        auto at = std::find_if(v.list.begin(), v.list.end(), [&](const auto& m) { return m.first > v.first_anchor; });
+        v.list.insert(at, {v.first_anchor, *v.anchor});
+      }
+    }
+    for (auto& m : v.list) add_mismatch(r, std::move(m.second));
+  }
+  const double max_err = r.stats.max_abs;
   r.stats.n_fail += special_fail;
   r.stats.mean_signed = r.stats.n_checked ? sum_signed / double(r.stats.n_checked) : 0.0;
-  r.stats.metric = calc_diff(expected.ptr(), got.ptr(), n);
+  r.stats.metric = calc_diff_of(parts);
   // Verdict.
   if (special_fail)
     r.reasons.push_back(std::to_string(special_fail) + " element(s) where inf/NaN positions differ");

@@ -12,6 +12,9 @@
 //   3. Global metric: DeepGEMM's calc_diff = 1 - 2 sum(xy) / sum(x^2 + y^2) over the finite
 //      pairs, in double (0 when both are all zero). It equals |x - y|^2 / (|x|^2 + |y|^2); the
 //      rule's metric_max, when set, must not be exceeded.
+//   The pass runs in parallel over fixed blocks of elements, its sums (the metric's, the mean's)
+//   in a fixed order documented in ref/compare.cc: the report is the same for any thread count,
+//   and its mismatches are the first kMaxMismatches in element order.
 //   4. Global budget (FlashAttention style), when set: max |got - exp| <= budget_max_abs.
 //   MISTRUSTED when no element is finite and non-zero in the golden (nothing to measure).
 // Top-k positions (compare_topk): see below.

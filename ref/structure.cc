@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <limits>
 #include <map>
+#include <memory>
 #include <numbers>
 
 #include "ref/tensor.h"
@@ -96,6 +97,9 @@ std::string label(const Kind& k, int64_t g, const StructureSpec& s) {
 
 void finish(StructureReport& rep, const StructureSpec& s, const std::vector<std::string>& kinds);
 
+// The structure sweeps' blocks: whole rows, at least this many elements each (see structure_tests).
+constexpr int64_t kBlockElements = int64_t(1) << 18;
+
 // Sums over a set of finite pairs: count, x^2, x e, e, and for the softmax-scale direction g:
 // g^2, g e.
 struct Sums {
@@ -124,12 +128,77 @@ struct GroupAcc {
   }
 };
 
+// The column classes of every modulus, packed: the classes j mod 128 >> f (f = 0..4: moduli 128,
+// 64, 32, 16, 8) at offset kFoldAt[f] + j, 248 in all. Struct of arrays (one array per sum) so that
+// the loops over the classes vectorize.
+constexpr int kFolds = 5, kClasses = 248;
+constexpr int kFoldAt[kFolds] = {0, 128, 192, 224, 240};
+int fold_of(int64_t modulus) { return std::countr_zero(uint64_t(128 / modulus)); }
+struct Bins {
+  double n[kClasses], sxx[kClasses], sxe[kClasses], se[kClasses], sgg[kClasses], sge[kClasses];
+};
+// One block's part of the column-class groups: pass 1 the sums (n .. sge) and the cluster counts,
+// pass 2 the squared residuals (scale, offset, sm).
+struct LanePart {
+  Bins s;
+  double clusters[kClasses];
+  double v_scale[kClasses], v_off[kClasses], v_sm[kClasses];
+};
+
+inline bool finite_f32(float v) { return std::fabs(v) <= std::numeric_limits<float>::max(); }
+
+// The pairs of columns [c0, c1) of one (row, head) (x, y, g point at its column 0) summed into the
+// classes of column mod 128, each in column order; a non-finite pair adds 0 to every sum (which
+// leaves a sum that starts at +0 unchanged) and is not counted. Then the coarser moduli: class
+// j mod m = class j + class j + m mod 2m.
+template <bool kDir>
+void cluster_bins(const float* x, const float* y, const float* g, int64_t c0, int64_t c1, Bins& B) {
+  B = Bins{};
+  for (int64_t c = c0; c < c1;) {
+    const int64_t j0 = c % 128, len = std::min(c1 - c, 128 - j0);
+    double *n = B.n + j0, *sxx = B.sxx + j0, *sxe = B.sxe + j0, *se = B.se + j0, *sgg = B.sgg + j0, *sge = B.sge + j0;
+    const float *xs = x + c, *ys = y + c, *gs = kDir ? g + c : nullptr;
+    for (int64_t k = 0; k < len; ++k) {
+      const float xf = xs[k], yf = ys[k], gf = kDir ? gs[k] : 0.0f;
+      const bool fin = finite_f32(xf) & finite_f32(yf);
+      const double xv = fin ? double(xf) : 0.0, e = fin ? double(yf) - double(xf) : 0.0, gv = fin ? double(gf) : 0.0;
+      n[k] += fin ? 1.0 : 0.0;
+      sxx[k] += xv * xv;
+      sxe[k] += xv * e;
+      se[k] += e;
+      if constexpr (kDir) {
+        sgg[k] += gv * gv;
+        sge[k] += gv * e;
+      }
+    }
+    c += len;
+  }
+  for (int f = 1; f < kFolds; ++f) {
+    const int m = 128 >> f, P = kFoldAt[f - 1], Q = kFoldAt[f];
+    for (int j = 0; j < m; ++j) {
+      B.n[Q + j] = B.n[P + j] + B.n[P + j + m];
+      B.sxx[Q + j] = B.sxx[P + j] + B.sxx[P + j + m];
+      B.sxe[Q + j] = B.sxe[P + j] + B.sxe[P + j + m];
+      B.se[Q + j] = B.se[P + j] + B.se[P + j + m];
+      B.sgg[Q + j] = B.sgg[P + j] + B.sgg[P + j + m];
+      B.sge[Q + j] = B.sge[P + j] + B.sge[P + j + m];
+    }
+  }
+}
+
 }  // namespace
 
-// Two sweeps over the clusters. In each, a cluster's pairs are summed into 128 bins by column mod
-// 128 (folded in pairs into the bins mod 64, 32, 16 and 8), and the cluster's total goes to the
-// group of every other kind. Sweep 1 accumulates each group's sums (hence its coefficients),
-// sweep 2 the squared cluster residuals (hence the standard errors).
+// Pass 1 sweeps over the clusters: each cluster's pairs are summed (with column classes: into 128
+// bins by column mod 128, folded in pairs into the bins mod 64, 32, 16 and 8; the cluster's total
+// is the bins' sum in bin order), the cluster's total is kept, and its bins go to the column-class
+// groups. Then every other kind's groups take the cluster totals, cluster by cluster in order
+// (no second sweep over the data). Pass 2 (only with column classes) sweeps again for the
+// column-class groups' squared cluster residuals; the other kinds' come from the kept totals.
+// Order: the sweeps run over fixed blocks of whole rows (kBlockElements elements or more each; the
+// partition depends only on the shape), in parallel; a column-class group's sums are accumulated
+// within a block cluster by cluster, then the blocks' parts are added in block order. Every other
+// sum is accumulated cluster by cluster in order. So the report's every bit is the same for any
+// thread count.
 StructureReport structure_tests(const StructureSpec& s, const float* x, const float* y) {
   const int64_t R = s.rows, H = s.heads, C = s.cols, CC = std::max<int64_t>(1, s.cluster_cols);
   require(s.row_seq.empty() || int64_t(s.row_seq.size()) == R, "structure_tests: row_seq size");
@@ -144,55 +213,139 @@ StructureReport structure_tests(const StructureSpec& s, const float* x, const fl
   for (int64_t q : s.row_seq) n_seq = std::max(n_seq, q + 1);
   if (n_seq >= 2) kinds.push_back({"seq", n_seq, 0, 0, false, true});
   const bool lanes = std::any_of(kinds.begin(), kinds.end(), [](const Kind& k) { return k.modulus > 0; });
+  // The column classes tested: [kFoldAt[f0], kClasses) covers every modulus from the largest tested down to 8.
+  int64_t m_max = 0;
+  for (const Kind& K : kinds) m_max = std::max(m_max, K.modulus);
+  const int lo = lanes ? kFoldAt[fold_of(m_max)] : kClasses;
 
   std::vector<std::vector<GroupAcc>> acc(kinds.size());
   for (size_t k = 0; k < kinds.size(); ++k) acc[k].resize(size_t(kinds[k].n_groups));
   StructureReport rep;
-  // folds[m] for m = 128, 64, 32, 16, 8: the bins of column mod m (index 0 holds mod 128).
-  std::array<std::array<Sums, 128>, 5> folds;
-  for (int pass = 1; pass <= 2; ++pass) {
-    int64_t cluster = 0;  // the index into sm_sums
+  const int64_t NC = (C + CC - 1) / CC;  // clusters per (row, head)
+  const int64_t row_elems = std::max<int64_t>(1, H * C);
+  const int64_t block_rows = std::max<int64_t>(1, (kBlockElements + row_elems - 1) / row_elems);
+  const int64_t blocks = (R + block_rows - 1) / block_rows;
+  std::vector<Sums> totals(size_t(R * H * NC));                 // every cluster's sums, in cluster order
+  std::vector<LanePart> parts(lanes ? size_t(blocks) : 0);      // the column classes, per block
+  // The column-class groups' coefficients for pass 2, packed as the classes.
+  std::vector<double> cb_scale(kClasses), cb_off(kClasses), cb_sm(kClasses), crms(kClasses);
+  for (int pass = 1; pass <= (lanes ? 2 : 1); ++pass) {
+#pragma omp parallel if (blocks > 1)
+    {
+      auto B = std::make_unique<Bins>();
+#pragma omp for schedule(static)
+      for (int64_t blk = 0; blk < blocks; ++blk) {
+        LanePart* part = lanes ? &parts[size_t(blk)] : nullptr;
+        if (part) *part = LanePart{};
+        for (int64_t r = blk * block_rows; r < std::min(R, (blk + 1) * block_rows); ++r)
+          for (int64_t h = 0; h < H; ++h)
+            for (int64_t q = 0; q < NC; ++q) {
+              const int64_t base = (r * H + h) * C, c0 = q * CC, c1 = std::min(C, c0 + CC);
+              const float* g = s.sm_dir ? s.sm_dir + base : nullptr;
+              Sums t;
+              if (lanes) {
+                if (g) cluster_bins<true>(x + base, y + base, g, c0, c1, *B);
+                else cluster_bins<false>(x + base, y + base, g, c0, c1, *B);
+                for (int j = 0; j < 128; ++j) {
+                  t.n += B->n[j]; t.sxx += B->sxx[j]; t.sxe += B->sxe[j]; t.se += B->se[j]; t.sgg += B->sgg[j]; t.sge += B->sge[j];
+                }
+              } else {
+                for (int64_t c = c0; c < c1; ++c) {
+                  const int64_t i = base + c;
+                  if (!std::isfinite(x[i]) || !std::isfinite(y[i])) continue;
+                  const double xv = x[i], e = double(y[i]) - double(x[i]), gv = g ? double(g[c]) : 0.0;
+                  t.n += 1; t.sxx += xv * xv; t.sxe += xv * e; t.se += e; t.sgg += gv * gv; t.sge += gv * e;
+                }
+              }
+              if (s.sm_sums) {  // the direction given as its cluster sums (sm_cluster_sums)
+                t.sgg = s.sm_sums[2 * ((r * H + h) * NC + q)];
+                t.sge = s.sm_sums[2 * ((r * H + h) * NC + q) + 1];
+              }
+              if (pass == 1) totals[size_t((r * H + h) * NC + q)] = t;
+              if (!part || t.n == 0) continue;
+              // The column classes of every modulus tested. A class without finite pairs adds
+              // zeros (no change) and is not counted.
+              if (pass == 1) {
+                Bins& S = part->s;
+                for (int j = lo; j < kClasses; ++j) {
+                  S.n[j] += B->n[j]; S.sxx[j] += B->sxx[j]; S.sxe[j] += B->sxe[j];
+                  S.se[j] += B->se[j]; S.sgg[j] += B->sgg[j]; S.sge[j] += B->sge[j];
+                  part->clusters[j] += B->n[j] > 0 ? 1.0 : 0.0;
+                }
+              } else {
+                const double *bs = cb_scale.data(), *bo = cb_off.data(), *bg = cb_sm.data(), *rm = crms.data();
+                for (int j = lo; j < kClasses; ++j) {
+                  const double n = B->n[j];
+                  const double us = B->sxe[j] - bs[j] * B->sxx[j];
+                  const double uo = rm[j] * (B->se[j] - bo[j] * rm[j] * n);
+                  const double ug = B->sge[j] - bg[j] * B->sgg[j];
+                  const bool has = n > 0;
+                  part->v_scale[j] += has ? us * us : 0.0;
+                  part->v_off[j] += has ? uo * uo : 0.0;
+                  part->v_sm[j] += has ? ug * ug : 0.0;
+                }
+              }
+            }
+      }
+    }
+    // The blocks' column-class parts, in block order.
+    LanePart sum{};
+    for (const LanePart& p : parts)
+      for (int j = lo; j < kClasses; ++j) {
+        if (pass == 1) {
+          sum.s.n[j] += p.s.n[j]; sum.s.sxx[j] += p.s.sxx[j]; sum.s.sxe[j] += p.s.sxe[j];
+          sum.s.se[j] += p.s.se[j]; sum.s.sgg[j] += p.s.sgg[j]; sum.s.sge[j] += p.s.sge[j];
+          sum.clusters[j] += p.clusters[j];
+        } else {
+          sum.v_scale[j] += p.v_scale[j]; sum.v_off[j] += p.v_off[j]; sum.v_sm[j] += p.v_sm[j];
+        }
+      }
+    for (size_t k = 0; k < kinds.size(); ++k) {
+      const Kind& K = kinds[k];
+      if (!K.modulus) continue;
+      const int at = kFoldAt[fold_of(K.modulus)];
+      for (int64_t j = 0; j < K.modulus; ++j) {
+        GroupAcc& a = acc[k][size_t(j)];
+        const size_t i = size_t(at + j);
+        if (pass == 1) {
+          a.s = {sum.s.n[i], sum.s.sxx[i], sum.s.sxe[i], sum.s.se[i], sum.s.sgg[i], sum.s.sge[i]};
+          a.clusters = int64_t(sum.clusters[i]);
+          a.coefficients();
+          cb_scale[i] = a.b_scale; cb_off[i] = a.b_off; cb_sm[i] = a.b_sm; crms[i] = a.rms;
+        } else {
+          a.v_scale = sum.v_scale[i]; a.v_off = sum.v_off[i]; a.v_sm = sum.v_sm[i];
+        }
+      }
+    }
+    if (pass > 1) continue;
+    // Every other kind from the cluster totals, cluster by cluster in order.
     for (int64_t r = 0; r < R; ++r)
       for (int64_t h = 0; h < H; ++h)
-        for (int64_t c0 = 0; c0 < C; c0 += CC) {
-          Sums total;
-          if (lanes) for (Sums& b : folds[0]) b = Sums{};
-          for (int64_t c = c0; c < std::min(C, c0 + CC); ++c) {
-            const int64_t i = (r * H + h) * C + c;
-            if (!std::isfinite(x[i]) || !std::isfinite(y[i])) continue;
-            const double xv = x[i], e = double(y[i]) - double(x[i]), g = s.sm_dir ? double(s.sm_dir[i]) : 0.0;
-            Sums& b = lanes ? folds[0][size_t(c % 128)] : total;
-            b.n += 1; b.sxx += xv * xv; b.sxe += xv * e; b.se += e; b.sgg += g * g; b.sge += g * e;
-          }
-          if (lanes) {
-            for (const Sums& b : folds[0]) total.add(b);
-            for (int f = 1; f < 5; ++f) {
-              const int m = 128 >> f;
-              for (int j = 0; j < m; ++j) { folds[size_t(f)][size_t(j)] = folds[size_t(f - 1)][size_t(j)]; folds[size_t(f)][size_t(j)].add(folds[size_t(f - 1)][size_t(j + m)]); }
+        for (int64_t q = 0; q < NC; ++q) {
+          const Sums& t = totals[size_t((r * H + h) * NC + q)];
+          if (t.n == 0) continue;
+          for (size_t k = 0; k < kinds.size(); ++k)
+            if (!kinds[k].modulus) {
+              GroupAcc& a = acc[k][size_t(group_of(kinds[k], s.row_seq, r, h))];
+              a.s.add(t);
+              ++a.clusters;
             }
-          }
-          if (s.sm_sums) {
-            total.sgg = s.sm_sums[2 * cluster];
-            total.sge = s.sm_sums[2 * cluster + 1];
-          }
-          ++cluster;
-          if (total.n == 0) continue;
-          if (pass == 2) rep.clusters.push_back({total.n, total.sxx, total.sxe, total.se});
-          for (size_t k = 0; k < kinds.size(); ++k) {
-            const Kind& K = kinds[k];
-            auto visit = [&](GroupAcc& a, const Sums& part) {
-              if (part.n == 0) return;
-              if (pass == 1) { a.s.add(part); ++a.clusters; }
-              else a.residual(part);
-            };
-            if (!K.modulus) { visit(acc[k][size_t(group_of(K, s.row_seq, r, h))], total); continue; }
-            const size_t f = size_t(std::countr_zero(uint64_t(128 / K.modulus)));
-            for (int64_t j = 0; j < K.modulus; ++j) visit(acc[k][size_t(j)], folds[f][size_t(j)]);
-          }
         }
-    if (pass == 1)
-      for (auto& v : acc) for (GroupAcc& a : v) a.coefficients();
+    for (size_t k = 0; k < kinds.size(); ++k)
+      if (!kinds[k].modulus)
+        for (GroupAcc& a : acc[k]) a.coefficients();
   }
+  // Every other kind's variances from the cluster totals, in order; the report's clusters.
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t q = 0; q < NC; ++q) {
+        const Sums& t = totals[size_t((r * H + h) * NC + q)];
+        if (t.n == 0) continue;
+        rep.clusters.push_back({t.n, t.sxx, t.sxe, t.se});
+        for (size_t k = 0; k < kinds.size(); ++k)
+          if (!kinds[k].modulus) acc[k][size_t(group_of(kinds[k], s.row_seq, r, h))].residual(t);
+      }
+  totals = std::vector<Sums>();
 
   std::vector<GroupTest> tests;
   auto test = [&](const std::string& stat, size_t k, size_t g, double b, double sdd, double var) {

@@ -123,7 +123,9 @@ struct StructureReport {
 };
 
 // Runs every test on golden x and candidate y (both rows * heads * cols floats, row-major).
-// Non-finite pairs are left out (compare_floats judges them).
+// Non-finite pairs are left out (compare_floats judges them). The sweeps run in parallel over fixed
+// blocks of rows, summed in the fixed order documented in ref/structure.cc: the report is the same
+// for any thread count.
 StructureReport structure_tests(const StructureSpec& spec, const float* x, const float* y);
 
 // The softmax-scale direction's part of the structure tests for `clusters` consecutive clusters of

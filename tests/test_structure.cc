@@ -3,9 +3,12 @@
 // (tools/lib/emulate.h) passing.
 #include <doctest/doctest.h>
 
+#include <omp.h>
 #include <unistd.h>
 
 #include <cmath>
+#include <cstdio>
+#include <functional>
 #include <filesystem>
 #include <map>
 #include <set>
@@ -377,5 +380,163 @@ TEST_CASE("structure: calibrate refuses bad input with a clear message, exit 2 a
     CHECK(r.out.find(message) != std::string::npos);
     CHECK(r.out.find("power of the judge") == std::string::npos);  // nothing printed before the refusal
     CHECK(!std::filesystem::exists(json));
+  }
+}
+
+namespace {
+
+// Every field of a comparison report and its structure report as text, doubles in hex (%a): two
+// dumps are equal iff the reports are equal bit for bit.
+std::string dump(const cmp::Report& r, const cmp::StructureReport& st) {
+  std::string s;
+  auto d = [&](double v) {
+    char b[64];
+    std::snprintf(b, sizeof b, "%a ", v);
+    s += b;
+  };
+  auto i = [&](int64_t v) { s += std::to_string(v) + " "; };
+  s += r.tensor + " " + cmp::verdict_name(r.verdict) + "\n";
+  for (const std::string& x : r.reasons) s += "reason " + x + "\n";
+  i(r.stats.n), i(r.stats.n_checked), i(r.stats.n_fail);
+  d(r.stats.max_abs), d(r.stats.max_rel), d(r.stats.metric), d(r.stats.mean_signed), d(r.stats.max_ratio);
+  d(r.stats.recall_mean), d(r.stats.recall_min);
+  s += "\n";
+  for (const cmp::Mismatch& m : r.mismatches) {
+    for (int64_t k : m.index) i(k);
+    d(m.expected), d(m.got), d(m.diff), d(m.bound);
+    s += m.what + "\n";
+  }
+  i(r.structure_tests), d(r.structure_max_ratio), d(r.structure_max_b_over_floor);
+  for (const cmp::StructureNote& n : r.structure_flagged) {
+    s += n.stat + " " + n.kind + " " + n.label + " ";
+    d(n.b), d(n.se), d(n.t), d(n.t_crit), d(n.floor), i(n.clusters);
+  }
+  for (const std::string& f : r.findings) s += "finding " + f + "\n";
+  i(st.m), d(st.max_ratio), d(st.max_b_over_floor), d(st.max_t_over_crit), i(st.flagged);
+  for (const cmp::GroupTest& t : st.tests) {
+    s += t.stat + " " + t.kind + " " + t.label + " ";
+    i(t.index), i(t.n), i(t.clusters), d(t.b), d(t.se), d(t.t), d(t.t_crit), d(t.floor), d(t.explained), i(t.tested), i(t.flagged);
+    s += "\n";
+  }
+  for (const cmp::ClusterSums& c : st.clusters) d(c.n), d(c.sxx), d(c.sxe), d(c.se);
+  return s;
+}
+
+}  // namespace
+
+// The comparison passes run in fixed blocks (ref/compare.cc: 2^16 elements; ref/structure.cc: rows
+// of 2^18 elements or more) combined in block order, so the thread count changes no bit. A tensor
+// of 2^21 elements spans 32 and 8 of them; each injected fault must still be flagged, the report
+// the same with 1 and 2 threads, and the mismatch list the first kMaxMismatches in element order.
+TEST_CASE("structure: compare_structured's report is the same bit for bit with 1 and 2 threads") {
+  const int64_t R = 256, H = 16, C = 512, n = R * H * C;
+  Xoshiro256 rng(21);
+  auto u = [&] { return double(int64_t(rng.below(1u << 24)) - (1 << 23)) / double(1 << 23); };
+  Tensor<float> x({R, H, C}), y0({R, H, C});
+  std::vector<float> g(static_cast<size_t>(n));
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t h = 0; h < H; ++h) {
+      const double common = 2e-3 * u();
+      for (int64_t c = 0; c < C; ++c) {
+        const int64_t i = (r * H + h) * C + c;
+        x[i] = float(u());
+        y0[i] = float(double(x[i]) * (1 + common + 4e-3 * u()));
+        g[size_t(i)] = float(0.5 * u());
+      }
+    }
+  cmp::FloatRule rule;
+  rule.bound.assign(size_t(n), 2e-2f);
+  rule.anchor_abs = 1e-3;
+  rule.anchor_rel = 8e-3;
+  rule.anchor_name = "the anchor";
+  rule.metric_max = 1;
+  cmp::StructureSpec spec;
+  spec.tensor = "attn.out";
+  spec.rows = R;
+  spec.heads = H;
+  spec.cols = C;
+  spec.cluster_cols = C;
+  spec.lanes = true;
+  spec.sm_dir = g.data();
+  struct Fault {
+    std::string name, finding;  // finding: "" = a clean candidate
+    std::function<void(Tensor<float>&)> f;
+  };
+  auto each = [&](Tensor<float>& y, const std::function<double(int64_t, int64_t, int64_t, double, double)>& f) {
+    for (int64_t r = 0; r < R; ++r)
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t c = 0; c < C; ++c) {
+          const int64_t i = (r * H + h) * C + c;
+          y[i] = float(f(r, h, c, double(x[i]), double(y[i])));
+        }
+  };
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const std::vector<Fault> faults = {
+      {"clean", "", [](Tensor<float>&) {}},
+      {"scale", "scale error 1.00", [&](Tensor<float>& y) { each(y, [](int64_t, int64_t, int64_t, double x, double y) { return y + 5e-3 * x; }); }},
+      {"offset", "offset", [&](Tensor<float>& y) { each(y, [](int64_t, int64_t, int64_t, double, double y) { return y + 3e-3; }); }},
+      {"one lane", "columns = 5 mod 8 only", [&](Tensor<float>& y) {
+         each(y, [](int64_t, int64_t, int64_t c, double x, double y) { return c % 8 == 5 ? y + 2e-2 * x : y; });
+       }},
+      {"one row tile", "rows 64-127 (one 64-row tile) only", [&](Tensor<float>& y) {
+         each(y, [](int64_t r, int64_t, int64_t, double x, double y) { return r >= 64 && r < 128 ? y + 1e-2 * x : y; });
+       }},
+      // Mismatches spread over several blocks, non-finite values among them, and anchor failures.
+      {"scattered mismatches", "", [&](Tensor<float>& y) {
+         for (int64_t i = 70000; i < n; i += 99991) y[i] = y[i] + (i % 3 ? 0.5f : 0.01f);
+         y[200001] = nan;
+         x[300007] = nan;
+         y[300007] = nan;  // the same class: no failure
+         y[1500000] = std::numeric_limits<float>::infinity();
+       }},
+  };
+  const Tensor<float> x0 = x;
+  for (const Fault& fault : faults) {
+    CAPTURE(fault.name);
+    x = x0;
+    Tensor<float> y = y0;
+    fault.f(y);
+    const int before = omp_get_max_threads();
+    std::string dumps[2];
+    cmp::Report reports[2];
+    for (int t = 1; t <= 2; ++t) {
+      omp_set_num_threads(t);
+      cmp::StructureReport st;
+      reports[t - 1] = cmp::compare_structured("attn.out", x, y, rule, spec, &st);
+      dumps[t - 1] = dump(reports[t - 1], st);
+    }
+    omp_set_num_threads(before);
+    CHECK(dumps[0] == dumps[1]);
+    const cmp::Report& r = reports[0];
+    if (!fault.finding.empty()) {
+      CHECK(r.verdict == cmp::Verdict::fail);
+      CHECK_MESSAGE(has_finding(r.findings, fault.finding), dumps[0].substr(0, 2000));
+    } else if (fault.name == "clean") {
+      CHECK(r.verdict == cmp::Verdict::pass);
+      CHECK(r.structure_flagged.empty());
+    }
+    // compare_floats' metric is calc_diff's, and its mismatches are the first in element order
+    // (found here by a plain loop over the elements).
+    CHECK(r.stats.metric == cmp::calc_diff(x.ptr(), y.ptr(), n));
+    std::vector<int64_t> first;
+    int64_t n_fail = 0, anchor_first = -1;
+    for (int64_t i = 0; i < n; ++i) {
+      const float e = x[i], v = y[i];
+      if (!std::isfinite(e) || !std::isfinite(v)) {
+        if (!((std::isnan(e) && std::isnan(v)) || (std::isinf(e) && e == v))) { ++n_fail; first.push_back(i); }
+        continue;
+      }
+      const double ad = std::fabs(double(v) - double(e));
+      if (anchor_first < 0 && !(ad < rule.anchor_abs || ad / (std::fabs(double(e)) + 1e-6) < rule.anchor_rel)) {
+        anchor_first = i;
+        if (ad <= 2e-2f) first.push_back(i);
+      }
+      if (ad > 2e-2f) { ++n_fail; first.push_back(i); }
+    }
+    CHECK(r.stats.n_fail == n_fail);
+    first.resize(std::min(first.size(), cmp::kMaxMismatches));
+    REQUIRE(r.mismatches.size() == first.size());
+    for (size_t k = 0; k < first.size(); ++k) CHECK(r.mismatches[k].index == cmp::unflatten(first[k], x.shape));
+    if (fault.name == "scattered mismatches") CHECK(first.size() == cmp::kMaxMismatches);
   }
 }

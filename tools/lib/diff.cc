@@ -161,20 +161,26 @@ std::vector<double> row_recall(const std::vector<RowSet>& cand, const std::vecto
 }
 
 // Per (row, head): the largest |got - expected| / bound over the d_v columns (inf where a bound
-// of 0 is exceeded or a non-finite value differs).
+// of 0 is exceeded or a non-finite value differs). Each (row, head) is one output, so the rows run
+// in parallel with the same bits for any thread count.
 std::vector<double> out_ratios(const Tensor<float>& expected, const Tensor<float>& got, const std::vector<float>& bound,
                                int64_t d_v) {
   const int64_t n = expected.numel() / std::max<int64_t>(1, d_v);
   std::vector<double> r(size_t(n), 0.0);
-  for (int64_t i = 0; i < n; ++i)
+  const float* bp = bound.empty() ? nullptr : bound.data();
+#pragma omp parallel for schedule(static) if (n * d_v >= (int64_t(1) << 16))
+  for (int64_t i = 0; i < n; ++i) {
+    double m = 0;
     for (int64_t c = 0; c < d_v; ++c) {
       const int64_t e = i * d_v + c;
-      const double x = got[e], y = expected[e], b = bound.empty() ? 0.0 : bound[size_t(e)];
+      const double x = got[e], y = expected[e], b = bp ? double(bp[e]) : 0.0;
       double q;
       if (!std::isfinite(x) || !std::isfinite(y)) q = x == y ? 0.0 : INFINITY;
       else q = b > 0 ? std::fabs(x - y) / b : (x == y ? 0.0 : INFINITY);
-      r[size_t(i)] = std::max(r[size_t(i)], q);
+      m = std::max(m, q);
     }
+    r[size_t(i)] = m;
+  }
   return r;
 }
 
