@@ -616,16 +616,23 @@ void check_emulation_and_bounds(const AttnCase& c) {
   };
   for_each_target([&](const std::string&, int) {
     REQUIRE(attention_bitwise(simd::emulate_attention_lowp(c.q, c.kv, c.indices, c.sm_scale, c.d_v, tl, sink), emu));
-    const cmp::AttentionBounds b = simd::attention_bounds(c.q, c.kv, c.indices, c.sm_scale, c.d_v, tl, exact);
-    REQUIRE(first_diff_d(b.out, bounds.out) == -1);
-    REQUIRE(first_diff_d(b.lse, bounds.lse) == -1);
-    REQUIRE(first_diff_d(b.max_logits, bounds.max_logits) == -1);
-    const cmp::AttentionBounds s = simd::attention_bounds_sm(c.q, c.kv, c.indices, c.sm_scale, c.d_v, tl, sink, exact);
-    REQUIRE(first_diff_d(s.out, bounds.out) == -1);
-    REQUIRE(first_diff_d(s.lse, bounds.lse) == -1);
-    REQUIRE(first_diff_d(s.max_logits, bounds.max_logits) == -1);
-    REQUIRE(same_f(s.sm_out, with_sm.sm_out));
-    REQUIRE(same_f(s.sm_lse, with_sm.sm_lse));
+    // kv converted once for every query row, and by each row for its own keys (no shared copy).
+    for (const int64_t shared_max : {simd::bounds_shared_kv_max_bytes, int64_t(0)}) {
+      CAPTURE(shared_max);
+      const int64_t saved = simd::bounds_shared_kv_max_bytes;
+      simd::bounds_shared_kv_max_bytes = shared_max;
+      const cmp::AttentionBounds b = simd::attention_bounds(c.q, c.kv, c.indices, c.sm_scale, c.d_v, tl, exact);
+      REQUIRE(first_diff_d(b.out, bounds.out) == -1);
+      REQUIRE(first_diff_d(b.lse, bounds.lse) == -1);
+      REQUIRE(first_diff_d(b.max_logits, bounds.max_logits) == -1);
+      const cmp::AttentionBounds s = simd::attention_bounds_sm(c.q, c.kv, c.indices, c.sm_scale, c.d_v, tl, sink, exact);
+      REQUIRE(first_diff_d(s.out, bounds.out) == -1);
+      REQUIRE(first_diff_d(s.lse, bounds.lse) == -1);
+      REQUIRE(first_diff_d(s.max_logits, bounds.max_logits) == -1);
+      REQUIRE(same_f(s.sm_out, with_sm.sm_out));
+      REQUIRE(same_f(s.sm_lse, with_sm.sm_lse));
+      simd::bounds_shared_kv_max_bytes = saved;
+    }
   });
   // Through the kernel table, as golden and diff call them.
   const ref::Kernels k = simd::kernels();
