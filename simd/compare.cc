@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "hwy/aligned_allocator.h"
+#include "hwy/cache_control.h"
 #include "ref/compare.h"
 #include "ref/numerics.h"
 #include "simd/common.h"
@@ -85,6 +86,16 @@ HWY_INLINE VF32 RoundBf16(DF32 df, VF32 x) {
   const auto rounded = hn::ShiftRight<16>(hn::Add(hn::Add(u, hn::Set(du, 0x7FFFu)), hn::And(hi, hn::Set(du, 1u))));
   const auto nan = hn::Or(hn::And(hi, hn::Set(du, 0x8000u)), hn::Set(du, 0x7FC0u));
   return hn::BitCast(df, hn::ShiftLeft<16>(hn::IfThenElse(hn::RebindMask(du, is_nan), nan, rounded)));
+}
+
+// ref's round_up_16 (add 0xFF) or round_16 (add 0x80) lane by lane: the f32 bits plus `add`, the
+// low 8 bits cleared; non-finite lanes as they are.
+HWY_INLINE VF32 Round16(DF32 df, VF32 x, uint32_t add) {
+  const hn::RebindToUnsigned<DF32> du;
+  const auto u = hn::BitCast(du, x);
+  const auto r = hn::And(hn::Add(u, hn::Set(du, add)), hn::Set(du, ~0xFFu));
+  const auto finite = hn::Lt(hn::And(u, hn::Set(du, 0x7FFFFFFFu)), hn::Set(du, 0x7F800000u));
+  return hn::BitCast(df, hn::IfThenElse(finite, r, u));
 }
 
 // Pass 1 tile: dot[k][h] for kK keys (f32 rows kr + k * kstride) and kV vectors of heads from the
@@ -163,7 +174,31 @@ struct ExpRange {
     if (lo > hi || o.lo > o.hi) return true;  // a side with no nonzero value: products are zeros
     return lo + o.lo >= -135 && hi + o.hi <= 126;
   }
+  // The same where *this holds values of 16 significant bits (the bounds' weights, lowest bit
+  // 2^(e-15)) and o bf16 values: a product's lowest bit is 2^(ea+eb-22), at most 24 bits.
+  bool exact16_with(const ExpRange& o) const {
+    if (!finite || !o.finite) return false;
+    if (lo > hi || o.lo > o.hi) return true;
+    return lo + o.lo >= -127 && hi + o.hi <= 126;
+  }
 };
+
+// The ExpRange of x[0, n) (f32 values), in one branch-free pass over the bits.
+HWY_INLINE ExpRange RangeOfF32(const float* x, int64_t n) {
+  uint32_t mn = 0xFF, mx = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t b;
+    std::memcpy(&b, x + i, 4);
+    const uint32_t ex = (b >> 23) & 0xFFu;
+    const bool nz = (b & 0x7FFFFFFFu) != 0;
+    mn = std::min(mn, nz ? std::max(ex, 1u) : 0xFFu);
+    mx = std::max(mx, nz ? ex : 0u);
+  }
+  ExpRange r;
+  if (mx == 0xFF) r.finite = false;
+  else if (mn != 0xFF) r.lo = int(mn) - 127, r.hi = std::max(int(mx), 1) - 127;
+  return r;
+}
 
 HWY_INLINE uint32_t F32Bits(float x) {
   uint32_t u;
@@ -358,7 +393,8 @@ HWY_INLINE void BoundDotTile(const float* HWY_RESTRICT qt, int64_t hp, const flo
 // V_i[c], each in f32, i ascending, a multiply then an add (ref's `Af += w * |v|` and `D += u * v`),
 // over keys [i0, i1): from zero when i0 == 0, else continuing from a / dd[h * ostride + c], where
 // the sums are stored (a block of keys at a time keeps its V and weights in L1; the same sums).
-template <size_t kH, size_t kV, bool kDir>
+// kFused: every product is exact (ExpRange::exact16_with), so a fused multiply-add gives ref's bits.
+template <size_t kH, size_t kV, bool kDir, bool kFused>
 HWY_INLINE void BoundADTile(const float* HWY_RESTRICT w, const float* HWY_RESTRICT uw, int64_t hp,
                             const float* const* vr, int64_t c0, int64_t i0, int64_t i1, float* HWY_RESTRICT a,
                             float* HWY_RESTRICT dd, int64_t ostride) {
@@ -378,10 +414,10 @@ HWY_INLINE void BoundADTile(const float* HWY_RESTRICT w, const float* HWY_RESTRI
     }
     for (size_t h = 0; h < kH; ++h) {
       const VF32 p = hn::Set(df, w[i * hp + int64_t(h)]);
-      for (size_t u = 0; u < kV; ++u) acc[h][u] = hn::Add(acc[h][u], hn::Mul(p, xa[u]));
+      for (size_t u = 0; u < kV; ++u) acc[h][u] = kFused ? hn::MulAdd(p, xa[u], acc[h][u]) : hn::Add(acc[h][u], hn::Mul(p, xa[u]));
       if (kDir) {
         const VF32 q = hn::Set(df, uw[i * hp + int64_t(h)]);
-        for (size_t u = 0; u < kV; ++u) dir[h][u] = hn::Add(dir[h][u], hn::Mul(q, x[u]));
+        for (size_t u = 0; u < kV; ++u) dir[h][u] = kFused ? hn::MulAdd(q, x[u], dir[h][u]) : hn::Add(dir[h][u], hn::Mul(q, x[u]));
       }
     }
   }
@@ -552,10 +588,11 @@ void BoundsChunk(const detail::AttentionView& v, const float* exact_out, const f
     }
     for (int64_t i = 0; i < n; ++i)
       for (int64_t h = h_q; h < hp; ++h) P[i * hp + h] = 0.0;
-    // The weights of A in f32 (ref's float(p / l)).
+    // The weights of A in f32, rounded up to 16 significant bits (ref's round_up_16(float(p / l))).
     {
       const hn::Rebind<float, DF64> dh;
       for (int64_t e = 0; e < n * hp; e += N) hn::StoreU(hn::DemoteTo(dh, hn::Load(d64, P + e)), dh, wbuf.get() + e);
+      for (int64_t e = 0; e < n * hp; e += NF) hn::Store(Round16(df, hn::Load(df, wbuf.get() + e), 0xFFu), df, wbuf.get() + e);
     }
     if (dir) {
       // zbar = sum_i w_i z_i (i ascending), then u_i = f32(w_i (z_i - zbar)).
@@ -568,20 +605,33 @@ void BoundsChunk(const detail::AttentionView& v, const float* exact_out, const f
           hn::StoreU(hn::DemoteTo(dh, hn::Mul(hn::Load(d64, P + i * hp + h0), hn::Sub(hn::Load(d64, MG + i * hp + h0), zs))), dh,
                      ubuf.get() + i * hp + h0);
       }
+      // ref's round_16: to nearest 16 significant bits.
+      for (int64_t e = 0; e < n * hp; e += NF) hn::Store(Round16(df, hn::Load(df, ubuf.get() + e), 0x80u), df, ubuf.get() + e);
     }
+    // Fused multiply-adds where every product of the weights (and of u) with V is exact.
+    const bool fusedA = RangeOfF32(wbuf.get(), n * hp).exact16_with(kvr) && (!dir || RangeOfF32(ubuf.get(), n * hp).exact16_with(kvr));
     // A_c (and the direction's D_c) per head in f32 (|V| taken on load): blocks of kBoundABlock
     // keys, whose weights stay in L1 for every column strip, and whose strip of V for every head tile.
     for (int64_t i0 = 0; i0 < n; i0 += kBoundABlock) {
       const int64_t i1 = std::min(n, i0 + kBoundABlock);
-      for (int64_t c0 = 0; c0 < dvp; c0 += cw)
+      for (int64_t c0 = 0; c0 < dvp; c0 += cw) {
+        if (c0 + cw < dvp)  // the next strip of the block's rows (scattered kv rows: no stream to detect)
+          for (int64_t i = i0; i < i1; ++i)
+            for (int64_t c = c0 + cw; c < c0 + 2 * cw; c += 16) hwy::Prefetch(kp[size_t(i)] + c);
         for (int64_t h0 = 0; h0 < hp; h0 += int64_t(kBoundAHeads)) {
-          if (dir)
-            BoundADTile<kBoundAHeads, kBoundAVecs, true>(wbuf.get() + h0, ubuf.get() + h0, hp, kp.data(), c0, i0, i1,
-                                                         A.get() + h0 * dvp + c0, Dv.get() + h0 * dvp + c0, dvp);
+          float* a = A.get() + h0 * dvp + c0;
+          float* dd = dir ? Dv.get() + h0 * dvp + c0 : nullptr;
+          const float* uw = dir ? ubuf.get() + h0 : nullptr;
+          if (dir && fusedA)
+            BoundADTile<kBoundAHeads, kBoundAVecs, true, true>(wbuf.get() + h0, uw, hp, kp.data(), c0, i0, i1, a, dd, dvp);
+          else if (dir)
+            BoundADTile<kBoundAHeads, kBoundAVecs, true, false>(wbuf.get() + h0, uw, hp, kp.data(), c0, i0, i1, a, dd, dvp);
+          else if (fusedA)
+            BoundADTile<kBoundAHeads, kBoundAVecs, false, true>(wbuf.get() + h0, uw, hp, kp.data(), c0, i0, i1, a, dd, dvp);
           else
-            BoundADTile<kBoundAHeads, kBoundAVecs, false>(wbuf.get() + h0, nullptr, hp, kp.data(), c0, i0, i1,
-                                                          A.get() + h0 * dvp + c0, nullptr, dvp);
+            BoundADTile<kBoundAHeads, kBoundAVecs, false, false>(wbuf.get() + h0, uw, hp, kp.data(), c0, i0, i1, a, dd, dvp);
         }
+      }
     }
     // The bounds, ref's expressions element by element.
     for (int64_t h = 0; h < h_q; ++h) {
