@@ -11,8 +11,10 @@
 //                            `a += b * c` under -ffp-contract=off, or a fused multiply-add where
 //                            every product is exact in f32 (ExpRange), the same bits); the bounds'
 //                            pass sums q.k and |q|.|k| in the same tile of keys x head vectors
-//   P.V and A_c              lanes over output columns, each lane summing i (the sorted kv rows)
-//                            ascending; a tile of heads x column vectors
+//   P.V, A_c and D_c         lanes over output columns, each lane summing i (the sorted kv rows)
+//                            ascending; a tile of heads x column vectors (the bounds' A and the
+//                            direction's D share one pass over V, by blocks of 32 keys, fused
+//                            where their 16-bit weights' products with V are exact)
 //   logits magnitudes        Qt = sum_h |w| |q| with lanes over d (h ascending), then lanes over
 //                            keys s (|k| transposed to [d][s]), d ascending
 // The scalar parts (max, exp, log, the softmax sum, the per-element bound formulas) run per
