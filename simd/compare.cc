@@ -481,6 +481,7 @@ void BoundsChunk(const detail::AttentionView& v, const float* exact_out, const f
   hwy::AlignedFreeUniquePtr<double[]> pbuf, mbuf;
   int64_t cap = 0;
   std::vector<int64_t> rows;
+  std::vector<float> gf(static_cast<size_t>(hp));
   std::vector<double> G(static_cast<size_t>(hp)), mv(static_cast<size_t>(hp)), lv(static_cast<size_t>(hp)),
       zb(static_cast<size_t>(hp));
   std::fill(qt.get(), qt.get() + d_qk * hp, 0.0f);
@@ -499,7 +500,7 @@ void BoundsChunk(const detail::AttentionView& v, const float* exact_out, const f
       magb = hwy::AllocateAligned<float>(size_t(cap * hp));
       wbuf = hwy::AllocateAligned<float>(size_t(cap * hp));
       pbuf = hwy::AllocateAligned<double>(size_t(cap * hp));
-      mbuf = hwy::AllocateAligned<double>(size_t(cap * hp));
+      if (dir) mbuf = hwy::AllocateAligned<double>(size_t(cap * hp));
       if (dir) ubuf = hwy::AllocateAligned<float>(size_t(cap * hp));
     }
     // q of row t transposed to [d][h] in blocks of 16 heads x 32 d (reads and writes stay in L1);
@@ -553,27 +554,33 @@ void BoundsChunk(const detail::AttentionView& v, const float* exact_out, const f
       for (int64_t h0 = 0; h0 < hp; h0 += hv)
         BoundDotTile<1, kBoundHeadVecs, false>(qt.get() + h0, hp, kp.data() + i0, aoff, d_qk, DT + i0 * hp + h0,
                                                MA + i0 * hp + h0);
-    // The logits p = double(dot) * sm_scale and the magnitudes in double (exact widenings).
+    // The logits p = double(dot) * sm_scale (an exact widening, then ref's product).
     double* P = pbuf.get();
     double* MG = mbuf.get();
-    for (int64_t e = 0; e < n * hp; ++e) {
-      P[e] = double(DT[e]) * scale;
-      MG[e] = double(MA[e]);
-    }
+    for (int64_t e = 0; e < n * hp; ++e) P[e] = double(DT[e]) * scale;
     // Pass 2, ref's per-head loops with lanes over heads: Gm and m (std::max, i ascending), p =
     // exp(p - m) by the C library's double exp element by element, summed into l (i ascending),
     // then the weights p / l (in place; IEEE division, the same in a lane). Padding heads: 0.
-    for (int64_t h0 = 0; h0 < hp; h0 += N) {
-      VF64 g = hn::Zero(d64), m = hn::Set(d64, -std::numeric_limits<double>::infinity());
+    // Gm over the f32 magnitudes: widening to double is exact and keeps their order, so the
+    // maximum (and std::max's choice on NaN) is ref's, without a double copy of MA.
+    for (int64_t h0 = 0; h0 < hp; h0 += NF) {
+      VF32 g = hn::Zero(df);
       for (int64_t i = 0; i < n; ++i) {
-        const VF64 x = hn::Load(d64, MG + i * hp + h0), y = hn::Load(d64, P + i * hp + h0);
+        const VF32 x = hn::Load(df, MA + i * hp + h0);
         g = hn::IfThenElse(hn::Lt(g, x), x, g);
+      }
+      hn::StoreU(g, df, gf.data() + h0);
+    }
+    for (int64_t h = 0; h < hp; ++h) G[size_t(h)] = double(gf[size_t(h)]);
+    for (int64_t h0 = 0; h0 < hp; h0 += N) {
+      VF64 m = hn::Set(d64, -std::numeric_limits<double>::infinity());
+      for (int64_t i = 0; i < n; ++i) {
+        const VF64 y = hn::Load(d64, P + i * hp + h0);
         m = hn::IfThenElse(hn::Lt(m, y), y, m);
       }
-      hn::StoreU(g, d64, G.data() + h0);
       hn::StoreU(m, d64, mv.data() + h0);
     }
-    // The direction's z = s - m replaces MG (Gm is taken), where ref copies the logits first.
+    // The direction's z = s - m (in MG), where ref copies the logits first.
     if (dir)
       for (int64_t i = 0; i < n; ++i)
         for (int64_t h0 = 0; h0 < hp; h0 += N)
