@@ -354,6 +354,26 @@ std::vector<int64_t> valid_rows(const Tensor<int32_t>& indices, const Tensor<int
 }  // namespace
 
 namespace {
+// The weights of the bounds' f32 sums, kept to 16 significant bits (compare.h: every product with
+// a bf16 value is then exact in f32), on the f32 bits: up (the low 8 bits cleared, one step of
+// 2^8 up where any was set; for x >= 0) or to nearest (ties away from zero). Non-finite x: as is.
+float round_up_16(float x) {
+  if (!std::isfinite(x)) return x;
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  u = (u + 0xFFu) & ~0xFFu;
+  std::memcpy(&x, &u, 4);
+  return x;
+}
+float round_16(float x) {
+  if (!std::isfinite(x)) return x;
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  u = (u + 0x80u) & ~0xFFu;
+  std::memcpy(&x, &u, 4);
+  return x;
+}
+
 // attention_bounds, and with `dir` the softmax-scale direction too (attention_bounds_sm).
 AttentionBounds bounds_impl(const Tensor<bf16_t>& q, const Tensor<bf16_t>& kv, const Tensor<int32_t>& indices,
                             float sm_scale, int64_t d_v, const Tensor<int32_t>* topk_length,
@@ -406,9 +426,10 @@ AttentionBounds bounds_impl(const Tensor<bf16_t>& q, const Tensor<bf16_t>& kv, c
         for (size_t i = 0; i < rows.size(); ++i) zbar += p[i] / l * z[i];
         const double sbar = m + zbar, lse = m + std::log(l);
         const double f = attn_sink ? 1.0 / (1.0 + std::exp(double((*attn_sink)[h]) - lse)) : 1.0;
-        // D in f32 (a regression direction needs ~1e-3, f32 gives ~1e-6): u_i rounded once.
+        // D in f32 (a regression direction needs ~1e-3, f32 gives ~1e-6): u_i rounded to f32,
+        // then to 16 significant bits (relative 2^-17; the products u_i V_ic are exact).
         std::vector<float> u(rows.size());
-        for (size_t i = 0; i < rows.size(); ++i) u[i] = float(p[i] / l * (z[i] - zbar));
+        for (size_t i = 0; i < rows.size(); ++i) u[i] = round_16(float(p[i] / l * (z[i] - zbar)));
         for (int64_t c = 0; c < d_v; ++c) {
           float D = 0;
           for (size_t i = 0; i < rows.size(); ++i) D += u[i] * bf16_to_f32(kv[rows[i] * d_qk + c]);
@@ -417,12 +438,13 @@ AttentionBounds bounds_impl(const Tensor<bf16_t>& q, const Tensor<bf16_t>& kv, c
         b.sm_lse[size_t(th)] = float(sbar);
       }
       const double logit_err = (double(d_qk) + 2) * kF32E * G;
-      // A_c from the weights w'_i = f32(p_i / l) of the f32 logits, summed in f32 (i ascending, a
-      // multiply then an add), inflated: the true weights are within e^(2 delta) of the computed
-      // ones, and the f32 sum of k terms (weights and products rounded) within inflate(k + 2).
+      // A_c from the weights w'_i = f32(p_i / l) of the f32 logits, rounded up to 16 significant
+      // bits, summed in f32 (i ascending, a multiply then an add; every product exact), inflated:
+      // the true weights are within e^(2 delta) of the computed ones, and the f32 sum of k terms
+      // (the weights' and the adds' roundings) within inflate(k + 2).
       const double A_up = std::exp(2 * delta) * inflate(k + 2);
       std::vector<float> w(rows.size());
-      for (size_t i = 0; i < rows.size(); ++i) w[i] = float(p[i] / l);
+      for (size_t i = 0; i < rows.size(); ++i) w[i] = round_up_16(float(p[i] / l));
       for (int64_t c = 0; c < d_v; ++c) {
         float Af = 0;
         for (size_t i = 0; i < rows.size(); ++i) Af += w[i] * std::fabs(bf16_to_f32(kv[rows[i] * d_qk + c]));

@@ -134,11 +134,13 @@ inline float bound_f32(double b) {
 //                                   add: d_qk + 1 roundings with the products')
 //   s'_i  = double(dot_i) * sm_scale (the logits), G = sm_scale * max_i mag_i * infl(d_qk + 1)
 //   delta = 2 (d_qk + 1) e G       >= |s'_i - s_i| (the f32 dot's error, gamma_(d_qk+1) sum |q k|)
-//   w'_i  = f32(exp(s'_i - m') / l') (double softmax of s', rounded to f32 once)
+//   w'_i  = f32(exp(s'_i - m') / l') (double softmax of s', rounded to f32 once), then rounded UP
+//           to 16 significant bits (w'_i only grows, relative 2^-15 at most)
 //   A_c   = f32 sum_i w'_i |V_ic| (i ascending) * exp(2 delta) * infl(k + 2)
 // Every true weight is within exp(2 delta) of its computed one (the logits move by at most delta,
 // the normaliser by at most exp(delta)), and the f32 sum has k + 2 roundings per term at most (the
-// weight's, the product's, the adds'). The double steps (exp, division; relative ~1e-16) and f32
+// weight's, the product's, the adds'; the product of a 16-bit weight and a bf16 value has at most
+// 24 significant bits, so it is exact unless it leaves f32's range, and one rounding is spare). The double steps (exp, division; relative ~1e-16) and f32
 // weights that underflow (absolute 2^-149 each) are far inside kAttentionMultiple. At d_qk 576 and
 // G ~ 15 the inflation is ~0.2%; sums in f32 lanes hold twice double's, and both products of
 // pass 1 are exact in f32 for bf16 inputs of ordinary exponents (one fused multiply-add each).
@@ -158,8 +160,9 @@ AttentionBounds attention_bounds(const Tensor<bf16_t>& q, const Tensor<bf16_t>& 
 //   d lse / d ln sm  = m + zbar                                  (= sum w_i s_i)
 //   d out_c / d ln sm = f D_c + (1 - f) (m + zbar) out_c,  D_c = sum_i w_i (z_i - zbar) V_ic
 // (out = f sum w_i V_i, d w_i = w_i (s_i - sbar), d f = f (1 - f) d lse). D_c is summed in f32
-// (i ascending, the weights w_i (z_i - zbar) rounded to f32 once: ~1e-6 relative where a
-// regression direction needs ~1e-3, at half the cost of double lanes); the results are rounded
+// (i ascending, the weights w_i (z_i - zbar) rounded to f32, then to nearest 16 significant bits:
+// ~1e-5 relative where a regression direction needs ~1e-3, and every product u_i V_ic is exact,
+// so simd/ sums them with fused multiply-adds); the results are rounded
 // once to f32; 0 on rows without keys. It replaces a forward difference of a second exact evaluation.
 AttentionBounds attention_bounds_sm(const Tensor<bf16_t>& q, const Tensor<bf16_t>& kv,
                                     const Tensor<int32_t>& indices, float sm_scale, int64_t d_v,

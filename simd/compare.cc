@@ -11,8 +11,10 @@
 //                            `a += b * c` under -ffp-contract=off, or a fused multiply-add where
 //                            every product is exact in f32 (ExpRange), the same bits); the bounds'
 //                            pass sums q.k and |q|.|k| in the same tile of keys x head vectors
-//   P.V and A_c              lanes over output columns, each lane summing i (the sorted kv rows)
-//                            ascending; a tile of heads x column vectors
+//   P.V, A_c and D_c         lanes over output columns, each lane summing i (the sorted kv rows)
+//                            ascending; a tile of heads x column vectors (the bounds' A and the
+//                            direction's D share one pass over V, by blocks of 32 keys, fused
+//                            where their 16-bit weights' products with V are exact)
 //   logits magnitudes        Qt = sum_h |w| |q| with lanes over d (h ascending), then lanes over
 //                            keys s (|k| transposed to [d][s]), d ascending
 // The scalar parts (max, exp, log, the softmax sum, the per-element bound formulas) run per
@@ -33,6 +35,7 @@
 #include <vector>
 
 #include "hwy/aligned_allocator.h"
+#include "hwy/cache_control.h"
 #include "ref/compare.h"
 #include "ref/numerics.h"
 #include "simd/common.h"
@@ -85,6 +88,16 @@ HWY_INLINE VF32 RoundBf16(DF32 df, VF32 x) {
   const auto rounded = hn::ShiftRight<16>(hn::Add(hn::Add(u, hn::Set(du, 0x7FFFu)), hn::And(hi, hn::Set(du, 1u))));
   const auto nan = hn::Or(hn::And(hi, hn::Set(du, 0x8000u)), hn::Set(du, 0x7FC0u));
   return hn::BitCast(df, hn::ShiftLeft<16>(hn::IfThenElse(hn::RebindMask(du, is_nan), nan, rounded)));
+}
+
+// ref's round_up_16 (add 0xFF) or round_16 (add 0x80) lane by lane: the f32 bits plus `add`, the
+// low 8 bits cleared; non-finite lanes as they are.
+HWY_INLINE VF32 Round16(DF32 df, VF32 x, uint32_t add) {
+  const hn::RebindToUnsigned<DF32> du;
+  const auto u = hn::BitCast(du, x);
+  const auto r = hn::And(hn::Add(u, hn::Set(du, add)), hn::Set(du, ~0xFFu));
+  const auto finite = hn::Lt(hn::And(u, hn::Set(du, 0x7FFFFFFFu)), hn::Set(du, 0x7F800000u));
+  return hn::BitCast(df, hn::IfThenElse(finite, r, u));
 }
 
 // Pass 1 tile: dot[k][h] for kK keys (f32 rows kr + k * kstride) and kV vectors of heads from the
@@ -163,7 +176,31 @@ struct ExpRange {
     if (lo > hi || o.lo > o.hi) return true;  // a side with no nonzero value: products are zeros
     return lo + o.lo >= -135 && hi + o.hi <= 126;
   }
+  // The same where *this holds values of 16 significant bits (the bounds' weights, lowest bit
+  // 2^(e-15)) and o bf16 values: a product's lowest bit is 2^(ea+eb-22), at most 24 bits.
+  bool exact16_with(const ExpRange& o) const {
+    if (!finite || !o.finite) return false;
+    if (lo > hi || o.lo > o.hi) return true;
+    return lo + o.lo >= -127 && hi + o.hi <= 126;
+  }
 };
+
+// The ExpRange of x[0, n) (f32 values), in one branch-free pass over the bits.
+HWY_INLINE ExpRange RangeOfF32(const float* x, int64_t n) {
+  uint32_t mn = 0xFF, mx = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t b;
+    std::memcpy(&b, x + i, 4);
+    const uint32_t ex = (b >> 23) & 0xFFu;
+    const bool nz = (b & 0x7FFFFFFFu) != 0;
+    mn = std::min(mn, nz ? std::max(ex, 1u) : 0xFFu);
+    mx = std::max(mx, nz ? ex : 0u);
+  }
+  ExpRange r;
+  if (mx == 0xFF) r.finite = false;
+  else if (mn != 0xFF) r.lo = int(mn) - 127, r.hi = std::max(int(mx), 1) - 127;
+  return r;
+}
 
 HWY_INLINE uint32_t F32Bits(float x) {
   uint32_t u;
@@ -316,27 +353,30 @@ using VF64 = hn::Vec<DF64>;
 // ---- the attention bounds (f32 sums, double scalars) -------------------------------------------
 
 // Pass 1 tile of the bounds: per lane (head) dot += q * k and mag += |q| * |k| in f32, d
-// ascending, for kK keys (f32 rows kr / ka = |kr|, + k * kstride) and kV vectors of heads
-// (qt[d * hp + h], qa = |qt|). Stores the raw sums dot[k * hp + h] and mag[k * hp + h].
-// kFused: every product q * k is exact in f32 (ExpRange), so ref's multiply-then-add (one
-// rounding) is one fused multiply-add, and so is |q| * |k| (the same product's magnitude).
+// ascending, for kK keys (f32 rows kr[k], and |kr[k]| at kr[k] + aoff) and kV vectors of heads
+// (qt[d * hp + h]; |q| is taken in the registers). Stores the raw sums dot[k * hp + h] and
+// mag[k * hp + h]. kFused: every product q * k is exact in f32 (ExpRange), so ref's
+// multiply-then-add (one rounding) is one fused multiply-add, and so is |q| * |k| (the same
+// product's magnitude).
 template <size_t kK, size_t kV, bool kFused>
-HWY_INLINE void BoundDotTile(const float* HWY_RESTRICT qt, const float* HWY_RESTRICT qa, int64_t hp,
-                             const float* HWY_RESTRICT kr, const float* HWY_RESTRICT ka, int64_t kstride, int64_t d_qk,
-                             float* HWY_RESTRICT dot_out, float* HWY_RESTRICT mag_out) {
+HWY_INLINE void BoundDotTile(const float* HWY_RESTRICT qt, int64_t hp, const float* const* kr, int64_t aoff,
+                             int64_t d_qk, float* HWY_RESTRICT dot_out, float* HWY_RESTRICT mag_out) {
   const DF32 df;
   const size_t N = hn::Lanes(df);
   VF32 dot[kK][kV], mag[kK][kV];
-  for (size_t k = 0; k < kK; ++k)
+  const float* rk[kK];
+  for (size_t k = 0; k < kK; ++k) {
+    rk[k] = kr[k];
     for (size_t u = 0; u < kV; ++u) dot[k][u] = mag[k][u] = hn::Zero(df);
+  }
   for (int64_t d = 0; d < d_qk; ++d) {
     VF32 q[kV], a[kV];
     for (size_t u = 0; u < kV; ++u) {
       q[u] = hn::LoadU(df, qt + d * hp + int64_t(u * N));
-      a[u] = hn::LoadU(df, qa + d * hp + int64_t(u * N));
+      a[u] = hn::Abs(q[u]);
     }
     for (size_t k = 0; k < kK; ++k) {
-      const VF32 b = hn::Set(df, kr[int64_t(k) * kstride + d]), ba = hn::Set(df, ka[int64_t(k) * kstride + d]);
+      const VF32 b = hn::Set(df, rk[k][d]), ba = hn::Set(df, rk[k][aoff + d]);
       for (size_t u = 0; u < kV; ++u) {
         dot[k][u] = kFused ? hn::MulAdd(q[u], b, dot[k][u]) : hn::Add(dot[k][u], hn::Mul(q[u], b));
         mag[k][u] = kFused ? hn::MulAdd(a[u], ba, mag[k][u]) : hn::Add(mag[k][u], hn::Mul(a[u], ba));
@@ -350,30 +390,45 @@ HWY_INLINE void BoundDotTile(const float* HWY_RESTRICT qt, const float* HWY_REST
     }
 }
 
-// A_c = sum_i w[i][h] * |V_i[c]| in f32 for kH heads and kV vectors of columns, i ascending, a
-// multiply then an add (ref's `Af += w * |v|`).
-template <size_t kH, size_t kV>
-HWY_INLINE void BoundATile(const float* HWY_RESTRICT w, int64_t hp, const float* HWY_RESTRICT vr, int64_t vstride,
-                           int64_t n, float* HWY_RESTRICT o, int64_t ostride) {
+// A_c and, with kDir, the direction's D_c in one pass over V (shared loads): for kH heads and kV
+// vectors of columns from c0 (V_i: the f32 kv row vr[i]), A += w[i][h] * |V_i[c]| and D += u[i][h] *
+// V_i[c], each in f32, i ascending, a multiply then an add (ref's `Af += w * |v|` and `D += u * v`),
+// over keys [i0, i1): from zero when i0 == 0, else continuing from a / dd[h * ostride + c], where
+// the sums are stored (a block of keys at a time keeps its V and weights in L1; the same sums).
+// kFused: every product is exact (ExpRange::exact16_with), so a fused multiply-add gives ref's bits.
+template <size_t kH, size_t kV, bool kDir, bool kFused>
+HWY_INLINE void BoundADTile(const float* HWY_RESTRICT w, const float* HWY_RESTRICT uw, int64_t hp,
+                            const float* const* vr, int64_t c0, int64_t i0, int64_t i1, float* HWY_RESTRICT a,
+                            float* HWY_RESTRICT dd, int64_t ostride) {
   const DF32 df;
   const size_t N = hn::Lanes(df);
-  VF32 acc[kH][kV];
+  VF32 acc[kH][kV], dir[kH][kV];
   for (size_t h = 0; h < kH; ++h)
-    for (size_t u = 0; u < kV; ++u) acc[h][u] = hn::Zero(df);
-  for (int64_t i = 0; i < n; ++i) {
-    VF32 x[kV];
-    for (size_t u = 0; u < kV; ++u) x[u] = hn::Abs(hn::LoadU(df, vr + i * vstride + int64_t(u * N)));
+    for (size_t u = 0; u < kV; ++u) {
+      acc[h][u] = i0 == 0 ? hn::Zero(df) : hn::LoadU(df, a + int64_t(h) * ostride + int64_t(u * N));
+      dir[h][u] = i0 == 0 || !kDir ? hn::Zero(df) : hn::LoadU(df, dd + int64_t(h) * ostride + int64_t(u * N));
+    }
+  for (int64_t i = i0; i < i1; ++i) {
+    VF32 x[kV], xa[kV];
+    for (size_t u = 0; u < kV; ++u) {
+      x[u] = hn::LoadU(df, vr[i] + c0 + int64_t(u * N));
+      xa[u] = hn::Abs(x[u]);
+    }
     for (size_t h = 0; h < kH; ++h) {
       const VF32 p = hn::Set(df, w[i * hp + int64_t(h)]);
-      for (size_t u = 0; u < kV; ++u) acc[h][u] = hn::Add(acc[h][u], hn::Mul(p, x[u]));
+      for (size_t u = 0; u < kV; ++u) acc[h][u] = kFused ? hn::MulAdd(p, xa[u], acc[h][u]) : hn::Add(acc[h][u], hn::Mul(p, xa[u]));
+      if (kDir) {
+        const VF32 q = hn::Set(df, uw[i * hp + int64_t(h)]);
+        for (size_t u = 0; u < kV; ++u) dir[h][u] = kFused ? hn::MulAdd(q, x[u], dir[h][u]) : hn::Add(dir[h][u], hn::Mul(q, x[u]));
+      }
     }
   }
   for (size_t h = 0; h < kH; ++h)
-    for (size_t u = 0; u < kV; ++u) hn::StoreU(acc[h][u], df, o + int64_t(h) * ostride + int64_t(u * N));
+    for (size_t u = 0; u < kV; ++u) {
+      hn::StoreU(acc[h][u], df, a + int64_t(h) * ostride + int64_t(u * N));
+      if (kDir) hn::StoreU(dir[h][u], df, dd + int64_t(h) * ostride + int64_t(u * N));
+    }
 }
-
-// The softmax-scale direction's D_c = sum_i u[i][h] * V_i[c] in f32, i ascending, a multiply then
-// an add (ref's `D += u * v`): pass 3's tile of the emulation, unfused (EmuPVTile<kH, kV, false>).
 
 // Pass 1 tile: keys x one vector of heads (x 2 sums: 16 accumulators with 32 registers, 8 with 16);
 // one vector of heads keeps h_q 16 in whole f32 vectors on AVX-512.
@@ -382,7 +437,14 @@ constexpr size_t kBoundKeys = 8, kBoundHeadVecs = 1;
 #else
 constexpr size_t kBoundKeys = 4, kBoundHeadVecs = 1;
 #endif
-constexpr size_t kBoundAHeads = 4, kBoundAVecs = 2;   // A and D tiles: 4 heads x 2 vectors of columns
+// A and D tile: heads x 2 vectors of columns x 2 sums (16 accumulators with 32 registers, 8 with
+// 16), over blocks of kBoundABlock keys (their weights, 2 x 32 x h_q floats, and a strip of V in L1).
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+constexpr size_t kBoundAHeads = 4, kBoundAVecs = 2;
+#else
+constexpr size_t kBoundAHeads = 2, kBoundAVecs = 2;
+#endif
+constexpr int64_t kBoundABlock = 32;
 
 // The scalars of cmp::attention_bounds (ref/compare.cc), as there.
 constexpr double kBf16U = 0x1p-8, kF32E = 0x1p-24;
@@ -391,10 +453,13 @@ HWY_INLINE double Inflate(double m) { return 1 + 2 * m * kF32E; }
 // ref's attention_bounds for query rows [t0, t1): out [s_q, h_q, d_v], lse / max [s_q, h_q]
 // (zero-initialised by the caller: empty rows keep bound 0); with sm_out / sm_lse (else null)
 // attention_bounds_sm's softmax-scale direction too (v.sink: the sink of its factor f). kv_lo,
-// kv_hi, kv_finite: kv's exponent range (ExpRange), for the fused pass 1.
+// kv_hi, kv_finite: kv's exponent range (ExpRange), for the fused pass 1. kvf: null, or kv in f32
+// converted once by the caller (rows of kvstride floats, zeros past d_qk), |kv| at kvf + kvaoff;
+// without it each query row converts its own keys.
 void BoundsChunk(const detail::AttentionView& v, const float* exact_out, const float* exact_lse,
                  const float* exact_max, int64_t t0, int64_t t1, float* b_out, float* b_lse, float* b_max,
-                 float* sm_out, float* sm_lse, int kv_lo, int kv_hi, bool kv_finite) {
+                 float* sm_out, float* sm_lse, int kv_lo, int kv_hi, bool kv_finite, const float* kvf,
+                 int64_t kvaoff, int64_t kvstride) {
   ExpRange kvr;
   kvr.lo = kv_lo, kvr.hi = kv_hi, kvr.finite = kv_finite;
   const bool dir = sm_out != nullptr;
@@ -407,18 +472,19 @@ void BoundsChunk(const detail::AttentionView& v, const float* exact_out, const f
   const int64_t cw = int64_t(kBoundAVecs) * NF;
   const int64_t dpad = RoundUp(d_qk, cw), dvp = RoundUp(d_v, cw);  // V: the first d_v columns of a kv row
   const double sm = std::fabs(v.sm_scale), scale = v.sm_scale;
-  auto qt = hwy::AllocateAligned<float>(size_t(d_qk * hp)), qa = hwy::AllocateAligned<float>(size_t(d_qk * hp));
+  auto qt = hwy::AllocateAligned<float>(size_t(d_qk * hp));
   auto A = hwy::AllocateAligned<float>(size_t(hp * dvp));
   auto Dv = hwy::AllocateAligned<float>(size_t(dir ? hp * dvp : 1));
-  hwy::AlignedFreeUniquePtr<float[]> kf, ka, dotb, magb, wbuf, ubuf;
+  hwy::AlignedFreeUniquePtr<float[]> kf, dotb, magb, wbuf, ubuf;
+  std::vector<const float*> kp;  // the f32 rows of the row's keys, i ascending; |k| at + aoff
+  int64_t aoff = kvaoff;
   hwy::AlignedFreeUniquePtr<double[]> pbuf, mbuf;
   int64_t cap = 0;
   std::vector<int64_t> rows;
-  std::vector<float> qrow(static_cast<size_t>(d_qk));
+  std::vector<float> gf(static_cast<size_t>(hp));
   std::vector<double> G(static_cast<size_t>(hp)), mv(static_cast<size_t>(hp)), lv(static_cast<size_t>(hp)),
       zb(static_cast<size_t>(hp));
   std::fill(qt.get(), qt.get() + d_qk * hp, 0.0f);
-  std::fill(qa.get(), qa.get() + d_qk * hp, 0.0f);
   for (int64_t t = t0; t < t1; ++t) {
     ValidRows(v, t, rows);
     const int64_t n = int64_t(rows.size());
@@ -426,30 +492,50 @@ void BoundsChunk(const detail::AttentionView& v, const float* exact_out, const f
     const double k = double(n);
     if (n > cap) {
       cap = n;
-      kf = hwy::AllocateAligned<float>(size_t(cap * dpad));
-      ka = hwy::AllocateAligned<float>(size_t(cap * dpad));
+      if (!kvf) {  // the rows of k, then those of |k|
+        kf = hwy::AllocateAligned<float>(size_t(2 * cap * dpad));
+        aoff = cap * dpad;
+      }
       dotb = hwy::AllocateAligned<float>(size_t(cap * hp));
       magb = hwy::AllocateAligned<float>(size_t(cap * hp));
       wbuf = hwy::AllocateAligned<float>(size_t(cap * hp));
       pbuf = hwy::AllocateAligned<double>(size_t(cap * hp));
-      mbuf = hwy::AllocateAligned<double>(size_t(cap * hp));
+      if (dir) mbuf = hwy::AllocateAligned<double>(size_t(cap * hp));
       if (dir) ubuf = hwy::AllocateAligned<float>(size_t(cap * hp));
     }
-    // q of row t transposed to [d][h] (and |q|); the kv rows in f32 (and |k|), zeros past d_qk.
-    ExpRange qr;
-    for (int64_t h = 0; h < h_q; ++h) {
-      Bf16RowToF32(v.q + (t * h_q + h) * d_qk, d_qk, d_qk, qrow.data());
-      for (int64_t d = 0; d < d_qk; ++d) {
-        qt[size_t(d * hp + h)] = qrow[size_t(d)];
-        qa[size_t(d * hp + h)] = std::fabs(qrow[size_t(d)]);
-        qr.add_bits(F32Bits(qrow[size_t(d)]));
+    // q of row t transposed to [d][h] in blocks of 16 heads x 32 d (reads and writes stay in L1);
+    // the kv rows in f32 (and |k|), zeros past d_qk. qr: the row's exponent range (ExpRange, on
+    // the bf16 bits: the f32 value's bits are bits << 16), in one branch-free pass.
+    const uint16_t* qrow16 = v.q + t * h_q * d_qk;
+    for (int64_t hb = 0; hb < h_q; hb += 16)
+      for (int64_t db = 0; db < d_qk; db += 32) {
+        const int64_t he = std::min(h_q, hb + 16), de = std::min(d_qk, db + 32);
+        for (int64_t d = db; d < de; ++d)
+          for (int64_t h = hb; h < he; ++h) qt[size_t(d * hp + h)] = bf16_to_f32(bf16_t{qrow16[h * d_qk + d]});
       }
+    ExpRange qr;
+    {
+      uint32_t mn = 0xFF, mx = 0;
+      for (int64_t e = 0; e < h_q * d_qk; ++e) {
+        const uint32_t b = qrow16[e], ex = (b >> 7) & 0xFFu;
+        const bool nz = (b & 0x7FFFu) != 0;
+        mn = std::min(mn, nz ? std::max(ex, 1u) : 0xFFu);
+        mx = std::max(mx, nz ? ex : 0u);
+      }
+      if (mx == 0xFF) qr.finite = false;
+      else if (mn != 0xFF) qr.lo = int(mn) - 127, qr.hi = std::max(int(mx), 1) - 127;
     }
     const bool fused = qr.exact_with(kvr);
-    for (int64_t i = 0; i < n; ++i) {
-      float* kr = kf.get() + i * dpad;
-      Bf16RowToF32(v.kv + rows[size_t(i)] * d_qk, d_qk, dpad, kr);
-      for (int64_t d = 0; d < dpad; d += NF) hn::Store(hn::Abs(hn::Load(df, kr + d)), df, ka.get() + i * dpad + d);
+    kp.resize(size_t(n));
+    if (kvf) {  // kv converted once by the caller: the rows in place
+      for (int64_t i = 0; i < n; ++i) kp[size_t(i)] = kvf + rows[size_t(i)] * kvstride;
+    } else {
+      for (int64_t i = 0; i < n; ++i) {
+        float* kr = kf.get() + i * dpad;
+        Bf16RowToF32(v.kv + rows[size_t(i)] * d_qk, d_qk, dpad, kr);
+        for (int64_t d = 0; d < dpad; d += NF) hn::Store(hn::Abs(hn::Load(df, kr + d)), df, kr + aoff + d);
+        kp[size_t(i)] = kr;
+      }
     }
     // Pass 1: the f32 sums dot and mag per key and head.
     float* DT = dotb.get();
@@ -457,39 +543,44 @@ void BoundsChunk(const detail::AttentionView& v, const float* exact_out, const f
     int64_t i0 = 0;
     for (; i0 + int64_t(kBoundKeys) <= n; i0 += int64_t(kBoundKeys))
       for (int64_t h0 = 0; h0 < hp; h0 += hv) {
-        const int64_t o = i0 * dpad;
         if (fused)
-          BoundDotTile<kBoundKeys, kBoundHeadVecs, true>(qt.get() + h0, qa.get() + h0, hp, kf.get() + o, ka.get() + o, dpad,
-                                                         d_qk, DT + i0 * hp + h0, MA + i0 * hp + h0);
+          BoundDotTile<kBoundKeys, kBoundHeadVecs, true>(qt.get() + h0, hp, kp.data() + i0, aoff, d_qk,
+                                                         DT + i0 * hp + h0, MA + i0 * hp + h0);
         else
-          BoundDotTile<kBoundKeys, kBoundHeadVecs, false>(qt.get() + h0, qa.get() + h0, hp, kf.get() + o, ka.get() + o, dpad,
-                                                          d_qk, DT + i0 * hp + h0, MA + i0 * hp + h0);
+          BoundDotTile<kBoundKeys, kBoundHeadVecs, false>(qt.get() + h0, hp, kp.data() + i0, aoff, d_qk,
+                                                          DT + i0 * hp + h0, MA + i0 * hp + h0);
       }
     for (; i0 < n; ++i0)
       for (int64_t h0 = 0; h0 < hp; h0 += hv)
-        BoundDotTile<1, kBoundHeadVecs, false>(qt.get() + h0, qa.get() + h0, hp, kf.get() + i0 * dpad, ka.get() + i0 * dpad,
-                                               dpad, d_qk, DT + i0 * hp + h0, MA + i0 * hp + h0);
-    // The logits p = double(dot) * sm_scale and the magnitudes in double (exact widenings).
+        BoundDotTile<1, kBoundHeadVecs, false>(qt.get() + h0, hp, kp.data() + i0, aoff, d_qk, DT + i0 * hp + h0,
+                                               MA + i0 * hp + h0);
+    // The logits p = double(dot) * sm_scale (an exact widening, then ref's product).
     double* P = pbuf.get();
     double* MG = mbuf.get();
-    for (int64_t e = 0; e < n * hp; ++e) {
-      P[e] = double(DT[e]) * scale;
-      MG[e] = double(MA[e]);
-    }
+    for (int64_t e = 0; e < n * hp; ++e) P[e] = double(DT[e]) * scale;
     // Pass 2, ref's per-head loops with lanes over heads: Gm and m (std::max, i ascending), p =
     // exp(p - m) by the C library's double exp element by element, summed into l (i ascending),
     // then the weights p / l (in place; IEEE division, the same in a lane). Padding heads: 0.
-    for (int64_t h0 = 0; h0 < hp; h0 += N) {
-      VF64 g = hn::Zero(d64), m = hn::Set(d64, -std::numeric_limits<double>::infinity());
+    // Gm over the f32 magnitudes: widening to double is exact and keeps their order, so the
+    // maximum (and std::max's choice on NaN) is ref's, without a double copy of MA.
+    for (int64_t h0 = 0; h0 < hp; h0 += NF) {
+      VF32 g = hn::Zero(df);
       for (int64_t i = 0; i < n; ++i) {
-        const VF64 x = hn::Load(d64, MG + i * hp + h0), y = hn::Load(d64, P + i * hp + h0);
+        const VF32 x = hn::Load(df, MA + i * hp + h0);
         g = hn::IfThenElse(hn::Lt(g, x), x, g);
+      }
+      hn::StoreU(g, df, gf.data() + h0);
+    }
+    for (int64_t h = 0; h < hp; ++h) G[size_t(h)] = double(gf[size_t(h)]);
+    for (int64_t h0 = 0; h0 < hp; h0 += N) {
+      VF64 m = hn::Set(d64, -std::numeric_limits<double>::infinity());
+      for (int64_t i = 0; i < n; ++i) {
+        const VF64 y = hn::Load(d64, P + i * hp + h0);
         m = hn::IfThenElse(hn::Lt(m, y), y, m);
       }
-      hn::StoreU(g, d64, G.data() + h0);
       hn::StoreU(m, d64, mv.data() + h0);
     }
-    // The direction's z = s - m replaces MG (Gm is taken), where ref copies the logits first.
+    // The direction's z = s - m (in MG), where ref copies the logits first.
     if (dir)
       for (int64_t i = 0; i < n; ++i)
         for (int64_t h0 = 0; h0 < hp; h0 += N)
@@ -506,10 +597,11 @@ void BoundsChunk(const detail::AttentionView& v, const float* exact_out, const f
     }
     for (int64_t i = 0; i < n; ++i)
       for (int64_t h = h_q; h < hp; ++h) P[i * hp + h] = 0.0;
-    // The weights of A in f32 (ref's float(p / l)).
+    // The weights of A in f32, rounded up to 16 significant bits (ref's round_up_16(float(p / l))).
     {
       const hn::Rebind<float, DF64> dh;
       for (int64_t e = 0; e < n * hp; e += N) hn::StoreU(hn::DemoteTo(dh, hn::Load(d64, P + e)), dh, wbuf.get() + e);
+      for (int64_t e = 0; e < n * hp; e += NF) hn::Store(Round16(df, hn::Load(df, wbuf.get() + e), 0xFFu), df, wbuf.get() + e);
     }
     if (dir) {
       // zbar = sum_i w_i z_i (i ascending), then u_i = f32(w_i (z_i - zbar)).
@@ -522,14 +614,34 @@ void BoundsChunk(const detail::AttentionView& v, const float* exact_out, const f
           hn::StoreU(hn::DemoteTo(dh, hn::Mul(hn::Load(d64, P + i * hp + h0), hn::Sub(hn::Load(d64, MG + i * hp + h0), zs))), dh,
                      ubuf.get() + i * hp + h0);
       }
-      for (int64_t c0 = 0; c0 < dvp; c0 += cw)
-        for (int64_t h0 = 0; h0 < hp; h0 += int64_t(kBoundAHeads))
-          EmuPVTile<kBoundAHeads, kBoundAVecs, false>(ubuf.get() + h0, hp, kf.get() + c0, dpad, n, Dv.get() + h0 * dvp + c0, dvp);
+      // ref's round_16: to nearest 16 significant bits.
+      for (int64_t e = 0; e < n * hp; e += NF) hn::Store(Round16(df, hn::Load(df, ubuf.get() + e), 0x80u), df, ubuf.get() + e);
     }
-    // A_c per head in f32, column strips of V (|V| taken on load).
-    for (int64_t c0 = 0; c0 < dvp; c0 += cw)
-      for (int64_t h0 = 0; h0 < hp; h0 += int64_t(kBoundAHeads))
-        BoundATile<kBoundAHeads, kBoundAVecs>(wbuf.get() + h0, hp, kf.get() + c0, dpad, n, A.get() + h0 * dvp + c0, dvp);
+    // Fused multiply-adds where every product of the weights (and of u) with V is exact.
+    const bool fusedA = RangeOfF32(wbuf.get(), n * hp).exact16_with(kvr) && (!dir || RangeOfF32(ubuf.get(), n * hp).exact16_with(kvr));
+    // A_c (and the direction's D_c) per head in f32 (|V| taken on load): blocks of kBoundABlock
+    // keys, whose weights stay in L1 for every column strip, and whose strip of V for every head tile.
+    for (int64_t i0 = 0; i0 < n; i0 += kBoundABlock) {
+      const int64_t i1 = std::min(n, i0 + kBoundABlock);
+      for (int64_t c0 = 0; c0 < dvp; c0 += cw) {
+        if (c0 + cw < dvp)  // the next strip of the block's rows (scattered kv rows: no stream to detect)
+          for (int64_t i = i0; i < i1; ++i)
+            for (int64_t c = c0 + cw; c < c0 + 2 * cw; c += 16) hwy::Prefetch(kp[size_t(i)] + c);
+        for (int64_t h0 = 0; h0 < hp; h0 += int64_t(kBoundAHeads)) {
+          float* a = A.get() + h0 * dvp + c0;
+          float* dd = dir ? Dv.get() + h0 * dvp + c0 : nullptr;
+          const float* uw = dir ? ubuf.get() + h0 : nullptr;
+          if (dir && fusedA)
+            BoundADTile<kBoundAHeads, kBoundAVecs, true, true>(wbuf.get() + h0, uw, hp, kp.data(), c0, i0, i1, a, dd, dvp);
+          else if (dir)
+            BoundADTile<kBoundAHeads, kBoundAVecs, true, false>(wbuf.get() + h0, uw, hp, kp.data(), c0, i0, i1, a, dd, dvp);
+          else if (fusedA)
+            BoundADTile<kBoundAHeads, kBoundAVecs, false, true>(wbuf.get() + h0, uw, hp, kp.data(), c0, i0, i1, a, dd, dvp);
+          else
+            BoundADTile<kBoundAHeads, kBoundAVecs, false, false>(wbuf.get() + h0, uw, hp, kp.data(), c0, i0, i1, a, dd, dvp);
+        }
+      }
+    }
     // The bounds, ref's expressions element by element.
     for (int64_t h = 0; h < h_q; ++h) {
       const int64_t th = t * h_q + h;
@@ -716,10 +828,30 @@ cmp::AttentionBounds bounds(const Tensor<bf16_t>& q, const Tensor<bf16_t>& kv, c
   int kv_lo, kv_hi;
   bool kv_finite;
   kv_exp_range(kv, kv_lo, kv_hi, kv_finite);
+  // kv in f32 and |kv| once (rows of kvstride floats, zeros past d_qk; 64 is a whole number of
+  // every target's column tiles), when the query rows' keys repeat kv rows (see simd.h).
+  const int64_t s_kv = kv.dim(0), d_qk = q.dim(2), kvstride = (d_qk + 63) / 64 * 64;
+  hwy::AlignedFreeUniquePtr<float[]> kvf;  // the rows of kv, then those of |kv|
+  const int64_t kvaoff = s_kv * kvstride;
+  if (s_q * indices.dim(2) >= s_kv && s_kv * kvstride * 8 <= bounds_shared_kv_max_bytes) {
+    kvf = hwy::AllocateAligned<float>(size_t(2 * s_kv * kvstride));
+    const uint16_t* src = reinterpret_cast<const uint16_t*>(kv.ptr());
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < s_kv; ++r) {
+      float* f = kvf.get() + r * kvstride;
+      float* a = kvf.get() + kvaoff + r * kvstride;
+      for (int64_t d = 0; d < kvstride; ++d) {
+        const uint32_t bits = d < d_qk ? uint32_t(src[r * d_qk + d]) << 16 : 0u, abits = bits & 0x7FFFFFFFu;
+        std::memcpy(f + d, &bits, 4);
+        std::memcpy(a + d, &abits, 4);
+      }
+    }
+  }
   over_rows(s_q, 8, [&](int64_t t0, int64_t t1) {
     HWY_DYNAMIC_DISPATCH(BoundsChunk)(v, exact.out.ptr(), exact.lse.ptr(), exact.max_logits.ptr(), t0, t1,
                                       b.out.data(), b.lse.data(), b.max_logits.data(), dir ? b.sm_out.data() : nullptr,
-                                      dir ? b.sm_lse.data() : nullptr, kv_lo, kv_hi, kv_finite);
+                                      dir ? b.sm_lse.data() : nullptr, kv_lo, kv_hi, kv_finite, kvf.get(), kvaoff,
+                                      kvstride);
   });
   return b;
 }

@@ -111,6 +111,10 @@ cmp::AttentionBounds attention_bounds_sm(const Tensor<bf16_t>& q, const Tensor<b
                                          const Tensor<float>* attn_sink, const AttentionOut& exact);
 cmp::FloatRule indexer_logits_rule(const Tensor<e4m3_t>& q, const Tensor<e4m3_t>& k, const Tensor<float>& k_scale,
                                    const Tensor<float>& weights, const Tensor<float>& exact_logits);
+// attention_bounds converts kv to f32 (and |kv|) once, shared by every query row, when the rows'
+// keys (s_q x topk) are at least s_kv and the two copies take at most this many bytes; otherwise
+// each query row converts its own keys. The same bits either way; the tests set 0 to cover both.
+inline int64_t bounds_shared_kv_max_bytes = int64_t(256) << 20;
 
 // ---- the generator (simd/rng.cc) ---------------------------------------------------------------
 // indexshare::fill_range and fill_range_bf16 (ref/rng.h), the same values: the whole chunks of

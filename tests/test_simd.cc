@@ -616,16 +616,23 @@ void check_emulation_and_bounds(const AttnCase& c) {
   };
   for_each_target([&](const std::string&, int) {
     REQUIRE(attention_bitwise(simd::emulate_attention_lowp(c.q, c.kv, c.indices, c.sm_scale, c.d_v, tl, sink), emu));
-    const cmp::AttentionBounds b = simd::attention_bounds(c.q, c.kv, c.indices, c.sm_scale, c.d_v, tl, exact);
-    REQUIRE(first_diff_d(b.out, bounds.out) == -1);
-    REQUIRE(first_diff_d(b.lse, bounds.lse) == -1);
-    REQUIRE(first_diff_d(b.max_logits, bounds.max_logits) == -1);
-    const cmp::AttentionBounds s = simd::attention_bounds_sm(c.q, c.kv, c.indices, c.sm_scale, c.d_v, tl, sink, exact);
-    REQUIRE(first_diff_d(s.out, bounds.out) == -1);
-    REQUIRE(first_diff_d(s.lse, bounds.lse) == -1);
-    REQUIRE(first_diff_d(s.max_logits, bounds.max_logits) == -1);
-    REQUIRE(same_f(s.sm_out, with_sm.sm_out));
-    REQUIRE(same_f(s.sm_lse, with_sm.sm_lse));
+    // kv converted once for every query row, and by each row for its own keys (no shared copy).
+    for (const int64_t shared_max : {simd::bounds_shared_kv_max_bytes, int64_t(0)}) {
+      CAPTURE(shared_max);
+      const int64_t saved = simd::bounds_shared_kv_max_bytes;
+      simd::bounds_shared_kv_max_bytes = shared_max;
+      const cmp::AttentionBounds b = simd::attention_bounds(c.q, c.kv, c.indices, c.sm_scale, c.d_v, tl, exact);
+      REQUIRE(first_diff_d(b.out, bounds.out) == -1);
+      REQUIRE(first_diff_d(b.lse, bounds.lse) == -1);
+      REQUIRE(first_diff_d(b.max_logits, bounds.max_logits) == -1);
+      const cmp::AttentionBounds s = simd::attention_bounds_sm(c.q, c.kv, c.indices, c.sm_scale, c.d_v, tl, sink, exact);
+      REQUIRE(first_diff_d(s.out, bounds.out) == -1);
+      REQUIRE(first_diff_d(s.lse, bounds.lse) == -1);
+      REQUIRE(first_diff_d(s.max_logits, bounds.max_logits) == -1);
+      REQUIRE(same_f(s.sm_out, with_sm.sm_out));
+      REQUIRE(same_f(s.sm_lse, with_sm.sm_lse));
+      simd::bounds_shared_kv_max_bytes = saved;
+    }
   });
   // Through the kernel table, as golden and diff call them.
   const ref::Kernels k = simd::kernels();
@@ -708,6 +715,44 @@ TEST_CASE("simd: the budget emulation and the attention bounds are bit-identical
     CHECK(rb.sm_lse[0] == 0x1p-125f);
     for_each_target([&](const std::string&, int threads) {
       if (threads == 1) CHECK(simd::attention_bounds_sm(q, kv, idx, 1.0f, 2, nullptr, nullptr, exact).sm_lse[0] == 0x1p-125f);
+    });
+  }
+  // The bounds' A and direction sums fuse only where every product is exact (ExpRange): three keys
+  // with logits 0, 1, 2 (q = e_2, the third column of kv) and V (the first two columns) near f32's
+  // subnormal grid, where a product u_i V_ic rounds before its add. The direction's D (sm_out, no
+  // sink: D itself) is ref's multiply-then-add sum; a fused multiply-add would give other bits
+  // (checked here, so the case exercises the fallback).
+  {
+    Tensor<bf16_t> q({1, 1, 3}), kv({3, 1, 3});
+    q[2] = f32_to_bf16(1.0f);
+    const float vs[3] = {0x1p-127f, 0x1.28p-127f, 0x1.0cp-127f};
+    for (int64_t r = 0; r < 3; ++r)
+      kv[r * 3] = f32_to_bf16(vs[r]), kv[r * 3 + 1] = f32_to_bf16(-vs[r]), kv[r * 3 + 2] = f32_to_bf16(float(r));
+    Tensor<int32_t> idx({1, 1, 3});
+    for (int32_t j = 0; j < 3; ++j) idx[j] = j;
+    // ref's u_i = round_16(f32(w_i (z_i - zbar))) for logits 0, 1, 2.
+    double pz[3], l = 0, zbar = 0;
+    for (int i = 0; i < 3; ++i) l += (pz[i] = std::exp(double(i) - 2));
+    for (int i = 0; i < 3; ++i) zbar += pz[i] / l * (double(i) - 2);
+    float unfused = 0, fused = 0;
+    for (int i = 0; i < 3; ++i) {
+      float u = float(pz[i] / l * (double(i) - 2 - zbar));
+      uint32_t ub;
+      std::memcpy(&ub, &u, 4);
+      ub = (ub + 0x80u) & ~0xFFu;
+      std::memcpy(&u, &ub, 4);
+      const float prod = u * vs[i];
+      unfused = unfused + prod;
+      fused = std::fma(u, vs[i], fused);
+    }
+    REQUIRE(unfused != fused);
+    const ref::AttentionOut exact = ref::sparse_attention(q, kv, idx, 1.0f, 2, nullptr, nullptr);
+    const cmp::AttentionBounds rb = cmp::attention_bounds_sm(q, kv, idx, 1.0f, 2, nullptr, nullptr, exact);
+    CHECK(rb.sm_out[0] == unfused);
+    for_each_target([&](const std::string&, int) {
+      const cmp::AttentionBounds sb = simd::attention_bounds_sm(q, kv, idx, 1.0f, 2, nullptr, nullptr, exact);
+      CHECK(first_diff_d(sb.out, rb.out) == -1);
+      CHECK(first_diff_d(sb.sm_out, rb.sm_out) == -1);
     });
   }
   // The output's bf16 rounding ties to even: q = 0 (p = 1 for both keys, factor 1/2), V[:, 0] =
