@@ -201,7 +201,7 @@ using LayerData = GoldenLayer;
 
 }  // namespace
 
-GoldenLayer load_golden_layer(const golden::Loaded& g, int l, const ref::Kernels& k, bool with_q) {
+GoldenLayer load_golden_layer(const golden::Loaded& g, int l, const ref::Kernels& k, bool with_q, Tensor<float>* reuse_out) {
   const json& m = g.manifest;
   const std::string p = "layers." + std::to_string(l) + ".";
   LayerData d;
@@ -236,7 +236,12 @@ GoldenLayer load_golden_layer(const golden::Loaded& g, int l, const ref::Kernels
   d.indices = g.tensor<int32_t>(p + "attn.indices");
   if (g.find(p + "attn.topk_length")) d.topk_length = g.tensor<int32_t>(p + "attn.topk_length");
   if (g.find(p + "attn.sink")) d.sink = g.tensor<float>(p + "attn.sink");
-  d.out = g.tensor<float>(p + "attn.out");
+  if (reuse_out) {
+    g.tensor_into(p + "attn.out", *reuse_out);
+    d.out = std::move(*reuse_out);
+  } else {
+    d.out = g.tensor<float>(p + "attn.out");
+  }
   d.lse = g.tensor<float>(p + "attn.lse");
   d.max_logits = g.tensor<float>(p + "attn.max_logits");
   return d;
@@ -608,7 +613,7 @@ class Judge {
   const LayerData& layer(int l) {
     if (!loaded_[size_t(l)]) {
       const phases::Scope load("load golden layers (and logits not stored)");
-      data_[size_t(l)] = load_golden_layer(g_, l, k_, false);  // q on demand (q_of)
+      data_[size_t(l)] = load_golden_layer(g_, l, k_, false, &recycled_.out);  // q on demand (with_q)
       loaded_[size_t(l)] = true;
     }
     return data_[size_t(l)];
@@ -635,11 +640,14 @@ class Judge {
     io::read_file_range(path_, lazy_->offsets[size_t(t - c_.tensors.data())], one.tensors.back().bytes.mutable_data(), bytes);
     return one;
   }
-  Tensor<float> cand_float(const std::string& n, const Shape& shape) const {
+  // `reuse`: a tensor whose memory the result may take over (recycled_ below).
+  Tensor<float> cand_float(const std::string& n, const Shape& shape, Tensor<float>&& reuse = Tensor<float>()) const {
     // F32 left in the file: read straight into the tensor (no second copy of the bytes).
     if (const io::TensorView* t = c_.find(n); lazy_ && t && t->bytes.empty() && t->dtype == io::DType::F32) {
       io::expect_shape(*t, shape, c_.source);
-      Tensor<float> out(shape);
+      Tensor<float> out = std::move(reuse);
+      out.shape = shape;
+      out.data.resize(size_t(shape_numel(shape)));
       if (out.numel() > 0)
         io::read_file_range(path_, lazy_->offsets[size_t(t - c_.tensors.data())], out.ptr(), size_t(out.numel()) * sizeof(float));
       return out;
@@ -701,7 +709,16 @@ class Judge {
   RoleLayers roles_;
   std::vector<LayerData> data_;  // sized once: references into it stay valid
   std::vector<bool> loaded_;
-  std::set<int> judged_;  // the layers judge_file judges, in order
+  std::set<int> judged_;
+  // Memory recycled from one layer's attention step to the next (the golden's out, the
+  // candidate's, the bound: each the output's size): on this VM a fresh page costs about as much
+  // as reading it (measured at sq2048 hq64 nl4), and every layer's are the same size, so the next
+  // layer reads into these instead of new allocations. The peak is unchanged (all three are alive
+  // together in the attention step anyway).
+  struct Recycled {
+    Tensor<float> out, co;
+    std::vector<float> bound;
+  } recycled_;  // the layers judge_file judges, in order
 
   // A layer's logits are read by its own top-k and indices checks and by the indices checks of the
   // layers whose source it is: once the last of those is past (every layer after `l` neither is it
@@ -1054,10 +1071,11 @@ void Judge::judge_attention(const LayerData& d, const std::string& P, const Used
   // The candidate's out first: the bounds' pass folds the softmax-scale direction against it.
   phases::begin("attention: the candidate's out");
   Tensor<float> co;
-  if (has(l, "attn.out")) co = cand_float(name(l, "attn.out"), {s_q_, h_q_, d_v_});
+  if (has(l, "attn.out")) co = cand_float(name(l, "attn.out"), {s_q_, h_q_, d_v_}, std::move(recycled_.co));
   const Tensor<float>* cop = co.numel() ? &co : nullptr;
   phases::begin("attention: expected outputs and bounds");
   Expected e;
+  e.bounds.out = std::move(recycled_.bound);  // assigned, not appended to, by the bounds' pass
   if (used.note.empty()) {  // the golden's own outputs, bounds and budget
     // Moved, not copied: the layer's golden outputs are not read again (see the end of judge_layer).
     e.attn.out = std::move(data_[size_t(l)].out);
@@ -1083,6 +1101,9 @@ void Judge::judge_attention(const LayerData& d, const std::string& P, const Used
   if (has(l, "attn.out")) judge_out(a, co, panel);
   if (has(l, "attn.lse")) judge_lse(a);
   if (has(l, "attn.max_logits")) judge_max_logits(a);
+  recycled_.out = std::move(a.e.attn.out);
+  recycled_.co = std::move(co);
+  if (!a.e.bounds.out.empty()) recycled_.bound = std::move(a.e.bounds.out);
 }
 
 // compare_structured with the layer's row layout; its findings become diagnoses, its cluster
@@ -1113,6 +1134,7 @@ void Judge::judge_out(AttnCtx& a, const Tensor<float>& co, io::DiffPanel& panel)
   panel.heads = h_q_;
   panel.ratio = out_ratios(a.e.attn.out, co, rule.bound, d_v_);
   if (structured(a, "attn.out", a.e.attn.out, co, rule, spec) == cmp::Verdict::fail) out_hypotheses(a, co);
+  recycled_.bound = std::move(rule.bound);
 }
 
 // A failing attn.out: another Full layer's positions, a Shared layer's fresh top-k, no sink.

@@ -101,7 +101,9 @@ struct GoldenLayer {
   Tensor<float> out, lse, max_logits;
 };
 // with_q false leaves q empty (diff reads it on demand, or streams it through the bounds' pass).
-GoldenLayer load_golden_layer(const golden::Loaded& g, int l, const ref::Kernels& k = {}, bool with_q = true);
+// reuse_out: a tensor whose memory attn.out is read into (diff recycles it from layer to layer).
+GoldenLayer load_golden_layer(const golden::Loaded& g, int l, const ref::Kernels& k = {}, bool with_q = true,
+                              Tensor<float>* reuse_out = nullptr);
 
 // A candidate's float tensor (F32 or BF16) and integer positions (I32 or I64; I64 values outside
 // int32 are clamped and named in `diagnoses`), shape-checked; Error (exit 2) naming the file and

@@ -252,6 +252,18 @@ struct Loaded {
     load(name, t.data.data(), t.data.size() * sizeof(T));
     return t;
   }
+  // tensor(name) into `dst`, reusing its memory where it has room (no fresh pages).
+  template <class T>
+  void tensor_into(const std::string& name, Tensor<T>& dst) const {
+    const io::TensorView& v = get(name);
+    if (!lazy.count(name) || v.dtype != io::dtype_of<T>::value) {
+      dst = tensor<T>(name);
+      return;
+    }
+    dst.shape = v.shape;
+    dst.data.resize(size_t(shape_numel(v.shape)));
+    load(name, dst.data.data(), dst.data.size() * sizeof(T));
+  }
   // The bytes of lazy tensor `name` into dst (n bytes), checked against the manifest's SHA-256.
   void load(const std::string& name, void* dst, size_t n) const;
 
