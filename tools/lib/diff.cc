@@ -176,7 +176,8 @@ std::vector<double> out_ratios(const Tensor<float>& expected, const Tensor<float
       const double x = got[e], y = expected[e], b = bp ? double(bp[e]) : 0.0;
       double q;
       if (!std::isfinite(x) || !std::isfinite(y)) q = x == y ? 0.0 : INFINITY;
-      else q = b > 0 ? std::fabs(x - y) / b : (x == y ? 0.0 : INFINITY);
+      else if (x == y) q = 0.0;  // no division where there is no error (an exact copy has none)
+      else q = b > 0 ? std::fabs(x - y) / b : INFINITY;
       m = std::max(m, q);
     }
     r[size_t(i)] = m;
