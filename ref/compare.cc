@@ -357,22 +357,17 @@ namespace {
 // The weights of the bounds' f32 sums, kept to 16 significant bits (compare.h: every product with
 // a bf16 value is then exact in f32), on the f32 bits: up (the low 8 bits cleared, one step of
 // 2^8 up where any was set; for x >= 0) or to nearest (ties away from zero). Non-finite x: as is.
-float round_up_16(float x) {
+// `add` is 0xFF (up) or 0x80 (to nearest) before the low 8 bits are cleared.
+float keep_16_bits(float x, uint32_t add) {
   if (!std::isfinite(x)) return x;
   uint32_t u;
   std::memcpy(&u, &x, 4);
-  u = (u + 0xFFu) & ~0xFFu;
+  u = (u + add) & ~0xFFu;
   std::memcpy(&x, &u, 4);
   return x;
 }
-float round_16(float x) {
-  if (!std::isfinite(x)) return x;
-  uint32_t u;
-  std::memcpy(&u, &x, 4);
-  u = (u + 0x80u) & ~0xFFu;
-  std::memcpy(&x, &u, 4);
-  return x;
-}
+float round_up_16(float x) { return keep_16_bits(x, 0xFFu); }
+float round_16(float x) { return keep_16_bits(x, 0x80u); }
 
 // attention_bounds, and with `dir` the softmax-scale direction too (attention_bounds_sm).
 AttentionBounds bounds_impl(const Tensor<bf16_t>& q, const Tensor<bf16_t>& kv, const Tensor<int32_t>& indices,
