@@ -87,8 +87,6 @@ struct FloatBlock {
   double max_abs = 0, max_rel = 0, max_ratio = 0;
 };
 
-inline bool finite_f32(float v) { return std::fabs(v) <= std::numeric_limits<float>::max(); }
-
 // max(a, b) of doubles that are not NaN.
 inline double max_of(double a, double b) { return a < b ? b : a; }
 

@@ -102,6 +102,10 @@ Report compare_floats(const std::string& tensor, const Tensor<float>& expected,
 Report compare_exact(const std::string& tensor, const Tensor<int32_t>& expected, const Tensor<int32_t>& got);
 
 // ---- Derived bounds --------------------------------------------------------------------------
+// A float that is neither inf nor NaN, as a comparison the compiler vectorizes (the comparison
+// passes' masks, ref/compare.cc and ref/structure.cc).
+inline bool finite_f32(float v) { return std::fabs(v) <= std::numeric_limits<float>::max(); }
+
 // Every bound is derived in double and stored as the f32 at or above it (bound_f32: round to
 // nearest, then one step up where that fell below): never below the derivation, at most one f32
 // ulp (relative 2^-23) wider, and half the memory of a double per element (attn.out's bound is

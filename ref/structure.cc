@@ -145,8 +145,6 @@ struct LanePart {
   double v_scale[kClasses], v_off[kClasses], v_sm[kClasses];
 };
 
-inline bool finite_f32(float v) { return std::fabs(v) <= std::numeric_limits<float>::max(); }
-
 // The pairs of columns [c0, c1) of one (row, head) (x, y, g point at its column 0) summed into the
 // classes of column mod 128, each in column order; a non-finite pair adds 0 to every sum (which
 // leaves a sum that starts at +0 unchanged) and is not counted. Then the coarser moduli: class

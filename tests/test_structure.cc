@@ -40,6 +40,18 @@ bool has_finding(const std::vector<std::string>& f, const std::string& needle) {
   return false;
 }
 
+// attn.out's layout as diff judges it: clusters (row, head), column lanes.
+cmp::StructureSpec out_spec(int64_t R, int64_t H, int64_t C) {
+  cmp::StructureSpec s;
+  s.tensor = "attn.out";
+  s.rows = R;
+  s.heads = H;
+  s.cols = C;
+  s.cluster_cols = C;
+  s.lanes = true;
+  return s;
+}
+
 // Synthetic [rows, heads, cols] data: golden x ~ U(-1, 1), a correct candidate x (1 + noise),
 // noise per element plus a per-(row, head) common factor (as P rounded to bf16 gives).
 struct Synthetic {
@@ -60,16 +72,7 @@ struct Synthetic {
         }
       }
   }
-  cmp::StructureSpec spec() const {
-    cmp::StructureSpec s;
-    s.tensor = "attn.out";
-    s.rows = R;
-    s.heads = H;
-    s.cols = C;
-    s.cluster_cols = C;
-    s.lanes = true;
-    return s;
-  }
+  cmp::StructureSpec spec() const { return out_spec(R, H, C); }
   template <class F>
   void apply(F f) {
     for (int64_t r = 0; r < R; ++r)
@@ -450,13 +453,7 @@ TEST_CASE("structure: compare_structured's report is the same bit for bit with 1
   rule.anchor_rel = 8e-3;
   rule.anchor_name = "the anchor";
   rule.metric_max = 1;
-  cmp::StructureSpec spec;
-  spec.tensor = "attn.out";
-  spec.rows = R;
-  spec.heads = H;
-  spec.cols = C;
-  spec.cluster_cols = C;
-  spec.lanes = true;
+  cmp::StructureSpec spec = out_spec(R, H, C);
   spec.sm_dir = g.data();
   struct Fault {
     std::string name, finding;  // finding: "" = a clean candidate

@@ -279,13 +279,14 @@ void bounds_sm_by_blocks(const ref::Kernels& k, const golden::Loaded& g, const L
   if (d.q.numel() == 0) qs.emplace(g, qname);
   const Tensor<int32_t>* tl = d.topk_length.numel() ? &d.topk_length : nullptr;
   const Tensor<float>* sink = d.sink ? &*d.sink : nullptr;
-  const int64_t per_row = std::max<int64_t>(1, h_q * d_v), rows = std::max<int64_t>(16, std::max<int64_t>(int64_t(1) << 20, 4 * s_q * per_row / 32) / (4 * per_row));
-  cmp::AttentionBounds& b = e.bounds;
+  const int64_t per_row = std::max<int64_t>(1, h_q * d_v);  // output floats per query row
+  const int64_t block_bytes = std::max<int64_t>(int64_t(1) << 20, 4 * s_q * per_row / 32);
+  const int64_t rows = std::max<int64_t>(16, block_bytes / (4 * per_row));
+  cmp::AttentionBounds& b = e.bounds;  // b.out may hold recycled memory: assigned, not appended to
   b.out.assign(size_t(s_q * per_row), 0.0f);
   b.lse.assign(size_t(s_q * h_q), 0.0f);
   b.max_logits.assign(size_t(s_q * h_q), 0.0f);
   b.sm_lse.assign(size_t(s_q * h_q), 0.0f);
-  b.sm_out.clear();
   e.sm_out_sums.assign(co ? size_t(2 * s_q * h_q) : 0, 0.0);
   for (int64_t r0 = 0; r0 < s_q; r0 += rows) {
     const int64_t n = std::min(rows, s_q - r0);
@@ -710,7 +711,7 @@ class Judge {
   RoleLayers roles_;
   std::vector<LayerData> data_;  // sized once: references into it stay valid
   std::vector<bool> loaded_;
-  std::set<int> judged_;
+  std::set<int> judged_;  // the layers judge_file judges, in order
   // Memory recycled from one layer's attention step to the next (the golden's out, the
   // candidate's, the bound: each the output's size): on this VM a fresh page costs about as much
   // as reading it (measured at sq2048 hq64 nl4), and every layer's are the same size, so the next
@@ -719,7 +720,7 @@ class Judge {
   struct Recycled {
     Tensor<float> out, co;
     std::vector<float> bound;
-  } recycled_;  // the layers judge_file judges, in order
+  } recycled_;
 
   // A layer's logits are read by its own top-k and indices checks and by the indices checks of the
   // layers whose source it is: once the last of those is past (every layer after `l` neither is it
@@ -1076,15 +1077,18 @@ void Judge::judge_attention(const LayerData& d, const std::string& P, const Used
   const Tensor<float>* cop = co.numel() ? &co : nullptr;
   phases::begin("attention: expected outputs and bounds");
   Expected e;
-  e.bounds.out = std::move(recycled_.bound);  // assigned, not appended to, by the bounds' pass
   if (used.note.empty()) {  // the golden's own outputs, bounds and budget
     // Moved, not copied: the layer's golden outputs are not read again (see the end of judge_layer).
     e.attn.out = std::move(data_[size_t(l)].out);
     e.attn.lse = std::move(data_[size_t(l)].lse);
     e.attn.max_logits = std::move(data_[size_t(l)].max_logits);
     const Tensor<int32_t>* tl = d.topk_length.numel() ? &d.topk_length : nullptr;
-    if (with_sm) bounds_sm_by_blocks(k_, g_, d, d.indices, sm_, d_v_, e.attn, cop, e);
-    else e.bounds = k_.attention_bounds(with_q(l).q, d.kv, d.indices, sm_, d_v_, tl, e.attn);
+    if (with_sm) {
+      e.bounds.out = std::move(recycled_.bound);
+      bounds_sm_by_blocks(k_, g_, d, d.indices, sm_, d_v_, e.attn, cop, e);
+    } else {
+      e.bounds = k_.attention_bounds(with_q(l).q, d.kv, d.indices, sm_, d_v_, tl, e.attn);
+    }
     const json& b = m_["budgets"];
     e.budget = b.contains(name(l, "attn.out")) ? b[name(l, "attn.out")]["budget_max_abs"].get<double>() : -1;
   } else {

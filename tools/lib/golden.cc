@@ -1827,38 +1827,31 @@ void ManifestCheck::module_fields() {
 void check_manifest(const Loaded& g, const std::string& mpath) { ManifestCheck(g, mpath).run(); }
 }  // namespace
 
-void Loaded::load(const std::string& name, void* dst, size_t n) const {
-  const LazyTensor& e = lazy.at(name);
-  const std::string file = dir + "/" + kTensorFile;
-  io::read_file_range(file, e.offset, dst, n);
-  if (io::sha256_hex(static_cast<const uint8_t*>(dst), n) != e.sha256)
+// A lazily read tensor's bytes against the manifest's SHA-256 (Error naming it), then checked.
+void Loaded::check_hash(const std::string& name, const std::string& sha256) const {
+  if (sha256 != lazy.at(name).sha256)
     throw Error(dir + "/manifest.json: tensor '" + name + "': the tensor's bytes do not match field 'sha256' "
                 "(the golden set is tampered or corrupted)");
   unverified.erase(name);
 }
 
+void Loaded::load(const std::string& name, void* dst, size_t n) const {
+  io::read_file_range(dir + "/" + kTensorFile, lazy.at(name).offset, dst, n);
+  check_hash(name, io::sha256_hex(static_cast<const uint8_t*>(dst), n));
+}
+
 void Loaded::verify_rest() const {
   const std::vector<std::string> rest(unverified.begin(), unverified.end());
-  std::vector<std::string> hashes(rest.size());
-  std::exception_ptr err;
-#pragma omp parallel for schedule(dynamic, 1)
-  for (size_t i = 0; i < rest.size(); ++i) {
-    try {
-      const io::TensorView& v = get(rest[i]);
-      hashes[i] = io::sha256_file_range(dir + "/" + kTensorFile, lazy.at(rest[i]).offset,
-                                        uint64_t(shape_numel(v.shape)) * io::dtype_size(v.dtype));
-    } catch (...) {
-#pragma omp critical(indexshare_verify_rest)
-      if (!err) err = std::current_exception();
-    }
+  std::vector<io::TensorView> views;  // without bytes: sha256_all hashes them from the file
+  std::vector<uint64_t> offsets, sizes;
+  for (const std::string& name : rest) {
+    const io::TensorView& v = get(name);
+    views.push_back({v.name, v.dtype, v.shape, {}});
+    offsets.push_back(lazy.at(name).offset);
+    sizes.push_back(uint64_t(shape_numel(v.shape)) * io::dtype_size(v.dtype));
   }
-  if (err) std::rethrow_exception(err);
-  for (size_t i = 0; i < rest.size(); ++i) {
-    if (hashes[i] != lazy.at(rest[i]).sha256)
-      throw Error(dir + "/manifest.json: tensor '" + rest[i] + "': the tensor's bytes do not match field 'sha256' "
-                  "(the golden set is tampered or corrupted)");
-    unverified.erase(rest[i]);
-  }
+  const std::vector<std::string> hashes = sha256_all(views, dir + "/" + kTensorFile, offsets, sizes);
+  for (size_t i = 0; i < rest.size(); ++i) check_hash(rest[i], hashes[i]);
 }
 
 Loaded::Stream::Stream(const Loaded& g, const std::string& name) : g_(g), name_(name), v_(g.get(name)) {
@@ -1879,10 +1872,7 @@ void Loaded::Stream::read(void* dst, size_t n) {
 void Loaded::Stream::finish() {
   require(done_ == size_, g_.dir + "/" + kTensorFile + ": tensor '" + name_ + "': read " + std::to_string(done_) + " of its " +
                               std::to_string(size_) + " bytes");
-  if (g_.lazy.count(name_) && sha_.hex() != g_.lazy.at(name_).sha256)
-    throw Error(g_.dir + "/manifest.json: tensor '" + name_ + "': the tensor's bytes do not match field 'sha256' "
-                "(the golden set is tampered or corrupted)");
-  g_.unverified.erase(name_);
+  if (g_.lazy.count(name_)) g_.check_hash(name_, sha_.hex());
 }
 
 Loaded read(const std::string& dir, uint64_t keep_bytes, bool defer_hashes) {

@@ -246,10 +246,8 @@ struct Loaded {
   const io::TensorView* find(const std::string& name) const { return data.find(name); }
   template <class T>
   Tensor<T> tensor(const std::string& name) const {
-    const io::TensorView& v = get(name);
-    if (!lazy.count(name) || v.dtype != io::dtype_of<T>::value) return io::as_tensor<T>(v, dir + "/" + kTensorFile);
-    Tensor<T> t(v.shape);
-    load(name, t.data.data(), t.data.size() * sizeof(T));
+    Tensor<T> t;
+    tensor_into(name, t);
     return t;
   }
   // tensor(name) into `dst`, reusing its memory where it has room (no fresh pages).
@@ -257,7 +255,7 @@ struct Loaded {
   void tensor_into(const std::string& name, Tensor<T>& dst) const {
     const io::TensorView& v = get(name);
     if (!lazy.count(name) || v.dtype != io::dtype_of<T>::value) {
-      dst = tensor<T>(name);
+      dst = io::as_tensor<T>(v, dir + "/" + kTensorFile);
       return;
     }
     dst.shape = v.shape;
@@ -266,6 +264,8 @@ struct Loaded {
   }
   // The bytes of lazy tensor `name` into dst (n bytes), checked against the manifest's SHA-256.
   void load(const std::string& name, void* dst, size_t n) const;
+  // Lazy tensor `name`'s hash against the manifest's (Error naming it); then it is verified.
+  void check_hash(const std::string& name, const std::string& sha256) const;
 
   // A tensor's bytes read front to back in pieces (diff's bounds' pass reads q a block of rows at a
   // time, never holding it whole): read(dst, n) gives the next n bytes; finish() checks that every
