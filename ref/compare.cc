@@ -411,7 +411,7 @@ AttentionBounds bounds_impl(const Tensor<bf16_t>& q, const Tensor<bf16_t>& kv, c
       std::vector<double> z(p);
       for (double& v : z) v -= m;
       double l = 0;
-      for (double& v : p) l += (v = std::exp(v - m));
+      for (double& v : p) l += (v = exp_portable(v - m));
       if (dir) {
         // The softmax-scale direction (see compare.h): zbar = sum w_i z_i with w_i = p_i / l,
         // D_c = sum_i u_i V_ic with u_i = f32(w_i (z_i - zbar)), the sink factor f of the exact attention.

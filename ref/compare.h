@@ -138,7 +138,8 @@ inline float bound_f32(double b) {
 //                                   add: d_qk + 1 roundings with the products')
 //   s'_i  = double(dot_i) * sm_scale (the logits), G = sm_scale * max_i mag_i * infl(d_qk + 1)
 //   delta = 2 (d_qk + 1) e G       >= |s'_i - s_i| (the f32 dot's error, gamma_(d_qk+1) sum |q k|)
-//   w'_i  = f32(exp(s'_i - m') / l') (double softmax of s', rounded to f32 once), then rounded UP
+//   w'_i  = f32(exp(s'_i - m') / l') (double softmax of s', exp = exp_portable of ref/numerics.h,
+//           which simd/ evaluates in lanes; rounded to f32 once), then rounded UP
 //           to 16 significant bits (w'_i only grows, relative 2^-15 at most)
 //   A_c   = f32 sum_i w'_i |V_ic| (i ascending) * exp(2 delta) * infl(k + 2)
 // Every true weight is within exp(2 delta) of its computed one (the logits move by at most delta,
