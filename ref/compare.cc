@@ -462,7 +462,7 @@ AttentionBounds attention_bounds(const Tensor<bf16_t>& q, const Tensor<bf16_t>& 
 
 AttentionBounds attention_bounds_sm(const Tensor<bf16_t>& q, const Tensor<bf16_t>& kv, const Tensor<int32_t>& indices,
                                     float sm_scale, int64_t d_v, const Tensor<int32_t>* topk_length,
-                                    const Tensor<float>* attn_sink, const AttentionOut& exact) {
+                                    const Tensor<float>* attn_sink, const AttentionOut& exact, const BoundsKv*) {
   return bounds_impl(q, kv, indices, sm_scale, d_v, topk_length, attn_sink, exact, true);
 }
 

@@ -169,10 +169,17 @@ AttentionBounds attention_bounds(const Tensor<bf16_t>& q, const Tensor<bf16_t>& 
 // ~1e-5 relative where a regression direction needs ~1e-3, and every product u_i V_ic is exact,
 // so simd/ sums them with fused multiply-adds); the results are rounded
 // once to f32; 0 on rows without keys. It replaces a forward difference of a second exact evaluation.
+// Work on kv that an implementation of the bounds' pass shares across its calls over one kv (diff
+// runs attention_bounds_sm over blocks of query rows): Kernels::prepare_bounds_kv makes it once per
+// layer, each call takes it. ref has none (its calls ignore it); simd's holds kv in f32 and |kv|
+// and kv's exponent range, which every block would otherwise redo. It changes no bit of a bound.
+struct BoundsKv {
+  virtual ~BoundsKv() = default;
+};
 AttentionBounds attention_bounds_sm(const Tensor<bf16_t>& q, const Tensor<bf16_t>& kv,
                                     const Tensor<int32_t>& indices, float sm_scale, int64_t d_v,
                                     const Tensor<int32_t>* topk_length, const Tensor<float>* attn_sink,
-                                    const AttentionOut& exact);
+                                    const AttentionOut& exact, const BoundsKv* shared = nullptr);
 
 // The naive emulation at kernel precision: f32 dot products, f32 softmax, P rounded to bf16,
 // f32 accumulation, out rounded to bf16 (out holds the bf16 values as f32). Its error against

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "ref/attention.h"
@@ -47,7 +48,10 @@ struct Kernels {
                                            int64_t, const Tensor<int32_t>*, const AttentionOut&) = cmp::attention_bounds;
   cmp::AttentionBounds (*attention_bounds_sm)(const Tensor<bf16_t>&, const Tensor<bf16_t>&, const Tensor<int32_t>&, float,
                                               int64_t, const Tensor<int32_t>*, const Tensor<float>*,
-                                              const AttentionOut&) = cmp::attention_bounds_sm;
+                                              const AttentionOut&, const cmp::BoundsKv*) = cmp::attention_bounds_sm;
+  // The bounds' shared work on one kv (d_qk columns) for several attention_bounds_sm calls
+  // (cmp::BoundsKv); null: none (ref's).
+  std::unique_ptr<cmp::BoundsKv> (*prepare_bounds_kv)(const Tensor<bf16_t>&, int64_t) = nullptr;
   cmp::FloatRule (*indexer_logits_rule)(const Tensor<e4m3_t>&, const Tensor<e4m3_t>&, const Tensor<float>&,
                                         const Tensor<float>&, const Tensor<float>&) = cmp::indexer_logits_rule;
   // The generator's fills (ref/rng.h), which make the generated inputs (make_layer_inputs): simd's

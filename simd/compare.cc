@@ -95,8 +95,9 @@ HWY_INLINE VF32 RoundBf16(DF32 df, VF32 x) {
 
 // ref's round_up_16 (add 0xFF) or round_16 (add 0x80) lane by lane: the f32 bits plus `add`, the
 // low 8 bits cleared; non-finite lanes as they are.
-HWY_INLINE VF32 Round16(DF32 df, VF32 x, uint32_t add) {
-  const hn::RebindToUnsigned<DF32> du;
+template <class D>
+HWY_INLINE hn::Vec<D> Round16(D df, hn::Vec<D> x, uint32_t add) {
+  const hn::RebindToUnsigned<D> du;
   const auto u = hn::BitCast(du, x);
   const auto r = hn::And(hn::Add(u, hn::Set(du, add)), hn::Set(du, ~0xFFu));
   const auto finite = hn::Lt(hn::And(u, hn::Set(du, 0x7FFFFFFFu)), hn::Set(du, 0x7F800000u));
@@ -561,15 +562,17 @@ void BoundsChunk(const detail::AttentionView& v, const float* exact_out, const f
       for (int64_t h0 = 0; h0 < hp; h0 += hv)
         BoundDotTile<1, kBoundHeadVecs, false>(qt.get() + h0, hp, kp.data() + i0, aoff, d_qk, DT + i0 * hp + h0,
                                                MA + i0 * hp + h0);
-    // The logits p = double(dot) * sm_scale (an exact widening, then ref's product).
     double* P = pbuf.get();
     double* MG = mbuf.get();
-    for (int64_t e = 0; e < n * hp; ++e) P[e] = double(DT[e]) * scale;
-    // Pass 2, ref's per-head loops with lanes over heads: Gm and m (std::max, i ascending), p =
-    // exp(p - m) by exp_portable in lanes (simd/exp-inl.h: ref's bits), summed into l (i ascending),
-    // then the weights p / l (in place; IEEE division, the same in a lane). Padding heads: 0.
-    // Gm over the f32 magnitudes: widening to double is exact and keeps their order, so the
-    // maximum (and std::max's choice on NaN) is ref's, without a double copy of MA.
+    // Pass 2, ref's per-head loops with lanes over heads (a vector of heads at a time, i ascending
+    // in every sum): Gm over the f32 magnitudes (widening to double is exact and keeps their order,
+    // so the maximum, and std::max's choice on NaN, is ref's without a double copy of MA); then per
+    // vector of heads the logits p = double(dot) * sm_scale (an exact widening, then ref's product)
+    // and m (std::max); z = p - m (the direction's, where ref copies the logits first) and p =
+    // exp(z) by exp_portable in lanes (simd/exp-inl.h: ref's bits), summed into l; the weights p / l
+    // (IEEE division, the same in a lane), to f32 rounded up to 16 significant bits (ref's
+    // round_up_16(float(p / l))), and zbar = sum_i (p_i / l) z_i; u_i = round_16(float((p_i / l)
+    // (z_i - zbar))). Padding heads' weights: 0.
     for (int64_t h0 = 0; h0 < hp; h0 += NF) {
       VF32 g = hn::Zero(df);
       for (int64_t i = 0; i < n; ++i) {
@@ -579,51 +582,45 @@ void BoundsChunk(const detail::AttentionView& v, const float* exact_out, const f
       hn::StoreU(g, df, gf.data() + h0);
     }
     for (int64_t h = 0; h < hp; ++h) G[size_t(h)] = double(gf[size_t(h)]);
-    for (int64_t h0 = 0; h0 < hp; h0 += N) {
-      VF64 m = hn::Set(d64, -std::numeric_limits<double>::infinity());
-      for (int64_t i = 0; i < n; ++i) {
-        const VF64 y = hn::Load(d64, P + i * hp + h0);
-        m = hn::IfThenElse(hn::Lt(m, y), y, m);
-      }
-      hn::StoreU(m, d64, mv.data() + h0);
-    }
-    // The direction's z = s - m (in MG), where ref copies the logits first.
-    if (dir)
-      for (int64_t i = 0; i < n; ++i)
-        for (int64_t h0 = 0; h0 < hp; h0 += N)
-          hn::Store(hn::Sub(hn::Load(d64, P + i * hp + h0), hn::LoadU(d64, mv.data() + h0)), d64, MG + i * hp + h0);
-    for (int64_t i = 0; i < n; ++i) {
-      double* pi = P + i * hp;
-      for (int64_t h0 = 0; h0 < hp; h0 += N)
-        hn::Store(ExpPortable(d64, hn::Sub(hn::Load(d64, pi + h0), hn::LoadU(d64, mv.data() + h0))), d64, pi + h0);
-    }
-    for (int64_t h0 = 0; h0 < hp; h0 += N) {
-      VF64 sum = hn::Zero(d64);
-      for (int64_t i = 0; i < n; ++i) sum = hn::Add(sum, hn::Load(d64, P + i * hp + h0));
-      hn::StoreU(sum, d64, lv.data() + h0);
-      for (int64_t i = 0; i < n; ++i) hn::Store(hn::Div(hn::Load(d64, P + i * hp + h0), sum), d64, P + i * hp + h0);
-    }
-    for (int64_t i = 0; i < n; ++i)
-      for (int64_t h = h_q; h < hp; ++h) P[i * hp + h] = 0.0;
-    // The weights of A in f32, rounded up to 16 significant bits (ref's round_up_16(float(p / l))).
     {
       const hn::Rebind<float, DF64> dh;
-      for (int64_t e = 0; e < n * hp; e += N) hn::StoreU(hn::DemoteTo(dh, hn::Load(d64, P + e)), dh, wbuf.get() + e);
-      for (int64_t e = 0; e < n * hp; e += NF) hn::Store(Round16(df, hn::Load(df, wbuf.get() + e), 0xFFu), df, wbuf.get() + e);
-    }
-    if (dir) {
-      // zbar = sum_i w_i z_i (i ascending), then u_i = f32(w_i (z_i - zbar)).
-      const hn::Rebind<float, DF64> dh;
+      const VF64 vscale = hn::Set(d64, scale);
+      float* W = wbuf.get();
+      float* U = ubuf.get();
       for (int64_t h0 = 0; h0 < hp; h0 += N) {
+        const auto real = hn::FirstN(d64, size_t(std::max<int64_t>(0, std::min<int64_t>(N, h_q - h0))));
+        VF64 m = hn::Set(d64, -std::numeric_limits<double>::infinity());
+        for (int64_t i = 0; i < n; ++i) {
+          const VF64 y = hn::Mul(hn::PromoteTo(d64, hn::LoadU(dh, DT + i * hp + h0)), vscale);
+          hn::Store(y, d64, P + i * hp + h0);
+          m = hn::IfThenElse(hn::Lt(m, y), y, m);
+        }
+        hn::StoreU(m, d64, mv.data() + h0);
+        VF64 sum = hn::Zero(d64);
+        for (int64_t i = 0; i < n; ++i) {
+          const VF64 z = hn::Sub(hn::Load(d64, P + i * hp + h0), m);
+          if (dir) hn::Store(z, d64, MG + i * hp + h0);
+          const VF64 e = ExpPortable(d64, z);
+          hn::Store(e, d64, P + i * hp + h0);
+          sum = hn::Add(sum, e);
+        }
+        hn::StoreU(sum, d64, lv.data() + h0);
         VF64 zs = hn::Zero(d64);
-        for (int64_t i = 0; i < n; ++i) zs = hn::Add(zs, hn::Mul(hn::Load(d64, P + i * hp + h0), hn::Load(d64, MG + i * hp + h0)));
+        for (int64_t i = 0; i < n; ++i) {
+          const VF64 w = hn::IfThenElseZero(real, hn::Div(hn::Load(d64, P + i * hp + h0), sum));
+          hn::StoreU(Round16(dh, hn::DemoteTo(dh, w), 0xFFu), dh, W + i * hp + h0);
+          if (dir) {
+            hn::Store(w, d64, P + i * hp + h0);
+            zs = hn::Add(zs, hn::Mul(w, hn::Load(d64, MG + i * hp + h0)));
+          }
+        }
+        if (!dir) continue;
         hn::StoreU(zs, d64, zb.data() + h0);
-        for (int64_t i = 0; i < n; ++i)
-          hn::StoreU(hn::DemoteTo(dh, hn::Mul(hn::Load(d64, P + i * hp + h0), hn::Sub(hn::Load(d64, MG + i * hp + h0), zs))), dh,
-                     ubuf.get() + i * hp + h0);
+        for (int64_t i = 0; i < n; ++i) {
+          const VF64 u = hn::Mul(hn::Load(d64, P + i * hp + h0), hn::Sub(hn::Load(d64, MG + i * hp + h0), zs));
+          hn::StoreU(Round16(dh, hn::DemoteTo(dh, u), 0x80u), dh, U + i * hp + h0);
+        }
       }
-      // ref's round_16: to nearest 16 significant bits.
-      for (int64_t e = 0; e < n * hp; e += NF) hn::Store(Round16(df, hn::Load(df, ubuf.get() + e), 0x80u), df, ubuf.get() + e);
     }
     // Fused multiply-adds where every product of the weights (and of u) with V is exact.
     const bool fusedA = RangeOfF32(wbuf.get(), n * hp).exact16_with(kvr) && (!dir || RangeOfF32(ubuf.get(), n * hp).exact16_with(kvr));
@@ -687,8 +684,16 @@ void BoundsChunk(const detail::AttentionView& v, const float* exact_out, const f
       const double mh = mv[size_t(h)], sbar = mh + zb[size_t(h)], lse = mh + std::log(lv[size_t(h)]);
       const double f = v.sink ? 1.0 / (1.0 + std::exp(double(v.sink[h]) - lse)) : 1.0;
       const float* dd = Dv.get() + h * dvp;
-      for (int64_t c = 0; c < d_v; ++c)
-        sm_out[th * d_v + c] = float(f * double(dd[c]) + (1 - f) * sbar * double(exact_out[th * d_v + c]));
+      // ref's float(f * D + (1 - f) * sbar * out) in double lanes ((1 - f) * sbar first, as there).
+      const double g = (1 - f) * sbar;
+      const VF64 vf = hn::Set(d64, f), vg = hn::Set(d64, g);
+      c = 0;
+      for (; c + N <= d_v; c += N) {
+        const VF64 r = hn::Add(hn::Mul(vf, hn::PromoteTo(d64, hn::LoadU(dh, dd + c))),
+                               hn::Mul(vg, hn::PromoteTo(d64, hn::LoadU(dh, exact_out + th * d_v + c))));
+        hn::StoreU(hn::DemoteTo(dh, r), dh, sm_out + th * d_v + c);
+      }
+      for (; c < d_v; ++c) sm_out[th * d_v + c] = float(f * double(dd[c]) + g * double(exact_out[th * d_v + c]));
       sm_lse[th] = float(sbar);
     }
   }
@@ -819,9 +824,46 @@ AttentionOut emulate_attention_lowp(const Tensor<bf16_t>& q, const Tensor<bf16_t
 }
 
 namespace {
+// simd's cmp::BoundsKv: kv's exponent range and (kvf non-null) kv in f32 then |kv|, rows of
+// kvstride floats (zeros past d_qk; 64 is a whole number of every target's column tiles), |kv| at
+// kvf + kvaoff; `kv`, s_kv and d_qk name the kv it was made from.
+struct SharedKv final : cmp::BoundsKv {
+  const bf16_t* kv = nullptr;
+  int64_t s_kv = 0, d_qk = 0, kvstride = 0, kvaoff = 0;
+  int lo = 0, hi = 0;
+  bool finite = true;
+  hwy::AlignedFreeUniquePtr<float[]> kvf;
+};
+
+// The exponent range always; the f32 copies when `convert` and they fit bounds_shared_kv_max_bytes.
+void make_shared_kv(const Tensor<bf16_t>& kv, int64_t d_qk, bool convert, SharedKv& x) {
+  x.kv = kv.ptr();
+  x.s_kv = kv.dim(0);
+  x.d_qk = d_qk;
+  x.kvstride = (d_qk + 63) / 64 * 64;
+  x.kvaoff = x.s_kv * x.kvstride;
+  kv_exp_range(kv, x.lo, x.hi, x.finite);
+  if (!convert || x.s_kv * x.kvstride * 8 > bounds_shared_kv_max_bytes) return;
+  x.kvf = hwy::AllocateAligned<float>(size_t(2 * x.s_kv * x.kvstride));
+  const uint16_t* src = reinterpret_cast<const uint16_t*>(kv.ptr());
+  const int64_t kvstride = x.kvstride, kvaoff = x.kvaoff;
+  float* kvf = x.kvf.get();
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < x.s_kv; ++r) {
+    float* f = kvf + r * kvstride;
+    float* a = kvf + kvaoff + r * kvstride;
+    for (int64_t d = 0; d < kvstride; ++d) {
+      const uint32_t bits = d < d_qk ? uint32_t(src[r * d_qk + d]) << 16 : 0u, abits = bits & 0x7FFFFFFFu;
+      std::memcpy(f + d, &bits, 4);
+      std::memcpy(a + d, &abits, 4);
+    }
+  }
+}
+
 cmp::AttentionBounds bounds(const Tensor<bf16_t>& q, const Tensor<bf16_t>& kv, const Tensor<int32_t>& indices,
                             float sm_scale, int64_t d_v, const Tensor<int32_t>* topk_length,
-                            const Tensor<float>* attn_sink, const AttentionOut& exact, bool dir) {
+                            const Tensor<float>* attn_sink, const AttentionOut& exact, bool dir,
+                            const cmp::BoundsKv* shared) {
   const int64_t s_q = q.dim(0), h_q = q.dim(1);
   require(d_v <= q.dim(2), "attention_bounds: d_v " + std::to_string(d_v) + " exceeds d_qk " + std::to_string(q.dim(2)));
   cmp::AttentionBounds b;
@@ -833,33 +875,21 @@ cmp::AttentionBounds bounds(const Tensor<bf16_t>& q, const Tensor<bf16_t>& kv, c
     b.sm_lse.assign(size_t(s_q * h_q), 0.0f);
   }
   const detail::AttentionView v = detail::sparse_view(q, kv, indices, sm_scale, d_v, topk_length, attn_sink);
-  int kv_lo, kv_hi;
-  bool kv_finite;
-  kv_exp_range(kv, kv_lo, kv_hi, kv_finite);
-  // kv in f32 and |kv| once (rows of kvstride floats, zeros past d_qk; 64 is a whole number of
-  // every target's column tiles), when the query rows' keys repeat kv rows (see simd.h).
-  const int64_t s_kv = kv.dim(0), d_qk = q.dim(2), kvstride = (d_qk + 63) / 64 * 64;
-  hwy::AlignedFreeUniquePtr<float[]> kvf;  // the rows of kv, then those of |kv|
-  const int64_t kvaoff = s_kv * kvstride;
-  if (s_q * indices.dim(2) >= s_kv && s_kv * kvstride * 8 <= bounds_shared_kv_max_bytes) {
-    kvf = hwy::AllocateAligned<float>(size_t(2 * s_kv * kvstride));
-    const uint16_t* src = reinterpret_cast<const uint16_t*>(kv.ptr());
-#pragma omp parallel for schedule(static)
-    for (int64_t r = 0; r < s_kv; ++r) {
-      float* f = kvf.get() + r * kvstride;
-      float* a = kvf.get() + kvaoff + r * kvstride;
-      for (int64_t d = 0; d < kvstride; ++d) {
-        const uint32_t bits = d < d_qk ? uint32_t(src[r * d_qk + d]) << 16 : 0u, abits = bits & 0x7FFFFFFFu;
-        std::memcpy(f + d, &bits, 4);
-        std::memcpy(a + d, &abits, 4);
-      }
-    }
-  }
+  // kv's exponent range and f32 copies: prepared by the caller, or here (the copies when the query
+  // rows' keys repeat kv rows, see simd.h).
+  const SharedKv* pre = dynamic_cast<const SharedKv*>(shared);
+  require(shared == nullptr || pre != nullptr, "attention_bounds_sm: the shared kv work was not made by simd::prepare_bounds_kv");
+  if (pre)
+    require(pre->kv == kv.ptr() && pre->s_kv == kv.dim(0) && pre->d_qk == q.dim(2),
+            "attention_bounds_sm: the shared kv work was made from another kv");
+  SharedKv own;
+  if (!pre) make_shared_kv(kv, q.dim(2), s_q * indices.dim(2) >= kv.dim(0), own);
+  const SharedKv& x = pre ? *pre : own;
   over_rows(s_q, 8, [&](int64_t t0, int64_t t1) {
     HWY_DYNAMIC_DISPATCH(BoundsChunk)(v, exact.out.ptr(), exact.lse.ptr(), exact.max_logits.ptr(), t0, t1,
                                       b.out.data(), b.lse.data(), b.max_logits.data(), dir ? b.sm_out.data() : nullptr,
-                                      dir ? b.sm_lse.data() : nullptr, kv_lo, kv_hi, kv_finite, kvf.get(), kvaoff,
-                                      kvstride);
+                                      dir ? b.sm_lse.data() : nullptr, x.lo, x.hi, x.finite, x.kvf.get(), x.kvaoff,
+                                      x.kvstride);
   });
   return b;
 }
@@ -868,13 +898,22 @@ cmp::AttentionBounds bounds(const Tensor<bf16_t>& q, const Tensor<bf16_t>& kv, c
 cmp::AttentionBounds attention_bounds(const Tensor<bf16_t>& q, const Tensor<bf16_t>& kv, const Tensor<int32_t>& indices,
                                       float sm_scale, int64_t d_v, const Tensor<int32_t>* topk_length,
                                       const AttentionOut& exact) {
-  return bounds(q, kv, indices, sm_scale, d_v, topk_length, nullptr, exact, false);
+  return bounds(q, kv, indices, sm_scale, d_v, topk_length, nullptr, exact, false, nullptr);
 }
 
 cmp::AttentionBounds attention_bounds_sm(const Tensor<bf16_t>& q, const Tensor<bf16_t>& kv, const Tensor<int32_t>& indices,
                                          float sm_scale, int64_t d_v, const Tensor<int32_t>* topk_length,
-                                         const Tensor<float>* attn_sink, const AttentionOut& exact) {
-  return bounds(q, kv, indices, sm_scale, d_v, topk_length, attn_sink, exact, true);
+                                         const Tensor<float>* attn_sink, const AttentionOut& exact,
+                                         const cmp::BoundsKv* shared) {
+  return bounds(q, kv, indices, sm_scale, d_v, topk_length, attn_sink, exact, true, shared);
+}
+
+std::unique_ptr<cmp::BoundsKv> prepare_bounds_kv(const Tensor<bf16_t>& kv, int64_t d_qk) {
+  require(kv.numel() == kv.dim(0) * d_qk, "prepare_bounds_kv: kv holds " + std::to_string(kv.numel()) +
+                                              " values, not s_kv x d_qk = " + std::to_string(kv.dim(0)) + " x " + std::to_string(d_qk));
+  auto x = std::make_unique<SharedKv>();
+  make_shared_kv(kv, d_qk, true, *x);
+  return x;
 }
 
 cmp::FloatRule indexer_logits_rule(const Tensor<e4m3_t>& q, const Tensor<e4m3_t>& k, const Tensor<float>& k_scale,

@@ -211,6 +211,7 @@ ref::Kernels kernels() {
   k.emulate_attention_lowp = simd::emulate_attention_lowp;
   k.attention_bounds = simd::attention_bounds;
   k.attention_bounds_sm = simd::attention_bounds_sm;
+  k.prepare_bounds_kv = simd::prepare_bounds_kv;
   k.indexer_logits_rule = simd::indexer_logits_rule;
   k.fill_range = simd::fill_range;
   k.fill_range_bf16 = simd::fill_range_bf16;

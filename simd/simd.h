@@ -22,6 +22,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -108,12 +109,18 @@ cmp::AttentionBounds attention_bounds(const Tensor<bf16_t>& q, const Tensor<bf16
                                       const AttentionOut& exact);
 cmp::AttentionBounds attention_bounds_sm(const Tensor<bf16_t>& q, const Tensor<bf16_t>& kv, const Tensor<int32_t>& indices,
                                          float sm_scale, int64_t d_v, const Tensor<int32_t>* topk_length,
-                                         const Tensor<float>* attn_sink, const AttentionOut& exact);
+                                         const Tensor<float>* attn_sink, const AttentionOut& exact,
+                                         const cmp::BoundsKv* shared = nullptr);
+// cmp::BoundsKv for attention_bounds_sm over blocks of query rows of one kv: kv's exponent range,
+// and kv in f32 and |kv| (when they take at most bounds_shared_kv_max_bytes). A call given one made
+// from another kv (pointer or shape) is refused.
+std::unique_ptr<cmp::BoundsKv> prepare_bounds_kv(const Tensor<bf16_t>& kv, int64_t d_qk);
 cmp::FloatRule indexer_logits_rule(const Tensor<e4m3_t>& q, const Tensor<e4m3_t>& k, const Tensor<float>& k_scale,
                                    const Tensor<float>& weights, const Tensor<float>& exact_logits);
 // attention_bounds converts kv to f32 (and |kv|) once, shared by every query row, when the rows'
-// keys (s_q x topk) are at least s_kv and the two copies take at most this many bytes; otherwise
-// each query row converts its own keys. The same bits either way; the tests set 0 to cover both.
+// keys (s_q x topk) are at least s_kv (or a prepared BoundsKv holds them) and the two copies take
+// at most this many bytes; otherwise each query row converts its own keys. The same bits either
+// way; the tests set 0 to cover both.
 inline int64_t bounds_shared_kv_max_bytes = int64_t(256) << 20;
 
 // ---- the generator (simd/rng.cc) ---------------------------------------------------------------

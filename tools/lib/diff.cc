@@ -268,7 +268,8 @@ struct Expected {
 // When the layer's q is not loaded (d.q empty) it is read from the set a block at a time as well
 // (golden::Loaded::Stream, its SHA-256 checked at the end). Blocks of 1/32 of the output or 1 MiB,
 // whichever is larger (and at least 16 rows, so the kernel's threads share each block), keep the
-// temporaries small and the blocks few (each call forks the threads and scans kv's exponents).
+// temporaries small and the blocks few (each call forks the threads). kv's work shared by the blocks
+// (Kernels::prepare_bounds_kv: simd converts kv to f32 once, not once per block) is made first.
 void bounds_sm_by_blocks(const ref::Kernels& k, const golden::Loaded& g, const LayerData& d, const Tensor<int32_t>& indices,
                          float sm, int64_t d_v, const ref::AttentionOut& exact, const Tensor<float>* co, Expected& e) {
   const std::string qname = "layers." + std::to_string(d.l) + ".attn.q";
@@ -288,6 +289,8 @@ void bounds_sm_by_blocks(const ref::Kernels& k, const golden::Loaded& g, const L
   b.max_logits.assign(size_t(s_q * h_q), 0.0f);
   b.sm_lse.assign(size_t(s_q * h_q), 0.0f);
   e.sm_out_sums.assign(co ? size_t(2 * s_q * h_q) : 0, 0.0);
+  // kv's shared work (simd: kv in f32 and |kv|, its exponent range) once for every block.
+  const std::unique_ptr<cmp::BoundsKv> skv = k.prepare_bounds_kv ? k.prepare_bounds_kv(d.kv, d_qk) : nullptr;
   for (int64_t r0 = 0; r0 < s_q; r0 += rows) {
     const int64_t n = std::min(rows, s_q - r0);
     if (qs) {
@@ -309,7 +312,7 @@ void bounds_sm_by_blocks(const ref::Kernels& k, const golden::Loaded& g, const L
     x.out = slice(exact.out, d_v);
     x.lse = slice(exact.lse, 1);
     x.max_logits = slice(exact.max_logits, 1);
-    const cmp::AttentionBounds bb = k.attention_bounds_sm(q, d.kv, ix, sm, d_v, len ? &len->get() : nullptr, sink, x);
+    const cmp::AttentionBounds bb = k.attention_bounds_sm(q, d.kv, ix, sm, d_v, len ? &len->get() : nullptr, sink, x, skv.get());
     std::copy(bb.out.begin(), bb.out.end(), b.out.begin() + r0 * per_row);
     std::copy(bb.lse.begin(), bb.lse.end(), b.lse.begin() + r0 * h_q);
     std::copy(bb.max_logits.begin(), bb.max_logits.end(), b.max_logits.begin() + r0 * h_q);
@@ -1276,7 +1279,7 @@ void Judge::judge_model_out(const LayerData& d, const std::string& P, const Used
   Tensor<float> lat_dir(lat.out.shape);
   {
     const Tensor<int32_t>* tl = d.topk_length.numel() ? &d.topk_length : nullptr;
-    lat_dir.data = k_.attention_bounds_sm(d.q, d.kv, used.indices, sm_, d_v_, tl, nullptr, lat).sm_out;
+    lat_dir.data = k_.attention_bounds_sm(d.q, d.kv, used.indices, sm_, d_v_, tl, nullptr, lat, nullptr).sm_out;
   }
   const Tensor<float> sm_dir = cmp::map_latent_output(lat_dir, w_uv);
   cmp::StructureSpec spec = out_spec(V, sm_dir.ptr());
