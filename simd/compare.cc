@@ -380,7 +380,15 @@ HWY_INLINE void BoundDotTile(const float* HWY_RESTRICT qt, int64_t hp, const flo
       a[u] = hn::Abs(q[u]);
     }
     for (size_t k = 0; k < kK; ++k) {
+      // |k|: AVX3 broadcasts it from the |kv| copy inside the fused multiply-add (an embedded
+      // broadcast costs no instruction); targets without one take it from k in the register
+      // (one logic op instead of a second broadcast load; on AVX2, pass 1 10 % faster).
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
       const VF32 b = hn::Set(df, rk[k][d]), ba = hn::Set(df, rk[k][aoff + d]);
+#else
+      (void)aoff;
+      const VF32 b = hn::Set(df, rk[k][d]), ba = hn::Abs(b);
+#endif
       for (size_t u = 0; u < kV; ++u) {
         dot[k][u] = kFused ? hn::MulAdd(q[u], b, dot[k][u]) : hn::Add(dot[k][u], hn::Mul(q[u], b));
         mag[k][u] = kFused ? hn::MulAdd(a[u], ba, mag[k][u]) : hn::Add(mag[k][u], hn::Mul(a[u], ba));
