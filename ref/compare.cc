@@ -704,11 +704,15 @@ Report compare_topk(const std::string& tensor, const Tensor<float>& golden_logit
   }
   const int64_t s_q = golden_topk.dim(0), topk = golden_topk.dim(1), s_kv = golden_logits.dim(1);
   r.stats.n = s_q;
-  int64_t structural = 0, selection = 0, nontrivial = 0, near_ties = 0;
-  double recall_sum = 0;
-  r.stats.recall_min = 1;
-  auto fail_row = [&](int64_t t, const std::string& what) {
-    add_mismatch(r, {{t}, 0, 0, 0, 0, what});
+  // Each row is judged on its own (below), in parallel over fixed blocks of rows; the rows' results
+  // are then folded in row order, so the report (counts, recall sums, the mismatch list) is the
+  // same for any thread count.
+  enum class Row : uint8_t { ok, structural, selection, near_tie };
+  struct RowResult {
+    Row kind = Row::ok;
+    bool nontrivial = false, checked = false;  // checked: well formed, with a nonempty window
+    double recall = 1.0;
+    std::string what;  // the mismatch of a structural or selection failure
   };
   // Position sets per row as sorted vectors of distinct values (what std::set would iterate).
   auto sorted_set = [](std::vector<int32_t>& v) {
@@ -716,13 +720,14 @@ Report compare_topk(const std::string& tensor, const Tensor<float>& golden_logit
     v.erase(std::unique(v.begin(), v.end()), v.end());
   };
   auto member = [](const std::vector<int32_t>& v, int32_t x) { return std::binary_search(v.begin(), v.end(), x); };
-  std::vector<int32_t> gold, in_window;
   int64_t max_len = 0;
   for (int64_t t = 0; t < s_q; ++t) max_len = std::max<int64_t>(max_len, ke[t] - ks[t]);
-  std::vector<int64_t> seen_in(size_t(max_len), -1);  // seen_in[v] = t: position v taken in row t
-  for (int64_t t = 0; t < s_q; ++t) {
+  // Row t; seen_in[v] == t marks position v taken in row t (a thread's own array); gold and
+  // in_window are the thread's scratch.
+  auto judge_row = [&](int64_t t, std::vector<int64_t>& seen_in, std::vector<int32_t>& gold, std::vector<int32_t>& in_window) {
+    RowResult x;
     const int64_t len = ke[t] - ks[t], k_eff = std::min(topk, len);
-    nontrivial += len > topk;
+    x.nontrivial = len > topk;
     gold.clear();
     for (int64_t j = 0; j < topk; ++j) if (golden_topk.at(t, j) >= 0) gold.push_back(golden_topk.at(t, j));
     sorted_set(gold);
@@ -733,38 +738,36 @@ Report compare_topk(const std::string& tensor, const Tensor<float>& golden_logit
     sorted_set(in_window);
     int64_t common = 0;
     for (int32_t v : in_window) common += member(gold, v);
-    const double recall = k_eff ? double(std::min(common, k_eff)) / double(k_eff) : 1.0;
-    recall_sum += recall;
-    r.stats.recall_min = std::min(r.stats.recall_min, recall);
+    x.recall = k_eff ? double(std::min(common, k_eff)) / double(k_eff) : 1.0;
     // The value a slot holds as the candidate wrote it (a kv row when opt.kv_rows).
     auto shown = [&](int64_t j) {
       return opt.kv_rows ? "kv row " + std::to_string(opt.kv_rows->at(t, j)) : std::to_string(cand.at(t, j));
     };
-    const std::string window = opt.kv_rows ? "the row's window [" + std::to_string(ks[t]) + ", " + std::to_string(ke[t]) + ")"
-                                           : "[0, " + std::to_string(len) + ")";
+    auto window = [&] {
+      return opt.kv_rows ? "the row's window [" + std::to_string(ks[t]) + ", " + std::to_string(ke[t]) + ")"
+                         : "[0, " + std::to_string(len) + ")";
+    };
     // 1. Structure.
     int64_t valid = 0, first_pad = -1;
-    bool ok = true;
     for (int64_t j = 0; j < topk; ++j) {
       const int32_t v = cand.at(t, j);
       if (v == -1) { if (first_pad < 0) first_pad = j; continue; }
-      if (v < 0 || v >= len) { fail_row(t, "slot " + std::to_string(j) + " holds " + shown(j) +
-                                            ", outside " + window + " and not -1"); ok = false; break; }
+      if (v < 0 || v >= len) {
+        x.what = "slot " + std::to_string(j) + " holds " + shown(j) + ", outside " + window() + " and not -1";
+        break;
+      }
       if (seen_in[size_t(v)] == t) {
-        fail_row(t, (opt.kv_rows ? shown(j) : "position " + shown(j)) + " appears twice");
-        ok = false;
+        x.what = (opt.kv_rows ? shown(j) : "position " + shown(j)) + " appears twice";
         break;
       }
       seen_in[size_t(v)] = t;
-      if (opt.trailing_padding && first_pad >= 0) { fail_row(t, "valid position after a -1 slot (padding must be trailing)"); ok = false; break; }
+      if (opt.trailing_padding && first_pad >= 0) { x.what = "valid position after a -1 slot (padding must be trailing)"; break; }
       ++valid;
     }
-    if (ok && valid != k_eff) {
-      fail_row(t, std::to_string(valid) + " valid slots, expected min(topk, length) = " + std::to_string(k_eff));
-      ok = false;
-    }
-    if (!ok) { ++structural; ++r.stats.n_fail; continue; }
-    if (len > 0) ++r.stats.n_checked;
+    if (x.what.empty() && valid != k_eff)
+      x.what = std::to_string(valid) + " valid slots, expected min(topk, length) = " + std::to_string(k_eff);
+    if (!x.what.empty()) { x.kind = Row::structural; return x; }
+    x.checked = len > 0;
     // A well-formed row's positions are its distinct in-window values, ascending.
     const std::vector<int32_t>& seen = in_window;
     // 2. Selection: multisets of golden scores.
@@ -773,7 +776,7 @@ Report compare_topk(const std::string& tensor, const Tensor<float>& golden_logit
     for (int32_t v : gold) sg.push_back(golden_logits.at(t, ks[t] + v));
     std::sort(sc.begin(), sc.end());
     std::sort(sg.begin(), sg.end());
-    if (sc == sg) continue;
+    if (sc == sg) return x;
     // Near ties explained by the candidate's own logits.
     bool legit = false;
     if (opt.candidate_logits) {
@@ -797,13 +800,47 @@ Report compare_topk(const std::string& tensor, const Tensor<float>& golden_logit
         legit = within(taken[i]) && within(missed[i]) && gap <= dev(taken[i]) + dev(missed[i]);
       }
     }
-    if (legit) { ++near_ties; continue; }
-    ++selection;
-    ++r.stats.n_fail;
+    if (legit) { x.kind = Row::near_tie; return x; }
+    x.kind = Row::selection;
     char buf[200];
     std::snprintf(buf, sizeof buf, "selected scores differ from the golden's (recall %.3f): a true winner is missing",
-                  recall);
-    fail_row(t, buf);
+                  x.recall);
+    x.what = buf;
+    return x;
+  };
+  std::vector<RowResult> rows(static_cast<size_t>(s_q));
+  constexpr int64_t kTopkBlock = 64;  // rows per block of the parallel loop
+  const int64_t blocks = (s_q + kTopkBlock - 1) / kTopkBlock;
+#pragma omp parallel
+  {
+    std::vector<int64_t> seen_in(size_t(max_len), -1);
+    std::vector<int32_t> gold, in_window;
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t b = 0; b < blocks; ++b)
+      for (int64_t t = b * kTopkBlock; t < std::min(s_q, (b + 1) * kTopkBlock); ++t)
+        rows[size_t(t)] = judge_row(t, seen_in, gold, in_window);
+  }
+  int64_t structural = 0, selection = 0, nontrivial = 0, near_ties = 0;
+  double recall_sum = 0;
+  r.stats.recall_min = 1;
+  for (int64_t t = 0; t < s_q; ++t) {
+    RowResult& x = rows[size_t(t)];
+    nontrivial += x.nontrivial;
+    recall_sum += x.recall;
+    r.stats.recall_min = std::min(r.stats.recall_min, x.recall);
+    if (x.kind == Row::structural) {
+      add_mismatch(r, {{t}, 0, 0, 0, 0, std::move(x.what)});
+      ++structural;
+      ++r.stats.n_fail;
+      continue;
+    }
+    if (x.checked) ++r.stats.n_checked;
+    if (x.kind == Row::near_tie) ++near_ties;
+    if (x.kind == Row::selection) {
+      ++selection;
+      ++r.stats.n_fail;
+      add_mismatch(r, {{t}, 0, 0, 0, 0, std::move(x.what)});
+    }
   }
   r.stats.recall_mean = s_q ? recall_sum / double(s_q) : 1.0;
   if (structural) r.reasons.push_back(std::to_string(structural) + " row(s) with malformed positions");

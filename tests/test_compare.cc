@@ -2,9 +2,11 @@
 // built by injecting faults into the golden outputs, or by independent low-precision emulations
 // written here (a kernel-like computation must PASS, a wrong one must FAIL).
 #include <doctest/doctest.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <limits>
 #include <set>
 
@@ -264,6 +266,64 @@ TEST_CASE("compare: top-k recall_mean and recall_min are over the same rows (nev
   CHECK(r.stats.recall_min <= r.stats.recall_mean);
   CHECK(r.stats.recall_min == doctest::Approx(7.0 / 8));
   CHECK(r.stats.recall_mean == doctest::Approx((15 + 7.0 / 8) / 16));
+}
+
+// compare_topk judges rows in parallel over blocks of 64 and folds them in row order: every field
+// of the report (counts, recall sums, reasons, the mismatch list) is the same with 1 and 2 threads,
+// on a candidate with structural, selection and near-tie rows spread over several blocks, and the
+// mismatch list holds the first failing rows in row order.
+TEST_CASE("compare: top-k reports are the same with 1 and 2 threads (rows judged in parallel)") {
+  const Golden g = golden("sq300 skv320 hq2 dqk16 dv8 ih4 id32 k8 seed4");
+  const Tensor<float>& L = g.out.logits;
+  const Tensor<int32_t>& G = g.out.topk;
+  const cmp::FloatRule rule = cmp::indexer_logits_rule(g.in.index_q8, g.in.index_k8, g.in.index_k_scale, g.in.index_weights, L);
+  Tensor<int32_t> c = G;
+  Tensor<float> cl = L;
+  std::vector<int64_t> failing;  // rows made to fail, ascending
+  for (int64_t t = 20; t < 300; t += 7) {
+    if (g.in.ke[t] - g.in.ks[t] <= 8) continue;
+    if (t % 3 == 0) {  // a duplicate: structural
+      c.at(t, 1) = c.at(t, 0);
+      failing.push_back(t);
+    } else if (t % 3 == 1) {  // a true winner replaced by a clear loser: selection
+      std::set<int32_t> sel(G.data.begin() + t * 8, G.data.begin() + t * 8 + 8);
+      int32_t lo = -1;
+      for (int32_t s = 0; s < g.in.ke[t] - g.in.ks[t]; ++s)
+        if (!sel.count(s) && (lo < 0 || L.at(t, g.in.ks[t] + s) < L.at(t, g.in.ks[t] + lo))) lo = s;
+      if (lo < 0 || L.at(t, g.in.ks[t] + lo) >= L.at(t, g.in.ks[t] + G.at(t, 0))) continue;
+      c.at(t, 0) = lo;
+      failing.push_back(t);
+    }
+  }
+  REQUIRE(failing.size() > 20);
+  cmp::TopkOptions o;
+  o.candidate_logits = &cl;
+  o.logits_rule = &rule;
+  auto dump = [](const cmp::Report& r) {
+    std::string d = cmp::verdict_name(r.verdict) + "|" + std::to_string(r.stats.n) + "|" + std::to_string(r.stats.n_checked) + "|" +
+                    std::to_string(r.stats.n_fail) + "|";
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%a|%a|", r.stats.recall_mean, r.stats.recall_min);
+    d += buf;
+    for (const std::string& x : r.reasons) d += x + "|";
+    for (const cmp::Mismatch& m : r.mismatches) d += std::to_string(m.index.at(0)) + ":" + m.what + "|";
+    return d;
+  };
+  const int before = omp_get_max_threads();
+  std::string dumps[2];
+  cmp::Report reports[2];
+  for (int t = 1; t <= 2; ++t) {
+    omp_set_num_threads(t);
+    reports[t - 1] = cmp::compare_topk("topk", L, g.in.ks, g.in.ke, G, c, o);
+    dumps[t - 1] = dump(reports[t - 1]);
+  }
+  omp_set_num_threads(before);
+  CHECK(dumps[0] == dumps[1]);
+  const cmp::Report& r = reports[0];
+  CHECK(r.verdict == cmp::Verdict::fail);
+  CHECK(r.stats.n_fail == int64_t(failing.size()));
+  REQUIRE(!r.mismatches.empty());
+  for (size_t i = 0; i < r.mismatches.size(); ++i) CHECK(r.mismatches[i].index.at(0) == failing[i]);
 }
 
 // attention_bounds_sm's softmax-scale direction against a central difference of the exact

@@ -120,11 +120,13 @@ std::optional<Tensor<int32_t>> pad_beyond_window(const Tensor<int32_t>& local, c
 const char* kBeyondWindow = "positions beyond the causal window in rows shorter than top-k: pad with -1 (raw torch.topk output, "
                             "as in transformers, keeps masked future positions there)";
 
-// Each row's positions in [0, s_kv) as a set: sorted, distinct (equal rows compare equal).
+// Each row's positions in [0, s_kv) as a set: sorted, distinct (equal rows compare equal); rows in
+// parallel (each its own vector).
 using RowSet = std::vector<int32_t>;
 std::vector<RowSet> row_sets(const Tensor<int32_t>& rows, int64_t s_kv) {
   const int64_t s_q = rows.dim(0), k = rows.numel() / std::max<int64_t>(1, s_q);
   std::vector<RowSet> out(static_cast<size_t>(s_q));
+#pragma omp parallel for schedule(static)
   for (int64_t t = 0; t < s_q; ++t) {
     RowSet& r = out[size_t(t)];
     for (int64_t j = 0; j < k; ++j)
@@ -971,9 +973,10 @@ Judge::UsedIndices Judge::judge_indices(const LayerData& d, const std::string& P
     }
   }
   const cmp::Verdict v = add(l, "attn.indices", r);
-  panel.recall = row_recall(row_sets(ci, s_kv_), row_sets(d.indices, s_kv_));
+  const std::vector<RowSet> cand_sets = row_sets(ci, s_kv_), gold_sets = row_sets(d.indices, s_kv_);
+  panel.recall = row_recall(cand_sets, gold_sets);
   panel.recall_of = "attn.indices";
-  if (v != cmp::Verdict::fail && row_sets(ci, s_kv_) != row_sets(d.indices, s_kv_)) {
+  if (v != cmp::Verdict::fail && cand_sets != gold_sets) {
     used.indices = ci;
     used.note = "expected attention recomputed on the candidate's indices (they differ from the golden's only by ties)";
   }
