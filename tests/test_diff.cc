@@ -523,6 +523,20 @@ TEST_CASE("diff: a golden set read lazily judges word for word as one read whole
     CHECK_THROWS_WITH_AS(diff::judge(d, faithful(golden::read(golden_dir("glm-5.2"))).file(), {}),
                          doctest::Contains("'layers.0.attn.q': the tensor's bytes do not match field 'sha256'"), Error);
   }
+  // attn.out, read and hashed on a second thread while the layer's other tensors load: refused too.
+  std::filesystem::remove_all(dir);
+  std::filesystem::copy(golden_dir("glm-5.2"), dir, std::filesystem::copy_options::recursive);
+  {
+    const golden::Loaded d = golden::read(dir.string(), 0, true);
+    REQUIRE(d.reads_lazily<float>("layers.1.attn.out"));
+    {
+      std::fstream f(dir / golden::kTensorFile, std::ios::in | std::ios::out | std::ios::binary);
+      f.seekp(std::streamoff(d.lazy.at("layers.1.attn.out").offset + 7));
+      f.put(char(0x55));
+    }
+    CHECK_THROWS_WITH_AS(diff::judge(d, faithful(golden::read(golden_dir("glm-5.2"))).file(), {}),
+                         doctest::Contains("'layers.1.attn.out': the tensor's bytes do not match field 'sha256'"), Error);
+  }
   std::filesystem::remove_all(dir);
   std::filesystem::copy(golden_dir("glm-5.2"), dir, std::filesystem::copy_options::recursive);
   {

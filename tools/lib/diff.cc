@@ -1,6 +1,7 @@
 #include "tools/lib/diff.h"
 
 #include <algorithm>
+#include <future>
 #include <map>
 #include <optional>
 #include <set>
@@ -207,6 +208,21 @@ using LayerData = GoldenLayer;
 GoldenLayer load_golden_layer(const golden::Loaded& g, int l, const ref::Kernels& k, bool with_q, Tensor<float>* reuse_out) {
   const json& m = g.manifest;
   const std::string p = "layers." + std::to_string(l) + ".";
+  // attn.out, the layer's largest tensor by far, is read and hashed on a second thread while this
+  // one loads the others (SHA-256 runs one tensor on one core); its hash is checked at the end, on
+  // this thread (check_hash marks the set's state). `out` outlives the future, which waits for it.
+  const std::string out_name = p + "attn.out";
+  Tensor<float> out = reuse_out ? std::move(*reuse_out) : Tensor<float>();
+  std::future<std::string> out_hash;
+  if (g.reads_lazily<float>(out_name)) {
+    out.shape = g.get(out_name).shape;
+    out.data.resize(size_t(shape_numel(out.shape)));
+    out_hash = std::async(std::launch::async, [&g, &out_name, &out] {
+      return g.read_hashed(out_name, out.data.data(), out.data.size() * sizeof(float));
+    });
+  } else {
+    g.tensor_into(out_name, out);
+  }
   LayerData d;
   d.l = l;
   d.full = m["layers"][size_t(l)]["kind"] == "full";
@@ -239,14 +255,10 @@ GoldenLayer load_golden_layer(const golden::Loaded& g, int l, const ref::Kernels
   d.indices = g.tensor<int32_t>(p + "attn.indices");
   if (g.find(p + "attn.topk_length")) d.topk_length = g.tensor<int32_t>(p + "attn.topk_length");
   if (g.find(p + "attn.sink")) d.sink = g.tensor<float>(p + "attn.sink");
-  if (reuse_out) {
-    g.tensor_into(p + "attn.out", *reuse_out);
-    d.out = std::move(*reuse_out);
-  } else {
-    d.out = g.tensor<float>(p + "attn.out");
-  }
   d.lse = g.tensor<float>(p + "attn.lse");
   d.max_logits = g.tensor<float>(p + "attn.max_logits");
+  if (out_hash.valid()) g.check_hash(out_name, out_hash.get());
+  d.out = std::move(out);
   return d;
 }
 

@@ -1835,10 +1835,12 @@ void Loaded::check_hash(const std::string& name, const std::string& sha256) cons
   unverified.erase(name);
 }
 
-void Loaded::load(const std::string& name, void* dst, size_t n) const {
+std::string Loaded::read_hashed(const std::string& name, void* dst, size_t n) const {
   io::read_file_range(dir + "/" + kTensorFile, lazy.at(name).offset, dst, n);
-  check_hash(name, io::sha256_hex(static_cast<const uint8_t*>(dst), n));
+  return io::sha256_hex(static_cast<const uint8_t*>(dst), n);
 }
+
+void Loaded::load(const std::string& name, void* dst, size_t n) const { check_hash(name, read_hashed(name, dst, n)); }
 
 void Loaded::verify_rest() const {
   const std::vector<std::string> rest(unverified.begin(), unverified.end());

@@ -254,7 +254,7 @@ struct Loaded {
   template <class T>
   void tensor_into(const std::string& name, Tensor<T>& dst) const {
     const io::TensorView& v = get(name);
-    if (!lazy.count(name) || v.dtype != io::dtype_of<T>::value) {
+    if (!reads_lazily<T>(name)) {
       dst = io::as_tensor<T>(v, dir + "/" + kTensorFile);
       return;
     }
@@ -264,6 +264,14 @@ struct Loaded {
   }
   // The bytes of lazy tensor `name` into dst (n bytes), checked against the manifest's SHA-256.
   void load(const std::string& name, void* dst, size_t n) const;
+  // Whether tensor(name) as T reads lazy tensor `name` from the file (load) rather than from memory.
+  template <class T>
+  bool reads_lazily(const std::string& name) const {
+    return lazy.count(name) && get(name).dtype == io::dtype_of<T>::value;
+  }
+  // load's first half: the bytes into dst and their SHA-256 (hex), changing nothing of the set, so
+  // a second thread may run it beside loads of other tensors; check_hash(name, hex) completes it.
+  std::string read_hashed(const std::string& name, void* dst, size_t n) const;
   // Lazy tensor `name`'s hash against the manifest's (Error naming it); then it is verified.
   void check_hash(const std::string& name, const std::string& sha256) const;
 
