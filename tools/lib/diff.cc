@@ -214,15 +214,10 @@ GoldenLayer load_golden_layer(const golden::Loaded& g, int l, const ref::Kernels
   const std::string out_name = p + "attn.out";
   Tensor<float> out = reuse_out ? std::move(*reuse_out) : Tensor<float>();
   std::future<std::string> out_hash;
-  if (g.reads_lazily<float>(out_name)) {
-    out.shape = g.get(out_name).shape;
-    out.data.resize(size_t(shape_numel(out.shape)));
-    out_hash = std::async(std::launch::async, [&g, &out_name, &out] {
-      return g.read_hashed(out_name, out.data.data(), out.data.size() * sizeof(float));
-    });
-  } else {
+  if (g.reads_lazily<float>(out_name))
+    out_hash = std::async(std::launch::async, [&g, &out_name, &out] { return g.read_hashed(out_name, out); });
+  else
     g.tensor_into(out_name, out);
-  }
   LayerData d;
   d.l = l;
   d.full = m["layers"][size_t(l)]["kind"] == "full";

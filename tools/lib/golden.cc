@@ -1840,8 +1840,6 @@ std::string Loaded::read_hashed(const std::string& name, void* dst, size_t n) co
   return io::sha256_hex(static_cast<const uint8_t*>(dst), n);
 }
 
-void Loaded::load(const std::string& name, void* dst, size_t n) const { check_hash(name, read_hashed(name, dst, n)); }
-
 void Loaded::verify_rest() const {
   const std::vector<std::string> rest(unverified.begin(), unverified.end());
   std::vector<io::TensorView> views;  // without bytes: sha256_all hashes them from the file

@@ -237,7 +237,7 @@ struct Loaded {
   };
   std::map<std::string, LazyTensor> lazy;
   // read(..., defer_hashes): the lazy tensors whose bytes have not been checked yet (each is
-  // checked when read: load, Stream; verify_rest checks the others).
+  // checked when read: tensor_into, Stream; verify_rest checks the others).
   mutable std::set<std::string> unverified;
   // Checks every tensor still unverified against the manifest's SHA-256 (Error naming the first
   // that differs); diff calls it before it reports, so every tensor of the set is checked once.
@@ -258,19 +258,22 @@ struct Loaded {
       dst = io::as_tensor<T>(v, dir + "/" + kTensorFile);
       return;
     }
-    dst.shape = v.shape;
-    dst.data.resize(size_t(shape_numel(v.shape)));
-    load(name, dst.data.data(), dst.data.size() * sizeof(T));
+    check_hash(name, read_hashed(name, dst));
   }
-  // The bytes of lazy tensor `name` into dst (n bytes), checked against the manifest's SHA-256.
-  void load(const std::string& name, void* dst, size_t n) const;
-  // Whether tensor(name) as T reads lazy tensor `name` from the file (load) rather than from memory.
+  // Whether tensor(name) as T reads lazy tensor `name` from the file rather than from memory.
   template <class T>
   bool reads_lazily(const std::string& name) const {
     return lazy.count(name) && get(name).dtype == io::dtype_of<T>::value;
   }
-  // load's first half: the bytes into dst and their SHA-256 (hex), changing nothing of the set, so
-  // a second thread may run it beside loads of other tensors; check_hash(name, hex) completes it.
+  // tensor_into's first half for a lazy tensor (reads_lazily<T>): its bytes into `dst` (reusing its
+  // memory where it has room) and their SHA-256 (hex), changing nothing of the set, so a second
+  // thread may run it beside loads of other tensors; check_hash(name, hex) completes it.
+  template <class T>
+  std::string read_hashed(const std::string& name, Tensor<T>& dst) const {
+    dst.shape = get(name).shape;
+    dst.data.resize(size_t(shape_numel(dst.shape)));
+    return read_hashed(name, dst.data.data(), dst.data.size() * sizeof(T));
+  }
   std::string read_hashed(const std::string& name, void* dst, size_t n) const;
   // Lazy tensor `name`'s hash against the manifest's (Error naming it); then it is verified.
   void check_hash(const std::string& name, const std::string& sha256) const;
