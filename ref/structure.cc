@@ -487,14 +487,20 @@ void finish(StructureReport& rep, const StructureSpec& s, const std::vector<std:
 }  // namespace
 
 
+// A pair left out (x or y not finite) adds +0 to both sums, which leaves them as they were: they
+// start at +0 and never become -0 (in round to nearest a sum that reaches zero from +0 is +0), so
+// the loop needs no branch. Clusters are independent: OpenMP over them gives the same bits for
+// any thread count.
 void sm_cluster_sums(const float* x, const float* y, const float* g, int64_t clusters, int64_t cols, double* out) {
+#pragma omp parallel for schedule(static) if (clusters * cols >= (int64_t(1) << 16))
   for (int64_t c = 0; c < clusters; ++c) {
     double sgg = 0, sge = 0;
     for (int64_t j = c * cols; j < (c + 1) * cols; ++j) {
-      if (!std::isfinite(x[j]) || !std::isfinite(y[j])) continue;
-      const double gv = g[j];
+      const bool pair = finite_f32(x[j]) && finite_f32(y[j]);
+      const double gv = pair ? double(g[j]) : 0.0;
+      const double e = pair ? double(y[j]) - double(x[j]) : 0.0;
       sgg += gv * gv;
-      sge += gv * (double(y[j]) - double(x[j]));
+      sge += gv * e;
     }
     out[2 * c] = sgg;
     out[2 * c + 1] = sge;

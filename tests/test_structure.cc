@@ -8,8 +8,10 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <functional>
 #include <filesystem>
+#include <limits>
 #include <map>
 #include <set>
 
@@ -242,6 +244,50 @@ TEST_CASE("structure: the softmax-scale direction given whole or as its cluster 
     CHECK(a.tests.back().flagged == (off != 0));
     CHECK(a.findings == b.findings);
   }
+}
+
+TEST_CASE("structure: sm_cluster_sums equals the plain loop that skips non-finite pairs, with 1 and 2 threads") {
+  // Its loop has no branch (a pair left out adds +0); this is the definition it must equal bit for
+  // bit: per cluster, in double, columns ascending, over the pairs with x and y finite. The data
+  // hold NaN and inf in x, y and the direction, and a cluster with every pair left out.
+  const int64_t clusters = 300, cols = 257;
+  std::vector<float> x(size_t(clusters * cols)), y(x.size()), g(x.size());
+  Xoshiro256 r(31);
+  auto val = [&] { return float(double(int64_t(r.below(1u << 20)) - (1 << 19)) / double(1 << 19)); };
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  for (size_t i = 0; i < x.size(); ++i) {
+    x[i] = val();
+    y[i] = x[i] + 1e-3f * val();
+    g[i] = val();
+    const uint64_t k = r.below(64);
+    if (k == 0) x[i] = nan;
+    if (k == 1) y[i] = inf;
+    if (k == 2) g[i] = nan;  // a pair kept: its NaN reaches the sums
+    if (k == 3) { x[i] = -inf; g[i] = inf; }  // left out: the direction's inf must not leak
+  }
+  for (int64_t j = 0; j < cols; ++j) y[size_t(7 * cols + j)] = nan;  // cluster 7: nothing kept
+  std::vector<double> plain(size_t(2 * clusters));
+  for (int64_t c = 0; c < clusters; ++c) {
+    double sgg = 0, sge = 0;
+    for (int64_t j = c * cols; j < (c + 1) * cols; ++j) {
+      if (!std::isfinite(x[size_t(j)]) || !std::isfinite(y[size_t(j)])) continue;
+      sgg += double(g[size_t(j)]) * double(g[size_t(j)]);
+      sge += double(g[size_t(j)]) * (double(y[size_t(j)]) - double(x[size_t(j)]));
+    }
+    plain[size_t(2 * c)] = sgg;
+    plain[size_t(2 * c + 1)] = sge;
+  }
+  const int before = omp_get_max_threads();
+  for (int t : {1, 2}) {
+    CAPTURE(t);
+    omp_set_num_threads(t);
+    std::vector<double> got(plain.size(), -1.0);
+    cmp::sm_cluster_sums(x.data(), y.data(), g.data(), clusters, cols, got.data());
+    CHECK(std::memcmp(got.data(), plain.data(), plain.size() * sizeof(double)) == 0);
+  }
+  omp_set_num_threads(before);
+  CHECK(plain[14] == 0.0);
+  CHECK(!std::signbit(plain[15]));
 }
 
 TEST_CASE("structure: pooled tests see an error spread over layers") {
