@@ -253,6 +253,9 @@ class BorrowedTensor {
   }
   const Tensor<T>& get() const { return t_; }
   operator const Tensor<T>&() const { return t_; }  // NOLINT: implicit, a const Tensor<T>
+  // The view as a Tensor, still borrowed, for an aggregate of Tensors (ref::AttentionOut) that is
+  // then only passed on as const: its mutators copy first (Storage, above).
+  Tensor<T> take() && { return std::move(t_); }
 
  private:
   Tensor<T> t_;

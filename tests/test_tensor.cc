@@ -69,6 +69,17 @@ TEST_CASE("tensor storage: a BorrowedTensor reads the caller's memory in place, 
   CHECK(moved.get().ptr() == mem.data());
   CHECK_THROWS_AS(BorrowedTensor<float>(Shape{2}, nullptr), Error);
   CHECK(BorrowedTensor<float>(Shape{0}, nullptr).get().numel() == 0);
+
+  // take(): the view as a Tensor for an aggregate (ref::AttentionOut), still borrowed; a mutator
+  // makes it owning first, so the caller's memory is never written.
+  Tensor<float> taken = BorrowedTensor<float>(Shape{3}, mem.data() + 3).take();
+  CHECK(taken.ptr() == mem.data() + 3);
+  CHECK(taken.data.borrowed());
+  CHECK(taken.data == std::vector<float>{5, 9, 0});
+  taken.data.push_back(1);
+  CHECK(!taken.data.borrowed());
+  CHECK(taken.data == std::vector<float>{5, 9, 0, 1});
+  CHECK(mem == std::vector<float>{3, 1, 2, 5, 9, 0});
 }
 
 TEST_CASE("tensor storage: a kernel gives the same result on borrowed and owned inputs") {

@@ -130,6 +130,7 @@ std::vector<RowSet> row_sets(const Tensor<int32_t>& rows, int64_t s_kv) {
 #pragma omp parallel for schedule(static)
   for (int64_t t = 0; t < s_q; ++t) {
     RowSet& r = out[size_t(t)];
+    r.reserve(size_t(k));
     for (int64_t j = 0; j < k; ++j)
       if (rows[t * k + j] >= 0 && rows[t * k + j] < s_kv) r.push_back(rows[t * k + j]);
     std::sort(r.begin(), r.end());
@@ -311,11 +312,9 @@ void bounds_sm_by_blocks(const ref::Kernels& k, const golden::Loaded& g, const L
     const BorrowedTensor<int32_t> ix({n, 1, topk}, indices.ptr() + r0 * topk);
     std::optional<BorrowedTensor<int32_t>> len;
     if (tl) len.emplace(Shape{n}, tl->ptr() + r0);
+    // The block's rows of the exact outputs, as views (no copy).
     auto slice = [&](const Tensor<float>& t, int64_t w) {
-      Tensor<float> o({n, h_q, w});
-      std::copy(t.ptr() + r0 * h_q * w, t.ptr() + (r0 + n) * h_q * w, o.ptr());
-      if (w == 1) o.shape = {n, h_q};
-      return o;
+      return BorrowedTensor<float>(w == 1 ? Shape{n, h_q} : Shape{n, h_q, w}, t.ptr() + r0 * h_q * w).take();
     };
     ref::AttentionOut x;
     x.out = slice(exact.out, d_v);
