@@ -35,6 +35,7 @@ Action register_explain(CLI::App& app);
 #include "ref/config.h"
 #include "ref/problem.h"
 #include "tools/lib/options.h"  // resolve_impl, choose_impl, resolve_model_impl, parse_rows
+#include "tools/lib/run_report.h"  // run's per-layer line (run, bench)
 
 namespace indexshare::cli {
 

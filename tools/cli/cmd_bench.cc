@@ -59,7 +59,8 @@
 //
 // Commands (simd only; --commands no skips them): the commands people run, end to end, on
 // --problem (all its layers): `run` (inputs generated on simd's generator, then simd::run_stack
-// with the logits not kept, as `run --impl simd`), `run: inputs only` (the generation alone),
+// with the logits not kept, then its report's line per layer, as `run --impl simd`), `run:
+// inputs only` (the generation alone),
 // `golden` (golden::build on simd and golden::write of the set to a
 // temporary folder: inputs, stack with logits, the budget's emulation, SHA-256, writing) and `diff`
 // of an exact copy of that set's outputs (golden::read as `diff` reads it, the candidate file
@@ -681,9 +682,12 @@ void Bench::time_commands() {
     }
   } cleanup{dir, cand};
   const ref::Kernels kern = simd::kernels();
+  std::string run_lines;  // run's report: its line per layer (recalls, sum of squares, fingerprint)
   time_command("run", [&] {
     const auto in = ref::make_stack_inputs(p, s, kern);
-    (void)simd::run_stack(p, s, in, false);
+    const auto out = simd::run_stack(p, s, in, false);
+    run_lines.clear();
+    for (const auto& o : out) run_lines += run_report::stack_layer_line(o);
   });
   time_command("run: inputs only", [&] { (void)ref::make_stack_inputs(p, s, kern); });
   time_command("golden", [&] { golden::write(dir, golden::build(p, "stack", true, "bench", true), true); });

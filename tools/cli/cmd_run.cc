@@ -6,7 +6,6 @@
 #include <cstdio>
 #include <limits>
 #include <memory>
-#include <set>
 #include <span>
 #include <string>
 
@@ -46,54 +45,14 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-
-// |A ∩ B| / |A| of each row of two [rows, k] position tensors (valid entries only); 1 where A is empty.
-std::vector<double> recall_rows(const Tensor<int32_t>& a, const Tensor<int32_t>& b) {
-  const int64_t rows = a.dim(0), k = a.dim(1);
-  std::vector<double> r;
-  for (int64_t t = 0; t < rows; ++t) {
-    std::set<int32_t> sa, sb;
-    for (int64_t j = 0; j < k; ++j) {
-      if (a.at(t, j) >= 0) sa.insert(a.at(t, j));
-      if (b.at(t, j) >= 0) sb.insert(b.at(t, j));
-    }
-    int64_t common = 0;
-    for (int32_t v : sa) common += sb.count(v);
-    r.push_back(sa.empty() ? 1.0 : double(common) / double(sa.size()));
-  }
-  return r;
-}
-
-// The layer's line from its folds: the per-row recalls summed in row order, the output's sum of
-// squares and FNV-1a in element order (so that ranks, folded in order, print the same line).
-struct LayerFold {
-  double recall_sum = 0, ss = 0;
-  int64_t rows = 0, numel = 0;
-  uint64_t fp = 0xCBF29CE484222325ull;
-  void add_recalls(std::span<const double> r) {
-    for (double v : r) recall_sum += v;
-    rows += int64_t(r.size());
-  }
-  void add_out(std::span<const float> out) {
-    for (float v : out) ss += double(v) * v;
-    const auto* b = reinterpret_cast<const unsigned char*>(out.data());
-    for (size_t i = 0; i < out.size() * sizeof(float); ++i) fp = (fp ^ b[i]) * 0x100000001B3ull;
-    numel += int64_t(out.size());
-  }
-};
-
-void print_layer(int l, bool full, int source, bool has_own, const LayerFold& f) {
-  const double rms = std::sqrt(f.ss / double(std::max<int64_t>(1, f.numel)));
-  const double recall = f.rows ? f.recall_sum / double(f.rows) : std::nan("");
-  std::printf("layer %3d %-6s source %3d  own-vs-used recall %-6s  out rms %.5f  fingerprint %016llx\n", l,
-              full ? "full" : "shared", source, has_own ? (std::to_string(recall).substr(0, 5)).c_str() : "-", rms,
-              (unsigned long long)f.fp);
+void print_layer(int l, bool full, int source, bool has_own, const run_report::LayerFold& f) {
+  std::fputs(run_report::layer_line(l, full, source, has_own, f).c_str(), stdout);
 }
 
 void print_layer(int l, bool full, int source, const Tensor<int32_t>& own, const Tensor<int32_t>& used,
                  const ref::AttentionOut& attn) {
-  LayerFold f;
-  if (own.numel() && used.numel()) f.add_recalls(recall_rows(own, used));
+  run_report::LayerFold f;
+  if (own.numel() && used.numel()) f.add_recalls(run_report::recall_rows(own, used));
   f.add_out(attn.out.data);
   print_layer(l, full, source, own.numel() > 0, f);
 }
@@ -144,10 +103,10 @@ int run_ranks(const RunArgs& a, const Problem& p, const Schedule& s, const std::
     std::printf("top-k     k=%lld; %lld of %lld rows are shorter than k (dense)\n", (long long)p.index_topk,
                 (long long)short_rows, (long long)n_rows);
   for (const auto& o : out) {
-    LayerFold f;
+    run_report::LayerFold f;
     const bool has_own = o.own_topk.numel() > 0;
     if (has_own) {
-      const std::vector<double> r = recall_rows(o.own_topk, o.used_topk);
+      const std::vector<double> r = run_report::recall_rows(o.own_topk, o.used_topk);
       dist::fold_in_order({reinterpret_cast<const uint8_t*>(r.data()), r.size() * sizeof(double)}, [&](std::span<const uint8_t> b) {
         f.add_recalls({reinterpret_cast<const double*>(b.data()), b.size() / sizeof(double)});
       });
@@ -206,7 +165,7 @@ int run_problem(const RunArgs& a) {
   for (int64_t t = 0; t < n_rows; ++t) short_rows += in[0].ke[t] - in[0].ks[t] <= p.index_topk;
   std::printf("top-k     k=%lld; %lld of %lld rows are shorter than k (dense)\n", (long long)p.index_topk,
               (long long)short_rows, (long long)n_rows);
-  for (const auto& o : out) print_layer(o.layer, o.kind == LayerKind::full, o.source, o.own_topk, o.used_topk, o.attn);
+  for (const auto& o : out) std::fputs(run_report::stack_layer_line(o).c_str(), stdout);
   std::printf("time      inputs %.3f s, stack %.3f s (impl %s)\n", t_gen, t_run, impl.c_str());
   std::printf("__REPRO: indexshare run --impl %s --problem \"%s\"%s\n", impl.c_str(), to_string(p).c_str(),
               a.rows_given ? (" --rows " + ref::format_rows(rows)).c_str() : "");

@@ -1,0 +1,79 @@
+#include "tools/lib/run_report.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+
+namespace indexshare::run_report {
+
+std::vector<double> recall_rows(const Tensor<int32_t>& a, const Tensor<int32_t>& b) {
+  const int64_t rows = a.dim(0), k = a.dim(1);
+  std::vector<double> r(static_cast<size_t>(rows));
+#pragma omp parallel
+  {
+    std::vector<int32_t> sa, sb;
+    sa.reserve(size_t(k));
+    sb.reserve(size_t(k));
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < rows; ++t) {
+      sa.clear();
+      sb.clear();
+      for (int64_t j = 0; j < k; ++j) {
+        if (a.at(t, j) >= 0) sa.push_back(a.at(t, j));
+        if (b.at(t, j) >= 0) sb.push_back(b.at(t, j));
+      }
+      std::sort(sa.begin(), sa.end());
+      sa.erase(std::unique(sa.begin(), sa.end()), sa.end());
+      std::sort(sb.begin(), sb.end());
+      sb.erase(std::unique(sb.begin(), sb.end()), sb.end());
+      int64_t common = 0;
+      for (size_t i = 0, j = 0; i < sa.size() && j < sb.size();) {
+        if (sa[i] < sb[j]) ++i;
+        else if (sb[j] < sa[i]) ++j;
+        else ++common, ++i, ++j;
+      }
+      r[size_t(t)] = sa.empty() ? 1.0 : double(common) / double(sa.size());
+    }
+  }
+  return r;
+}
+
+void LayerFold::add_recalls(std::span<const double> r) {
+  for (double v : r) recall_sum += v;
+  rows += int64_t(r.size());
+}
+
+void LayerFold::add_out(std::span<const float> out) {
+  // One pass, two independent chains (the sum and the hash), each in element order.
+  double s = ss;
+  uint64_t h = fp;
+  for (float v : out) {
+    uint32_t w;
+    std::memcpy(&w, &v, sizeof w);
+    s += double(v) * v;
+    h = (h ^ w) * 0x100000001B3ull;
+  }
+  ss = s;
+  fp = h;
+  numel += int64_t(out.size());
+}
+
+std::string layer_line(int l, bool full, int source, bool has_own, const LayerFold& f) {
+  const double rms = std::sqrt(f.ss / double(std::max<int64_t>(1, f.numel)));
+  const double recall = f.rows ? f.recall_sum / double(f.rows) : std::nan("");
+  char line[256];
+  std::snprintf(line, sizeof line, "layer %3d %-6s source %3d  own-vs-used recall %-6s  out rms %.5f  fingerprint %016llx\n", l,
+                full ? "full" : "shared", source, has_own ? (std::to_string(recall).substr(0, 5)).c_str() : "-", rms,
+                (unsigned long long)f.fp);
+  return line;
+}
+
+std::string stack_layer_line(const ref::StackLayerOutputs& o) {
+  LayerFold f;
+  if (o.own_topk.numel() && o.used_topk.numel()) f.add_recalls(recall_rows(o.own_topk, o.used_topk));
+  f.add_out(o.attn.out.data);
+  return layer_line(o.layer, o.kind == LayerKind::full, o.source, o.own_topk.numel() > 0, f);
+}
+
+}  // namespace indexshare::run_report

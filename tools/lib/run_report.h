@@ -1,0 +1,33 @@
+// run's report: one line per layer of a stack (`run` prints it; bench's run stage computes it as
+// `run` does, so that the commands' timings hold the same work).
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "ref/stack.h"
+#include "ref/tensor.h"
+
+namespace indexshare::run_report {
+
+// |A ∩ B| / |A| of each row of two [rows, k] position tensors, their valid entries (>= 0) taken as
+// sets; 1 where A has none. Rows in parallel, each its own output.
+std::vector<double> recall_rows(const Tensor<int32_t>& a, const Tensor<int32_t>& b);
+// A layer's line from its folds: the per-row recalls summed in row order, the output's sum of
+// squares in element order and its fingerprint, FNV-1a over the output's f32 words (their bit
+// patterns, element order; equal fingerprints mean equal bytes), so that ranks folded in row
+// order print one process's line.
+struct LayerFold {
+  double recall_sum = 0, ss = 0;
+  int64_t rows = 0, numel = 0;
+  uint64_t fp = 0xCBF29CE484222325ull;
+  void add_recalls(std::span<const double> r);
+  void add_out(std::span<const float> out);
+};
+std::string layer_line(int l, bool full, int source, bool has_own, const LayerFold& f);
+// One process's line of a stack layer (its own top-k against the positions it used, its out).
+std::string stack_layer_line(const ref::StackLayerOutputs& o);
+
+}  // namespace indexshare::run_report
