@@ -230,15 +230,16 @@ GoldenLayer load_golden_layer(const golden::Loaded& g, int l, const ref::Kernels
     d.topk = g.tensor<int32_t>(p + "indexer.topk");
     const Tensor<float> ksc = g.tensor<float>(p + "indexer.k_scale"), w = g.tensor<float>(p + "indexer.weights");
     const bool fp8 = g.get(p + "indexer.q").dtype == io::DType::F8_E4M3;
-    Tensor<e4m3_t> q8, k8;
-    if (fp8) {
-      q8 = g.tensor<e4m3_t>(p + "indexer.q");
-      k8 = g.tensor<e4m3_t>(p + "indexer.k");
+    if (fp8) {  // kept: the logits' bound reads them too
+      d.index_q8 = g.tensor<e4m3_t>(p + "indexer.q");
+      d.index_k8 = g.tensor<e4m3_t>(p + "indexer.k");
+      d.index_k_scale = ksc;
+      d.index_weights = w;
     }
     if (g.find(p + "indexer.logits")) {
       d.logits = g.tensor<float>(p + "indexer.logits");
     } else if (fp8) {
-      d.logits = k.logits_fp8(q8, k8, ksc, w, d.ks, d.ke);
+      d.logits = k.logits_fp8(d.index_q8, d.index_k8, ksc, w, d.ks, d.ke);
     } else {
       auto widen = [](const Tensor<bf16_t>& b) { Tensor<float> f(b.shape); for (int64_t i = 0; i < b.numel(); ++i) f[i] = bf16_to_f32(b[i]); return f; };
       d.logits = k.logits_f32(widen(g.tensor<bf16_t>(p + "indexer.q")), widen(g.tensor<bf16_t>(p + "indexer.k")), ksc, w, d.ks, d.ke);
@@ -807,6 +808,8 @@ void Judge::judge_layer(int l) {
   // layer's indices, windows, logits and top-k).
   LayerData& done = data_[size_t(l)];
   done.q = done.kv = Tensor<bf16_t>();
+  done.index_q8 = done.index_k8 = Tensor<e4m3_t>();
+  done.index_k_scale = done.index_weights = Tensor<float>();
   done.out = done.lse = done.max_logits = Tensor<float>();
   done.sink.reset();
 }
@@ -816,9 +819,8 @@ void Judge::judge_layer(int l) {
 // The per-element logits bound (O(s_q s_kv H D), so only when the candidate holds logits).
 cmp::FloatRule Judge::logits_rule(const LayerData& d) {
   const std::string p = name(d.l, "");
-  if (g_.get(p + "indexer.q").dtype == io::DType::F8_E4M3)
-    data_[size_t(d.l)].logits_rule = k_.indexer_logits_rule(g_.tensor<e4m3_t>(p + "indexer.q"), g_.tensor<e4m3_t>(p + "indexer.k"),
-                                                              g_.tensor<float>(p + "indexer.k_scale"), g_.tensor<float>(p + "indexer.weights"), d.logits);
+  if (g_.get(p + "indexer.q").dtype == io::DType::F8_E4M3)  // the indexer's inputs as loaded with the layer
+    data_[size_t(d.l)].logits_rule = k_.indexer_logits_rule(d.index_q8, d.index_k8, d.index_k_scale, d.index_weights, d.logits);
   cmp::FloatRule rule = d.logits_rule;
   if (rule.bound.empty()) {  // bf16-mode sets: the same 14-bit-accumulator rule on f32 data
     rule.bound.assign(size_t(d.logits.numel()), 0.0f);
