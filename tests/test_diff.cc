@@ -537,27 +537,42 @@ TEST_CASE("diff: a golden set read lazily judges word for word as one read whole
     CHECK_THROWS_WITH_AS(diff::judge(d, faithful(golden::read(golden_dir("glm-5.2"))).file(), {}),
                          doctest::Contains("'layers.1.attn.out': the tensor's bytes do not match field 'sha256'"), Error);
   }
+  // attn.out_bf16, which the judge never reads, is checked while attn.out is read on the second
+  // thread: refused by the judge itself.
+  std::filesystem::remove_all(dir);
+  std::filesystem::copy(golden_dir("glm-5.2"), dir, std::filesystem::copy_options::recursive);
+  {
+    const golden::Loaded d = golden::read(dir.string(), 0, true);
+    {
+      std::fstream f(dir / golden::kTensorFile, std::ios::in | std::ios::out | std::ios::binary);
+      f.seekp(std::streamoff(d.lazy.at("layers.2.attn.out_bf16").offset + 3));
+      f.put(char(0x55));
+    }
+    CHECK_THROWS_WITH_AS(diff::judge(d, faithful(golden::read(golden_dir("glm-5.2"))).file(), {}),
+                         doctest::Contains("'layers.2.attn.out_bf16': the tensor's bytes do not match field 'sha256'"), Error);
+  }
   std::filesystem::remove_all(dir);
   std::filesystem::copy(golden_dir("glm-5.2"), dir, std::filesystem::copy_options::recursive);
   {
     const golden::Loaded d = golden::read(dir.string(), 0, true);
     std::fstream f(dir / golden::kTensorFile, std::ios::in | std::ios::out | std::ios::binary);
-    f.seekp(std::streamoff(d.lazy.at("layers.0.attn.out_bf16").offset + 3));
+    f.seekp(std::streamoff(d.lazy.at("layers.0.indexer.q_scale").offset + 3));
     f.put(char(0x55));
     f.close();
     const golden::Loaded whole = golden::read(golden_dir("glm-5.2"));
     const diff::Result r = diff::judge(d, faithful(whole).file(), {});
     CHECK(!r.failed());
-    CHECK(d.unverified.count("layers.0.attn.out_bf16") == 1);
-    CHECK(d.unverified.count("layers.0.attn.out") == 0);  // read by the judge, checked then
-    CHECK_THROWS_WITH_AS(d.verify_rest(), doctest::Contains("'layers.0.attn.out_bf16': the tensor's bytes do not match field 'sha256'"), Error);
+    CHECK(d.unverified.count("layers.0.indexer.q_scale") == 1);
+    CHECK(d.unverified.count("layers.0.attn.out") == 0);       // read by the judge, checked then
+    CHECK(d.unverified.count("layers.0.attn.out_bf16") == 0);  // checked while attn.out was read
+    CHECK_THROWS_WITH_AS(d.verify_rest(), doctest::Contains("'layers.0.indexer.q_scale': the tensor's bytes do not match field 'sha256'"), Error);
     // and through the command (its sets' small tensors are checked when read): exit 2 naming the
     // tensor, no verdict printed
     const std::string cand = dir.string() + ".c.safetensors";
     io::write_safetensors(cand, faithful(whole).file().tensors);
     const testing::CliResult run = testing::run_cli("diff --golden " + dir.string() + " --candidate " + cand);
     CHECK(run.status == 2);
-    CHECK(run.out.find("'layers.0.attn.out_bf16')") != std::string::npos);
+    CHECK(run.out.find("'layers.0.indexer.q_scale')") != std::string::npos);
     CHECK(run.out.find("do not match field 'sha256'") != std::string::npos);
     CHECK(run.out.find("tests:") == std::string::npos);
     std::filesystem::remove(cand);

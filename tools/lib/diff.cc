@@ -254,6 +254,9 @@ GoldenLayer load_golden_layer(const golden::Loaded& g, int l, const ref::Kernels
   if (g.find(p + "attn.sink")) d.sink = g.tensor<float>(p + "attn.sink");
   d.lse = g.tensor<float>(p + "attn.lse");
   d.max_logits = g.tensor<float>(p + "attn.max_logits");
+  // While attn.out is still being read: the layer's attn.out_bf16, which the judge never reads,
+  // is checked against the manifest here rather than at the end (Loaded::verify_rest).
+  if (out_hash.valid()) g.verify(p + "attn.out_bf16");
   if (out_hash.valid()) g.check_hash(out_name, out_hash.get());
   d.out = std::move(out);
   return d;

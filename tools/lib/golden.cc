@@ -1854,6 +1854,13 @@ void Loaded::verify_rest() const {
   for (size_t i = 0; i < rest.size(); ++i) check_hash(rest[i], hashes[i]);
 }
 
+void Loaded::verify(const std::string& name) const {
+  if (!unverified.count(name)) return;
+  const io::TensorView& v = get(name);
+  check_hash(name, io::sha256_file_range(dir + "/" + kTensorFile, lazy.at(name).offset,
+                                         uint64_t(shape_numel(v.shape)) * io::dtype_size(v.dtype)));
+}
+
 Loaded::Stream::Stream(const Loaded& g, const std::string& name) : g_(g), name_(name), v_(g.get(name)) {
   size_ = uint64_t(shape_numel(v_.shape)) * io::dtype_size(v_.dtype);
 }

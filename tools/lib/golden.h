@@ -242,6 +242,10 @@ struct Loaded {
   // Checks every tensor still unverified against the manifest's SHA-256 (Error naming the first
   // that differs); diff calls it before it reports, so every tensor of the set is checked once.
   void verify_rest() const;
+  // Checks one lazy tensor now, if still unverified (read from the file and hashed on this
+  // thread): diff checks a layer's attn.out_bf16, which it never reads, while attn.out is read
+  // on a second thread. A no-op for a tensor checked already or held in memory.
+  void verify(const std::string& name) const;
   const io::TensorView& get(const std::string& name) const;
   const io::TensorView* find(const std::string& name) const { return data.find(name); }
   template <class T>
