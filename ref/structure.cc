@@ -148,10 +148,19 @@ struct LanePart {
 // The pairs of columns [c0, c1) of one (row, head) (x, y, g point at its column 0) summed into the
 // classes of column mod 128, each in column order; a non-finite pair adds 0 to every sum (which
 // leaves a sum that starts at +0 unchanged) and is not counted. Then the coarser moduli: class
-// j mod m = class j + class j + m mod 2m.
+// j mod m = class j + class j + m mod 2m (assigned, so only the 128 finest classes start at 0).
+// Without the direction (kDir false) sgg and sge are neither cleared nor written: they hold the
+// zeros of the caller's Bins, value-initialised once per sweep, whose every call has the same kDir.
 template <bool kDir>
 void cluster_bins(const float* x, const float* y, const float* g, int64_t c0, int64_t c1, Bins& B) {
-  B = Bins{};
+  std::fill_n(B.n, 128, 0.0);
+  std::fill_n(B.sxx, 128, 0.0);
+  std::fill_n(B.sxe, 128, 0.0);
+  std::fill_n(B.se, 128, 0.0);
+  if constexpr (kDir) {
+    std::fill_n(B.sgg, 128, 0.0);
+    std::fill_n(B.sge, 128, 0.0);
+  }
   for (int64_t c = c0; c < c1;) {
     const int64_t j0 = c % 128, len = std::min(c1 - c, 128 - j0);
     double *n = B.n + j0, *sxx = B.sxx + j0, *sxe = B.sxe + j0, *se = B.se + j0, *sgg = B.sgg + j0, *sge = B.sge + j0;
@@ -178,8 +187,10 @@ void cluster_bins(const float* x, const float* y, const float* g, int64_t c0, in
       B.sxx[Q + j] = B.sxx[P + j] + B.sxx[P + j + m];
       B.sxe[Q + j] = B.sxe[P + j] + B.sxe[P + j + m];
       B.se[Q + j] = B.se[P + j] + B.se[P + j + m];
-      B.sgg[Q + j] = B.sgg[P + j] + B.sgg[P + j + m];
-      B.sge[Q + j] = B.sge[P + j] + B.sge[P + j + m];
+      if constexpr (kDir) {
+        B.sgg[Q + j] = B.sgg[P + j] + B.sgg[P + j + m];
+        B.sge[Q + j] = B.sge[P + j] + B.sge[P + j + m];
+      }
     }
   }
 }
@@ -244,8 +255,16 @@ StructureReport structure_tests(const StructureSpec& s, const float* x, const fl
               if (lanes) {
                 if (g) cluster_bins<true>(x + base, y + base, g, c0, c1, *B);
                 else cluster_bins<false>(x + base, y + base, g, c0, c1, *B);
-                for (int j = 0; j < 128; ++j) {
-                  t.n += B->n[j]; t.sxx += B->sxx[j]; t.sxe += B->sxe[j]; t.se += B->se[j]; t.sgg += B->sgg[j]; t.sge += B->sge[j];
+                if (pass == 2) {
+                  t = totals[size_t((r * H + h) * NC + q)];  // pass 1's, from the same bins
+                } else if (g) {
+                  for (int j = 0; j < 128; ++j) {
+                    t.n += B->n[j]; t.sxx += B->sxx[j]; t.sxe += B->sxe[j]; t.se += B->se[j]; t.sgg += B->sgg[j]; t.sge += B->sge[j];
+                  }
+                } else {  // sgg and sge are zeros: their sums stay +0
+                  for (int j = 0; j < 128; ++j) {
+                    t.n += B->n[j]; t.sxx += B->sxx[j]; t.sxe += B->sxe[j]; t.se += B->se[j];
+                  }
                 }
               } else {
                 for (int64_t c = c0; c < c1; ++c) {
