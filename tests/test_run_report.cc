@@ -1,7 +1,7 @@
 // Tests of run's per-layer line (tools/lib/run_report.h): the recall of each row against its
 // definition on std::set, the same for 1 and 2 threads; the output's fold (sum of squares and
-// FNV-1a over the f32 words) the same whether the output arrives whole or in pieces (as MPI
-// ranks fold it), equal to the plain definition, and changed by a one-bit change.
+// FNV-1a over the f32 words, in lanes) the same whether the output arrives whole or in pieces (as
+// MPI ranks fold it), equal to the plain definition, and changed by a one-bit change.
 #include <doctest/doctest.h>
 
 #include <omp.h>
@@ -47,28 +47,42 @@ TEST_CASE("run_report: recall_rows is |A ∩ B| / |A| over the rows' valid entri
   omp_set_num_threads(before);
 }
 
-TEST_CASE("run_report: the output's fold is the same whole or in pieces, and is FNV-1a over the f32 words") {
+TEST_CASE("run_report: the output's fold is the same whole or in pieces, and is its definition over lanes") {
   std::vector<float> out(1001);
   Xoshiro256 r(9);
   for (float& v : out) v = float(double(int64_t(r.below(1u << 20)) - (1 << 19)) / double(1 << 17));
   run_report::LayerFold whole, pieces;
   whole.add_out(out);
+  // Pieces that start off the lane boundary (as MPI ranks' row blocks may).
   pieces.add_out(std::span<const float>(out).subspan(0, 333));
   pieces.add_out(std::span<const float>(out).subspan(333, 1));
-  pieces.add_out(std::span<const float>(out).subspan(334));
-  CHECK(whole.fp == pieces.fp);
-  CHECK(std::memcmp(&whole.ss, &pieces.ss, sizeof(double)) == 0);
+  pieces.add_out(std::span<const float>(out).subspan(334, 5));
+  pieces.add_out(std::span<const float>(out).subspan(339));
+  CHECK(whole.fp() == pieces.fp());
+  const double a = whole.ss(), b = pieces.ss();
+  CHECK(std::memcmp(&a, &b, sizeof(double)) == 0);
   CHECK(whole.numel == 1001);
-  uint64_t h = 0xCBF29CE484222325ull;
-  double ss = 0;
-  for (float v : out) {
+  // The definition: lane j holds elements j, j + 8, ...; FNV-1a per lane over the f32 words, then
+  // FNV-1a over the lanes' hashes (8 little-endian bytes each, lane order); the sum of squares
+  // per lane in element order, the lanes added in order.
+  constexpr uint64_t basis = 0xCBF29CE484222325ull, prime = 0x100000001B3ull;
+  uint64_t lane_h[8];
+  double lane_s[8] = {};
+  for (uint64_t& h : lane_h) h = basis;
+  for (size_t i = 0; i < out.size(); ++i) {
     uint32_t w;
-    std::memcpy(&w, &v, 4);
-    h = (h ^ w) * 0x100000001B3ull;
-    ss += double(v) * double(v);
+    std::memcpy(&w, &out[i], 4);
+    lane_h[i % 8] = (lane_h[i % 8] ^ w) * prime;
+    lane_s[i % 8] += double(out[i]) * double(out[i]);
   }
-  CHECK(whole.fp == h);
-  CHECK(whole.ss == ss);
+  uint64_t h = basis;
+  double ss = 0;
+  for (int j = 0; j < 8; ++j) {
+    for (int k = 0; k < 8; ++k) h = (h ^ ((lane_h[j] >> (8 * k)) & 0xFF)) * prime;
+    ss += lane_s[j];
+  }
+  CHECK(whole.fp() == h);
+  CHECK(whole.ss() == ss);
   // One bit of one element changes the fingerprint; the line prints it.
   std::vector<float> flipped = out;
   uint32_t w;
@@ -77,6 +91,6 @@ TEST_CASE("run_report: the output's fold is the same whole or in pieces, and is 
   std::memcpy(&flipped[500], &w, 4);
   run_report::LayerFold other;
   other.add_out(flipped);
-  CHECK(other.fp != whole.fp);
+  CHECK(other.fp() != whole.fp());
   CHECK(run_report::layer_line(2, false, 1, true, whole) != run_report::layer_line(2, false, 1, true, other));
 }

@@ -44,28 +44,53 @@ void LayerFold::add_recalls(std::span<const double> r) {
   rows += int64_t(r.size());
 }
 
+namespace {
+constexpr uint64_t kFnvPrime = 0x100000001B3ull;
+}
+
 void LayerFold::add_out(std::span<const float> out) {
-  // One pass, two independent chains (the sum and the hash), each in element order.
-  double s = ss;
-  uint64_t h = fp;
-  for (float v : out) {
+  size_t i = 0;
+  // Up to the next element number that is a multiple of kFoldLanes, one at a time; then whole
+  // groups of lanes; then the rest.
+  auto one = [&](size_t k) {
+    const int lane = int((uint64_t(numel) + k) % kFoldLanes);
     uint32_t w;
-    std::memcpy(&w, &v, sizeof w);
-    s += double(v) * v;
-    h = (h ^ w) * 0x100000001B3ull;
-  }
-  ss = s;
-  fp = h;
+    std::memcpy(&w, &out[k], sizeof w);
+    ss_lane[lane] += double(out[k]) * out[k];
+    fp_lane[lane] = (fp_lane[lane] ^ w) * kFnvPrime;
+  };
+  for (; i < out.size() && (uint64_t(numel) + i) % kFoldLanes != 0; ++i) one(i);
+  for (; i + kFoldLanes <= out.size(); i += kFoldLanes)
+    for (int j = 0; j < kFoldLanes; ++j) {
+      uint32_t w;
+      std::memcpy(&w, &out[i + size_t(j)], sizeof w);
+      ss_lane[j] += double(out[i + size_t(j)]) * out[i + size_t(j)];
+      fp_lane[j] = (fp_lane[j] ^ w) * kFnvPrime;
+    }
+  for (; i < out.size(); ++i) one(i);
   numel += int64_t(out.size());
 }
 
+double LayerFold::ss() const {
+  double s = 0;
+  for (double v : ss_lane) s += v;
+  return s;
+}
+
+uint64_t LayerFold::fp() const {
+  uint64_t h = 0xCBF29CE484222325ull;
+  for (uint64_t v : fp_lane)
+    for (int b = 0; b < 8; ++b) h = (h ^ ((v >> (8 * b)) & 0xFF)) * kFnvPrime;
+  return h;
+}
+
 std::string layer_line(int l, bool full, int source, bool has_own, const LayerFold& f) {
-  const double rms = std::sqrt(f.ss / double(std::max<int64_t>(1, f.numel)));
+  const double rms = std::sqrt(f.ss() / double(std::max<int64_t>(1, f.numel)));
   const double recall = f.rows ? f.recall_sum / double(f.rows) : std::nan("");
   char line[256];
   std::snprintf(line, sizeof line, "layer %3d %-6s source %3d  own-vs-used recall %-6s  out rms %.5f  fingerprint %016llx\n", l,
                 full ? "full" : "shared", source, has_own ? (std::to_string(recall).substr(0, 5)).c_str() : "-", rms,
-                (unsigned long long)f.fp);
+                (unsigned long long)f.fp());
   return line;
 }
 
