@@ -298,6 +298,8 @@ void bounds_sm_by_blocks(const ref::Kernels& k, const golden::Loaded& g, const L
   const int64_t block_bytes = std::max<int64_t>(int64_t(1) << 20, 4 * s_q * per_row / 32);
   const int64_t rows = std::max<int64_t>(16, block_bytes / (4 * per_row));
   cmp::AttentionBounds& b = e.bounds;  // b.out may hold recycled memory: assigned, not appended to
+  b.out.reserve(size_t(s_q * per_row));
+  advise_huge_pages(b.out.data(), b.out.capacity() * sizeof(float));
   b.out.assign(size_t(s_q * per_row), 0.0f);
   b.lse.assign(size_t(s_q * h_q), 0.0f);
   b.max_logits.assign(size_t(s_q * h_q), 0.0f);
@@ -664,6 +666,8 @@ class Judge {
       io::expect_shape(*t, shape, c_.source);
       Tensor<float> out = std::move(reuse);
       out.shape = shape;
+      out.data.reserve(size_t(shape_numel(shape)));
+      advise_huge_pages(out.data.data(), size_t(shape_numel(shape)) * sizeof(float));
       out.data.resize(size_t(shape_numel(shape)));
       if (out.numel() > 0)
         io::read_file_range(path_, lazy_->offsets[size_t(t - c_.tensors.data())], out.ptr(), size_t(out.numel()) * sizeof(float));
