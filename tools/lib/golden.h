@@ -275,7 +275,10 @@ struct Loaded {
   template <class T>
   std::string read_hashed(const std::string& name, Tensor<T>& dst) const {
     dst.shape = get(name).shape;
-    dst.data.resize(size_t(shape_numel(dst.shape)));
+    const size_t n = size_t(shape_numel(dst.shape));
+    dst.data.reserve(n);  // fresh memory advised as Tensor's constructor advises it
+    advise_huge_pages(dst.data.data(), n * sizeof(T));
+    dst.data.resize(n);
     return read_hashed(name, dst.data.data(), dst.data.size() * sizeof(T));
   }
   std::string read_hashed(const std::string& name, void* dst, size_t n) const;
