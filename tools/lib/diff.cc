@@ -801,6 +801,11 @@ void Judge::judge_layer(int l) {
     if (has(l, "indexer.logits")) cand_logits = judge_logits(d, P);
     if (has(l, "indexer.topk")) judge_topk(d, P, cand_logits, panel);
     data_[size_t(l)].logits_rule = cmp::FloatRule();
+    // The layer's indexer inputs serve its own logits' bound only (a failure's hypotheses read
+    // them from the set again): freed before the attention's buffers are allocated.
+    LayerData& y = data_[size_t(l)];
+    y.index_q8 = y.index_k8 = Tensor<e4m3_t>();
+    y.index_k_scale = y.index_weights = Tensor<float>();
   }
   release_freed_memory();
   phases::begin("indices");
@@ -815,8 +820,6 @@ void Judge::judge_layer(int l) {
   // layer's indices, windows, logits and top-k).
   LayerData& done = data_[size_t(l)];
   done.q = done.kv = Tensor<bf16_t>();
-  done.index_q8 = done.index_k8 = Tensor<e4m3_t>();
-  done.index_k_scale = done.index_weights = Tensor<float>();
   done.out = done.lse = done.max_logits = Tensor<float>();
   done.sink.reset();
 }
@@ -826,8 +829,16 @@ void Judge::judge_layer(int l) {
 // The per-element logits bound (O(s_q s_kv H D), so only when the candidate holds logits).
 cmp::FloatRule Judge::logits_rule(const LayerData& d) {
   const std::string p = name(d.l, "");
-  if (g_.get(p + "indexer.q").dtype == io::DType::F8_E4M3)  // the indexer's inputs as loaded with the layer
+  if (g_.get(p + "indexer.q").dtype == io::DType::F8_E4M3) {  // the indexer's inputs as loaded with the layer
+    if (d.index_q8.numel() == 0) {  // freed already (its own logits were judged before): read again
+      LayerData& x = data_[size_t(d.l)];
+      x.index_q8 = g_.tensor<e4m3_t>(p + "indexer.q");
+      x.index_k8 = g_.tensor<e4m3_t>(p + "indexer.k");
+      x.index_k_scale = g_.tensor<float>(p + "indexer.k_scale");
+      x.index_weights = g_.tensor<float>(p + "indexer.weights");
+    }
     data_[size_t(d.l)].logits_rule = k_.indexer_logits_rule(d.index_q8, d.index_k8, d.index_k_scale, d.index_weights, d.logits);
+  }
   cmp::FloatRule rule = d.logits_rule;
   if (rule.bound.empty()) {  // bf16-mode sets: the same 14-bit-accumulator rule on f32 data
     rule.bound.assign(size_t(d.logits.numel()), 0.0f);
