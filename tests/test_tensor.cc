@@ -73,7 +73,7 @@ TEST_CASE("tensor storage: a BorrowedTensor reads the caller's memory in place, 
   // take(): the view as a Tensor for an aggregate (ref::AttentionOut), still borrowed; a mutator
   // makes it owning first, so the caller's memory is never written.
   Tensor<float> taken = BorrowedTensor<float>(Shape{3}, mem.data() + 3).take();
-  CHECK(taken.ptr() == mem.data() + 3);
+  CHECK(std::as_const(taken).ptr() == mem.data() + 3);  // const access: non-const asserts on a view
   CHECK(taken.data.borrowed());
   CHECK(taken.data == std::vector<float>{5, 9, 0});
   taken.data.push_back(1);

@@ -322,10 +322,11 @@ void bounds_sm_by_blocks(const ref::Kernels& k, const golden::Loaded& g, const L
     auto slice = [&](const Tensor<float>& t, int64_t w) {
       return BorrowedTensor<float>(w == 1 ? Shape{n, h_q} : Shape{n, h_q, w}, t.ptr() + r0 * h_q * w).take();
     };
-    ref::AttentionOut x;
-    x.out = slice(exact.out, d_v);
-    x.lse = slice(exact.lse, 1);
-    x.max_logits = slice(exact.max_logits, 1);
+    ref::AttentionOut views;
+    views.out = slice(exact.out, d_v);
+    views.lse = slice(exact.lse, 1);
+    views.max_logits = slice(exact.max_logits, 1);
+    const ref::AttentionOut& x = views;  // read only from here (a borrowed Storage is never written)
     const cmp::AttentionBounds bb = k.attention_bounds_sm(q, d.kv, ix, sm, d_v, len ? &len->get() : nullptr, sink, x, skv.get());
     std::copy(bb.out.begin(), bb.out.end(), b.out.begin() + r0 * per_row);
     std::copy(bb.lse.begin(), bb.lse.end(), b.lse.begin() + r0 * h_q);
