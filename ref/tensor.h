@@ -36,6 +36,13 @@ using Shape = std::vector<int64_t>;
 // (the sparse attention reading top-k rows of kv) otherwise pay a TLB miss per row, which made
 // simd attention's logits pass 3.3x slower at 16K keys on the development machine.
 void advise_huge_pages(void* p, size_t bytes);
+// Room for n elements in `c` (a Storage or a std::vector), advised as above before anything
+// touches it: the fill that follows (assign, resize) is what faults the pages in.
+template <class C>
+void reserve_advised(C& c, size_t n) {
+  c.reserve(n);
+  advise_huge_pages(c.data(), n * sizeof(typename C::value_type));
+}
 
 // Number of elements of a shape; throws on negative dimensions or on overflow of int64.
 int64_t shape_numel(const Shape& shape);
@@ -216,8 +223,7 @@ struct Tensor {
   // Reserves first, advises huge pages, then fills: the fill is what touches the pages.
   explicit Tensor(Shape s, T fill = T{}) : shape(std::move(s)) {
     const size_t n = size_t(shape_numel(shape));
-    data.reserve(n);
-    advise_huge_pages(data.data(), n * sizeof(T));
+    reserve_advised(data, n);
     data.assign(n, fill);
   }
 

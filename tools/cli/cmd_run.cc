@@ -45,18 +45,6 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-void print_layer(int l, bool full, int source, bool has_own, const run_report::LayerFold& f) {
-  std::fputs(run_report::layer_line(l, full, source, has_own, f).c_str(), stdout);
-}
-
-void print_layer(int l, bool full, int source, const Tensor<int32_t>& own, const Tensor<int32_t>& used,
-                 const ref::AttentionOut& attn) {
-  run_report::LayerFold f;
-  if (own.numel() && used.numel()) f.add_recalls(run_report::recall_rows(own, used));
-  f.add_out(attn.out.data);
-  print_layer(l, full, source, own.numel() > 0, f);
-}
-
 #ifdef INDEXSHARE_MPI
 bool dist_active() { return dist::active(); }
 
@@ -113,7 +101,7 @@ int run_ranks(const RunArgs& a, const Problem& p, const Schedule& s, const std::
     }
     dist::fold_in_order({reinterpret_cast<const uint8_t*>(o.attn.out.data.data()), o.attn.out.data.size() * sizeof(float)},
                         [&](std::span<const uint8_t> b) { f.add_out({reinterpret_cast<const float*>(b.data()), b.size() / sizeof(float)}); });
-    if (root) print_layer(o.layer, o.kind == LayerKind::full, o.source, has_own, f);
+    if (root) std::fputs(run_report::layer_line(o.layer, o.kind == LayerKind::full, o.source, has_own, f).c_str(), stdout);
   }
   phases::begin("report (folds to rank 0)");
   const std::string ranks = dist::rank_report(bounds, t_gen + t_run);
@@ -197,7 +185,7 @@ int run_model(const RunArgs& a) {
   const double t_run = seconds_since(t0);
   for (int l = 0; l < s.n_layers(); ++l) {
     const auto& tr = f.layers[size_t(l)];
-    print_layer(l, s.is_full(l), s.source(l), tr.own_topk, tr.used_topk, tr.attn);
+    std::fputs(run_report::layer_line(l, s.is_full(l), s.source(l), tr.own_topk, tr.used_topk, tr.attn.out).c_str(), stdout);
   }
   std::printf("time      weights %.3f s, forward %.3f s (impl %s)\n", t_gen, t_run, impl.c_str());
   std::printf("__REPRO: indexshare run --model %s --impl %s --layers %d --seq %lld --seed %lld --sim %.9g --variant %s%s\n",

@@ -256,8 +256,10 @@ GoldenLayer load_golden_layer(const golden::Loaded& g, int l, const ref::Kernels
   d.max_logits = g.tensor<float>(p + "attn.max_logits");
   // While attn.out is still being read: the layer's attn.out_bf16, which the judge never reads,
   // is checked against the manifest here rather than at the end (Loaded::verify_rest).
-  if (out_hash.valid()) g.verify(p + "attn.out_bf16");
-  if (out_hash.valid()) g.check_hash(out_name, out_hash.get());
+  if (out_hash.valid()) {
+    g.verify(p + "attn.out_bf16");
+    g.check_hash(out_name, out_hash.get());
+  }
   d.out = std::move(out);
   return d;
 }
@@ -298,8 +300,7 @@ void bounds_sm_by_blocks(const ref::Kernels& k, const golden::Loaded& g, const L
   const int64_t block_bytes = std::max<int64_t>(int64_t(1) << 20, 4 * s_q * per_row / 32);
   const int64_t rows = std::max<int64_t>(16, block_bytes / (4 * per_row));
   cmp::AttentionBounds& b = e.bounds;  // b.out may hold recycled memory: assigned, not appended to
-  b.out.reserve(size_t(s_q * per_row));
-  advise_huge_pages(b.out.data(), b.out.capacity() * sizeof(float));
+  reserve_advised(b.out, size_t(s_q * per_row));
   b.out.assign(size_t(s_q * per_row), 0.0f);
   b.lse.assign(size_t(s_q * h_q), 0.0f);
   b.max_logits.assign(size_t(s_q * h_q), 0.0f);
@@ -667,8 +668,7 @@ class Judge {
       io::expect_shape(*t, shape, c_.source);
       Tensor<float> out = std::move(reuse);
       out.shape = shape;
-      out.data.reserve(size_t(shape_numel(shape)));
-      advise_huge_pages(out.data.data(), size_t(shape_numel(shape)) * sizeof(float));
+      reserve_advised(out.data, size_t(shape_numel(shape)));
       out.data.resize(size_t(shape_numel(shape)));
       if (out.numel() > 0)
         io::read_file_range(path_, lazy_->offsets[size_t(t - c_.tensors.data())], out.ptr(), size_t(out.numel()) * sizeof(float));
@@ -830,16 +830,8 @@ void Judge::judge_layer(int l) {
 // The per-element logits bound (O(s_q s_kv H D), so only when the candidate holds logits).
 cmp::FloatRule Judge::logits_rule(const LayerData& d) {
   const std::string p = name(d.l, "");
-  if (g_.get(p + "indexer.q").dtype == io::DType::F8_E4M3) {  // the indexer's inputs as loaded with the layer
-    if (d.index_q8.numel() == 0) {  // freed already (its own logits were judged before): read again
-      LayerData& x = data_[size_t(d.l)];
-      x.index_q8 = g_.tensor<e4m3_t>(p + "indexer.q");
-      x.index_k8 = g_.tensor<e4m3_t>(p + "indexer.k");
-      x.index_k_scale = g_.tensor<float>(p + "indexer.k_scale");
-      x.index_weights = g_.tensor<float>(p + "indexer.weights");
-    }
+  if (g_.get(p + "indexer.q").dtype == io::DType::F8_E4M3)  // the indexer's inputs as loaded with the layer
     data_[size_t(d.l)].logits_rule = k_.indexer_logits_rule(d.index_q8, d.index_k8, d.index_k_scale, d.index_weights, d.logits);
-  }
   cmp::FloatRule rule = d.logits_rule;
   if (rule.bound.empty()) {  // bf16-mode sets: the same 14-bit-accumulator rule on f32 data
     rule.bound.assign(size_t(d.logits.numel()), 0.0f);

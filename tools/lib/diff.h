@@ -96,7 +96,8 @@ struct GoldenLayer {
   Tensor<int32_t> ks, ke, topk;     // indexer windows and golden top-k (empty without an indexer)
   cmp::FloatRule logits_rule;       // filled by the judge only when the candidate holds logits
   // FP8 sets: the indexer's inputs (the logits when the set does not store them, and the logits'
-  // bound read them; diff frees them once the layer's logits and top-k are judged).
+  // bound read them; diff frees them once the layer's logits and top-k are judged, which is the
+  // only time it computes that bound).
   Tensor<e4m3_t> index_q8, index_k8;
   Tensor<float> index_k_scale, index_weights;
   Tensor<bf16_t> q, kv;

@@ -276,8 +276,7 @@ struct Loaded {
   std::string read_hashed(const std::string& name, Tensor<T>& dst) const {
     dst.shape = get(name).shape;
     const size_t n = size_t(shape_numel(dst.shape));
-    dst.data.reserve(n);  // fresh memory advised as Tensor's constructor advises it
-    advise_huge_pages(dst.data.data(), n * sizeof(T));
+    reserve_advised(dst.data, n);  // fresh memory advised as Tensor's constructor advises it
     dst.data.resize(n);
     return read_hashed(name, dst.data.data(), dst.data.size() * sizeof(T));
   }

@@ -4,37 +4,25 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <iterator>
+
+#include "ref/overlap.h"  // row_positions
 
 namespace indexshare::run_report {
 
 std::vector<double> recall_rows(const Tensor<int32_t>& a, const Tensor<int32_t>& b) {
-  const int64_t rows = a.dim(0), k = a.dim(1);
-  std::vector<double> r(static_cast<size_t>(rows));
-#pragma omp parallel
-  {
-    std::vector<int32_t> sa, sb;
-    sa.reserve(size_t(k));
-    sb.reserve(size_t(k));
-#pragma omp for schedule(static)
-    for (int64_t t = 0; t < rows; ++t) {
-      sa.clear();
-      sb.clear();
-      for (int64_t j = 0; j < k; ++j) {
-        if (a.at(t, j) >= 0) sa.push_back(a.at(t, j));
-        if (b.at(t, j) >= 0) sb.push_back(b.at(t, j));
-      }
-      std::sort(sa.begin(), sa.end());
-      sa.erase(std::unique(sa.begin(), sa.end()), sa.end());
-      std::sort(sb.begin(), sb.end());
-      sb.erase(std::unique(sb.begin(), sb.end()), sb.end());
-      int64_t common = 0;
-      for (size_t i = 0, j = 0; i < sa.size() && j < sb.size();) {
-        if (sa[i] < sb[j]) ++i;
-        else if (sb[j] < sa[i]) ++j;
-        else ++common, ++i, ++j;
-      }
-      r[size_t(t)] = sa.empty() ? 1.0 : double(common) / double(sa.size());
-    }
+  std::vector<double> r(static_cast<size_t>(a.dim(0)));
+  auto set_of = [](const Tensor<int32_t>& x, int64_t t) {
+    std::vector<int32_t> s = ref::row_positions(x, t);  // valid, ascending
+    s.erase(std::unique(s.begin(), s.end()), s.end());
+    return s;
+  };
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < a.dim(0); ++t) {
+    const std::vector<int32_t> sa = set_of(a, t), sb = set_of(b, t);
+    std::vector<int32_t> common;
+    std::set_intersection(sa.begin(), sa.end(), sb.begin(), sb.end(), std::back_inserter(common));
+    r[size_t(t)] = sa.empty() ? 1.0 : double(common.size()) / double(sa.size());
   }
   return r;
 }
@@ -94,11 +82,16 @@ std::string layer_line(int l, bool full, int source, bool has_own, const LayerFo
   return line;
 }
 
-std::string stack_layer_line(const ref::StackLayerOutputs& o) {
+std::string layer_line(int l, bool full, int source, const Tensor<int32_t>& own, const Tensor<int32_t>& used,
+                       const Tensor<float>& out) {
   LayerFold f;
-  if (o.own_topk.numel() && o.used_topk.numel()) f.add_recalls(recall_rows(o.own_topk, o.used_topk));
-  f.add_out(o.attn.out.data);
-  return layer_line(o.layer, o.kind == LayerKind::full, o.source, o.own_topk.numel() > 0, f);
+  if (own.numel() && used.numel()) f.add_recalls(recall_rows(own, used));
+  f.add_out(out.data);
+  return layer_line(l, full, source, own.numel() > 0, f);
+}
+
+std::string stack_layer_line(const ref::StackLayerOutputs& o) {
+  return layer_line(o.layer, o.kind == LayerKind::full, o.source, o.own_topk, o.used_topk, o.attn.out);
 }
 
 }  // namespace indexshare::run_report

@@ -34,7 +34,11 @@ struct LayerFold {
   uint64_t fp() const;
 };
 std::string layer_line(int l, bool full, int source, bool has_own, const LayerFold& f);
-// One process's line of a stack layer (its own top-k against the positions it used, its out).
+// One process's line of a layer: its own top-k against the positions it used (no recall when
+// either is empty), and its out.
+std::string layer_line(int l, bool full, int source, const Tensor<int32_t>& own, const Tensor<int32_t>& used,
+                       const Tensor<float>& out);
+// The same for a stack layer.
 std::string stack_layer_line(const ref::StackLayerOutputs& o);
 
 }  // namespace indexshare::run_report
