@@ -616,12 +616,13 @@ TEST_CASE("safetensors: the writer leaves no temporary file and never a partial 
 }
 
 TEST_CASE("safetensors: a large file (written past the page cache) holds exactly the bytes, on disk and on tmpfs") {
-  // Over 64 MiB: write_safetensors takes O_DIRECT through its staging buffer where the filesystem
-  // allows it (the last chunk padded, then the file truncated), the buffered route elsewhere
-  // (tmpfs, /dev/shm). Odd sizes put the tensors and the end off every alignment.
+  // kDirectWriteMin bytes and more: write_safetensors takes O_DIRECT through its staging buffer
+  // where the filesystem allows it (the last chunk padded, then the file truncated), the buffered
+  // route elsewhere (tmpfs, /dev/shm). Odd sizes put the tensors and the end off every alignment.
+  const int64_t big = int64_t(kDirectWriteMin / 4) + 4099;  // f32 elements: just over the threshold
   std::vector<TensorView> in;
   in.push_back(raw_view("a", DType::U8, {3}, 1));
-  in.push_back(raw_view("big", DType::F32, {4099, 4099}, 2));  // 67.2 MB
+  in.push_back(raw_view("big", DType::F32, {big}, 2));
   in.push_back(raw_view("tail", DType::BF16, {5, 7}, 3));
   TempDir dir;
   std::vector<fs::path> places{dir.path};
@@ -630,7 +631,7 @@ TEST_CASE("safetensors: a large file (written past the page cache) holds exactly
     const fs::path file = place / ("large." + std::to_string(::getpid()) + ".safetensors");
     CAPTURE(file.string());
     write_safetensors(file.string(), in);
-    const std::string prefix = encode_header(file.string(), {{"a", DType::U8, {3}}, {"big", DType::F32, {4099, 4099}},
+    const std::string prefix = encode_header(file.string(), {{"a", DType::U8, {3}}, {"big", DType::F32, {big}},
                                                              {"tail", DType::BF16, {5, 7}}}, {});
     uint64_t total = prefix.size();
     for (const TensorView& v : in) total += v.bytes.size();

@@ -173,6 +173,10 @@ struct TensorSpec {
 std::string encode_header(const std::string& path, const std::vector<TensorSpec>& specs,
                           const std::map<std::string, std::string>& metadata, std::vector<uint64_t>* offsets = nullptr);
 
+// Files of this many bytes and more are written past the page cache (O_DIRECT) where the
+// filesystem allows it; the bytes are the same on either route (safetensors.cc says why).
+constexpr uint64_t kDirectWriteMin = uint64_t(256) << 20;
+
 // Writes `tensors` in the given order. Throws Error naming `path` on invalid input (duplicate or
 // reserved names, a byte count that does not match dtype and shape, names or metadata that are not
 // valid UTF-8) and on any OS error (with strerror); the temporary file is removed on failure.
