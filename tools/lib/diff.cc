@@ -863,8 +863,12 @@ Tensor<float> Judge::judge_logits(const LayerData& d, const std::string& P) {
     res.notes.push_back(P + ": indexer.logits: " + std::to_string(masked) + " values outside the rows' windows [ks, ke) set to -inf before "
                         "judging (the set's kernel " + (*kb)["name"].get<std::string>() + " runs with clean_logits=False, which leaves them unspecified)");
   }
-  const cmp::FloatRule rule = logits_rule(d);
-  cmp::FloatRule strict = rule;  // DeepGEMM's calc_diff where it is the stricter threshold
+  // DeepGEMM's calc_diff where it is the stricter threshold. The rule's own metric is kept aside
+  // for the RoPE hypothesis below (a failure's only): its per-element bound, as large as the
+  // logits, is not copied.
+  cmp::FloatRule strict = logits_rule(d);
+  const double own_metric_max = strict.metric_max;
+  const std::string own_metric_name = strict.metric_name;
   if (strict.metric_max < 0 || strict.metric_max > kDeepGemmLogitsDiff) {
     strict.metric_max = kDeepGemmLogitsDiff;
     strict.metric_name = "(DeepGEMM's fp32-logits check against the simulated reference)";
@@ -885,10 +889,14 @@ Tensor<float> Judge::judge_logits(const LayerData& d, const std::string& P) {
   for (const std::string& f : st.findings) res.diagnoses.push_back(P + ": " + f);
   pool(pools_, "indexer.logits", d.full, st, roles_, l);
   if (lv == cmp::Verdict::fail)
-    if (const auto sw = swapped_rope(g_, l, d.ks, d.ke, k_))
+    if (const auto sw = swapped_rope(g_, l, d.ks, d.ke, k_)) {
+      cmp::FloatRule rule = strict;
+      rule.metric_max = own_metric_max;
+      rule.metric_name = own_metric_name;
       if (passes(cmp::compare_floats("", sw->logits, cand_logits, rule)))
         res.diagnoses.push_back(P + ": indexer.logits match the indexer with its RoPE layout swapped (" + sw->layout +
                                 " instead of the model's)");
+    }
   // A model dump's own logits: their top-k against the golden's inputs re-rotated (a NaN anywhere
   // leaves the hypothesis out: top-k refuses NaN, and the failure is reported already).
   if (lv == cmp::Verdict::fail && candidate_is_dump()) {
