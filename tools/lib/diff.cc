@@ -814,6 +814,7 @@ void Judge::judge_layer(int l) {
   if (has(l, "attn.indices")) used = judge_indices(d, P, panel);
   if (has(l, "attn.indices_physical")) judge_physical(d, P);
   release_logits_after(l);
+  release_freed_memory();  // the logits and the indices' row sets, before the attention's buffers
   if (has(l, "attn.model_out")) judge_model_out(d, P, used, panel);
   if (has(l, "attn.out") || has(l, "attn.lse") || has(l, "attn.max_logits")) judge_attention(d, P, used, panel);
   finish_panel(res, std::move(panel), P, diagnoses0, tensors0);
