@@ -70,7 +70,10 @@
 // and inputs / run are the command targets of issue 22 (wall; each command's process CPU time is
 // printed and in the JSON too, with the same ratios in CPU time, for a loaded machine) (golden within 1.3x of run, diff at most
 // golden's time, input generation at most 10% of run), printed as target lines, so
-// a slow step anywhere on a command's path shows up here, not only in the kernels.
+// a slow step anywhere on a command's path shows up here, not only in the kernels. The issue
+// defines the input-generation target at sq4096 skv4096 hq64 dqk576 dv512 ih64 id128 k512 (one
+// layer) only: on another problem its line prints the ratio as "not this problem" (JSON "met":
+// null, "defined_at" the shape).
 //
 // Agreement: the simd outputs are checked against ref's (logits and top-k bit-identical,
 // fused top-k identical, attention out and lse bit-identical); a mismatch is reported and exits 1.
@@ -898,6 +901,9 @@ void Bench::report_commands() {
                    {"diff_over_golden_cpu", diff_over_golden_cpu}};
 }
 
+// The problem issue 22 defines the input-generation target at (any seed).
+constexpr const char* kInputsTargetShape = "sq4096 skv4096 hq64 dqk576 dv512 ih64 id128 k512";
+
 // Step: the target lines of the issue (printed and in the JSON).
 void Bench::report_targets() {
   json tj = json::array();
@@ -926,7 +932,19 @@ void Bench::report_targets() {
   if (do_commands) {
     target_max("command golden (simd, written) over run (simd)", golden_over_run, 1.3);
     target_max("command diff of an exact copy over golden", diff_over_golden, 1.0);
-    target_max("run's input generation over run (simd)", inputs_over_run, 0.1);
+    // The issue defines this one at one shape (the generator against a long, wide stack); on any
+    // other problem the ratio is printed but neither met nor missed.
+    const bool inputs_shape = p.s_q == 4096 && p.s_kv == 4096 && p.h_q == 64 && p.d_qk == 576 && p.d_v == 512 &&
+                              p.index_n_heads == 64 && p.index_head_dim == 128 && p.index_topk == 512 && p.n_layers == 1;
+    const std::string what = "run's input generation over run (simd)";
+    if (inputs_shape) {
+      target_max(what, inputs_over_run, 0.1);
+    } else {
+      std::printf("target    %-52s %7.2fx (<= 0.1x at %s only) not this problem\n", what.c_str(), inputs_over_run,
+                  kInputsTargetShape);
+      tj.push_back({{"target", what}, {"value", inputs_over_run}, {"goal", 0.1}, {"unit", "x"}, {"met", nullptr},
+                    {"at_most", true}, {"defined_at", kInputsTargetShape}});
+    }
   }
   j["targets"] = tj;
 }
