@@ -152,10 +152,14 @@ void release_freed_memory() {
 #endif
 }
 
-// Per row |C ∩ G| / |G| (1 where G is empty): the recall strip of the picture.
+// Per row |C ∩ G| / |G| (1 where G is empty): the recall strip of the picture. Rows in parallel
+// (each its own value).
 std::vector<double> row_recall(const std::vector<RowSet>& cand, const std::vector<RowSet>& gold) {
   std::vector<double> r(gold.size(), 1.0);
-  for (size_t t = 0; t < gold.size(); ++t) {
+  const int64_t n = int64_t(gold.size());
+#pragma omp parallel for schedule(static) if (n >= 256)
+  for (int64_t i = 0; i < n; ++i) {
+    const size_t t = size_t(i);
     if (gold[t].empty()) continue;
     size_t common = 0;
     for (int32_t v : cand[t]) common += std::binary_search(gold[t].begin(), gold[t].end(), v);
