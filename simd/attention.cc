@@ -60,6 +60,10 @@ constexpr size_t kDotHeads = 2, kDotKeys = 2;
 #else
 constexpr size_t kDotHeads = 2, kDotKeys = 2;
 #endif
+// Pass 1 writes hpad heads (h_q rounded up to kDotHeads) per key into P, whose keys are hs apart
+// (h_q rounded up to 8): hpad <= hs only when kDotHeads divides 8 (a 3-head tile on AVX2 wrote
+// past P and corrupted the heap).
+static_assert(kParts % kDotHeads == 0, "kDotHeads must divide 8");
 // Pass 3 tile: vectors of d_v x heads (accumulators). V is gathered and decoded again, one L1-sized
 // slice at a time (PVFromRows). Measured and dropped: keeping pass 1's decoded rows for pass 3
 // (the buffer, 4.5 KiB per row, spills out of L2, and writing it costs more than decoding twice);
