@@ -12,6 +12,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <initializer_list>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -54,7 +55,8 @@ std::string shape_str(const Shape& shape);
 // (the Python package's contiguous numpy / torch inputs, tools/python/_core.cc).
 //   owning   (every Storage the code makes): a std::vector<T>.
 //   borrowed (only inside a BorrowedTensor, below): a view of [p, p + n), memory that the creator
-//            keeps alive and unchanged for the view's lifetime. A BorrowedTensor hands its tensor
+//            keeps alive and unchanged for the view's lifetime, or that the view keeps alive
+//            itself through a shared owner (a file mapping: tools/lib/safetensors.h). A BorrowedTensor hands its tensor
 //            out as const only, so nothing can write through the view; copying a borrowed Storage
 //            gives an owning one holding a copy, and the mutating members (resize, assign, insert,
 //            reserve, push_back, clear) first make it owning, so the borrowed memory is never
@@ -80,7 +82,8 @@ class Storage {
   Storage(std::vector<T> v) : own_(std::move(v)) { sync(); }  // NOLINT: implicit, as a vector
   Storage(std::initializer_list<T> values) : own_(values) { sync(); }
   Storage(const Storage& o) : own_(o.begin(), o.end()) { sync(); }
-  Storage(Storage&& o) noexcept : own_(std::move(o.own_)), p_(o.p_), n_(o.n_), borrowed_(o.borrowed_) {
+  Storage(Storage&& o) noexcept
+      : own_(std::move(o.own_)), keep_(std::move(o.keep_)), p_(o.p_), n_(o.n_), borrowed_(o.borrowed_) {
     if (!borrowed_) sync();
     o.sync();
   }
@@ -94,6 +97,7 @@ class Storage {
   Storage& operator=(Storage&& o) noexcept {
     if (this != &o) {
       own_ = std::move(o.own_);
+      keep_ = std::move(o.keep_);
       p_ = o.p_;
       n_ = o.n_;
       borrowed_ = o.borrowed_;
@@ -193,12 +197,14 @@ class Storage {
  private:
   template <typename>
   friend class BorrowedTensor;
-  Storage(const T* p, size_t n) : p_(const_cast<T*>(p)), n_(n), borrowed_(true) {}
+  Storage(const T* p, size_t n, std::shared_ptr<const void> keep)
+      : keep_(std::move(keep)), p_(const_cast<T*>(p)), n_(n), borrowed_(true) {}
 
   void sync() {
     p_ = own_.data();
     n_ = own_.size();
     borrowed_ = false;
+    keep_.reset();
   }
   // Makes a borrowed Storage owning (a copy of the view); a no-op when it owns.
   void own() {
@@ -209,6 +215,7 @@ class Storage {
   }
 
   std::vector<T> own_;
+  std::shared_ptr<const void> keep_;  // borrowed: what keeps [p_, p_ + n_) alive, if anything
   T* p_ = nullptr;
   size_t n_ = 0;
   bool borrowed_ = false;
@@ -245,17 +252,18 @@ struct Tensor {
 
 // A Tensor<T> over memory it does not own, for the kernels to read without a copy: `p` holds
 // shape_numel(shape) elements, row-major, and the creator keeps them alive and unchanged while
-// this (or any reference to its tensor) lives. The tensor is only handed out as const (see
+// this (or any reference to its tensor) lives; or `keep` does: the view, and every Tensor it is
+// moved into, holds it until the view goes (diff's tensors read from a mapped file). The tensor is only handed out as const (see
 // Storage: nothing writes through it; a copy of it owns its elements). Moving a BorrowedTensor
 // keeps the view.
 template <typename T>
 class BorrowedTensor {
  public:
-  BorrowedTensor(Shape shape, const T* p) {
+  BorrowedTensor(Shape shape, const T* p, std::shared_ptr<const void> keep = nullptr) {
     const size_t n = size_t(shape_numel(shape));
     require(n == 0 || p != nullptr, "BorrowedTensor: null data for shape " + shape_str(shape));
     t_.shape = std::move(shape);
-    t_.data = Storage<T>(p, n);
+    t_.data = Storage<T>(p, n, std::move(keep));
   }
   const Tensor<T>& get() const { return t_; }
   operator const Tensor<T>&() const { return t_; }  // NOLINT: implicit, a const Tensor<T>

@@ -474,6 +474,54 @@ TEST_CASE("diff --svg: the CLI writes the picture with the JSON, and a parser re
   std::filesystem::remove_all(dir);
 }
 
+TEST_CASE("diff: tensors mapped from the files judge word for word as tensors read, and a changed attn.out is still refused") {
+  // io::map_read_min 0: every lazily read attn.out of the set, and every F32 tensor of a candidate
+  // left in its file, is mapped (the path diff takes from 4 MiB; the checked-in sets are smaller).
+  struct MapAll {
+    size_t was = io::map_read_min;
+    MapAll() { io::map_read_min = 0; }
+    ~MapAll() { io::map_read_min = was; }
+  };
+  const golden::Loaded whole = golden::read(golden_dir("deepseek-v3.2"));
+  Candidate good = faithful(whole), bad = faithful(whole);
+  Tensor<float> out = io::as_tensor<float>(bad.t["layers.1.attn.out"], "c");
+  for (int64_t i = 0; i < out.numel(); i += 3) out[i] = bf16_ulps(out[i], 4);  // fails, as in the ulp test
+  bad.set("layers.1.attn.out", out);
+  const std::string path = std::filesystem::temp_directory_path() / ("indexshare-map-" + std::to_string(::getpid()) + ".safetensors");
+  for (const Candidate* c : {&good, &bad}) {
+    const io::SafetensorsFile in_memory = c->file();
+    io::write_safetensors(path, in_memory.tensors);
+    const std::string read = diff::judge(golden::read(golden_dir("deepseek-v3.2"), 0, true), io::read_safetensors_index(path, 0), path, {}).text("r");
+    std::string mapped;
+    {
+      const MapAll all;
+      const golden::Loaded lazy = golden::read(golden_dir("deepseek-v3.2"), 0, true);
+      CHECK(diff::load_golden_layer(lazy, 1, {}, false).out.data.borrowed());  // mapped, not read
+      mapped = diff::judge(lazy, io::read_safetensors_index(path, 0), path, {}).text("r");
+    }
+    CHECK(!diff::load_golden_layer(golden::read(golden_dir("deepseek-v3.2"), 0, true), 1, {}, false).out.data.borrowed());
+    CHECK(mapped == read);
+    CHECK(mapped == diff::judge(whole, in_memory, {}).text("r"));
+    CHECK((mapped.find("FAIL") != std::string::npos) == (c == &bad));
+  }
+  std::filesystem::remove(path);
+  // A byte of attn.out changed after the read: the hash of the mapped bytes refuses it.
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / ("indexshare-map-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::copy(golden_dir("deepseek-v3.2"), dir, std::filesystem::copy_options::recursive);
+  {
+    const MapAll all;
+    const golden::Loaded d = golden::read(dir.string(), 0, true);
+    {
+      std::fstream f(dir / golden::kTensorFile, std::ios::in | std::ios::out | std::ios::binary);
+      f.seekp(std::streamoff(d.lazy.at("layers.1.attn.out").offset + 7));
+      f.put(char(0x55));
+    }
+    CHECK_THROWS_WITH_AS(diff::judge(d, good.file(), {}), doctest::Contains("'layers.1.attn.out': the tensor's bytes do not match field 'sha256'"), Error);
+  }
+  std::filesystem::remove_all(dir);
+}
+
 TEST_CASE("diff: a golden set read lazily judges word for word as one read whole, a tensor changed after the read is refused") {
   // keep_bytes 0: every non-empty tensor stays in the file and is read (and hashed again) on demand.
   for (const std::string name : {"glm-5.2", "attention-edge", "decode"}) {

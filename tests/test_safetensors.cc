@@ -646,3 +646,36 @@ TEST_CASE("safetensors: a large file (written past the page cache) holds exactly
     fs::remove(file);
   }
 }
+
+TEST_CASE("map_file_range: the file's bytes in place of a read, at any offset, and a short file refused") {
+  TempDir dir;
+  const fs::path file = dir.path / "bytes.bin";
+  std::vector<uint8_t> bytes(3 * 4096 + 123);
+  for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = uint8_t(i * 131 + 7);
+  {
+    std::ofstream f(file, std::ios::binary);
+    f.write(reinterpret_cast<const char*>(bytes.data()), std::streamsize(bytes.size()));
+  }
+  // Offsets on and off a page: the mapping starts at the page below, the pointer at the offset.
+  for (const uint64_t off : {uint64_t(0), uint64_t(8), uint64_t(4096), uint64_t(4100), uint64_t(8191)}) {
+    CAPTURE(off);
+    const size_t n = bytes.size() - size_t(off);
+    const MappedRange m = map_file_range(file.string(), off, n);
+    REQUIRE(m.p != nullptr);
+    std::vector<uint8_t> read(n);
+    read_file_range(file.string(), off, read.data(), n);
+    CHECK(std::equal(read.begin(), read.end(), m.p));
+    CHECK(std::equal(bytes.begin() + std::ptrdiff_t(off), bytes.end(), m.p));
+  }
+  // The owner keeps the mapping: a BorrowedTensor over it reads the bytes after the range's other
+  // holders are gone.
+  Tensor<uint8_t> t;
+  {
+    const MappedRange m = map_file_range(file.string(), 100, 50);
+    t = BorrowedTensor<uint8_t>(Shape{50}, m.p, m.owner).take();
+  }
+  CHECK(t.data == std::vector<uint8_t>(bytes.begin() + 100, bytes.begin() + 150));
+  CHECK(map_file_range(file.string(), 5, 0).p == nullptr);  // nothing to map
+  CHECK_THROWS_WITH_AS(map_file_range(file.string(), 4096, bytes.size()), doctest::Contains("bytes.bin: file shrank"), Error);
+  CHECK_THROWS_WITH_AS(map_file_range((dir.path / "absent.bin").string(), 0, 4), doctest::Contains("absent.bin: cannot open"), Error);
+}

@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 
 #include <cstdint>
+#include <memory>
 #include <utility>
 #include <vector>
 
@@ -80,6 +81,42 @@ TEST_CASE("tensor storage: a BorrowedTensor reads the caller's memory in place, 
   CHECK(!taken.data.borrowed());
   CHECK(taken.data == std::vector<float>{5, 9, 0, 1});
   CHECK(mem == std::vector<float>{3, 1, 2, 5, 9, 0});
+}
+
+TEST_CASE("tensor storage: a view with an owner keeps its memory alive wherever it is moved, and drops it when it owns") {
+  // keep: what diff's views of a mapped file hold (the mapping). The creator lets go at once.
+  auto mem = std::make_shared<std::vector<float>>(std::vector<float>{1, 2, 3, 4});
+  const std::weak_ptr<std::vector<float>> alive = mem;
+  const float* p = mem->data();
+  Tensor<float> t = BorrowedTensor<float>(Shape{4}, p, mem).take();
+  mem.reset();
+  REQUIRE(!alive.expired());  // the view holds it
+  Tensor<float> moved = std::move(t);
+  Tensor<float> assigned;
+  assigned = std::move(moved);
+  CHECK(std::as_const(assigned).ptr() == p);
+  CHECK(assigned.data.borrowed());
+  CHECK(assigned.data == std::vector<float>{1, 2, 3, 4});
+  CHECK(!alive.expired());
+  {
+    const Tensor<float> copy = assigned;  // a copy owns its elements and holds nothing
+    CHECK(!copy.data.borrowed());
+    CHECK(alive.use_count() == 1);
+  }
+  assigned.data.push_back(5);  // owning now: the view, and what it kept, are let go
+  CHECK(!assigned.data.borrowed());
+  CHECK(alive.expired());
+  CHECK(assigned.data == std::vector<float>{1, 2, 3, 4, 5});
+  // Dropped whole: the owner goes with the last view.
+  auto mem2 = std::make_shared<std::vector<float>>(3, 7.0f);
+  const std::weak_ptr<std::vector<float>> alive2 = mem2;
+  {
+    Tensor<float> v = BorrowedTensor<float>(Shape{3}, mem2->data(), mem2).take();
+    mem2.reset();
+    CHECK(!alive2.expired());
+    v.data = Storage<float>();
+    CHECK(alive2.expired());
+  }
 }
 
 TEST_CASE("tensor storage: a kernel gives the same result on borrowed and owned inputs") {

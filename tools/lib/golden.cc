@@ -1840,6 +1840,11 @@ std::string Loaded::read_hashed(const std::string& name, void* dst, size_t n) co
   return io::sha256_hex(static_cast<const uint8_t*>(dst), n);
 }
 
+io::MappedRange Loaded::map(const std::string& name) const {
+  const io::TensorView& v = get(name);
+  return io::map_file_range(dir + "/" + kTensorFile, lazy.at(name).offset, size_t(shape_numel(v.shape)) * io::dtype_size(v.dtype));
+}
+
 void Loaded::verify_rest() const {
   const std::vector<std::string> rest(unverified.begin(), unverified.end());
   std::vector<io::TensorView> views;  // without bytes: sha256_all hashes them from the file

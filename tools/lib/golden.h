@@ -276,11 +276,16 @@ struct Loaded {
   std::string read_hashed(const std::string& name, Tensor<T>& dst) const {
     dst.shape = get(name).shape;
     const size_t n = size_t(shape_numel(dst.shape));
+    if (dst.data.borrowed()) dst.data = Storage<T>();  // a view (of a mapping) is dropped, never copied
     reserve_advised(dst.data, n);  // fresh memory advised as Tensor's constructor advises it
     dst.data.resize(n);
     return read_hashed(name, dst.data.data(), dst.data.size() * sizeof(T));
   }
   std::string read_hashed(const std::string& name, void* dst, size_t n) const;
+  // A lazy tensor's bytes mapped from the file instead of read (io::map_file_range: p is null where
+  // the system refuses), not yet checked: hash them (from another thread if wanted) and call
+  // check_hash, as after read_hashed.
+  io::MappedRange map(const std::string& name) const;
   // Lazy tensor `name`'s hash against the manifest's (Error naming it); then it is verified.
   void check_hash(const std::string& name, const std::string& sha256) const;
 

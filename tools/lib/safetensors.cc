@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <openssl/evp.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -537,6 +538,24 @@ void read_file_range(const std::string& path, uint64_t offset, void* dst, size_t
     if (r == 0) throw Error(path + ": file shrank while reading");
     got += size_t(r);
   }
+}
+
+MappedRange map_file_range(const std::string& path, uint64_t offset, size_t n) {
+  MappedRange m;
+  if (n == 0) return m;
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw Error(path + ": cannot open: " + os_error(errno));
+  const FdCloser closer{fd};
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) throw Error(path + ": cannot stat: " + os_error(errno));
+  if (uint64_t(st.st_size) < offset || uint64_t(st.st_size) - offset < n) throw Error(path + ": file shrank while reading");
+  const uint64_t page = uint64_t(::sysconf(_SC_PAGESIZE)), start = offset - offset % page;
+  const size_t len = size_t(offset - start) + n;
+  void* base = ::mmap(nullptr, len, PROT_READ, MAP_PRIVATE | MAP_POPULATE, fd, off_t(start));
+  if (base == MAP_FAILED) return m;  // refused: the caller reads instead
+  m.owner = std::shared_ptr<const void>(base, [len](const void* b) { ::munmap(const_cast<void*>(b), len); });
+  m.p = static_cast<const uint8_t*>(base) + (offset - start);
+  return m;
 }
 
 // ---- writer ------------------------------------------------------------------------------------

@@ -152,6 +152,22 @@ SafetensorsIndex read_safetensors_index(const std::string& path, uint64_t keep_b
                                         uint64_t max_bytes = 1ull << 34);
 // n bytes of `path` from `offset` into dst; Error naming the path when it cannot be read in full.
 void read_file_range(const std::string& path, uint64_t offset, void* dst, size_t n);
+// n bytes of `path` from `offset` mapped read-only in place of a read (mmap, private, pages
+// populated now): the file's page-cache pages themselves, so no fresh memory is faulted in and
+// zeroed and nothing is copied. `owner` keeps the mapping (BorrowedTensor's keep); `p` is null
+// where the system refuses a mapping (the caller then reads the bytes), or where n is 0. Errors as
+// read_file_range's, and when the file is shorter than offset + n. The file must keep its length
+// while mapped: a file truncated under a reader ends it with SIGBUS (diff maps only the set and
+// the candidate it was given, which nothing else writes while it runs).
+struct MappedRange {
+  std::shared_ptr<const void> owner;
+  const uint8_t* p = nullptr;
+};
+MappedRange map_file_range(const std::string& path, uint64_t offset, size_t n);
+// From this many bytes diff maps a tensor's bytes (map_file_range) instead of reading them: below
+// it a mapping's setup costs more than the copy (and malloc recycles small buffers without
+// faults). A variable so that tests can map the checked-in sets' small tensors too.
+inline size_t map_read_min = size_t(4) << 20;
 // Validates and parses an in-memory file; `name_for_errors` starts every error message.
 SafetensorsFile parse_safetensors(const uint8_t* data, size_t size,
                                   const std::string& name_for_errors);
