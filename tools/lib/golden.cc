@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -12,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <numeric>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -1369,20 +1371,32 @@ json write(const std::string& dir, GoldenSet set, bool force) {
   try {
     // 1. Tensors, then the manifest naming each with its SHA-256. The hashes (of the bytes in
     // memory) are computed on a second thread while this one writes: the write is the kernel
-    // copying into the page cache, and the hashes would otherwise wait for it.
+    // copying into the page cache, and the hashes would otherwise wait for it. The tensors are
+    // taken largest first from a shared counter, and this thread takes what is left once its write
+    // is done (at hq16 the write took 45 ms and the hashes 62 ms on the Zen 3 VM: the hasher
+    // alone finished last). Each tensor is hashed once, by either thread: the same hashes.
     phases::begin("write (file; SHA-256 on a second thread)");
     std::vector<std::string> hashes(set.tensors.size());
     std::exception_ptr hash_error;
     const std::vector<io::TensorView>& tensors = set.tensors;  // read only, by both threads
+    std::vector<size_t> order(tensors.size());
+    std::iota(order.begin(), order.end(), size_t{0});
+    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return tensors[a].bytes.size() > tensors[b].bytes.size(); });
+    std::atomic<size_t> next{0};
+    auto hash_rest = [&] {
+      for (size_t k; (k = next.fetch_add(1)) < order.size();)
+        hashes[order[k]] = io::sha256_hex(tensors[order[k]].bytes.data(), tensors[order[k]].bytes.size());
+    };
     std::thread hasher([&] {
       try {
-        for (size_t i = 0; i < tensors.size(); ++i) hashes[i] = io::sha256_hex(tensors[i].bytes.data(), tensors[i].bytes.size());
+        hash_rest();
       } catch (...) {
         hash_error = std::current_exception();
       }
     });
     try {
       io::write_safetensors((fs::path(s.tmp) / kTensorFile).string(), tensors, {{"format", "indexshare-golden"}});
+      hash_rest();
     } catch (...) {
       hasher.join();
       throw;
