@@ -66,7 +66,9 @@
 // budget's emulation, SHA-256, writing) and `diff`
 // of an exact copy of that set's outputs (golden::read as `diff` reads it, the candidate file
 // read, diff::judge on simd's kernel table; the copy is written untimed, and must pass). Each runs
-// --repeats times under the repeat rules above (median). The ratios golden / run, diff / golden
+// --repeats times under the repeat rules above (median), the commands interleaved round by round
+// (run, inputs, golden, diff, run, ...: time_commands), so that the machine's drift during the
+// step falls on every command of a ratio alike. The ratios golden / run, diff / golden
 // and inputs / run are the command targets of issue 22 (wall; each command's process CPU time is
 // printed and in the JSON too, with the same ratios in CPU time, for a loaded machine) (golden within 1.3x of run, diff at most
 // golden's time, input generation at most 10% of run), printed as target lines, so
@@ -389,7 +391,6 @@ struct Bench {
   void profile_attention_phases();
   void time_stack();
   void time_stack_pairs(const std::vector<ref::LayerInputs> (&inputs)[2]);
-  void time_command(const std::string& name, const std::function<void()>& fn, const std::function<void()>& untimed = {});
   void time_commands();
   void probe_peaks_end();
   void print_summary() const;
@@ -652,19 +653,6 @@ void Bench::time_stack_pairs(const std::vector<ref::LayerInputs> (&inputs)[2]) {
   }
 }
 
-// Times one command under the repeat rules.
-void Bench::time_command(const std::string& name, const std::function<void()>& fn, const std::function<void()>& untimed) {
-  progress("command " + name + " (simd, " + to_string(p) + ")");
-  std::vector<double> cpu;
-  const std::vector<double> wall = time_runs([&] {
-    const double c0 = cpu_s();
-    fn();
-    cpu.push_back(cpu_s() - c0);
-  }, a.repeats, a.budget, untimed);
-  cpu.erase(cpu.begin(), cpu.end() - std::ptrdiff_t(wall.size()));  // the discarded warm-up, if any
-  commands.push_back({name, wall, cpu});
-}
-
 // Writes, untimed, the exact copy of the golden set's outputs in `dir` to `cand`.
 void write_exact_copy(const std::string& dir, const std::string& cand) {
   const golden::Loaded g = golden::read(dir);
@@ -676,7 +664,12 @@ void write_exact_copy(const std::string& dir, const std::string& cand) {
   io::write_safetensors(cand, views);
 }
 
-// Step: time the commands run, golden and diff end to end (see the header).
+// Step: time the commands run, golden and diff end to end (see the header), interleaved: round by
+// round each command once (run, inputs, golden, diff, run, ...), each under the repeat rules (a
+// first round under 0.5 s is a warm-up; then until --repeats samples, or --budget seconds once it
+// has one). A machine whose speed drifts during the step (on the 2-core VMs the same binary varies
+// by 10-40 % from run to run) then slows every command of a ratio alike, where timing each
+// command's repeats in a block put the drift between them.
 void Bench::time_commands() {
   const Schedule s = p.schedule();
   const std::string dir = (std::filesystem::temp_directory_path() / ("indexshare-bench-" + std::to_string(getpid()))).string();
@@ -691,29 +684,59 @@ void Bench::time_commands() {
   } cleanup{dir, cand};
   const ref::Kernels kern = simd::kernels();
   std::string run_lines;  // run's report: its line per layer (recalls, sum of squares, fingerprint)
-  time_command("run", [&] {
-    const auto in = ref::make_stack_inputs(p, s, kern);
-    const auto out = simd::run_stack(p, s, in, false);
-    run_lines.clear();
-    for (const auto& o : out) run_lines += run_report::stack_layer_line(o);
-  });
-  time_command("run: inputs only", [&] { (void)ref::make_stack_inputs(p, s, kern); });
-  // Each golden writes a new folder, as `golden --out NEW` does: the previous repeat's set is
+  diff::Result verdict;
+  bool copied = false;
+  struct Cmd {
+    Cmd(std::string n, std::function<void()> f, std::function<void()> u) : name(std::move(n)), fn(std::move(f)), untimed(std::move(u)) {}
+    std::string name;
+    std::function<void()> fn, untimed;  // untimed: before each timed call
+    std::vector<double> wall, cpu;
+    double total = 0;
+  };
+  std::vector<Cmd> cmds;
+  cmds.emplace_back("run", [&] {
+                    const auto in = ref::make_stack_inputs(p, s, kern);
+                    const auto out = simd::run_stack(p, s, in, false);
+                    run_lines.clear();
+                    for (const auto& o : out) run_lines += run_report::stack_layer_line(o);
+                  }, nullptr);
+  cmds.emplace_back("run: inputs only", [&] { (void)ref::make_stack_inputs(p, s, kern); }, nullptr);
+  // Each golden writes a new folder, as `golden --out NEW` does: the previous round's set is
   // removed untimed (replacing a set, --force, adds its removal: an unlink of the old file, 82 ms
   // for 85 MB on the EPYC VM's ext4 with discard).
-  time_command("golden", [&] { golden::write(dir, golden::build(p, "stack", true, "bench", true), false); },
-               [&] {
-                 std::error_code ec;
-                 std::filesystem::remove_all(dir, ec);
-               });
-  write_exact_copy(dir, cand);  // the exact copy of the set's outputs (untimed)
-  diff::Result verdict;
-  time_command("diff", [&] {
-    const golden::Loaded g = golden::read(dir, diff::kGoldenKeepBytes, true);
-    const io::SafetensorsIndex c = io::read_safetensors_index(cand, diff::kCandidateKeepBytes);
-    verdict = diff::judge(g, c, cand, {}, simd::kernels());
-    g.verify_rest();
-  });
+  cmds.emplace_back("golden", [&] { golden::write(dir, golden::build(p, "stack", true, "bench", true), false); }, [&] {
+                    std::error_code ec;
+                    std::filesystem::remove_all(dir, ec);
+                  });
+  // The exact copy of the set's outputs, written untimed once (every round's set has the same bytes).
+  cmds.emplace_back("diff", [&] {
+                    const golden::Loaded g = golden::read(dir, diff::kGoldenKeepBytes, true);
+                    const io::SafetensorsIndex c = io::read_safetensors_index(cand, diff::kCandidateKeepBytes);
+                    verdict = diff::judge(g, c, cand, {}, simd::kernels());
+                    g.verify_rest();
+                  }, [&] {
+                    if (!copied) write_exact_copy(dir, cand);
+                    copied = true;
+                  });
+  progress("commands run, golden and diff, interleaved (simd, " + to_string(p) + ")");
+  auto wants_more = [&](const Cmd& c) { return int(c.wall.size()) < a.repeats && (c.wall.empty() || c.total <= a.budget); };
+  for (bool first = true, more = true; more; first = false) {
+    more = false;
+    for (Cmd& c : cmds) {
+      if (!first && !wants_more(c)) continue;
+      if (c.untimed) c.untimed();
+      const double c0 = cpu_s(), t0 = now_s();
+      c.fn();
+      const double t = now_s() - t0, cpu = cpu_s() - c0;
+      if (!first || t >= kWarmupDiscard) {
+        c.wall.push_back(t);
+        c.cpu.push_back(cpu);
+        c.total += t;
+      }
+      more = more || wants_more(c);
+    }
+  }
+  for (Cmd& c : cmds) commands.push_back({c.name, c.wall, c.cpu});
   commands_verdict = verdict.failed() ? "FAIL" : "PASS";
   if (verdict.failed()) mismatches.push_back("diff of an exact copy of the golden's outputs (it failed)");
 }
