@@ -225,7 +225,11 @@ GoldenLayer load_golden_layer(const golden::Loaded& g, int l, const ref::Kernels
   if (g.reads_lazily<float>(out_name)) {
     const Shape& shape = g.get(out_name).shape;
     const size_t bytes = size_t(shape_numel(shape)) * sizeof(float);
-    const io::MappedRange mr = bytes >= io::map_read_min ? g.map(out_name) : io::MappedRange{};
+    io::MappedRange mr;
+    if (bytes >= io::map_read_min) {
+      out = Tensor<float>();  // the previous layer's out (a mapping too) goes first: one at a time
+      mr = g.map(out_name);
+    }
     if (mr.p && reinterpret_cast<uintptr_t>(mr.p) % alignof(float) == 0) {
       out = BorrowedTensor<float>(shape, reinterpret_cast<const float*>(mr.p), mr.owner).take();
       out_hash = std::async(std::launch::async, [p = mr.p, bytes] { return io::sha256_hex(p, bytes); });
@@ -686,6 +690,7 @@ class Judge {
       const uint64_t offset = lazy_->offsets[size_t(t - c_.tensors.data())];
       const size_t bytes = size_t(shape_numel(shape)) * sizeof(float);
       if (bytes >= io::map_read_min) {
+        reuse = Tensor<float>();  // the previous layer's (a mapping too) goes first: one at a time
         const io::MappedRange mr = io::map_file_range(path_, offset, bytes);
         if (mr.p && reinterpret_cast<uintptr_t>(mr.p) % alignof(float) == 0)
           return BorrowedTensor<float>(shape, reinterpret_cast<const float*>(mr.p), mr.owner).take();
