@@ -56,13 +56,13 @@ std::string shape_str(const Shape& shape);
 //   owning   (every Storage the code makes): a std::vector<T>.
 //   borrowed (only inside a BorrowedTensor, below): a view of [p, p + n), memory that the creator
 //            keeps alive and unchanged for the view's lifetime, or that the view keeps alive
-//            itself through a shared owner (a file mapping: tools/lib/safetensors.h). A BorrowedTensor hands its tensor
-//            out as const only, so nothing can write through the view; copying a borrowed Storage
-//            gives an owning one holding a copy, and the mutating members (resize, assign, insert,
-//            reserve, push_back, clear) first make it owning, so the borrowed memory is never
-//            written. The non-const element accessors (data, [], begin, end) do not check (they
-//            are the kernels' inner loops); an assert catches their use on a borrowed view in
-//            debug builds.
+//            itself through a shared owner (a file mapping: tools/lib/safetensors.h). A
+//            BorrowedTensor hands its tensor out as const only, so nothing can write through the
+//            view; copying a borrowed Storage gives an owning one holding a copy, and the mutating
+//            members (resize, assign, insert, reserve, push_back, clear) first make it owning, so
+//            the borrowed memory is never written. The non-const element accessors (data, [],
+//            begin, end) do not check (they are the kernels' inner loops); an assert catches their
+//            use on a borrowed view in debug builds.
 // Invariant: p_ / n_ are the elements in both modes (owning: own_.data() / own_.size()), so an
 // element access costs what a vector's does.
 template <typename T>
@@ -253,8 +253,8 @@ struct Tensor {
 // A Tensor<T> over memory it does not own, for the kernels to read without a copy: `p` holds
 // shape_numel(shape) elements, row-major, and the creator keeps them alive and unchanged while
 // this (or any reference to its tensor) lives; or `keep` does: the view, and every Tensor it is
-// moved into, holds it until the view goes (diff's tensors read from a mapped file). The tensor is only handed out as const (see
-// Storage: nothing writes through it; a copy of it owns its elements). Moving a BorrowedTensor
+// moved into, holds it until the view goes (diff's tensors read from a mapped file). The tensor is
+// only handed out as const (see Storage: nothing writes through it; a copy of it owns its elements). Moving a BorrowedTensor
 // keeps the view.
 template <typename T>
 class BorrowedTensor {

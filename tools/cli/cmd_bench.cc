@@ -165,26 +165,38 @@ double median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-// Times fn per the repeat rules in the header comment; returns the samples (seconds).
-// untimed (when given) runs before each call of fn, outside its time.
-std::vector<double> time_runs(const std::function<void()>& fn, int repeats, double budget,
-                              const std::function<void()>& untimed = {}) {
-  std::vector<double> samples;
-  if (untimed) untimed();
-  double t0 = now_s();
-  fn();
-  const double first = now_s() - t0;
-  if (first >= kWarmupDiscard) samples.push_back(first);
-  double total = first >= kWarmupDiscard ? first : 0.0;
-  while (int(samples.size()) < repeats && (samples.empty() || total <= budget)) {
-    if (untimed) untimed();
-    t0 = now_s();
-    fn();
-    const double t = now_s() - t0;
-    samples.push_back(t);
-    total += t;
+// The repeat rules in the header comment, for one stage or command: the first run is a warm-up
+// (not a sample) when it takes under kWarmupDiscard; then runs until `repeats` samples, or until
+// their total passes `budget` once there is one.
+struct Repeats {
+  Repeats(int repeats_, double budget_) : repeats(repeats_), budget(budget_) {}
+  int repeats;
+  double budget;
+  std::vector<double> samples;  // seconds
+  double total = 0;
+  bool first = true;
+  bool more() const { return first || (int(samples.size()) < repeats && (samples.empty() || total <= budget)); }
+  // One run's time; whether it became a sample.
+  bool add(double t) {
+    const bool keep = !first || t >= kWarmupDiscard;
+    first = false;
+    if (keep) {
+      samples.push_back(t);
+      total += t;
+    }
+    return keep;
   }
-  return samples;
+};
+
+// Times fn per the repeat rules; returns the samples (seconds).
+std::vector<double> time_runs(const std::function<void()>& fn, int repeats, double budget) {
+  Repeats r(repeats, budget);
+  while (r.more()) {
+    const double t0 = now_s();
+    fn();
+    r.add(now_s() - t0);
+  }
+  return r.samples;
 }
 
 struct StageResult {
@@ -687,11 +699,12 @@ void Bench::time_commands() {
   diff::Result verdict;
   bool copied = false;
   struct Cmd {
-    Cmd(std::string n, std::function<void()> f, std::function<void()> u) : name(std::move(n)), fn(std::move(f)), untimed(std::move(u)) {}
+    Cmd(std::string n, std::function<void()> f, std::function<void()> u, const BenchArgs& a)
+        : name(std::move(n)), fn(std::move(f)), untimed(std::move(u)), wall(a.repeats, a.budget) {}
     std::string name;
     std::function<void()> fn, untimed;  // untimed: before each timed call
-    std::vector<double> wall, cpu;
-    double total = 0;
+    Repeats wall;
+    std::vector<double> cpu;  // process CPU time of each sample
   };
   std::vector<Cmd> cmds;
   cmds.emplace_back("run", [&] {
@@ -699,15 +712,15 @@ void Bench::time_commands() {
                     const auto out = simd::run_stack(p, s, in, false);
                     run_lines.clear();
                     for (const auto& o : out) run_lines += run_report::stack_layer_line(o);
-                  }, nullptr);
-  cmds.emplace_back("run: inputs only", [&] { (void)ref::make_stack_inputs(p, s, kern); }, nullptr);
+                  }, nullptr, a);
+  cmds.emplace_back("run: inputs only", [&] { (void)ref::make_stack_inputs(p, s, kern); }, nullptr, a);
   // Each golden writes a new folder, as `golden --out NEW` does: the previous round's set is
   // removed untimed (replacing a set, --force, adds its removal: an unlink of the old file, 82 ms
   // for 85 MB on the EPYC VM's ext4 with discard).
   cmds.emplace_back("golden", [&] { golden::write(dir, golden::build(p, "stack", true, "bench", true), false); }, [&] {
                     std::error_code ec;
                     std::filesystem::remove_all(dir, ec);
-                  });
+                  }, a);
   // The exact copy of the set's outputs, written untimed once (every round's set has the same bytes).
   cmds.emplace_back("diff", [&] {
                     const golden::Loaded g = golden::read(dir, diff::kGoldenKeepBytes, true);
@@ -717,26 +730,21 @@ void Bench::time_commands() {
                   }, [&] {
                     if (!copied) write_exact_copy(dir, cand);
                     copied = true;
-                  });
+                  }, a);
   progress("commands run, golden and diff, interleaved (simd, " + to_string(p) + ")");
-  auto wants_more = [&](const Cmd& c) { return int(c.wall.size()) < a.repeats && (c.wall.empty() || c.total <= a.budget); };
-  for (bool first = true, more = true; more; first = false) {
+  for (bool more = true; more;) {
     more = false;
     for (Cmd& c : cmds) {
-      if (!first && !wants_more(c)) continue;
+      if (!c.wall.more()) continue;
       if (c.untimed) c.untimed();
       const double c0 = cpu_s(), t0 = now_s();
       c.fn();
       const double t = now_s() - t0, cpu = cpu_s() - c0;
-      if (!first || t >= kWarmupDiscard) {
-        c.wall.push_back(t);
-        c.cpu.push_back(cpu);
-        c.total += t;
-      }
-      more = more || wants_more(c);
+      if (c.wall.add(t)) c.cpu.push_back(cpu);
+      more = more || c.wall.more();
     }
   }
-  for (Cmd& c : cmds) commands.push_back({c.name, c.wall, c.cpu});
+  for (Cmd& c : cmds) commands.push_back({c.name, c.wall.samples, c.cpu});
   commands_verdict = verdict.failed() ? "FAIL" : "PASS";
   if (verdict.failed()) mismatches.push_back("diff of an exact copy of the golden's outputs (it failed)");
 }

@@ -9,6 +9,7 @@
 #include <limits>
 #include <cstdio>
 #include <sstream>
+#include <utility>
 
 #if defined(__GLIBC__)
 #include <malloc.h>
@@ -210,6 +211,15 @@ using LayerData = GoldenLayer;
 
 }  // namespace
 
+namespace {
+// A mapped range (io::map_file_range) as a float tensor of `shape` that keeps the mapping alive;
+// nothing where the range was not mapped or is not float-aligned (the caller reads it instead).
+std::optional<Tensor<float>> float_view(const io::MappedRange& m, const Shape& shape) {
+  if (!m.p || reinterpret_cast<uintptr_t>(m.p) % alignof(float) != 0) return std::nullopt;
+  return BorrowedTensor<float>(shape, reinterpret_cast<const float*>(m.p), m.owner).take();
+}
+}  // namespace
+
 GoldenLayer load_golden_layer(const golden::Loaded& g, int l, const ref::Kernels& k, bool with_q, Tensor<float>* reuse_out) {
   const json& m = g.manifest;
   const std::string p = "layers." + std::to_string(l) + ".";
@@ -225,14 +235,15 @@ GoldenLayer load_golden_layer(const golden::Loaded& g, int l, const ref::Kernels
   if (g.reads_lazily<float>(out_name)) {
     const Shape& shape = g.get(out_name).shape;
     const size_t bytes = size_t(shape_numel(shape)) * sizeof(float);
-    io::MappedRange mr;
+    std::optional<Tensor<float>> view;
     if (bytes >= io::map_read_min) {
       out = Tensor<float>();  // the previous layer's out (a mapping too) goes first: one at a time
-      mr = g.map(out_name);
+      view = float_view(g.map(out_name), shape);
     }
-    if (mr.p && reinterpret_cast<uintptr_t>(mr.p) % alignof(float) == 0) {
-      out = BorrowedTensor<float>(shape, reinterpret_cast<const float*>(mr.p), mr.owner).take();
-      out_hash = std::async(std::launch::async, [p = mr.p, bytes] { return io::sha256_hex(p, bytes); });
+    if (view) {
+      out = std::move(*view);
+      const uint8_t* bp = reinterpret_cast<const uint8_t*>(std::as_const(out).ptr());
+      out_hash = std::async(std::launch::async, [bp, bytes] { return io::sha256_hex(bp, bytes); });
     } else {
       out_hash = std::async(std::launch::async, [&g, &out_name, &out] { return g.read_hashed(out_name, out); });
     }
@@ -691,9 +702,7 @@ class Judge {
       const size_t bytes = size_t(shape_numel(shape)) * sizeof(float);
       if (bytes >= io::map_read_min) {
         reuse = Tensor<float>();  // the previous layer's (a mapping too) goes first: one at a time
-        const io::MappedRange mr = io::map_file_range(path_, offset, bytes);
-        if (mr.p && reinterpret_cast<uintptr_t>(mr.p) % alignof(float) == 0)
-          return BorrowedTensor<float>(shape, reinterpret_cast<const float*>(mr.p), mr.owner).take();
+        if (std::optional<Tensor<float>> view = float_view(io::map_file_range(path_, offset, bytes), shape)) return std::move(*view);
       }
       Tensor<float> out = std::move(reuse);
       if (out.data.borrowed()) out = Tensor<float>();  // a view is dropped, never copied
