@@ -695,6 +695,12 @@ FloatRule indexer_logits_rule(const Tensor<e4m3_t>& q, const Tensor<e4m3_t>& k, 
 Report compare_topk(const std::string& tensor, const Tensor<float>& golden_logits, const Tensor<int32_t>& ks,
                     const Tensor<int32_t>& ke, const Tensor<int32_t>& golden_topk, const Tensor<int32_t>& cand,
                     const TopkOptions& opt) {
+  return compare_topk(tensor, [&]() -> const Tensor<float>& { return golden_logits; }, ks, ke, golden_topk, cand, opt);
+}
+
+Report compare_topk(const std::string& tensor, const std::function<const Tensor<float>&()>& logits_of, const Tensor<int32_t>& ks,
+                    const Tensor<int32_t>& ke, const Tensor<int32_t>& golden_topk, const Tensor<int32_t>& cand,
+                    const TopkOptions& opt) {
   Report r;
   r.tensor = tensor;
   if (cand.shape != golden_topk.shape) {
@@ -702,12 +708,14 @@ Report compare_topk(const std::string& tensor, const Tensor<float>& golden_logit
     r.reasons.push_back("shape " + shape_str(cand.shape) + " differs from the golden " + shape_str(golden_topk.shape));
     return r;
   }
-  const int64_t s_q = golden_topk.dim(0), topk = golden_topk.dim(1), s_kv = golden_logits.dim(1);
+  const int64_t s_q = golden_topk.dim(0), topk = golden_topk.dim(1);
   r.stats.n = s_q;
   // Each row is judged on its own (below), in parallel over fixed blocks of rows; the rows' results
   // are then folded in row order, so the report (counts, recall sums, the mismatch list) is the
   // same for any thread count.
-  enum class Row : uint8_t { ok, structural, selection, near_tie };
+  // scores: a row that has to compare scores before the logits are at hand (`lg` null) is left
+  // for a second sweep, which runs with them.
+  enum class Row : uint8_t { ok, structural, selection, near_tie, scores };
   struct RowResult {
     Row kind = Row::ok;
     bool nontrivial = false, checked = false;  // checked: well formed, with a nonempty window
@@ -724,21 +732,28 @@ Report compare_topk(const std::string& tensor, const Tensor<float>& golden_logit
   for (int64_t t = 0; t < s_q; ++t) max_len = std::max<int64_t>(max_len, ke[t] - ks[t]);
   // Row t; seen_in[v] == t marks position v taken in row t (a thread's own array); gold and
   // in_window are the thread's scratch.
-  auto judge_row = [&](int64_t t, std::vector<int64_t>& seen_in, std::vector<int32_t>& gold, std::vector<int32_t>& in_window) {
+  auto judge_row = [&](int64_t t, const Tensor<float>* lg, std::vector<int64_t>& seen_in, std::vector<int32_t>& gold,
+                       std::vector<int32_t>& in_window) {
     RowResult x;
     const int64_t len = ke[t] - ks[t], k_eff = std::min(topk, len);
     x.nontrivial = len > topk;
-    gold.clear();
-    for (int64_t j = 0; j < topk; ++j) if (golden_topk.at(t, j) >= 0) gold.push_back(golden_topk.at(t, j));
-    sorted_set(gold);
-    // Recall over every row, malformed ones included: the distinct in-window positions it holds.
-    in_window.clear();
-    for (int64_t j = 0; j < topk; ++j)
-      if (cand.at(t, j) >= 0 && cand.at(t, j) < len) in_window.push_back(cand.at(t, j));
-    sorted_set(in_window);
+    // A row that is the golden's slot for slot needs no sets when it is well formed: its positions
+    // are the golden's (recall 1, the same scores). Any other row, or a malformed one, has them.
+    const bool same = std::equal(cand.ptr() + t * topk, cand.ptr() + (t + 1) * topk, golden_topk.ptr() + t * topk);
     int64_t common = 0;
-    for (int32_t v : in_window) common += member(gold, v);
-    x.recall = k_eff ? double(std::min(common, k_eff)) / double(k_eff) : 1.0;
+    auto sets = [&] {
+      gold.clear();
+      for (int64_t j = 0; j < topk; ++j) if (golden_topk.at(t, j) >= 0) gold.push_back(golden_topk.at(t, j));
+      sorted_set(gold);
+      // Recall over every row, malformed ones included: the distinct in-window positions it holds.
+      in_window.clear();
+      for (int64_t j = 0; j < topk; ++j)
+        if (cand.at(t, j) >= 0 && cand.at(t, j) < len) in_window.push_back(cand.at(t, j));
+      sorted_set(in_window);
+      for (int32_t v : in_window) common += member(gold, v);
+      x.recall = k_eff ? double(std::min(common, k_eff)) / double(k_eff) : 1.0;
+    };
+    if (!same) sets();
     // The value a slot holds as the candidate wrote it (a kv row when opt.kv_rows).
     auto shown = [&](int64_t j) {
       return opt.kv_rows ? "kv row " + std::to_string(opt.kv_rows->at(t, j)) : std::to_string(cand.at(t, j));
@@ -766,13 +781,21 @@ Report compare_topk(const std::string& tensor, const Tensor<float>& golden_logit
     }
     if (x.what.empty() && valid != k_eff)
       x.what = std::to_string(valid) + " valid slots, expected min(topk, length) = " + std::to_string(k_eff);
-    if (!x.what.empty()) { x.kind = Row::structural; return x; }
+    if (!x.what.empty()) {
+      if (same) sets();
+      x.kind = Row::structural;
+      return x;
+    }
     x.checked = len > 0;
+    if (same) return x;
     // A well-formed row's positions are its distinct in-window values, ascending.
     const std::vector<int32_t>& seen = in_window;
     // 2. Selection: multisets of golden scores. The same positions as the golden's give the same
     // multiset: nothing to sort.
     if (size_t(common) == gold.size() && seen.size() == gold.size()) return x;
+    if (!lg) { x.kind = Row::scores; return x; }
+    const Tensor<float>& golden_logits = *lg;
+    const int64_t s_kv = golden_logits.dim(1);
     std::vector<float> sc, sg;
     for (int32_t v : seen) sc.push_back(golden_logits.at(t, ks[t] + v));
     for (int32_t v : gold) sg.push_back(golden_logits.at(t, ks[t] + v));
@@ -813,14 +836,23 @@ Report compare_topk(const std::string& tensor, const Tensor<float>& golden_logit
   std::vector<RowResult> rows(static_cast<size_t>(s_q));
   constexpr int64_t kTopkBlock = 64;  // rows per block of the parallel loop
   const int64_t blocks = (s_q + kTopkBlock - 1) / kTopkBlock;
+  // Sweep 1 without the scores; sweep 2 (only when some row needs them) judges those rows again
+  // with them. A row's result does not depend on the sweep that judged it.
+  const Tensor<float>* lg = nullptr;
+  for (int sweep = 1; sweep <= 2; ++sweep) {
+    if (sweep == 2) {
+      if (std::none_of(rows.begin(), rows.end(), [](const RowResult& x) { return x.kind == Row::scores; })) break;
+      lg = &logits_of();
+    }
 #pragma omp parallel
-  {
-    std::vector<int64_t> seen_in(size_t(max_len), -1);
-    std::vector<int32_t> gold, in_window;
+    {
+      std::vector<int64_t> seen_in(size_t(max_len), -1);
+      std::vector<int32_t> gold, in_window;
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t b = 0; b < blocks; ++b)
-      for (int64_t t = b * kTopkBlock; t < std::min(s_q, (b + 1) * kTopkBlock); ++t)
-        rows[size_t(t)] = judge_row(t, seen_in, gold, in_window);
+      for (int64_t b = 0; b < blocks; ++b)
+        for (int64_t t = b * kTopkBlock; t < std::min(s_q, (b + 1) * kTopkBlock); ++t)
+          if (sweep == 1 || rows[size_t(t)].kind == Row::scores) rows[size_t(t)] = judge_row(t, lg, seen_in, gold, in_window);
+    }
   }
   int64_t structural = 0, selection = 0, nontrivial = 0, near_ties = 0;
   double recall_sum = 0;

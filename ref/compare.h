@@ -22,6 +22,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <optional>
 #include <string>
@@ -346,6 +347,14 @@ struct TopkOptions {
   const Tensor<int32_t>* kv_rows = nullptr;
 };
 Report compare_topk(const std::string& tensor, const Tensor<float>& golden_logits,
+                    const Tensor<int32_t>& ks, const Tensor<int32_t>& ke,
+                    const Tensor<int32_t>& golden_topk, const Tensor<int32_t>& candidate,
+                    const TopkOptions& opt = {});
+// The same report with the golden's logits on demand: a row whose positions are the golden's reads
+// no score, so `golden_logits` is called (once) only when some well-formed row's positions differ
+// from the golden's. The caller that has to compute the logits (a set stored without them) pays for
+// them only then.
+Report compare_topk(const std::string& tensor, const std::function<const Tensor<float>&()>& golden_logits,
                     const Tensor<int32_t>& ks, const Tensor<int32_t>& ke,
                     const Tensor<int32_t>& golden_topk, const Tensor<int32_t>& candidate,
                     const TopkOptions& opt = {});

@@ -268,6 +268,20 @@ TEST_CASE("compare: top-k recall_mean and recall_min are over the same rows (nev
   CHECK(r.stats.recall_mean == doctest::Approx((15 + 7.0 / 8) / 16));
 }
 
+namespace {
+// Every field of a top-k report, recall exactly, as one string.
+std::string topk_dump(const cmp::Report& r) {
+  std::string d = cmp::verdict_name(r.verdict) + "|" + std::to_string(r.stats.n) + "|" + std::to_string(r.stats.n_checked) + "|" +
+                  std::to_string(r.stats.n_fail) + "|";
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%a|%a|", r.stats.recall_mean, r.stats.recall_min);
+  d += buf;
+  for (const std::string& x : r.reasons) d += x + "|";
+  for (const cmp::Mismatch& m : r.mismatches) d += std::to_string(m.index.at(0)) + ":" + m.what + "|";
+  return d;
+}
+}  // namespace
+
 // compare_topk judges rows in parallel over blocks of 64 and folds them in row order: every field
 // of the report (counts, recall sums, reasons, the mismatch list) is the same with 1 and 2 threads,
 // on a candidate with structural, selection and near-tie rows spread over several blocks, and the
@@ -299,16 +313,7 @@ TEST_CASE("compare: top-k reports are the same with 1 and 2 threads (rows judged
   cmp::TopkOptions o;
   o.candidate_logits = &cl;
   o.logits_rule = &rule;
-  auto dump = [](const cmp::Report& r) {
-    std::string d = cmp::verdict_name(r.verdict) + "|" + std::to_string(r.stats.n) + "|" + std::to_string(r.stats.n_checked) + "|" +
-                    std::to_string(r.stats.n_fail) + "|";
-    char buf[64];
-    std::snprintf(buf, sizeof buf, "%a|%a|", r.stats.recall_mean, r.stats.recall_min);
-    d += buf;
-    for (const std::string& x : r.reasons) d += x + "|";
-    for (const cmp::Mismatch& m : r.mismatches) d += std::to_string(m.index.at(0)) + ":" + m.what + "|";
-    return d;
-  };
+  const auto dump = topk_dump;
   const int before = omp_get_max_threads();
   std::string dumps[2];
   cmp::Report reports[2];
@@ -324,6 +329,66 @@ TEST_CASE("compare: top-k reports are the same with 1 and 2 threads (rows judged
   CHECK(r.stats.n_fail == int64_t(failing.size()));
   REQUIRE(!r.mismatches.empty());
   for (size_t i = 0; i < r.mismatches.size(); ++i) CHECK(r.mismatches[i].index.at(0) == failing[i]);
+}
+
+// The golden's logits on demand (diff of a set stored without them computes them only then): a
+// candidate whose rows hold the golden's positions, in any slot order, reads no score; one with a
+// tie swap, a dropped winner or a malformed row asks once; every report is the eager one. A row
+// equal to the golden's slot for slot skips its sets only when well formed: a malformed golden row
+// copied by the candidate still fails, with its recall over the sets.
+TEST_CASE("compare: top-k with the golden's logits on demand reads them only where a row's positions differ") {
+  const Golden g = golden("sq300 skv320 hq2 dqk16 dv8 ih4 id32 k8 seed4 dist=ties");
+  const Tensor<float>& L = g.out.logits;
+  const Tensor<int32_t>& G = g.out.topk;
+  int calls = 0;
+  auto judge = [&](const Tensor<int32_t>& gold, const Tensor<int32_t>& c) {
+    calls = 0;
+    const cmp::Report lazy = cmp::compare_topk("topk", [&]() -> const Tensor<float>& { ++calls; return L; }, g.in.ks, g.in.ke, gold, c);
+    CHECK(topk_dump(lazy) == topk_dump(cmp::compare_topk("topk", L, g.in.ks, g.in.ke, gold, c)));
+    return lazy;
+  };
+  CHECK(judge(G, G).verdict == cmp::Verdict::pass);
+  CHECK(calls == 0);
+  Tensor<int32_t> order = G;  // slot order reversed in every row: the same positions
+  for (int64_t t = 0; t < G.dim(0); ++t) std::reverse(&order.at(t, 0), &order.at(t, 0) + 8);
+  CHECK(judge(G, order).verdict == cmp::Verdict::pass);
+  CHECK(calls == 0);
+  // A tie swap: other positions with the same scores, which only the scores can tell.
+  Tensor<int32_t> tie = G;
+  int64_t row = -1;
+  for (int64_t t = 0; t < G.dim(0) && row < 0; ++t) {
+    const float kth = L.at(t, g.in.ks[t] + G.at(t, 7));
+    std::set<int32_t> sel(G.data.begin() + t * 8, G.data.begin() + t * 8 + 8);
+    for (int32_t s = 0; s < g.in.ke[t] - g.in.ks[t] && row < 0; ++s)
+      if (!sel.count(s) && L.at(t, g.in.ks[t] + s) == kth) { tie.at(t, 7) = s; row = t; }
+  }
+  REQUIRE(row >= 0);
+  CHECK(judge(G, tie).verdict == cmp::Verdict::pass);
+  CHECK(calls == 1);
+  Tensor<int32_t> wrong = tie;  // and a true winner replaced by the row's worst position elsewhere
+  for (int64_t t = G.dim(0) - 1; t > row; --t) {
+    if (g.in.ke[t] - g.in.ks[t] <= 8) continue;
+    std::set<int32_t> sel(G.data.begin() + t * 8, G.data.begin() + t * 8 + 8);
+    int32_t lo = -1;
+    for (int32_t s = 0; s < g.in.ke[t] - g.in.ks[t]; ++s)
+      if (!sel.count(s) && (lo < 0 || L.at(t, g.in.ks[t] + s) < L.at(t, g.in.ks[t] + lo))) lo = s;
+    if (lo >= 0 && L.at(t, g.in.ks[t] + lo) < L.at(t, g.in.ks[t] + G.at(t, 0))) { wrong.at(t, 0) = lo; break; }
+  }
+  CHECK(judge(G, wrong).verdict == cmp::Verdict::fail);
+  CHECK(calls == 1);
+  // Malformed rows need no score: a duplicate fails on its own.
+  Tensor<int32_t> dup = G;
+  dup.at(40, 1) = dup.at(40, 0);
+  CHECK(judge(G, dup).verdict == cmp::Verdict::fail);
+  CHECK(calls == 0);
+  // The candidate equal slot for slot to a malformed golden row: still a structural failure, recall
+  // 7/8 in that row (7 distinct positions of the golden's 7).
+  const cmp::Report same = judge(dup, dup);
+  CHECK(same.verdict == cmp::Verdict::fail);
+  CHECK(same.stats.recall_min == doctest::Approx(7.0 / 8));
+  REQUIRE(!same.mismatches.empty());
+  CHECK(same.mismatches[0].index.at(0) == 40);
+  CHECK(same.mismatches[0].what.find("appears twice") != std::string::npos);
 }
 
 // attention_bounds_sm's softmax-scale direction against a central difference of the exact

@@ -4,6 +4,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <sys/wait.h>
 
@@ -198,6 +199,76 @@ TEST_CASE("diff: wrong selections fail: a non-tie replacement, a dropped winner"
   std::swap(dropped.at(t, 3), dropped.at(t, k - 1));
   c.set("layers.0.indexer.topk", dropped);
   CHECK(verdict(judge(g, c), 0, "indexer.topk") == cmp::Verdict::fail);
+}
+
+namespace {
+// The kernel table's FP8 logits, counted: how often the judge computed a layer's golden logits.
+int g_logits_calls = 0;
+Tensor<float> counted_logits_fp8(const Tensor<e4m3_t>& q, const Tensor<e4m3_t>& k, const Tensor<float>& k_scale,
+                                 const Tensor<float>& w, const Tensor<int32_t>& ks, const Tensor<int32_t>& ke) {
+  ++g_logits_calls;
+  return ref::indexer_logits_fp8(q, k, k_scale, w, ks, ke);
+}
+// The set as `golden --no-logits` writes it: no indexer.logits (the judge recomputes them).
+golden::Loaded without_logits(golden::Loaded g) {
+  auto& v = g.data.tensors;
+  v.erase(std::remove_if(v.begin(), v.end(), [](const io::TensorView& t) { return t.name.find("indexer.logits") != std::string::npos; }), v.end());
+  return g;
+}
+}  // namespace
+
+// A set stored without logits: the judge computes a layer's logits only when a candidate's
+// positions differ from the golden's somewhere they are read (a top-k or attn.indices row, a
+// failure's hypotheses), and every report is word for word the one against the set with them.
+TEST_CASE("diff: a set without logits judges as one with them, computing them only where positions differ") {
+  ref::Kernels k;
+  k.logits_fp8 = counted_logits_fp8;
+  auto both = [&](const golden::Loaded& with, const Candidate& c) {
+    const io::SafetensorsFile f = c.file();
+    const diff::Result stored = diff::judge(with, f, {}, k);
+    g_logits_calls = 0;
+    const diff::Result r = diff::judge(without_logits(with), f, {}, k);
+    CHECK(r.text("r") == stored.text("r"));
+    CHECK(r.json() == stored.json());
+    return r;
+  };
+  for (const std::string name : {"glm-5.2", "deepseek-v3.2"}) {
+    CAPTURE(name);
+    const golden::Loaded g = golden::read(golden_dir(name));
+    // An exact copy (no candidate logits): the golden's positions everywhere, no logits computed.
+    Candidate c = faithful(g, false);
+    CHECK(!both(g, c).failed());
+    CHECK(g_logits_calls == 0);
+    // Top-k rows in another slot order: the same positions (the verdict reads no score), but the
+    // note on score order reads layer 0's: computed once.
+    const std::string t0 = "layers.0.indexer.topk";
+    Tensor<int32_t> rev = g.tensor<int32_t>(t0);
+    for (int64_t t = 0; t < rev.dim(0); ++t) std::reverse(&rev.at(t, 0), &rev.at(t, 0) + rev.dim(1));
+    c.set(t0, rev);
+    const diff::Result r = both(g, c);
+    CHECK(!r.failed());
+    CHECK(r.text("r").find("not in score order") != std::string::npos);
+    CHECK(g_logits_calls == 1);
+  }
+  {  // A tie permutation of layer 0's top-k and indices: its scores are read, once.
+    const golden::Loaded g = golden::read(golden_dir("ties"));
+    Candidate c = faithful(g, false);
+    int swapped = 0;
+    const Tensor<int32_t> topk = testing::tie_permuted_topk(g, swapped);
+    REQUIRE(swapped > 0);
+    c.set("layers.0.indexer.topk", topk);
+    CHECK(!both(g, c).failed());
+    CHECK(g_logits_calls == 1);
+  }
+  {  // A Shared layer (4, source 2) using its own fresh top-k: fails; the hypotheses read layer 2's and 4's logits.
+    const golden::Loaded g = golden::read(golden_dir("glm-5.2"));
+    Candidate c = faithful(g, false);
+    c.set("layers.4.attn.indices", ref::local_to_kv_rows(g.tensor<int32_t>("layers.4.indexer.topk"), g.tensor<int32_t>("layers.4.indexer.ks")));
+    const diff::Result r = both(g, c);
+    CHECK(verdict(r, 4, "attn.indices") == cmp::Verdict::fail);
+    CHECK(diagnosed(r, "own fresh top-k"));
+    CHECK(g_logits_calls >= 1);
+  }
 }
 
 TEST_CASE("diff: lse in base 2 fails and is diagnosed") {

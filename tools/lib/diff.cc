@@ -169,6 +169,47 @@ std::vector<double> row_recall(const std::vector<RowSet>& cand, const std::vecto
   return r;
 }
 
+// Rows of cand against gold (the same [s_q, ..., k] shape): per row the recall of row_recall over
+// row_sets' sets, and whether every row's sets are equal. A row equal slot for slot has both at
+// once (recall 1, the same set) without sorting; the others are row_sets' and row_recall's values.
+// Rows in parallel (each its own values).
+struct RowsAgainst {
+  std::vector<double> recall;
+  bool same_sets = true;
+};
+RowsAgainst rows_against(const Tensor<int32_t>& cand, const Tensor<int32_t>& gold, int64_t s_kv) {
+  require(cand.shape == gold.shape, "rows_against: shapes differ");
+  const int64_t s_q = gold.dim(0), k = gold.numel() / std::max<int64_t>(1, s_q);
+  RowsAgainst r;
+  r.recall.assign(size_t(s_q), 1.0);
+  std::vector<uint8_t> same(size_t(s_q), 1);
+#pragma omp parallel
+  {
+    RowSet c, g;
+    auto set_of = [&](const int32_t* row, RowSet& out) {
+      out.clear();
+      for (int64_t j = 0; j < k; ++j)
+        if (row[j] >= 0 && row[j] < s_kv) out.push_back(row[j]);
+      std::sort(out.begin(), out.end());
+      out.erase(std::unique(out.begin(), out.end()), out.end());
+    };
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < s_q; ++t) {
+      const int32_t *cr = cand.ptr() + t * k, *gr = gold.ptr() + t * k;
+      if (std::equal(cr, cr + k, gr)) continue;
+      set_of(cr, c);
+      set_of(gr, g);
+      same[size_t(t)] = c == g;
+      if (g.empty()) continue;
+      size_t common = 0;
+      for (int32_t v : c) common += std::binary_search(g.begin(), g.end(), v);
+      r.recall[size_t(t)] = double(common) / double(g.size());
+    }
+  }
+  r.same_sets = std::all_of(same.begin(), same.end(), [](uint8_t x) { return x != 0; });
+  return r;
+}
+
 // Per (row, head): the largest |got - expected| / bound over the d_v columns (inf where a bound
 // of 0 is exceeded or a non-finite value differs). Each (row, head) is one output, so the rows run
 // in parallel with the same bits for any thread count.
@@ -220,7 +261,21 @@ std::optional<Tensor<float>> float_view(const io::MappedRange& m, const Shape& s
 }
 }  // namespace
 
-GoldenLayer load_golden_layer(const golden::Loaded& g, int l, const ref::Kernels& k, bool with_q, Tensor<float>* reuse_out) {
+void compute_golden_logits(const golden::Loaded& g, GoldenLayer& d, const ref::Kernels& k) {
+  const std::string p = "layers." + std::to_string(d.l) + ".";
+  const Tensor<float> ksc = g.tensor<float>(p + "indexer.k_scale"), w = g.tensor<float>(p + "indexer.weights");
+  if (g.get(p + "indexer.q").dtype == io::DType::F8_E4M3) {
+    if (d.index_q8.numel()) d.logits = k.logits_fp8(d.index_q8, d.index_k8, ksc, w, d.ks, d.ke);
+    else d.logits = k.logits_fp8(g.tensor<e4m3_t>(p + "indexer.q"), g.tensor<e4m3_t>(p + "indexer.k"), ksc, w, d.ks, d.ke);
+  } else {
+    auto widen = [](const Tensor<bf16_t>& b) { Tensor<float> f(b.shape); for (int64_t i = 0; i < b.numel(); ++i) f[i] = bf16_to_f32(b[i]); return f; };
+    d.logits = k.logits_f32(widen(g.tensor<bf16_t>(p + "indexer.q")), widen(g.tensor<bf16_t>(p + "indexer.k")), ksc, w, d.ks, d.ke);
+  }
+  d.logits_deferred = false;
+}
+
+GoldenLayer load_golden_layer(const golden::Loaded& g, int l, const ref::Kernels& k, bool with_q, Tensor<float>* reuse_out,
+                              bool logits) {
   const json& m = g.manifest;
   const std::string p = "layers." + std::to_string(l) + ".";
   // attn.out, the layer's largest tensor by far, is hashed on a second thread while this one loads
@@ -259,22 +314,15 @@ GoldenLayer load_golden_layer(const golden::Loaded& g, int l, const ref::Kernels
     d.ks = g.tensor<int32_t>(p + "indexer.ks");
     d.ke = g.tensor<int32_t>(p + "indexer.ke");
     d.topk = g.tensor<int32_t>(p + "indexer.topk");
-    const Tensor<float> ksc = g.tensor<float>(p + "indexer.k_scale"), w = g.tensor<float>(p + "indexer.weights");
-    const bool fp8 = g.get(p + "indexer.q").dtype == io::DType::F8_E4M3;
-    if (fp8) {  // kept: the logits' bound reads them too
+    if (g.get(p + "indexer.q").dtype == io::DType::F8_E4M3) {  // kept: the logits' bound reads them too
       d.index_q8 = g.tensor<e4m3_t>(p + "indexer.q");
       d.index_k8 = g.tensor<e4m3_t>(p + "indexer.k");
-      d.index_k_scale = ksc;
-      d.index_weights = w;
+      d.index_k_scale = g.tensor<float>(p + "indexer.k_scale");
+      d.index_weights = g.tensor<float>(p + "indexer.weights");
     }
-    if (g.find(p + "indexer.logits")) {
-      d.logits = g.tensor<float>(p + "indexer.logits");
-    } else if (fp8) {
-      d.logits = k.logits_fp8(d.index_q8, d.index_k8, ksc, w, d.ks, d.ke);
-    } else {
-      auto widen = [](const Tensor<bf16_t>& b) { Tensor<float> f(b.shape); for (int64_t i = 0; i < b.numel(); ++i) f[i] = bf16_to_f32(b[i]); return f; };
-      d.logits = k.logits_f32(widen(g.tensor<bf16_t>(p + "indexer.q")), widen(g.tensor<bf16_t>(p + "indexer.k")), ksc, w, d.ks, d.ke);
-    }
+    if (g.find(p + "indexer.logits")) d.logits = g.tensor<float>(p + "indexer.logits");
+    else if (logits) compute_golden_logits(g, d, k);
+    else d.logits_deferred = true;
     // d.logits_rule (the per-element logits bound, O(s_q s_kv H D)) is computed in judge, and only
     // when the candidate holds logits: for a sampled 1M-key set it costs minutes.
   }
@@ -664,11 +712,26 @@ class Judge {
   }
   const LayerData& layer(int l) {
     if (!loaded_[size_t(l)]) {
-      const phases::Scope load("load golden layers (and logits not stored)");
-      data_[size_t(l)] = load_golden_layer(g_, l, k_, false, &recycled_.out);  // q on demand (with_q)
+      const phases::Scope load("load golden layers");
+      // q on demand (with_q), the logits a set does not store on demand too (golden_logits)
+      data_[size_t(l)] = load_golden_layer(g_, l, k_, false, &recycled_.out, false);
       loaded_[size_t(l)] = true;
     }
     return data_[size_t(l)];
+  }
+  // The layer's golden logits, computed on first use where the set does not store them: a passing
+  // candidate whose positions are the golden's reads none (compare_topk's scores on demand), so
+  // diff of an exact copy of a set written with --no-logits runs no indexer.
+  const Tensor<float>& golden_logits(int l) {
+    const LayerData& d = layer(l);
+    if (d.logits_deferred) {
+      const phases::Scope s("golden indexer logits (not stored; on demand)");
+      compute_golden_logits(g_, data_[size_t(l)], k_);
+    }
+    return d.logits;
+  }
+  std::function<const Tensor<float>&()> logits_of(int l) {
+    return [this, l]() -> const Tensor<float>& { return golden_logits(l); };
   }
   // The layer with its q (load_golden_layer leaves it out: the passing path streams it).
   const LayerData& with_q(int l) {
@@ -885,6 +948,7 @@ cmp::FloatRule Judge::logits_rule(const LayerData& d) {
 Tensor<float> Judge::judge_logits(const LayerData& d, const std::string& P) {
   const int l = d.l;
   require_indexer(d, "indexer.logits");
+  golden_logits(l);  // d.logits from here on
   Tensor<float> cand_logits = cand_float(name(l, "indexer.logits"), {s_q_, s_kv_});
   // clean_logits=False (the paged indexer's default; the set's `kernel` block records it): the
   // kernel leaves unspecified values outside each row's window [ks, ke), so they are masked to
@@ -955,17 +1019,21 @@ void Judge::judge_topk(const LayerData& d, const std::string& P, const Tensor<fl
   const Tensor<int32_t> ct = cand_int(name(l, "indexer.topk"), {s_q_, topk_}, res.diagnoses);
   cmp::TopkOptions o;
   if (cand_logits.numel()) { o.candidate_logits = &cand_logits; o.logits_rule = &d.logits_rule; }
-  const cmp::Verdict v = add(l, "indexer.topk", cmp::compare_topk("", d.logits, d.ks, d.ke, d.topk, ct, o));
-  panel.recall = row_recall(row_sets(ct, s_kv_), row_sets(d.topk, s_kv_));
+  const cmp::Verdict v = add(l, "indexer.topk", cmp::compare_topk("", logits_of(l), d.ks, d.ke, d.topk, ct, o));
+  panel.recall = rows_against(ct, d.topk, s_kv_).recall;
   panel.recall_of = "indexer.topk";
-  // Unsorted output is never a failure, only a remark.
+  // Unsorted output is never a failure, only a remark. A row that is the golden's slot for slot is
+  // in score order (ref/topk.h writes the tie rule's order): only the other rows read the scores.
   bool sorted = true;
-  for (int64_t t = 0; t < s_q_ && sorted; ++t)
+  for (int64_t t = 0; t < s_q_ && sorted; ++t) {
+    if (std::equal(ct.ptr() + t * topk_, ct.ptr() + (t + 1) * topk_, d.topk.ptr() + t * topk_)) continue;
+    const Tensor<float>& lg = golden_logits(l);
     for (int64_t j = 0; j + 1 < topk_ && sorted; ++j) {
       const int32_t a = ct.at(t, j), b = ct.at(t, j + 1);
       if (a >= 0 && b >= 0 && a < d.ke[t] - d.ks[t] && b < d.ke[t] - d.ks[t])
-        sorted = d.logits.at(t, d.ks[t] + a) >= d.logits.at(t, d.ks[t] + b);
+        sorted = lg.at(t, d.ks[t] + a) >= lg.at(t, d.ks[t] + b);
     }
+  }
   if (!sorted) res.notes.push_back(P + ": indexer.topk is not in score order (fine: slot order carries no meaning)");
   if (v == cmp::Verdict::fail) topk_hypotheses(d, P, ct);
 }
@@ -996,6 +1064,7 @@ void Judge::rope_dump_hypothesis(const LayerData& d, const std::string& P, const
 // A failing top-k: raw torch.topk padding, the RoPE layout swapped, the causal bound off by one.
 void Judge::topk_hypotheses(const LayerData& d, const std::string& P, const Tensor<int32_t>& ct) {
   const int l = d.l;
+  golden_logits(l);  // d.logits from here on
   if (const auto padded = pad_beyond_window(ct, d.ks, d.ke))
     if (passes(cmp::compare_topk("", d.logits, d.ks, d.ke, d.topk, *padded, {})))
       res.diagnoses.push_back(P + ": indexer.topk holds " + kBeyondWindow);
@@ -1033,17 +1102,16 @@ Judge::UsedIndices Judge::judge_indices(const LayerData& d, const std::string& P
     // IndexShare: exactly the source layer's positions in the candidate's own pipeline (the
     // source layer's own check diagnoses its values).
     std::vector<std::string> ignored;
-    const auto a = row_sets(ci, s_kv_), b = row_sets(cand_int(name(d.source, "attn.indices"), {s_q_, 1, topk_}, ignored), s_kv_);
-    if (a != b) {
+    if (!rows_against(ci, cand_int(name(d.source, "attn.indices"), {s_q_, 1, topk_}, ignored), s_kv_).same_sets) {
       r.verdict = cmp::Verdict::fail;
       r.reasons.push_back("the Shared layer's positions differ from its source layer " + std::to_string(d.source) + "'s in the candidate");
     }
   }
   const cmp::Verdict v = add(l, "attn.indices", r);
-  const std::vector<RowSet> cand_sets = row_sets(ci, s_kv_), gold_sets = row_sets(d.indices, s_kv_);
-  panel.recall = row_recall(cand_sets, gold_sets);
+  RowsAgainst against = rows_against(ci, d.indices, s_kv_);
+  panel.recall = std::move(against.recall);
   panel.recall_of = "attn.indices";
-  if (v != cmp::Verdict::fail && cand_sets != gold_sets) {
+  if (v != cmp::Verdict::fail && !against.same_sets) {
     used.indices = ci;
     used.note = "expected attention recomputed on the candidate's indices (they differ from the golden's only by ties)";
   }
@@ -1057,14 +1125,14 @@ cmp::Report Judge::indices_report(const LayerData& d, const LayerData& src, cons
   const Tensor<int32_t> local = rows_to_local(ci, src.ks, src.ke);
   Tensor<int32_t> written = ci;
   written.shape = local.shape;
-  cmp::Report r = cmp::compare_topk("", src.logits, src.ks, src.ke, src.topk, local, {false, nullptr, nullptr, &written});
+  cmp::Report r = cmp::compare_topk("", logits_of(src.l), src.ks, src.ke, src.topk, local, {false, nullptr, nullptr, &written});
   if (!passes(r)) {  // raw torch.topk rows: kv rows at or past ke in rows shorter than top-k
     Tensor<int32_t> beyond = local;
     for (int64_t t = 0; t < s_q_; ++t)
       for (int64_t j = 0; j < topk_; ++j)
         if (beyond.at(t, j) == -2 && written.at(t, j) >= src.ke[t]) beyond.at(t, j) = written.at(t, j) - src.ks[t];
     if (const auto padded = pad_beyond_window(beyond, src.ks, src.ke))
-      if (passes(cmp::compare_topk("", src.logits, src.ks, src.ke, src.topk, *padded, {false, nullptr, nullptr})))
+      if (passes(cmp::compare_topk("", logits_of(src.l), src.ks, src.ke, src.topk, *padded, {false, nullptr, nullptr})))
         res.diagnoses.push_back(P + ": attn.indices hold " + kBeyondWindow);
   }
   return r;

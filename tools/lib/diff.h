@@ -93,6 +93,7 @@ struct GoldenLayer {
   bool full = true, has_indexer = false;
   int source = 0;
   Tensor<float> logits;             // golden or recomputed (empty without an indexer)
+  bool logits_deferred = false;     // not stored and not computed yet (load_golden_layer's `logits`)
   Tensor<int32_t> ks, ke, topk;     // indexer windows and golden top-k (empty without an indexer)
   cmp::FloatRule logits_rule;       // filled by the judge only when the candidate holds logits
   // FP8 sets: the indexer's inputs (the logits when the set does not store them, and the logits'
@@ -107,8 +108,13 @@ struct GoldenLayer {
 };
 // with_q false leaves q empty (diff reads it on demand, or streams it through the bounds' pass).
 // reuse_out: a tensor whose memory attn.out is read into (diff recycles it from layer to layer).
+// logits false leaves logits the set does not store to be computed when needed (logits_deferred;
+// compute_golden_logits): diff's passing path, whose candidate positions are the golden's, reads none.
 GoldenLayer load_golden_layer(const golden::Loaded& g, int l, const ref::Kernels& k = {}, bool with_q = true,
-                              Tensor<float>* reuse_out = nullptr);
+                              Tensor<float>* reuse_out = nullptr, bool logits = true);
+// The layer's indexer logits recomputed from the set's indexer inputs (d's FP8 inputs when it still
+// holds them, the set's otherwise); clears logits_deferred.
+void compute_golden_logits(const golden::Loaded& g, GoldenLayer& d, const ref::Kernels& k = {});
 
 // A candidate's float tensor (F32 or BF16) and integer positions (I32 or I64; I64 values outside
 // int32 are clamped and named in `diagnoses`), shape-checked; Error (exit 2) naming the file and
