@@ -163,17 +163,6 @@ HWY_INLINE void EmuPVTile(const float* HWY_RESTRICT pb, int64_t hp, const float*
 struct ExpRange {
   int lo = 1000, hi = -1000;
   bool finite = true;
-  void add_bits(uint32_t f32_bits) {
-    const int e = int((f32_bits >> 23) & 0xFF);
-    if (e == 0xFF) {
-      finite = false;
-      return;
-    }
-    if ((f32_bits & 0x7FFFFFFFu) == 0) return;
-    const int u = e == 0 ? -126 : e - 127;
-    lo = std::min(lo, u);
-    hi = std::max(hi, u);
-  }
   // Every product of a value in *this and one in o is exact in f32.
   bool exact_with(const ExpRange& o) const {
     if (!finite || !o.finite) return false;
@@ -189,14 +178,36 @@ struct ExpRange {
   }
 };
 
-// The ExpRange of x[0, n) (f32 values), in one branch-free pass over the bits.
-HWY_INLINE ExpRange RangeOfF32(const float* x, int64_t n) {
+// The ExpRange of n values given by their bits x (f32 bits, or bf16's: the exponent field at bit
+// kShift, the magnitude under `mag`): over the nonzero values the least exponent field (at least
+// 1: a subnormal's exponent is -126) and the greatest, 0xFF marking a non-finite one. In vector
+// lanes, then the lanes and the tail one by one (a minimum and a maximum: no order to keep).
+template <class D, int kShift>
+HWY_INLINE ExpRange RangeOfBits(D d, const hn::TFromD<D>* HWY_RESTRICT x, int64_t n, hn::TFromD<D> mag) {
+  using T = hn::TFromD<D>;
+  const int64_t L = int64_t(hn::Lanes(d));
+  const hn::Vec<D> ff = hn::Set(d, T(0xFF)), one = hn::Set(d, T(1)), zero = hn::Zero(d), vmag = hn::Set(d, mag);
+  hn::Vec<D> vmn = ff, vmx = zero;
+  int64_t i = 0;
+  for (; i + L <= n; i += L) {
+    const hn::Vec<D> b = hn::LoadU(d, x + i);
+    const hn::Vec<D> ex = hn::And(hn::ShiftRight<kShift>(b), ff);
+    const auto nz = hn::Not(hn::Eq(hn::And(b, vmag), zero));
+    vmn = hn::Min(vmn, hn::IfThenElse(nz, hn::Max(ex, one), ff));
+    vmx = hn::Max(vmx, hn::IfThenElseZero(nz, ex));
+  }
+  T lmn[64], lmx[64];  // at most 32 lanes (16-bit lanes of AVX-512)
+  static_assert(HWY_MAX_BYTES / sizeof(T) <= 64, "lanes");
+  hn::StoreU(vmn, d, lmn);
+  hn::StoreU(vmx, d, lmx);
   uint32_t mn = 0xFF, mx = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    uint32_t b;
-    std::memcpy(&b, x + i, 4);
-    const uint32_t ex = (b >> 23) & 0xFFu;
-    const bool nz = (b & 0x7FFFFFFFu) != 0;
+  for (int64_t j = 0; j < L; ++j) {
+    mn = std::min<uint32_t>(mn, lmn[j]);
+    mx = std::max<uint32_t>(mx, lmx[j]);
+  }
+  for (; i < n; ++i) {
+    const uint32_t b = x[i], ex = (b >> kShift) & 0xFFu;
+    const bool nz = (b & mag) != 0;
     mn = std::min(mn, nz ? std::max(ex, 1u) : 0xFFu);
     mx = std::max(mx, nz ? ex : 0u);
   }
@@ -205,11 +216,13 @@ HWY_INLINE ExpRange RangeOfF32(const float* x, int64_t n) {
   else if (mn != 0xFF) r.lo = int(mn) - 127, r.hi = std::max(int(mx), 1) - 127;
   return r;
 }
-
-HWY_INLINE uint32_t F32Bits(float x) {
-  uint32_t u;
-  std::memcpy(&u, &x, sizeof u);
-  return u;
+// f32 values x[0, n).
+HWY_INLINE ExpRange RangeOfF32(const float* x, int64_t n) {
+  return RangeOfBits<hn::ScalableTag<uint32_t>, 23>(hn::ScalableTag<uint32_t>(), reinterpret_cast<const uint32_t*>(x), n, 0x7FFFFFFFu);
+}
+// bf16 values (their bits) x[0, n): a bf16's f32 value has its bits << 16, so the same range.
+HWY_INLINE ExpRange RangeOfBf16(const uint16_t* x, int64_t n) {
+  return RangeOfBits<hn::ScalableTag<uint16_t>, 7>(hn::ScalableTag<uint16_t>(), x, n, uint16_t(0x7FFFu));
 }
 
 constexpr size_t kEmuKeys = 4, kEmuHeadVecs = 2;  // pass 1 tile: 4 keys x 2 vectors of heads
@@ -256,15 +269,11 @@ void EmulateChunk(const detail::AttentionView& v, int64_t t0, int64_t t1, float*
       std::fill(pbuf.get(), pbuf.get() + cap * hp, 0.0f);
     }
     // q of row t transposed to [d][h]; the kv rows as f32 (zeros past d_qk).
-    ExpRange qr;
     for (int64_t h = 0; h < h_q; ++h) {
       Bf16RowToF32(v.q + (t * h_q + h) * d_qk, d_qk, d_qk, qrow.data());
-      for (int64_t d = 0; d < d_qk; ++d) {
-        qt[size_t(d * hp + h)] = qrow[size_t(d)];
-        qr.add_bits(F32Bits(qrow[size_t(d)]));
-      }
+      for (int64_t d = 0; d < d_qk; ++d) qt[size_t(d * hp + h)] = qrow[size_t(d)];
     }
-    const bool fused1 = qr.exact_with(kvr);
+    const bool fused1 = RangeOfBf16(v.q + t * h_q * d_qk, h_q * d_qk).exact_with(kvr);
     for (int64_t i = 0; i < n; ++i) Bf16RowToF32(v.kv + rows[size_t(i)] * d_qk, d_qk, dpad, kf.get() + i * dpad);
     // Pass 1: p[i][h] = (sum_d q[h][d] * k_i[d]) * sm_scale, in f32.
     float* P = pbuf.get();
@@ -316,9 +325,7 @@ void EmulateChunk(const detail::AttentionView& v, int64_t t0, int64_t t1, float*
       }
       for (int64_t e = 0; e < n * hp; e += N) hn::Store(RoundBf16(df, hn::Load(df, P + e)), df, P + e);
     }
-    ExpRange pr;
-    for (int64_t e = 0; e < n * hp; ++e) pr.add_bits(F32Bits(P[e]));
-    const bool fused3 = pr.exact_with(kvr);
+    const bool fused3 = RangeOfF32(P, n * hp).exact_with(kvr);
     // Pass 3: acc[h][c] = sum_i bf16(p[i][h]) * V_i[c], a column strip at a time (the strip of V
     // stays in L1 for every head tile).
     for (int64_t c0 = 0; c0 < dvp; c0 += cw)
@@ -529,18 +536,7 @@ void BoundsChunk(const detail::AttentionView& v, const float* exact_out, const f
         for (int64_t d = db; d < de; ++d)
           for (int64_t h = hb; h < he; ++h) qt[size_t(d * hp + h)] = bf16_to_f32(bf16_t{qrow16[h * d_qk + d]});
       }
-    ExpRange qr;
-    {
-      uint32_t mn = 0xFF, mx = 0;
-      for (int64_t e = 0; e < h_q * d_qk; ++e) {
-        const uint32_t b = qrow16[e], ex = (b >> 7) & 0xFFu;
-        const bool nz = (b & 0x7FFFu) != 0;
-        mn = std::min(mn, nz ? std::max(ex, 1u) : 0xFFu);
-        mx = std::max(mx, nz ? ex : 0u);
-      }
-      if (mx == 0xFF) qr.finite = false;
-      else if (mn != 0xFF) qr.lo = int(mn) - 127, qr.hi = std::max(int(mx), 1) - 127;
-    }
+    const ExpRange qr = RangeOfBf16(qrow16, h_q * d_qk);
     const bool fused = qr.exact_with(kvr);
     kp.resize(size_t(n));
     if (kvf) {  // kv converted once by the caller: the rows in place

@@ -729,11 +729,13 @@ TEST_CASE("simd: the budget emulation and the attention bounds are bit-identical
   // Products below f32's subnormal grid: q . k = 2^-125 + 1.25 * 2^-149 with d ascending. ref
   // rounds the second product to 2^-149 first, then the sum ties to even at 2^-125; a fused
   // multiply-add would round once, up to 2^-125 + 2^-148. simd fuses only when every product is
-  // exact (ExpRange in simd/compare.cc), so it must keep ref's 2^-125 here.
-  {
-    Tensor<bf16_t> q({1, 1, 2}), kv({4, 1, 2});  // four equal keys: a whole pass-1 tile
+  // exact (ExpRange in simd/compare.cc), so it must keep ref's 2^-125 here. d_qk 2, and 64 (zeros
+  // after the two terms): the exponent scans take the values in their vector lanes, not the tail.
+  for (const int64_t D : {2, 64}) {
+    CAPTURE(D);
+    Tensor<bf16_t> q({1, 1, D}), kv({4, 1, D});  // four equal keys: a whole pass-1 tile
     q[0] = f32_to_bf16(0x1p-62f), q[1] = f32_to_bf16(0x1.4p-74f);
-    for (int64_t r = 0; r < 4; ++r) kv[r * 2] = f32_to_bf16(0x1p-63f), kv[r * 2 + 1] = f32_to_bf16(0x1p-75f);
+    for (int64_t r = 0; r < 4; ++r) kv[r * D] = f32_to_bf16(0x1p-63f), kv[r * D + 1] = f32_to_bf16(0x1p-75f);
     Tensor<int32_t> idx({1, 1, 4});
     for (int32_t j = 0; j < 4; ++j) idx[j] = j;
     CHECK(cmp::emulate_attention_lowp(q, kv, idx, 1.0f, 2, nullptr, nullptr).max_logits[0] == 0x1p-125f);
@@ -743,11 +745,13 @@ TEST_CASE("simd: the budget emulation and the attention bounds are bit-identical
   }
   // The bounds' logits are f32 sums too (ref/compare.h): the same q . k = 2^-125 + 1.25 * 2^-149
   // over eight equal keys (a whole pass-1 tile on every target) must keep ref's unfused 2^-125,
-  // which the softmax-scale direction's d lse / d ln sm = m + zbar = s (sm_scale 1) shows.
-  {
-    Tensor<bf16_t> q({1, 1, 2}), kv({8, 1, 2});
+  // which the softmax-scale direction's d lse / d ln sm = m + zbar = s (sm_scale 1) shows (d_qk 2
+  // and 64, as above).
+  for (const int64_t D : {2, 64}) {
+    CAPTURE(D);
+    Tensor<bf16_t> q({1, 1, D}), kv({8, 1, D});
     q[0] = f32_to_bf16(0x1p-62f), q[1] = f32_to_bf16(0x1.4p-74f);
-    for (int64_t r = 0; r < 8; ++r) kv[r * 2] = f32_to_bf16(0x1p-63f), kv[r * 2 + 1] = f32_to_bf16(0x1p-75f);
+    for (int64_t r = 0; r < 8; ++r) kv[r * D] = f32_to_bf16(0x1p-63f), kv[r * D + 1] = f32_to_bf16(0x1p-75f);
     Tensor<int32_t> idx({1, 1, 8});
     for (int32_t j = 0; j < 8; ++j) idx[j] = j;
     const ref::AttentionOut exact = ref::sparse_attention(q, kv, idx, 1.0f, 2, nullptr, nullptr);
