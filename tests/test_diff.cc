@@ -500,6 +500,14 @@ TEST_CASE("diff --svg: a heatmap per judged layer marks the failing (row, head) 
   bool base2 = false;
   for (const std::string& f : r.panels[2].findings) base2 |= f.find("attn.lse is in base 2") != std::string::npos;
   CHECK(base2);
+  // Without the picture (`diff` without --svg): the same verdicts, text and JSON, and no |err| /
+  // bound per cell computed.
+  const diff::Result np = diff::judge(g, c.file(), {}, {}, false);
+  CHECK(np.text("r") == r.text("r"));
+  CHECK(np.json() == r.json());
+  REQUIRE(np.panels.size() == 8);
+  CHECK(np.panels[3].ratio.empty());
+  CHECK(np.panels[3].recall == p3.recall);
   const std::string svg = r.svg("diff <test> & co");
   CHECK(indexshare::testing::xml_problem(svg) == "");
   CHECK(svg.find("xmlns=\"http://www.w3.org/2000/svg\"") != std::string::npos);

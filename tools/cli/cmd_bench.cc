@@ -725,7 +725,7 @@ void Bench::time_commands() {
   cmds.emplace_back("diff", [&] {
                     const golden::Loaded g = golden::read(dir, diff::kGoldenKeepBytes, true);
                     const io::SafetensorsIndex c = io::read_safetensors_index(cand, diff::kCandidateKeepBytes);
-                    verdict = diff::judge(g, c, cand, {}, simd::kernels());
+                    verdict = diff::judge(g, c, cand, {}, simd::kernels(), false);  // as `diff` without --svg
                     g.verify_rest();
                   }, [&] {
                     if (!copied) write_exact_copy(dir, cand);

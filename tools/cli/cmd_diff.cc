@@ -41,7 +41,7 @@ int cmd_diff(const DiffArgs& a) {
   const io::SafetensorsIndex c = io::read_safetensors_index(a.candidate, diff::kCandidateKeepBytes);
   const bool use_simd = diff_uses_simd(a);
   const diff::Result r = diff::judge(g, c, a.candidate, a.layers.empty() ? std::set<int>{} : diff::parse_layers(a.layers),
-                                     use_simd ? simd::kernels() : ref::Kernels{});
+                                     use_simd ? simd::kernels() : ref::Kernels{}, !a.svg.empty());
   phases::begin("verify (the golden tensors the judge did not read)");
   g.verify_rest();  // before anything is reported: a tampered set is exit 2 whichever tensor it is
   phases::begin("report");

@@ -666,8 +666,8 @@ class Judge {
   // lazy / path: the candidate read with read_safetensors_index (tensors without bytes are read
   // from `path` when judged, and freed after).
   Judge(const golden::Loaded& g, const io::SafetensorsFile& c, const ref::Kernels& k,
-        const io::SafetensorsIndex* lazy = nullptr, std::string path = "")
-      : g_(g), c_(c), k_(k), lazy_(lazy), path_(std::move(path)), m_(g.manifest), cfg_(m_["config"]), n_layers_(int(m_["layers"].size())), s_q_(cfg_["s_q"]),
+        const io::SafetensorsIndex* lazy = nullptr, std::string path = "", bool picture = true)
+      : g_(g), c_(c), k_(k), lazy_(lazy), path_(std::move(path)), picture_(picture), m_(g.manifest), cfg_(m_["config"]), n_layers_(int(m_["layers"].size())), s_q_(cfg_["s_q"]),
         s_kv_(cfg_["s_kv"]), topk_(cfg_["topk"]), h_q_(cfg_["h_q"]), d_v_(cfg_["d_v"]), sm_(cfg_["sm_scale"].get<float>()),
         decode_(m_.value("kind", "") == "decode"), ids_(row_ids(g)), data_(size_t(n_layers_)), loaded_(size_t(n_layers_), false) {}
 
@@ -821,6 +821,7 @@ class Judge {
   const ref::Kernels& k_;
   const io::SafetensorsIndex* lazy_;
   const std::string path_;
+  const bool picture_;  // the panels' |err| / bound per (row, head), which only Result::svg draws
   const json& m_;
   const json& cfg_;
   const int n_layers_;
@@ -1278,7 +1279,7 @@ void Judge::judge_out(AttnCtx& a, const Tensor<float>& co, io::DiffPanel& panel)
   spec.sm_sums = a.e.sm_out_sums.data();
   panel.rows = s_q_;
   panel.heads = h_q_;
-  panel.ratio = out_ratios(a.e.attn.out, co, rule.bound, d_v_);
+  if (picture_) panel.ratio = out_ratios(a.e.attn.out, co, rule.bound, d_v_);
   if (structured(a, "attn.out", a.e.attn.out, co, rule, spec) == cmp::Verdict::fail) out_hypotheses(a, co);
   recycled_.bound = std::move(rule.bound);
 }
@@ -1424,7 +1425,7 @@ void Judge::judge_model_out(const LayerData& d, const std::string& P, const Used
   if (panel.rows == 0) {
     panel.rows = s_q_;
     panel.heads = h_q_;
-    panel.ratio = out_ratios(expected, co, rule.bound, V);
+    if (picture_) panel.ratio = out_ratios(expected, co, rule.bound, V);
   }
   AttnCtx a{d, P, used.note, used.indices, {}, row_sequences(g_, s_q_, d.has_indexer ? &d.ks : nullptr), 0};
   if (structured(a, "attn.model_out", expected, co, rule, spec) != cmp::Verdict::fail) return;
@@ -1553,23 +1554,23 @@ void Judge::judge_pooled() {
 
 namespace {
 Result judge_file(const golden::Loaded& g, const io::SafetensorsFile& c, const std::set<int>& wanted, const ref::Kernels& k,
-                  const io::SafetensorsIndex* lazy, const std::string& path);
+                  const io::SafetensorsIndex* lazy, const std::string& path, bool picture);
 }  // namespace
 
 Result judge(const golden::Loaded& g, const io::SafetensorsFile& c, const std::set<int>& wanted,
-             const ref::Kernels& k) {
-  return judge_file(g, c, wanted, k, nullptr, "");
+             const ref::Kernels& k, bool picture) {
+  return judge_file(g, c, wanted, k, nullptr, "", picture);
 }
 
 Result judge(const golden::Loaded& g, const io::SafetensorsIndex& c, const std::string& path, const std::set<int>& wanted,
-             const ref::Kernels& k) {
-  return judge_file(g, c.file, wanted, k, &c, path);
+             const ref::Kernels& k, bool picture) {
+  return judge_file(g, c.file, wanted, k, &c, path, picture);
 }
 
 namespace {
 Result judge_file(const golden::Loaded& g, const io::SafetensorsFile& c, const std::set<int>& wanted, const ref::Kernels& k,
-                  const io::SafetensorsIndex* lazy, const std::string& path) {
-  Judge j(g, c, k, lazy, path);
+                  const io::SafetensorsIndex* lazy, const std::string& path, bool picture) {
+  Judge j(g, c, k, lazy, path, picture);
   j.judge_layers(j.candidate_layers(wanted));
   const size_t across0 = j.res.diagnoses.size();
   phases::begin("across layers");

@@ -71,16 +71,18 @@ inline constexpr uint64_t kGoldenKeepBytes = uint64_t{1} << 20;
 // Throws Error (exit 2) for bad input: an unknown or mis-shaped tensor, a wrong dtype, a layer
 // outside the golden set, a candidate with nothing to judge.
 // k: the kernels that recompute expected values (ref's by default; simd::kernels() gives the same
-// bits faster on large sets).
+// bits faster on large sets). picture false leaves out what only Result::svg draws, the |err| /
+// bound of attn.out per (row, head) (one more pass over the layer's largest tensors; the verdicts,
+// text and JSON are the same): `diff` without --svg.
 Result judge(const golden::Loaded& golden, const io::SafetensorsFile& candidate, const std::set<int>& layers,
-             const ref::Kernels& k = {});
+             const ref::Kernels& k = {}, bool picture = true);
 
 // The same judgement of a candidate read with io::read_safetensors_index(path, keep_bytes): the
 // tensors it left in the file are read when their layer is judged and freed after (`diff` keeps
 // only small tensors in memory: kCandidateKeepBytes).
 inline constexpr uint64_t kCandidateKeepBytes = uint64_t{1} << 20;
 Result judge(const golden::Loaded& golden, const io::SafetensorsIndex& candidate, const std::string& path,
-             const std::set<int>& layers, const ref::Kernels& k = {});
+             const std::set<int>& layers, const ref::Kernels& k = {}, bool picture = true);
 
 // "0,3-5" -> {0, 3, 4, 5}; throws Error naming the bad text.
 std::set<int> parse_layers(const std::string& text);

@@ -491,7 +491,7 @@ NB_MODULE(_core, m) {
     bool failed = false;
     {
       nb::gil_scoped_release release;
-      const diff::Result r = diff::judge(g.loaded, c, ls, kernels_of(simd));
+      const diff::Result r = diff::judge(g.loaded, c, ls, kernels_of(simd), false);  // no picture is drawn here
       text = r.text(replay);
       json = r.json().dump(2);
       failed = r.failed();
