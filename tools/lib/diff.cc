@@ -122,20 +122,24 @@ std::optional<Tensor<int32_t>> pad_beyond_window(const Tensor<int32_t>& local, c
 const char* kBeyondWindow = "positions beyond the causal window in rows shorter than top-k: pad with -1 (raw torch.topk output, "
                             "as in transformers, keeps masked future positions there)";
 
-// Each row's positions in [0, s_kv) as a set: sorted, distinct (equal rows compare equal); rows in
-// parallel (each its own vector).
+// A row's positions in [0, s_kv) as a set: sorted, distinct (equal rows compare equal).
 using RowSet = std::vector<int32_t>;
+void row_set(const int32_t* row, int64_t k, int64_t s_kv, RowSet& out) {
+  out.clear();
+  for (int64_t j = 0; j < k; ++j)
+    if (row[j] >= 0 && row[j] < s_kv) out.push_back(row[j]);
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+}
+
+// Each row's set (row_set); rows in parallel (each its own vector).
 std::vector<RowSet> row_sets(const Tensor<int32_t>& rows, int64_t s_kv) {
   const int64_t s_q = rows.dim(0), k = rows.numel() / std::max<int64_t>(1, s_q);
   std::vector<RowSet> out(static_cast<size_t>(s_q));
 #pragma omp parallel for schedule(static)
   for (int64_t t = 0; t < s_q; ++t) {
-    RowSet& r = out[size_t(t)];
-    r.reserve(size_t(k));
-    for (int64_t j = 0; j < k; ++j)
-      if (rows[t * k + j] >= 0 && rows[t * k + j] < s_kv) r.push_back(rows[t * k + j]);
-    std::sort(r.begin(), r.end());
-    r.erase(std::unique(r.begin(), r.end()), r.end());
+    out[size_t(t)].reserve(size_t(k));
+    row_set(rows.ptr() + t * k, k, s_kv, out[size_t(t)]);
   }
   return out;
 }
@@ -153,32 +157,16 @@ void release_freed_memory() {
 #endif
 }
 
-// Per row |C ∩ G| / |G| (1 where G is empty): the recall strip of the picture. Rows in parallel
-// (each its own value).
-std::vector<double> row_recall(const std::vector<RowSet>& cand, const std::vector<RowSet>& gold) {
-  std::vector<double> r(gold.size(), 1.0);
-  const int64_t n = int64_t(gold.size());
-#pragma omp parallel for schedule(static) if (n >= 256)
-  for (int64_t i = 0; i < n; ++i) {
-    const size_t t = size_t(i);
-    if (gold[t].empty()) continue;
-    size_t common = 0;
-    for (int32_t v : cand[t]) common += std::binary_search(gold[t].begin(), gold[t].end(), v);
-    r[t] = double(common) / double(gold[t].size());
-  }
-  return r;
-}
-
-// Rows of cand against gold (the same [s_q, ..., k] shape): per row the recall of row_recall over
-// row_sets' sets, and whether every row's sets are equal. A row equal slot for slot has both at
-// once (recall 1, the same set) without sorting; the others are row_sets' and row_recall's values.
-// Rows in parallel (each its own values).
+// Rows of cand against gold (s_q rows of k values each, [s_q, k] or [s_q, 1, k]): per row the recall |C ∩ G| / |G| of
+// their sets (row_set; 1 where G is empty: the recall strip of the picture), and whether every
+// row's sets are equal. A row equal slot for slot has both at once (recall 1, the same set)
+// without sorting. Rows in parallel (each its own values).
 struct RowsAgainst {
   std::vector<double> recall;
   bool same_sets = true;
 };
 RowsAgainst rows_against(const Tensor<int32_t>& cand, const Tensor<int32_t>& gold, int64_t s_kv) {
-  require(cand.shape == gold.shape, "rows_against: shapes differ");
+  require(cand.dim(0) == gold.dim(0) && cand.numel() == gold.numel(), "rows_against: the rows differ in number or length");
   const int64_t s_q = gold.dim(0), k = gold.numel() / std::max<int64_t>(1, s_q);
   RowsAgainst r;
   r.recall.assign(size_t(s_q), 1.0);
@@ -186,19 +174,12 @@ RowsAgainst rows_against(const Tensor<int32_t>& cand, const Tensor<int32_t>& gol
 #pragma omp parallel
   {
     RowSet c, g;
-    auto set_of = [&](const int32_t* row, RowSet& out) {
-      out.clear();
-      for (int64_t j = 0; j < k; ++j)
-        if (row[j] >= 0 && row[j] < s_kv) out.push_back(row[j]);
-      std::sort(out.begin(), out.end());
-      out.erase(std::unique(out.begin(), out.end()), out.end());
-    };
 #pragma omp for schedule(static)
     for (int64_t t = 0; t < s_q; ++t) {
       const int32_t *cr = cand.ptr() + t * k, *gr = gold.ptr() + t * k;
       if (std::equal(cr, cr + k, gr)) continue;
-      set_of(cr, c);
-      set_of(gr, g);
+      row_set(cr, k, s_kv, c);
+      row_set(gr, k, s_kv, g);
       same[size_t(t)] = c == g;
       if (g.empty()) continue;
       size_t common = 0;
@@ -263,13 +244,16 @@ std::optional<Tensor<float>> float_view(const io::MappedRange& m, const Shape& s
 
 void compute_golden_logits(const golden::Loaded& g, GoldenLayer& d, const ref::Kernels& k) {
   const std::string p = "layers." + std::to_string(d.l) + ".";
-  const Tensor<float> ksc = g.tensor<float>(p + "indexer.k_scale"), w = g.tensor<float>(p + "indexer.weights");
-  if (g.get(p + "indexer.q").dtype == io::DType::F8_E4M3) {
-    if (d.index_q8.numel()) d.logits = k.logits_fp8(d.index_q8, d.index_k8, ksc, w, d.ks, d.ke);
-    else d.logits = k.logits_fp8(g.tensor<e4m3_t>(p + "indexer.q"), g.tensor<e4m3_t>(p + "indexer.k"), ksc, w, d.ks, d.ke);
+  auto read_f32 = [&](const char* n) { return g.tensor<float>(p + n); };
+  if (d.index_q8.numel()) {  // the FP8 inputs load_golden_layer keeps
+    d.logits = k.logits_fp8(d.index_q8, d.index_k8, d.index_k_scale, d.index_weights, d.ks, d.ke);
+  } else if (g.get(p + "indexer.q").dtype == io::DType::F8_E4M3) {
+    d.logits = k.logits_fp8(g.tensor<e4m3_t>(p + "indexer.q"), g.tensor<e4m3_t>(p + "indexer.k"), read_f32("indexer.k_scale"),
+                            read_f32("indexer.weights"), d.ks, d.ke);
   } else {
     auto widen = [](const Tensor<bf16_t>& b) { Tensor<float> f(b.shape); for (int64_t i = 0; i < b.numel(); ++i) f[i] = bf16_to_f32(b[i]); return f; };
-    d.logits = k.logits_f32(widen(g.tensor<bf16_t>(p + "indexer.q")), widen(g.tensor<bf16_t>(p + "indexer.k")), ksc, w, d.ks, d.ke);
+    d.logits = k.logits_f32(widen(g.tensor<bf16_t>(p + "indexer.q")), widen(g.tensor<bf16_t>(p + "indexer.k")),
+                            read_f32("indexer.k_scale"), read_f32("indexer.weights"), d.ks, d.ke);
   }
   d.logits_deferred = false;
 }
@@ -1050,8 +1034,8 @@ void Judge::rope_dump_hypothesis(const LayerData& d, const std::string& P, const
     for (double x : v) m += x;
     return v.empty() ? 0.0 : m / double(v.size());
   };
-  const double swapped = mean(row_recall(row_sets(ct, s_kv_), row_sets(sw->topk, s_kv_)));
-  const double own = mean(row_recall(row_sets(ct, s_kv_), row_sets(d.topk, s_kv_)));
+  const double swapped = mean(rows_against(ct, sw->topk, s_kv_).recall);
+  const double own = mean(rows_against(ct, d.topk, s_kv_).recall);
   if (swapped >= 0.95 && swapped > own) {
     char buf[64];
     std::snprintf(buf, sizeof buf, "%.3f (against the golden's own: %.3f)", swapped, own);
