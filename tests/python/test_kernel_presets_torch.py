@@ -14,7 +14,7 @@ documents, are written as a candidate safetensors, and `indexshare diff` must pa
 
 The references follow the upstream torch references (FlashMLA tests/ref.py and tests/quant.py
 `dequantize_k_cache`; DeepGEMM tests/test_attention.py), written here from their documented
-semantics (../shared/reference/gpu_peers.md), not from our C++ code: f32 logits and softmax,
+semantics (FlashMLA flash_mla/flash_mla_interface.py, DeepGEMM README), not from our C++ code: f32 logits and softmax,
 natural-log lse, bf16 outputs like the kernels'.
 
 Needs: torch, numpy, safetensors, and the CLI in INDEXSHARE_CLI (the build's `indexshare`): the

@@ -1,7 +1,7 @@
 // indexshare: the registry of the GPU kernels we validate (data, not code paths). For each kernel:
 // the shape constraints it asserts, its argument list mapped to golden tensor names (dtype and the
 // shape the kernel takes), its keyword values, its outputs, where its conventions part from ours,
-// and where each fact comes from (../shared/reference/gpu_peers.md and the upstream file).
+// and where each fact comes from (the upstream file: FlashMLA, DeepGEMM).
 // `golden --for KERNEL` checks a problem against an entry before computing and writes the entry's
 // call into the manifest (`kernel`).
 #pragma once
