@@ -2,8 +2,8 @@
 // configurations with the same structure for tests), as used by the module-level indexer and
 // MLA, the layer stack and the cost model.
 //
-// Sources: dsa_semantics.md sections 1 (DeepSeek-V3.2 inference/config_671B_v3.2.json and the
-// HF config), 7 (GLM-5 family: transformers GlmMoeDsaConfig defaults and GLM-5.2 config.json).
+// Sources: DeepSeek-V3.2's inference/config_671B_v3.2.json and its HF config; for the GLM-5 family
+// transformers' GlmMoeDsaConfig defaults and GLM-5.2's config.json.
 #pragma once
 
 #include <cstdint>

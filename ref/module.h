@@ -4,7 +4,7 @@
 // ref/indexer.h and ref/attention.h, and back from the attention output to the layer output.
 //
 // Which semantics
-//   DeepSeek-V3.2 fixed reference, "version (c)" of dsa_semantics.md section 2 (the inference/
+//   DeepSeek-V3.2 fixed reference (the inference/
 //   model.py vendored in transformers @220c122): pe-first indexer slice, fp32 weights_proj on
 //   x.float(), FP8 round trip of the MLA latent before caching. The indexer's RoPE layout comes
 //   from cfg.indexer_rope (half_split for DeepSeek-V3.2, interleaved for GLM-5.x, section 7);

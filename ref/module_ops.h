@@ -13,7 +13,7 @@
 //   * Input problems (odd rope_dim, a non-power-of-two Hadamard size, mismatched shapes) throw
 //     indexshare::Error naming the argument.
 //
-// Sources: dsa_semantics.md sections 1-4 and 7; DeepSeek-V3.2 inference/model.py
+// Sources: DeepSeek-V3.2 inference/model.py, transformers' GLM-5 and DeepSeek-V3.2 models
 // (precompute_freqs_cis, apply_rotary_emb, rotate_activation, LayerNorm, RMSNorm).
 #pragma once
 

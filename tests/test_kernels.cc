@@ -127,7 +127,7 @@ TEST_CASE("kernels: a set written --for a kernel holds every argument its manife
 // One preset per registered kernel, at the kernel's real shapes; only its manifest is checked in
 // (golden/kernels/NAME/manifest.json, hashes included). The checks below re-derive every constraint
 // of the kernel from the set's tensors (names, dtypes, shapes as the manifest's tensor list gives
-// them) with the numbers written out here from gpu_peers.md, not through kreg::violations.
+// them) with the numbers written out here from the kernels' own sources (FlashMLA's and DeepGEMM's csrc and tests), not through kreg::violations.
 
 namespace {
 

@@ -58,7 +58,7 @@ float dot_f32(const float* x, const float* w, int64_t n) {
   return float(acc);
 }
 
-// RoPE written out from dsa_semantics.md section 3 (non-interleaved: pair (j, j + r/2)) and the
+// RoPE written out from its definition (non-interleaved: pair (j, j + r/2)) and the
 // interleaved layout (pair (2j, 2j+1)): angle = f32(pos) * f, cos/sin in double rounded to f32,
 // a' = a c - b s, b' = a s + b c with separately rounded f32 products.
 void rope_by_hand(float* v, int64_t r, int64_t pos, const std::vector<float>& inv, bool interleaved) {

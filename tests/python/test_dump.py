@@ -394,13 +394,13 @@ def test_eager_attention_dump_passes(glm, tmp_path):
 
 
 def test_memory_per_token_and_layer_matches_the_dump(glm):
-    """The README's bytes per token and layer (dump.bytes_per_token_layer) against the tensors."""
+    """tools/python/README.md's bytes per token and layer (dump.bytes_per_token_layer) against the tensors."""
     t = load_file(str(glm["dump"]))
     cfg = glm["model"].config
     for layer, full in enumerate([True, True, False, True, False]):
         n = sum(v.numel() * v.element_size() for name, v in t.items() if name.startswith(f"layers.{layer}."))
         assert n == S * D.bytes_per_token_layer(cfg, full, S) + D.bytes_per_layer(cfg), layer
-    # the README's GLM-5 and DeepSeek-V3.2 figures
+    # tools/python/README.md's GLM-5 and DeepSeek-V3.2 figures
     glm5 = transformers.GlmMoeDsaConfig()
     assert (D.bytes_per_token_layer(glm5, False, 0), D.bytes_per_token_layer(glm5, True, 0, False)) == (140416, 157196)
     assert D.bytes_per_layer(glm5) == 29360128

@@ -1,7 +1,7 @@
 """The worked example of tools/README.md "Validate your kernel": a GPU engineer's pytest.
 
 `flash_mla_sparse_fwd` below stands for the kernel under test: a naive torch implementation of
-FlashMLA's sparse prefill (flash_mla_sparse_fwd(q, kv, indices, sm_scale, d_v); gpu_peers.md 1.1) in
+FlashMLA's sparse prefill (flash_mla_sparse_fwd(q, kv, indices, sm_scale, d_v); FlashMLA's flash_mla_interface.py) in
 the kernel's precision: f32 logits and softmax, P rounded to bf16, f32 accumulation, bf16 out, lse in
 natural log. On a GPU, replace it by the kernel and move the tensors to "cuda" (the results back with
 .cpu()). It passes; the same kernel with the LSE in base 2 (FlashMLA's Sept-2025 units) fails, and the

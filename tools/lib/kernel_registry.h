@@ -25,7 +25,7 @@ struct Constraint {
   int64_t multiple_of = 0;
   std::string when_field;
   int64_t when_value = 0;
-  std::string source;  // gpu_peers.md section and upstream file
+  std::string source;  // where the fact comes from: the upstream file
 };
 
 // One kernel argument or output: the golden tensor it maps to (with {l} for the layer), the dtype
@@ -55,7 +55,7 @@ const Kernel& kernel(const std::string& name);  // Error naming the unknown kern
 // The value of a problem field the constraints and shapes name (next_n = s_q / n_seqs, b = n_seqs).
 int64_t field(const Problem& p, const std::string& name);
 // Every violated constraint, one sentence each: "h_q 16: flashmla-sparse-prefill-sm90 takes 64 or
-// 128 (gpu_peers.md 1.1, csrc/api/sparse_fwd.h)".
+// 128 (..., csrc/api/sparse_fwd.h)".
 std::vector<std::string> violations(const Kernel& k, const Problem& p);
 // The manifest's `kernel` block for a set of problem p: the call, each argument and output with its
 // tensor name, dtype and numeric shape, the keyword values, the conventions, the layers it applies to.

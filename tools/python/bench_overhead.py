@@ -17,7 +17,7 @@ warm caches, but a call runs right after its kernel has streamed megabytes throu
 core has run other processes), so its Python and nanobind code runs cold, several times slower. topk
 (a ~2 ms kernel here) therefore has a fast path (indexshare/kernels.py) that hands C-contiguous numpy
 arrays / torch tensors straight to the binding's typed arguments and returns torch results by DLPack,
-without the checks and numpy views in Python; see README "Python" for the numbers.
+without the checks and numpy views in Python; see tools/python/README.md, "Numbers".
 """
 import argparse
 import os

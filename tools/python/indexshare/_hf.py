@@ -193,7 +193,7 @@ def model_attention(attn: torch.nn.Module, hidden_states, context) -> dict:
     split: v = c W_uv[h]^T and k_nope = c W_uk[h]^T of the normalised latent c), and ``attn.q_nope``
     [S, h, nope] (the model's q before absorption): all in the model dtype, bits as the model has them.
     diff maps the golden's latent output through W_uv and bounds the model's rounding with W_uk and
-    q_nope (tools/README.md, "the model's own attention").
+    q_nope (tools/python/README.md, "The model's own attention").
     """
     b, s, _ = hidden_states.shape
     h, nope, rope, r, dv = attn.num_heads, attn.qk_nope_head_dim, attn.qk_rope_head_dim, attn.kv_lora_rank, attn.v_head_dim
