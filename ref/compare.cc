@@ -715,7 +715,7 @@ Report compare_topk(const std::string& tensor, const std::function<const Tensor<
   // same for any thread count.
   // scores: a row that has to compare scores before the logits are at hand (`lg` null) is left
   // for a second sweep, which runs with them.
-  enum class Row : uint8_t { ok, structural, selection, near_tie, scores };
+  enum class Row : uint8_t { ok, structural, selection, near_tie, wide_tie, scores };
   struct RowResult {
     Row kind = Row::ok;
     bool nontrivial = false, checked = false;  // checked: well formed, with a nonempty window
@@ -819,10 +819,26 @@ Report compare_topk(const std::string& tensor, const std::function<const Tensor<
       // Pair the taken positions (ascending golden score) with the missed ones (descending).
       std::sort(taken.begin(), taken.end(), [&](int32_t a, int32_t b) { return golden_logits.at(t, ks[t] + a) < golden_logits.at(t, ks[t] + b); });
       std::sort(missed.begin(), missed.end(), [&](int32_t a, int32_t b) { return golden_logits.at(t, ks[t] + a) > golden_logits.at(t, ks[t] + b); });
+      // The gap the contract's arithmetic can move two scores across.
+      auto contract_gap = [&](int32_t a, int32_t b) {
+        if (opt.contract_tie < 0 || !opt.logits_rule || opt.logits_rule->bound.empty()) return std::numeric_limits<double>::infinity();
+        const size_t row = size_t(t * s_kv + ks[t]);
+        return opt.contract_tie * (double(opt.logits_rule->bound[row + size_t(a)]) + double(opt.logits_rule->bound[row + size_t(b)]));
+      };
       legit = taken.size() == missed.size();
+      bool wide = false;
       for (size_t i = 0; legit && i < taken.size(); ++i) {
         const double gap = double(golden_logits.at(t, ks[t] + missed[i])) - double(golden_logits.at(t, ks[t] + taken[i]));
         legit = within(taken[i]) && within(missed[i]) && gap <= dev(taken[i]) + dev(missed[i]);
+        if (legit && gap > contract_gap(taken[i], missed[i])) wide = true;
+      }
+      if (legit && wide) {
+        x.kind = Row::wide_tie;
+        char buf[240];
+        std::snprintf(buf, sizeof buf, "near ties wider than the contract's arithmetic moves a score (recall %.3f): top-k from "
+                      "low-precision scores", x.recall);
+        x.what = buf;
+        return x;
       }
     }
     if (legit) { x.kind = Row::near_tie; return x; }
@@ -854,7 +870,7 @@ Report compare_topk(const std::string& tensor, const std::function<const Tensor<
           if (sweep == 1 || rows[size_t(t)].kind == Row::scores) rows[size_t(t)] = judge_row(t, lg, seen_in, gold, in_window);
     }
   }
-  int64_t structural = 0, selection = 0, nontrivial = 0, near_ties = 0;
+  int64_t structural = 0, selection = 0, nontrivial = 0, near_ties = 0, wide_ties = 0;
   double recall_sum = 0;
   r.stats.recall_min = 1;
   for (int64_t t = 0; t < s_q; ++t) {
@@ -870,6 +886,11 @@ Report compare_topk(const std::string& tensor, const std::function<const Tensor<
     }
     if (x.checked) ++r.stats.n_checked;
     if (x.kind == Row::near_tie) ++near_ties;
+    if (x.kind == Row::wide_tie) {
+      ++wide_ties;
+      ++r.stats.n_fail;
+      add_mismatch(r, {{t}, 0, 0, 0, 0, std::move(x.what)});
+    }
     if (x.kind == Row::selection) {
       ++selection;
       ++r.stats.n_fail;
@@ -880,7 +901,10 @@ Report compare_topk(const std::string& tensor, const std::function<const Tensor<
   if (structural) r.reasons.push_back(std::to_string(structural) + " row(s) with malformed positions");
   if (selection) r.reasons.push_back(std::to_string(selection) + " row(s) whose selected scores differ from the golden's");
   if (near_ties) r.reasons.push_back(std::to_string(near_ties) + " row(s) differ only by near ties explained by the candidate's logits (accepted)");
-  if (structural || selection) r.verdict = Verdict::fail;
+  if (wide_ties)
+    r.reasons.push_back(std::to_string(wide_ties) + " row(s) differ by near ties wider than the contract's arithmetic explains, "
+                        "however the candidate's logits moved: top-k from low-precision scores");
+  if (structural || selection || wide_ties) r.verdict = Verdict::fail;
   else if (nontrivial == 0) {
     r.verdict = Verdict::mistrusted;
     r.reasons.push_back("every row has length <= topk: the selection is not exercised");

@@ -75,6 +75,10 @@ struct Report {
   double structure_max_b_over_floor = 0;  // the largest systematic estimate over its floor
   std::vector<StructureNote> structure_flagged;
   std::vector<std::string> findings;
+  // The precision test (tools/lib/precision.h), when it ran: the candidate's RMS error relative to
+  // the golden's RMS over the sample, and what the contract's arithmetic gives there.
+  bool precision_ran = false;
+  double precision_rms = 0, precision_contract = 0;
   std::string stats_line() const;      // "[COMPARE_STATS] max_abs=... max_rel=... metric=..."
 };
 constexpr size_t kMaxMismatches = 10;
@@ -213,7 +217,7 @@ double attention_budget(const BudgetParts& parts);
 //   row), and every stride-th row (t % stride == 0, stride = ceil(rows / kBudgetStrideRows)).
 // Why those rows: the emulation's error is its own output rounding plus P's bf16 rounding, both
 // relative to the row's magnitudes, so the maximum sits in the rows holding the largest outputs
-// (measured: tools/README.md "The budget on a row subset"); the stride rows cover the rest of the
+// (measured: tools/lib/README.md "The budget on a row subset"); the stride rows cover the rest of the
 // sequence. The subset's maximum can only be smaller than the whole tensor's, so the emulation term
 // is floored at ref_round, the output rounding's maximum over EVERY row (the emulation rounds its
 // output to bf16 too): the budget never drops below 6 half-ulps of the largest outputs, which is
@@ -332,7 +336,8 @@ std::vector<float> model_attention_bounds(const Tensor<bf16_t>& q, const Tensor<
 //              are given, a swap of golden positions b (missed) for a (taken) is also legitimate
 //              when golden(b) - golden(a) <= |cand(a) - golden(a)| + |cand(b) - golden(b)| and
 //              both deviations are within the logits bound (a near-tie the candidate's own
-//              rounding explains).
+//              rounding explains), and, with contract_tie, the gap is one the contract's
+//              arithmetic explains (else the row fails as "top-k from low-precision scores").
 //   recall     |A ∩ B| / k_eff with B the golden selection and A the distinct in-window positions
 //              of the row (reported, mean and min, both over every row: a malformed row's recall
 //              counts the positions it does hold in its window).
@@ -345,6 +350,11 @@ struct TopkOptions {
   // sequence-local `candidate`, rows outside [ks, ke) to any value outside [0, len) other than -1):
   // the messages then name the kv row the candidate wrote and the row's window [ks, ke).
   const Tensor<int32_t>* kv_rows = nullptr;
+  // The contract's arithmetic (tools/lib/precision.h), when >= 0: a near tie is accepted only when
+  // the golden scores' gap is also within contract_tie * (bound(a) + bound(b)) (logits_rule's
+  // bounds), i.e. within what the contract's arithmetic moves a score. A wider swap fails, however
+  // the candidate's own logits moved: its scores were computed at a lower precision.
+  double contract_tie = -1;
 };
 Report compare_topk(const std::string& tensor, const Tensor<float>& golden_logits,
                     const Tensor<int32_t>& ks, const Tensor<int32_t>& ke,

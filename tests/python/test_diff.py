@@ -86,3 +86,30 @@ def test_bad_candidates_raise_naming_the_tensor(root):
         indexshare.diff(g, [out])
     with pytest.raises(ValueError, match="device"):
         indexshare.diff(g, {"layers.0.attn.out": torch.zeros(16, 2, 512, device="meta")})
+
+
+def test_precision_bf16_logits_fail_by_name_unless_declared(root, cli, tmp_path):
+    """An indexer whose logits are rounded to bf16 is inside every bound, but carries bf16-level error:
+    the default contract fails it by name, a declared logits=bf16 contract passes it, as the CLI does."""
+    import ml_dtypes
+
+    gdir = root / "golden" / "deepseek-v3.2"
+    g = indexshare.load_golden(gdir)
+    name = next(n for n in g.tensors if n.endswith("indexer.logits"))
+    lg = np.array(g.tensors[name], dtype=np.float32)
+    c = {name: lg.astype(ml_dtypes.bfloat16).astype(np.float32)}
+    r = indexshare.diff(g, c)
+    assert not r.passed
+    assert any("bf16-level error" in d for d in r.data["diagnoses"])
+    assert "precision contract: logits=fp8mma (default)" in str(r)
+    d = indexshare.diff(g, c, precision="logits=bf16")
+    assert d.passed and d.data["precision_contract"]["logits"] == "bf16"
+    assert "--precision logits=bf16" in str(d)
+    path = tmp_path / "cand.safetensors"
+    indexshare.save_candidate(c, path)
+    assert cli("diff", "--golden", gdir, "--candidate", path).returncode == 1
+    assert cli("diff", "--golden", gdir, "--candidate", path, "--precision", "logits=bf16").returncode == 0
+    bad = cli("diff", "--golden", gdir, "--candidate", path, "--precision", "logits=bf8", check=False)
+    assert bad.returncode == 2 and "logits has the classes f32, fp8mma, f16, bf16" in bad.stderr
+    with pytest.raises(ValueError, match="attn takes f32 alone"):
+        indexshare.diff(g, c, precision="attn=bf16-acc")

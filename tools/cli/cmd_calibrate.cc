@@ -69,7 +69,7 @@ int cmd_calibrate(const CalibrateArgs& a) {
       nlohmann::json t = nlohmann::json::array();
       for (const calib::TensorMargin& m : r.tensors)
         t.push_back({{"tensor", m.tensor}, {"verdict", m.verdict}, {"structure_ratio", m.structure_ratio}, {"err_over_bound", m.bound_ratio},
-                     {"calc_diff", m.calc_diff}});
+                     {"calc_diff", m.calc_diff}, {"precision_ratio", m.precision_ratio}});
       runs.push_back({{"run", r.index}, {"problem", r.problem}, {"kind", r.kind}, {"attention_variant", r.attention_variant},
                       {"logits_variant", r.logits_variant}, {"passed", r.passed}, {"reasons", r.reasons}, {"tensors", t}});
     }

@@ -20,7 +20,7 @@ namespace indexshare::cli {
 
 namespace {
 struct DiffArgs {
-  std::string golden, candidate, layers, json, svg, impl = "auto";
+  std::string golden, candidate, layers, json, svg, impl = "auto", precision;
 };
 
 // --impl for the recomputations of diff (the same bits either way): auto takes simd for sets
@@ -39,14 +39,16 @@ int cmd_diff(const DiffArgs& a) {
   // Each tensor above 1 MiB is hashed once: when the judge reads it, or by verify_rest below.
   const golden::Loaded g = golden::read(a.golden, diff::kGoldenKeepBytes, true);
   const io::SafetensorsIndex c = io::read_safetensors_index(a.candidate, diff::kCandidateKeepBytes);
+  const prec::Contract contract = prec::parse_contract(a.precision);
   const bool use_simd = diff_uses_simd(a);
   const diff::Result r = diff::judge(g, c, a.candidate, a.layers.empty() ? std::set<int>{} : diff::parse_layers(a.layers),
-                                     use_simd ? simd::kernels() : ref::Kernels{}, !a.svg.empty());
+                                     use_simd ? simd::kernels() : ref::Kernels{}, !a.svg.empty(), contract);
   phases::begin("verify (the golden tensors the judge did not read)");
   g.verify_rest();  // before anything is reported: a tampered set is exit 2 whichever tensor it is
   phases::begin("report");
   std::string replay = "indexshare diff --golden " + a.golden + " --candidate " + a.candidate;
   if (!a.layers.empty()) replay += " --layers " + a.layers;
+  if (!a.precision.empty()) replay += " --precision " + a.precision;
   std::printf("%s", r.text(replay).c_str());
   std::vector<std::pair<std::string, std::string>> files;  // written together, atomically
   if (!a.json.empty()) files.push_back({a.json, r.json().dump(2) + "\n"});
@@ -67,6 +69,10 @@ Action register_diff(CLI::App& app) {
   c->add_option("--json", a->json, "Also write the report as JSON");
   c->add_option("--svg", a->svg, "Also draw the report: per judged layer a heatmap of |err| / bound of attn.out per (row, head), "
                                  "the per-row recall of the positions, and the findings");
+  c->add_option("--precision", a->precision,
+                 "The arithmetic the indexer's logits are held to by the precision test and the top-k's near ties: "
+                 "logits=CLASS with CLASS f32, fp8mma (the default: Hopper's FP8 tensor-core accumulation), f16 or bf16 "
+                 "(a kernel documented as low precision). The attention is held to f32 (attn=f32)");
   c->add_option("--impl", a->impl, "Kernels of the recomputed expectations: ref, simd or auto (the same results)")->capture_default_str();
   return [c, a]() { return *c ? cmd_diff(*a) : -1; };
 }

@@ -111,7 +111,14 @@ std::vector<Run> calibrate(int first, int runs, uint64_t seed, const ref::Kernel
       c.set(pre + "attn.out", o.out);
       c.set(pre + "attn.lse", o.lse);
       c.set(pre + "attn.max_logits", o.max_logits);
-      if (has_fp8_logits(g, l)) c.set(pre + "indexer.logits", emulate_logits(g, l, lv));
+      if (has_fp8_logits(g, l)) {
+        const Tensor<float> lg = emulate_logits(g, l, lv);
+        c.set(pre + "indexer.logits", lg);
+        // The kernel's top-k is taken from its own logits: its near ties are the ones its arithmetic made.
+        if (g.manifest["layers"][size_t(l)]["kind"] == "full")
+          c.set(pre + "indexer.topk", k.topk(lg, g.tensor<int32_t>(pre + "indexer.ks"), g.tensor<int32_t>(pre + "indexer.ke"),
+                                             g.manifest["config"]["topk"].get<int64_t>()));
+      }
     }
     const io::SafetensorsFile cf = c.write_read(tmp + "/candidate.safetensors");
     const diff::Result res = diff::judge(g, cf, {}, k);
@@ -120,10 +127,12 @@ std::vector<Run> calibrate(int first, int runs, uint64_t seed, const ref::Kernel
       TensorMargin m;
       m.tensor = t.layer >= 0 ? "layers." + std::to_string(t.layer) + "." + t.name : t.name;
       m.verdict = cmp::verdict_name(t.report.verdict);
-      m.structure_ratio = t.report.structure_max_ratio;
+      m.structure_ratio = t.report.structure_tests ? t.report.structure_max_ratio : -cmp::kRatioCap;  // no tests: no margin
       m.b_over_floor = t.report.structure_max_b_over_floor;
       m.bound_ratio = t.report.stats.max_ratio;
       m.calc_diff = t.report.stats.metric;
+      if (t.report.precision_ran && t.report.precision_contract > 0)
+        m.precision_ratio = t.report.precision_rms / t.report.precision_contract;
       r.tensors.push_back(m);
       if (t.report.verdict == cmp::Verdict::fail)
         for (const std::string& why : t.report.reasons) r.reasons.push_back(m.tensor + ": " + why);
@@ -139,24 +148,25 @@ std::vector<Run> calibrate(int first, int runs, uint64_t seed, const ref::Kernel
 nlohmann::json summary(const std::vector<Run>& runs) {
   nlohmann::json j;
   int fp = 0;
-  std::map<std::string, std::array<double, 4>> worst;  // per tensor kind: structure, bound, metric, b/floor
+  std::map<std::string, std::array<double, 5>> worst;  // per tensor kind: structure, bound, metric, b/floor, precision
   std::map<std::string, std::string> worst_run;
   for (const Run& r : runs) {
     fp += !r.passed;
     for (const TensorMargin& m : r.tensors) {
       const std::string kind = m.tensor.substr(m.tensor.find('.', 7) + 1);
-      auto& w = worst.try_emplace(kind, std::array<double, 4>{-cmp::kRatioCap, 0, 0, 0}).first->second;
+      auto& w = worst.try_emplace(kind, std::array<double, 5>{-cmp::kRatioCap, 0, 0, 0, 0}).first->second;
       if (m.structure_ratio > w[0]) { w[0] = m.structure_ratio; worst_run[kind] = r.problem + " / " + r.attention_variant + " / " + r.logits_variant; }
       w[1] = std::max(w[1], m.bound_ratio);
       w[2] = std::max(w[2], m.calc_diff);
       w[3] = std::max(w[3], m.b_over_floor);
+      w[4] = std::max(w[4], m.precision_ratio);
     }
   }
   j["runs"] = runs.size();
   j["false_positives"] = fp;
   for (const auto& [kind, w] : worst)
     j["worst"][kind] = {{"structure_ratio", w[0]}, {"err_over_bound", w[1]}, {"calc_diff", w[2]},
-                         {"b_over_floor", w[3]}, {"structure_worst_run", worst_run[kind]}};
+                         {"b_over_floor", w[3]}, {"precision_ratio", w[4]}, {"structure_worst_run", worst_run[kind]}};
   return j;
 }
 
@@ -234,6 +244,27 @@ std::vector<PowerRow> power(const std::string& dir, int layer, const ref::Kernel
                         c.set(pre + "indexer.logits", scaled(base_logits, e, [&](int64_t i) { return (i % s_kv) % 8 == 0; })); }, "columns = 0 mod 8 only", ""});
   }
 
+  // Precision loss: every element rounded to b significant bits, eps = 2^-b (b from 23 down to 2,
+  // as bisection on eps does: a coarser rounding is a larger eps).
+  auto coarse = [](Tensor<float> t, double eps) {
+    if (eps <= 0) return t;
+    const int bits = std::clamp(int(std::lround(-std::log2(eps))), 1, 23);
+    for (float& v : t.data)
+      if (std::isfinite(v) && v != 0) {
+        int e = 0;
+        std::frexp(double(v), &e);
+        v = float(std::nearbyint(std::ldexp(double(v), bits - e)) * std::ldexp(1.0, e - bits));
+      }
+    return t;
+  };
+  faults.push_back({"attn.out rounded to -log2(eps) bits (precision loss)", "attn.out", [&](Cand& c, double e) {
+                      c.set(pre + "attn.out", coarse(base.out, e)); }, "", ""});
+  faults.push_back({"attn.lse rounded to -log2(eps) bits (precision loss)", "attn.lse", [&](Cand& c, double e) {
+                      c.set(pre + "attn.lse", coarse(base.lse, e)); }, "", ""});
+  if (logits)
+    faults.push_back({"indexer.logits rounded to -log2(eps) bits (precision loss)", "indexer.logits", [&](Cand& c, double e) {
+                        c.set(pre + "indexer.logits", coarse(base_logits, e)); }, "", ""});
+
   auto judge = [&](const Fault& f, double eps, diff::Result* keep) {
     Cand c;
     f.make(c, eps);
@@ -270,7 +301,8 @@ std::vector<PowerRow> power(const std::string& dir, int layer, const ref::Kernel
       for (const diff::TensorResult& t : r.tensors)
         if (t.report.verdict == cmp::Verdict::fail && !t.report.reasons.empty()) {
           const std::string& why = t.report.reasons[0];
-          row.caught_by = why.find("structure") != std::string::npos ? "structure"
+          row.caught_by = why.find("precision") != std::string::npos ? "precision"
+                          : why.find("structure") != std::string::npos ? "structure"
                           : why.find("calc_diff") != std::string::npos ? "calc_diff"
                           : why.find("check") != std::string::npos ? "anchor (FlashMLA elementwise)"
                           : why.find("budget") != std::string::npos ? "budget"
@@ -278,7 +310,8 @@ std::vector<PowerRow> power(const std::string& dir, int layer, const ref::Kernel
           break;
         }
     }
-    row.named = smallest([&](double e) { return named(f, e, nullptr); });
+    // A precision loss is no bug class: it is detected, not named.
+    if (!f.named.empty()) row.named = smallest([&](double e) { return named(f, e, nullptr); });
     if (row.named > 0) {
       diff::Result r;
       named(f, row.named, &r);

@@ -3,13 +3,16 @@
 // Calibration: the judge must pass every correct kernel. A run draws a problem (h_q 16-128,
 // top-k 64-2048, 1-3 sequences, sinks or none, several value distributions, some with Shared
 // layers, one in three a decode set over an FP8 KV cache), writes its golden set, emulates one member of the correct-kernel family
-// (tools/lib/emulate.h) on the golden's inputs and judges it with `diff`'s own code. A false positive
+// (tools/lib/emulate.h) on the golden's inputs (the indexer's logits, and its top-k taken from those
+// logits, so the near ties are its own) and judges it with `diff`'s own code. A false positive
 // is any FAIL. Each run records, per judged tensor, how close it came to failing: the structure
 // tests' largest ratio (|estimate| / floor and |t| / t_crit, the smaller of the two; >= 1 flags),
 // the largest error / bound, and calc_diff over its threshold.
 //
 // Power: on one golden set, a systematic fault of size eps is injected into a correct
 // emulation's outputs, and eps is bisected (on a log scale) down to the smallest the judge fails.
+// Precision loss: the emulation's outputs rounded to `bits` significant bits (every element), the
+// largest `bits` the judge fails reported as eps = 2^-bits.
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -27,6 +30,9 @@ struct TensorMargin {
   std::string tensor;        // "layers.0.attn.out"
   std::string verdict;
   double structure_ratio = 0, b_over_floor = 0, bound_ratio = 0, calc_diff = 0;
+  // The precision test's E_cand / E_contract (tools/lib/precision.h; it fails above
+  // kPrecisionRatio), 0 where it did not run.
+  double precision_ratio = 0;
 };
 
 struct Run {
@@ -50,8 +56,8 @@ std::string run_problem(int i, uint64_t seed, int64_t max_work = kDefaultWork);
 std::vector<Run> calibrate(int first, int runs, uint64_t seed, const ref::Kernels& k, const std::string& tmp,
                            const std::function<void(const Run&)>& progress = {}, int64_t max_work = kDefaultWork);
 
-// Summary: runs, false positives, and per tensor kind (out, lse, max_logits, logits) the largest
-// of each margin over the runs.
+// Summary: runs, false positives, and per tensor kind (out, lse, max_logits, logits, topk) the
+// largest of each margin over the runs.
 nlohmann::json summary(const std::vector<Run>& runs);
 
 struct PowerRow {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <future>
 #include <map>
+#include <memory>
 #include <optional>
 #include <set>
 #include <cmath>
@@ -426,7 +427,7 @@ cmp::FloatRule bound_rule(std::vector<float> b, double budget = -1) {
 }
 
 // Module-level sets: the layer's top-k recomputed from the golden's hidden state and weights with
-// the indexer RoPE layout swapped (the most common real bug, dsa_semantics.md section 0).
+// the indexer RoPE layout swapped (the most common real bug: DeepSeek-V3.2's indexer rotates non-interleaved, its MLA interleaved).
 // Empty when the set is not module level or the layer has no indexer weights.
 struct SwappedRope {
   std::string layout;
@@ -579,7 +580,8 @@ std::vector<int64_t> row_ids(const golden::Loaded& g) {
   return ids;
 }
 
-// The anchors (../shared/reference/gpu_peers.md sections 1.5 and 2.5) applied on top of the
+// The anchors (FlashMLA's tests/test_flash_mla_sparse_prefill.py and test_flash_mla_sparse_decoding.py,
+// DeepGEMM's tests/test_attention.py with deep_gemm/testing/numeric.py) applied on top of the
 // derived bounds, so the judge is never looser than the kernels' own tests on the same data.
 //   attn.out   FlashMLA check_is_allclose: |err| < abs_tol or |err| / (|ref| + 1e-6) < rel_tol per
 //              element, and cos_diff (= calc_diff) <= 7e-6 (prefill; decode: abs 1e-3, rel 2.01/128,
@@ -650,8 +652,8 @@ class Judge {
   // lazy / path: the candidate read with read_safetensors_index (tensors without bytes are read
   // from `path` when judged, and freed after).
   Judge(const golden::Loaded& g, const io::SafetensorsFile& c, const ref::Kernels& k,
-        const io::SafetensorsIndex* lazy = nullptr, std::string path = "", bool picture = true)
-      : g_(g), c_(c), k_(k), lazy_(lazy), path_(std::move(path)), picture_(picture), m_(g.manifest), cfg_(m_["config"]), n_layers_(int(m_["layers"].size())), s_q_(cfg_["s_q"]),
+        const io::SafetensorsIndex* lazy = nullptr, std::string path = "", bool picture = true, prec::Contract contract = {})
+      : g_(g), c_(c), k_(k), lazy_(lazy), path_(std::move(path)), picture_(picture), contract_(std::move(contract)), m_(g.manifest), cfg_(m_["config"]), n_layers_(int(m_["layers"].size())), s_q_(cfg_["s_q"]),
         s_kv_(cfg_["s_kv"]), topk_(cfg_["topk"]), h_q_(cfg_["h_q"]), d_v_(cfg_["d_v"]), sm_(cfg_["sm_scale"].get<float>()),
         decode_(m_.value("kind", "") == "decode"), ids_(row_ids(g)), data_(size_t(n_layers_)), loaded_(size_t(n_layers_), false) {}
 
@@ -679,6 +681,7 @@ class Judge {
     Expected e;
     std::vector<int64_t> seqs;
     double lse_abs = 0;
+    std::unique_ptr<prec::AttentionClasses> classes;  // the precision test's sample and classes
   };
 
   // The structure tests of an [s_q, h_q, cols] attention output (attn.out, attn.model_out):
@@ -799,6 +802,10 @@ class Judge {
   void judge_lse(AttnCtx& a);
   void judge_model_out(const LayerData& d, const std::string& P, const UsedIndices& used, io::DiffPanel& panel);
   void judge_max_logits(AttnCtx& a);
+  // The precision test of the tensor just added (res.tensors.back()): a failure fails it and
+  // becomes a diagnosis.
+  void precision(const std::string& P, const std::string& tensor, const std::vector<double>& golden, const std::vector<double>& cand,
+                 prec::Kind kind, const prec::ClassValues& values);
 
   const golden::Loaded& g_;
   const io::SafetensorsFile& c_;
@@ -806,6 +813,10 @@ class Judge {
   const io::SafetensorsIndex* lazy_;
   const std::string path_;
   const bool picture_;  // the panels' |err| / bound per (row, head), which only Result::svg draws
+  const prec::Contract contract_;  // the arithmetic the precision test holds the candidate to
+  // Per layer, how far the contract's arithmetic moved a logit in units of its bound
+  // (prec::max_scaled_deviation): compare_topk's contract_tie is twice it. -1: not measured.
+  std::map<int, double> tie_scale_;
   const json& m_;
   const json& cfg_;
   const int n_layers_;
@@ -977,6 +988,18 @@ Tensor<float> Judge::judge_logits(const LayerData& d, const std::string& P) {
   const cmp::Verdict lv = add(l, "indexer.logits", cmp::compare_structured("", d.logits, cand_logits, strict, spec, &st));
   for (const std::string& f : st.findings) res.diagnoses.push_back(P + ": " + f);
   pool(pools_, "indexer.logits", d.full, st, roles_, l);
+  if (d.index_q8.numel()) {  // FP8 sets: the classes are emulated on the set's own FP8 inputs
+    auto elems = prec::sample_logits(d.ks, d.ke, s_kv_);
+    std::vector<double> gold, cand, scale;
+    for (const auto& [t, s] : elems) {
+      gold.push_back(d.logits.at(t, s));
+      cand.push_back(cand_logits.at(t, s));
+      scale.push_back(d.logits_rule.bound[size_t(t * s_kv_ + s)]);
+    }
+    const prec::ClassValues values = prec::logits_classes(d.index_q8, d.index_k8, d.index_k_scale, d.index_weights, elems, gold);
+    precision(P, "indexer.logits", gold, cand, prec::Kind::logits, values);
+    tie_scale_[l] = prec::max_scaled_deviation(gold, scale, prec::Kind::logits, contract_, values);
+  }
   if (lv == cmp::Verdict::fail)
     if (const auto sw = swapped_rope(g_, l, d.ks, d.ke, k_)) {
       cmp::FloatRule rule = strict;
@@ -1004,6 +1027,9 @@ void Judge::judge_topk(const LayerData& d, const std::string& P, const Tensor<fl
   const Tensor<int32_t> ct = cand_int(name(l, "indexer.topk"), {s_q_, topk_}, res.diagnoses);
   cmp::TopkOptions o;
   if (cand_logits.numel()) { o.candidate_logits = &cand_logits; o.logits_rule = &d.logits_rule; }
+  // Near ties only as wide as the contract's arithmetic moves a score (twice the most it moved one
+  // in the logits' sample), when the logits were judged on an FP8 set.
+  if (const auto it = tie_scale_.find(l); it != tie_scale_.end() && cand_logits.numel()) o.contract_tie = 2 * it->second;
   const cmp::Verdict v = add(l, "indexer.topk", cmp::compare_topk("", logits_of(l), d.ks, d.ke, d.topk, ct, o));
   panel.recall = rows_against(ct, d.topk, s_kv_).recall;
   panel.recall_of = "indexer.topk";
@@ -1225,9 +1251,24 @@ void Judge::judge_attention(const LayerData& d, const std::string& P, const Used
   // the candidate's out at once without it.
   data_[size_t(l)].q = Tensor<bf16_t>();
   release_freed_memory();
-  AttnCtx a{d, P, used.note, used.indices, std::move(e), {}, 0};
+  AttnCtx a{d, P, used.note, used.indices, std::move(e), {}, 0, nullptr};
   a.seqs = row_sequences(g_, s_q_, d.has_indexer ? &d.ks : layer(d.source).has_indexer ? &layer(d.source).ks : nullptr);
   a.lse_abs = kFlashMlaLseAbs * std::max(1.0, cmp::rms_finite(a.e.attn.max_logits));
+  {
+    const Tensor<int32_t>* tl = d.topk_length.numel() ? &d.topk_length : nullptr;
+    std::vector<int64_t> rows = prec::sample_rows(a.use, tl, s_kv_, h_q_, d.kv.dim(2), d_v_);
+    // q's sampled rows, read when a class is first emulated (a candidate at the f32 floor, an
+    // exact copy, emulates none).
+    auto q_rows = [this, l, rows]() {
+      const Tensor<bf16_t> q = data_[size_t(l)].q.numel() ? data_[size_t(l)].q : g_.tensor<bf16_t>(name(l, "attn.q"));
+      const int64_t w = q.numel() / std::max<int64_t>(1, q.dim(0));
+      Tensor<bf16_t> out({int64_t(rows.size()), q.dim(1), q.dim(2)});
+      for (size_t i = 0; i < rows.size(); ++i) std::copy_n(q.ptr() + rows[i] * w, w, out.ptr() + int64_t(i) * w);
+      return out;
+    };
+    a.classes = std::make_unique<prec::AttentionClasses>(std::move(rows), q_rows, d.kv, a.use, tl, d.sink ? &*d.sink : nullptr,
+                                                         sm_, d_v_);
+  }
   phases::begin("attention: compare and structure tests");
   if (has(l, "attn.out")) judge_out(a, co, panel);
   if (has(l, "attn.lse")) judge_lse(a);
@@ -1264,7 +1305,10 @@ void Judge::judge_out(AttnCtx& a, const Tensor<float>& co, io::DiffPanel& panel)
   panel.rows = s_q_;
   panel.heads = h_q_;
   if (picture_) panel.ratio = out_ratios(a.e.attn.out, co, rule.bound, d_v_);
-  if (structured(a, "attn.out", a.e.attn.out, co, rule, spec) == cmp::Verdict::fail) out_hypotheses(a, co);
+  structured(a, "attn.out", a.e.attn.out, co, rule, spec);
+  const std::vector<int64_t>& rows = a.classes->rows();
+  precision(a.P, "attn.out", prec::at_rows(a.e.attn.out, rows), prec::at_rows(co, rows), prec::Kind::attention, a.classes->values(0));
+  if (res.tensors.back().report.verdict == cmp::Verdict::fail) out_hypotheses(a, co);
   recycled_.bound = std::move(rule.bound);
 }
 
@@ -1309,7 +1353,10 @@ void Judge::judge_lse(AttnCtx& a) {
   spec.heads = h_q_;
   spec.floor = cmp::kFloorLse;
   spec.sm_dir = a.e.bounds.sm_lse.data();
-  if (structured(a, "attn.lse", a.e.attn.lse, cl, rule, spec) != cmp::Verdict::fail) return;
+  structured(a, "attn.lse", a.e.attn.lse, cl, rule, spec);
+  const std::vector<int64_t>& rows = a.classes->rows();
+  precision(a.P, "attn.lse", prec::at_rows(a.e.attn.lse, rows), prec::at_rows(cl, rows), prec::Kind::attention, a.classes->values(1));
+  if (res.tensors.back().report.verdict != cmp::Verdict::fail) return;
   Tensor<float> conv = cl;
   for (float& v : conv.data) v = float(double(v) * std::log(2.0));
   if (passes(cmp::compare_floats("", a.e.attn.lse, conv, bound_rule(a.e.bounds.lse))))
@@ -1337,11 +1384,35 @@ void Judge::judge_max_logits(AttnCtx& a) {
   spec.heads = h_q_;
   spec.floor = cmp::kFloorLse;
   spec.scale_meaning = "max_logits = sm_scale * max q.k, so sm_scale (or its log2(e) folding) is off";
-  if (structured(a, "attn.max_logits", a.e.attn.max_logits, cm, rule, spec) != cmp::Verdict::fail) return;
+  structured(a, "attn.max_logits", a.e.attn.max_logits, cm, rule, spec);
+  const std::vector<int64_t>& rows = a.classes->rows();
+  precision(a.P, "attn.max_logits", prec::at_rows(a.e.attn.max_logits, rows), prec::at_rows(cm, rows), prec::Kind::attention,
+            a.classes->values(2));
+  if (res.tensors.back().report.verdict != cmp::Verdict::fail) return;
   Tensor<float> conv = cm;
   for (float& v : conv.data) v = float(double(v) * std::log(2.0));
   if (passes(cmp::compare_floats("", a.e.attn.max_logits, conv, bound_rule(a.e.bounds.max_logits))))
     res.diagnoses.push_back(a.P + ": attn.max_logits is in base-2 units (scaled by log2 e)");
+}
+
+void Judge::precision(const std::string& P, const std::string& tensor, const std::vector<double>& golden,
+                      const std::vector<double>& cand, prec::Kind kind, const prec::ClassValues& values) {
+  const phases::Scope s("precision test (sampled emulation of the arithmetic classes)");
+  const prec::Finding f = prec::test(tensor, golden, cand, kind, contract_, values);
+  cmp::Report& r = res.tensors.back().report;
+  r.precision_ran = f.ran;
+  r.precision_rms = f.cand;
+  r.precision_contract = f.contract;
+  if (!f.failed) return;
+  r.verdict = cmp::Verdict::fail;
+  char ratio[32];
+  std::snprintf(ratio, sizeof ratio, "%.2g", f.ratio);
+  // A named class is a diagnosis; an error no class fits is a measurement, kept with the tensor (the
+  // other hypotheses name its cause, if any does).
+  r.reasons.push_back("precision: the error is " + std::string(ratio) + "x what the contract's arithmetic (" + f.contract_class +
+                      ") gives; more than " + std::to_string(int64_t(prec::kPrecisionRatio)) + "x fails" +
+                      (f.named.empty() ? ": " + f.sentence : ""));
+  if (!f.named.empty()) res.diagnoses.push_back(P + ": " + f.sentence);
 }
 
 // ---- 4b. a model dump's own attention (attn.model_out) ----
@@ -1411,7 +1482,7 @@ void Judge::judge_model_out(const LayerData& d, const std::string& P, const Used
     panel.heads = h_q_;
     if (picture_) panel.ratio = out_ratios(expected, co, rule.bound, V);
   }
-  AttnCtx a{d, P, used.note, used.indices, {}, row_sequences(g_, s_q_, d.has_indexer ? &d.ks : nullptr), 0};
+  AttnCtx a{d, P, used.note, used.indices, {}, row_sequences(g_, s_q_, d.has_indexer ? &d.ks : nullptr), 0, nullptr};
   if (structured(a, "attn.model_out", expected, co, rule, spec) != cmp::Verdict::fail) return;
 
   // What explains a failure. Another Full layer's positions (a Shared layer attending over them):
@@ -1538,23 +1609,24 @@ void Judge::judge_pooled() {
 
 namespace {
 Result judge_file(const golden::Loaded& g, const io::SafetensorsFile& c, const std::set<int>& wanted, const ref::Kernels& k,
-                  const io::SafetensorsIndex* lazy, const std::string& path, bool picture);
+                  const io::SafetensorsIndex* lazy, const std::string& path, bool picture, const prec::Contract& contract);
 }  // namespace
 
 Result judge(const golden::Loaded& g, const io::SafetensorsFile& c, const std::set<int>& wanted,
-             const ref::Kernels& k, bool picture) {
-  return judge_file(g, c, wanted, k, nullptr, "", picture);
+             const ref::Kernels& k, bool picture, const prec::Contract& contract) {
+  return judge_file(g, c, wanted, k, nullptr, "", picture, contract);
 }
 
 Result judge(const golden::Loaded& g, const io::SafetensorsIndex& c, const std::string& path, const std::set<int>& wanted,
-             const ref::Kernels& k, bool picture) {
-  return judge_file(g, c.file, wanted, k, &c, path, picture);
+             const ref::Kernels& k, bool picture, const prec::Contract& contract) {
+  return judge_file(g, c.file, wanted, k, &c, path, picture, contract);
 }
 
 namespace {
 Result judge_file(const golden::Loaded& g, const io::SafetensorsFile& c, const std::set<int>& wanted, const ref::Kernels& k,
-                  const io::SafetensorsIndex* lazy, const std::string& path, bool picture) {
-  Judge j(g, c, k, lazy, path, picture);
+                  const io::SafetensorsIndex* lazy, const std::string& path, bool picture, const prec::Contract& contract) {
+  Judge j(g, c, k, lazy, path, picture, contract);
+  j.res.contract = contract;
   j.judge_layers(j.candidate_layers(wanted));
   const size_t across0 = j.res.diagnoses.size();
   phases::begin("across layers");
@@ -1586,6 +1658,11 @@ std::string Result::text(const std::string& replay) const {
       std::snprintf(st, sizeof st, " structure=%lld/%.3g", (long long)t.report.structure_tests, t.report.structure_max_ratio);
       os << st;
     }
+    if (t.report.precision_ran) {
+      char pr[96];
+      std::snprintf(pr, sizeof pr, " precision=%.2g/%.2g", t.report.precision_rms, t.report.precision_contract);
+      os << pr;
+    }
     os << "\n";
     if (!t.note.empty()) os << "         note: " << t.note << "\n";
     for (const std::string& r : t.report.reasons) os << "         " << r << "\n";
@@ -1613,6 +1690,7 @@ std::string Result::text(const std::string& replay) const {
           "indexer RoPE layout were tested)\n";
   }
   for (const std::string& n : notes) os << "note: " << n << "\n";
+  os << "precision contract: " << contract.text() << "\n";
   os << "tests:" << tensors.size() << " passed:" << pass << " failed:" << fail << " mistrusted:" << mis << "\n";
   os << "__REPRO: " << replay << "\n";
   return os.str();
@@ -1636,11 +1714,15 @@ nlohmann::json Result::json() const {
     for (const cmp::StructureNote& f : t.report.structure_flagged)
       flagged.push_back({{"stat", f.stat}, {"group_kind", f.kind}, {"group", f.label}, {"estimate", f.b}, {"stderr", f.se},
                          {"t", f.t}, {"t_crit", f.t_crit}, {"floor", f.floor}, {"clusters", f.clusters}});
+    if (t.report.precision_ran)
+      list.back()["precision"] = {{"rms_rel", t.report.precision_rms}, {"contract_rms_rel", t.report.precision_contract}};
     if (t.report.structure_tests)
       list.back()["structure"] = {{"tests", t.report.structure_tests}, {"max_ratio", t.report.structure_max_ratio},
                                   {"flagged", flagged}, {"findings", t.report.findings}};
   }
   j["tensors"] = list;
+  j["precision_contract"] = {{"logits", contract.logits}, {"logits_declared", contract.logits_declared},
+                             {"attn", contract.attention}, {"attn_declared", contract.attention_declared}};
   return j;
 }
 

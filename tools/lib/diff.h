@@ -22,6 +22,9 @@
 //      [s_q, h_q, v_head_dim], with attn.w_uk / attn.w_uv / attn.q_nope beside it): the golden's
 //      latent out mapped through W_uv, within cmp::model_attention_bounds (HF's eager/sdpa bf16
 //      rounding), plus the structure tests;
+//   4c. the precision test of every judged float tensor (tools/lib/precision.h): an error the size of
+//      a coarser arithmetic than the contract's (bf16 logits, P.V accumulated in bf16, ...) fails
+//      and is named, however far inside its bounds;
 //   5. when something fails, tests named hypotheses and reports the ones that explain it.
 #pragma once
 
@@ -35,6 +38,7 @@
 #include "ref/compare.h"
 #include "ref/kernels.h"
 #include "tools/lib/golden.h"
+#include "tools/lib/precision.h"
 #include "tools/lib/safetensors.h"
 #include "tools/lib/svg.h"
 
@@ -56,6 +60,7 @@ struct Result {
   // that layer's diagnoses; across_layers: the diagnoses of no single layer (pooled, by role).
   std::vector<io::DiffPanel> panels;
   std::vector<std::string> across_layers;
+  prec::Contract contract;              // the precision test's contract (printed in the text and JSON)
   bool failed() const;
   int exit_code() const { return failed() ? 1 : 0; }
   std::string text(const std::string& replay) const;  // the human report
@@ -74,15 +79,17 @@ inline constexpr uint64_t kGoldenKeepBytes = uint64_t{1} << 20;
 // bits faster on large sets). picture false leaves out what only Result::svg draws, the |err| /
 // bound of attn.out per (row, head) (one more pass over the layer's largest tensors; the verdicts,
 // text and JSON are the same): `diff` without --svg.
+// contract: the arithmetic the precision test holds float tensors to (tools/lib/precision.h).
 Result judge(const golden::Loaded& golden, const io::SafetensorsFile& candidate, const std::set<int>& layers,
-             const ref::Kernels& k = {}, bool picture = true);
+             const ref::Kernels& k = {}, bool picture = true, const prec::Contract& contract = {});
 
 // The same judgement of a candidate read with io::read_safetensors_index(path, keep_bytes): the
 // tensors it left in the file are read when their layer is judged and freed after (`diff` keeps
 // only small tensors in memory: kCandidateKeepBytes).
 inline constexpr uint64_t kCandidateKeepBytes = uint64_t{1} << 20;
 Result judge(const golden::Loaded& golden, const io::SafetensorsIndex& candidate, const std::string& path,
-             const std::set<int>& layers, const ref::Kernels& k = {}, bool picture = true);
+             const std::set<int>& layers, const ref::Kernels& k = {}, bool picture = true,
+             const prec::Contract& contract = {});
 
 // "0,3-5" -> {0, 3, 4, 5}; throws Error naming the bad text.
 std::set<int> parse_layers(const std::string& text);

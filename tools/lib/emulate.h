@@ -31,6 +31,7 @@
 #pragma once
 
 #include <cstdint>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -48,8 +49,15 @@ struct AttentionVariant {
   bool l_from_bf16 = false;   // the output's normaliser sums the bf16-rounded probabilities
   bool truncate_acc = false;  // PV accumulation truncates toward zero
   bool out_bf16 = true;       // output rounded to bf16
+  // Lower-precision arithmetic (not in the correct family: the precision classes and the faults
+  // the judge must name, tools/lib/precision.h):
+  bool logits_bf16 = false;   // each q.k logit rounded to bf16 before the softmax
+  bool products_bf16 = false; // each q_d k_d product rounded to bf16 before the f32 sum
+  bool acc_bf16 = false;      // P.V accumulated in bf16 (every partial sum rounded to bf16)
   std::string name() const;
 };
+// A (row, key) element of the logits.
+using RowCol = std::pair<int64_t, int64_t>;
 // The members calibrate cycles through.
 std::vector<AttentionVariant> attention_family();
 
@@ -69,5 +77,8 @@ std::vector<LogitsVariant> logits_family();
 Tensor<float> logits(const LogitsVariant& v, const Tensor<e4m3_t>& q, const Tensor<e4m3_t>& k,
                      const Tensor<float>& k_scale, const Tensor<float>& weights, const Tensor<int32_t>& ks,
                      const Tensor<int32_t>& ke);
+// The same values at the given (row, key) elements only (each inside its row's window).
+std::vector<float> logits_at(const LogitsVariant& v, const Tensor<e4m3_t>& q, const Tensor<e4m3_t>& k,
+                             const Tensor<float>& k_scale, const Tensor<float>& weights, const std::vector<RowCol>& elems);
 
 }  // namespace indexshare::emul

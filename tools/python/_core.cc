@@ -483,15 +483,16 @@ NB_MODULE(_core, m) {
   // ---- diff (tools/lib/diff.h) ----
   // candidate: the tensors given (source names them in errors), or the file `path` when not empty.
   m.def("diff", [](const PyLoaded& g, const std::vector<Raw>& candidate, const std::string& source, const std::string& path,
-                   const std::string& layers, const std::string& impl, const std::string& replay) {
+                   const std::string& layers, const std::string& impl, const std::string& replay, const std::string& precision) {
     const io::SafetensorsFile c = path.empty() ? to_file(candidate, source) : io::read_safetensors(path);
     const std::set<int> ls = layers.empty() ? std::set<int>{} : diff::parse_layers(layers);
+    const prec::Contract contract = prec::parse_contract(precision);
     const bool simd = choose_impl(impl, false) == "simd";
     std::string text, json;
     bool failed = false;
     {
       nb::gil_scoped_release release;
-      const diff::Result r = diff::judge(g.loaded, c, ls, kernels_of(simd), false);  // no picture is drawn here
+      const diff::Result r = diff::judge(g.loaded, c, ls, kernels_of(simd), false, contract);  // no picture is drawn here
       text = r.text(replay);
       json = r.json().dump(2);
       failed = r.failed();

@@ -63,7 +63,7 @@ def _diff_impl(impl: str, golden_dir: str) -> str:
     return "simd" if big else "ref"
 
 
-def diff(golden, candidate, layers=None, impl: str = "auto") -> Report:
+def diff(golden, candidate, layers=None, impl: str = "auto", precision: str = "") -> Report:
     """Judges ``candidate`` against ``golden`` (tools/lib/diff.h ``judge``): exactly ``indexshare diff``.
 
     golden     a golden set folder, a :class:`LoadedGolden` (:func:`load_golden`) or a
@@ -74,12 +74,15 @@ def diff(golden, candidate, layers=None, impl: str = "auto") -> Report:
                attn.max_logits F32 [s_q, h_q]), or a safetensors file
     layers     None (every layer the candidate covers), a list of layer numbers or "0,3-5"
     impl       "ref", "simd" or "auto": the kernels of the recomputed expectations (the same results)
+    precision  the arithmetic the indexer's logits are held to (``diff --precision``): "" for the
+               default (fp8mma: Hopper's FP8 tensor-core accumulation), or "logits=f32", "logits=f16",
+               "logits=bf16" (an indexer documented as low precision)
     Bad input (an unknown or mis-shaped tensor, a wrong dtype) raises ValueError naming the tensor.
     """
     if isinstance(golden, GoldenSet):
         with tempfile.TemporaryDirectory(prefix="indexshare-golden-") as tmp:
             d = golden.save(os.path.join(tmp, "golden"))
-            return diff(d, candidate, layers, impl)
+            return diff(d, candidate, layers, impl, precision)
     if isinstance(golden, LoadedGolden):
         handle = golden._h
     elif isinstance(golden, (str, os.PathLike)):
@@ -97,8 +100,9 @@ def diff(golden, candidate, layers=None, impl: str = "auto") -> Report:
         shown = "CANDIDATE.safetensors"
     else:
         raise TypeError(f"candidate: expected a dict name -> array or a safetensors file, got {type(candidate).__name__}")
-    replay = f"indexshare diff --golden {gdir} --candidate {shown}" + (f" --layers {layers_text}" if layers_text else "")
-    failed, text, js = core().diff(handle, raws, path or "candidate", path, layers_text, _diff_impl(impl, gdir), replay)
+    replay = (f"indexshare diff --golden {gdir} --candidate {shown}" + (f" --layers {layers_text}" if layers_text else "")
+              + (f" --precision {precision}" if precision else ""))
+    failed, text, js = core().diff(handle, raws, path or "candidate", path, layers_text, _diff_impl(impl, gdir), replay, precision)
     r = Report(failed, text, js)
     r._raws = raws
     return r
