@@ -10,7 +10,7 @@
 #include <string>
 
 #include "ref/attention.h"
-#include "ref/compare.h"
+#include "ref/bounds.h"
 #include "ref/indexer.h"
 #include "ref/module_ops.h"
 #include "ref/numerics.h"
@@ -38,7 +38,7 @@ struct Kernels {
   Tensor<int32_t> (*fused_topk_fp8)(const Tensor<e4m3_t>&, const Tensor<e4m3_t>&, const Tensor<float>&,
                                     const Tensor<float>&, const Tensor<int32_t>&, const Tensor<int32_t>&,
                                     int64_t) = nullptr;
-  // The oracle's own computations (ref/compare.h): the low-precision emulation behind the
+  // The oracle's own computations (ref/bounds.h): the low-precision emulation behind the
   // FlashAttention-style budget, the per-element attention bounds and the indexer logits rule.
   // simd's return ref's bits (the budget is written into golden manifests).
   AttentionOut (*emulate_attention_lowp)(const Tensor<bf16_t>&, const Tensor<bf16_t>&, const Tensor<int32_t>&, float,

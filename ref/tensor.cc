@@ -20,6 +20,15 @@ int64_t shape_numel(const Shape& shape) {
   return n;
 }
 
+std::vector<int64_t> unflatten(int64_t flat, const Shape& shape) {
+  std::vector<int64_t> idx(shape.size());
+  for (size_t d = shape.size(); d-- > 0;) {
+    idx[d] = shape[d] ? flat % shape[d] : 0;
+    flat = shape[d] ? flat / shape[d] : 0;
+  }
+  return idx;
+}
+
 std::string shape_str(const Shape& shape) {
   std::string s = "[";
   for (size_t i = 0; i < shape.size(); ++i) {

@@ -48,6 +48,8 @@ void reserve_advised(C& c, size_t n) {
 // Number of elements of a shape; throws on negative dimensions or on overflow of int64.
 int64_t shape_numel(const Shape& shape);
 std::string shape_str(const Shape& shape);
+// The multi-dimensional index of row-major element `flat` of a tensor of `shape`.
+std::vector<int64_t> unflatten(int64_t flat, const Shape& shape);
 
 // The elements of a Tensor: a std::vector<T> (every vector operation the code base uses, and
 // comparison with and assignment from std::vector<T>), with one addition: it may instead BORROW

@@ -1,7 +1,7 @@
-// indexshare simd/: the oracle's own computations of ref/compare.cc, bit-identical to ref's:
+// indexshare simd/: the oracle's own computations of ref/bounds.cc, bit-identical to ref's:
 //   emulate_attention_lowp   the FlashAttention-style budget's low-precision emulation
 //   attention_bounds         the per-element bounds of attention out / lse / max_logits (f32 sums
-//                            inflated to upper bounds, ref/compare.h)
+//                            inflated to upper bounds, ref/bounds.h)
 //   indexer_logits_rule      the per-element bounds of the indexer logits
 //
 // Every sum of ref's is sequential (f32 or double, one rounding per term). The vector code keeps
@@ -38,7 +38,7 @@
 
 #include "hwy/aligned_allocator.h"
 #include "hwy/cache_control.h"
-#include "ref/compare.h"
+#include "ref/bounds.h"
 #include "ref/numerics.h"
 #include "simd/common.h"
 #include "simd/exp-inl.h"
@@ -469,7 +469,7 @@ constexpr size_t kBoundAHeads = 2, kBoundAVecs = 2;
 constexpr int64_t kBoundABlock = 32;
 #endif
 
-// The scalars of cmp::attention_bounds (ref/compare.cc), as there.
+// The scalars of cmp::attention_bounds (ref/bounds.cc), as there.
 constexpr double kBf16U = 0x1p-8, kF32E = 0x1p-24;
 HWY_INLINE double Inflate(double m) { return 1 + 2 * m * kF32E; }
 
@@ -812,7 +812,7 @@ AttentionOut emulate_attention_lowp(const Tensor<bf16_t>& q, const Tensor<bf16_t
                                     float sm_scale, int64_t d_v, const Tensor<int32_t>* topk_length,
                                     const Tensor<float>* attn_sink) {
   const int64_t s_q = q.dim(0), h_q = q.dim(1);
-  // ref reads V as the first d_v columns of each kv row (ref/compare.h); past d_qk there is none.
+  // ref reads V as the first d_v columns of each kv row (ref/bounds.h); past d_qk there is none.
   require(d_v <= q.dim(2), "emulate_attention_lowp: d_v " + std::to_string(d_v) + " exceeds d_qk " + std::to_string(q.dim(2)));
   AttentionOut o{Tensor<float>({s_q, h_q, d_v}), Tensor<bf16_t>({s_q, h_q, d_v}), Tensor<float>({s_q, h_q}),
                  Tensor<float>({s_q, h_q})};

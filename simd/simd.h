@@ -9,7 +9,7 @@
 //                               exp_portable, fused P.V accumulation; ref/attention.h) and the
 //                               kernels perform the same ones (simd/attention.cc)
 //   exp_portable                bit-identical
-//   emulate_attention_lowp,     bit-identical (ref/compare.h: the budget's emulation, the
+//   emulate_attention_lowp,     bit-identical (ref/bounds.h: the budget's emulation, the
 //   attention_bounds,           per-element bounds; simd/compare.cc)
 //   indexer_logits_rule
 //   fill_range, fill_range_bf16 bit-identical (the generator's streams in lanes; simd/rng.cc)
@@ -27,7 +27,7 @@
 #include <vector>
 
 #include "ref/attention.h"
-#include "ref/compare.h"
+#include "ref/bounds.h"
 #include "ref/kernels.h"
 #include "ref/module.h"
 #include "ref/stack.h"
@@ -98,7 +98,7 @@ AttentionOut dense_attention(const Tensor<bf16_t>& q, const Tensor<bf16_t>& kv, 
 void exp_portable(const double* x, double* y, int64_t n);
 
 // ---- the oracle's computations (simd/compare.cc) ----------------------------------------------
-// cmp::emulate_attention_lowp, cmp::attention_bounds and cmp::indexer_logits_rule (ref/compare.h),
+// cmp::emulate_attention_lowp, cmp::attention_bounds and cmp::indexer_logits_rule (ref/bounds.h),
 // bit-identical (every sequential sum of ref's kept in one lane, in its order; ref's scalar exp /
 // log calls per element). OpenMP over query rows.
 AttentionOut emulate_attention_lowp(const Tensor<bf16_t>& q, const Tensor<bf16_t>& kv, const Tensor<int32_t>& indices,

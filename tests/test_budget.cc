@@ -1,4 +1,4 @@
-// Tests of the FlashAttention-style budget on a row subset (ref/compare.h budget_rows,
+// Tests of the FlashAttention-style budget on a row subset (ref/bounds.h budget_rows,
 // attention_budget_parts_rows): which rows a large set emulates, that the subset's maxima are the
 // whole emulation's maxima over those rows (ref's and simd's emulation), the floor, and that a set
 // of at most kBudgetAllRows rows keeps the budget of every row.
@@ -8,7 +8,7 @@
 #include <cmath>
 #include <set>
 
-#include "ref/compare.h"
+#include "tools/judge/compare.h"
 #include "ref/layer.h"
 #include "ref/numerics.h"
 #include "simd/simd.h"

@@ -1,4 +1,4 @@
-// Tests of ref/compare: the comparison module judges faults as the issue states. Candidates are
+// Tests of judge/compare (and the bounds of ref/bounds.h): the comparison module judges faults as the issue states. Candidates are
 // built by injecting faults into the golden outputs, or by independent low-precision emulations
 // written here (a kernel-like computation must PASS, a wrong one must FAIL).
 #include <doctest/doctest.h>
@@ -10,7 +10,7 @@
 #include <limits>
 #include <set>
 
-#include "ref/compare.h"
+#include "tools/judge/compare.h"
 #include "ref/layer.h"
 #include "ref/numerics.h"
 #include "ref/rng.h"
@@ -426,7 +426,7 @@ TEST_CASE("compare: the softmax-scale direction equals the derivative of the exa
   }
 }
 
-// The attention bounds sum in f32 and inflate (ref/compare.h). They must never fall below the
+// The attention bounds sum in f32 and inflate (ref/bounds.h). They must never fall below the
 // same formulas evaluated with double sums and exact-in-double weights (written out here, as the
 // bounds were evaluated before), on ordinary and on peaked logits (large G: the e^(2 delta) term).
 TEST_CASE("compare: the f32-evaluated attention bounds are at least their double evaluation") {

@@ -20,7 +20,7 @@
 #include "ref/rng.h"
 #include "ref/topk.h"
 #include "tests/xml_check.h"
-#include "tools/lib/diff.h"
+#include "tools/judge/diff.h"
 #include "tests/cli_util.h"
 #include "tests/ties_util.h"
 

@@ -1,4 +1,4 @@
-// The precision test (tools/lib/precision.h): a candidate whose error is the size of a coarser
+// The precision test (judge/precision.h): a candidate whose error is the size of a coarser
 // arithmetic than its contract's fails and is named, however far inside its bounds; correct kernels
 // of the contract's class pass; a declared lower contract passes its own class.
 #include <doctest/doctest.h>
@@ -15,10 +15,10 @@
 #include "ref/problem.h"
 #include "ref/topk.h"
 #include "simd/simd.h"
-#include "tools/lib/diff.h"
-#include "tools/lib/emulate.h"
+#include "tools/judge/diff.h"
+#include "tools/judge/emulate.h"
 #include "tools/lib/golden.h"
-#include "tools/lib/precision.h"
+#include "tools/judge/precision.h"
 
 using namespace indexshare;
 

@@ -21,7 +21,7 @@
 
 #include "hwy/targets.h"
 #include "ref/attention.h"
-#include "ref/compare.h"
+#include "tools/judge/compare.h"
 #include "ref/config.h"
 #include "ref/model.h"
 #include "ref/module.h"
@@ -585,7 +585,7 @@ TEST_CASE("simd: sparse and dense attention bit-identical to ref on every target
   }
 }
 
-// ---- the oracle's computations (ref/compare.h) ---------------------------------------------------
+// ---- the oracle's computations (ref/bounds.h) ---------------------------------------------------
 namespace {
 
 bool same_bits_d(double a, double b) {
@@ -743,7 +743,7 @@ TEST_CASE("simd: the budget emulation and the attention bounds are bit-identical
       if (threads == 1) CHECK(simd::emulate_attention_lowp(q, kv, idx, 1.0f, 2, nullptr, nullptr).max_logits[0] == 0x1p-125f);
     });
   }
-  // The bounds' logits are f32 sums too (ref/compare.h): the same q . k = 2^-125 + 1.25 * 2^-149
+  // The bounds' logits are f32 sums too (ref/bounds.h): the same q . k = 2^-125 + 1.25 * 2^-149
   // over eight equal keys (a whole pass-1 tile on every target) must keep ref's unfused 2^-125,
   // which the softmax-scale direction's d lse / d ln sm = m + zbar = s (sm_scale 1) shows (d_qk 2
   // and 64, as above).

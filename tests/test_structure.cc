@@ -1,6 +1,6 @@
-// The judge's structure tests (ref/structure.h): the statistics on synthetic data, fault
+// The judge's structure tests (judge/structure.h): the statistics on synthetic data, fault
 // injection through `diff` on top of a correct kernel emulation, and the correct-kernel family
-// (tools/lib/emulate.h) passing.
+// (judge/emulate.h) passing.
 #include <doctest/doctest.h>
 
 #include <omp.h>
@@ -18,12 +18,12 @@
 #include "ref/numerics.h"
 #include "ref/problem.h"
 #include "ref/rng.h"
-#include "ref/structure.h"
+#include "tools/judge/structure.h"
 #include "ref/topk.h"
 #include "simd/simd.h"
-#include "tools/lib/calibrate.h"
-#include "tools/lib/diff.h"
-#include "tools/lib/emulate.h"
+#include "tools/judge/calibrate.h"
+#include "tools/judge/diff.h"
+#include "tools/judge/emulate.h"
 #include "tools/lib/golden.h"
 #include "tests/cli_util.h"
 #include "tests/ties_util.h"
@@ -473,7 +473,7 @@ std::string dump(const cmp::Report& r, const cmp::StructureReport& st) {
 
 }  // namespace
 
-// The comparison passes run in fixed blocks (ref/compare.cc: 2^16 elements; ref/structure.cc: rows
+// The comparison passes run in fixed blocks (judge/compare.cc: 2^16 elements; judge/structure.cc: rows
 // of 2^18 elements or more) combined in block order, so the thread count changes no bit. A tensor
 // of 2^21 elements spans 32 and 8 of them; each injected fault must still be flagged, the report
 // the same with 1 and 2 threads, and the mismatch list the first kMaxMismatches in element order.

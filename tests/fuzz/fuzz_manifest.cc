@@ -14,7 +14,7 @@
 #include <string>
 
 #include "tests/fuzz/fuzz_common.h"
-#include "tools/lib/diff.h"
+#include "tools/judge/diff.h"
 #include "tools/lib/golden.h"
 
 using namespace indexshare;

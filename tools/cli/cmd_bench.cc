@@ -118,7 +118,7 @@
 #include "ref/topk.h"
 #include "simd/simd.h"
 #include "tools/cli/cli.h"
-#include "tools/lib/diff.h"
+#include "tools/judge/diff.h"
 #include "tools/lib/golden.h"
 #include "tools/lib/safetensors.h"
 #include "tools/lib/svg.h"

@@ -1,5 +1,5 @@
 // indexshare calibrate: the judge against correct kernels (false positives, margins) and its
-// power against systematic faults (tools/lib/calibrate.h).
+// power against systematic faults (judge/calibrate.h).
 #include <unistd.h>
 
 #include <cstdio>
@@ -9,8 +9,8 @@
 
 #include "ref/error.h"
 #include "simd/simd.h"
-#include "ref/structure.h"
-#include "tools/lib/calibrate.h"
+#include "tools/judge/structure.h"
+#include "tools/judge/calibrate.h"
 #include "tools/cli/cli.h"
 #include "tools/lib/svg.h"
 

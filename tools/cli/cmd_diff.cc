@@ -11,7 +11,7 @@
 
 #include "ref/error.h"
 #include "tools/cli/cli.h"
-#include "tools/lib/diff.h"
+#include "tools/judge/diff.h"
 #include "tools/lib/phases.h"
 #include "simd/simd.h"
 #include "tools/lib/svg.h"

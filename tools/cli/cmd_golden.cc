@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "ref/compare.h"
+#include "ref/bounds.h"
 #include "ref/error.h"
 #include "ref/layer.h"
 #include "ref/problem.h"

@@ -14,7 +14,7 @@
 #include <new>
 #include <sstream>
 
-#include "ref/compare.h"
+#include "ref/bounds.h"
 #include "ref/error.h"
 #include "tools/lib/phases.h"
 #include "tools/lib/safetensors.h"

@@ -14,7 +14,7 @@
 // rank writes its rows of each per-row tensor with MPI-IO at their offsets in the one file. The
 // SHA-256 of a tensor needs its bytes in order, so once the file is closed the tensors are hashed
 // from it, spread over the ranks (largest first, to the least loaded rank), and the hashes
-// gathered. Rank 0 writes manifest.json (the budgets combined by max, ref/compare.h BudgetParts)
+// gathered. Rank 0 writes manifest.json (the budgets combined by max, ref/bounds.h BudgetParts)
 // and renames the folder into place. Every step ends in a collective check (agree): a rank that
 // fails (bad input, out of memory, --max-memory, an I/O error) makes every rank stop, rank 0
 // removes the temporary folder and prints each failing rank's error, and the tool exits 2. A

@@ -11,11 +11,11 @@
 #include <vector>
 
 #include "ref/attention.h"
-#include "ref/compare.h"
+#include "tools/judge/compare.h"
 #include "ref/error.h"
 #include "ref/numerics.h"
 #include "ref/topk.h"
-#include "tools/lib/diff.h"
+#include "tools/judge/diff.h"
 
 namespace indexshare::explain {
 

@@ -18,7 +18,7 @@
 #include <sstream>
 #include <thread>
 
-#include "ref/compare.h"
+#include "ref/bounds.h"
 #include "ref/config.h"
 #include "ref/cost.h"
 #include "ref/model.h"
@@ -328,9 +328,9 @@ GoldenSet build_stack(const Problem& p, std::vector<ref::LayerInputs> inputs, co
       attn = std::move(o.attn);
     }
     const Tensor<int32_t>* tl = topk_length.numel() ? &topk_length : nullptr;
-    // Tolerance budget of the attention output (FlashAttention style, see ref/compare.h), first:
+    // Tolerance budget of the attention output (FlashAttention style, see ref/bounds.h), first:
     // it reads q and out, which the views below take. Large sets emulate a row subset chosen from
-    // the whole set's rows (ref/compare.h budget_rows; a part gathers every part's row maxima).
+    // the whole set's rows (ref/bounds.h budget_rows; a part gathers every part's row maxima).
     double emu_err = 0, budget = 0;
     int64_t emulated = 0;
     {
@@ -909,7 +909,7 @@ void require_finite(const Tensor<T>& t, const std::string& file, const std::stri
   for (int64_t i = 0; i < t.numel(); ++i) {
     if (!nonfinite(t[i], allow_inf)) continue;
     const float v = value_of(t[i]);
-    throw Error(file + ": tensor '" + name + "': element " + shape_str(cmp::unflatten(i, t.shape)) + " is " +
+    throw Error(file + ": tensor '" + name + "': element " + shape_str(unflatten(i, t.shape)) + " is " +
                 (std::isnan(v) ? "NaN" : v > 0 ? "+inf" : "-inf") +
                 (allow_inf ? " (NaN is not a valid value here)" : " (inputs must be finite)"));
   }

@@ -35,7 +35,7 @@ struct RowPart {
   int64_t begin = 0, end = 0;
   // Every part's per-row values in row order, from this part's (a collective under MPI, every rank
   // calling it the same number of times: tools/lib/distributed.cc). The budget's row subset
-  // (ref/compare.h budget_rows) is chosen from the whole set's rows. Unset: this part is the set.
+  // (ref/bounds.h budget_rows) is chosen from the whole set's rows. Unset: this part is the set.
   std::function<std::vector<double>(const std::vector<double>&)> gather_rows;
 };
 
@@ -43,7 +43,7 @@ struct RowPart {
 // the part's rows (their bytes are the whole set's rows [begin, end), contiguous); key-side
 // tensors (indexer k, attn kv, the paged caches, cu_seqlens) are whole, the same on every part.
 // The one value computed over every row, each layer's attention budget, is kept as this part's
-// maxima, which combine exactly (max) into the whole set's (ref/compare.h BudgetParts).
+// maxima, which combine exactly (max) into the whole set's (ref/bounds.h BudgetParts).
 struct ShardInfo {
   bool active = false;
   int64_t begin = 0, end = 0, total = 0;  // this part's rows of the set's `total`

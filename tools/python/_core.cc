@@ -47,7 +47,7 @@
 #include "ref/topk.h"
 #include "simd/simd.h"
 #include "tools/lib/cost_report.h"
-#include "tools/lib/diff.h"
+#include "tools/judge/diff.h"
 #include "tools/lib/golden.h"
 #include "tools/lib/options.h"
 #include "tools/lib/safetensors.h"

@@ -1,10 +1,11 @@
 // indexshare: a transformers model's own attention against the golden's latent output (the
-// derivation is in ref/compare.h, "A transformers model's own attention").
+// derivation is in judge/model_bounds.h, "A transformers model's own attention").
 #include <cmath>
 #include <string>
 #include <vector>
 
-#include "ref/compare.h"
+#include "tools/judge/model_bounds.h"
+#include "tools/judge/compare.h"
 #include "ref/error.h"
 #include "ref/numerics.h"
 

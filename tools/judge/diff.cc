@@ -1,4 +1,4 @@
-#include "tools/lib/diff.h"
+#include "tools/judge/diff.h"
 
 #include <algorithm>
 #include <future>
@@ -21,7 +21,8 @@
 #include "ref/module.h"
 #include "ref/indexer.h"
 #include "ref/numerics.h"
-#include "ref/structure.h"
+#include "tools/judge/model_bounds.h"
+#include "tools/judge/structure.h"
 #include "ref/topk.h"
 #include "tools/lib/phases.h"
 
@@ -412,7 +413,7 @@ Expected expected_attention(const golden::Loaded& g, const LayerData& d, const T
   e.attn = k.sparse_attention(d.q, d.kv, indices, sm, d_v, tl, sink);
   if (with_sm) bounds_sm_by_blocks(k, g, d, indices, sm, d_v, e.attn, co, e);
   else e.bounds = k.attention_bounds(d.q, d.kv, indices, sm, d_v, tl, e.attn);
-  // The golden's own budget rule (ref/compare.h budget_rows: every row, or a subset of large sets).
+  // The golden's own budget rule (ref/bounds.h budget_rows: every row, or a subset of large sets).
   e.budget = cmp::attention_budget(
       cmp::attention_budget_parts_set(k.emulate_attention_lowp, d.q, d.kv, indices, sm, d_v, tl, sink, e.attn.out));
   return e;
@@ -422,7 +423,7 @@ cmp::FloatRule bound_rule(std::vector<float> b, double budget = -1) {
   cmp::FloatRule r;
   r.bound = std::move(b);
   r.budget_max_abs = budget;
-  r.derivation = "per-element bound from bf16/f32 roundoffs, reduction lengths and magnitudes (ref/compare.h)";
+  r.derivation = "per-element bound from bf16/f32 roundoffs, reduction lengths and magnitudes (ref/bounds.h)";
   return r;
 }
 
@@ -1419,7 +1420,7 @@ void Judge::precision(const std::string& P, const std::string& tensor, const std
 
 // The model's per-head context (o_proj's input, python -m indexshare.dump) against the golden's
 // latent output mapped through the model's W_uv, with the bound of HF's eager/sdpa bf16 rounding
-// (cmp::model_attention_bounds; derivation in ref/compare.h). The structure tests run on it as on
+// (cmp::model_attention_bounds; derivation in judge/model_bounds.h). The structure tests run on it as on
 // attn.out (clusters (row, head), the softmax-scale direction mapped through W_uv too).
 void Judge::judge_model_out(const LayerData& d, const std::string& P, const UsedIndices& used, io::DiffPanel& panel) {
   const int l = d.l;
@@ -1467,7 +1468,7 @@ void Judge::judge_model_out(const LayerData& d, const std::string& P, const Used
   }
   const Tensor<float> expected = cmp::map_latent_output(lat.out, w_uv);
   cmp::FloatRule rule = bound_rule(cmp::model_attention_bounds(d.q, d.kv, used.indices, sm_, q_nope, w_uk, w_uv, lat.out, expected, rounded));
-  rule.derivation = "per-element bound of the model's " + impl + " bf16 rounding (ref/compare.h: a transformers model's own attention)";
+  rule.derivation = "per-element bound of the model's " + impl + " bf16 rounding (judge/model_bounds.h: a transformers model's own attention)";
   // The softmax-scale direction of the latent output (analytic, from the bounds' pass), mapped
   // through W_uv as the output is (linear).
   Tensor<float> lat_dir(lat.out.shape);

@@ -1,7 +1,7 @@
 // indexshare: the precision test. Is a candidate's error the size the kernel's contract arithmetic
 // gives, or the size of a coarser arithmetic?
 //
-// The per-element bounds (ref/compare.h) are worst cases: they tell a bug from noise only when the
+// The per-element bounds (ref/bounds.h) are worst cases: they tell a bug from noise only when the
 // bug is large. A kernel that silently computes its indexer logits in bf16, or accumulates P.V in
 // bf16, stays far inside them (bf16 logits reach about 6% of the logits' bound), and rounding to
 // nearest is unbiased, so the structure tests see no scale or offset either. What tells it apart is
@@ -13,7 +13,7 @@
 //      spaced over the rows with keys, as many as a work budget allows.
 //   2. E_cand = RMS over the sample of (candidate - golden), relative to the RMS of the golden.
 //   3. Each arithmetic class (below) is emulated on the golden's own inputs at the same elements
-//      (tools/lib/emulate.h: each member is a correct kernel of that class, in one of the orders
+//      (judge/emulate.h: each member is a correct kernel of that class, in one of the orders
 //      real kernels use); a class's E is the largest RMS error of its members.
 //   4. The contract is a class; its expectation E_contract is the largest E of every class up to
 //      and including it in the list's order (finer arithmetic is always allowed), floored at
@@ -125,7 +125,7 @@ double max_scaled_deviation(const std::vector<double>& golden, const std::vector
 // inside the rows' windows [ks, ke), rows ascending, keys ascending.
 std::vector<std::pair<int64_t, int64_t>> sample_logits(const Tensor<int32_t>& ks, const Tensor<int32_t>& ke, int64_t s_kv);
 // The classes' values at those elements: f32 and fp8mma by emulating one correct kernel each
-// (tools/lib/emulate.h, heads ascending, D in one sum), f16 and bf16 by rounding the golden there
+// (judge/emulate.h, heads ascending, D in one sum), f16 and bf16 by rounding the golden there
 // (`golden`: its values at the elements). Each class is computed once. The calibration family's
 // other orders are not members, so `calibrate` measures the test on kernels it did not emulate.
 ClassValues logits_classes(const Tensor<e4m3_t>& q, const Tensor<e4m3_t>& k, const Tensor<float>& k_scale,

@@ -1,4 +1,4 @@
-#include "tools/lib/precision.h"
+#include "tools/judge/precision.h"
 
 #include <algorithm>
 #include <cmath>
@@ -9,7 +9,7 @@
 
 #include "ref/error.h"
 #include "ref/numerics.h"
-#include "tools/lib/emulate.h"
+#include "tools/judge/emulate.h"
 
 namespace indexshare::prec {
 

@@ -3,7 +3,7 @@
 // Calibration: the judge must pass every correct kernel. A run draws a problem (h_q 16-128,
 // top-k 64-2048, 1-3 sequences, sinks or none, several value distributions, some with Shared
 // layers, one in three a decode set over an FP8 KV cache), writes its golden set, emulates one member of the correct-kernel family
-// (tools/lib/emulate.h) on the golden's inputs (the indexer's logits, and its top-k taken from those
+// (judge/emulate.h) on the golden's inputs (the indexer's logits, and its top-k taken from those
 // logits, so the near ties are its own) and judges it with `diff`'s own code. A false positive
 // is any FAIL. Each run records, per judged tensor, how close it came to failing: the structure
 // tests' largest ratio (|estimate| / floor and |t| / t_crit, the smaller of the two; >= 1 flags),
@@ -30,7 +30,7 @@ struct TensorMargin {
   std::string tensor;        // "layers.0.attn.out"
   std::string verdict;
   double structure_ratio = 0, b_over_floor = 0, bound_ratio = 0, calc_diff = 0;
-  // The precision test's E_cand / E_contract (tools/lib/precision.h; it fails above
+  // The precision test's E_cand / E_contract (judge/precision.h; it fails above
   // kPrecisionRatio), 0 where it did not run.
   double precision_ratio = 0;
 };

@@ -1,23 +1,7 @@
-// indexshare: the one comparison module, shared by the tests and `indexshare diff`.
-//
-// A comparison takes the golden (exact) tensor, the candidate's tensor and a rule, and returns
-// a Report: PASS, FAIL or MISTRUSTED (the data are too degenerate to prove anything), a stats
-// line, and the first mismatches with their multi-dimensional index.
-//
-// Float tensors (compare_floats)
-//   1. Special values first: where the golden value is +inf, -inf or NaN the candidate must hold
-//      the same class and sign; a non-finite candidate value where the golden is finite fails.
-//   2. Each finite element passes iff |got - exp| <= bound[e], a per-element bound derived from
-//      the inputs (see the *_bounds functions: unit roundoffs, reduction lengths, magnitudes).
-//   3. Global metric: DeepGEMM's calc_diff = 1 - 2 sum(xy) / sum(x^2 + y^2) over the finite
-//      pairs, in double (0 when both are all zero). It equals |x - y|^2 / (|x|^2 + |y|^2); the
-//      rule's metric_max, when set, must not be exceeded.
-//   The pass runs in parallel over fixed blocks of elements, its sums (the metric's, the mean's)
-//   in a fixed order documented in ref/compare.cc: the report is the same for any thread count,
-//   and its mismatches are the first kMaxMismatches in element order.
-//   4. Global budget (FlashAttention style), when set: max |got - exp| <= budget_max_abs.
-//   MISTRUSTED when no element is finite and non-zero in the golden (nothing to measure).
-// Top-k positions (compare_topk): see below.
+// indexshare: the judge's derived tolerances, which simd/ mirrors bit for bit (simd/compare.cc):
+// the per-element bounds of the sparse attention's outputs and of the indexer logits, the
+// FlashAttention-style budget and the low-precision emulation behind it. The comparison that uses
+// them (Report, compare_floats, compare_topk) is judge/compare.h.
 #pragma once
 
 #include <cmath>
@@ -35,60 +19,6 @@ namespace indexshare::cmp {
 
 using ref::AttentionOut;
 
-enum class Verdict { pass, fail, mistrusted };
-std::string verdict_name(Verdict v);  // "PASS", "FAIL", "MISTRUSTED"
-// The multi-dimensional index of row-major element `flat` of a tensor of `shape`.
-std::vector<int64_t> unflatten(int64_t flat, const Shape& shape);
-
-struct Mismatch {
-  std::vector<int64_t> index;  // multi-dimensional index into the tensor
-  double expected = 0, got = 0, diff = 0, bound = 0;
-  std::string what;            // for non-numeric mismatches (indices): a sentence
-};
-
-struct Stats {
-  int64_t n = 0;          // elements (or rows, for top-k)
-  int64_t n_checked = 0;  // finite golden elements compared numerically (rows: non-empty rows)
-  int64_t n_fail = 0;     // failing elements or rows
-  double max_abs = 0, max_rel = 0, metric = 0, mean_signed = 0;
-  double max_ratio = 0;   // max |got - exp| / bound over elements (how close to the bound)
-  double recall_mean = 1, recall_min = 1;  // top-k only
-};
-
-// A flagged structure test (ref/structure.h), as the report carries it.
-struct StructureNote {
-  std::string stat, kind, label;  // "scale" / "offset" / "sm"; "head"; "head 3"
-  double b = 0, se = 0, t = 0, t_crit = 0, floor = 0;
-  int64_t clusters = 0;
-};
-
-struct Report {
-  std::string tensor;
-  Verdict verdict = Verdict::pass;
-  std::vector<std::string> reasons;    // why FAIL / MISTRUSTED, or notes
-  Stats stats;
-  std::vector<Mismatch> mismatches;    // the first kMaxMismatches
-  // Structure tests (ref/structure.h), when they ran: how many, the closest any came to flagging
-  // (>= 1: flagged), the flagged ones and one sentence per diagnosed systematic error.
-  int64_t structure_tests = 0;
-  double structure_max_ratio = 0;
-  double structure_max_b_over_floor = 0;  // the largest systematic estimate over its floor
-  std::vector<StructureNote> structure_flagged;
-  std::vector<std::string> findings;
-  // The precision test (tools/lib/precision.h), when it ran: the candidate's RMS error relative to
-  // the golden's RMS over the sample, and what the contract's arithmetic gives there.
-  bool precision_ran = false;
-  double precision_rms = 0, precision_contract = 0;
-  std::string stats_line() const;      // "[COMPARE_STATS] max_abs=... max_rel=... metric=..."
-};
-constexpr size_t kMaxMismatches = 10;
-
-// Root mean square of the finite elements, in double (0 when there are none).
-double rms_finite(const Tensor<float>& x);
-
-// DeepGEMM's metric over the pairs where both values are finite, in double.
-double calc_diff(const float* x, const float* y, int64_t n);
-
 struct FloatRule {
   std::vector<float> bound;        // per element, >= 0 (size = numel); empty: exact (bound 0); f32 rounded up
   double metric_max = -1;          // calc_diff threshold; < 0: reported only
@@ -101,14 +31,9 @@ struct FloatRule {
   std::string derivation;          // one sentence, printed with a failure
 };
 
-Report compare_floats(const std::string& tensor, const Tensor<float>& expected,
-                      const Tensor<float>& got, const FloatRule& rule);
-// Exact comparison of integer tensors (shapes and every element).
-Report compare_exact(const std::string& tensor, const Tensor<int32_t>& expected, const Tensor<int32_t>& got);
-
 // ---- Derived bounds --------------------------------------------------------------------------
 // A float that is neither inf nor NaN, as a comparison the compiler vectorizes (the comparison
-// passes' masks, ref/compare.cc and ref/structure.cc).
+// passes' masks, judge/compare.cc and judge/structure.cc).
 inline bool finite_f32(float v) { return std::fabs(v) <= std::numeric_limits<float>::max(); }
 
 // Every bound is derived in double and stored as the f32 at or above it (bound_f32: round to
@@ -163,7 +88,7 @@ AttentionBounds attention_bounds(const Tensor<bf16_t>& q, const Tensor<bf16_t>& 
                                  const Tensor<int32_t>& indices, float sm_scale, int64_t d_v,
                                  const Tensor<int32_t>* topk_length, const AttentionOut& exact);
 // attention_bounds, and in the same pass over the exact logits the softmax-scale direction the
-// structure tests regress on (ref/structure.h, "sm"): the derivative of the exact attention with
+// structure tests regress on (judge/structure.h, "sm"): the derivative of the exact attention with
 // respect to ln(sm_scale). With logits s_i = sm_scale q.k_i, m = max s_i, z_i = s_i - m,
 // w_i = exp(z_i) / l (l = sum exp(z_j)), zbar = sum w_i z_i (i ascending, double) and the sink
 // factor f = 1 / (1 + exp(sink_h - lse)) (1 without a sink):
@@ -217,7 +142,7 @@ double attention_budget(const BudgetParts& parts);
 //   row), and every stride-th row (t % stride == 0, stride = ceil(rows / kBudgetStrideRows)).
 // Why those rows: the emulation's error is its own output rounding plus P's bf16 rounding, both
 // relative to the row's magnitudes, so the maximum sits in the rows holding the largest outputs
-// (measured: tools/lib/README.md "The budget on a row subset"); the stride rows cover the rest of the
+// (measured: judge/README.md "The budget on a row subset"); the stride rows cover the rest of the
 // sequence. The subset's maximum can only be smaller than the whole tensor's, so the emulation term
 // is floored at ref_round, the output rounding's maximum over EVERY row (the emulation rounds its
 // output to bf16 too): the budget never drops below 6 half-ulps of the largest outputs, which is
@@ -268,105 +193,5 @@ std::string budget_rows_text(int64_t emulated, int64_t total);
 constexpr double kLogitSigmas = 4.0;
 FloatRule indexer_logits_rule(const Tensor<e4m3_t>& q, const Tensor<e4m3_t>& k, const Tensor<float>& k_scale,
                               const Tensor<float>& weights, const Tensor<float>& exact_logits);
-
-// ---- A transformers model's own attention (python -m indexshare.dump) ---------------------------
-// HF's eager/sdpa MLA is dense and non-absorbed: for head h it expands the normalised latent c_i
-// [r] (kv[i, 0, :r], bf16) into k_nope = bf16(c_i W_uk[h]^T) and V_i = bf16(c_i W_uv[h]^T), attends
-// with the top-k mask, and hands o_proj the per-head context out[t, h, :v] in the model dtype. The
-// golden's attn.out is the absorbed latent output o[t, h, :] = sum_i p_i c_i [r], so the expected
-// model output is its image under W_uv (map_latent_output):
-//   expected[t, h, j] = sum_r W_uv[h, j, r] o[t, h, r]      (double, r ascending, rounded to f32 once)
-// which equals sum_i p_i (c_i W_uv[h]^T)_j exactly by linearity. The model differs from it by its
-// rounding; model_attention_bounds derives a per-element bound for that rounding, worst case,
-// with no multiple. For query row t, head h, the valid keys i of the row (the indices used; S the
-// key count of the dense reduction, masked keys adding exact zeros), u = 2^-8 (bf16; round to
-// nearest gives half, the factor 2 covers truncating hardware), e = 2^-24 (f32), c_i = kv[i, 0, :r]:
-//   x_i exact logit sm q[t,h].kv[i] (the golden's inputs), p_i = softmax(x)_i,
-//   k_in = (c_i W_uk[h]^T)_n and V_ij = (c_i W_uv[h]^T)_j exact (double), with their magnitudes
-//   Km_in = sum_r |W_uk[h,n,r] c_i,r|, M_ij = sum_r |W_uv[h,j,r] c_i,r|, and per key
-//   A1 = sum_r |q_abs,r c_i,r|, A2 = sum_n |q_nope,n k_in|, A3 = sum_n |q_nope,n| Km_in,
-//   A4 = sum_{rope} |q k| (each the magnitude of one part of the logit):
-// 1. logit error |x_model,i - x_i| <= delta_i:
-//      delta_i = sm [ (1 + u) u A1            the golden's q_abs = bf16(q_nope W_uk)
-//                   + u A2                    the model's k_nope rounded to bf16
-//                   + (n + r) e A3            their f32 sums (over n = nope in q_abs, r in kv_b_proj)
-//                   + (d_qk + 2) e (1 + u)(A3 + A4) ]   the model's f32 dot over d_qk
-//              + (2u + u^2) |x_i|   logits_rounded (eager): q.k rounded to bf16, then q.k * scaling again
-//              + 4 e |x_i|          otherwise (sdpa): logits in f32 (torch's sdpa kernels compute q.k in
-//                                   f32; its math path, which CPU takes when v_head_dim != qk_head_dim,
-//                                   upcasts bf16 to f32 unless torch.backends.cuda.
-//                                   allow_fp16_bf16_reduction_math_sdp(True), which the dump records and
-//                                   which then counts as logits_rounded)
-// 2. probabilities: with Lb = ln sum_i p_i e^delta_i (>= |ln of the perturbed normaliser|, by
-//    Jensen) and a_i = delta_i + Lb, |p'_i - p_i| <= p_i (e^a_i - 1) <= the model's p'_i <= p_i e^a_i.
-// 3. with vr_ij = u |V_ij| + (1 + u) r e M_ij (the model's V = bf16 of an f32 sum over r) and
-//    W_j = sum_i p_i e^a_i (|V_ij| + vr_ij) (bounds sum_i p'_i |V_model,ij|):
-//    bound[t,h,j] = sum_i p_i (e^a_i - 1) |V_ij|          the logit error moving every p_i
-//                 + sum_i p_i e^a_i vr_ij                 V rounded
-//                 + (u + (S + 8) e) W_j                   P cast to bf16 after an f32 softmax over S
-//                                                         keys (eager), or exps rounded to bf16 with
-//                                                         f32 rescaling (sdpa's flash kernel)
-//                 + (S + 2) e (1 + 2u)(1 + u) W_j         P.V accumulated in f32 over S keys
-//    then bound += u (|expected| + bound)                 the output rounded to bf16
-//         bound += 2 e sum_r |W_uv[h,j,r]| |o_r| + e |expected|   the golden's latent in f32, and
-//                                                         expected rounded to f32
-// Cost O(s_kv h r (n + v) + s_q h topk (d_qk + n + v)), the order of the attention itself.
-// Measured on the tests' tiny GLM and DeepSeek-V3.2 models with peaked logits (rms ~2): max
-// |err| / bound 0.10-0.13 (sdpa), 0.11-0.13 (eager), 0.09-0.10 (DeepSeek-V3.2, sdpa). Systematic
-// errors far below the bound are the structure tests' (floor kFloorOut).
-// Shapes: q bf16 [s_q, h, r + R], kv bf16 [s_kv, 1, r + R], indices [s_q, 1, topk] (kv rows),
-// q_nope bf16 [s_q, h, n], w_uk bf16 [h, n, r], w_uv bf16 [h, v, r], latent [s_q, h, r] (the
-// golden's out), expected [s_q, h, v] (map_latent_output). Throws Error on mismatched shapes.
-constexpr double kModelUnit = 0x1p-8;
-Tensor<float> map_latent_output(const Tensor<float>& latent, const Tensor<bf16_t>& w_uv);
-std::vector<float> model_attention_bounds(const Tensor<bf16_t>& q, const Tensor<bf16_t>& kv, const Tensor<int32_t>& indices,
-                                           float sm_scale, const Tensor<bf16_t>& q_nope, const Tensor<bf16_t>& w_uk,
-                                           const Tensor<bf16_t>& w_uv, const Tensor<float>& latent,
-                                           const Tensor<float>& expected, bool logits_rounded);
-
-// ---- Top-k positions -------------------------------------------------------------------------
-// compare_topk judges a candidate's [s_q, topk] positions (sequence-local, -1 padded) against
-// the golden exact logits [s_q, s_kv] with row windows [ks, ke). Per row, with len = ke - ks and
-// k_eff = min(topk, len):
-//   structure  every slot is -1 or in [0, len); no duplicate positions; exactly k_eff valid
-//              slots; with trailing_padding, the -1 slots are exactly the last topk - k_eff.
-//   selection  the multiset of golden scores at the candidate's positions equals the multiset
-//              of golden scores at the golden selection (exact equality of sorted values): a
-//              tie permutation passes, a dropped winner fails. When the candidate's own logits
-//              are given, a swap of golden positions b (missed) for a (taken) is also legitimate
-//              when golden(b) - golden(a) <= |cand(a) - golden(a)| + |cand(b) - golden(b)| and
-//              both deviations are within the logits bound (a near-tie the candidate's own
-//              rounding explains), and, with contract_tie, the gap is one the contract's
-//              arithmetic explains (else the row fails as "top-k from low-precision scores").
-//   recall     |A ∩ B| / k_eff with B the golden selection and A the distinct in-window positions
-//              of the row (reported, mean and min, both over every row: a malformed row's recall
-//              counts the positions it does hold in its window).
-// Slot order never matters. MISTRUSTED when every row has len <= topk (nothing is selected).
-struct TopkOptions {
-  bool trailing_padding = true;
-  const Tensor<float>* candidate_logits = nullptr;
-  const FloatRule* logits_rule = nullptr;  // bounds for the near-tie margin
-  // The candidate as written when it holds kv rows ([s_q, topk]; the caller converts them to the
-  // sequence-local `candidate`, rows outside [ks, ke) to any value outside [0, len) other than -1):
-  // the messages then name the kv row the candidate wrote and the row's window [ks, ke).
-  const Tensor<int32_t>* kv_rows = nullptr;
-  // The contract's arithmetic (tools/lib/precision.h), when >= 0: a near tie is accepted only when
-  // the golden scores' gap is also within contract_tie * (bound(a) + bound(b)) (logits_rule's
-  // bounds), i.e. within what the contract's arithmetic moves a score. A wider swap fails, however
-  // the candidate's own logits moved: its scores were computed at a lower precision.
-  double contract_tie = -1;
-};
-Report compare_topk(const std::string& tensor, const Tensor<float>& golden_logits,
-                    const Tensor<int32_t>& ks, const Tensor<int32_t>& ke,
-                    const Tensor<int32_t>& golden_topk, const Tensor<int32_t>& candidate,
-                    const TopkOptions& opt = {});
-// The same report with the golden's logits on demand: a row whose positions are the golden's reads
-// no score, so `golden_logits` is called (once) only when some well-formed row's positions differ
-// from the golden's. The caller that has to compute the logits (a set stored without them) pays for
-// them only then.
-Report compare_topk(const std::string& tensor, const std::function<const Tensor<float>&()>& golden_logits,
-                    const Tensor<int32_t>& ks, const Tensor<int32_t>& ke,
-                    const Tensor<int32_t>& golden_topk, const Tensor<int32_t>& candidate,
-                    const TopkOptions& opt = {});
 
 }  // namespace indexshare::cmp

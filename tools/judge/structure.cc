@@ -1,4 +1,4 @@
-#include "ref/structure.h"
+#include "tools/judge/structure.h"
 
 #include <algorithm>
 #include <array>
@@ -583,7 +583,7 @@ Report compare_structured(const std::string& tensor, const Tensor<float>& expect
   if (st.flagged) {
     r.verdict = Verdict::fail;
     r.reasons.push_back(std::to_string(r.structure_flagged.size()) + " structure test(s) flagged a systematic error (" +
-                        std::to_string(st.m) + " run; ref/structure.h)");
+                        std::to_string(st.m) + " run; judge/structure.h)");
   }
   if (out) *out = std::move(st);
   return r;

@@ -1,5 +1,5 @@
 // indexshare: the judge's second layer, statistical structure tests (part of the comparison
-// module, namespace cmp, beside ref/compare.h).
+// module, namespace cmp, beside judge/compare.h).
 //
 // The per-element bounds of compare.h are worst cases: sound, but wide exactly where a kernel bug
 // hides, in errors that are small per element and *systematic*. A correct low-precision kernel's
@@ -44,7 +44,7 @@
 #include <string>
 #include <vector>
 
-#include "ref/compare.h"
+#include "tools/judge/compare.h"
 
 namespace indexshare::cmp {
 
@@ -124,7 +124,7 @@ struct StructureReport {
 
 // Runs every test on golden x and candidate y (both rows * heads * cols floats, row-major).
 // Non-finite pairs are left out (compare_floats judges them). The sweeps run in parallel over fixed
-// blocks of rows, summed in the fixed order documented in ref/structure.cc: the report is the same
+// blocks of rows, summed in the fixed order documented in judge/structure.cc: the report is the same
 // for any thread count.
 StructureReport structure_tests(const StructureSpec& spec, const float* x, const float* y);
 

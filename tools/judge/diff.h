@@ -22,7 +22,7 @@
 //      [s_q, h_q, v_head_dim], with attn.w_uk / attn.w_uv / attn.q_nope beside it): the golden's
 //      latent out mapped through W_uv, within cmp::model_attention_bounds (HF's eager/sdpa bf16
 //      rounding), plus the structure tests;
-//   4c. the precision test of every judged float tensor (tools/lib/precision.h): an error the size of
+//   4c. the precision test of every judged float tensor (judge/precision.h): an error the size of
 //      a coarser arithmetic than the contract's (bf16 logits, P.V accumulated in bf16, ...) fails
 //      and is named, however far inside its bounds;
 //   5. when something fails, tests named hypotheses and reports the ones that explain it.
@@ -35,10 +35,10 @@
 #include <string>
 #include <vector>
 
-#include "ref/compare.h"
+#include "tools/judge/compare.h"
 #include "ref/kernels.h"
 #include "tools/lib/golden.h"
-#include "tools/lib/precision.h"
+#include "tools/judge/precision.h"
 #include "tools/lib/safetensors.h"
 #include "tools/lib/svg.h"
 
@@ -79,7 +79,7 @@ inline constexpr uint64_t kGoldenKeepBytes = uint64_t{1} << 20;
 // bits faster on large sets). picture false leaves out what only Result::svg draws, the |err| /
 // bound of attn.out per (row, head) (one more pass over the layer's largest tensors; the verdicts,
 // text and JSON are the same): `diff` without --svg.
-// contract: the arithmetic the precision test holds float tensors to (tools/lib/precision.h).
+// contract: the arithmetic the precision test holds float tensors to (judge/precision.h).
 Result judge(const golden::Loaded& golden, const io::SafetensorsFile& candidate, const std::set<int>& layers,
              const ref::Kernels& k = {}, bool picture = true, const prec::Contract& contract = {});
 

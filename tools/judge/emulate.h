@@ -2,7 +2,7 @@
 //
 // Each member computes what a correct GPU kernel computes, at the kernel's precision and in one
 // of the orders real kernels use, so its error against the exact golden is legitimate rounding
-// noise. The structure tests (ref/structure.h) and the anchors must pass every member on every
+// noise. The structure tests (judge/structure.h) and the anchors must pass every member on every
 // problem (indexshare calibrate measures it over hundreds of runs); fault injection on top of a
 // member measures what the judge detects.
 //
@@ -50,7 +50,7 @@ struct AttentionVariant {
   bool truncate_acc = false;  // PV accumulation truncates toward zero
   bool out_bf16 = true;       // output rounded to bf16
   // Lower-precision arithmetic (not in the correct family: the precision classes and the faults
-  // the judge must name, tools/lib/precision.h):
+  // the judge must name, judge/precision.h):
   bool logits_bf16 = false;   // each q.k logit rounded to bf16 before the softmax
   bool products_bf16 = false; // each q_d k_d product rounded to bf16 before the f32 sum
   bool acc_bf16 = false;      // P.V accumulated in bf16 (every partial sum rounded to bf16)

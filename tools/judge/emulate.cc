@@ -1,4 +1,4 @@
-#include "tools/lib/emulate.h"
+#include "tools/judge/emulate.h"
 
 #include <algorithm>
 #include <cmath>

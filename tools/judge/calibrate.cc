@@ -1,4 +1,4 @@
-#include "tools/lib/calibrate.h"
+#include "tools/judge/calibrate.h"
 
 #include <algorithm>
 #include <array>
@@ -11,9 +11,9 @@
 #include "ref/numerics.h"
 #include "ref/problem.h"
 #include "ref/rng.h"
-#include "ref/structure.h"
-#include "tools/lib/diff.h"
-#include "tools/lib/emulate.h"
+#include "tools/judge/structure.h"
+#include "tools/judge/diff.h"
+#include "tools/judge/emulate.h"
 #include "tools/lib/golden.h"
 
 namespace indexshare::calib {
