@@ -21,6 +21,7 @@ struct CalibrateArgs {
   int runs = 200, first = 0;
   int64_t seed = 1;
   std::string power, json;
+  bool catalogue = false;
   int layer = 0;
   int64_t max_work = calib::kDefaultWork;
   std::vector<std::string> given;  // the options on the command line
@@ -36,6 +37,28 @@ int cmd_calibrate(const CalibrateArgs& a) {
   nlohmann::json j;
   int rc = 0;
   // Options of the other mode are refused, never silently ignored.
+  if (a.catalogue) {
+    reject_given(a.given, {"--runs", "--first", "--seed", "--max-work", "--power", "--layer"}, "--catalogue",
+                 "the catalogue plants its bugs into its own golden set");
+    std::printf("diagnosis accuracy: planted kernel bugs on %s, each named right when the first diagnosis names it\n",
+                calib::kCatalogueProblem);
+    std::printf("%-50s %-6s %s\n", "bug", "named", "first diagnosis");
+    int right = 0, n = 0;
+    nlohmann::json rows = nlohmann::json::array();
+    for (const calib::CatalogueRow& r : calib::catalogue(simd::kernels(), tmp, [](const calib::CatalogueRow& r) {
+           std::printf("%-50s %-6s %s\n", r.bug.c_str(), r.named_first ? "yes" : r.named ? "later" : "NO", r.first.c_str());
+           std::fflush(stdout);
+         })) {
+      right += r.named_first;
+      ++n;
+      rows.push_back({{"bug", r.bug}, {"expect", r.expect}, {"first_diagnosis", r.first}, {"failed", r.failed},
+                      {"named_first", r.named_first}, {"named", r.named}});
+    }
+    std::printf("named right first: %d of %d\n", right, n);
+    j = {{"problem", calib::kCatalogueProblem}, {"named_first", right}, {"bugs", n}, {"catalogue", rows}};
+    if (!a.json.empty()) io::write_text_file(a.json, j.dump(2) + "\n");
+    return 0;
+  }
   if (a.power.empty()) reject_given(a.given, {"--layer"}, "--power", "it picks the layer the faults go into");
   else reject_given(a.given, {"--runs", "--first", "--seed", "--max-work"}, "calibration runs (without --power)",
                     "--power measures faults on the given golden set");
@@ -94,6 +117,7 @@ Action register_calibrate(CLI::App& app) {
       ->capture_default_str()->check(CLI::Range(int64_t(1), int64_t(1) << 30));
   c->add_option("--power", a->power, "Measure the smallest systematic faults the judge catches on this golden set");
   c->add_option("--layer", a->layer, "With --power: the layer to inject faults into")->capture_default_str();
+  c->add_flag("--catalogue", a->catalogue, "Measure the diagnosis accuracy on a catalogue of planted kernel bugs");
   c->add_option("--json", a->json, "Also write the results as JSON");
   return [c, a]() {
     if (!*c) return -1;

@@ -72,4 +72,19 @@ struct PowerRow {
 // injected into layer `layer` on top of the naive correct emulation.
 std::vector<PowerRow> power(const std::string& dir, int layer, const ref::Kernels& k, const std::string& tmp);
 
+// Diagnosis accuracy: a catalogue of planted kernel bugs (attention, indexer, top-k and the stack:
+// scales over groups and row patterns, offsets, the softmax scale, LSE units and the sink, one key
+// missing per row, truncation, coarser arithmetic, the causal bound, Shared layers' positions), each
+// planted into a correct emulation's outputs on one golden set (kCatalogueProblem) and judged; a bug
+// is named right when the report's first diagnosis names it.
+constexpr const char* kCatalogueProblem =
+    "sq256 skv768 hq8 dqk576 dv512 ih32 id128 k128 seed11 nseq2 sink=random nl4 sched=FSFS";
+struct CatalogueRow {
+  std::string bug, expect;  // expect: what the first diagnosis must say
+  std::string first;        // the report's first diagnosis
+  bool failed = false, named_first = false, named = false;  // named: any diagnosis names it
+};
+std::vector<CatalogueRow> catalogue(const ref::Kernels& k, const std::string& tmp,
+                                    const std::function<void(const CatalogueRow&)>& progress = {});
+
 }  // namespace indexshare::calib

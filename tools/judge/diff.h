@@ -91,6 +91,17 @@ Result judge(const golden::Loaded& golden, const io::SafetensorsIndex& candidate
              const std::set<int>& layers, const ref::Kernels& k = {}, bool picture = true,
              const prec::Contract& contract = {});
 
+// The registry of named hypotheses: every cause the judge tests a failure against (walk.cc and
+// hypotheses.cc), the tensor it explains, and the planted bug of the diagnosis catalogue
+// (judge/calibrate.h) that proves it names that bug first. The report's "no named hypothesis
+// explains the failure" line lists them; a test checks each against the catalogue. An empty
+// `planted`: the bug needs a set of its own kind (short rows, a decode set, a module-level set), and
+// the fault suite (tests/test_diff.cc) plants it there.
+struct Hypothesis {
+  std::string name, tensor, planted;
+};
+const std::vector<Hypothesis>& hypotheses();
+
 // "0,3-5" -> {0, 3, 4, 5}; throws Error naming the bad text.
 std::set<int> parse_layers(const std::string& text);
 

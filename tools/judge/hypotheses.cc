@@ -3,7 +3,57 @@
 
 namespace indexshare::diff {
 
+const std::vector<Hypothesis>& hypotheses() {
+  static const std::vector<Hypothesis> h = {
+      {"a systematic scale or offset over the tensor, a head, a column lane, a row tile, a run of rows, every other row or a sequence (structure tests)",
+       "attn.out, attn.lse, attn.max_logits, indexer.logits", "attn.out 0.4% low on every other row"},
+      {"a wrong softmax scale", "attn.out, attn.lse", "softmax scale 1% off"},
+      {"an arithmetic coarser than the contract's (bf16 logits, bf16 products, bf16 P.V accumulation; precision test)",
+       "attn.out, attn.lse, attn.max_logits, indexer.logits", "P.V accumulated in bf16"},
+      {"LSE in base 2", "attn.lse", "attn.lse in base 2"},
+      {"max_logits in base 2", "attn.max_logits", "attn.max_logits in base 2"},
+      {"the sink inside the LSE", "attn.lse", "attn.lse includes the sink"},
+      {"the sink left out", "attn.out", "attn.out without the sink"},
+      {"one key missing per row (the last or the first)", "attn.out, attn.lse", "each row's last key dropped"},
+      {"output rounded to bf16 toward zero", "attn.out", "attn.out truncated to bf16"},
+      {"a causal bound off by one", "indexer.topk, attn.indices", "causal bound one key too long"},
+      {"a Shared layer that recomputes its own top-k", "attn.indices, attn.out", "Shared layer recomputes its top-k"},
+      {"another Full layer's positions (the schedule off)", "attn.indices, attn.out", "Shared layer takes another Full layer's positions"},
+      {"top-k from scores of a lower precision than the contract's", "indexer.topk", "top-k from bf16 scores"},
+      {"raw torch.topk output (no -1 padding in short rows)", "indexer.topk, attn.indices", ""},
+      {"physical (paged) slots where logical rows were expected, and the reverse", "attn.indices", ""},
+      {"the indexer's RoPE layout swapped (module-level sets and model dumps)", "indexer.logits, indexer.topk", ""},
+  };
+  return h;
+}
+
 namespace detail {
+
+// The window ends one key later (delta +1) or earlier (-1): a causal bound off by one. A row whose end
+// cannot move (the last key of the set, an empty window) keeps it; nothing when no row moves.
+std::optional<Tensor<int32_t>> shifted_ends(const Tensor<int32_t>& ks, const Tensor<int32_t>& ke, int delta, int64_t s_kv) {
+  Tensor<int32_t> out = ke;
+  bool moved = false;
+  for (int64_t t = 0; t < ke.numel(); ++t) {
+    const int64_t e = int64_t(ke[t]) + delta;
+    if (e >= ks[t] && e <= s_kv) { out[t] = int32_t(e); moved = true; }
+  }
+  return moved ? std::optional<Tensor<int32_t>>(std::move(out)) : std::nullopt;
+}
+
+// Does the alternative `alt` (with its bound) explain the candidate `got`: within the bound, and at
+// least twice as close as the golden `gold` (an alternative the correct output also fits explains
+// nothing: a small sink, or a scaled output inside every bound, fits both)?
+bool explains(const Tensor<float>& alt, const std::vector<float>& bound, const Tensor<float>& got, const Tensor<float>& gold) {
+  if (!passes(cmp::compare_floats("", alt, got, bound_rule(bound)))) return false;
+  double to_alt = 0, to_gold = 0;
+  for (int64_t i = 0; i < got.numel(); ++i) {
+    if (!std::isfinite(got[i]) || !std::isfinite(alt[i]) || !std::isfinite(gold[i])) continue;
+    to_alt += (double(got[i]) - alt[i]) * (double(got[i]) - alt[i]);
+    to_gold += (double(got[i]) - gold[i]) * (double(got[i]) - gold[i]);
+  }
+  return to_alt <= 0.25 * to_gold;
+}
 
 std::optional<SwappedRope> swapped_rope(const golden::Loaded& g, int l, const Tensor<int32_t>& ks, const Tensor<int32_t>& ke,
                                         const ref::Kernels& k) {
@@ -127,10 +177,9 @@ void Judge::topk_hypotheses(const LayerData& d, const std::string& P, const Tens
                               " instead of the model's)");
   rope_dump_hypothesis(d, P, ct, "indexer.topk");
   for (int delta : {+1, -1}) {
-    Tensor<int32_t> ke2 = d.ke;
-    bool ok = true;
-    for (int64_t t = 0; t < s_q_; ++t) { ke2[t] += delta; ok = ok && ke2[t] >= d.ks[t] && ke2[t] <= s_kv_; }
-    if (!ok) continue;
+    const std::optional<Tensor<int32_t>> shifted = shifted_ends(d.ks, d.ke, delta, s_kv_);
+    if (!shifted) continue;
+    const Tensor<int32_t>& ke2 = *shifted;
     Tensor<float> l2 = d.logits;  // logits of the widened window: the golden has them only inside
     const std::string p = name(l, "");
     if (g_.find(p + "indexer.q") && g_.get(p + "indexer.q").dtype == io::DType::F8_E4M3)
@@ -167,10 +216,9 @@ void Judge::indices_hypotheses(const LayerData& d, const std::string& P, const T
   if (!src.has_indexer) return;
   const std::string s = name(d.source, "");
   for (int delta : {+1, -1}) {
-    Tensor<int32_t> ke2 = src.ke;
-    bool ok = true;
-    for (int64_t t = 0; t < s_q_; ++t) { ke2[t] += delta; ok = ok && ke2[t] >= src.ks[t] && ke2[t] <= s_kv_; }
-    if (!ok || !g_.find(s + "indexer.q") || g_.get(s + "indexer.q").dtype != io::DType::F8_E4M3) continue;
+    const std::optional<Tensor<int32_t>> shifted = shifted_ends(src.ks, src.ke, delta, s_kv_);
+    if (!shifted || !g_.find(s + "indexer.q") || g_.get(s + "indexer.q").dtype != io::DType::F8_E4M3) continue;
+    const Tensor<int32_t>& ke2 = *shifted;
     const Tensor<float> l2 = k_.logits_fp8(g_.tensor<e4m3_t>(s + "indexer.q"), g_.tensor<e4m3_t>(s + "indexer.k"),
                                            g_.tensor<float>(s + "indexer.k_scale"), g_.tensor<float>(s + "indexer.weights"), src.ks, ke2);
     if (cs == row_sets(ref::local_to_kv_rows(k_.topk(l2, src.ks, ke2, topk_), src.ks), s_kv_))
@@ -188,21 +236,77 @@ void Judge::out_hypotheses(AttnCtx& a, const Tensor<float>& co) {
     const LayerData& o = layer(j);
     if (!o.full) continue;
     const Expected x = expected_attention(g_, d, o.indices, sm_, d_v_, k_);
-    if (passes(cmp::compare_floats("", x.attn.out, co, bound_rule(x.bounds.out))))
+    if (explains(x.attn.out, x.bounds.out, co, a.e.attn.out))
       res.diagnoses.push_back(a.P + ": attn.out is the attention over Full layer " + std::to_string(j) + "'s positions instead of layer " +
                               std::to_string(d.source) + "'s");
   }
   if (!d.full && d.has_indexer) {
     const Expected x = expected_attention(g_, d, ref::local_to_kv_rows(d.topk, d.ks), sm_, d_v_, k_);
-    if (passes(cmp::compare_floats("", x.attn.out, co, bound_rule(x.bounds.out))))
+    if (explains(x.attn.out, x.bounds.out, co, a.e.attn.out))
       res.diagnoses.push_back(a.P + ": attn.out is the attention over the layer's own fresh top-k (a Shared layer that recomputes)");
   }
   if (d.sink) {
     Expected x;
     x.attn = k_.sparse_attention(d.q, d.kv, a.use, sm_, d_v_, tl, nullptr);
     x.bounds = k_.attention_bounds(d.q, d.kv, a.use, sm_, d_v_, tl, x.attn);
-    if (passes(cmp::compare_floats("", x.attn.out, co, bound_rule(x.bounds.out))))
+    if (explains(x.attn.out, x.bounds.out, co, a.e.attn.out))
       res.diagnoses.push_back(a.P + ": attn.out ignores the attention sink");
+  }
+  key_dropped_hypothesis(a, "attn.out", co);
+  rounding_hypothesis(a, co);
+}
+
+void Judge::key_dropped_hypothesis(AttnCtx& a, const std::string& tensor, const Tensor<float>& got) {
+  const LayerData& d = a.d;
+  with_q(d.l);
+  const int64_t k = a.use.dim(2);
+  for (const bool last : {true, false}) {
+    Tensor<int32_t> fewer = a.use;
+    bool any = false;
+    for (int64_t t = 0; t < s_q_; ++t) {
+      const int64_t len = d.topk_length.numel() ? std::clamp<int64_t>(d.topk_length[t], 0, k) : k;
+      int64_t pick = -1;
+      for (int64_t j = 0; j < len; ++j)
+        if (const int32_t i = fewer[t * k + j]; i >= 0 && i < s_kv_ && (last || pick < 0)) pick = j;
+      if (pick >= 0) { fewer[t * k + pick] = -1; any = true; }
+    }
+    if (!any) return;
+    const Expected x = expected_attention(g_, d, fewer, sm_, d_v_, k_);
+    const bool out = tensor == "attn.out";
+    if (explains(out ? x.attn.out : x.attn.lse, out ? x.bounds.out : x.bounds.lse, got, out ? a.e.attn.out : a.e.attn.lse)) {
+      res.diagnoses.push_back(a.P + ": " + tensor + " is the attention without each row's " + (last ? "last" : "first") +
+                              " key (one key missing per row: a loop bound over the top-k slots off by one)");
+      return;
+    }
+  }
+}
+
+void Judge::rounding_hypothesis(AttnCtx& a, const Tensor<float>& co) {
+  // A kernel that rounds its output to bf16 toward zero errs by half a bf16 ulp toward zero on
+  // average: err ~ -0.5 sign(x) ulp(x), which depends on where x sits in its binade, where a scale
+  // error is err ~ b x. The least-squares fit of err on both directions tells them apart (P's own
+  // bf16 rounding is noise in both); the candidate's values must also lie on the bf16 grid.
+  const Tensor<float>& x = a.e.attn.out;
+  int64_t n = 0, on_grid = 0;
+  double sxx = 0, sxu = 0, suu = 0, sxe = 0, sue = 0;
+  for (int64_t i = 0; i < x.numel(); ++i) {
+    if (!std::isfinite(x[i]) || !std::isfinite(co[i]) || x[i] == 0) continue;
+    uint32_t bits;
+    std::memcpy(&bits, &co[i], 4);
+    on_grid += (bits & 0xFFFFu) == 0;
+    int ex = 0;
+    std::frexp(double(x[i]), &ex);
+    const double xv = x[i], u = std::copysign(std::ldexp(1.0, ex - 8), xv), e = double(co[i]) - xv;
+    sxx += xv * xv; sxu += xv * u; suu += u * u; sxe += xv * e; sue += u * e;
+    ++n;
+  }
+  const double det = sxx * suu - sxu * sxu;
+  if (n < 100 || double(on_grid) < 0.99 * double(n) || !(det > 0)) return;
+  const double b_u = (sxx * sue - sxu * sxe) / det;  // the error toward zero, in ulps
+  if (b_u < -0.3) {
+    char buf[120];
+    std::snprintf(buf, sizeof buf, "its error fits %.2f bf16 ulps toward zero beside any scale (to nearest: 0)", -b_u);
+    res.diagnoses.push_back(a.P + ": attn.out is rounded to bf16 toward zero (truncation) instead of to nearest even: " + buf);
   }
 }
 

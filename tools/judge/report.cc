@@ -86,9 +86,9 @@ std::string Result::text(const std::string& replay) const {
     os << "diagnosis:\n";
     for (const std::string& d : diagnoses) os << "  - " << d << "\n";
   } else if (failed()) {
-    os << "diagnosis: no named hypothesis explains the failure (LSE base 2, sink in LSE, causal off by one, "
-          "Shared layer with fresh or another layer's positions, missing sink, and for module-level sets the "
-          "indexer RoPE layout were tested)\n";
+    std::string tested;
+    for (const Hypothesis& h : hypotheses()) tested += (tested.empty() ? "" : "; ") + h.name;
+    os << "diagnosis: no named hypothesis explains the failure (tested: " << tested << ")\n";
   }
   for (const std::string& n : notes) os << "note: " << n << "\n";
   os << "precision contract: " << contract.text() << "\n";

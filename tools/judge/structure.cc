@@ -70,11 +70,13 @@ struct Kind {
   int64_t modulus = 0;   // column residue classes
   int64_t tile = 0;      // row tiles
   bool head = false, seq = false;
+  int64_t rowmod = 0;    // row residue classes (every other row: a kernel whose two row halves of a tile differ)
 };
 
 // The group of a cluster at (row r, head h) for a kind that is constant over clusters.
 int64_t group_of(const Kind& k, const std::vector<int64_t>& row_seq, int64_t r, int64_t h) {
   if (k.tile) return r / k.tile;
+  if (k.rowmod) return r % k.rowmod;
   if (k.head) return h;
   if (k.seq) return row_seq.empty() ? 0 : row_seq[size_t(r)];
   return 0;
@@ -89,7 +91,8 @@ std::string label(const Kind& k, int64_t g, const StructureSpec& s) {
     if (s.row_ids.empty()) std::snprintf(buf, sizeof buf, "rows %lld-%lld (one %lld-row tile)", (long long)a, (long long)b, (long long)k.tile);
     else std::snprintf(buf, sizeof buf, "sampled rows %lld-%lld (problem rows %lld..%lld; one %lld-row tile)", (long long)a, (long long)b,
                        (long long)row_id(a), (long long)row_id(b), (long long)k.tile);
-  } else if (k.head) std::snprintf(buf, sizeof buf, "%s %lld", s.head_word.c_str(), (long long)g);
+  } else if (k.rowmod) std::snprintf(buf, sizeof buf, "rows = %lld mod %lld", (long long)g, (long long)k.rowmod);
+  else if (k.head) std::snprintf(buf, sizeof buf, "%s %lld", s.head_word.c_str(), (long long)g);
   else if (k.seq) std::snprintf(buf, sizeof buf, "sequence %lld", (long long)g);
   else std::snprintf(buf, sizeof buf, "every element");
   return buf;
@@ -218,6 +221,7 @@ StructureReport structure_tests(const StructureSpec& s, const float* x, const fl
       if (m <= C / 2) kinds.push_back({"mod" + std::to_string(m), m, m});
   for (int64_t t : {64, 128})
     if (R > t) kinds.push_back({"rows" + std::to_string(t), (R + t - 1) / t, 0, t});
+  if (R >= 4) kinds.push_back({"rowmod2", 2, 0, 0, false, false, 2});
   int64_t n_seq = 1;
   for (int64_t q : s.row_seq) n_seq = std::max(n_seq, q + 1);
   if (n_seq >= 2) kinds.push_back({"seq", n_seq, 0, 0, false, true});
@@ -477,6 +481,13 @@ void finish(StructureReport& rep, const StructureSpec& s, const std::vector<std:
       const Cand& c = cands[0];
       std::string where;
       for (size_t i = 0; i < c.f.size(); ++i) where += (i ? ", " : "") + c.f[i]->label;
+      // Several row tiles in one run: the rows they span ("rows from 256 on" when the run ends the
+      // tensor: a kernel that goes wrong beyond a position).
+      const int64_t tile = c.kind.rfind("rows", 0) == 0 && c.kind != "rowmod2" ? std::stoll(c.kind.substr(4)) : 0;
+      if (tile && c.f.size() >= 2 && c.f.back()->index - c.f.front()->index + 1 == int64_t(c.f.size()) && s.row_ids.empty()) {
+        const int64_t a = c.f.front()->index * tile, b = std::min(s.rows, (c.f.back()->index + 1) * tile) - 1;
+        where = b == s.rows - 1 ? "rows from " + std::to_string(a) + " on" : "rows " + std::to_string(a) + "-" + std::to_string(b);
+      }
       const GroupTest* big = *std::max_element(c.f.begin(), c.f.end(), [](const GroupTest* a, const GroupTest* b) { return std::fabs(a->b) < std::fabs(b->b); });
       rep.findings.push_back(describe(*big, where + (c.n_flag == 1 ? " only" : " only (" + std::to_string(c.n_flag) + " of " + std::to_string(c.n_groups) + ")")));
       confined = true;

@@ -26,8 +26,11 @@
 //
 // Groups (each tested separately): the whole tensor; each head; each column residue class mod 8,
 // 16, 32, 64 and 128 (vector lanes, MMA tiles; only moduli <= cols / 2); each tile of 64 and of 128
-// rows (CTA tiles; only when there are at least two tiles); each sequence (when there are at least
-// two). Kinds with a single group repeat the whole-tensor test and are skipped.
+// rows (CTA tiles; only when there are at least two tiles; a finding over a run of tiles names the
+// rows it spans, "rows from 256 on"); the even and the odd rows (a row pattern: two rows of an MMA
+// fragment handled differently); each sequence (when there are at least two). Kinds with a single
+// group repeat the whole-tensor test and are skipped. A pattern over rows is named by its rows,
+// never as "every element": a group kind whose flagged groups leave the rest clean wins.
 //
 // Flagged: a test is flagged when the systematic error is significantly LARGER THAN THE FLOOR,
 // the largest a correct kernel can have (kFloor* below):

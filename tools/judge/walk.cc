@@ -64,6 +64,10 @@ void Judge::judge_layer(int l) {
   release_freed_memory();  // the logits and the indices' row sets, before the attention's buffers
   if (has(l, "attn.model_out")) judge_model_out(d, P, used, panel);
   if (has(l, "attn.out") || has(l, "attn.lse") || has(l, "attn.max_logits")) judge_attention(d, P, used, panel);
+  // Causes first (the hypotheses and arithmetic classes that explain a failure), then the symptoms
+  // (the structure tests' findings): the first diagnosis of a layer names the bug when one does.
+  res.diagnoses.insert(res.diagnoses.end(), symptoms_.begin(), symptoms_.end());
+  symptoms_.clear();
   finish_panel(res, std::move(panel), P, diagnoses0, tensors0);
   // Memory: the layer's attention tensors are not read again (later layers read only another
   // layer's indices, windows, logits and top-k).
@@ -132,7 +136,7 @@ Tensor<float> Judge::judge_logits(const LayerData& d, const std::string& P) {
   spec.floor = cmp::kFloorLogits;
   cmp::StructureReport st;
   const cmp::Verdict lv = add(l, "indexer.logits", cmp::compare_structured("", d.logits, cand_logits, strict, spec, &st));
-  for (const std::string& f : st.findings) res.diagnoses.push_back(P + ": " + f);
+  for (const std::string& f : st.findings) symptoms_.push_back(P + ": " + f);
   pool(pools_, "indexer.logits", d.full, st, roles_, l);
   if (d.index_q8.numel()) {  // FP8 sets: the classes are emulated on the set's own FP8 inputs
     auto elems = prec::sample_logits(d.ks, d.ke, s_kv_);
@@ -175,6 +179,10 @@ void Judge::judge_topk(const LayerData& d, const std::string& P, const Tensor<fl
   // in the logits' sample), when the logits were judged on an FP8 set.
   if (const auto it = tie_scale_.find(l); it != tie_scale_.end() && cand_logits.numel()) o.contract_tie = 2 * it->second;
   const cmp::Verdict v = add(l, "indexer.topk", cmp::compare_topk("", logits_of(l), d.ks, d.ke, d.topk, ct, o));
+  for (const std::string& why : res.tensors.back().report.reasons)
+    if (why.find("top-k from low-precision scores") != std::string::npos)
+      res.diagnoses.push_back(P + ": indexer.topk is the top-k of scores computed at a lower precision than the contract's (" +
+                              contract_.logits + "): its near ties are wider than that arithmetic moves a score");
   panel.recall = rows_against(ct, d.topk, s_kv_).recall;
   panel.recall_of = "indexer.topk";
   // Unsorted output is never a failure, only a remark. A row that is the golden's slot for slot is
@@ -332,7 +340,7 @@ cmp::Verdict Judge::structured(AttnCtx& a, const std::string& tensor, const Tens
   spec.row_ids = ids_;
   cmp::StructureReport st;
   const cmp::Verdict v = add(a.d.l, tensor, cmp::compare_structured("", expected, got, rule, spec, &st), a.note);
-  for (const std::string& f : st.findings) res.diagnoses.push_back(a.P + ": " + f);
+  for (const std::string& f : st.findings) symptoms_.push_back(a.P + ": " + f);
   pool(pools_, tensor, a.d.full, st, roles_, a.d.l);
   return v;
 }
@@ -377,6 +385,7 @@ void Judge::judge_lse(AttnCtx& a) {
   for (float& v : conv.data) v = float(double(v) * std::log(2.0));
   if (passes(cmp::compare_floats("", a.e.attn.lse, conv, bound_rule(a.e.bounds.lse))))
     res.diagnoses.push_back(a.P + ": attn.lse is in base 2 (log2-sum-exp2 units): it matches the golden once multiplied by ln 2");
+  key_dropped_hypothesis(a, "attn.lse", cl);
   if (d.sink) {
     Tensor<float> with = a.e.attn.lse;
     for (int64_t i = 0; i < with.numel(); ++i) {
@@ -427,7 +436,9 @@ void Judge::precision(const std::string& P, const std::string& tensor, const std
   r.reasons.push_back("precision: the error is " + std::string(ratio) + "x what the contract's arithmetic (" + f.contract_class +
                       ") gives; more than " + std::to_string(int64_t(prec::kPrecisionRatio)) + "x fails" +
                       (f.named.empty() ? ": " + f.sentence : ""));
-  if (!f.named.empty()) res.diagnoses.push_back(P + ": " + f.sentence);
+  // A class is named only for an error without structure: a systematic error (a scale, an offset)
+  // is large too, but its size says nothing of the arithmetic, and the structure tests name it.
+  if (!f.named.empty() && r.structure_flagged.empty()) res.diagnoses.push_back(P + ": " + f.sentence);
 }
 
 void Judge::judge_model_out(const LayerData& d, const std::string& P, const UsedIndices& used, io::DiffPanel& panel) {

@@ -16,6 +16,7 @@
 #include <cmath>
 #include <limits>
 #include <cstdio>
+#include <cstring>
 #include <sstream>
 #include <utility>
 #if defined(__GLIBC__)
@@ -336,6 +337,11 @@ class Judge {
   void judge_lse(AttnCtx& a);
   void judge_model_out(const LayerData& d, const std::string& P, const UsedIndices& used, io::DiffPanel& panel);
   void judge_max_logits(AttnCtx& a);
+  // attn.out or attn.lse (`tensor`, the candidate's `got`) against the attention over the indices
+  // used less one key per row (each row's last valid slot, then its first): a loop bound off by one.
+  void key_dropped_hypothesis(AttnCtx& a, const std::string& tensor, const Tensor<float>& got);
+  // attn.out rounded to bf16 toward zero (truncation) instead of to nearest.
+  void rounding_hypothesis(AttnCtx& a, const Tensor<float>& co);
   // The precision test of the tensor just added (res.tensors.back()): a failure fails it and
   // becomes a diagnosis.
   void precision(const std::string& P, const std::string& tensor, const std::vector<double>& golden, const std::vector<double>& cand,
@@ -348,6 +354,8 @@ class Judge {
   const std::string path_;
   const bool picture_;  // the panels' |err| / bound per (row, head), which only Result::svg draws
   const prec::Contract contract_;  // the arithmetic the precision test holds the candidate to
+  // The layer's structure findings (symptoms), reported after its causes (judge_layer).
+  std::vector<std::string> symptoms_;
   // Per layer, how far the contract's arithmetic moved a logit in units of its bound
   // (prec::max_scaled_deviation): compare_topk's contract_tie is twice it. -1: not measured.
   std::map<int, double> tie_scale_;

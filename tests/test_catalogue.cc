@@ -1,0 +1,45 @@
+// Diagnosis accuracy: every planted bug of the catalogue (tools/judge/calibrate.h) fails and is
+// named by its own hypothesis first, and every hypothesis of the registry (tools/judge/diff.h) has
+// its planted bug there.
+#include <doctest/doctest.h>
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <set>
+#include <string>
+
+#include "simd/simd.h"
+#include "tools/judge/calibrate.h"
+#include "tools/judge/diff.h"
+
+using namespace indexshare;
+
+TEST_CASE("catalogue: every planted kernel bug fails and its first diagnosis names it") {
+  const std::string tmp = (std::filesystem::temp_directory_path() / ("indexshare-catalogue-" + std::to_string(::getpid()))).string();
+  const std::vector<calib::CatalogueRow> rows = calib::catalogue(simd::kernels(), tmp);
+  std::filesystem::remove_all(tmp);
+  CHECK(rows.size() >= 25);
+  std::set<std::string> bugs;
+  for (const calib::CatalogueRow& r : rows) {
+    CAPTURE(r.bug);
+    CAPTURE(r.first);
+    CHECK(r.failed);
+    CHECK(r.named_first);
+    bugs.insert(r.bug);
+  }
+  // The registry's hypotheses each have their planted bug in the catalogue (or in the fault suite).
+  for (const diff::Hypothesis& h : diff::hypotheses()) {
+    CAPTURE(h.name);
+    if (!h.planted.empty()) CHECK(bugs.count(h.planted) == 1);
+  }
+}
+
+TEST_CASE("catalogue: a report with no named cause lists the registry's hypotheses") {
+  diff::Result r;
+  r.tensors.push_back({0, "attn.out", {}, ""});
+  r.tensors.back().report.verdict = cmp::Verdict::fail;
+  const std::string text = r.text("x");
+  CHECK(text.find("no named hypothesis explains the failure (tested: ") != std::string::npos);
+  for (const diff::Hypothesis& h : diff::hypotheses()) CHECK(text.find(h.name) != std::string::npos);
+}
