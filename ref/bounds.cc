@@ -15,7 +15,6 @@ namespace indexshare::cmp {
 namespace {
 constexpr double kBf16U = 0x1p-8;   // bf16 unit roundoff
 constexpr double kF32E = 0x1p-24;   // f32 unit roundoff
-constexpr double kFp8AccU = 0x1p-14;  // Hopper FP8 tensor-core accumulation, ~14 bits
 }  // namespace
 
 // ---- Attention ---------------------------------------------------------------------------------
@@ -344,6 +343,7 @@ double attention_budget(const Tensor<float>& exact_out, const Tensor<float>& emu
 FloatRule indexer_logits_rule(const Tensor<e4m3_t>& q, const Tensor<e4m3_t>& k, const Tensor<float>& k_scale,
                               const Tensor<float>& weights, const Tensor<float>& exact_logits) {
   const int64_t s_q = q.dim(0), H = q.dim(1), D = q.dim(2), s_kv = k.dim(0);
+  const double C = logits_bound_coefficient(D, H);  // ref/bounds.h: the worst case, with its margin
   FloatRule rule;
   rule.bound.assign(size_t(s_q * s_kv), 0.0f);
   double sum_b2 = 0, sum_r2 = 0;
@@ -362,7 +362,7 @@ FloatRule indexer_logits_rule(const Tensor<e4m3_t>& q, const Tensor<e4m3_t>& k, 
       // M[t,s] / k_scale[s] = sum_d Qt[d] |k[s,d]|, d ascending.
       double mag = 0;
       for (int64_t d = 0; d < D; ++d) mag += qt[size_t(d)] * kd[size_t(s * D + d)];
-      const double b = bound_f32(kLogitSigmas * std::sqrt(double(D) + double(H) + 2) * kFp8AccU * double(k_scale[s]) * mag);
+      const double b = bound_f32(C * double(k_scale[s]) * mag);
       rule.bound[size_t(t * s_kv + s)] = float(b);
       sum_b2 += b * b;
       sum_r2 += 2 * r * r;
@@ -370,7 +370,7 @@ FloatRule indexer_logits_rule(const Tensor<e4m3_t>& q, const Tensor<e4m3_t>& k, 
   }
   // calc_diff ~ |x - y|^2 / (|x|^2 + |y|^2): every element off by its full bound.
   rule.metric_max = sum_r2 > 0 ? sum_b2 / sum_r2 : 0;
-  rule.derivation = "bound = 4 sqrt(D + H + 2) 2^-14 k_scale sum_h |w| sum_d |q k|: a 14-bit FP8 accumulator";
+  rule.derivation = kLogitsDerivation;
   return rule;
 }
 

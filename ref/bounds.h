@@ -178,19 +178,31 @@ std::string budget_rows_text(int64_t emulated, int64_t total);
 // Indexer logits from an FP8 kernel: FP8 products are exact, but Hopper's FP8 tensor cores keep
 // about 14 bits while accumulating (DeepSeek-V3 report), and the head sum order is unspecified.
 // With M[t,s] = k_scale[s] * sum_h |w[t,h]| * sum_d |q[t,h,d] k[s,d]| (the magnitude every partial
-// sum is bounded by), each of the D + H + 2 rounding steps (D accumulations, H head terms, two
-// scalings) errs by at most 2^-14 M; treating them as independent, they add in quadrature:
-//   bound[t,s] = kLogitSigmas * sqrt(D + H + 2) * 2^-14 * M[t,s],   kLogitSigmas = 4
-// (4 standard deviations; the worst case (D + H + 2) 2^-14 M would let 10% errors through). The
-// metric threshold is the calc_diff reached if every element were off by its full bound.
+// sum is bounded by), a worst case, sound for any order of the heads and of the D sum:
+//   the tensor core's accumulator, ceil(D / 32) MMA steps of 32 products each, keeps 14 bits and
+//   truncates after each step: at most one 14-bit ulp, 2^-13 of the partial sum, per step and head
+//   (a head's partial sums are at most its sum_d |q k|); an f32 accumulation of the D products in
+//   any order instead errs by at most (D - 1) 2^-24 (smaller for D <= 2^11);
+//   the head sum in f32, any order: H - 1 additions, and the weight product, the ReLU'd dot's f32
+//   rounding and the k_scale product: at most H + 2 roundings of 2^-24 of M;
+//   bound[t,s] = kLogitMargin * (ceil(D / 32) 2^-13 + (H + 2) 2^-24) * M[t,s],  kLogitMargin = 2
+// (the margin covers an accumulator that keeps 13 bits, not 14: "about 14 bits"). At D 128, H 64
+// that is 9.8e-4 M, 3.5x tighter than the earlier 4-sigma model (4 sqrt(D + H + 2) 2^-14 = 3.4e-3 M).
+// The metric threshold is the calc_diff reached if every element were off by its full bound.
 // Evaluation order (fixed, so simd/ gives the same bits): M is the same real number as
 //   M[t,s] = k_scale[s] * sum_d |k[s,d]| * Qt[t,d],   Qt[t,d] = sum_h |w[t,h]| |q[t,h,d]|
 // (nonnegative terms: the sums exchange), computed in double as Qt (h ascending; each product of
 // an f32 and an e4m3 value is exact in double), then sum_d Qt[t,d] |k[s,d]| (d ascending, a multiply
-// then an add), then the left-to-right product kLogitSigmas * sqrt(D + H + 2) * 2^-14 * k_scale * that:
+// then an add), then the left-to-right product logits_bound_coefficient(D, H) * k_scale * that:
 // O(s_q (H + s_kv) D) instead of O(s_q s_kv H D). The double roundings (relative 1e-16 per step)
-// are negligible next to the 2^-14 being bounded.
-constexpr double kLogitSigmas = 4.0;
+// are negligible next to the 2^-13 being bounded.
+constexpr double kLogitMargin = 2.0;
+constexpr const char* kLogitsDerivation =
+    "bound = 2 (ceil(D / 32) 2^-13 + (H + 2) 2^-24) k_scale sum_h |w| sum_d |q k|: a 14-bit truncating FP8 accumulator and an "
+    "f32 head sum, worst case, twice";
+inline double logits_bound_coefficient(int64_t D, int64_t H) {
+  return kLogitMargin * (double((D + 31) / 32) * 0x1p-13 + (double(H) + 2) * 0x1p-24);
+}
 FloatRule indexer_logits_rule(const Tensor<e4m3_t>& q, const Tensor<e4m3_t>& k, const Tensor<float>& k_scale,
                               const Tensor<float>& weights, const Tensor<float>& exact_logits);
 

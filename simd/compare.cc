@@ -740,7 +740,7 @@ void LogitsBoundChunk(const uint8_t* q8, const double* kt, int64_t sp, const flo
   auto qt = hwy::AllocateAligned<double>(size_t(Dp));
   std::vector<double> qa(static_cast<size_t>(Dp));
   auto mag = hwy::AllocateAligned<double>(size_t(sp));
-  const double C = cmp::kLogitSigmas * std::sqrt(double(D) + double(H) + 2) * 0x1p-14;
+  const double C = cmp::logits_bound_coefficient(D, H);
   for (int64_t t = t0; t < t1; ++t) {
     // Qt[d] = sum_h |w_h| |q_hd|, h ascending, lanes over d: the product of an f32 and an e4m3
     // value is exact in double, so ref's multiply-then-add is one fused multiply-add.
@@ -760,7 +760,7 @@ void LogitsBoundChunk(const uint8_t* q8, const double* kt, int64_t sp, const flo
       LogitMagTile<kMagVecs>(qt.get(), D, kt + s0 / kMagTile * D * kMagTile + s0 % kMagTile, kMagTile, mag.get() + s0);
     for (int64_t s = 0; s < s_kv; ++s) {
       const double r = exact[t * s_kv + s];
-      // ref: kLogitSigmas * sqrt(D + H + 2) * 2^-14 * k_scale * mag, left to right.
+      // ref: logits_bound_coefficient(D, H) * k_scale * mag, left to right.
       bound[t * s_kv + s] = std::isfinite(r) ? cmp::bound_f32(C * double(k_scale[s]) * mag[size_t(s)]) : 0.0f;
     }
   }
@@ -953,7 +953,7 @@ cmp::FloatRule indexer_logits_rule(const Tensor<e4m3_t>& q, const Tensor<e4m3_t>
     sum_r2 += 2 * r * r;
   }
   rule.metric_max = sum_r2 > 0 ? sum_b2 / sum_r2 : 0;
-  rule.derivation = "bound = 4 sqrt(D + H + 2) 2^-14 k_scale sum_h |w| sum_d |q k|: a 14-bit FP8 accumulator";
+  rule.derivation = cmp::kLogitsDerivation;
   return rule;
 }
 
