@@ -34,6 +34,7 @@
 #include "ref/topk.h"
 #include "simd/simd.h"
 #include "tools/lib/impl.h"
+#include "tools/lib/options.h"
 #include "tools/lib/svg.h"
 
 using namespace indexshare;
@@ -1212,7 +1213,7 @@ TEST_CASE("simd: the generator's fills equal ref's bit for bit on every target (
   CHECK(a.index_weights.data == b.index_weights.data);
 }
 
-TEST_CASE("impl: one value for the path: its name and its kernel table") {
+TEST_CASE("impl: one value for the path: its name, its kernel table and --impl's rules") {
   CHECK(impl_name(Impl::ref) == "ref");
   CHECK(impl_name(Impl::simd) == "simd");
   for (const Impl i : {Impl::ref, Impl::simd}) CHECK(impl_named(impl_name(i)) == i);
@@ -1229,4 +1230,13 @@ TEST_CASE("impl: one value for the path: its name and its kernel table") {
   const ref::AttentionOut b = s.dense_attention(in.q, in.kv, p.sm_scale(), p.d_v, in.ks, in.ke, in.sink ? &*in.sink : nullptr);
   CHECK(std::memcmp(a.out.ptr(), b.out.ptr(), size_t(a.out.numel()) * sizeof(float)) == 0);
   CHECK(std::memcmp(a.lse.ptr(), b.lse.ptr(), size_t(a.lse.numel()) * sizeof(float)) == 0);
+  // --impl: "ref" and "simd" as given, "auto" by the work; anything else refused.
+  CHECK(choose_impl("ref", true) == Impl::ref);
+  CHECK(choose_impl("simd", false) == Impl::simd);
+  CHECK(choose_impl("auto", false) == Impl::ref);
+  CHECK(choose_impl("auto", true) == Impl::simd);
+  CHECK_THROWS_WITH_AS(choose_impl("Simd", false), "--impl: expected ref, simd or auto, got 'Simd'", Error);
+  CHECK(resolve_impl("auto", parse_problem("sq16 skv96")) == Impl::ref);
+  CHECK(resolve_impl("auto", parse_problem("sq4096 skv4096 ih64 id128")) == Impl::simd);
+  CHECK(resolve_impl("auto", parse_problem("sq4096 skv4096 ih64 id128"), 1) == Impl::ref);
 }

@@ -97,7 +97,7 @@ std::vector<Run> calibrate(int first, int runs, uint64_t seed, const ref::Kernel
     const Problem p = parse_problem(r.problem);
     const std::string dir = tmp + "/golden";
     r.kind = run_is_decode(i) ? "decode" : "stack";  // decode: the reference runs on the FP8-dequantized latent
-    golden::write(dir, golden::build(p, r.kind, true, "indexshare calibrate", true), true);
+    golden::write(dir, golden::build(p, r.kind, true, "indexshare calibrate", Impl::simd), true);
     const golden::Loaded g = golden::read(dir);
     const emul::AttentionVariant av = fam[size_t(i) % fam.size()];
     const emul::LogitsVariant lv = lfam[size_t(i / 2) % lfam.size()];
