@@ -33,6 +33,8 @@ struct Kernels {
       ref::topk;
   AttentionOut (*sparse_attention)(const Tensor<bf16_t>&, const Tensor<bf16_t>&, const Tensor<int32_t>&, float,
                                    int64_t, const Tensor<int32_t>*, const Tensor<float>*) = ref::sparse_attention;
+  AttentionOut (*dense_attention)(const Tensor<bf16_t>&, const Tensor<bf16_t>&, float, int64_t, const Tensor<int32_t>&,
+                                  const Tensor<int32_t>&, const Tensor<float>*) = ref::dense_attention;
   // Optional fused, streaming FP8 indexer + top-k (the result of topk(logits_fp8(...))) that
   // run_stack uses when the logits are not kept; null: the logits are materialised.
   Tensor<int32_t> (*fused_topk_fp8)(const Tensor<e4m3_t>&, const Tensor<e4m3_t>&, const Tensor<float>&,

@@ -149,7 +149,8 @@ Tensor<float> head_linear(const Tensor<float>& x, const ref::HeadWeights& w);
 ref::IndexerModuleOut indexer_module(const ModelConfig& cfg, const ref::IndexerWeights& w, const Tensor<float>& x,
                                      const Tensor<float>& qr, int64_t start_pos, ref::IndexerVariant v);
 // The kernel table (ref/kernels.h) of this path: linear, head_linear, logits, top-k, the fused
-// streaming indexer + top-k, sparse attention.
+// streaming indexer + top-k, sparse and dense attention, the oracle's computations, the generator's
+// fills and the FP8 quantization.
 ref::Kernels kernels();
 
 // ---- stack (simd/stack.cc) -------------------------------------------------------------------

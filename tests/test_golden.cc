@@ -171,7 +171,7 @@ TEST_CASE("golden: --impl simd writes ref's budgets and tensors (edge rows, sink
       CAPTURE(problem);
       CAPTURE(logits);
       const golden::GoldenSet r = golden::build(parse_problem(problem), kind, logits, "r");
-      const golden::GoldenSet s = golden::build(parse_problem(problem), kind, logits, "r", true);
+      const golden::GoldenSet s = golden::build(parse_problem(problem), kind, logits, "r", Impl::simd);
       CHECK(r.manifest["budgets"].dump() == s.manifest["budgets"].dump());
       REQUIRE(r.tensors.size() == s.tensors.size());
       for (size_t i = 0; i < r.tensors.size(); ++i) CHECK(r.tensors[i].bytes == s.tensors[i].bytes);

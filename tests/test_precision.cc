@@ -33,7 +33,7 @@ struct Set {
   int64_t d_v = 0;
   explicit Set(const std::string& problem) {
     dir = (std::filesystem::temp_directory_path() / ("indexshare-precision-" + std::to_string(::getpid()))).string();
-    golden::write(dir, golden::build(parse_problem(problem), "stack", true, "test", true), true);
+    golden::write(dir, golden::build(parse_problem(problem), "stack", true, "test", Impl::simd), true);
     g = golden::read(dir);
     sm = g.manifest["config"]["sm_scale"].get<float>();
     d_v = g.manifest["config"]["d_v"];

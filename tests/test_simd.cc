@@ -33,6 +33,8 @@
 #include "ref/rng.h"
 #include "ref/topk.h"
 #include "simd/simd.h"
+#include "tools/lib/impl.h"
+#include "tools/lib/options.h"
 #include "tools/lib/svg.h"
 
 using namespace indexshare;
@@ -1209,4 +1211,32 @@ TEST_CASE("simd: the generator's fills equal ref's bit for bit on every target (
   CHECK(a.index_q8.data == b.index_q8.data);
   CHECK(a.index_k8.data == b.index_k8.data);
   CHECK(a.index_weights.data == b.index_weights.data);
+}
+
+TEST_CASE("impl: one value for the path: its name, its kernel table and --impl's rules") {
+  CHECK(impl_name(Impl::ref) == "ref");
+  CHECK(impl_name(Impl::simd) == "simd");
+  for (const Impl i : {Impl::ref, Impl::simd}) CHECK(impl_named(impl_name(i)) == i);
+  for (const char* other : {"auto", "SIMD", "ref,simd", ""}) CHECK_FALSE(impl_named(other).has_value());
+  const ref::Kernels r = kernels_for(Impl::ref), s = kernels_for(Impl::simd);
+  CHECK((r.linear == &ref::linear && r.logits_fp8 == &ref::indexer_logits_fp8 && r.fused_topk_fp8 == nullptr &&
+         r.dense_attention == &ref::dense_attention));
+  CHECK((s.linear == &simd::linear && s.logits_fp8 == &simd::indexer_logits_fp8 && s.fused_topk_fp8 != nullptr &&
+         s.quantize_rows == &simd::quantize_rows));
+  // The table's dense attention (the Python binding's) is simd's, with ref's bits.
+  const Problem p = parse_problem("sq24 skv80 hq3 dqk64 dv32 ih2 id16 k8 seed9 sink=random");
+  const ref::LayerInputs in = ref::make_layer_inputs(p, 0, true);
+  const ref::AttentionOut a = r.dense_attention(in.q, in.kv, p.sm_scale(), p.d_v, in.ks, in.ke, in.sink ? &*in.sink : nullptr);
+  const ref::AttentionOut b = s.dense_attention(in.q, in.kv, p.sm_scale(), p.d_v, in.ks, in.ke, in.sink ? &*in.sink : nullptr);
+  CHECK(std::memcmp(a.out.ptr(), b.out.ptr(), size_t(a.out.numel()) * sizeof(float)) == 0);
+  CHECK(std::memcmp(a.lse.ptr(), b.lse.ptr(), size_t(a.lse.numel()) * sizeof(float)) == 0);
+  // --impl: "ref" and "simd" as given, "auto" by the work; anything else refused.
+  CHECK(choose_impl("ref", true) == Impl::ref);
+  CHECK(choose_impl("simd", false) == Impl::simd);
+  CHECK(choose_impl("auto", false) == Impl::ref);
+  CHECK(choose_impl("auto", true) == Impl::simd);
+  CHECK_THROWS_WITH_AS(choose_impl("Simd", false), "--impl: expected ref, simd or auto, got 'Simd'", Error);
+  CHECK(resolve_impl("auto", parse_problem("sq16 skv96")) == Impl::ref);
+  CHECK(resolve_impl("auto", parse_problem("sq4096 skv4096 ih64 id128")) == Impl::simd);
+  CHECK(resolve_impl("auto", parse_problem("sq4096 skv4096 ih64 id128"), 1) == Impl::ref);
 }

@@ -98,7 +98,7 @@ struct Fixture {
   Fixture() {
     dir = tmp_dir("golden");
     const Problem p = parse_problem("sq128 skv512 hq16 dqk576 dv512 ih32 id128 k128 seed11 nseq2 sink=random");
-    golden::write(dir, golden::build(p, "stack", true, "test", true), true);
+    golden::write(dir, golden::build(p, "stack", true, "test", Impl::simd), true);
     g = golden::read(dir);
     sm = g.manifest["config"]["sm_scale"].get<float>();
     h_q = g.manifest["config"]["h_q"];

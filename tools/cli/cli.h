@@ -34,7 +34,7 @@ Action register_explain(CLI::App& app);
 
 #include "ref/config.h"
 #include "ref/problem.h"
-#include "tools/lib/options.h"  // resolve_impl, choose_impl, resolve_model_impl, parse_rows
+#include "tools/lib/options.h"  // resolve_impl, choose_impl, resolve_model_impl, parse_rows, Impl
 #include "tools/lib/run_report.h"  // run's per-layer line (run, bench)
 
 namespace indexshare::cli {
@@ -64,7 +64,7 @@ bool was_given(const std::vector<std::string>& given, const std::string& name);
 void reject_given(const std::vector<std::string>& given, std::initializer_list<const char*> names,
                   const std::string& applies_to, const std::string& why);
 // --target where the computation resolved to ref (it would be read by nothing).
-void reject_target_on_ref(const std::vector<std::string>& given, const std::string& impl);
+void reject_target_on_ref(const std::vector<std::string>& given, Impl impl);
 // --layers, --seq and --seed overrides, when given: layers in [1, 10^6], seq in [1, 2^31 - 1],
 // seed >= 0 (a negative seed was taken as "not given").
 void check_overrides(const std::vector<std::string>& given, int64_t layers, int64_t seq, int64_t seed);
@@ -72,8 +72,8 @@ void check_overrides(const std::vector<std::string>& given, int64_t layers, int6
 // saturates 99999999999999999999 to 2^63 - 1 without a word); a text value must not be empty
 // (--json "" meant "no JSON", --problem "" the default problem).
 void strict_values(CLI::App& app);
-// `streams` for the kernels of a resolved --impl ("ref" or "simd").
-bool impl_streams(const std::string& impl, const Problem& p);
+// `streams` for the kernels of a resolved --impl.
+bool impl_streams(Impl impl, const Problem& p);
 // The start of check_memory's remedies for a command with --impl (and --no-logits when
 // `offers_no_logits`): "--no-logits, " where logits are kept, with " with --impl simd (the indexer
 // then streams)" or on its own "--impl simd (streams the indexer), " where the FP8 indexer does

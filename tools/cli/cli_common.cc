@@ -72,8 +72,8 @@ void reject_given(const std::vector<std::string>& given, std::initializer_list<c
     require(!was_given(given, n), std::string(n) + " applies to " + applies_to + " only (" + why + ")");
 }
 
-void reject_target_on_ref(const std::vector<std::string>& given, const std::string& impl) {
-  if (impl == "ref") reject_given(given, {"--target"}, "the simd path", "this computation runs on ref; add --impl simd");
+void reject_target_on_ref(const std::vector<std::string>& given, Impl impl) {
+  if (impl == Impl::ref) reject_given(given, {"--target"}, "the simd path", "this computation runs on ref; add --impl simd");
 }
 
 void check_overrides(const std::vector<std::string>& given, int64_t layers, int64_t seq, int64_t seed) {
@@ -104,8 +104,8 @@ void strict_values(CLI::App& app) {
     }
 }
 
-bool impl_streams(const std::string& impl, const Problem& p) {
-  return ref::layer_topk_streams(p, impl == "simd" ? simd::kernels() : ref::Kernels{});
+bool impl_streams(Impl impl, const Problem& p) {
+  return ref::layer_topk_streams(p, kernels_for(impl));
 }
 
 uint64_t estimate_stack_bytes(const Problem& p, bool keep_logits, bool streams, int64_t n_rows, bool golden) {

@@ -99,6 +99,7 @@
 #include <fstream>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -251,14 +252,15 @@ json stage_json(const StageResult& r) {
   return j;
 }
 
-std::vector<std::string> parse_impls(const std::string& text) {
-  std::vector<std::string> out;
+std::vector<Impl> parse_impls(const std::string& text) {
+  std::vector<Impl> out;
   std::stringstream ss(text);
   std::string tok;
   while (std::getline(ss, tok, ',')) {
-    require(tok == "ref" || tok == "simd", "--impl: expected a comma-separated list of ref and simd, got '" + text + "'");
-    require(std::find(out.begin(), out.end(), tok) == out.end(), "--impl: '" + tok + "' given twice");
-    out.push_back(tok);
+    const std::optional<Impl> impl = impl_named(tok);
+    require(impl.has_value(), "--impl: expected a comma-separated list of ref and simd, got '" + text + "'");
+    require(std::find(out.begin(), out.end(), *impl) == out.end(), "--impl: '" + tok + "' given twice");
+    out.push_back(*impl);
   }
   require(!out.empty(), "--impl: expected a comma-separated list of ref and simd, got '" + text + "'");
   return out;
@@ -395,7 +397,7 @@ struct Bench {
   void generate_layer0();
   Tensor<float> logits_ref() const;
   Tensor<float> logits_simd() const;
-  double add(const std::string& stage, const std::string& impl, double flops, double keys,
+  double add(const std::string& stage, Impl impl, double flops, double keys,
              const std::function<void()>& fn, double ref_median, const std::string& note);
   void time_module_projections();
   void time_ref_stages();
@@ -407,7 +409,7 @@ struct Bench {
   void probe_peaks_end();
   void print_summary() const;
   void start_json();
-  const StageResult* find(const std::string& stage, const std::string& impl) const;
+  const StageResult* find(const std::string& stage, Impl impl) const;
   void report_attention_phases();
   void report_stack();
   void report_commands();
@@ -417,9 +419,9 @@ struct Bench {
 
 // Step: parse and check the options; options of parts this run skips are refused.
 void Bench::check_options() {
-  const std::vector<std::string> impls = parse_impls(a.impl);
-  do_ref = std::find(impls.begin(), impls.end(), "ref") != impls.end();
-  do_simd = std::find(impls.begin(), impls.end(), "simd") != impls.end();
+  const std::vector<Impl> impls = parse_impls(a.impl);
+  do_ref = std::find(impls.begin(), impls.end(), Impl::ref) != impls.end();
+  do_simd = std::find(impls.begin(), impls.end(), Impl::simd) != impls.end();
   require(a.repeats >= 1, "--repeats must be >= 1, got " + std::to_string(a.repeats));
   // An upper bound: libgomp fails to create ~40000 threads (exit 1, no message of ours) and
   // crashed at 100000.
@@ -462,7 +464,7 @@ void Bench::check_memory_limits() {
   if (do_stack) {
     Problem both = sp[0];
     both.n_layers = 8;
-    check_memory(both, false, impl_streams("simd", both), max_bytes, "for the stack: use a smaller --stack-seq or --stack-sq, or --stack-seq 0 to skip it");
+    check_memory(both, false, impl_streams(Impl::simd, both), max_bytes, "for the stack: use a smaller --stack-seq or --stack-sq, or --stack-seq 0 to skip it");
   }
 }
 
@@ -531,12 +533,12 @@ Tensor<float> Bench::logits_simd() const {
 }
 
 // Times one stage on one impl (a row of the table); returns its median.
-double Bench::add(const std::string& stage, const std::string& impl, double flops, double keys,
+double Bench::add(const std::string& stage, Impl impl, double flops, double keys,
                   const std::function<void()>& fn, double ref_median, const std::string& note) {
-  progress(stage + " (" + impl + ")");
-  StageResult r{stage, impl, impl == "ref" ? 1 : threads, {}, flops, keys, 0, 0, note};
+  progress(stage + " (" + impl_name(impl) + ")");
+  StageResult r{stage, impl_name(impl), impl == Impl::ref ? 1 : threads, {}, flops, keys, 0, 0, note};
   r.samples = time_runs(fn, a.repeats, a.budget);
-  if (impl == "simd" && ref_median > 0) r.speedup = ref_median / r.med();
+  if (impl == Impl::simd && ref_median > 0) r.speedup = ref_median / r.med();
   rows.push_back(r);
   return r.med();
 }
@@ -563,11 +565,11 @@ void Bench::time_module_projections() {
   } pref, psimd;
   double ref_mod = 0;
   if (do_ref)
-    ref_mod = add("module projections", "ref", f_mod, 0,
+    ref_mod = add("module projections", Impl::ref, f_mod, 0,
                   [&] { pref = {ref::linear(mqr, iw.wq_b), ref::linear(mx, iw.wk), ref::linear(mx, iw.weights_proj)}; },
                   0, note);
   if (do_simd) {
-    add("module projections", "simd", f_mod, 0,
+    add("module projections", Impl::simd, f_mod, 0,
         [&] { psimd = {simd::linear(mqr, iw.wq_b), simd::linear(mx, iw.wk), simd::linear(mx, iw.weights_proj)}; },
         ref_mod, note);
     if (do_ref && !(same_floats(psimd.q, pref.q) && same_floats(psimd.k, pref.k) && same_floats(psimd.w, pref.w)))
@@ -577,9 +579,9 @@ void Bench::time_module_projections() {
 
 // Step: time layer 0's indexer logits, top-k and sparse attention on ref, keeping its outputs.
 void Bench::time_ref_stages() {
-  ref_logits = add(index_name, "ref", f_index, 0, [&] { out_logits = logits_ref(); }, 0, "");
-  ref_topk = add("top-k", "ref", 0, double(window), [&] { out_topk = ref::topk(logits0, in.ks, in.ke, p.index_topk); }, 0, "");
-  ref_attn = add("attention (sparse)", "ref", f_attn, 0,
+  ref_logits = add(index_name, Impl::ref, f_index, 0, [&] { out_logits = logits_ref(); }, 0, "");
+  ref_topk = add("top-k", Impl::ref, 0, double(window), [&] { out_topk = ref::topk(logits0, in.ks, in.ke, p.index_topk); }, 0, "");
+  ref_attn = add("attention (sparse)", Impl::ref, f_attn, 0,
                  [&] { out_attn = ref::sparse_attention(in.q, in.kv, indices, p.sm_scale(), p.d_v, nullptr, sink); }, 0, "");
   ref_logits_out = out_logits;
   ref_topk_out = out_topk;
@@ -588,20 +590,20 @@ void Bench::time_ref_stages() {
 
 // Step: time layer 0's stages on simd (the fused indexer+top-k in FP8 mode), checked against ref's.
 void Bench::time_simd_stages() {
-  add(index_name, "simd", f_index, 0, [&] { out_logits = logits_simd(); }, ref_logits, "");
+  add(index_name, Impl::simd, f_index, 0, [&] { out_logits = logits_simd(); }, ref_logits, "");
   if (do_ref && !same_floats(out_logits, ref_logits_out)) mismatches.push_back("indexer logits");
-  add("top-k", "simd", 0, double(window), [&] { out_topk = simd::topk(logits0, in.ks, in.ke, p.index_topk); }, ref_topk, "");
+  add("top-k", Impl::simd, 0, double(window), [&] { out_topk = simd::topk(logits0, in.ks, in.ke, p.index_topk); }, ref_topk, "");
   if (do_ref && out_topk.data != ref_topk_out.data) mismatches.push_back("top-k");
   if (fp8) {
-    add("fused indexer+top-k", "simd", f_index, double(window),
+    add("fused indexer+top-k", Impl::simd, f_index, double(window),
         [&] { out_topk = simd::indexer_topk_fp8(in.index_q8, in.index_k8, in.index_k_scale, in.index_weights, in.ks,
                                                 in.ke, p.index_topk); },
         do_ref ? ref_logits + ref_topk : 0, do_ref ? "speedup vs ref logits + top-k" : "");
     if (do_ref && out_topk.data != ref_topk_out.data) mismatches.push_back("fused indexer+top-k");
   } else {
-    rows.push_back({"fused indexer+top-k", "simd", threads, {}, 0, 0, 0, 0, "not run: FP8 mode only"});
+    rows.push_back({"fused indexer+top-k", impl_name(Impl::simd), threads, {}, 0, 0, 0, 0, "not run: FP8 mode only"});
   }
-  add("attention (sparse)", "simd", f_attn, 0,
+  add("attention (sparse)", Impl::simd, f_attn, 0,
       [&] { out_attn = simd::sparse_attention(in.q, in.kv, indices, p.sm_scale(), p.d_v, nullptr, sink); }, ref_attn, "");
   if (do_ref && !(same_floats(out_attn.out, ref_attn_out.out) && same_floats(out_attn.lse, ref_attn_out.lse)))
     mismatches.push_back("attention (sparse)");
@@ -717,7 +719,7 @@ void Bench::time_commands() {
   // Each golden writes a new folder, as `golden --out NEW` does: the previous round's set is
   // removed untimed (replacing a set, --force, adds its removal: an unlink of the old file, 82 ms
   // for 85 MB on the EPYC VM's ext4 with discard).
-  cmds.emplace_back("golden", [&] { golden::write(dir, golden::build(p, "stack", true, "bench", true), false); }, [&] {
+  cmds.emplace_back("golden", [&] { golden::write(dir, golden::build(p, "stack", true, "bench", Impl::simd), false); }, [&] {
                     std::error_code ec;
                     std::filesystem::remove_all(dir, ec);
                   }, a);
@@ -808,9 +810,9 @@ void Bench::start_json() {
 }
 
 // The timed row of `stage` on `impl`, or null.
-const StageResult* Bench::find(const std::string& stage, const std::string& impl) const {
+const StageResult* Bench::find(const std::string& stage, Impl impl) const {
   for (const StageResult& r : rows)
-    if (r.stage == stage && r.impl == impl && !r.samples.empty()) return &r;
+    if (r.stage == stage && r.impl == impl_name(impl) && !r.samples.empty()) return &r;
   return nullptr;
 }
 
@@ -829,7 +831,7 @@ void Bench::report_attention_phases() {
   const auto pct = [&](double sec) { return ph.total > 0 ? 100 * sec / ph.total : 0.0; };
   const double rest = ph.total - (ph.qk_tiles + ph.pv_tiles + ph.k_gather + ph.v_gather + ph.q_decode + ph.softmax);
   matrix_share = rate(f_attn, ph.qk_tiles + ph.pv_tiles);
-  if (const StageResult* r = find("attention (sparse)", "simd")) whole_share = r->share();
+  if (const StageResult* r = find("attention (sparse)", Impl::simd)) whole_share = r->share();
   std::printf("\nattention phases (simd, the median of %d profiled call(s), %.4f thread-seconds over %d thread(s)):\n",
               a.repeats, ph.total, threads);
   std::printf("          q.k tiles %.1f%% (%.1f%% of peak), P.V tiles %.1f%% (%.1f%% of peak), kv gather+decode "
@@ -951,7 +953,7 @@ void Bench::report_targets() {
     tj.push_back({{"target", what}, {"value", value}, {"goal", goal}, {"unit", unit}, {"met", met}});
   };
   std::printf("\n");
-  if (const StageResult* r = find("indexer logits", "simd")) {
+  if (const StageResult* r = find("indexer logits", Impl::simd)) {
     target_line("simd indexer logits (FP8): share of FMA peak", 100 * r->share(), 60, "%");
     if (r->speedup > 0) target_line("simd indexer logits (FP8): speedup over ref", r->speedup, 20, "x");
   }

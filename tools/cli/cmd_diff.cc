@@ -13,7 +13,6 @@
 #include "tools/cli/cli.h"
 #include "tools/judge/diff.h"
 #include "tools/lib/phases.h"
-#include "simd/simd.h"
 #include "tools/lib/svg.h"
 
 namespace indexshare::cli {
@@ -25,11 +24,11 @@ struct DiffArgs {
 
 // --impl for the recomputations of diff (the same bits either way): auto takes simd for sets
 // above 64 MiB of tensors.
-bool diff_uses_simd(const DiffArgs& a) {
-  if (a.impl != "auto") return choose_impl(a.impl, false) == "simd";
+Impl diff_impl(const DiffArgs& a) {
+  if (a.impl != "auto") return choose_impl(a.impl, false);
   std::error_code ec;
   const auto bytes = std::filesystem::file_size(a.golden + "/tensors.safetensors", ec);
-  return choose_impl(a.impl, !ec && bytes > (uint64_t{64} << 20)) == "simd";
+  return choose_impl(a.impl, !ec && bytes > (uint64_t{64} << 20));
 }
 
 int cmd_diff(const DiffArgs& a) {
@@ -40,9 +39,8 @@ int cmd_diff(const DiffArgs& a) {
   const golden::Loaded g = golden::read(a.golden, diff::kGoldenKeepBytes, true);
   const io::SafetensorsIndex c = io::read_safetensors_index(a.candidate, diff::kCandidateKeepBytes);
   const prec::Contract contract = prec::parse_contract(a.precision);
-  const bool use_simd = diff_uses_simd(a);
   const diff::Result r = diff::judge(g, c, a.candidate, a.layers.empty() ? std::set<int>{} : diff::parse_layers(a.layers),
-                                     use_simd ? simd::kernels() : ref::Kernels{}, !a.svg.empty(), contract);
+                                     kernels_for(diff_impl(a)), !a.svg.empty(), contract);
   phases::begin("verify (the golden tensors the judge did not read)");
   g.verify_rest();  // before anything is reported: a tampered set is exit 2 whichever tensor it is
   phases::begin("report");

@@ -117,8 +117,8 @@ int cmd_golden(const GoldenArgs& a) {
     spec.seed = a.seed >= 0 ? uint64_t(a.seed) : 1;
     spec.sim = a.sim;
     spec.variant = a.variant;
-    spec.simd = resolve_model_impl(a.impl, model_preset(spec.preset), spec.layers, spec.seq) == "simd";
-    reject_target_on_ref(a.given, spec.simd ? "simd" : "ref");
+    spec.impl = resolve_model_impl(a.impl, model_preset(spec.preset), spec.layers, spec.seq);
+    reject_target_on_ref(a.given, spec.impl);
     ModelConfig cfg = model_preset(spec.preset);
     if (spec.layers > 0) cfg.n_layers = spec.layers;
     if (spec.seq > 0) cfg.seq = spec.seq;
@@ -179,7 +179,7 @@ int cmd_golden(const GoldenArgs& a) {
   const int64_t n_rows = a.rows_given ? int64_t(rows.size()) : p.s_q;
   // Kernel presets compute with simd unless --impl is given: the same bytes as ref (simd/ is
   // bit-identical to ref/), in a second instead of half a minute at h_q 64-128.
-  const std::string impl = resolve_impl(plan.kernel_preset && !was_given(a.given, "--impl") ? "simd" : a.impl, p, n_rows);
+  const Impl impl = plan.kernel_preset && !was_given(a.given, "--impl") ? Impl::simd : resolve_impl(a.impl, p, n_rows);
   reject_target_on_ref(a.given, impl);
   const bool streams = impl_streams(impl, p);
   const uint64_t max_bytes = parse_bytes(a.max_memory);
@@ -191,7 +191,7 @@ int cmd_golden(const GoldenArgs& a) {
   };
   if (!dist_active()) memory_check(n_rows, "");
   const std::string replay = golden::stack_replay(p, kind, kern ? kern->name : "", a.rows_given ? &rows : nullptr,
-                                                 impl == "simd", !a.no_logits, a.max_memory) +
+                                                 impl, !a.no_logits, a.max_memory) +
                              " --out " + a.out;
   if (!dist_active() || dist_rank() == 0)
     std::fprintf(stderr, "golden: computing %s (%lld layers%s)...\n", to_string(p).c_str(), (long long)p.n_layers,
@@ -211,14 +211,14 @@ int cmd_golden(const GoldenArgs& a) {
         a, p, replay, dist::causal_windows(p, list), n_ix,
         [&](const golden::RowPart& part) { memory_check(part.end - part.begin, "more ranks, "); },
         [&](const golden::RowPart& part) {
-          golden::GoldenSet set = golden::build(p, kind, !a.no_logits, replay, impl == "simd", a.rows_given ? &rows : nullptr, &part);
+          golden::GoldenSet set = golden::build(p, kind, !a.no_logits, replay, impl, a.rows_given ? &rows : nullptr, &part);
           kernel_block(set);
           return set;
         },
         t0);
   }
 #endif
-  golden::GoldenSet set = golden::build(p, kind, !a.no_logits, replay, impl == "simd", a.rows_given ? &rows : nullptr);
+  golden::GoldenSet set = golden::build(p, kind, !a.no_logits, replay, impl, a.rows_given ? &rows : nullptr);
   kernel_block(set);
   return publish(std::move(set), a, replay, t0);
 }

@@ -31,7 +31,7 @@ struct Source {  // where the layers come from: exactly one of the three
 // --impl: the kernel table (the same bits either way); auto: simd for stacks whose indexer work
 // exceeds about 2^28 multiply-accumulates (as run).
 ref::Kernels kernels_for(const Source& s, const Problem& p) {
-  return resolve_impl(s.impl, p) == "simd" ? simd::kernels() : ref::Kernels{};
+  return indexshare::kernels_for(resolve_impl(s.impl, p));
 }
 
 // search --problem: the options the search chooses itself are refused, not ignored.

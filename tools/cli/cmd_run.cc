@@ -45,6 +45,11 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
+// The report's impl line: the name, and the Highway target on simd.
+std::string impl_line(Impl impl) {
+  return impl_name(impl) + (impl == Impl::simd ? " (Highway target " + simd::current_target() + ")" : "");
+}
+
 #ifdef INDEXSHARE_MPI
 bool dist_active() { return dist::active(); }
 
@@ -52,7 +57,7 @@ bool dist_active() { return dist::active(); }
 // ranks' per-row recalls and outputs in row order and prints what one process prints, then a
 // line per rank. --max-memory is per rank.
 int run_ranks(const RunArgs& a, const Problem& p, const Schedule& s, const std::vector<int64_t>& rows,
-              const std::string& impl, bool streams, uint64_t max_bytes) {
+              Impl impl, bool streams, uint64_t max_bytes) {
   int n_ix = 0;
   for (int l = 0; l < s.n_layers(); ++l) n_ix += s.is_full(l) || p.own;
   std::vector<int64_t> bounds;
@@ -61,8 +66,8 @@ int run_ranks(const RunArgs& a, const Problem& p, const Schedule& s, const std::
   const int64_t n_rows = int64_t(rows.size()), mine = part.end - part.begin;
   const bool root = dist::rank() == 0;
   if (root) {
-    std::printf("problem   %s\nschedule  %s (%d full of %d)\nimpl      %s%s\n", to_string(p).c_str(), s.pattern().c_str(),
-                s.n_full(), s.n_layers(), impl.c_str(), impl == "simd" ? (" (Highway target " + simd::current_target() + ")").c_str() : "");
+    std::printf("problem   %s\nschedule  %s (%d full of %d)\nimpl      %s\n", to_string(p).c_str(), s.pattern().c_str(),
+                s.n_full(), s.n_layers(), impl_line(impl).c_str());
     if (a.rows_given) std::printf("rows      %lld of %lld query rows: %s\n", (long long)n_rows, (long long)p.s_q, ref::format_rows(rows).c_str());
     std::fflush(stdout);
   }
@@ -80,7 +85,7 @@ int run_ranks(const RunArgs& a, const Problem& p, const Schedule& s, const std::
     t_gen = seconds_since(t0);
     t0 = std::chrono::steady_clock::now();
     phases::begin("compute");
-    out = impl == "simd" ? simd::run_stack(p, s, in, false) : ref::run_stack(p, s, in, false);
+    out = ref::run_stack(p, s, in, false, kernels_for(impl));
     t_run = seconds_since(t0);
     dist::fault_point("compute");
   });
@@ -107,8 +112,8 @@ int run_ranks(const RunArgs& a, const Problem& p, const Schedule& s, const std::
   const std::string ranks = dist::rank_report(bounds, t_gen + t_run);
   const std::string timing = phases::requested() ? dist::timing_report() : "";
   if (!root) return 0;
-  std::printf("time      inputs %.3f s, stack %.3f s (impl %s, rank 0 of %d)\n%s", t_gen, t_run, impl.c_str(), dist::size(), (ranks + timing).c_str());
-  std::printf("__REPRO: indexshare run --impl %s --problem \"%s\"%s\n", impl.c_str(), to_string(p).c_str(),
+  std::printf("time      inputs %.3f s, stack %.3f s (impl %s, rank 0 of %d)\n%s", t_gen, t_run, impl_name(impl).c_str(), dist::size(), (ranks + timing).c_str());
+  std::printf("__REPRO: indexshare run --impl %s --problem \"%s\"%s\n", impl_name(impl).c_str(), to_string(p).c_str(),
               a.rows_given ? (" --rows " + ref::format_rows(rows)).c_str() : "");
   return 0;
 }
@@ -126,7 +131,7 @@ int run_problem(const RunArgs& a) {
   // The full list (s_q entries) is built only once the memory estimate has accepted the problem.
   std::vector<int64_t> rows = a.rows_given ? parse_rows(a.rows, p) : std::vector<int64_t>{};
   const int64_t n_rows = a.rows_given ? int64_t(rows.size()) : p.s_q;
-  const std::string impl = resolve_impl(a.impl, p, n_rows);
+  const Impl impl = resolve_impl(a.impl, p, n_rows);
   reject_target_on_ref(a.given, impl);
   const bool streams = impl_streams(impl, p);
   const uint64_t max_bytes = parse_bytes(a.max_memory);
@@ -140,22 +145,23 @@ int run_problem(const RunArgs& a) {
 #ifdef INDEXSHARE_MPI
   if (dist::active()) return run_ranks(a, p, s, rows, impl, streams, max_bytes);
 #endif
-  std::printf("problem   %s\nschedule  %s (%d full of %d)\nimpl      %s%s\n", to_string(p).c_str(), s.pattern().c_str(),
-              s.n_full(), s.n_layers(), impl.c_str(), impl == "simd" ? (" (Highway target " + simd::current_target() + ")").c_str() : "");
+  std::printf("problem   %s\nschedule  %s (%d full of %d)\nimpl      %s\n", to_string(p).c_str(), s.pattern().c_str(),
+              s.n_full(), s.n_layers(), impl_line(impl).c_str());
   if (a.rows_given) std::printf("rows      %lld of %lld query rows: %s\n", (long long)n_rows, (long long)p.s_q, ref::format_rows(rows).c_str());
   auto t0 = std::chrono::steady_clock::now();
-  const auto in = ref::make_stack_inputs(p, s, rows, impl == "simd" ? simd::kernels() : ref::Kernels{});
+  const ref::Kernels kern = kernels_for(impl);
+  const auto in = ref::make_stack_inputs(p, s, rows, kern);
   const double t_gen = seconds_since(t0);
   t0 = std::chrono::steady_clock::now();
-  const auto out = impl == "simd" ? simd::run_stack(p, s, in, false) : ref::run_stack(p, s, in, false);
+  const auto out = ref::run_stack(p, s, in, false, kern);
   const double t_run = seconds_since(t0);
   int64_t short_rows = 0;
   for (int64_t t = 0; t < n_rows; ++t) short_rows += in[0].ke[t] - in[0].ks[t] <= p.index_topk;
   std::printf("top-k     k=%lld; %lld of %lld rows are shorter than k (dense)\n", (long long)p.index_topk,
               (long long)short_rows, (long long)n_rows);
   for (const auto& o : out) std::fputs(run_report::stack_layer_line(o).c_str(), stdout);
-  std::printf("time      inputs %.3f s, stack %.3f s (impl %s)\n", t_gen, t_run, impl.c_str());
-  std::printf("__REPRO: indexshare run --impl %s --problem \"%s\"%s\n", impl.c_str(), to_string(p).c_str(),
+  std::printf("time      inputs %.3f s, stack %.3f s (impl %s)\n", t_gen, t_run, impl_name(impl).c_str());
+  std::printf("__REPRO: indexshare run --impl %s --problem \"%s\"%s\n", impl_name(impl).c_str(), to_string(p).c_str(),
               a.rows_given ? (" --rows " + ref::format_rows(rows)).c_str() : "");
   return 0;
 }
@@ -178,18 +184,18 @@ int run_model(const RunArgs& a) {
   const double t_gen = seconds_since(t0);
   t0 = std::chrono::steady_clock::now();
   ref::ToyCache cache;
-  const std::string impl = resolve_model_impl(a.impl, cfg, cfg.n_layers, cfg.seq);
+  const Impl impl = resolve_model_impl(a.impl, cfg, cfg.n_layers, cfg.seq);
   reject_target_on_ref(a.given, impl);
   const ref::ToyForward f = ref::forward(m, cache, ref::toy_hidden(cfg, uint64_t(a.seed), 0, cfg.seq),
-                                         impl == "simd" ? simd::kernels() : ref::Kernels{});
+                                         kernels_for(impl));
   const double t_run = seconds_since(t0);
   for (int l = 0; l < s.n_layers(); ++l) {
     const auto& tr = f.layers[size_t(l)];
     std::fputs(run_report::layer_line(l, s.is_full(l), s.source(l), tr.own_topk, tr.used_topk, tr.attn.out).c_str(), stdout);
   }
-  std::printf("time      weights %.3f s, forward %.3f s (impl %s)\n", t_gen, t_run, impl.c_str());
+  std::printf("time      weights %.3f s, forward %.3f s (impl %s)\n", t_gen, t_run, impl_name(impl).c_str());
   std::printf("__REPRO: indexshare run --model %s --impl %s --layers %d --seq %lld --seed %lld --sim %.9g --variant %s%s\n",
-              a.model.c_str(), impl.c_str(), cfg.n_layers, (long long)cfg.seq, (long long)a.seed, double(a.sim), a.variant.c_str(),
+              a.model.c_str(), impl_name(impl).c_str(), cfg.n_layers, (long long)cfg.seq, (long long)a.seed, double(a.sim), a.variant.c_str(),
               a.schedule.empty() ? "" : (" --schedule " + a.schedule).c_str());
   return 0;
 }

@@ -99,7 +99,7 @@ std::vector<Run> calibrate(int first, int runs, uint64_t seed, const ref::Kernel
     const Problem p = parse_problem(r.problem);
     const std::string dir = tmp + "/golden";
     r.kind = run_is_decode(i) ? "decode" : "stack";  // decode: the reference runs on the FP8-dequantized latent
-    golden::write(dir, golden::build(p, r.kind, true, "indexshare calibrate", true), true);
+    golden::write(dir, golden::build(p, r.kind, true, "indexshare calibrate", Impl::simd), true);
     const golden::Loaded g = golden::read(dir);
     const emul::AttentionVariant av = fam[size_t(i) % fam.size()];
     const emul::LogitsVariant lv = lfam[size_t(i / 2) % lfam.size()];
@@ -344,7 +344,7 @@ struct Bug {
 std::vector<CatalogueRow> catalogue(const ref::Kernels& k, const std::string& tmp, const std::function<void(const CatalogueRow&)>& progress) {
   fs::create_directories(tmp);
   const std::string dir = tmp + "/golden";
-  golden::write(dir, golden::build(parse_problem(kCatalogueProblem), "stack", true, "indexshare calibrate --catalogue", true), true);
+  golden::write(dir, golden::build(parse_problem(kCatalogueProblem), "stack", true, "indexshare calibrate --catalogue", Impl::simd), true);
   const golden::Loaded g = golden::read(dir);
   const auto& cfg = g.manifest["config"];
   const int64_t s_q = cfg["s_q"], h_q = cfg["h_q"], d_v = cfg["d_v"], topk = cfg["topk"];

@@ -29,7 +29,6 @@
 #include "tools/lib/options.h"
 #include "tools/lib/paged.h"
 #include "tools/lib/phases.h"
-#include "simd/simd.h"
 
 namespace indexshare::golden {
 
@@ -148,7 +147,7 @@ void edge_indices(Tensor<int32_t>& ind, Tensor<int32_t>& topk_length, int64_t s_
 
 namespace {
 GoldenSet build_stack(const Problem& p, std::vector<ref::LayerInputs> inputs, const std::string& kind,
-                      bool with_logits, const std::string& replay, bool use_simd = false,
+                      bool with_logits, const std::string& replay, Impl impl = Impl::ref,
                       const std::vector<int64_t>* rows = nullptr, const RowPart* part = nullptr);
 
 // Rows [begin, end) along dim 0.
@@ -176,12 +175,12 @@ void slice_rows(ref::LayerInputs& in, int64_t begin, int64_t end) {
   slice_dim0(in.q, begin, end);
 }
 
-GoldenSet build(const Problem& p, const std::string& kind, bool with_logits, const std::string& replay, bool use_simd,
+GoldenSet build(const Problem& p, const std::string& kind, bool with_logits, const std::string& replay, Impl impl,
                 const std::vector<int64_t>* rows, const RowPart* part) {
   require(kind == "stack" || kind == "attention-edge" || kind == "decode",
           "golden: unknown kind '" + kind + "' (expected stack, attention-edge or decode)");
   require(!rows || kind == "stack", "golden: --rows (sampled query rows) works with --kind stack only, not '" + kind + "'");
-  const ref::Kernels kern = use_simd ? simd::kernels() : ref::Kernels{};  // the generator's fills
+  const ref::Kernels kern = kernels_for(impl);  // the generator's fills
   // attention-edge sets rewrite rows 0-6 by their row number: computed whole, never in parts.
   require(!part || kind != "attention-edge", "golden: an attention-edge set is computed by one process, not in parts (MPI ranks)");
   phases::begin("inputs");
@@ -203,7 +202,7 @@ GoldenSet build(const Problem& p, const std::string& kind, bool with_logits, con
     require(p.d_qk == paged::kFlashMlaDqk, "golden decode: the V32 FP8 KV cache needs dqk576");
     for (ref::LayerInputs& in : inputs) in.kv = paged::flashmla_quant_dequant(in.kv);
   }
-  return build_stack(p, std::move(inputs), kind, with_logits, replay, use_simd, rows, part);
+  return build_stack(p, std::move(inputs), kind, with_logits, replay, impl, rows, part);
 }
 
 namespace {
@@ -265,16 +264,15 @@ bool per_row_tensor(const std::string& name) {
 // is freed as soon as it is copied (take), and the rest of a layer's inputs and outputs once the
 // layer is done, so the peak stays near the stack's own.
 GoldenSet build_stack(const Problem& p, std::vector<ref::LayerInputs> inputs, const std::string& kind,
-                      bool with_logits, const std::string& replay, bool use_simd, const std::vector<int64_t>* rows,
+                      bool with_logits, const std::string& replay, Impl impl, const std::vector<int64_t>* rows,
                       const RowPart* part) {
   const Schedule sched = p.schedule();
+  const ref::Kernels kern = kernels_for(impl);  // the stack and the budget's emulation
   phases::begin("compute");
   // Without logits in the set, simd's stack streams the indexer into the top-k (the same
   // positions, never the [s_q, s_kv] logits), as `run` does.
-  std::vector<ref::StackLayerOutputs> outs = use_simd ? simd::run_stack(p, sched, inputs, with_logits)
-                                                      : ref::run_stack(p, sched, inputs, with_logits);
+  std::vector<ref::StackLayerOutputs> outs = ref::run_stack(p, sched, inputs, with_logits, kern);
   phases::begin("assemble (budget emulation, the set's views)");
-  const ref::Kernels kern = use_simd ? simd::kernels() : ref::Kernels{};  // the budget's emulation
   GoldenSet g;
   const int64_t s_q_set = rows ? int64_t(rows->size()) : p.s_q;
   if (part) {
@@ -401,7 +399,7 @@ GoldenSet build_stack(const Problem& p, std::vector<ref::LayerInputs> inputs, co
   g.manifest = {
       {"format", "indexshare-golden"},
       {"format_version", kFormatVersion},
-      {"generator", std::string("indexshare ") + INDEXSHARE_VERSION + (use_simd ? " (simd)" : " (ref)")},
+      {"generator", std::string("indexshare ") + INDEXSHARE_VERSION + " (" + impl_name(impl) + ")"},
       {"kind", kind},
       {"problem", to_string(p)},
       {"replay", replay},
@@ -528,10 +526,10 @@ StackPlan plan_stack(const StackRequest& r) {
 }
 
 std::string stack_replay(const Problem& p, const std::string& kind, const std::string& for_kernel,
-                         const std::vector<int64_t>* rows, bool simd, bool with_logits, const std::string& max_memory) {
+                         const std::vector<int64_t>* rows, Impl impl, bool with_logits, const std::string& max_memory) {
   return "indexshare golden --problem \"" + to_string(p) + "\" --kind " + kind +
          (for_kernel.empty() ? "" : " --for " + for_kernel) + (rows ? " --rows " + ref::format_rows(*rows) : "") +
-         (simd ? " --impl simd" : "") + (with_logits ? "" : " --no-logits") +
+         (impl == Impl::ref ? "" : " --impl " + impl_name(impl)) + (with_logits ? "" : " --no-logits") +
          (max_memory != "8G" ? " --max-memory " + max_memory : "");
 }
 
@@ -585,7 +583,7 @@ std::string model_replay(const ModelSpec& spec) {
   if (spec.layers) replay += " --layers " + std::to_string(spec.layers);
   if (spec.seq) replay += " --seq " + std::to_string(spec.seq);
   if (!spec.schedule.empty()) replay += " --schedule " + spec.schedule;
-  if (spec.simd) replay += " --impl simd";
+  if (spec.impl != Impl::ref) replay += " --impl " + impl_name(spec.impl);
   return replay;
 }
 
@@ -603,7 +601,7 @@ GoldenSet build_model(const ModelSpec& spec, const std::string& replay) {
   const int64_t S = cfg.seq;
   const Tensor<float> h0 = ref::toy_hidden(cfg, spec.seed, 0, S);
   ref::ToyCache cache;
-  const ref::Kernels kern = spec.simd ? simd::kernels() : ref::Kernels{};
+  const ref::Kernels kern = kernels_for(spec.impl);
   const ref::ToyForward f = ref::forward(m, cache, h0, kern);
   GoldenSet g;
   json layers = json::array(), budgets = json::object();
@@ -1153,11 +1151,11 @@ GoldenSet build_from(const std::string& file, Problem p, bool with_logits, const
 }
 
 GoldenSet build_from(const std::string& file, StackInputs si, bool with_logits, const std::string& replay,
-                     const RowPart* part, bool use_simd) {
+                     const RowPart* part, Impl impl) {
   const Problem& q = si.problem;
   if (part && !si.part_rows)
     for (ref::LayerInputs& in : si.inputs) slice_rows(in, part->begin, part->end);
-  GoldenSet g = build_stack(q, std::move(si.inputs), "stack", with_logits, replay, use_simd, nullptr, part);
+  GoldenSet g = build_stack(q, std::move(si.inputs), "stack", with_logits, replay, impl, nullptr, part);
   g.manifest["kind"] = "stack-from-file";
   g.manifest["source_file"] = file;
   return g;

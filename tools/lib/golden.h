@@ -17,6 +17,7 @@
 
 #include "ref/layer.h"
 #include "ref/problem.h"
+#include "tools/lib/impl.h"
 #include "tools/lib/kernel_registry.h"
 #include "tools/lib/safetensors.h"
 
@@ -74,8 +75,8 @@ const Preset& preset(const std::string& name);  // Error naming the unknown pres
 
 // Builds a golden set. `replay` is the command line recorded in the manifest.
 // with_logits = false leaves out indexer.logits (large sets).
-// use_simd computes the stack with simd::run_stack (logits and positions bit-identical to ref;
-// attention within the attention tolerance, bit-identical in practice); the manifest records it.
+// impl: the kernels that generate the inputs and compute the stack and the budget (simd's give
+// ref's bits; tools/lib/impl.h); the manifest's generator records it.
 // rows (kind "stack" only): a sampled set of those query rows (ref/layer.h; the CLI's --rows):
 // every per-row tensor has rows->size() rows, in that order, equal to the full set's rows; the
 // key-side tensors are whole; tensor `rows` (I32) holds the problem row numbers; config.s_q is the
@@ -85,7 +86,7 @@ const Preset& preset(const std::string& name);  // Error naming the unknown pres
 // each per-row tensor's rows equal the whole set's rows [part.begin, part.end) bit for bit; the
 // manifest describes the whole set (its budgets are this part's until combined).
 GoldenSet build(const Problem& p, const std::string& kind, bool with_logits, const std::string& replay,
-                bool use_simd = false, const std::vector<int64_t>* rows = nullptr, const RowPart* part = nullptr);
+                Impl impl = Impl::ref, const std::vector<int64_t>* rows = nullptr, const RowPart* part = nullptr);
 
 // A module-level golden set from the toy model (ref/model.h): per layer the hidden states, the
 // bf16 weights, the indexer and MLA intermediates, and the kernel-level tensors of `build`.
@@ -97,7 +98,7 @@ struct ModelSpec {
   uint64_t seed = 1;
   float sim = 0.8f;
   std::string variant = "deepseek_fp8";
-  bool simd = false;       // ref::forward on simd::kernels() (the same bytes)
+  Impl impl = Impl::ref;   // ref::forward on kernels_for(impl) (the same bytes either way)
 };
 GoldenSet build_model(const ModelSpec& spec, const std::string& replay);
 
@@ -153,7 +154,7 @@ std::string from_replay(const std::string& file, const Problem& p, bool with_log
 // the problem with the file's shapes).
 // part: only those query rows (the inputs are whole; the part's rows are cut from them).
 GoldenSet build_from(const std::string& file, StackInputs inputs, bool with_logits, const std::string& replay,
-                     const RowPart* part = nullptr, bool use_simd = false);
+                     const RowPart* part = nullptr, Impl impl = Impl::ref);
 
 // The query rows a stack's tensors are cut into: rows [begin, end) of every per-row input tensor
 // (indexer q, q_scale, weights, ks, ke; attn q), the key side untouched.
@@ -199,7 +200,7 @@ StackPlan plan_stack(const StackRequest& r);
 // a sampled set (--rows); max_memory: the --max-memory text, left out at its default "8G".
 // model_replay: a module-level set (build_model).
 std::string stack_replay(const Problem& p, const std::string& kind, const std::string& for_kernel,
-                         const std::vector<int64_t>* rows, bool simd, bool with_logits, const std::string& max_memory = "8G");
+                         const std::vector<int64_t>* rows, Impl impl, bool with_logits, const std::string& max_memory = "8G");
 std::string model_replay(const ModelSpec& spec);
 
 // Writes `set` to `dir` atomically. The folder must not exist, or be empty, unless `force`

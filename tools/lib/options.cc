@@ -11,19 +11,19 @@
 
 namespace indexshare {
 
-std::string choose_impl(const std::string& impl, bool large) {
-  if (impl == "ref" || impl == "simd") return impl;
+Impl choose_impl(const std::string& impl, bool large) {
+  if (const std::optional<Impl> named = impl_named(impl)) return *named;
   require(impl == "auto", "--impl: expected ref, simd or auto, got '" + impl + "'");
-  return large ? "simd" : "ref";
+  return large ? Impl::simd : Impl::ref;
 }
 
-std::string resolve_impl(const std::string& impl, const Problem& p, int64_t n_rows) {
+Impl resolve_impl(const std::string& impl, const Problem& p, int64_t n_rows) {
   if (impl != "auto") return choose_impl(impl, false);
   const double macs = double(n_rows > 0 ? n_rows : p.s_q) * double(p.seq_kv()) * double(p.index_n_heads) * double(p.index_head_dim) * double(p.n_layers);
   return choose_impl(impl, macs > double(1 << 28));
 }
 
-std::string resolve_model_impl(const std::string& impl, const ModelConfig& cfg, int64_t layers, int64_t seq) {
+Impl resolve_model_impl(const std::string& impl, const ModelConfig& cfg, int64_t layers, int64_t seq) {
   if (impl != "auto") return choose_impl(impl, false);
   const double L = double(layers > 0 ? layers : cfg.n_layers), S = double(seq > 0 ? seq : cfg.seq);
   const double per_row = double(cfg.dim) * double(cfg.q_lora_rank + cfg.kv_lora_rank) +

@@ -9,18 +9,19 @@
 
 #include "ref/config.h"
 #include "ref/problem.h"
+#include "tools/lib/impl.h"
 
 namespace indexshare {
 
 // --impl: "ref", "simd", or "auto" (simd when the indexer work of the problem exceeds about
 // 2^28 multiply-accumulates, where ref takes a second or more; n_rows > 0: that many query rows,
-// --rows). Returns "ref" or "simd".
-std::string resolve_impl(const std::string& impl, const Problem& p, int64_t n_rows = 0);
+// --rows). The one place the text becomes an Impl (tools/lib/impl.h).
+Impl resolve_impl(const std::string& impl, const Problem& p, int64_t n_rows = 0);
 // The rule under both: "ref" or "simd" as given, "auto" -> simd when `large`; Error otherwise.
-std::string choose_impl(const std::string& impl, bool large);
+Impl choose_impl(const std::string& impl, bool large);
 // --impl for the module-level toy model (run/golden --model): "auto" takes simd when the layers'
 // projections exceed about 2^28 multiply-accumulates (layers, seq: 0 = the config's).
-std::string resolve_model_impl(const std::string& impl, const ModelConfig& cfg, int64_t layers, int64_t seq);
+Impl resolve_model_impl(const std::string& impl, const ModelConfig& cfg, int64_t layers, int64_t seq);
 // --rows: a comma-separated list of items, each
 //   N          row N                      A-B        rows A..B (inclusive, A <= B)
 //   last:N     the last N rows            every:N    rows 0, N, 2N, ... (< s_q)

@@ -257,8 +257,6 @@ auto timed(F&& f) {
   return r;
 }
 
-ref::Kernels kernels_of(bool simd) { return simd ? simd::kernels() : ref::Kernels{}; }
-
 Problem problem_of(const std::string& text) {
   Problem p = parse_problem(text);
   p.validate();
@@ -285,12 +283,13 @@ PyGolden golden_stack(const std::string& preset, const std::string& problem, con
   const golden::StackPlan plan = golden::plan_stack(req);
   const Problem& p = plan.problem;
   const std::vector<int64_t>* rows = plan.rows_given ? &plan.rows : nullptr;
-  const std::string how = !impl.empty() ? impl : plan.kernel_preset ? "simd" : "auto";
-  const bool simd = resolve_impl(how, p, rows ? int64_t(rows->size()) : p.s_q) == "simd";
+  const Impl how = impl.empty() && plan.kernel_preset
+                       ? Impl::simd
+                       : resolve_impl(impl.empty() ? "auto" : impl, p, rows ? int64_t(rows->size()) : p.s_q);
   PyGolden g;
-  g.replay = golden::stack_replay(p, plan.kind, plan.kernel ? plan.kernel->name : "", rows, simd, with_logits);
+  g.replay = golden::stack_replay(p, plan.kind, plan.kernel ? plan.kernel->name : "", rows, how, with_logits);
   nb::gil_scoped_release release;
-  g.set = golden::build(p, plan.kind, with_logits, g.replay, simd, rows);
+  g.set = golden::build(p, plan.kind, with_logits, g.replay, how, rows);
   if (plan.kernel) golden::for_kernel(g.set, *plan.kernel, p);
   return g;
 }
@@ -298,12 +297,12 @@ PyGolden golden_stack(const std::string& preset, const std::string& problem, con
 // The indexer's logits, FP8 mode (T = e4m3_t, codes as uint8) or unquantized (T = float).
 template <class T, class RawT>
 nb::object indexer_logits(In<RawT> q, In<RawT> k, In<float> k_scale, In<float> weights, In<int32_t> ks, In<int32_t> ke,
-                          bool simd) {
+                          Impl impl) {
   const auto tq = borrow<T>(q), tk = borrow<T>(k);
   const auto ts = borrow<float>(k_scale), tw = borrow<float>(weights);
   const auto ts0 = borrow<int32_t>(ks), te = borrow<int32_t>(ke);
   note_inputs(&tq.get(), &tk.get(), &ts.get(), &tw.get(), &ts0.get(), &te.get());
-  const ref::Kernels kern = kernels_of(simd);
+  const ref::Kernels kern = kernels_for(impl);
   auto r = timed([&] {
     if constexpr (std::is_same_v<T, e4m3_t>) return kern.logits_fp8(tq, tk, ts, tw, ts0, te);
     else return kern.logits_f32(tq, tk, ts, tw, ts0, te);
@@ -369,9 +368,6 @@ ModelConfig config_of(const std::string& model) {
   return cfg;
 }
 
-ref::LinearFn linear_of(bool simd) { return simd ? simd::linear : ref::linear; }
-ref::HeadLinearFn head_of(bool simd) { return simd ? simd::head_linear : ref::head_linear; }
-
 // x viewed as [rows, n] (n = its last dim; rows = the product of the others; rank >= 1).
 std::pair<int64_t, int64_t> rows_cols(const Tensor<float>& x, const std::string& what) {
   require(x.rank() >= 1, what + ": expected rank >= 1, got a scalar");
@@ -421,7 +417,11 @@ NB_MODULE(_core, m) {
     d["sinks"] = p.sinks; d["own"] = p.own; d["n_seqs"] = p.n_seqs;
     return d;
   });
-  m.def("resolve_impl", [](const std::string& impl, const std::string& problem) { return resolve_impl(impl, problem_of(problem)); });
+  // The computation path the kernel and module functions take (tools/lib/impl.h).
+  nb::enum_<Impl>(m, "Impl").value("ref", Impl::ref).value("simd", Impl::simd);
+  m.def("resolve_impl", [](const std::string& impl, const std::string& problem) {
+    return impl_name(resolve_impl(impl, problem_of(problem)));
+  });
   m.def("presets", [] {
     std::vector<std::tuple<std::string, std::string, std::string, std::string, std::string>> out;
     for (const golden::Preset& p : golden::presets()) out.emplace_back(p.name, p.problem, p.kind, p.description, p.kernel);
@@ -452,7 +452,7 @@ NB_MODULE(_core, m) {
     golden::ModelSpec spec;
     spec.preset = model; spec.layers = layers; spec.seq = seq; spec.schedule = schedule; spec.seed = seed;
     spec.sim = sim; spec.variant = variant;
-    spec.simd = resolve_model_impl(impl, model_preset(model), layers, seq) == "simd";
+    spec.impl = resolve_model_impl(impl, model_preset(model), layers, seq);
     PyGolden g;
     g.replay = golden::model_replay(spec);
     nb::gil_scoped_release release;
@@ -487,12 +487,11 @@ NB_MODULE(_core, m) {
     const io::SafetensorsFile c = path.empty() ? to_file(candidate, source) : io::read_safetensors(path);
     const std::set<int> ls = layers.empty() ? std::set<int>{} : diff::parse_layers(layers);
     const prec::Contract contract = prec::parse_contract(precision);
-    const bool simd = choose_impl(impl, false) == "simd";
     std::string text, json;
     bool failed = false;
     {
       nb::gil_scoped_release release;
-      const diff::Result r = diff::judge(g.loaded, c, ls, kernels_of(simd), false, contract);  // no picture is drawn here
+      const diff::Result r = diff::judge(g.loaded, c, ls, kernels_for(choose_impl(impl, false)), false, contract);  // no picture is drawn here
       text = r.text(replay);
       json = r.json().dump(2);
       failed = r.failed();
@@ -507,54 +506,54 @@ NB_MODULE(_core, m) {
   // ---- kernels (ref/indexer.h, ref/topk.h, ref/attention.h, simd/simd.h) ----
   m.def("indexer_logits_fp8", &indexer_logits<e4m3_t, uint8_t>);
   m.def("indexer_logits_f32", &indexer_logits<float, float>);
-  m.def("topk", [](InN<float, 2> logits, InN<int32_t, 1> ks, InN<int32_t, 1> ke, int64_t k, bool simd) {
+  m.def("topk", [](InN<float, 2> logits, InN<int32_t, 1> ks, InN<int32_t, 1> ke, int64_t k, Impl impl) {
     const auto tl = borrow<float>(logits); const auto ts = borrow<int32_t>(ks); const auto te = borrow<int32_t>(ke);
     note_inputs(&tl.get(), &ts.get(), &te.get());
-    auto r = timed([&] { return kernels_of(simd).topk(tl, ts, te, k); });
+    auto r = timed([&] { return kernels_for(impl).topk(tl, ts, te, k); });
     return to_numpy<int32_t>(std::move(r));
-  }, nb::arg("logits").noconvert(), nb::arg("ks").noconvert(), nb::arg("ke").noconvert(), nb::arg("k"), nb::arg("simd"));
+  }, nb::arg("logits").noconvert(), nb::arg("ks").noconvert(), nb::arg("ke").noconvert(), nb::arg("k"), nb::arg("impl"));
   // topk on torch tensors (the fast path of indexshare/kernels.py): read and returned by DLPack's C exchange API.
-  m.def("topk_torch", [](nb::handle logits, nb::handle ks, nb::handle ke, int64_t k, bool simd) {
+  m.def("topk_torch", [](nb::handle logits, nb::handle ks, nb::handle ke, int64_t k, Impl impl) {
     const dlx::ExchangeApi* api = dlx::api_of(logits);
     if (!api) throw nb::type_error("torch has no DLPack C exchange API");
     const auto tl = dlx::borrow<float>(api, logits, dlx::kF32, 2);
     const auto ts = dlx::borrow<int32_t>(api, ks, dlx::kI32, 1), te = dlx::borrow<int32_t>(api, ke, dlx::kI32, 1);
     note_inputs(&tl.get(), &ts.get(), &te.get());
-    auto r = timed([&] { return kernels_of(simd).topk(tl, ts, te, k); });
+    auto r = timed([&] { return kernels_for(impl).topk(tl, ts, te, k); });
     return dlx::to_torch(api, std::move(r), dlx::kI32);
   });
   m.def("indexer_topk_fp8", [](In<uint8_t> q, In<uint8_t> k, In<float> k_scale, In<float> weights, In<int32_t> ks,
-                               In<int32_t> ke, int64_t topk, bool simd) {
+                               In<int32_t> ke, int64_t topk, Impl impl) {
     const auto tq = borrow<e4m3_t>(q); const auto tk = borrow<e4m3_t>(k);
     const auto ts = borrow<float>(k_scale); const auto tw = borrow<float>(weights);
     const auto ts0 = borrow<int32_t>(ks); const auto te = borrow<int32_t>(ke);
     note_inputs(&tq.get(), &tk.get(), &ts.get(), &tw.get(), &ts0.get(), &te.get());
-    auto r = timed([&] { return simd ? simd::indexer_topk_fp8(tq, tk, ts, tw, ts0, te, topk)
-               : ref::topk(ref::indexer_logits_fp8(tq, tk, ts, tw, ts0, te), ts0, te, topk); });
+    const ref::Kernels kern = kernels_for(impl);  // the fused, streaming kernel where the path has one
+    auto r = timed([&] { return kern.fused_topk_fp8 ? kern.fused_topk_fp8(tq, tk, ts, tw, ts0, te, topk)
+               : kern.topk(kern.logits_fp8(tq, tk, ts, tw, ts0, te), ts0, te, topk); });
     return to_numpy<int32_t>(std::move(r));
   });
   m.def("sparse_attention", [](In<uint16_t> q, In<uint16_t> kv, In<int32_t> indices, float sm_scale, int64_t d_v,
-                               std::optional<In<int32_t>> topk_length, std::optional<In<float>> sink, bool simd) {
+                               std::optional<In<int32_t>> topk_length, std::optional<In<float>> sink, Impl impl) {
     const auto tq = borrow<bf16_t>(q); const auto tkv = borrow<bf16_t>(kv); const auto ti = borrow<int32_t>(indices);
     const auto tl = borrow_optional<int32_t>(topk_length); const auto tsk = borrow_optional<float>(sink);
     const Tensor<int32_t>* pl = tl ? &tl->get() : nullptr;
     const Tensor<float>* psk = tsk ? &tsk->get() : nullptr;
     note_inputs(&tq.get(), &tkv.get(), &ti.get(), pl, psk);
-    auto r = timed([&] { return kernels_of(simd).sparse_attention(tq, tkv, ti, sm_scale, d_v, pl, psk); });
+    auto r = timed([&] { return kernels_for(impl).sparse_attention(tq, tkv, ti, sm_scale, d_v, pl, psk); });
     return attention_tuple(std::move(r));
   }, nb::arg("q"), nb::arg("kv"), nb::arg("indices"), nb::arg("sm_scale"), nb::arg("d_v"), nb::arg("topk_length").none(),
-     nb::arg("sink").none(), nb::arg("simd"));
+     nb::arg("sink").none(), nb::arg("impl"));
   m.def("dense_attention", [](In<uint16_t> q, In<uint16_t> kv, float sm_scale, int64_t d_v, In<int32_t> ks, In<int32_t> ke,
-                              std::optional<In<float>> sink, bool simd) {
+                              std::optional<In<float>> sink, Impl impl) {
     const auto tq = borrow<bf16_t>(q); const auto tkv = borrow<bf16_t>(kv);
     const auto ts = borrow<int32_t>(ks); const auto te = borrow<int32_t>(ke); const auto tsk = borrow_optional<float>(sink);
     const Tensor<float>* psk = tsk ? &tsk->get() : nullptr;
     note_inputs(&tq.get(), &tkv.get(), &ts.get(), &te.get(), psk);
-    auto r = timed([&] { return simd ? simd::dense_attention(tq, tkv, sm_scale, d_v, ts, te, psk)
-               : ref::dense_attention(tq, tkv, sm_scale, d_v, ts, te, psk); });
+    auto r = timed([&] { return kernels_for(impl).dense_attention(tq, tkv, sm_scale, d_v, ts, te, psk); });
     return attention_tuple(std::move(r));
   }, nb::arg("q"), nb::arg("kv"), nb::arg("sm_scale"), nb::arg("d_v"), nb::arg("ks"), nb::arg("ke"), nb::arg("sink").none(),
-     nb::arg("simd"));
+     nb::arg("impl"));
 
   // ---- overlap statistics (ref/overlap.h): `indexshare overlap --golden DIR | --problem DESC --json` ----
   m.def("overlap", [](const std::string& golden_dir, const std::string& problem, int buckets, bool shared_stats,
@@ -563,7 +562,7 @@ NB_MODULE(_core, m) {
                                                 : golden::stack_inputs_of(golden::read(golden_dir));
     const Problem& p = si.problem;
     ref::OverlapOptions opt;
-    opt.kernels = kernels_of(resolve_impl(impl, p) == "simd");
+    opt.kernels = kernels_for(resolve_impl(impl, p));
     opt.n_buckets = buckets;
     opt.shared_stats = shared_stats;
     nb::gil_scoped_release release;
@@ -592,13 +591,13 @@ NB_MODULE(_core, m) {
       in = std::move(si.inputs);
     }
     std::vector<int64_t> rows = rows_text ? parse_rows(*rows_text, p) : std::vector<int64_t>{};
-    const bool simd = resolve_impl(impl, p, rows_text ? int64_t(rows.size()) : p.s_q) == "simd";
+    const ref::Kernels kern = kernels_for(resolve_impl(impl, p, rows_text ? int64_t(rows.size()) : p.s_q));
     std::vector<ref::StackLayerOutputs> outs;
     {
       nb::gil_scoped_release release;
       const Schedule s = p.schedule();
       if (!inputs) in = rows_text ? ref::make_stack_inputs(p, s, rows) : ref::make_stack_inputs(p, s);
-      outs = simd ? simd::run_stack(p, s, in, keep_logits) : ref::run_stack(p, s, in, keep_logits);
+      outs = ref::run_stack(p, s, in, keep_logits, kern);
     }
     return std::make_pair(to_string(p), stack_outputs(std::move(outs)));
   }, nb::arg("problem"), nb::arg("rows").none(), nb::arg("inputs").none(), nb::arg("impl"), nb::arg("keep_logits"));
@@ -682,11 +681,11 @@ NB_MODULE(_core, m) {
     }
     return to_numpy<float>(std::move(out));
   }, nb::arg("x"), nb::arg("weight").none(), nb::arg("eps"));
-  m.def("linear", [](In<float> x, In<float> w, bool bf16, bool simd) {
+  m.def("linear", [](In<float> x, In<float> w, bool bf16, Impl impl) {
     const auto tx = borrow<float>(x), tw = borrow<float>(w);
     note_inputs(&tx.get(), &tw.get());
     auto r = timed([&] {
-      Tensor<float> y = linear_of(simd)(tx, tw);
+      Tensor<float> y = kernels_for(impl).linear(tx, tw);
       if (bf16) ref::round_bf16_inplace(y);
       return y;
     });
@@ -716,7 +715,7 @@ NB_MODULE(_core, m) {
     return to_numpy<float>(std::move(out));
   });
   m.def("indexer_module", [](const std::string& model, const std::vector<In<float>>& w, In<float> x, In<float> qr,
-                             int64_t start_pos, const std::string& variant, bool simd) {
+                             int64_t start_pos, const std::string& variant, Impl impl) {
     const ModelConfig cfg = config_of(model);
     const ref::IndexerWeights iw = indexer_weights_of(w);
     const auto tx = borrow<float>(x), tq = borrow<float>(qr);
@@ -724,7 +723,7 @@ NB_MODULE(_core, m) {
     require(start_pos >= 0, "start_pos: expected >= 0, got " + std::to_string(start_pos));
     note_inputs(&tx.get(), &tq.get());
     ref::IndexerModuleOut o = timed([&] {
-      return simd ? simd::indexer_module(cfg, iw, tx, tq, start_pos, v) : ref::indexer_module(cfg, iw, tx, tq, start_pos, v);
+      return ref::indexer_module(cfg, iw, tx, tq, start_pos, v, kernels_for(impl).linear);
     });
     nb::dict d;
     const std::pair<const char*, Tensor<float>*> f32s[] = {
@@ -737,40 +736,42 @@ NB_MODULE(_core, m) {
     if (o.k8.numel()) d["k8"] = to_numpy<uint8_t>(std::move(o.k8));
     return d;
   });
-  m.def("mla_query", [](const std::string& model, const std::vector<In<float>>& w, In<float> x, int64_t start_pos, bool simd) {
+  m.def("mla_query", [](const std::string& model, const std::vector<In<float>>& w, In<float> x, int64_t start_pos, Impl impl) {
     const ModelConfig cfg = config_of(model);
     const ref::MlaWeights mw = mla_weights_of(w);
     const auto tx = borrow<float>(x);
     require(start_pos >= 0, "start_pos: expected >= 0, got " + std::to_string(start_pos));
     note_inputs(&tx.get());
-    ref::MlaQuery q = timed([&] { return ref::mla_query(cfg, mw, tx, start_pos, linear_of(simd), head_of(simd)); });
+    const ref::Kernels kern = kernels_for(impl);
+    ref::MlaQuery q = timed([&] { return ref::mla_query(cfg, mw, tx, start_pos, kern.linear, kern.head_linear); });
     return nb::make_tuple(to_numpy<float>(std::move(q.qr)), to_numpy<float>(std::move(q.q_nope)),
                           to_numpy<uint16_t>(std::move(q.q)));
   });
   m.def("mla_kv", [](const std::string& model, const std::vector<In<float>>& w, In<float> x, int64_t start_pos,
-                     bool fp8_roundtrip, bool simd) {
+                     bool fp8_roundtrip, Impl impl) {
     const ModelConfig cfg = config_of(model);
     const ref::MlaWeights mw = mla_weights_of(w);
     const auto tx = borrow<float>(x);
     require(start_pos >= 0, "start_pos: expected >= 0, got " + std::to_string(start_pos));
     note_inputs(&tx.get());
-    auto r = timed([&] { return ref::mla_kv(cfg, mw, tx, start_pos, fp8_roundtrip, linear_of(simd)); });
+    auto r = timed([&] { return ref::mla_kv(cfg, mw, tx, start_pos, fp8_roundtrip, kernels_for(impl).linear); });
     return to_numpy<uint16_t>(std::move(r));
   });
-  m.def("mla_value_up", [](const std::string& model, const std::vector<In<float>>& w, In<float> o_lat, bool simd) {
+  m.def("mla_value_up", [](const std::string& model, const std::vector<In<float>>& w, In<float> o_lat, Impl impl) {
     const ModelConfig cfg = config_of(model);
     const ref::MlaWeights mw = mla_weights_of(w);
     const auto to = borrow<float>(o_lat);
     note_inputs(&to.get());
-    auto r = timed([&] { return ref::mla_value_up(cfg, mw, to, head_of(simd)); });
+    auto r = timed([&] { return ref::mla_value_up(cfg, mw, to, kernels_for(impl).head_linear); });
     return to_numpy<float>(std::move(r));
   });
-  m.def("mla_output", [](const std::string& model, const std::vector<In<float>>& w, In<float> o_lat, bool simd) {
+  m.def("mla_output", [](const std::string& model, const std::vector<In<float>>& w, In<float> o_lat, Impl impl) {
     const ModelConfig cfg = config_of(model);
     const ref::MlaWeights mw = mla_weights_of(w);
     const auto to = borrow<float>(o_lat);
     note_inputs(&to.get());
-    auto r = timed([&] { return ref::mla_output(cfg, mw, to, linear_of(simd), head_of(simd)); });
+    const ref::Kernels kern = kernels_for(impl);
+    auto r = timed([&] { return ref::mla_output(cfg, mw, to, kern.linear, kern.head_linear); });
     return to_numpy<float>(std::move(r));
   });
 }

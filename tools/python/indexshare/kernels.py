@@ -23,10 +23,11 @@ from ._core_loader import core
 F32, I32 = np.float32, np.int32
 
 
-def _simd(impl: str) -> bool:
+def _impl(impl: str):
+    """The extension's Impl for "ref" or "simd" (C++ takes the path as that value; tools/lib/impl.h)."""
     if impl not in ("ref", "simd"):
         raise ValueError(f"impl: expected 'ref' or 'simd', got {impl!r}")
-    return impl == "simd"
+    return core().Impl[impl]
 
 
 def set_num_threads(n: int) -> None:
@@ -52,7 +53,7 @@ def indexer_logits(q, k, k_scale, weights, ks, ke, *, impl: str = "simd"):
     fp8 = qa.dtype == np.uint8
     ka = A.arg(k, "k", [A.E4M3] if fp8 else [F32], 2, "s_kv, D")
     args = (qa, ka, A.arg(k_scale, "k_scale", [F32], 1, "s_kv"), A.arg(weights, "weights", [F32], 2, "s_q, H"),
-            A.arg(ks, "ks", [I32], 1, "s_q"), A.arg(ke, "ke", [I32], 1, "s_q"), _simd(impl))
+            A.arg(ks, "ks", [I32], 1, "s_q"), A.arg(ke, "ke", [I32], 1, "s_q"), _impl(impl))
     r = core().indexer_logits_fp8(*args) if fp8 else core().indexer_logits_f32(*args)
     return A.out(r, A.wants_torch(q, k, k_scale, weights, ks, ke))
 
@@ -66,16 +67,15 @@ def topk(logits, ks, ke, k: int, *, impl: str = "simd"):
     # (torch tensors through DLPack's C exchange API, the result back the same way). Whatever they refuse
     # (TypeError) takes the checked path below, whose errors name the argument. Same kernel, same bits;
     # only less Python runs, and after a 2 ms kernel it runs with cold caches (bench_overhead.py).
-    simd = impl == "simd"
-    if simd or impl == "ref":
+    if impl in ("ref", "simd"):
         fast = A.fast_kind(logits, ks, ke)
         if fast is not None:
             try:
-                return (core().topk if fast == "numpy" else core().topk_torch)(logits, ks, ke, int(k), simd)
+                return (core().topk if fast == "numpy" else core().topk_torch)(logits, ks, ke, int(k), _impl(impl))
             except TypeError:
                 pass
     r = core().topk(A.arg(logits, "logits", [F32], 2, "s_q, s_kv"), A.arg(ks, "ks", [I32], 1, "s_q"),
-                    A.arg(ke, "ke", [I32], 1, "s_q"), int(k), _simd(impl))
+                    A.arg(ke, "ke", [I32], 1, "s_q"), int(k), _impl(impl))
     return A.out(r, A.wants_torch(logits, ks, ke))
 
 
@@ -88,7 +88,7 @@ def indexer_topk(q, k, k_scale, weights, ks, ke, topk: int, *, impl: str = "simd
         r = core().indexer_topk_fp8(qa, A.arg(k, "k", [A.E4M3], 2, "s_kv, D"),
                                     A.arg(k_scale, "k_scale", [F32], 1, "s_kv"),
                                     A.arg(weights, "weights", [F32], 2, "s_q, H"), A.arg(ks, "ks", [I32], 1, "s_q"),
-                                    A.arg(ke, "ke", [I32], 1, "s_q"), int(topk), _simd(impl))
+                                    A.arg(ke, "ke", [I32], 1, "s_q"), int(topk), _impl(impl))
         return A.out(r, A.wants_torch(q, k, k_scale, weights, ks, ke))
     return globals()["topk"](indexer_logits(q, k, k_scale, weights, ks, ke, impl=impl), ks, ke, topk, impl=impl)
 
@@ -120,7 +120,7 @@ def sparse_attention(q, kv, indices, sm_scale: float, d_v: int = 512, *, topk_le
     r = core().sparse_attention(A.arg(q, "q", [A.BF16], 3, "s_q, h_q, d_qk"), A.arg(kv, "kv", [A.BF16], 3, "s_kv, 1, d_qk"),
                                 A.arg(indices, "indices", [I32], 3, "s_q, 1, topk"), float(sm_scale), int(d_v),
                                 A.optional_arg(topk_length, "topk_length", [I32], 1, "s_q"),
-                                A.optional_arg(sink, "sink", [F32], 1, "h_q"), _simd(impl))
+                                A.optional_arg(sink, "sink", [F32], 1, "h_q"), _impl(impl))
     return _attention(r, A.wants_torch(q, kv, indices, topk_length, sink))
 
 
@@ -130,7 +130,7 @@ def dense_attention(q, kv, sm_scale: float, d_v: int, ks, ke, *, sink=None, impl
     q bf16 [s_q, h_q, d_qk]; kv bf16 [s_kv, 1, d_qk]; ks, ke int32 [s_q]; sink f32 [h_q]."""
     r = core().dense_attention(A.arg(q, "q", [A.BF16], 3, "s_q, h_q, d_qk"), A.arg(kv, "kv", [A.BF16], 3, "s_kv, 1, d_qk"),
                                float(sm_scale), int(d_v), A.arg(ks, "ks", [I32], 1, "s_q"), A.arg(ke, "ke", [I32], 1, "s_q"),
-                               A.optional_arg(sink, "sink", [F32], 1, "h_q"), _simd(impl))
+                               A.optional_arg(sink, "sink", [F32], 1, "h_q"), _impl(impl))
     return _attention(r, A.wants_torch(q, kv, ks, ke, sink))
 
 

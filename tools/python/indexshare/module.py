@@ -21,7 +21,7 @@ import numpy as np
 
 from . import _arrays as A
 from ._core_loader import core
-from .kernels import _simd
+from .kernels import _impl
 
 F32, I64 = np.float32, np.int64
 INDEXER_WEIGHTS = ("wq_b", "wk", "k_norm_w", "k_norm_b", "weights_proj")
@@ -144,7 +144,7 @@ def linear(x, w, *, round_bf16: bool = False, impl: str = "simd"):
     [out, in]; y[r, o] = f32(sum_k ascending double(x[r, k]) * double(w[o, k])), exact products, one
     rounding. ``round_bf16=True``: then rounded to bf16 values (``linear_bf16``: every projection of
     the module). Returns f32 [rows, out]."""
-    r = core().linear(_f32(x, "x", 2, "rows, in"), _f32(w, "w", 2, "out, in"), bool(round_bf16), _simd(impl))
+    r = core().linear(_f32(x, "x", 2, "rows, in"), _f32(w, "w", 2, "out, in"), bool(round_bf16), _impl(impl))
     return A.out(r, _torch(x, w))
 
 
@@ -187,7 +187,7 @@ def indexer_module(model: str, weights, x, qr, *, start_pos: int = 0, variant: s
     the kernel's weights), q [S, H, D], k [S, D] (f32: hf_bf16's kernel inputs)."""
     w = _weights(weights, INDEXER_WEIGHTS, "weights")
     d = core().indexer_module(str(model), w, _f32(x, "x", 2, "S, dim"), _f32(qr, "qr", 2, "S, q_lora"), int(start_pos),
-                              str(variant), _simd(impl))
+                              str(variant), _impl(impl))
     t = _torch(x, qr, *dict(weights).values())
     return {n: A.out(v, t, A.E4M3 if n in ("q8", "k8") else None) for n, v in d.items()}
 
@@ -210,7 +210,7 @@ def mla_query(model: str, weights, x, *, start_pos: int = 0, impl: str = "simd")
     double sums, then bf16). weights: a mapping with wq_a, q_norm, wq_b, wkv_a, kv_norm, wkv_b, wo
     (:func:`weights_of`). Returns :class:`MlaQuery` (qr, q_nope, q)."""
     w = _mla(weights)
-    qr, q_nope, q = core().mla_query(str(model), w, _f32(x, "x", 2, "S, dim"), int(start_pos), _simd(impl))
+    qr, q_nope, q = core().mla_query(str(model), w, _f32(x, "x", 2, "S, dim"), int(start_pos), _impl(impl))
     t = _torch(x, *dict(weights).values())
     return MlaQuery(A.out(qr, t), A.out(q_nope, t), A.out(q, t, A.BF16))
 
@@ -221,7 +221,7 @@ def mla_kv(model: str, weights, x, *, start_pos: int = 0, fp8_roundtrip: bool = 
     slice rotated (interleaved, positions start_pos + t); ``fp8_roundtrip``: the latent through FP8
     and back (DeepSeek's FP8 KV cache). Returns bf16 [S, 1, kv_lora + rope]: sparse_attention's kv."""
     r = core().mla_kv(str(model), _mla(weights), _f32(x, "x", 2, "S, dim"), int(start_pos), bool(fp8_roundtrip),
-                      _simd(impl))
+                      _impl(impl))
     return A.out(r, _torch(x, *dict(weights).values()), A.BF16)
 
 
@@ -229,12 +229,12 @@ def mla_value_up(model: str, weights, o_lat, *, impl: str = "simd"):
     """The value up-projection (ref/module.h ``mla_value_up``): o_lat f32 [S, n_heads, kv_lora] (the
     attention's ``out``) -> [S, n_heads, v] bf16 values, o[t,h,j] = bf16(f32(sum_c bf16(o_lat[t,h,c])
     * W_uv[h][j][c])) in double, W_uv from wkv_b."""
-    r = core().mla_value_up(str(model), _mla(weights), _f32(o_lat, "o_lat", 3, "S, n_heads, kv_lora"), _simd(impl))
+    r = core().mla_value_up(str(model), _mla(weights), _f32(o_lat, "o_lat", 3, "S, n_heads, kv_lora"), _impl(impl))
     return A.out(r, _torch(o_lat, *dict(weights).values()))
 
 
 def mla_output(model: str, weights, o_lat, *, impl: str = "simd"):
     """The layer's attention output (ref/module.h ``mla_output``): linear_bf16(mla_value_up(o_lat)
     viewed [S, n_heads * v], wo) -> [S, dim] bf16 values (a model= set's ``layers.{l}.out``)."""
-    r = core().mla_output(str(model), _mla(weights), _f32(o_lat, "o_lat", 3, "S, n_heads, kv_lora"), _simd(impl))
+    r = core().mla_output(str(model), _mla(weights), _f32(o_lat, "o_lat", 3, "S, n_heads, kv_lora"), _impl(impl))
     return A.out(r, _torch(o_lat, *dict(weights).values()))
