@@ -333,46 +333,49 @@ namespace indexshare::calib {
 
 namespace {
 
-// Each bug's row for layer l as a planted candidate; `expect` must stand in the first diagnosis.
+// Each bug plants its fault into a candidate; `expect` must stand in the first diagnosis.
 struct Bug {
   std::string name, expect;
   std::function<void(Cand&)> plant;
 };
 
-}  // namespace
-
-std::vector<CatalogueRow> catalogue(const ref::Kernels& k, const std::string& tmp, const std::function<void(const CatalogueRow&)>& progress) {
-  fs::create_directories(tmp);
-  const std::string dir = tmp + "/golden";
-  golden::write(dir, golden::build(parse_problem(kCatalogueProblem), "stack", true, "indexshare calibrate --catalogue", Impl::simd), true);
-  const golden::Loaded g = golden::read(dir);
-  const auto& cfg = g.manifest["config"];
-  const int64_t s_q = cfg["s_q"], h_q = cfg["h_q"], d_v = cfg["d_v"], topk = cfg["topk"];
-  const float sm = cfg["sm_scale"].get<float>();
-  auto P = [](int l) { return "layers." + std::to_string(l) + "."; };
-  const emul::AttentionVariant naive = emul::attention_family()[0];
-  const ref::AttentionOut base = emulate(g, 0, naive, sm);
-  const Tensor<float> logits = emulate_logits(g, 0, emul::logits_family()[0]);
-  const Tensor<int32_t> ks = g.tensor<int32_t>(P(0) + "indexer.ks"), ke = g.tensor<int32_t>(P(0) + "indexer.ke");
-  const LayerIn in0 = layer_in(g, 0);
-  auto attention = [&](const emul::AttentionVariant& v, const Tensor<int32_t>& indices, bool sink, float scale) {
+// What the bugs are planted on: layer 0's correct outputs (the naive emulation's attention, the f32
+// emulation's logits) and the ways to build a faulty one.
+struct Planter {
+  const golden::Loaded& g;
+  const ref::Kernels& k;
+  int64_t s_q, h_q, d_v, topk;
+  float sm;
+  emul::AttentionVariant naive = emul::attention_family()[0];
+  LayerIn in0;
+  ref::AttentionOut base;
+  Tensor<float> logits;
+  Tensor<int32_t> ks, ke;
+  Planter(const golden::Loaded& gs, const ref::Kernels& ks_)
+      : g(gs), k(ks_), s_q(g.manifest["config"]["s_q"]), h_q(g.manifest["config"]["h_q"]), d_v(g.manifest["config"]["d_v"]),
+        topk(g.manifest["config"]["topk"]), sm(g.manifest["config"]["sm_scale"].get<float>()), in0(layer_in(g, 0)),
+        base(emulate(g, 0, naive, sm)), logits(emulate_logits(g, 0, emul::logits_family()[0])),
+        ks(g.tensor<int32_t>(P(0) + "indexer.ks")), ke(g.tensor<int32_t>(P(0) + "indexer.ke")) {}
+  static std::string P(int l) { return "layers." + std::to_string(l) + "."; }
+  ref::AttentionOut attention(const emul::AttentionVariant& v, const Tensor<int32_t>& indices, bool sink, float scale) const {
     return emul::attention(v, in0.q, in0.kv, indices, scale, d_v, nullptr, sink && in0.sink ? &*in0.sink : nullptr);
-  };
-  auto set_attn = [&](Cand& c, const ref::AttentionOut& o) {
+  }
+  void set_attn(Cand& c, const ref::AttentionOut& o) const {
     c.set(P(0) + "attn.out", o.out);
     c.set(P(0) + "attn.lse", o.lse);
     c.set(P(0) + "attn.max_logits", o.max_logits);
-  };
-  auto scaled_out = [&](double eps, const std::function<bool(int64_t t, int64_t h, int64_t c)>& where) {
+  }
+  ref::AttentionOut scaled_out(double eps, const std::function<bool(int64_t t, int64_t h, int64_t c)>& where) const {
     ref::AttentionOut o = base;
     for (int64_t t = 0; t < s_q; ++t)
       for (int64_t h = 0; h < h_q; ++h)
         for (int64_t c = 0; c < d_v; ++c)
           if (where(t, h, c)) { float& v = o.out[(t * h_q + h) * d_v + c]; v = float(double(v) * (1 + eps)); }
     return o;
-  };
-  auto variant = [&](auto change) { emul::AttentionVariant v = naive; change(v); return v; };
-  auto without = [&](bool last) {  // each row's last (first) valid slot dropped
+  }
+  template <class F>
+  emul::AttentionVariant variant(F change) const { emul::AttentionVariant v = naive; change(v); return v; }
+  Tensor<int32_t> without(bool last) const {  // each row's last (first) valid slot dropped
     Tensor<int32_t> x = in0.indices;
     for (int64_t t = 0; t < s_q; ++t) {
       int64_t pick = -1;
@@ -381,95 +384,116 @@ std::vector<CatalogueRow> catalogue(const ref::Kernels& k, const std::string& tm
       if (pick >= 0) x[t * topk + pick] = -1;
     }
     return x;
-  };
-  auto topk_of = [&](const Tensor<float>& lg, const Tensor<int32_t>& ke2) { return k.topk(lg, ks, ke2, topk); };
-  auto set_indexer = [&](Cand& c, const Tensor<float>& lg, const Tensor<int32_t>& tk) {
+  }
+  Tensor<int32_t> topk_of(const Tensor<float>& lg, const Tensor<int32_t>& ke2) const { return k.topk(lg, ks, ke2, topk); }
+  void set_indexer(Cand& c, const Tensor<float>& lg, const Tensor<int32_t>& tk) const {
     c.set(P(0) + "indexer.logits", lg);
     c.set(P(0) + "indexer.topk", tk);
-  };
-  auto shifted = [&](int delta) {  // the top-k of a causal window one key longer or shorter
+  }
+  Tensor<int32_t> shifted(int delta) const {  // the top-k of a causal window one key longer or shorter
     Tensor<int32_t> ke2 = ke;
     for (int64_t t = 0; t < s_q; ++t) ke2[t] = std::clamp<int32_t>(ke2[t] + delta, ks[t], int32_t(logits.dim(1)));
     const Tensor<float> l2 = k.logits_fp8(g.tensor<e4m3_t>(P(0) + "indexer.q"), g.tensor<e4m3_t>(P(0) + "indexer.k"),
                                           g.tensor<float>(P(0) + "indexer.k_scale"), g.tensor<float>(P(0) + "indexer.weights"), ks, ke2);
     return topk_of(l2, ke2);
-  };
-  auto rows = [&](const Tensor<int32_t>& local, int l) {  // local positions -> kv rows [s_q, 1, topk]
+  }
+  Tensor<int32_t> rows(const Tensor<int32_t>& local, int l) const {  // local positions -> kv rows [s_q, 1, topk]
     Tensor<int32_t> kv = ref::local_to_kv_rows(local, g.tensor<int32_t>(P(l) + "indexer.ks"));
     kv.shape = {s_q, 1, topk};
     return kv;
-  };
-  const double e = 0.004;  // 0.4 %: a small systematic error, well inside every per-element bound
-  std::vector<Bug> bugs = {
-      {"attn.out scale, every element", "attn.out scale error", [&](Cand& c) { set_attn(c, scaled_out(e, [](int64_t, int64_t, int64_t) { return true; })); }},
-      {"attn.out scale, head 3", "head 3 only", [&](Cand& c) { set_attn(c, scaled_out(e, [](int64_t, int64_t h, int64_t) { return h == 3; })); }},
-      {"attn.out scale, columns = 0 mod 8", "columns = 0 mod 8 only", [&](Cand& c) { set_attn(c, scaled_out(e, [](int64_t, int64_t, int64_t col) { return col % 8 == 0; })); }},
-      {"attn.out scale, rows 64-127", "rows 64-127", [&](Cand& c) { set_attn(c, scaled_out(e, [](int64_t t, int64_t, int64_t) { return t >= 64 && t < 128; })); }},
-      {"attn.out 0.4% low on every other row", "rows = 0 mod 2 only", [&](Cand& c) { set_attn(c, scaled_out(-e, [](int64_t t, int64_t, int64_t) { return t % 2 == 0; })); }},
-      {"attn.out wrong beyond row 64", "rows from 64 on", [&](Cand& c) { set_attn(c, scaled_out(e, [](int64_t t, int64_t, int64_t) { return t >= 64; })); }},
+  }
+};
+
+constexpr double kPlanted = 0.004;  // 0.4 %: a small systematic error, well inside every per-element bound
+
+std::vector<Bug> attention_bugs(const Planter& p) {
+  return {
+      {"attn.out scale, every element", "attn.out scale error", [&](Cand& c) { p.set_attn(c, p.scaled_out(kPlanted, [](int64_t, int64_t, int64_t) { return true; })); }},
+      {"attn.out scale, head 3", "head 3 only", [&](Cand& c) { p.set_attn(c, p.scaled_out(kPlanted, [](int64_t, int64_t h, int64_t) { return h == 3; })); }},
+      {"attn.out scale, columns = 0 mod 8", "columns = 0 mod 8 only", [&](Cand& c) { p.set_attn(c, p.scaled_out(kPlanted, [](int64_t, int64_t, int64_t col) { return col % 8 == 0; })); }},
+      {"attn.out scale, rows 64-127", "rows 64-127", [&](Cand& c) { p.set_attn(c, p.scaled_out(kPlanted, [](int64_t t, int64_t, int64_t) { return t >= 64 && t < 128; })); }},
+      {"attn.out 0.4% low on every other row", "rows = 0 mod 2 only", [&](Cand& c) { p.set_attn(c, p.scaled_out(-kPlanted, [](int64_t t, int64_t, int64_t) { return t % 2 == 0; })); }},
+      {"attn.out wrong beyond row 64", "rows from 64 on", [&](Cand& c) { p.set_attn(c, p.scaled_out(kPlanted, [](int64_t t, int64_t, int64_t) { return t >= 64; })); }},
       {"attn.out scale 0.28% low (as large as truncation)", "attn.out scale error 0.997", [&](Cand& c) {
-         ref::AttentionOut o = scaled_out(-0.0028, [](int64_t, int64_t, int64_t) { return true; });
+         ref::AttentionOut o = p.scaled_out(-0.0028, [](int64_t, int64_t, int64_t) { return true; });
          for (float& v : o.out.data) v = round_bf16(v);
-         set_attn(c, o); }},
+         p.set_attn(c, o); }},
       {"attn.out offset", "attn.out offset", [&](Cand& c) {
-         ref::AttentionOut o = base;
-         const double r = cmp::rms_finite(base.out);
-         for (float& v : o.out.data) v = float(double(v) + e * r);
-         set_attn(c, o); }},
-      {"softmax scale 1% off", "softmax scale", [&](Cand& c) { set_attn(c, attention(naive, in0.indices, true, float(double(sm) * 1.01))); }},
+         ref::AttentionOut o = p.base;
+         const double r = cmp::rms_finite(p.base.out);
+         for (float& v : o.out.data) v = float(double(v) + kPlanted * r);
+         p.set_attn(c, o); }},
+      {"softmax scale 1% off", "softmax scale", [&](Cand& c) { p.set_attn(c, p.attention(p.naive, p.in0.indices, true, float(double(p.sm) * 1.01))); }},
       {"attn.lse in base 2", "attn.lse is in base 2", [&](Cand& c) {
-         ref::AttentionOut o = base;
+         ref::AttentionOut o = p.base;
          for (float& v : o.lse.data) v = float(double(v) / std::log(2.0));
-         set_attn(c, o); }},
+         p.set_attn(c, o); }},
       {"attn.lse includes the sink", "attn.lse includes the attention sink", [&](Cand& c) {
-         ref::AttentionOut o = base;
+         ref::AttentionOut o = p.base;
          for (int64_t i = 0; i < o.lse.numel(); ++i) {
-           const double x = o.lse[i], s = (*in0.sink)[i % h_q], m = std::max(x, s);
+           const double x = o.lse[i], s = (*p.in0.sink)[i % p.h_q], m = std::max(x, s);
            o.lse[i] = float(m + std::log(std::exp(x - m) + std::exp(s - m)));
          }
-         set_attn(c, o); }},
+         p.set_attn(c, o); }},
       {"attn.out without the sink", "attn.out ignores the attention sink", [&](Cand& c) {
-         ref::AttentionOut o = attention(naive, in0.indices, false, sm);
-         o.lse = base.lse;
-         set_attn(c, o); }},
+         ref::AttentionOut o = p.attention(p.naive, p.in0.indices, false, p.sm);
+         o.lse = p.base.lse;
+         p.set_attn(c, o); }},
       {"attn.max_logits in base 2", "attn.max_logits is in base-2 units", [&](Cand& c) {
-         ref::AttentionOut o = base;
+         ref::AttentionOut o = p.base;
          for (float& v : o.max_logits.data) v = float(double(v) / std::log(2.0));
-         set_attn(c, o); }},
-      {"each row's last key dropped", "without each row's last key", [&](Cand& c) { set_attn(c, attention(naive, without(true), true, sm)); }},
-      {"each row's first key dropped", "without each row's first key", [&](Cand& c) { set_attn(c, attention(naive, without(false), true, sm)); }},
+         p.set_attn(c, o); }},
+      {"each row's last key dropped", "without each row's last key", [&](Cand& c) { p.set_attn(c, p.attention(p.naive, p.without(true), true, p.sm)); }},
+      {"each row's first key dropped", "without each row's first key", [&](Cand& c) { p.set_attn(c, p.attention(p.naive, p.without(false), true, p.sm)); }},
       {"attn.out truncated to bf16", "toward zero", [&](Cand& c) {
-         ref::AttentionOut o = attention(variant([](emul::AttentionVariant& v) { v.out_bf16 = false; }), in0.indices, true, sm);
+         ref::AttentionOut o = p.attention(p.variant([](emul::AttentionVariant& v) { v.out_bf16 = false; }), p.in0.indices, true, p.sm);
          for (float& v : o.out.data) { uint32_t u; std::memcpy(&u, &v, 4); u &= 0xFFFF0000u; std::memcpy(&v, &u, 4); }
-         set_attn(c, o); }},
-      {"P.V accumulated in bf16", "bf16-acc-level", [&](Cand& c) { set_attn(c, attention(variant([](emul::AttentionVariant& v) { v.acc_bf16 = true; }), in0.indices, true, sm)); }},
-      {"q.k logits rounded to bf16", "bf16-logits-level", [&](Cand& c) { set_attn(c, attention(variant([](emul::AttentionVariant& v) { v.logits_bf16 = true; }), in0.indices, true, sm)); }},
-      {"q.k products rounded to bf16", "bf16-products-level", [&](Cand& c) { set_attn(c, attention(variant([](emul::AttentionVariant& v) { v.products_bf16 = true; }), in0.indices, true, sm)); }},
+         p.set_attn(c, o); }},
+      {"P.V accumulated in bf16", "bf16-acc-level", [&](Cand& c) { p.set_attn(c, p.attention(p.variant([](emul::AttentionVariant& v) { v.acc_bf16 = true; }), p.in0.indices, true, p.sm)); }},
+      {"q.k logits rounded to bf16", "bf16-logits-level", [&](Cand& c) { p.set_attn(c, p.attention(p.variant([](emul::AttentionVariant& v) { v.logits_bf16 = true; }), p.in0.indices, true, p.sm)); }},
+      {"q.k products rounded to bf16", "bf16-products-level", [&](Cand& c) { p.set_attn(c, p.attention(p.variant([](emul::AttentionVariant& v) { v.products_bf16 = true; }), p.in0.indices, true, p.sm)); }},
+  };
+}
+
+std::vector<Bug> indexer_bugs(const Planter& p) {
+  return {
       {"indexer logits in bf16", "indexer.logits carries bf16-level", [&](Cand& c) {
-         Tensor<float> lg = logits;
+         Tensor<float> lg = p.logits;
          for (float& v : lg.data) v = round_bf16(v);
-         c.set(P(0) + "indexer.logits", lg); }},
+         c.set(p.P(0) + "indexer.logits", lg); }},
       {"indexer logits scale", "indexer.logits scale error", [&](Cand& c) {
-         Tensor<float> lg = logits;
+         Tensor<float> lg = p.logits;
          for (float& v : lg.data) if (std::isfinite(v)) v = float(double(v) * 1.004);
-         c.set(P(0) + "indexer.logits", lg); }},
+         c.set(p.P(0) + "indexer.logits", lg); }},
       {"indexer logits scale, keys = 0 mod 8", "columns = 0 mod 8 only", [&](Cand& c) {
-         Tensor<float> lg = logits;
+         Tensor<float> lg = p.logits;
          const int64_t s_kv = lg.dim(1);
          for (int64_t i = 0; i < lg.numel(); ++i) if (std::isfinite(lg[i]) && (i % s_kv) % 8 == 0) lg[i] = float(double(lg[i]) * 1.004);
-         c.set(P(0) + "indexer.logits", lg); }},
+         c.set(p.P(0) + "indexer.logits", lg); }},
       {"top-k from bf16 scores", "bf16-level", [&](Cand& c) {
-         Tensor<float> lg = logits;
+         Tensor<float> lg = p.logits;
          for (float& v : lg.data) v = round_bf16(v);
-         set_indexer(c, lg, topk_of(lg, ke)); }},
-      {"causal bound one key too long", "one key too long", [&](Cand& c) { c.set(P(0) + "indexer.topk", shifted(+1)); }},
-      {"causal bound one key too short", "one key too short", [&](Cand& c) { c.set(P(0) + "indexer.topk", shifted(-1)); }},
+         p.set_indexer(c, lg, p.topk_of(lg, p.ke)); }},
+      {"causal bound one key too long", "one key too long", [&](Cand& c) { c.set(p.P(0) + "indexer.topk", p.shifted(+1)); }},
+      {"causal bound one key too short", "one key too short", [&](Cand& c) { c.set(p.P(0) + "indexer.topk", p.shifted(-1)); }},
       {"Shared layer recomputes its top-k", "own fresh top-k", [&](Cand& c) {
-         c.set(P(1) + "attn.indices", rows(k.topk(g.tensor<float>(P(1) + "indexer.logits"), g.tensor<int32_t>(P(1) + "indexer.ks"),
-                                                  g.tensor<int32_t>(P(1) + "indexer.ke"), topk), 1)); }},
+         c.set(p.P(1) + "attn.indices", p.rows(p.k.topk(p.g.tensor<float>(p.P(1) + "indexer.logits"), p.g.tensor<int32_t>(p.P(1) + "indexer.ks"),
+                                                  p.g.tensor<int32_t>(p.P(1) + "indexer.ke"), p.topk), 1)); }},
       {"Shared layer takes another Full layer's positions", "Full layer 0's positions", [&](Cand& c) {
-         c.set(P(3) + "attn.indices", g.tensor<int32_t>(P(0) + "attn.indices")); }},
+         c.set(p.P(3) + "attn.indices", p.g.tensor<int32_t>(p.P(0) + "attn.indices")); }},
   };
+}
+
+}  // namespace
+
+std::vector<CatalogueRow> catalogue(const ref::Kernels& k, const std::string& tmp, const std::function<void(const CatalogueRow&)>& progress) {
+  fs::create_directories(tmp);
+  const std::string dir = tmp + "/golden";
+  golden::write(dir, golden::build(parse_problem(kCatalogueProblem), "stack", true, "indexshare calibrate --catalogue", Impl::simd), true);
+  const golden::Loaded g = golden::read(dir);
+  const Planter p(g, k);
+  std::vector<Bug> bugs = attention_bugs(p);
+  for (Bug& b : indexer_bugs(p)) bugs.push_back(std::move(b));
   std::vector<CatalogueRow> out;
   for (const Bug& b : bugs) {
     Cand c;

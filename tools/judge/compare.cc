@@ -330,6 +330,111 @@ Report compare_topk(const std::string& tensor, const Tensor<float>& golden_logit
   return compare_topk(tensor, [&]() -> const Tensor<float>& { return golden_logits; }, ks, ke, golden_topk, cand, opt);
 }
 
+namespace {
+
+// One row's judgement (compare_topk): its kind, and what a report needs of it.
+enum class Row : uint8_t { ok, structural, selection, near_tie, wide_tie, scores };
+struct RowResult {
+  Row kind = Row::ok;
+  bool nontrivial = false, checked = false;  // checked: well formed, with a nonempty window
+  double recall = 1.0;
+  std::string what;  // the mismatch of a structural or selection failure
+};
+// Position sets per row as sorted vectors of distinct values (what std::set would iterate).
+void sorted_set(std::vector<int32_t>& v) {
+  std::sort(v.begin(), v.end());
+  v.erase(std::unique(v.begin(), v.end()), v.end());
+}
+bool member(const std::vector<int32_t>& v, int32_t x) { return std::binary_search(v.begin(), v.end(), x); }
+
+// Row t, well formed, whose golden scores differ from the golden selection's: is every swap a near
+// tie the candidate's own logits explain (near_tie), one the contract's arithmetic cannot explain
+// (wide_tie, `what` says so), or neither (selection)? seen and gold: the row's positions, sorted.
+Row near_ties(int64_t t, const std::vector<int32_t>& seen, const std::vector<int32_t>& gold, const Tensor<float>& golden_logits,
+              const Tensor<int32_t>& ks, const TopkOptions& opt, double recall, std::string& what) {
+  if (!opt.candidate_logits) return Row::selection;
+  const int64_t s_kv = golden_logits.dim(1);
+  std::vector<int32_t> taken, missed;
+  for (int32_t v : seen) if (!member(gold, v)) taken.push_back(v);
+  for (int32_t v : gold) if (!member(seen, v)) missed.push_back(v);
+  auto dev = [&](int32_t v) {
+    const int64_t c = ks[t] + v;
+    return std::fabs(double(opt.candidate_logits->at(t, c)) - double(golden_logits.at(t, c)));
+  };
+  auto within = [&](int32_t v) {
+    return !opt.logits_rule || opt.logits_rule->bound.empty() || dev(v) <= opt.logits_rule->bound[size_t(t * s_kv + ks[t] + v)];
+  };
+  // Pair the taken positions (ascending golden score) with the missed ones (descending).
+  std::sort(taken.begin(), taken.end(), [&](int32_t a, int32_t b) { return golden_logits.at(t, ks[t] + a) < golden_logits.at(t, ks[t] + b); });
+  std::sort(missed.begin(), missed.end(), [&](int32_t a, int32_t b) { return golden_logits.at(t, ks[t] + a) > golden_logits.at(t, ks[t] + b); });
+  // The gap the contract's arithmetic can move two scores across.
+  auto contract_gap = [&](int32_t a, int32_t b) {
+    if (opt.contract_tie < 0 || !opt.logits_rule || opt.logits_rule->bound.empty()) return std::numeric_limits<double>::infinity();
+    const size_t row = size_t(t * s_kv + ks[t]);
+    return opt.contract_tie * (double(opt.logits_rule->bound[row + size_t(a)]) + double(opt.logits_rule->bound[row + size_t(b)]));
+  };
+  bool legit = taken.size() == missed.size(), wide = false;
+  for (size_t i = 0; legit && i < taken.size(); ++i) {
+    const double gap = double(golden_logits.at(t, ks[t] + missed[i])) - double(golden_logits.at(t, ks[t] + taken[i]));
+    legit = within(taken[i]) && within(missed[i]) && gap <= dev(taken[i]) + dev(missed[i]);
+    if (legit && gap > contract_gap(taken[i], missed[i])) wide = true;
+  }
+  if (legit && wide) {
+    char buf[240];
+    std::snprintf(buf, sizeof buf, "near ties wider than the contract's arithmetic moves a score (recall %.3f): top-k from "
+                  "low-precision scores", recall);
+    what = buf;
+    return Row::wide_tie;
+  }
+  return legit ? Row::near_tie : Row::selection;
+}
+
+// The rows' results folded into the report in row order (counts, recall, mismatches, reasons, verdict).
+void fold_rows(Report& r, std::vector<RowResult>& rows) {
+  const int64_t s_q = int64_t(rows.size());
+  int64_t structural = 0, selection = 0, nontrivial = 0, near_ties = 0, wide_ties = 0;
+  double recall_sum = 0;
+  r.stats.recall_min = 1;
+  for (int64_t t = 0; t < s_q; ++t) {
+    RowResult& x = rows[size_t(t)];
+    nontrivial += x.nontrivial;
+    recall_sum += x.recall;
+    r.stats.recall_min = std::min(r.stats.recall_min, x.recall);
+    if (x.kind == Row::structural) {
+      add_mismatch(r, {{t}, 0, 0, 0, 0, std::move(x.what)});
+      ++structural;
+      ++r.stats.n_fail;
+      continue;
+    }
+    if (x.checked) ++r.stats.n_checked;
+    if (x.kind == Row::near_tie) ++near_ties;
+    if (x.kind == Row::wide_tie) {
+      ++wide_ties;
+      ++r.stats.n_fail;
+      add_mismatch(r, {{t}, 0, 0, 0, 0, std::move(x.what)});
+    }
+    if (x.kind == Row::selection) {
+      ++selection;
+      ++r.stats.n_fail;
+      add_mismatch(r, {{t}, 0, 0, 0, 0, std::move(x.what)});
+    }
+  }
+  r.stats.recall_mean = s_q ? recall_sum / double(s_q) : 1.0;
+  if (structural) r.reasons.push_back(std::to_string(structural) + " row(s) with malformed positions");
+  if (selection) r.reasons.push_back(std::to_string(selection) + " row(s) whose selected scores differ from the golden's");
+  if (near_ties) r.reasons.push_back(std::to_string(near_ties) + " row(s) differ only by near ties explained by the candidate's logits (accepted)");
+  if (wide_ties)
+    r.reasons.push_back(std::to_string(wide_ties) + " row(s) differ by near ties wider than the contract's arithmetic explains, "
+                        "however the candidate's logits moved: top-k from low-precision scores");
+  if (structural || selection || wide_ties) r.verdict = Verdict::fail;
+  else if (nontrivial == 0) {
+    r.verdict = Verdict::mistrusted;
+    r.reasons.push_back("every row has length <= topk: the selection is not exercised");
+  }
+}
+
+}  // namespace
+
 Report compare_topk(const std::string& tensor, const std::function<const Tensor<float>&()>& logits_of, const Tensor<int32_t>& ks,
                     const Tensor<int32_t>& ke, const Tensor<int32_t>& golden_topk, const Tensor<int32_t>& cand,
                     const TopkOptions& opt) {
@@ -343,23 +448,8 @@ Report compare_topk(const std::string& tensor, const std::function<const Tensor<
   const int64_t s_q = golden_topk.dim(0), topk = golden_topk.dim(1);
   r.stats.n = s_q;
   // Each row is judged on its own (below), in parallel over fixed blocks of rows; the rows' results
-  // are then folded in row order, so the report (counts, recall sums, the mismatch list) is the
-  // same for any thread count.
-  // scores: a row that has to compare scores before the logits are at hand (`lg` null) is left
-  // for a second sweep, which runs with them.
-  enum class Row : uint8_t { ok, structural, selection, near_tie, wide_tie, scores };
-  struct RowResult {
-    Row kind = Row::ok;
-    bool nontrivial = false, checked = false;  // checked: well formed, with a nonempty window
-    double recall = 1.0;
-    std::string what;  // the mismatch of a structural or selection failure
-  };
-  // Position sets per row as sorted vectors of distinct values (what std::set would iterate).
-  auto sorted_set = [](std::vector<int32_t>& v) {
-    std::sort(v.begin(), v.end());
-    v.erase(std::unique(v.begin(), v.end()), v.end());
-  };
-  auto member = [](const std::vector<int32_t>& v, int32_t x) { return std::binary_search(v.begin(), v.end(), x); };
+  // are then folded in row order (fold_rows): the report is the same for any thread count. A row
+  // that has to compare scores before the logits are at hand (`lg` null) waits for a second sweep.
   int64_t max_len = 0;
   for (int64_t t = 0; t < s_q; ++t) max_len = std::max<int64_t>(max_len, ke[t] - ks[t]);
   // Row t; seen_in[v] == t marks position v taken in row t (a thread's own array); gold and
@@ -427,7 +517,6 @@ Report compare_topk(const std::string& tensor, const std::function<const Tensor<
     if (size_t(common) == gold.size() && seen.size() == gold.size()) return x;
     if (!lg) { x.kind = Row::scores; return x; }
     const Tensor<float>& golden_logits = *lg;
-    const int64_t s_kv = golden_logits.dim(1);
     std::vector<float> sc, sg;
     for (int32_t v : seen) sc.push_back(golden_logits.at(t, ks[t] + v));
     for (int32_t v : gold) sg.push_back(golden_logits.at(t, ks[t] + v));
@@ -435,46 +524,8 @@ Report compare_topk(const std::string& tensor, const std::function<const Tensor<
     std::sort(sg.begin(), sg.end());
     if (sc == sg) return x;
     // Near ties explained by the candidate's own logits.
-    bool legit = false;
-    if (opt.candidate_logits) {
-      std::vector<int32_t> taken, missed;
-      for (int32_t v : seen) if (!member(gold, v)) taken.push_back(v);
-      for (int32_t v : gold) if (!member(seen, v)) missed.push_back(v);
-      auto dev = [&](int32_t v) {
-        const int64_t c = ks[t] + v;
-        return std::fabs(double(opt.candidate_logits->at(t, c)) - double(golden_logits.at(t, c)));
-      };
-      auto within = [&](int32_t v) {
-        return !opt.logits_rule || opt.logits_rule->bound.empty() ||
-               dev(v) <= opt.logits_rule->bound[size_t(t * s_kv + ks[t] + v)];
-      };
-      // Pair the taken positions (ascending golden score) with the missed ones (descending).
-      std::sort(taken.begin(), taken.end(), [&](int32_t a, int32_t b) { return golden_logits.at(t, ks[t] + a) < golden_logits.at(t, ks[t] + b); });
-      std::sort(missed.begin(), missed.end(), [&](int32_t a, int32_t b) { return golden_logits.at(t, ks[t] + a) > golden_logits.at(t, ks[t] + b); });
-      // The gap the contract's arithmetic can move two scores across.
-      auto contract_gap = [&](int32_t a, int32_t b) {
-        if (opt.contract_tie < 0 || !opt.logits_rule || opt.logits_rule->bound.empty()) return std::numeric_limits<double>::infinity();
-        const size_t row = size_t(t * s_kv + ks[t]);
-        return opt.contract_tie * (double(opt.logits_rule->bound[row + size_t(a)]) + double(opt.logits_rule->bound[row + size_t(b)]));
-      };
-      legit = taken.size() == missed.size();
-      bool wide = false;
-      for (size_t i = 0; legit && i < taken.size(); ++i) {
-        const double gap = double(golden_logits.at(t, ks[t] + missed[i])) - double(golden_logits.at(t, ks[t] + taken[i]));
-        legit = within(taken[i]) && within(missed[i]) && gap <= dev(taken[i]) + dev(missed[i]);
-        if (legit && gap > contract_gap(taken[i], missed[i])) wide = true;
-      }
-      if (legit && wide) {
-        x.kind = Row::wide_tie;
-        char buf[240];
-        std::snprintf(buf, sizeof buf, "near ties wider than the contract's arithmetic moves a score (recall %.3f): top-k from "
-                      "low-precision scores", x.recall);
-        x.what = buf;
-        return x;
-      }
-    }
-    if (legit) { x.kind = Row::near_tie; return x; }
-    x.kind = Row::selection;
+    x.kind = near_ties(t, seen, gold, golden_logits, ks, opt, x.recall, x.what);
+    if (x.kind != Row::selection) return x;
     char buf[200];
     std::snprintf(buf, sizeof buf, "selected scores differ from the golden's (recall %.3f): a true winner is missing",
                   x.recall);
@@ -502,45 +553,7 @@ Report compare_topk(const std::string& tensor, const std::function<const Tensor<
           if (sweep == 1 || rows[size_t(t)].kind == Row::scores) rows[size_t(t)] = judge_row(t, lg, seen_in, gold, in_window);
     }
   }
-  int64_t structural = 0, selection = 0, nontrivial = 0, near_ties = 0, wide_ties = 0;
-  double recall_sum = 0;
-  r.stats.recall_min = 1;
-  for (int64_t t = 0; t < s_q; ++t) {
-    RowResult& x = rows[size_t(t)];
-    nontrivial += x.nontrivial;
-    recall_sum += x.recall;
-    r.stats.recall_min = std::min(r.stats.recall_min, x.recall);
-    if (x.kind == Row::structural) {
-      add_mismatch(r, {{t}, 0, 0, 0, 0, std::move(x.what)});
-      ++structural;
-      ++r.stats.n_fail;
-      continue;
-    }
-    if (x.checked) ++r.stats.n_checked;
-    if (x.kind == Row::near_tie) ++near_ties;
-    if (x.kind == Row::wide_tie) {
-      ++wide_ties;
-      ++r.stats.n_fail;
-      add_mismatch(r, {{t}, 0, 0, 0, 0, std::move(x.what)});
-    }
-    if (x.kind == Row::selection) {
-      ++selection;
-      ++r.stats.n_fail;
-      add_mismatch(r, {{t}, 0, 0, 0, 0, std::move(x.what)});
-    }
-  }
-  r.stats.recall_mean = s_q ? recall_sum / double(s_q) : 1.0;
-  if (structural) r.reasons.push_back(std::to_string(structural) + " row(s) with malformed positions");
-  if (selection) r.reasons.push_back(std::to_string(selection) + " row(s) whose selected scores differ from the golden's");
-  if (near_ties) r.reasons.push_back(std::to_string(near_ties) + " row(s) differ only by near ties explained by the candidate's logits (accepted)");
-  if (wide_ties)
-    r.reasons.push_back(std::to_string(wide_ties) + " row(s) differ by near ties wider than the contract's arithmetic explains, "
-                        "however the candidate's logits moved: top-k from low-precision scores");
-  if (structural || selection || wide_ties) r.verdict = Verdict::fail;
-  else if (nontrivial == 0) {
-    r.verdict = Verdict::mistrusted;
-    r.reasons.push_back("every row has length <= topk: the selection is not exercised");
-  }
+  fold_rows(r, rows);
   return r;
 }
 

@@ -310,6 +310,92 @@ void Judge::rounding_hypothesis(AttnCtx& a, const Tensor<float>& co) {
   }
 }
 
+
+void Judge::model_out_hypotheses(const LayerData& d, const std::string& P, const UsedIndices& used, const ModelOut& m) {
+  const Tensor<bf16_t>& w_uv = m.w_uv;
+  const Tensor<bf16_t>& w_uk = m.w_uk;
+  const Tensor<bf16_t>& q_nope = m.q_nope;
+  const Tensor<float>& co = m.co;
+  const ref::AttentionOut& lat = m.lat;
+  const Tensor<float>& expected = m.expected;
+  const int64_t V = m.V, N = m.N;
+  const bool rounded = m.rounded;
+  // What explains a failure. Another Full layer's positions (a Shared layer attending over them):
+  for (int j = 0; j < n_layers_; ++j) {
+    if (j == d.source || !layer(j).full) continue;
+    const Tensor<float> lj = k_.sparse_attention(d.q, d.kv, layer(j).indices, sm_, d_v_, nullptr, nullptr).out;
+    const Tensor<float> ej = cmp::map_latent_output(lj, w_uv);
+    if (passes(cmp::compare_floats("", ej, co, bound_rule(cmp::model_attention_bounds(d.q, d.kv, layer(j).indices, sm_, q_nope,
+                                                                                        w_uk, w_uv, lj, ej, rounded)))))
+      res.diagnoses.push_back(P + ": attn.model_out is the model's attention over Full layer " + std::to_string(j) +
+                              "'s positions instead of layer " + std::to_string(d.source) + "'s");
+  }
+  // Per (row, head): does the element fail?
+  auto fails = [&](const Tensor<float>& e, const std::vector<float>& b, int64_t t, int64_t hh) {
+    for (int64_t j = 0; j < V; ++j) {
+      const int64_t i = (t * h_q_ + hh) * V + j;
+      if (!(std::fabs(double(co[i]) - double(e[i])) <= b[size_t(i)])) return true;
+    }
+    return false;
+  };
+  // V of another head: a failing head whose every row passes with head h2's W_uv (the first 4
+  // failing heads; every other head tried).
+  int tried = 0;
+  for (int64_t hh = 0; hh < h_q_ && tried < 4; ++hh) {
+    bool bad = false;
+    for (int64_t t = 0; t < s_q_ && !bad; ++t) bad = fails(expected, m.bound, t, hh);
+    if (!bad) continue;
+    ++tried;
+    for (int64_t h2 = 0; h2 < h_q_; ++h2) {
+      if (h2 == hh) continue;
+      Tensor<bf16_t> w2 = w_uv;
+      for (int64_t i = 0; i < V * d_v_; ++i) w2[hh * V * d_v_ + i] = w_uv[h2 * V * d_v_ + i];
+      const Tensor<float> e2 = cmp::map_latent_output(lat.out, w2);
+      const std::vector<float> b2 = cmp::model_attention_bounds(d.q, d.kv, used.indices, sm_, q_nope, w_uk, w2, lat.out, e2, rounded);
+      bool ok = true;
+      for (int64_t t = 0; t < s_q_ && ok; ++t) ok = !fails(e2, b2, t, hh);
+      if (ok) {
+        res.diagnoses.push_back(P + ": attn.model_out head " + std::to_string(hh) + " is its latent output mapped through head " +
+                                std::to_string(h2) + "'s W_uv (the model used another head's V, or attn.w_uv is not the model's)");
+        break;
+      }
+    }
+  }
+  // One position missing from a row's mask: the first 3 failing rows, each valid position left out.
+  const int64_t k = used.indices.shape[2];
+  int rows = 0;
+  for (int64_t t = 0; t < s_q_ && rows < 3; ++t) {
+    bool bad = false;
+    for (int64_t hh = 0; hh < h_q_ && !bad; ++hh) bad = fails(expected, m.bound, t, hh);
+    if (!bad) continue;
+    ++rows;
+    for (int64_t j = 0; j < k; ++j) {
+      const int32_t s = used.indices[t * k + j];
+      if (s < 0 || s >= s_kv_) continue;
+      Tensor<int32_t> one({1, 1, k});
+      Tensor<bf16_t> q1({1, h_q_, d.q.shape[2]});
+      for (int64_t i = 0; i < k; ++i) one[i] = i == j ? -1 : used.indices[t * k + i];
+      for (int64_t i = 0; i < q1.numel(); ++i) q1[i] = d.q[t * q1.numel() + i];
+      const Tensor<float> l1 = k_.sparse_attention(q1, d.kv, one, sm_, d_v_, nullptr, nullptr).out;
+      const Tensor<float> e1 = cmp::map_latent_output(l1, w_uv);
+      Tensor<bf16_t> qn1({1, h_q_, N});
+      for (int64_t i = 0; i < qn1.numel(); ++i) qn1[i] = q_nope[t * qn1.numel() + i];
+      const std::vector<float> b1 = cmp::model_attention_bounds(q1, d.kv, one, sm_, qn1, w_uk, w_uv, l1, e1, rounded);
+      bool ok = true;
+      for (int64_t hh = 0; hh < h_q_ && ok; ++hh)
+        for (int64_t c = 0; c < V && ok; ++c) {
+          const int64_t i = hh * V + c;
+          ok = std::fabs(double(co[t * h_q_ * V + i]) - double(e1[i])) <= b1[size_t(i)];
+        }
+      if (ok) {
+        res.diagnoses.push_back(P + ": attn.model_out row " + std::to_string(t) + " is the model's attention without position " +
+                                std::to_string(s) + " (a top-k position missing from its mask)");
+        break;
+      }
+    }
+  }
+}
+
 }  // namespace detail
 
 }  // namespace indexshare::diff

@@ -336,6 +336,20 @@ class Judge {
   void out_hypotheses(AttnCtx& a, const Tensor<float>& co);
   void judge_lse(AttnCtx& a);
   void judge_model_out(const LayerData& d, const std::string& P, const UsedIndices& used, io::DiffPanel& panel);
+  // What a failing attn.model_out is judged against (judge_model_out's), and its hypotheses:
+  // another Full layer's positions, another head's V, one position missing from a row's mask.
+  struct ModelOut {
+    const Tensor<bf16_t>& w_uv;
+    const Tensor<bf16_t>& w_uk;
+    const Tensor<bf16_t>& q_nope;
+    const Tensor<float>& co;
+    const ref::AttentionOut& lat;
+    const Tensor<float>& expected;
+    const std::vector<float>& bound;
+    int64_t V, N;
+    bool rounded;
+  };
+  void model_out_hypotheses(const LayerData& d, const std::string& P, const UsedIndices& used, const ModelOut& m);
   void judge_max_logits(AttnCtx& a);
   // attn.out or attn.lse (`tensor`, the candidate's `got`) against the attention over the indices
   // used less one key per row (each row's last valid slot, then its first): a loop bound off by one.
