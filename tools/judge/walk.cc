@@ -141,9 +141,10 @@ Tensor<float> Judge::judge_logits(const LayerData& d, const std::string& P) {
   if (d.index_q8.numel()) {  // FP8 sets: the classes are emulated on the set's own FP8 inputs
     auto elems = prec::sample_logits(d.ks, d.ke, s_kv_);
     std::vector<double> gold, cand, scale;
+    const Tensor<float>& cl = cand_logits;  // read only (it may be a view of the candidate's file)
     for (const auto& [t, s] : elems) {
       gold.push_back(d.logits.at(t, s));
-      cand.push_back(cand_logits.at(t, s));
+      cand.push_back(cl.at(t, s));
       scale.push_back(d.logits_rule.bound[size_t(t * s_kv_ + s)]);
     }
     const prec::ClassValues values = prec::logits_classes(d.index_q8, d.index_k8, d.index_k_scale, d.index_weights, elems, gold);
