@@ -12,9 +12,15 @@
 namespace indexshare {
 
 namespace {
+// The shortest decimal that reads back as the same float (at most 9 significant digits, which
+// round-trip any float): drift=0.98, not 0.980000019. A problem string written with more digits by
+// an older version parses to the same float, so it replays to the same bytes.
 std::string float_str(float v) {
   char buf[32];
-  std::snprintf(buf, sizeof buf, "%.9g", double(v));  // 9 significant digits round-trip any float
+  for (int digits = 1; digits <= 9; ++digits) {
+    std::snprintf(buf, sizeof buf, "%.*g", digits, double(v));
+    if (std::strtof(buf, nullptr) == v) break;
+  }
   return buf;
 }
 float parse_float(const std::string& value) {
