@@ -56,13 +56,9 @@ int cmd_calibrate(const CalibrateArgs& a) {
     }
     std::printf("named right first: %d of %d\n", right, n);
     j = {{"problem", calib::kCatalogueProblem}, {"named_first", right}, {"bugs", n}, {"catalogue", rows}};
-    if (!a.json.empty()) io::write_text_file(a.json, j.dump(2) + "\n");
-    return 0;
-  }
-  if (a.power.empty()) reject_given(a.given, {"--layer"}, "--power", "it picks the layer the faults go into");
-  else reject_given(a.given, {"--runs", "--first", "--seed", "--max-work"}, "calibration runs (without --power)",
-                    "--power measures faults on the given golden set");
-  if (!a.power.empty()) {
+  } else if (!a.power.empty()) {
+    reject_given(a.given, {"--runs", "--first", "--seed", "--max-work"}, "calibration runs (without --power)",
+                 "--power measures faults on the given golden set");
     const std::vector<calib::PowerRow> power = calib::power(a.power, a.layer, simd::kernels(), tmp);  // bad input: nothing printed
     std::printf("power of the judge on %s, layer %d (faults on the naive correct emulation; smallest failing eps, to ~5%%)\n",
                 a.power.c_str(), a.layer);
@@ -76,6 +72,7 @@ int cmd_calibrate(const CalibrateArgs& a) {
     }
     j = {{"golden", a.power}, {"layer", a.layer}, {"power", rows}};
   } else {
+    reject_given(a.given, {"--layer"}, "--power", "it picks the layer the faults go into");
     require(a.runs >= 1 && a.runs <= 100000, "--runs: expected 1..100000, got " + std::to_string(a.runs));
     require(a.first >= 0 && a.first <= 1000000000, "--first: expected 0..10^9, got " + std::to_string(a.first));
     std::printf("calibration: %d runs of the correct-kernel family from run %d, seed %lld\n", a.runs, a.first, (long long)a.seed);

@@ -251,12 +251,7 @@ std::vector<PowerRow> power(const std::string& dir, int layer, const ref::Kernel
   auto coarse = [](Tensor<float> t, double eps) {
     if (eps <= 0) return t;
     const int bits = std::clamp(int(std::lround(-std::log2(eps))), 1, 23);
-    for (float& v : t.data)
-      if (std::isfinite(v) && v != 0) {
-        int e = 0;
-        std::frexp(double(v), &e);
-        v = float(std::nearbyint(std::ldexp(double(v), bits - e)) * std::ldexp(1.0, e - bits));
-      }
+    for (float& v : t.data) v = float(prec::round_bits(double(v), bits));
     return t;
   };
   faults.push_back({"attn.out rounded to -log2(eps) bits (precision loss)", "attn.out", [&](Cand& c, double e) {
@@ -375,16 +370,7 @@ struct Planter {
   }
   template <class F>
   emul::AttentionVariant variant(F change) const { emul::AttentionVariant v = naive; change(v); return v; }
-  Tensor<int32_t> without(bool last) const {  // each row's last (first) valid slot dropped
-    Tensor<int32_t> x = in0.indices;
-    for (int64_t t = 0; t < s_q; ++t) {
-      int64_t pick = -1;
-      for (int64_t j = 0; j < topk; ++j)
-        if (x[t * topk + j] >= 0 && (last || pick < 0)) pick = j;
-      if (pick >= 0) x[t * topk + pick] = -1;
-    }
-    return x;
-  }
+  Tensor<int32_t> without(bool last) const { return emul::drop_one_key(in0.indices, nullptr, in0.kv.dim(0), last); }
   Tensor<int32_t> topk_of(const Tensor<float>& lg, const Tensor<int32_t>& ke2) const { return k.topk(lg, ks, ke2, topk); }
   void set_indexer(Cand& c, const Tensor<float>& lg, const Tensor<int32_t>& tk) const {
     c.set(P(0) + "indexer.logits", lg);

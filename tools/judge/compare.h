@@ -54,6 +54,7 @@ struct Stats {
   double max_abs = 0, max_rel = 0, metric = 0, mean_signed = 0;
   double max_ratio = 0;   // max |got - exp| / bound over elements (how close to the bound)
   double recall_mean = 1, recall_min = 1;  // top-k only
+  int64_t wide_ties = 0;  // top-k only: rows whose near ties the contract's arithmetic does not explain
 };
 
 // A flagged structure test (judge/structure.h), as the report carries it.

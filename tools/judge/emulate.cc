@@ -210,6 +210,22 @@ ref::AttentionOut attention(const AttentionVariant& v, const Tensor<bf16_t>& q, 
   return o;
 }
 
+Tensor<int32_t> drop_one_key(const Tensor<int32_t>& indices, const Tensor<int32_t>* topk_length, int64_t s_kv, bool last,
+                             int64_t* dropped) {
+  Tensor<int32_t> out = indices;
+  const int64_t s_q = indices.dim(0), k = indices.numel() / std::max<int64_t>(1, s_q);
+  int64_t n = 0;
+  for (int64_t t = 0; t < s_q; ++t) {
+    const int64_t len = topk_length ? std::clamp<int64_t>((*topk_length)[t], 0, k) : k;
+    int64_t pick = -1;
+    for (int64_t j = 0; j < len; ++j)
+      if (const int32_t i = out[t * k + j]; i >= 0 && i < s_kv && (last || pick < 0)) pick = j;
+    if (pick >= 0) { out[t * k + pick] = -1; ++n; }
+  }
+  if (dropped) *dropped = n;
+  return out;
+}
+
 std::string LogitsVariant::name() const {
   std::string n = fp8_14 ? "fp8acc14" : "f32";
   if (d_block) n += "-dblock" + std::to_string(d_block);
@@ -279,11 +295,17 @@ std::vector<float> logits_at(const LogitsVariant& v, const Tensor<e4m3_t>& q, co
                              const Tensor<float>& k_scale, const Tensor<float>& weights, const std::vector<RowCol>& elems) {
   const int64_t H = q.dim(1), D = q.dim(2);
   std::vector<float> out(elems.size());
-#pragma omp parallel for schedule(dynamic, 64)
-  for (int64_t i = 0; i < int64_t(elems.size()); ++i) {
-    const auto [t, s] = elems[size_t(i)];
-    const std::vector<float> qf = to_f32(q.ptr() + t * H * D, H * D), kr = to_f32(k.ptr() + s * D, D);
-    out[size_t(i)] = logit_one(v, qf.data(), kr.data(), weights, k_scale[s], t, H, D);
+#pragma omp parallel
+  {
+    std::vector<float> qf;  // the row's query in f32, converted once per run of elements of one row
+    int64_t row = -1;
+#pragma omp for schedule(dynamic, 64)
+    for (int64_t i = 0; i < int64_t(elems.size()); ++i) {
+      const auto [t, s] = elems[size_t(i)];
+      if (t != row) { qf = to_f32(q.ptr() + t * H * D, H * D); row = t; }
+      const std::vector<float> kr = to_f32(k.ptr() + s * D, D);
+      out[size_t(i)] = logit_one(v, qf.data(), kr.data(), weights, k_scale[s], t, H, D);
+    }
   }
   return out;
 }

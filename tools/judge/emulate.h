@@ -65,6 +65,12 @@ ref::AttentionOut attention(const AttentionVariant& v, const Tensor<bf16_t>& q, 
                             const Tensor<int32_t>& indices, float sm_scale, int64_t d_v,
                             const Tensor<int32_t>* topk_length = nullptr, const Tensor<float>* attn_sink = nullptr);
 
+// The indices with each row's last (last) or first valid slot (in [0, s_kv), within topk_length)
+// set to -1: a kernel whose loop over the top-k slots is off by one. `dropped`, when given,
+// receives how many rows lost a key.
+Tensor<int32_t> drop_one_key(const Tensor<int32_t>& indices, const Tensor<int32_t>* topk_length, int64_t s_kv, bool last,
+                             int64_t* dropped = nullptr);
+
 struct LogitsVariant {
   bool fp8_14 = false;         // Hopper 14-bit truncating accumulation
   bool heads_descending = false;

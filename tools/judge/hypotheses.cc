@@ -1,4 +1,5 @@
 // indexshare diff: the named hypotheses a failing tensor is tested against.
+#include "tools/judge/emulate.h"
 #include "tools/judge/walk.h"
 
 namespace indexshare::diff {
@@ -259,18 +260,10 @@ void Judge::out_hypotheses(AttnCtx& a, const Tensor<float>& co) {
 void Judge::key_dropped_hypothesis(AttnCtx& a, const std::string& tensor, const Tensor<float>& got) {
   const LayerData& d = a.d;
   with_q(d.l);
-  const int64_t k = a.use.dim(2);
   for (const bool last : {true, false}) {
-    Tensor<int32_t> fewer = a.use;
-    bool any = false;
-    for (int64_t t = 0; t < s_q_; ++t) {
-      const int64_t len = d.topk_length.numel() ? std::clamp<int64_t>(d.topk_length[t], 0, k) : k;
-      int64_t pick = -1;
-      for (int64_t j = 0; j < len; ++j)
-        if (const int32_t i = fewer[t * k + j]; i >= 0 && i < s_kv_ && (last || pick < 0)) pick = j;
-      if (pick >= 0) { fewer[t * k + pick] = -1; any = true; }
-    }
-    if (!any) return;
+    int64_t dropped = 0;
+    const Tensor<int32_t> fewer = emul::drop_one_key(a.use, d.topk_length.numel() ? &d.topk_length : nullptr, s_kv_, last, &dropped);
+    if (dropped == 0) return;
     const Expected x = expected_attention(g_, d, fewer, sm_, d_v_, k_);
     const bool out = tensor == "attn.out";
     if (explains(out ? x.attn.out : x.attn.lse, out ? x.bounds.out : x.bounds.lse, got, out ? a.e.attn.out : a.e.attn.lse)) {

@@ -105,7 +105,7 @@ struct Finding {
   double cand = 0, contract = 0, ratio = 0;  // E_cand, E_contract (relative RMS), E_cand / E_contract
   std::string contract_class, named;         // named: the coarser class that fits, "" when none
   double named_e = 0;
-  std::string sentence;    // the report's line (a failure's reason, or the passing measurement)
+  std::string sentence;    // a failure's sentence (empty when it passes)
 };
 
 // The test of one tensor: golden and candidate at the sampled elements (non-finite pairs are left
@@ -119,6 +119,9 @@ Finding test(const std::string& tensor, const std::vector<double>& golden, const
 // (TopkOptions::contract_tie).
 double max_scaled_deviation(const std::vector<double>& golden, const std::vector<double>& scale, Kind kind,
                             const Contract& contract, const ClassValues& values);
+
+// x rounded to nearest (ties to even) at `bits` significant bits (f16: 11, bf16: 8), range aside.
+double round_bits(double x, int bits);
 
 // ---- The classes' values, emulated on the golden's own inputs ----------------------------------
 // The logits' sample: up to kLogitsSamples (row, key) elements evenly spaced over the elements

@@ -483,7 +483,7 @@ void finish(StructureReport& rep, const StructureSpec& s, const std::vector<std:
       for (size_t i = 0; i < c.f.size(); ++i) where += (i ? ", " : "") + c.f[i]->label;
       // Several row tiles in one run: the rows they span ("rows from 256 on" when the run ends the
       // tensor: a kernel that goes wrong beyond a position).
-      const int64_t tile = c.kind.rfind("rows", 0) == 0 && c.kind != "rowmod2" ? std::stoll(c.kind.substr(4)) : 0;
+      const int64_t tile = c.kind.rfind("rows", 0) == 0 ? std::stoll(c.kind.substr(4)) : 0;  // "rows64", "rows128"
       if (tile && c.f.size() >= 2 && c.f.back()->index - c.f.front()->index + 1 == int64_t(c.f.size()) && s.row_ids.empty()) {
         const int64_t a = c.f.front()->index * tile, b = std::min(s.rows, (c.f.back()->index + 1) * tile) - 1;
         where = b == s.rows - 1 ? "rows from " + std::to_string(a) + " on" : "rows " + std::to_string(a) + "-" + std::to_string(b);

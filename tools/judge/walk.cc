@@ -180,10 +180,9 @@ void Judge::judge_topk(const LayerData& d, const std::string& P, const Tensor<fl
   // in the logits' sample), when the logits were judged on an FP8 set.
   if (const auto it = tie_scale_.find(l); it != tie_scale_.end() && cand_logits.numel()) o.contract_tie = 2 * it->second;
   const cmp::Verdict v = add(l, "indexer.topk", cmp::compare_topk("", logits_of(l), d.ks, d.ke, d.topk, ct, o));
-  for (const std::string& why : res.tensors.back().report.reasons)
-    if (why.find("top-k from low-precision scores") != std::string::npos)
-      res.diagnoses.push_back(P + ": indexer.topk is the top-k of scores computed at a lower precision than the contract's (" +
-                              contract_.logits + "): its near ties are wider than that arithmetic moves a score");
+  if (res.tensors.back().report.stats.wide_ties > 0)
+    res.diagnoses.push_back(P + ": indexer.topk is the top-k of scores computed at a lower precision than the contract's (" +
+                            contract_.logits + "): its near ties are wider than that arithmetic moves a score");
   panel.recall = rows_against(ct, d.topk, s_kv_).recall;
   panel.recall_of = "indexer.topk";
   // Unsorted output is never a failure, only a remark. A row that is the golden's slot for slot is
@@ -316,7 +315,8 @@ void Judge::judge_attention(const LayerData& d, const std::string& P, const Used
     // q's sampled rows, read when a class is first emulated (a candidate at the f32 floor, an
     // exact copy, emulates none).
     auto q_rows = [this, l, rows]() {
-      const Tensor<bf16_t> q = data_[size_t(l)].q.numel() ? data_[size_t(l)].q : g_.tensor<bf16_t>(name(l, "attn.q"));
+      Tensor<bf16_t> read;  // q from the set, when the layer does not hold it
+      const Tensor<bf16_t>& q = data_[size_t(l)].q.numel() ? data_[size_t(l)].q : (read = g_.tensor<bf16_t>(name(l, "attn.q")));
       const int64_t w = q.numel() / std::max<int64_t>(1, q.dim(0));
       Tensor<bf16_t> out({int64_t(rows.size()), q.dim(1), q.dim(2)});
       for (size_t i = 0; i < rows.size(); ++i) std::copy_n(q.ptr() + rows[i] * w, w, out.ptr() + int64_t(i) * w);
