@@ -58,6 +58,8 @@ TEST_CASE("cli: golden writes a set, verify checks it, bad input exits 2 without
   CHECK(r.status == 0);
   CHECK(r.out.find("schedule  FS") != std::string::npos);
   CHECK(r.out.find("__REPRO: indexshare golden --problem \"sq4 skv12 hq2 dqk16 dv8 ih2 id16 k4 seed1 nl2 sched=FS\" --kind stack --out " + dir + "/g") != std::string::npos);
+  // The replay command is printed once, as the __REPRO line.
+  CHECK(r.out.find("indexshare golden --problem") == r.out.rfind("indexshare golden --problem"));
   r = cli("verify --golden " + dir + "/g");
   CHECK(r.status == 0);
   CHECK(r.out.find("verified") != std::string::npos);

@@ -50,7 +50,7 @@ int publish(golden::GoldenSet set, const GoldenArgs& a, const std::string& repla
   // memory a second time and hash it again (`golden verify` does that on request).
   const nlohmann::json manifest = golden::write(a.out, std::move(set), a.force);
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  std::printf("%s", golden::summary(a.out, manifest, bytes).c_str());
+  std::printf("%s", golden::summary(a.out, manifest, bytes, false).c_str());
   if (phases::requested()) std::printf("%s", phases::table().c_str());
   std::printf("time      %.2f s\n__REPRO: %s\n", secs, replay.c_str());
   return 0;
@@ -83,7 +83,7 @@ int publish_ranks(const GoldenArgs& a, const Problem& p, const std::string& repl
   const std::string timing = phases::requested() ? dist::timing_report() : "";
   if (dist::rank() != 0) return 0;
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  std::printf("%s", golden::summary(a.out, manifest, ws.bytes).c_str());
+  std::printf("%s", golden::summary(a.out, manifest, ws.bytes, false).c_str());
   std::printf("%s%s", ranks.c_str(), timing.c_str());
   std::printf("write     MPI-IO %.2f s, SHA-256 of the written file %.2f s (rank 0)\n", ws.write_s, ws.hash_s);
   std::printf("time      %.2f s on %d ranks\n__REPRO: %s\n", secs, dist::size(), replay.c_str());

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -538,9 +539,42 @@ Problem dump_shapes(const io::SafetensorsFile& f, const std::string& file, Probl
 io::SafetensorsFile read_dump(const std::string& file, const RowPart* part, bool header_only = false);
 // The problem a dump is read under: problem_text, else the one the dump records (a model dump),
 // else "sq1 skv1" (the shapes come from the tensors); without an "nl" field, the file's layer count.
+// A problem token's field name: "k32" -> "k", "sched=FS" -> "sched".
+std::string token_field(const std::string& tok) {
+  const size_t eq = tok.find('=');
+  if (eq != std::string::npos) return tok.substr(0, eq);
+  size_t n = 0;
+  while (n < tok.size() && std::isalpha(static_cast<unsigned char>(tok[n]))) ++n;
+  return tok.substr(0, n);
+}
+
+// The dump's recorded problem completed by the fields of --problem it does not give. A field both
+// give must mean the same (compared as parsed values, so "sm=0.5" equals "sm=0.500000000"); a
+// contradiction is refused with both values, since either silently winning computes a set the
+// model did not run (a dump's softmax scale, schedule and indexer mode are the model's).
+std::string merge_dump_problem(const std::string& recorded, const std::string& given, const std::string& file) {
+  std::map<std::string, std::string> rec;
+  std::istringstream rs(recorded);
+  for (std::string tok; rs >> tok;) rec[token_field(tok)] = tok;
+  std::string text = recorded;
+  std::istringstream gs(given);
+  for (std::string tok; gs >> tok;) {
+    const auto it = rec.find(token_field(tok));
+    if (it == rec.end()) {
+      text += " " + tok;
+      continue;
+    }
+    if (to_string(parse_problem(it->second)) != to_string(parse_problem(tok)))
+      throw Error("golden: --problem gives '" + tok + "' but the dump " + file + " records '" + it->second +
+                  "' (the model's own value): leave the field out of --problem, or dump again with the value wanted");
+  }
+  return text;
+}
+
 Problem dump_text_problem(const io::SafetensorsFile& f, const std::string& file, const std::string& problem_text) {
   const std::string recorded = dump_problem(f, file);
-  std::string text = !problem_text.empty() ? problem_text : !recorded.empty() ? recorded : "sq1 skv1";
+  std::string text = recorded.empty() ? (problem_text.empty() ? "sq1 skv1" : problem_text)
+                                      : merge_dump_problem(recorded, problem_text, file);
   if (text.find("nl") == std::string::npos) {
     int L = 0;
     while (f.find("layers." + std::to_string(L) + ".attn.q")) ++L;
@@ -1978,10 +2012,10 @@ Loaded read(const std::string& dir, uint64_t keep_bytes, bool defer_hashes) {
 std::string summary(const Loaded& g) {
   uint64_t bytes = 0;
   for (const io::TensorView& v : g.data.tensors) bytes += v.bytes.size();
-  return summary(g.dir, g.manifest, bytes);
+  return summary(g.dir, g.manifest, bytes, true);
 }
 
-std::string summary(const std::string& dir, const json& m, uint64_t bytes) {
+std::string summary(const std::string& dir, const json& m, uint64_t bytes, bool with_replay) {
   std::ostringstream os;
   os << "golden    " << dir << " (" << m.value("kind", "?") << ", " << m["tensors"].size() << " tensors)\n";
   os << "problem   " << m.value("problem", "") << "\n";
@@ -1991,7 +2025,7 @@ std::string summary(const std::string& dir, const json& m, uint64_t bytes) {
     os << "schedule  " << pattern << "\n";
   }
   os << "bytes     " << bytes << " in " << kTensorFile << "\n";
-  os << "replay    " << m.value("replay", "") << "\n";
+  if (with_replay) os << "replay    " << m.value("replay", "") << "\n";
   return os.str();
 }
 
