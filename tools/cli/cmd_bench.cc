@@ -69,20 +69,19 @@
 // --repeats times under the repeat rules above (median), the commands interleaved round by round
 // (run, inputs, golden, diff, run, ...: time_commands), so that the machine's drift during the
 // step falls on every command of a ratio alike. The ratios golden / run, diff / golden
-// and inputs / run are the command targets of issue 22 (wall; each command's process CPU time is
+// and inputs / run are the command goals (wall; each command's process CPU time is
 // printed and in the JSON too, with the same ratios in CPU time, for a loaded machine) (golden within 1.3x of run, diff at most
-// golden's time, input generation at most 10% of run), printed as target lines, so
-// a slow step anywhere on a command's path shows up here, not only in the kernels. The issue
-// defines the input-generation target at sq4096 skv4096 hq64 dqk576 dv512 ih64 id128 k512 (one
-// layer) only: on another problem its line prints the ratio as "not this problem" (JSON "met":
-// null, "defined_at" the shape).
+// golden's time, input generation at most 10% of run), printed as goal lines, so
+// a slow step anywhere on a command's path shows up here, not only in the kernels. The
+// input-generation goal is defined at sq4096 skv4096 hq64 dqk576 dv512 ih64 id128 k512 (one
+// layer) only: on another problem its line names that shape (JSON "met": null, "defined_at" the
+// shape).
 //
 // Agreement: the simd outputs are checked against ref's (logits and top-k bit-identical,
 // fused top-k identical, attention out and lse bit-identical); a mismatch is reported and exits 1.
 //
 // Output: progress lines on stderr while timing; the report on stdout once everything (the end
-// probe included) has run: the stage table, the stack table, one "target" line per target of the
-// issue (indexer >= 60 % of peak and >= 20x ref, sparse attention matrix part >= 50 % of peak,
+// probe included) has run: the stage table, the stack table, one "goal" line per performance goal (indexer >= 60 % of peak and >= 20x ref, sparse attention matrix part >= 50 % of peak,
 // judged on the profiled tile passes, with the whole call's share printed under it; stack
 // measured / predicted >= 90 %; evaluated on this run's problem), then __REPRO. --json FILE
 // writes the same numbers (FILE.tmp.PID, then renamed); its writability is checked up front.
@@ -430,7 +429,7 @@ void Bench::check_options() {
   require(a.stack_seq >= 0, "--stack-seq must be >= 0 (0 skips the stack), got " + std::to_string(a.stack_seq));
   require(a.stack_sq >= 1, "--stack-sq must be >= 1, got " + std::to_string(a.stack_sq));
   require(a.stack_topk >= 1, "--stack-topk must be >= 1, got " + std::to_string(a.stack_topk));
-  require(a.budget > 0, "--budget must be > 0 seconds");
+  require(a.budget > 0, "--seconds must be > 0");
   p = parse_problem(a.problem.empty() ? kDefaultProblem : a.problem);
   p.validate();
   fp8 = p.indexer == IndexerMode::fp8;
@@ -934,7 +933,7 @@ void Bench::report_commands() {
                    {"diff_over_golden_cpu", diff_over_golden_cpu}};
 }
 
-// The problem issue 22 defines the input-generation target at (any seed).
+// The problem the input-generation goal is defined at (any seed).
 constexpr const char* kInputsTargetShape = "sq4096 skv4096 hq64 dqk576 dv512 ih64 id128 k512";
 // The same work: every dimension and layer count (the seed and the fills aside).
 bool same_shape(const Problem& a, const Problem& b) {
@@ -943,13 +942,12 @@ bool same_shape(const Problem& a, const Problem& b) {
          a.n_layers == b.n_layers;
 }
 
-// Step: the target lines of the issue (printed and in the JSON).
+// Step: the goal lines (printed and in the JSON).
 void Bench::report_targets() {
   json tj = json::array();
   const auto target_line = [&](const std::string& what, double value, double goal, const char* unit) {
     const bool met = value >= goal;
-    std::printf("target    %-52s %7.1f%s (>= %.0f%s) %s\n", what.c_str(), value, unit, goal, unit,
-                met ? "met" : "NOT met");
+    std::printf("goal      %-52s %7.1f%s (goal >= %.0f%s)\n", what.c_str(), value, unit, goal, unit);
     tj.push_back({{"target", what}, {"value", value}, {"goal", goal}, {"unit", unit}, {"met", met}});
   };
   std::printf("\n");
@@ -963,17 +961,17 @@ void Bench::report_targets() {
                 100 * whole_share);
   }
   if (do_stack) target_line("F S S S over all-full: measured / predicted speedup", 100 * stack_ratio, 90, "%");
-  // defined_at (when given): the problem the issue defines the target at; on another one the ratio
+  // defined_at (when given): the problem the goal is defined at; on another one the ratio
   // is printed but neither met nor missed.
   const auto target_max = [&](const std::string& what, double value, double goal, const char* defined_at = nullptr) {
     json t = {{"target", what}, {"value", value}, {"goal", goal}, {"unit", "x"}, {"at_most", true}};
     if (defined_at && !same_shape(p, parse_problem(defined_at))) {
-      std::printf("target    %-52s %7.2fx (<= %.1fx at %s only) not this problem\n", what.c_str(), value, goal, defined_at);
+      std::printf("goal      %-52s %7.2fx (goal <= %.1fx, defined at %s)\n", what.c_str(), value, goal, defined_at);
       t["met"] = nullptr;
       t["defined_at"] = defined_at;
     } else {
       const bool met = value <= goal;
-      std::printf("target    %-52s %7.2fx (<= %.1fx) %s\n", what.c_str(), value, goal, met ? "met" : "NOT met");
+      std::printf("goal      %-52s %7.2fx (goal <= %.1fx)\n", what.c_str(), value, goal);
       t["met"] = met;
     }
     tj.push_back(t);
@@ -992,7 +990,7 @@ int Bench::finish() const {
                       std::to_string(a.repeats) + " --threads " + std::to_string(threads) + " --target " + a.target +
                       " --stack-seq " + std::to_string(a.stack_seq) + " --stack-sq " + std::to_string(a.stack_sq) +
                       " --stack-topk " + std::to_string(a.stack_topk) + " --module-preset " + a.module_preset +
-                      " --module-rows " + std::to_string(a.module_rows) + " --budget " + fmt("%g", a.budget) +
+                      " --module-rows " + std::to_string(a.module_rows) + " --seconds " + fmt("%g", a.budget) +
                       " --commands " + a.commands;
   if (!a.json_path.empty()) {
     io::write_text_file(a.json_path, j.dump(2) + "\n");
@@ -1035,7 +1033,7 @@ int cmd_bench(const BenchArgs& a) {
   b.report_stack();
   b.report_commands();
 
-  // ---- targets (of the issue; evaluated on this run's problem and machine) --------------------
+  // ---- goals (evaluated on this run's problem and machine) --------------------
   b.report_targets();
   return b.finish();
 }
@@ -1058,7 +1056,7 @@ Action register_bench(CLI::App& app) {
   c->add_option("--stack-topk", a->stack_topk, "Top-k of the stack comparison (clamped to --stack-seq)")->capture_default_str();
   c->add_option("--module-preset", a->module_preset, "Model config of the module projections stage (none: skip)")->capture_default_str();
   c->add_option("--module-rows", a->module_rows, "Query rows of the module projections stage")->capture_default_str();
-  c->add_option("--budget", a->budget, "Seconds after which a stage stops repeating (stack: 4x)")->capture_default_str();
+  c->add_option("--seconds", a->budget, "Seconds after which a stage stops repeating (stack: 4x)")->capture_default_str();
   c->add_option("--max-memory", a->max_memory, "Refuse problems whose estimated memory exceeds this (e.g. 8G)")->capture_default_str();
   c->add_option("--commands", a->commands, "Time the commands run, golden and diff end to end on --problem (simd): yes or no")
       ->capture_default_str();
