@@ -17,6 +17,7 @@
 #include "ref/rng.h"
 #include "ref/tensor.h"
 #include "ref/topk.h"
+#include "ref/train/attention_bwd.h"
 
 namespace indexshare::ref {
 
@@ -35,6 +36,10 @@ struct Kernels {
                                    int64_t, const Tensor<int32_t>*, const Tensor<float>*) = ref::sparse_attention;
   AttentionOut (*dense_attention)(const Tensor<bf16_t>&, const Tensor<bf16_t>&, float, int64_t, const Tensor<int32_t>&,
                                   const Tensor<int32_t>&, const Tensor<float>*) = ref::dense_attention;
+  // The sparse attention backward (ref/train/attention_bwd.h); simd's returns ref's bits.
+  AttentionBackwardOut (*sparse_attention_backward)(const Tensor<bf16_t>&, const Tensor<bf16_t>&, const Tensor<int32_t>&,
+                                                    float, int64_t, const Tensor<bf16_t>&, const Tensor<int32_t>*,
+                                                    const Tensor<float>*) = ref::sparse_attention_backward;
   // Optional fused, streaming FP8 indexer + top-k (the result of topk(logits_fp8(...))) that
   // run_stack uses when the logits are not kept; null: the logits are materialised.
   Tensor<int32_t> (*fused_topk_fp8)(const Tensor<e4m3_t>&, const Tensor<e4m3_t>&, const Tensor<float>&,

@@ -32,6 +32,7 @@
 #include "ref/module.h"
 #include "ref/stack.h"
 #include "ref/tensor.h"
+#include "ref/train/attention_bwd.h"
 
 namespace indexshare::simd {
 
@@ -93,6 +94,16 @@ AttentionOut sparse_attention(const Tensor<bf16_t>& q, const Tensor<bf16_t>& kv,
 AttentionOut dense_attention(const Tensor<bf16_t>& q, const Tensor<bf16_t>& kv, float sm_scale,
                              int64_t d_v, const Tensor<int32_t>& ks, const Tensor<int32_t>& ke,
                              const Tensor<float>* attn_sink = nullptr, AttentionPhases* phases = nullptr);
+
+// ---- attention backward (simd/attention_bwd.cc) ----------------------------------------------
+// ref::sparse_attention_backward (ref/train/attention_bwd.h), bit-identical on every target and
+// thread count: OpenMP over query rows for everything per (t, h), then over kv rows for dkv through
+// an inverted index built in a fixed order (no atomics).
+ref::AttentionBackwardOut sparse_attention_backward(const Tensor<bf16_t>& q, const Tensor<bf16_t>& kv,
+                                                    const Tensor<int32_t>& indices, float sm_scale, int64_t d_v,
+                                                    const Tensor<bf16_t>& d_out,
+                                                    const Tensor<int32_t>* topk_length = nullptr,
+                                                    const Tensor<float>* attn_sink = nullptr);
 
 // y[i] = ref's exp_portable(x[i]) for i < n, lane by lane (the softmax exponential of attention).
 void exp_portable(const double* x, double* y, int64_t n);
