@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "ref/attention.h"
 #include "ref/bounds.h"
@@ -18,6 +19,7 @@
 #include "ref/tensor.h"
 #include "ref/topk.h"
 #include "ref/train/attention_bwd.h"
+#include "ref/train/indexer_loss.h"
 
 namespace indexshare::ref {
 
@@ -68,6 +70,11 @@ struct Kernels {
   // The FP8 quantization of the generated indexer q and k (ref/numerics.h): simd's in lanes, the same bytes.
   void (*quantize_rows)(const float*, int64_t, int64_t, int, ScaleRule, e4m3_t*, float*, const std::string&) =
       indexshare::quantize_rows;
+  // The indexer's distillation loss and its gradients (ref/train/indexer_loss.h); simd's: the same bits.
+  train::IndexerLossOut (*indexer_loss)(const Tensor<float>&, const Tensor<float>&, const Tensor<float>&,
+                                        const Tensor<int32_t>&, const Tensor<int32_t>&, const Tensor<int32_t>*,
+                                        const std::vector<train::TeacherLayer>&, const train::IndexerLossOptions&) =
+      train::indexer_loss;
 };
 
 }  // namespace indexshare::ref

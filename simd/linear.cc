@@ -221,6 +221,7 @@ ref::Kernels kernels() {
   k.fill_range = simd::fill_range;
   k.fill_range_bf16 = simd::fill_range_bf16;
   k.quantize_rows = simd::quantize_rows;
+  k.indexer_loss = simd::indexer_loss;
   return k;
 }
 

@@ -33,6 +33,7 @@
 #include "ref/stack.h"
 #include "ref/tensor.h"
 #include "ref/train/attention_bwd.h"
+#include "ref/train/indexer_loss.h"
 
 namespace indexshare::simd {
 
@@ -170,6 +171,15 @@ ref::Kernels kernels();
 // bit-identical too.
 std::vector<ref::StackLayerOutputs> run_stack(const Problem& p, const Schedule& schedule,
                                               const std::vector<ref::LayerInputs>& inputs, bool keep_logits = true);
+
+// ---- training: the indexer's distillation loss (simd/indexer_loss.cc) ---------------------------
+// ref::train::indexer_loss, bit-identical: OpenMP over query rows (ref's row step), dk over blocks
+// of key rows with each term added across D in vector lanes (multiply then add, ref's order).
+ref::train::IndexerLossOut indexer_loss(const Tensor<float>& q, const Tensor<float>& k, const Tensor<float>& w,
+                                        const Tensor<int32_t>& ks, const Tensor<int32_t>& ke,
+                                        const Tensor<int32_t>* topk,
+                                        const std::vector<ref::train::TeacherLayer>& teachers,
+                                        const ref::train::IndexerLossOptions& o);
 
 // ---- measurement (simd/probe.cc) --------------------------------------------------------------
 // This machine's double-precision FMA peak in GFLOP/s (2 flops per lane per FMA) with `threads`
