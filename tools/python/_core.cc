@@ -50,6 +50,7 @@
 #include "tools/lib/cost_report.h"
 #include "tools/judge/diff.h"
 #include "tools/lib/golden.h"
+#include "tools/lib/golden_train.h"
 #include "tools/lib/options.h"
 #include "tools/lib/safetensors.h"
 #include "tools/lib/svg.h"
@@ -458,6 +459,23 @@ NB_MODULE(_core, m) {
     g.replay = golden::model_replay(spec);
     nb::gil_scoped_release release;
     g.set = golden::build_model(spec, g.replay);
+    return g;
+  });
+  m.def("golden_train", [](const std::string& problem, const std::string& loss, const std::string& target, bool relu,
+                           double loss_coeff, const std::string& impl) {
+    require(loss == "sparse" || loss == "dense", "train: loss must be \"sparse\" or \"dense\", got '" + loss + "'");
+    const Problem p = parse_problem(problem);
+    golden::TrainSpec t;
+    t.sparse = loss == "sparse";
+    t.target = target;
+    t.relu = relu;
+    t.loss_coeff = loss_coeff;
+    const Impl im = resolve_impl(impl.empty() ? "auto" : impl, p, p.s_q);
+    PyGolden g;
+    g.replay = "indexshare golden --problem \"" + to_string(p) + "\" --kind train" + golden::train_options_text(t) +
+               (im == Impl::ref ? "" : " --impl " + impl_name(im));
+    nb::gil_scoped_release release;
+    g.set = golden::build_train(p, t, g.replay, im);
     return g;
   });
   m.def("golden_from", [](const std::string& file, const std::string& problem, bool with_logits) {
