@@ -127,6 +127,8 @@ LossContext prepare(const Tensor<float>& q, const Tensor<float>& k, const Tensor
                     const IndexerLossOptions& o, IndexerLossOut& out);
 // Row t: I over the window, the target, log q, kl[t], dI (into c.dI), dw'[t,:] and dq[t,:,:].
 void loss_row(LossContext& c, int64_t t, IndexerLossOut& out);
+// log(exp(a) + exp(b)): max + log1p(exp_portable(-|a - b|)), -inf and +inf handled exactly.
+double logaddexp(double a, double b);
 // S[t, h, s] = q[t,h,:] . k[s,:], d ascending (the head score before the ReLU).
 double head_score(const LossContext& c, int64_t t, int64_t h, int64_t s);
 // dk for the key rows [s_begin, s_end): each element sums t ascending, then h, as the header says.
