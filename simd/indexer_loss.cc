@@ -43,45 +43,66 @@ void AddScaled(double* acc, double s, const double* x, int64_t n) {
 }
 
 // S[h * n + j] = sum_d q[h*D + d] * kT[d * ld + lo + j] (d ascending, from 0) for keys lo + j < hi.
+// Key chunks outside, heads inside (the chunk's D x lanes block of kT stays in L1), four heads at a
+// time for independent chains; each lane's chain is ref's dot.
 void HeadScores(const double* q, const double* kT, int64_t ld, int64_t lo, int64_t hi, int64_t H, int64_t D,
                 double* S) {
   const hn::ScalableTag<double> dv;
   const int64_t N = int64_t(hn::Lanes(dv)), n = hi - lo;
-  for (int64_t h = 0; h < H; ++h) {
-    const double* qh = q + h * D;
-    int64_t j = 0;
-    for (; j + N <= n; j += N) {
+  int64_t j = 0;
+  for (; j + N <= n; j += N) {
+    const double* kc = kT + lo + j;
+    int64_t h = 0;
+    for (; h + 4 <= H; h += 4) {
+      auto a0 = hn::Zero(dv), a1 = hn::Zero(dv), a2 = hn::Zero(dv), a3 = hn::Zero(dv);
+      const double *q0 = q + h * D, *q1 = q0 + D, *q2 = q1 + D, *q3 = q2 + D;
+      for (int64_t d = 0; d < D; ++d) {
+        const auto kv = hn::LoadU(dv, kc + d * ld);
+        a0 = hn::Add(a0, hn::Mul(hn::Set(dv, q0[d]), kv));
+        a1 = hn::Add(a1, hn::Mul(hn::Set(dv, q1[d]), kv));
+        a2 = hn::Add(a2, hn::Mul(hn::Set(dv, q2[d]), kv));
+        a3 = hn::Add(a3, hn::Mul(hn::Set(dv, q3[d]), kv));
+      }
+      hn::StoreU(a0, dv, S + h * n + j), hn::StoreU(a1, dv, S + (h + 1) * n + j);
+      hn::StoreU(a2, dv, S + (h + 2) * n + j), hn::StoreU(a3, dv, S + (h + 3) * n + j);
+    }
+    for (; h < H; ++h) {
       auto acc = hn::Zero(dv);
-      for (int64_t d = 0; d < D; ++d) acc = hn::Add(acc, hn::Mul(hn::Set(dv, qh[d]), hn::LoadU(dv, kT + d * ld + lo + j)));
+      for (int64_t d = 0; d < D; ++d) acc = hn::Add(acc, hn::Mul(hn::Set(dv, q[h * D + d]), hn::LoadU(dv, kc + d * ld)));
       hn::StoreU(acc, dv, S + h * n + j);
     }
-    for (; j < n; ++j) {
+  }
+  for (; j < n; ++j)
+    for (int64_t h = 0; h < H; ++h) {
       double acc = 0.0;
-      for (int64_t d = 0; d < D; ++d) acc += qh[d] * kT[d * ld + lo + j];
+      for (int64_t d = 0; d < D; ++d) acc += q[h * D + d] * kT[d * ld + lo + j];
       S[h * n + j] = acc;
     }
-  }
 }
 
-// P[i] = dot8(q, kvT[:, i]) * scale for i < n (kvT [d_qk][n]): eight partial sums per lane.
-void TeacherLogits(const double* q, const double* kvT, int64_t n, int64_t d_qk, double scale, double* P) {
+// P[h * n + i] = dot8(q[h, :], kvT[:, i]) * scale for h < h_q, i < n (q [h_q][d_qk], kvT [d_qk][n]):
+// eight partial sums per lane, folded as ref's dot8. Key chunks outside, heads inside.
+void TeacherLogits(const double* q, int64_t h_q, const double* kvT, int64_t n, int64_t d_qk, double scale, double* P) {
   const hn::ScalableTag<double> dv;
   const int64_t N = int64_t(hn::Lanes(dv));
   int64_t i = 0;
-  for (; i + N <= n; i += N) {
-    hn::Vec<decltype(dv)> part[8];
-    for (auto& v : part) v = hn::Zero(dv);
-    for (int64_t d = 0; d < d_qk; ++d)
-      part[d % 8] = hn::Add(part[d % 8], hn::Mul(hn::Set(dv, q[d]), hn::LoadU(dv, kvT + d * n + i)));
-    const auto dot = hn::Add(hn::Add(hn::Add(part[0], part[4]), hn::Add(part[2], part[6])),
-                             hn::Add(hn::Add(part[1], part[5]), hn::Add(part[3], part[7])));
-    hn::StoreU(hn::Mul(dot, hn::Set(dv, scale)), dv, P + i);
-  }
-  for (; i < n; ++i) {
-    double part[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    for (int64_t d = 0; d < d_qk; ++d) part[d % 8] += q[d] * kvT[d * n + i];
-    P[i] = (((part[0] + part[4]) + (part[2] + part[6])) + ((part[1] + part[5]) + (part[3] + part[7]))) * scale;
-  }
+  for (; i + N <= n; i += N)
+    for (int64_t h = 0; h < h_q; ++h) {
+      const double* qh = q + h * d_qk;
+      hn::Vec<decltype(dv)> part[8];
+      for (auto& v : part) v = hn::Zero(dv);
+      for (int64_t d = 0; d < d_qk; ++d)
+        part[d % 8] = hn::Add(part[d % 8], hn::Mul(hn::Set(dv, qh[d]), hn::LoadU(dv, kvT + d * n + i)));
+      const auto dot = hn::Add(hn::Add(hn::Add(part[0], part[4]), hn::Add(part[2], part[6])),
+                               hn::Add(hn::Add(part[1], part[5]), hn::Add(part[3], part[7])));
+      hn::StoreU(hn::Mul(dot, hn::Set(dv, scale)), dv, P + h * n + i);
+    }
+  for (; i < n; ++i)
+    for (int64_t h = 0; h < h_q; ++h) {
+      double part[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      for (int64_t d = 0; d < d_qk; ++d) part[d % 8] += q[h * d_qk + d] * kvT[d * n + i];
+      P[h * n + i] = (((part[0] + part[4]) + (part[2] + part[6])) + ((part[1] + part[5]) + (part[3] + part[7]))) * scale;
+    }
 }
 
 }  // namespace indexshare::simd::HWY_NAMESPACE
@@ -110,12 +131,14 @@ std::vector<double> teacher_row(const ref::train::TeacherLayer& L, int64_t t, co
   const int64_t h_q = L.q->dim(1), d_qk = L.q->dim(2), n = int64_t(R.size());
   std::vector<double> acc(R.size(), 0.0);
   if (R.empty()) return acc;
-  std::vector<double> kvT(static_cast<size_t>(d_qk * n)), qd(static_cast<size_t>(d_qk)), P(R.size()), x(R.size());
+  std::vector<double> kvT(static_cast<size_t>(d_qk * n)), qd(static_cast<size_t>(h_q * d_qk)),
+      Pall(static_cast<size_t>(h_q * n)), P(R.size()), x(R.size());
   for (int64_t i = 0; i < n; ++i)
     for (int64_t d = 0; d < d_qk; ++d) kvT[size_t(d * n + i)] = double(bf16_to_f32(L.kv->at(R[size_t(i)], 0, d)));
+  for (int64_t i = 0; i < h_q * d_qk; ++i) qd[size_t(i)] = bf16_to_f32(L.q->at(t, i / d_qk, i % d_qk));
+  HWY_DYNAMIC_DISPATCH(TeacherLogits)(qd.data(), h_q, kvT.data(), n, d_qk, double(L.scale), Pall.data());
   for (int64_t h = 0; h < h_q; ++h) {
-    for (int64_t d = 0; d < d_qk; ++d) qd[size_t(d)] = bf16_to_f32(L.q->at(t, h, d));
-    HWY_DYNAMIC_DISPATCH(TeacherLogits)(qd.data(), kvT.data(), n, d_qk, double(L.scale), P.data());
+    std::copy(Pall.begin() + h * n, Pall.begin() + (h + 1) * n, P.begin());
     double m = -std::numeric_limits<double>::infinity();
     for (double v : P) m = std::max(m, v);
     for (size_t i = 0; i < R.size(); ++i) x[i] = P[i] - m;
