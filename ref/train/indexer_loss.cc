@@ -125,7 +125,7 @@ std::vector<double> target_row(const LossContext& c, int64_t t, const std::vecto
   return p;
 }
 
-// I[t, s] over the window, the head scores S (ascending s of R only: [h][i]).
+// I[t, s] for one key (the header's "scores" step); S_col, when given, receives S[h, s] of every head.
 double score_at(const LossContext& c, int64_t t, int64_t s, std::vector<double>* S_col) {
   double acc = 0.0;
   for (int64_t h = 0; h < c.H; ++h) {
