@@ -40,14 +40,6 @@ double dot8(const std::vector<double>& q, const bf16_t* k) {
   return ((part[0] + part[4]) + (part[2] + part[6])) + ((part[1] + part[5]) + (part[3] + part[7]));
 }
 
-double logaddexp(double a, double b) {
-  if (a == -std::numeric_limits<double>::infinity()) return b;
-  if (b == -std::numeric_limits<double>::infinity()) return a;
-  const double m = std::max(a, b);
-  if (std::isinf(m)) return m;
-  return m + std::log1p(exp_portable(-std::fabs(a - b)));
-}
-
 void check_finite(const std::vector<double>& v, const std::string& what) {
   for (size_t i = 0; i < v.size(); ++i)
     require(std::isfinite(v[i]), what + ": non-finite value at flat index " + std::to_string(i));
@@ -133,7 +125,7 @@ std::vector<double> target_row(const LossContext& c, int64_t t, const std::vecto
   return p;
 }
 
-// I[t, s] over the window, the head scores S (ascending s of R only: [h][i]).
+// I[t, s] for one key (the header's "scores" step); S_col, when given, receives S[h, s] of every head.
 double score_at(const LossContext& c, int64_t t, int64_t s, std::vector<double>* S_col) {
   double acc = 0.0;
   for (int64_t h = 0; h < c.H; ++h) {
@@ -147,6 +139,14 @@ double score_at(const LossContext& c, int64_t t, int64_t s, std::vector<double>*
 }
 
 }  // namespace
+
+double logaddexp(double a, double b) {
+  if (a == -std::numeric_limits<double>::infinity()) return b;
+  if (b == -std::numeric_limits<double>::infinity()) return a;
+  const double m = std::max(a, b);
+  if (std::isinf(m)) return m;
+  return m + std::log1p(exp_portable(-std::fabs(a - b)));
+}
 
 double head_score(const LossContext& c, int64_t t, int64_t h, int64_t s) {
   return dot_seq(&c.q[size_t((t * c.H + h) * c.D)], &c.k[size_t(s * c.D)], c.D);

@@ -21,7 +21,10 @@
 //            A_h[s] = e_s / l. p = sum_h A_h (h ascending), then p /= max(sum_s p, 1e-10).
 //            non_compressed_lse L (the mass of keys not in R, per head; Megatron CSA):
 //            A_h[s] = (e_s / l) * exp_portable(lse_R - logaddexp(L, lse_R)), lse_R = m + log(l);
-//            p /= sum_s p when that sum is > 0, else p stays 0 (no 1e-10 floor).
+//            p /= sum_s p when that sum is > 0, else p stays 0 (no 1e-10 floor). Megatron shifts
+//            every head's log mass by a common per-row amount when it would underflow f32 (the
+//            shift cancels in the normalization); in double that happens only when L exceeds lse_R
+//            by about 708, where this gives p = 0 for the row instead.
 //   target   own-layer: p of the one teacher layer. served-layers: p-bar = (sum_j p^(j)) / (m+1)
 //            over the layers j = 0..m the Full layer serves (its own first), j ascending.
 //   student  over R: m' = max I, l' = sum exp_portable(I_s - m'), lse = m' + log(l'),
@@ -127,6 +130,8 @@ LossContext prepare(const Tensor<float>& q, const Tensor<float>& k, const Tensor
                     const IndexerLossOptions& o, IndexerLossOut& out);
 // Row t: I over the window, the target, log q, kl[t], dI (into c.dI), dw'[t,:] and dq[t,:,:].
 void loss_row(LossContext& c, int64_t t, IndexerLossOut& out);
+// log(exp(a) + exp(b)): max + log1p(exp_portable(-|a - b|)), -inf and +inf handled exactly.
+double logaddexp(double a, double b);
 // S[t, h, s] = q[t,h,:] . k[s,:], d ascending (the head score before the ReLU).
 double head_score(const LossContext& c, int64_t t, int64_t h, int64_t s);
 // dk for the key rows [s_begin, s_end): each element sums t ascending, then h, as the header says.
