@@ -427,3 +427,47 @@ TEST_CASE("simd: attention backward bit-identical to ref on every target and thr
   const bool ref_table = ref::Kernels{}.sparse_attention_backward == &ref::sparse_attention_backward;
   CHECK(ref_table);
 }
+
+TEST_CASE("attention backward: the derived bounds hold the emulation, are tight enough to catch a dropped key") {
+  const int64_t s_q = 16, h_q = 4, s_kv = 64, d_qk = 72, d_v = 64, topk = 16;
+  const Data d = make(s_q, h_q, s_kv, d_qk, d_v, 29, 0.5f);
+  Tensor<int32_t> ind({s_q, 1, topk});
+  for (int64_t t = 0; t < s_q; ++t)
+    for (int64_t j = 0; j < topk; ++j) ind[t * topk + j] = j == 3 ? -1 : int32_t((t * 13 + j * 5) % s_kv);
+  Tensor<float> sink({h_q}, 0.25f);
+  const float sm = 1.0f / std::sqrt(float(d_qk));
+  const auto exact = ref::sparse_attention_backward(d.q, d.kv, ind, sm, d_v, d.dO, nullptr, &sink);
+  const auto lowp = cmp::emulate_attention_backward_lowp(d.q, d.kv, ind, sm, d_v, d.dO, nullptr, &sink);
+  const auto b = cmp::attention_backward_bounds(d.q, d.kv, ind, sm, d_v, d.dO, nullptr, exact, true);
+  // The emulation (Delta from its bf16 out) and the truth's bf16 copies are within the bounds everywhere.
+  double worst_q = 0, worst_kv = 0, max_dq = 0, max_bq = 0;
+  for (int64_t i = 0; i < exact.dq.numel(); ++i) {
+    REQUIRE(std::fabs(lowp.dq[i] - exact.dq[i]) <= b.dq[size_t(i)]);
+    REQUIRE(std::fabs(bf16_to_f32(exact.dq_bf16[i]) - exact.dq[i]) <= b.dq[size_t(i)]);
+    worst_q = std::max(worst_q, double(std::fabs(lowp.dq[i] - exact.dq[i])) / b.dq[size_t(i)]);
+    max_dq = std::max(max_dq, double(std::fabs(exact.dq[i])));
+    max_bq = std::max(max_bq, double(b.dq[size_t(i)]));
+  }
+  for (int64_t i = 0; i < exact.dkv.numel(); ++i) {
+    REQUIRE(std::fabs(lowp.dkv[i] - exact.dkv[i]) <= b.dkv[size_t(i)]);
+    worst_kv = std::max(worst_kv, b.dkv[size_t(i)] > 0 ? double(std::fabs(lowp.dkv[i] - exact.dkv[i])) / b.dkv[size_t(i)] : 0.0);
+  }
+  MESSAGE("emulation error / bound: dq " << worst_q << ", dkv " << worst_kv << "; max bound / max |dq| " << max_bq / max_dq);
+  CHECK(max_bq < 0.1 * max_dq);  // not vacuous
+  // Fault: the kernel drops one key of row 5 (list slot 7) from dq: some element leaves its bound.
+  Tensor<float> faulty = lowp.dq;
+  const int64_t r = ind[5 * topk + 7];
+  for (int64_t h = 0; h < h_q; ++h)
+    for (int64_t c = 0; c < d_qk; ++c)
+      faulty.at(5, h, c) -= sm * exact.ds.at(5, h, 7) * bf16_to_f32(d.kv[r * d_qk + c]);
+  int64_t out = 0;
+  for (int64_t i = 0; i < faulty.numel(); ++i) out += std::fabs(faulty[i] - exact.dq[i]) > b.dq[size_t(i)];
+  CHECK(out > 0);
+  // Rows without keys: bound 0 where the gradient is exactly 0 (no kv row unselected here has slack).
+  for (int64_t j = 0; j < s_kv; ++j) {
+    bool selected = false;
+    for (int64_t i = 0; i < ind.numel(); ++i) selected |= ind[i] == j;
+    if (!selected)
+      for (int64_t c = 0; c < d_qk; ++c) REQUIRE(b.dkv[size_t(j * d_qk + c)] == 0.0f);
+  }
+}
