@@ -424,6 +424,20 @@ TEST_CASE("simd: attention backward bit-identical to ref on every target and thr
     hwy::SetSupportedTargetsForTest(0);
     omp_set_num_threads(threads0);
   }
+  // The comparison catches one flipped bit in any output.
+  const Data d = make(2, 2, 9, 16, 8, 3);
+  const Tensor<int32_t> ind = idx(2, {1, 4, 4, 8, 0, 2, 3, -1});
+  const auto a = ref::sparse_attention_backward(d.q, d.kv, ind, 0.3f, 8, d.dO);
+  for (Tensor<float> ref::AttentionBackwardOut::*field :
+       {&ref::AttentionBackwardOut::dq, &ref::AttentionBackwardOut::dkv, &ref::AttentionBackwardOut::delta,
+        &ref::AttentionBackwardOut::p, &ref::AttentionBackwardOut::ds}) {
+    auto b = a;
+    uint32_t bits;
+    std::memcpy(&bits, (b.*field).ptr() + 3, 4);
+    bits ^= 1u;
+    std::memcpy((b.*field).ptr() + 3, &bits, 4);
+    CHECK_FALSE(same_grads(a, b));
+  }
   const bool ref_table = ref::Kernels{}.sparse_attention_backward == &ref::sparse_attention_backward;
   CHECK(ref_table);
 }
