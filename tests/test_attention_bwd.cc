@@ -54,8 +54,9 @@ double val(bf16_t x) { return double(bf16_to_f32(x)); }
 struct Naive {
   std::vector<long double> dq, dkv, delta, d_sink, p;  // p per [t, h, slot]
 };
+// delta_bf16: Delta from bf16(f32(O)) (the kernel bug), every other step exact.
 Naive naive(const Data& d, const Tensor<int32_t>& ind, float sm, int64_t d_v, const Tensor<int32_t>* len,
-            const Tensor<float>* sink) {
+            const Tensor<float>* sink, bool delta_bf16 = false) {
   const int64_t s_q = d.q.dim(0), h_q = d.q.dim(1), d_qk = d.q.dim(2), s_kv = d.kv.dim(0), topk = ind.dim(2);
   Naive n{std::vector<long double>(size_t(s_q * h_q * d_qk)), std::vector<long double>(size_t(s_kv * d_qk)),
           std::vector<long double>(size_t(s_q * h_q)), std::vector<long double>(size_t(h_q)),
@@ -85,7 +86,8 @@ Naive naive(const Data& d, const Tensor<int32_t>& ind, float sm, int64_t d_v, co
         for (int64_t c = 0; c < d_v; ++c) o[size_t(c)] += pr[a] * val(d.kv[ind[t * topk + slots[a]] * d_qk + c]);
       }
       long double delta = 0;
-      for (int64_t c = 0; c < d_v; ++c) delta += o[size_t(c)] * val(dO[c]);
+      for (int64_t c = 0; c < d_v; ++c)
+        delta += (delta_bf16 ? (long double)round_bf16(float(o[size_t(c)])) : o[size_t(c)]) * val(dO[c]);
       n.delta[size_t(t * h_q + h)] = delta;
       if (sink) n.d_sink[size_t(h)] += -(std::exp((long double)(*sink)[h] - mx) / z) * delta;
       for (size_t a = 0; a < slots.size(); ++a) {
@@ -484,4 +486,34 @@ TEST_CASE("attention backward: the derived bounds hold the emulation, are tight 
     if (!selected)
       for (int64_t c = 0; c < d_qk; ++c) REQUIRE(b.dkv[size_t(j * d_qk + c)] == 0.0f);
   }
+}
+
+TEST_CASE("attention backward: the Delta-from-bf16-out hypothesis equals that bug computed independently") {
+  const int64_t s_q = 6, h_q = 3, s_kv = 23, d_qk = 37, d_v = 21;
+  const Data d = make(s_q, h_q, s_kv, d_qk, d_v, 31);
+  const Tensor<int32_t> ind = idx(s_q, {0, 3, 7, 22, 5, 2,  4, 4, 4, -1, 9, 30,  22, 21, 20, 19, 18, 17,
+                                        -1, -1, -1, -1, -1, -1,  1, 6, 1, 8, 10, 12,  13, 14, 15, 16, 11, 0});
+  Tensor<float> sink({h_q});
+  sink.data = {0.5f, -1.25f, 2.0f};
+  const auto exact = ref::sparse_attention_backward(d.q, d.kv, ind, 0.15f, d_v, d.dO, nullptr, &sink);
+  const auto hyp = cmp::hypothesis_delta_from_bf16_out(d.q, d.kv, ind, 0.15f, d_v, d.dO, nullptr, exact);
+  const Naive bug = naive(d, ind, 0.15f, d_v, nullptr, &sink, true);
+  const auto near = [](const Tensor<float>& got, const std::vector<long double>& want) {
+    long double mag = 0, worst = 0;
+    for (long double w : want) mag = std::max(mag, std::fabs(w));
+    for (size_t i = 0; i < want.size(); ++i) worst = std::max(worst, std::fabs((long double)got[int64_t(i)] - want[i]));
+    return worst <= 1e-6L * mag;
+  };
+  CHECK(near(hyp.dq, bug.dq));
+  CHECK(near(hyp.dkv, bug.dkv));
+  CHECK(near(hyp.delta, bug.delta));
+  CHECK(near(hyp.d_sink, bug.d_sink));
+  // The bug is visible: its dq departs from the truth by far more than the truth's f32 rounding.
+  double dep = 0, mag = 0;
+  for (int64_t i = 0; i < exact.dq.numel(); ++i) {
+    dep = std::max(dep, double(std::fabs(hyp.dq[i] - exact.dq[i])));
+    mag = std::max(mag, double(std::fabs(exact.dq[i])));
+  }
+  MESSAGE("Delta from bf16 out: max |dq - truth| / max |dq| = " << dep / mag);
+  CHECK(dep > 1e-5 * mag);
 }

@@ -153,6 +153,23 @@ AttentionBackwardBounds attention_backward_bounds(const Tensor<bf16_t>& q, const
                                                   const Tensor<bf16_t>& d_out, const Tensor<int32_t>* topk_length,
                                                   const ref::AttentionBackwardOut& exact, bool delta_from_bf16_out);
 
+// The named hypothesis "Delta formed from the bf16 out" (TileLang's kernel computes Delta = sum
+// bf16(O) dO): the exact gradients such a kernel would produce with every other step exact, from the
+// truth. With d = sum_c (bf16(out_c) - out_c) dO_c (double; out the truth's f32 out, whose own
+// rounding is 2^-24 relative), the kernel's Delta is Delta + d, so dS_i becomes dS_i - P_i d and
+//   dq[t,h]  += -sm_scale d sum_i P_i kv_i       (on the first d_v columns: -sm_scale d out)
+//   dkv[j]   += -sm_scale d P_i q[t,h]           per contribution (t, h, i) of row j
+//   delta    += d;   d_sink[h] += -(1 - sum_i P_i) d
+// (sum_i P_i = f). A judge names the bug when a candidate's error lies along this direction: it is
+// correlated across all of a row's keys, and sized like a bf16 rounding of out, where the bounds of
+// attention_backward_bounds (without delta_from_bf16_out) are mostly larger. Returns the full output
+// set (out, lse, p as the truth's; ds shifted; bf16 copies of the shifted dq and dkv).
+ref::AttentionBackwardOut hypothesis_delta_from_bf16_out(const Tensor<bf16_t>& q, const Tensor<bf16_t>& kv,
+                                                         const Tensor<int32_t>& indices, float sm_scale, int64_t d_v,
+                                                         const Tensor<bf16_t>& d_out,
+                                                         const Tensor<int32_t>* topk_length,
+                                                         const ref::AttentionBackwardOut& exact);
+
 // TileLang's similarity of two gradients (its sparse_mla_bwd test, which passes at <= 1e-4):
 // 1 - 2 sum(x y) / sum(x^2 + y^2) over all elements, in double (0 for two zero tensors).
 double gradient_similarity(const Tensor<float>& x, const Tensor<float>& y);

@@ -181,6 +181,51 @@ AttentionBackwardBounds attention_backward_bounds(const Tensor<bf16_t>& q, const
   return b;
 }
 
+ref::AttentionBackwardOut hypothesis_delta_from_bf16_out(const Tensor<bf16_t>& q, const Tensor<bf16_t>& kv,
+                                                         const Tensor<int32_t>& indices, float sm_scale, int64_t d_v,
+                                                         const Tensor<bf16_t>& d_out, const Tensor<int32_t>* topk_length,
+                                                         const ref::AttentionBackwardOut& exact) {
+  ref::check_attention_backward_inputs(q, kv, indices, d_v, d_out, topk_length, nullptr);
+  const int64_t s_q = q.dim(0), h_q = q.dim(1), d_qk = q.dim(2), s_kv = kv.dim(0), topk = indices.dim(2);
+  require_shape(exact.p, {s_q, h_q, topk}, "attention backward hypothesis exact.p");
+  require_shape(exact.out, {s_q, h_q, d_v}, "attention backward hypothesis exact.out");
+  require_shape(exact.dkv, {s_kv, 1, d_qk}, "attention backward hypothesis exact.dkv");
+  const double sm = double(sm_scale);
+  ref::AttentionBackwardOut o = exact;
+  std::vector<double> dkv(exact.dkv.data.begin(), exact.dkv.data.end()), dq(static_cast<size_t>(d_qk));
+  std::vector<double> d_sink(exact.d_sink.data.begin(), exact.d_sink.data.end());
+  for (int64_t t = 0; t < s_q; ++t) {
+    const int64_t len = topk_length ? (*topk_length)[t] : topk;
+    for (int64_t h = 0; h < h_q; ++h) {
+      const int64_t th = t * h_q + h;
+      double dd = 0, sum_p = 0;
+      for (int64_t c = 0; c < d_v; ++c)
+        dd += (double(round_bf16(exact.out[th * d_v + c])) - double(exact.out[th * d_v + c])) *
+              double(bf16_to_f32(d_out[th * d_v + c]));
+      for (int64_t d = 0; d < d_qk; ++d) dq[size_t(d)] = exact.dq[th * d_qk + d];
+      for (int64_t j = 0; j < len; ++j) {
+        const int64_t r = indices[t * topk + j];
+        if (r < 0 || r >= s_kv) continue;
+        const double p = exact.p[th * topk + j], shift = -sm * dd * p;
+        sum_p += p;
+        o.ds[th * topk + j] = float(double(exact.ds[th * topk + j]) - p * dd);
+        for (int64_t d = 0; d < d_qk; ++d) {
+          dq[size_t(d)] += shift * double(bf16_to_f32(kv[r * d_qk + d]));
+          dkv[size_t(r * d_qk + d)] += shift * double(bf16_to_f32(q[th * d_qk + d]));
+        }
+      }
+      for (int64_t d = 0; d < d_qk; ++d) o.dq[th * d_qk + d] = float(dq[size_t(d)]);
+      o.delta[th] = float(double(exact.delta[th]) + dd);
+      if (!d_sink.empty() && sum_p > 0) d_sink[size_t(h)] -= (1.0 - sum_p) * dd;
+    }
+  }
+  for (int64_t i = 0; i < o.dkv.numel(); ++i) o.dkv[i] = float(dkv[size_t(i)]);
+  for (size_t h = 0; h < d_sink.size(); ++h) o.d_sink[int64_t(h)] = float(d_sink[h]);
+  for (int64_t i = 0; i < o.dq.numel(); ++i) o.dq_bf16[i] = f32_to_bf16(o.dq[i]);
+  for (int64_t i = 0; i < o.dkv.numel(); ++i) o.dkv_bf16[i] = f32_to_bf16(o.dkv[i]);
+  return o;
+}
+
 double gradient_similarity(const Tensor<float>& x, const Tensor<float>& y) {
   require(x.shape == y.shape, "gradient_similarity: shapes " + shape_str(x.shape) + " and " + shape_str(y.shape) +
                                   " differ");
