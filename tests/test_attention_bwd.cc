@@ -54,8 +54,9 @@ double val(bf16_t x) { return double(bf16_to_f32(x)); }
 struct Naive {
   std::vector<long double> dq, dkv, delta, d_sink, p;  // p per [t, h, slot]
 };
+// delta_bf16: Delta from bf16(f32(O)) (the kernel bug), every other step exact.
 Naive naive(const Data& d, const Tensor<int32_t>& ind, float sm, int64_t d_v, const Tensor<int32_t>* len,
-            const Tensor<float>* sink) {
+            const Tensor<float>* sink, bool delta_bf16 = false) {
   const int64_t s_q = d.q.dim(0), h_q = d.q.dim(1), d_qk = d.q.dim(2), s_kv = d.kv.dim(0), topk = ind.dim(2);
   Naive n{std::vector<long double>(size_t(s_q * h_q * d_qk)), std::vector<long double>(size_t(s_kv * d_qk)),
           std::vector<long double>(size_t(s_q * h_q)), std::vector<long double>(size_t(h_q)),
@@ -85,7 +86,8 @@ Naive naive(const Data& d, const Tensor<int32_t>& ind, float sm, int64_t d_v, co
         for (int64_t c = 0; c < d_v; ++c) o[size_t(c)] += pr[a] * val(d.kv[ind[t * topk + slots[a]] * d_qk + c]);
       }
       long double delta = 0;
-      for (int64_t c = 0; c < d_v; ++c) delta += o[size_t(c)] * val(dO[c]);
+      for (int64_t c = 0; c < d_v; ++c)
+        delta += (delta_bf16 ? (long double)round_bf16(float(o[size_t(c)])) : o[size_t(c)]) * val(dO[c]);
       n.delta[size_t(t * h_q + h)] = delta;
       if (sink) n.d_sink[size_t(h)] += -(std::exp((long double)(*sink)[h] - mx) / z) * delta;
       for (size_t a = 0; a < slots.size(); ++a) {
@@ -373,9 +375,16 @@ TEST_CASE("attention backward: the low-precision emulation is near the truth, a 
   CHECK(sim_dkv <= 1e-4);
   CHECK(sim_dq > 0);  // the emulation is not the truth
   CHECK(cmp::gradient_similarity(exact.dq, exact.dq) == 0.0);
-  // Fault: dkv without its V part (sum P dO) fails by far.
-  const auto noV = ref::sparse_attention_backward(d.q, d.kv, ind, sm, d_v, Tensor<bf16_t>(d.dO.shape), nullptr, &sink);
-  CHECK(cmp::gradient_similarity(exact.dkv, noV.dkv) > 1e-2);
+  // Fault: dkv without its V part (a kernel that forgot P^T dO; the V part scattered here from P per
+  // slot) fails by far.
+  Tensor<float> noV = exact.dkv;
+  for (int64_t t = 0; t < s_q; ++t)
+    for (int64_t h = 0; h < h_q; ++h)
+      for (int64_t j = 0; j < topk; ++j)
+        for (int64_t c = 0; c < d_v; ++c)
+          noV[ind[t * topk + j] * d_qk + c] -= exact.p.at(t, h, j) * bf16_to_f32(d.dO.at(t, h, c));
+  MESSAGE("fault (no V part): dkv similarity " << cmp::gradient_similarity(exact.dkv, noV));
+  CHECK(cmp::gradient_similarity(exact.dkv, noV) > 1e-2);
   // The emulated Delta uses the bf16 out: off the truth's by about a bf16 rounding of out.
   double worst = 0;
   for (int64_t i = 0; i < exact.delta.numel(); ++i) worst = std::max(worst, double(std::fabs(exact.delta[i] - lowp.delta[i])));
@@ -417,6 +426,94 @@ TEST_CASE("simd: attention backward bit-identical to ref on every target and thr
     hwy::SetSupportedTargetsForTest(0);
     omp_set_num_threads(threads0);
   }
+  // The comparison catches one flipped bit in any output.
+  const Data d = make(2, 2, 9, 16, 8, 3);
+  const Tensor<int32_t> ind = idx(2, {1, 4, 4, 8, 0, 2, 3, -1});
+  const auto a = ref::sparse_attention_backward(d.q, d.kv, ind, 0.3f, 8, d.dO);
+  for (Tensor<float> ref::AttentionBackwardOut::*field :
+       {&ref::AttentionBackwardOut::dq, &ref::AttentionBackwardOut::dkv, &ref::AttentionBackwardOut::delta,
+        &ref::AttentionBackwardOut::p, &ref::AttentionBackwardOut::ds}) {
+    auto b = a;
+    uint32_t bits;
+    std::memcpy(&bits, (b.*field).ptr() + 3, 4);
+    bits ^= 1u;
+    std::memcpy((b.*field).ptr() + 3, &bits, 4);
+    CHECK_FALSE(same_grads(a, b));
+  }
   const bool ref_table = ref::Kernels{}.sparse_attention_backward == &ref::sparse_attention_backward;
   CHECK(ref_table);
+}
+
+TEST_CASE("attention backward: the derived bounds hold the emulation, are tight enough to catch a dropped key") {
+  const int64_t s_q = 16, h_q = 4, s_kv = 64, d_qk = 72, d_v = 64, topk = 16;
+  const Data d = make(s_q, h_q, s_kv, d_qk, d_v, 29, 0.5f);
+  Tensor<int32_t> ind({s_q, 1, topk});
+  for (int64_t t = 0; t < s_q; ++t)
+    for (int64_t j = 0; j < topk; ++j) ind[t * topk + j] = j == 3 ? -1 : int32_t((t * 13 + j * 5) % s_kv);
+  Tensor<float> sink({h_q}, 0.25f);
+  const float sm = 1.0f / std::sqrt(float(d_qk));
+  const auto exact = ref::sparse_attention_backward(d.q, d.kv, ind, sm, d_v, d.dO, nullptr, &sink);
+  const auto lowp = cmp::emulate_attention_backward_lowp(d.q, d.kv, ind, sm, d_v, d.dO, nullptr, &sink);
+  const auto b = cmp::attention_backward_bounds(d.q, d.kv, ind, sm, d_v, d.dO, nullptr, exact, true);
+  // The emulation (Delta from its bf16 out) and the truth's bf16 copies are within the bounds everywhere.
+  double worst_q = 0, worst_kv = 0, max_dq = 0, max_bq = 0;
+  for (int64_t i = 0; i < exact.dq.numel(); ++i) {
+    REQUIRE(std::fabs(lowp.dq[i] - exact.dq[i]) <= b.dq[size_t(i)]);
+    REQUIRE(std::fabs(bf16_to_f32(exact.dq_bf16[i]) - exact.dq[i]) <= b.dq[size_t(i)]);
+    worst_q = std::max(worst_q, double(std::fabs(lowp.dq[i] - exact.dq[i])) / b.dq[size_t(i)]);
+    max_dq = std::max(max_dq, double(std::fabs(exact.dq[i])));
+    max_bq = std::max(max_bq, double(b.dq[size_t(i)]));
+  }
+  for (int64_t i = 0; i < exact.dkv.numel(); ++i) {
+    REQUIRE(std::fabs(lowp.dkv[i] - exact.dkv[i]) <= b.dkv[size_t(i)]);
+    worst_kv = std::max(worst_kv, b.dkv[size_t(i)] > 0 ? double(std::fabs(lowp.dkv[i] - exact.dkv[i])) / b.dkv[size_t(i)] : 0.0);
+  }
+  MESSAGE("emulation error / bound: dq " << worst_q << ", dkv " << worst_kv << "; max bound / max |dq| " << max_bq / max_dq);
+  CHECK(max_bq < 0.1 * max_dq);  // not vacuous
+  // Fault: the kernel drops one key of row 5 (list slot 7) from dq: some element leaves its bound.
+  Tensor<float> faulty = lowp.dq;
+  const int64_t r = ind[5 * topk + 7];
+  for (int64_t h = 0; h < h_q; ++h)
+    for (int64_t c = 0; c < d_qk; ++c)
+      faulty.at(5, h, c) -= sm * exact.ds.at(5, h, 7) * bf16_to_f32(d.kv[r * d_qk + c]);
+  int64_t out = 0;
+  for (int64_t i = 0; i < faulty.numel(); ++i) out += std::fabs(faulty[i] - exact.dq[i]) > b.dq[size_t(i)];
+  CHECK(out > 0);
+  // Rows without keys: bound 0 where the gradient is exactly 0 (no kv row unselected here has slack).
+  for (int64_t j = 0; j < s_kv; ++j) {
+    bool selected = false;
+    for (int64_t i = 0; i < ind.numel(); ++i) selected |= ind[i] == j;
+    if (!selected)
+      for (int64_t c = 0; c < d_qk; ++c) REQUIRE(b.dkv[size_t(j * d_qk + c)] == 0.0f);
+  }
+}
+
+TEST_CASE("attention backward: the Delta-from-bf16-out hypothesis equals that bug computed independently") {
+  const int64_t s_q = 6, h_q = 3, s_kv = 23, d_qk = 37, d_v = 21;
+  const Data d = make(s_q, h_q, s_kv, d_qk, d_v, 31);
+  const Tensor<int32_t> ind = idx(s_q, {0, 3, 7, 22, 5, 2,  4, 4, 4, -1, 9, 30,  22, 21, 20, 19, 18, 17,
+                                        -1, -1, -1, -1, -1, -1,  1, 6, 1, 8, 10, 12,  13, 14, 15, 16, 11, 0});
+  Tensor<float> sink({h_q});
+  sink.data = {0.5f, -1.25f, 2.0f};
+  const auto exact = ref::sparse_attention_backward(d.q, d.kv, ind, 0.15f, d_v, d.dO, nullptr, &sink);
+  const auto hyp = cmp::hypothesis_delta_from_bf16_out(d.q, d.kv, ind, 0.15f, d_v, d.dO, nullptr, exact);
+  const Naive bug = naive(d, ind, 0.15f, d_v, nullptr, &sink, true);
+  const auto near = [](const Tensor<float>& got, const std::vector<long double>& want) {
+    long double mag = 0, worst = 0;
+    for (long double w : want) mag = std::max(mag, std::fabs(w));
+    for (size_t i = 0; i < want.size(); ++i) worst = std::max(worst, std::fabs((long double)got[int64_t(i)] - want[i]));
+    return worst <= 1e-6L * mag;
+  };
+  CHECK(near(hyp.dq, bug.dq));
+  CHECK(near(hyp.dkv, bug.dkv));
+  CHECK(near(hyp.delta, bug.delta));
+  CHECK(near(hyp.d_sink, bug.d_sink));
+  // The bug is visible: its dq departs from the truth by far more than the truth's f32 rounding.
+  double dep = 0, mag = 0;
+  for (int64_t i = 0; i < exact.dq.numel(); ++i) {
+    dep = std::max(dep, double(std::fabs(hyp.dq[i] - exact.dq[i])));
+    mag = std::max(mag, double(std::fabs(exact.dq[i])));
+  }
+  MESSAGE("Delta from bf16 out: max |dq - truth| / max |dq| = " << dep / mag);
+  CHECK(dep > 1e-5 * mag);
 }

@@ -63,6 +63,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "ref/attention.h"
 #include "ref/tensor.h"
@@ -122,6 +123,52 @@ ref::AttentionBackwardOut emulate_attention_backward_lowp(const Tensor<bf16_t>& 
                                                           const Tensor<bf16_t>& d_out,
                                                           const Tensor<int32_t>* topk_length = nullptr,
                                                           const Tensor<float>* attn_sink = nullptr);
+
+// Per-element bounds on |candidate - truth| for dq and dkv from a kernel of the emulation's class
+// (bf16 q, kv, dO; f32 logits, softmax and GEMM accumulation in any order; P and dS rounded to bf16
+// before the GEMMs; the output possibly bf16). Unit roundoffs u = 2^-8 (bf16), e = 2^-24 (f32). For
+// query row t, head h, its n valid list positions i, with the truth's P_i, dS_i, O and
+//   G      = sm_scale max_i sum_d |q_d k_id|          the logit magnitude (as the forward's bounds)
+//   a_i    = sum_c |dO_c V_ic|,  b = sum_c |O_c dO_c|  the magnitudes under dP_i and Delta
+//   epsP   = u + 2 (d_qk + 2) e G + (n + 8) e        P's relative error: its bf16 rounding, the f32
+//            logits' error moving exp(s_i - lse) (twice: s_i and lse), the f32 exp, sum and log
+//   eDelta = (d_v + 2) e b  (+ u b when delta_from_bf16_out: Delta formed from the bf16 out, as
+//            TileLang's kernel does)                  Delta's absolute error
+//   E_i    = (u + epsP + e) |dS_i| + P_i ((d_v + 2) e a_i + eDelta)
+//            dS_i's absolute error: its bf16 rounding, P's error, the f32 dP and Delta, the product
+// then (the GEMMs' f32 accumulation over m terms, any order: (m + 2) e times the sum of |terms|)
+//   dq[t,h,d] <= sm_scale (sum_i E_i |k_id| + (n + 2) e sum_i |dS_i k_id|) + u |dq|
+//   dkv[j,c]  <= sum over j's contributions (t, h, i) of (sm_scale E_i |q_c| + epsP P_i |dO_c| [c < d_v])
+//                + (N_j + 2) e sum (sm_scale |dS_i q_c| + P_i |dO_c| [c < d_v]) + u |dkv|
+// (N_j = j's contributions; u |x|: the candidate's bf16 output rounding), each first-order in u and
+// e and multiplied by kBackwardMultiple = 3 (an error source can reach its bound in more than one
+// rounding step, as in the forward's bounds, ref/bounds.h). Evaluated in double from the truth's f32
+// outputs (P, dS, out: relative 2^-24, inside the multiple), rounded up to f32 (cmp::bound_f32).
+constexpr double kBackwardMultiple = 3.0;
+struct AttentionBackwardBounds {
+  std::vector<float> dq, dkv;  // per element of dq [s_q, h_q, d_qk] and dkv [s_kv, 1, d_qk]
+};
+AttentionBackwardBounds attention_backward_bounds(const Tensor<bf16_t>& q, const Tensor<bf16_t>& kv,
+                                                  const Tensor<int32_t>& indices, float sm_scale, int64_t d_v,
+                                                  const Tensor<bf16_t>& d_out, const Tensor<int32_t>* topk_length,
+                                                  const ref::AttentionBackwardOut& exact, bool delta_from_bf16_out);
+
+// The named hypothesis "Delta formed from the bf16 out" (TileLang's kernel computes Delta = sum
+// bf16(O) dO): the exact gradients such a kernel would produce with every other step exact, from the
+// truth. With d = sum_c (bf16(out_c) - out_c) dO_c (double; out the truth's f32 out, whose own
+// rounding is 2^-24 relative), the kernel's Delta is Delta + d, so dS_i becomes dS_i - P_i d and
+//   dq[t,h]  += -sm_scale d sum_i P_i kv_i       (on the first d_v columns: -sm_scale d out)
+//   dkv[j]   += -sm_scale d P_i q[t,h]           per contribution (t, h, i) of row j
+//   delta    += d;   d_sink[h] += -(1 - sum_i P_i) d
+// (sum_i P_i = f). A judge names the bug when a candidate's error lies along this direction: it is
+// correlated across all of a row's keys, and sized like a bf16 rounding of out, where the bounds of
+// attention_backward_bounds (without delta_from_bf16_out) are mostly larger. Returns the full output
+// set (out, lse, p as the truth's; ds shifted; bf16 copies of the shifted dq and dkv).
+ref::AttentionBackwardOut hypothesis_delta_from_bf16_out(const Tensor<bf16_t>& q, const Tensor<bf16_t>& kv,
+                                                         const Tensor<int32_t>& indices, float sm_scale, int64_t d_v,
+                                                         const Tensor<bf16_t>& d_out,
+                                                         const Tensor<int32_t>* topk_length,
+                                                         const ref::AttentionBackwardOut& exact);
 
 // TileLang's similarity of two gradients (its sparse_mla_bwd test, which passes at <= 1e-4):
 // 1 - 2 sum(x y) / sum(x^2 + y^2) over all elements, in double (0 for two zero tensors).

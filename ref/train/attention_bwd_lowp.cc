@@ -111,6 +111,121 @@ ref::AttentionBackwardOut emulate_attention_backward_lowp(const Tensor<bf16_t>& 
   return o;
 }
 
+AttentionBackwardBounds attention_backward_bounds(const Tensor<bf16_t>& q, const Tensor<bf16_t>& kv,
+                                                  const Tensor<int32_t>& indices, float sm_scale, int64_t d_v,
+                                                  const Tensor<bf16_t>& d_out, const Tensor<int32_t>* topk_length,
+                                                  const ref::AttentionBackwardOut& exact, bool delta_from_bf16_out) {
+  ref::check_attention_backward_inputs(q, kv, indices, d_v, d_out, topk_length, nullptr);
+  const int64_t s_q = q.dim(0), h_q = q.dim(1), d_qk = q.dim(2), s_kv = kv.dim(0), topk = indices.dim(2);
+  require_shape(exact.p, {s_q, h_q, topk}, "attention backward bounds exact.p");
+  require_shape(exact.ds, {s_q, h_q, topk}, "attention backward bounds exact.ds");
+  require_shape(exact.out, {s_q, h_q, d_v}, "attention backward bounds exact.out");
+  require_shape(exact.dq, {s_q, h_q, d_qk}, "attention backward bounds exact.dq");
+  require_shape(exact.dkv, {s_kv, 1, d_qk}, "attention backward bounds exact.dkv");
+  const double u = std::ldexp(1.0, -8), e = std::ldexp(1.0, -24), sm = double(sm_scale);
+  const auto val = [](bf16_t x) { return std::fabs(double(bf16_to_f32(x))); };
+  AttentionBackwardBounds b{std::vector<float>(size_t(s_q * h_q * d_qk)), std::vector<float>(size_t(s_kv * d_qk))};
+  // dkv's two sums per element (the error terms, the magnitudes) and its contribution counts.
+  std::vector<double> kv_err(size_t(s_kv * d_qk), 0.0), kv_mag(size_t(s_kv * d_qk), 0.0), q_err(static_cast<size_t>(d_qk)),
+      q_mag(static_cast<size_t>(d_qk));
+  std::vector<int64_t> contributions(size_t(s_kv), 0), slots;
+  for (int64_t t = 0; t < s_q; ++t) {
+    const int64_t len = topk_length ? (*topk_length)[t] : topk;
+    slots.clear();
+    for (int64_t j = 0; j < len; ++j)
+      if (0 <= indices[t * topk + j] && indices[t * topk + j] < s_kv) slots.push_back(j);
+    const double n = double(slots.size());
+    for (int64_t h = 0; h < h_q; ++h) {
+      const int64_t th = t * h_q + h;
+      const bf16_t* qr = q.ptr() + th * d_qk;
+      const bf16_t* dor = d_out.ptr() + th * d_v;
+      double g = 0, mag_delta = 0;
+      for (int64_t j : slots) {
+        double m = 0;
+        for (int64_t d = 0; d < d_qk; ++d) m += val(qr[d]) * val(kv[indices[t * topk + j] * d_qk + d]);
+        g = std::max(g, sm * m);
+      }
+      for (int64_t c = 0; c < d_v; ++c) mag_delta += std::fabs(double(exact.out[th * d_v + c])) * val(dor[c]);
+      const double eps_p = u + 2 * double(d_qk + 2) * e * g + (n + 8) * e;
+      const double e_delta = double(d_v + 2) * e * mag_delta + (delta_from_bf16_out ? u * mag_delta : 0.0);
+      std::fill(q_err.begin(), q_err.end(), 0.0);
+      std::fill(q_mag.begin(), q_mag.end(), 0.0);
+      for (int64_t j : slots) {
+        const int64_t r = indices[t * topk + j];
+        const bf16_t* k = kv.ptr() + r * d_qk;
+        const double p = exact.p[th * topk + j], ds = std::fabs(double(exact.ds[th * topk + j]));
+        double a = 0;
+        for (int64_t c = 0; c < d_v; ++c) a += val(dor[c]) * val(k[c]);
+        const double err = (u + eps_p + e) * ds + p * (double(d_v + 2) * e * a + e_delta);
+        for (int64_t d = 0; d < d_qk; ++d) {
+          q_err[size_t(d)] += err * val(k[d]);
+          q_mag[size_t(d)] += ds * val(k[d]);
+          const double vp = d < d_v ? p * val(dor[d]) : 0.0;
+          kv_err[size_t(r * d_qk + d)] += sm * err * val(qr[d]) + eps_p * vp;
+          kv_mag[size_t(r * d_qk + d)] += sm * ds * val(qr[d]) + vp;
+        }
+        ++contributions[size_t(r)];
+      }
+      for (int64_t d = 0; d < d_qk; ++d)
+        b.dq[size_t(th * d_qk + d)] = bound_f32(
+            kBackwardMultiple * (sm * (q_err[size_t(d)] + (n + 2) * e * q_mag[size_t(d)]) +
+                                 u * std::fabs(double(exact.dq[th * d_qk + d]))));
+    }
+  }
+  for (int64_t r = 0; r < s_kv; ++r)
+    for (int64_t d = 0; d < d_qk; ++d) {
+      const size_t i = size_t(r * d_qk + d);
+      b.dkv[i] = bound_f32(kBackwardMultiple * (kv_err[i] + double(contributions[size_t(r)] + 2) * e * kv_mag[i] +
+                                                u * std::fabs(double(exact.dkv[int64_t(i)]))));
+    }
+  return b;
+}
+
+ref::AttentionBackwardOut hypothesis_delta_from_bf16_out(const Tensor<bf16_t>& q, const Tensor<bf16_t>& kv,
+                                                         const Tensor<int32_t>& indices, float sm_scale, int64_t d_v,
+                                                         const Tensor<bf16_t>& d_out, const Tensor<int32_t>* topk_length,
+                                                         const ref::AttentionBackwardOut& exact) {
+  ref::check_attention_backward_inputs(q, kv, indices, d_v, d_out, topk_length, nullptr);
+  const int64_t s_q = q.dim(0), h_q = q.dim(1), d_qk = q.dim(2), s_kv = kv.dim(0), topk = indices.dim(2);
+  require_shape(exact.p, {s_q, h_q, topk}, "attention backward hypothesis exact.p");
+  require_shape(exact.out, {s_q, h_q, d_v}, "attention backward hypothesis exact.out");
+  require_shape(exact.dkv, {s_kv, 1, d_qk}, "attention backward hypothesis exact.dkv");
+  const double sm = double(sm_scale);
+  ref::AttentionBackwardOut o = exact;
+  std::vector<double> dkv(exact.dkv.data.begin(), exact.dkv.data.end()), dq(static_cast<size_t>(d_qk));
+  std::vector<double> d_sink(exact.d_sink.data.begin(), exact.d_sink.data.end());
+  for (int64_t t = 0; t < s_q; ++t) {
+    const int64_t len = topk_length ? (*topk_length)[t] : topk;
+    for (int64_t h = 0; h < h_q; ++h) {
+      const int64_t th = t * h_q + h;
+      double dd = 0, sum_p = 0;
+      for (int64_t c = 0; c < d_v; ++c)
+        dd += (double(round_bf16(exact.out[th * d_v + c])) - double(exact.out[th * d_v + c])) *
+              double(bf16_to_f32(d_out[th * d_v + c]));
+      for (int64_t d = 0; d < d_qk; ++d) dq[size_t(d)] = exact.dq[th * d_qk + d];
+      for (int64_t j = 0; j < len; ++j) {
+        const int64_t r = indices[t * topk + j];
+        if (r < 0 || r >= s_kv) continue;
+        const double p = exact.p[th * topk + j], shift = -sm * dd * p;
+        sum_p += p;
+        o.ds[th * topk + j] = float(double(exact.ds[th * topk + j]) - p * dd);
+        for (int64_t d = 0; d < d_qk; ++d) {
+          dq[size_t(d)] += shift * double(bf16_to_f32(kv[r * d_qk + d]));
+          dkv[size_t(r * d_qk + d)] += shift * double(bf16_to_f32(q[th * d_qk + d]));
+        }
+      }
+      for (int64_t d = 0; d < d_qk; ++d) o.dq[th * d_qk + d] = float(dq[size_t(d)]);
+      o.delta[th] = float(double(exact.delta[th]) + dd);
+      if (!d_sink.empty() && sum_p > 0) d_sink[size_t(h)] -= (1.0 - sum_p) * dd;
+    }
+  }
+  for (int64_t i = 0; i < o.dkv.numel(); ++i) o.dkv[i] = float(dkv[size_t(i)]);
+  for (size_t h = 0; h < d_sink.size(); ++h) o.d_sink[int64_t(h)] = float(d_sink[h]);
+  for (int64_t i = 0; i < o.dq.numel(); ++i) o.dq_bf16[i] = f32_to_bf16(o.dq[i]);
+  for (int64_t i = 0; i < o.dkv.numel(); ++i) o.dkv_bf16[i] = f32_to_bf16(o.dkv[i]);
+  return o;
+}
+
 double gradient_similarity(const Tensor<float>& x, const Tensor<float>& y) {
   require(x.shape == y.shape, "gradient_similarity: shapes " + shape_str(x.shape) + " and " + shape_str(y.shape) +
                                   " differ");

@@ -46,6 +46,7 @@
 #include "ref/stack.h"
 #include "ref/topk.h"
 #include "ref/train/indexer_loss.h"
+#include "ref/train/attention_bwd.h"
 #include "simd/simd.h"
 #include "tools/lib/cost_report.h"
 #include "tools/judge/diff.h"
@@ -614,6 +615,27 @@ NB_MODULE(_core, m) {
     d["dw"] = to_numpy<float>(std::move(r.dw));
     return d;
   });
+  // ---- the sparse attention backward (ref/train/attention_bwd.h); lowp: its low-precision emulation (ref only) ----
+  m.def("sparse_attention_backward", [](In<uint16_t> q, In<uint16_t> kv, In<int32_t> indices, float sm_scale, int64_t d_v,
+                                        In<uint16_t> d_out, std::optional<In<int32_t>> topk_length,
+                                        std::optional<In<float>> sink, Impl impl, bool lowp) {
+    const auto tq = borrow<bf16_t>(q); const auto tkv = borrow<bf16_t>(kv); const auto ti = borrow<int32_t>(indices);
+    const auto tdo = borrow<bf16_t>(d_out);
+    const auto tl = borrow_optional<int32_t>(topk_length); const auto tsk = borrow_optional<float>(sink);
+    const Tensor<int32_t>* pl = tl ? &tl->get() : nullptr;
+    const Tensor<float>* psk = tsk ? &tsk->get() : nullptr;
+    note_inputs(&tq.get(), &tkv.get(), &ti.get(), &tdo.get(), pl, psk);
+    auto r = timed([&] {
+      return lowp ? cmp::emulate_attention_backward_lowp(tq, tkv, ti, sm_scale, d_v, tdo, pl, psk)
+                  : kernels_for(impl).sparse_attention_backward(tq, tkv, ti, sm_scale, d_v, tdo, pl, psk);
+    });
+    return nb::make_tuple(to_numpy<float>(std::move(r.out)), to_numpy<float>(std::move(r.lse)),
+                          to_numpy<float>(std::move(r.delta)), to_numpy<float>(std::move(r.p)),
+                          to_numpy<float>(std::move(r.ds)), to_numpy<float>(std::move(r.dq)),
+                          to_numpy<uint16_t>(std::move(r.dq_bf16)), to_numpy<float>(std::move(r.dkv)),
+                          to_numpy<uint16_t>(std::move(r.dkv_bf16)), to_numpy<float>(std::move(r.d_sink)));
+  }, nb::arg("q"), nb::arg("kv"), nb::arg("indices"), nb::arg("sm_scale"), nb::arg("d_v"), nb::arg("d_out"),
+     nb::arg("topk_length").none(), nb::arg("sink").none(), nb::arg("impl"), nb::arg("lowp"));
 
   // ---- overlap statistics (ref/overlap.h): `indexshare overlap --golden DIR | --problem DESC --json` ----
   m.def("overlap", [](const std::string& golden_dir, const std::string& problem, int buckets, bool shared_stats,

@@ -16,9 +16,11 @@ from ._diff import Report, diff, save_candidate
 from .kernels import (Attention, dense_attention, get_num_threads, indexer_logits, indexer_topk, run_stack,
                       set_num_threads, sparse_attention, topk)
 from . import module, testing
+from .kernels import AttentionBackward, sparse_attention_backward
 
 __version__ = _load_core().version
 
 __all__ = ["Problem", "GoldenSet", "LoadedGolden", "golden", "load_golden", "overlap", "cost", "presets", "Report", "diff",
            "save_candidate", "Attention", "indexer_logits", "topk", "indexer_topk", "sparse_attention",
            "dense_attention", "run_stack", "set_num_threads", "get_num_threads", "module", "testing"]
+__all__ += ["AttentionBackward", "sparse_attention_backward"]

@@ -134,6 +134,35 @@ def dense_attention(q, kv, sm_scale: float, d_v: int, ks, ke, *, sink=None, impl
     return _attention(r, A.wants_torch(q, kv, ks, ke, sink))
 
 
+class AttentionBackward(NamedTuple):
+    """Outputs of :func:`sparse_attention_backward` (ref/train/attention_bwd.h)."""
+    out: object       # f32 [s_q, h_q, d_v], the forward's out
+    lse: object       # f32 [s_q, h_q], the forward's lse (natural log, without the sink)
+    delta: object     # f32 [s_q, h_q], sum_c O_c dO_c from the exact O
+    p: object         # f32 [s_q, h_q, topk], P of each slot with the sink folded in (0 on ignored slots)
+    ds: object        # f32 [s_q, h_q, topk], dS = P (dP - delta), w.r.t. the scaled logit
+    dq: object        # f32 [s_q, h_q, d_qk]
+    dq_bf16: object   # bf16 [s_q, h_q, d_qk]
+    dkv: object       # f32 [s_kv, 1, d_qk]: the K part on every column, plus the V part on the first d_v
+    dkv_bf16: object  # bf16 [s_kv, 1, d_qk]
+    d_sink: object    # f32 [h_q] with a sink, else [0]
+
+
+def sparse_attention_backward(q, kv, indices, sm_scale: float, d_v: int, d_out, *, topk_length=None, sink=None,
+                              impl: str = "simd", lowp: bool = False) -> AttentionBackward:
+    """The gradients of :func:`sparse_attention` (ref/train/attention_bwd.h) for the upstream gradient
+    d_out bf16 [s_q, h_q, d_v]; the forward's arguments and rules (-1 and out-of-range indices ignored,
+    a duplicate counts once per occurrence, empty rows give zero gradients). Exact (double, each output
+    rounded once); ``lowp=True``: the TileLang-like low-precision emulation instead (ref only)."""
+    r = core().sparse_attention_backward(
+        A.arg(q, "q", [A.BF16], 3, "s_q, h_q, d_qk"), A.arg(kv, "kv", [A.BF16], 3, "s_kv, 1, d_qk"),
+        A.arg(indices, "indices", [I32], 3, "s_q, 1, topk"), float(sm_scale), int(d_v),
+        A.arg(d_out, "d_out", [A.BF16], 3, "s_q, h_q, d_v"), A.optional_arg(topk_length, "topk_length", [I32], 1, "s_q"),
+        A.optional_arg(sink, "sink", [F32], 1, "h_q"), _impl(impl), bool(lowp))
+    torch = A.wants_torch(q, kv, indices, d_out, topk_length, sink)
+    return AttentionBackward(*(A.out(x, torch, A.BF16 if i in (6, 8) else None) for i, x in enumerate(r)))
+
+
 def run_stack(problem, *, inputs=None, rows=None, impl: str = "auto", keep_logits: bool = False,
               framework: str | None = None) -> list[dict]:
     """A stack of DSA layers with cross-layer index sharing (ref/stack.h): per layer, Full layers run
