@@ -101,8 +101,10 @@ bool is_model1_request(const GoldenArgs& a) {
 }
 
 int golden_model1(const GoldenArgs& a, std::chrono::steady_clock::time_point t0) {
-  reject_given(a.given, {"--layers", "--seq", "--rows", "--no-logits", "--kind"}, "--problem DESCRIPTOR",
+  reject_given(a.given, {"--layers", "--seq", "--rows", "--no-logits"}, "--problem DESCRIPTOR",
                "a decode-model1 set takes its sizes from its model1 spec");
+  require(!was_given(a.given, "--kind") || a.kind == "decode-model1",
+          "golden: a model1 spec builds a decode-model1 set, not --kind " + a.kind);
   require(!dist_active(), "golden: a decode-model1 set is computed by one process: run it without mpirun / srun");
   std::string text = a.problem, for_kernel = a.for_kernel;
   if (!a.preset.empty()) {
