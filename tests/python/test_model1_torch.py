@@ -68,7 +68,7 @@ def dequantize_model1(k_cache, scale_exp_offset=0, swap_tiles=None):
         a, b = swap_tiles
         scale_bytes[:, :, [a, b]] = scale_bytes[:, :, [b, a]]
     scales = scale_bytes.view(torch.float8_e8m0fnu)
-    out = torch.empty(nb, B, D_NOPE + D_ROPE, dtype=torch.bfloat16)
+    out = torch.empty(nb, B, D_NOPE + D_ROPE, dtype=torch.bfloat16, device=k_cache.device)
     out[..., D_NOPE:] = rope
     for t in range(N_TILES):
         out[..., t * TILE:(t + 1) * TILE] = nope[..., t * TILE:(t + 1) * TILE].to(torch.bfloat16) * \
@@ -86,7 +86,7 @@ def ref_sparse_attn_decode(q, scopes, sm_scale, attn_sink):
         g = kv.index_select(0, idx.clamp(min=0).reshape(-1).long()).reshape(b, s_q, topk, d)
         bad = idx == -1
         if topk_length is not None:
-            bad |= torch.arange(topk).reshape(1, 1, topk) >= topk_length.reshape(b, 1, 1)
+            bad |= torch.arange(topk, device=idx.device).reshape(1, 1, topk) >= topk_length.reshape(b, 1, 1)
         gathered.append(g)
         invalid.append(bad)
     kv = torch.cat(gathered, dim=2).reshape(b * s_q, -1, d).float()
