@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <limits>
 #include <string>
 #include <vector>
@@ -336,5 +337,59 @@ TEST_CASE("model1: the golden set reads back, its generic tensors are the two sc
   CHECK(x.topk_length[1] == 64);
   const int64_t pos = ml.cache_seqlens[1] - 2 + 1;
   for (int64_t j = 0; j < 128; ++j) CHECK(m.indices.at(1, 1, j) == paged::physical_index(ml, 1, pos - j));
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("model1: reading a set refuses a cache or a mapping that disagrees, naming the tensor") {
+  const golden::Model1DecodeSpec spec = golden::parse_model1_spec("model1 b2 nextn1 hq64 len200 win64 blk64 ek128 eblk2 elen250 seed4");
+  const std::string dir = (std::filesystem::temp_directory_path() / ("indexshare-model1-bad-" + std::to_string(::getpid()))).string();
+  // Each fault is applied to the built set's tensor bytes before writing (the hashes are the faulty
+  // bytes' own), so only the consistency check can refuse it.
+  struct Fault {
+    std::string tensor;
+    std::function<void(io::TensorView&, const golden::GoldenSet&)> apply;
+    std::string named;
+  };
+  auto used_slot0 = [](const golden::GoldenSet& s, const char* table) {
+    for (const io::TensorView& v : s.tensors)
+      if (v.name == table) {
+        int32_t blk;
+        std::memcpy(&blk, v.bytes.data(), 4);  // block_table[0, 0]: sequence 0's first block
+        return int64_t(blk);
+      }
+    return int64_t(-1);
+  };
+  const std::vector<Fault> faults = {
+      {"layers.0.attn.model1.k_cache",
+       [&](io::TensorView& v, const golden::GoldenSet& s) {
+         v.bytes.mutable_data()[size_t(used_slot0(s, "block_table") * paged::model1_block_bytes(64) + 576 * 64 + 2)] = 0xFF;  // token 0, tile 2
+       },
+       "layers.0.attn.model1.k_cache' block"},
+      {"layers.0.attn.model1.extra_k_cache",
+       [&](io::TensorView& v, const golden::GoldenSet& s) {
+         v.bytes.mutable_data()[size_t(used_slot0(s, "extra_block_table") * paged::model1_block_bytes(2) + 576 * 2 + 7)] = 0x01;  // pad
+       },
+       "extra_k_cache' block"},
+      {"layers.0.attn.indices", [](io::TensorView& v, const golden::GoldenSet&) { v.bytes.mutable_data()[0] ^= 1; }, "tensor 'layers.0.attn.indices'"},
+      {"layers.0.attn.kv", [](io::TensorView& v, const golden::GoldenSet&) { v.bytes.mutable_data()[100] ^= 1; }, "tensor 'layers.0.attn.kv'"},
+  };
+  for (const Fault& f : faults) {
+    CAPTURE(f.tensor);
+    golden::GoldenSet set = golden::build_model1_decode(spec, "test", Impl::simd);
+    for (io::TensorView& v : set.tensors)
+      if (v.name == f.tensor) {
+        f.apply(v, set);
+      }
+    golden::write(dir, std::move(set), true);
+    try {
+      golden::read(dir);
+      FAIL("read accepted the fault");
+    } catch (const Error& e) {
+      CHECK_MESSAGE(std::string(e.what()).find(f.named) != std::string::npos, e.what());
+    }
+  }
+  golden::GoldenSet good = golden::build_model1_decode(spec, "test", Impl::simd);
+  golden::write(dir, std::move(good), true);
+  CHECK_NOTHROW(golden::read(dir));
   std::filesystem::remove_all(dir);
 }

@@ -25,6 +25,7 @@
 #include "ref/numerics.h"
 #include "ref/stack.h"
 #include "ref/topk.h"
+#include "tools/lib/golden_model1.h"
 #include "tools/lib/json_io.h"
 #include "tools/lib/options.h"
 #include "tools/lib/paged.h"
@@ -1837,6 +1838,7 @@ void ManifestCheck::kind_fields() {
   if (conv.contains("indexer_variant") &&
       (!conv["indexer_variant"].is_string() || (conv["indexer_variant"] != "deepseek_fp8" && conv["indexer_variant"] != "hf_bf16")))
     fail("conventions.indexer_variant", "is " + conv["indexer_variant"].dump() + ", not \"deepseek_fp8\" or \"hf_bf16\"");
+  if (kind_ == "decode-model1") check_model1_set(g_, mpath_);  // tools/lib/golden_model1.h
   if (kind_ == "module") {
     module_fields();
   } else if (m_.contains("model_config")) {

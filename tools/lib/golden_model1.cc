@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <sstream>
 
 #include "ref/bounds.h"
@@ -233,6 +234,43 @@ GoldenSet build_model1_decode(const Model1DecodeSpec& s, const std::string& repl
   };
   if (s_q > cmp::kBudgetAllRows) g.manifest["budgets"][pre + "attn.out"]["emulation_rows"] = cmp::budget_rows_text(emulated, s_q);
   return g;
+}
+
+void check_model1_set(const Loaded& g, const std::string& mpath) {
+  const json& m = g.manifest;
+  auto num = [&](const char* f) {
+    if (!m.contains("model1") || !m["model1"].is_object() || !m["model1"].contains(f) || !m["model1"][f].is_number_integer() ||
+        m["model1"][f].get<int64_t>() < 1)
+      throw Error(mpath + ": field 'model1." + f + "' is missing or not an integer >= 1 (a decode-model1 set)");
+    return m["model1"][f].get<int64_t>();
+  };
+  const std::string pre = "layers.0.attn.model1.";
+  auto scope = [&](const std::string& cache, int64_t block, const std::string& indices, const std::string& length,
+                   const std::string& table, const std::string& lens, const char* name) {
+    paged::Model1Scope s{name, g.tensor<uint8_t>(pre + cache), block, g.tensor<int32_t>(pre + indices), g.tensor<int32_t>(pre + length)};
+    paged::PagedLayout l;
+    l.page = block;
+    l.block_table = g.tensor<int32_t>(table);
+    l.cache_seqlens = g.tensor<int32_t>(lens);
+    l.num_blocks = s.cache.rank() == 2 ? s.cache.dim(0) : 0;
+    paged::model1_check_cache(s.cache, l, mpath + ": tensor '" + pre + cache + "'");
+    return s;
+  };
+  const paged::Model1Scope main = scope("k_cache", num("block"), "indices", "topk_length", "block_table", "cache_seqlens", "k_cache");
+  const paged::Model1Scope extra = scope("extra_k_cache", num("extra_block"), "extra_indices", "extra_topk_length", "extra_block_table",
+                                         "extra_cache_seqlens", "extra_k_cache");
+  paged::Model1Gathered cat;
+  try {
+    cat = paged::model1_gather(main, &extra);
+  } catch (const Error& e) {
+    throw Error(mpath + ": the set's MODEL1 inputs: " + e.what());
+  }
+  if (cat.main_slots != num("main_slots")) throw Error(mpath + ": field 'model1.main_slots' disagrees with tensor '" + pre + "k_cache'");
+  if (cat.indices.data != g.tensor<int32_t>("layers.0.attn.indices").data)
+    throw Error(mpath + ": tensor 'layers.0.attn.indices' is not the two scopes' mapping of " + pre + "indices and " + pre + "extra_indices");
+  const Tensor<bf16_t> kv = g.tensor<bf16_t>("layers.0.attn.kv");
+  if (kv.numel() != cat.kv.numel() || std::memcmp(kv.ptr(), cat.kv.ptr(), size_t(kv.numel()) * sizeof(bf16_t)) != 0)
+    throw Error(mpath + ": tensor 'layers.0.attn.kv' is not the dequantized slots of " + pre + "k_cache and " + pre + "extra_k_cache");
 }
 
 void for_kernel_model1(GoldenSet& set, const kreg::Kernel& k, const Model1DecodeSpec& s) {

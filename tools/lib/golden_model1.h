@@ -57,6 +57,13 @@ GoldenSet build_model1_decode(const Model1DecodeSpec& s, const std::string& repl
 // kernel's strided views of both caches (shape and byte strides) under "views".
 void for_kernel_model1(GoldenSet& set, const kreg::Kernel& k, const Model1DecodeSpec& s);
 
+// golden::read's check of a decode-model1 set (after its tensors' dtypes, shapes and hashes): the
+// manifest's `model1` block, each cache's block size, every used slot of both caches a finite token
+// (paged::model1_check_cache over block_table / cache_seqlens and their extra_ twins), and attn.kv and
+// attn.indices exactly the two scopes' mapping (paged::model1_gather). Error naming the manifest, the
+// field or the tensor.
+void check_model1_set(const Loaded& g, const std::string& mpath);
+
 // The replay line (without " --out DIR").
 std::string model1_replay(const Model1DecodeSpec& s, const std::string& for_kernel, Impl impl);
 

@@ -167,6 +167,17 @@ void model1_check_cache(const Tensor<uint8_t>& cache, const PagedLayout& layout,
   require(cache.dim(0) == layout.num_blocks, what + ": " + std::to_string(cache.dim(0)) + " blocks, but the layout's pool holds " +
                                                  std::to_string(layout.num_blocks));
   const int64_t bb = cache.dim(1);
+  require(layout.cache_seqlens.rank() == 1 && layout.block_table.rank() == 2 && layout.block_table.dim(0) == layout.batch(),
+          what + ": its block table must be [batch, max_blocks] and cache_seqlens [batch]");
+  for (int64_t b = 0; b < layout.batch(); ++b) {
+    const int64_t len = layout.cache_seqlens[b];
+    require(len >= 0 && ceil_div(len, B) <= layout.max_blocks(),
+            what + ": cache_seqlens[" + std::to_string(b) + "] = " + std::to_string(len) + " does not fit its block table");
+    for (int64_t j = 0; j < ceil_div(len, B); ++j)
+      require(layout.block_table.at(b, j) >= 0 && layout.block_table.at(b, j) < layout.num_blocks,
+              what + ": block_table[" + std::to_string(b) + ", " + std::to_string(j) + "] = " +
+                  std::to_string(layout.block_table.at(b, j)) + " is not a block of the cache");
+  }
   for (int64_t b = 0; b < layout.batch(); ++b)
     for (int64_t pos = 0; pos < layout.cache_seqlens[b]; ++pos) {
       const int64_t blk = layout.block_table.at(b, pos / B), t = pos % B;
