@@ -240,7 +240,7 @@ Brute brute_decode(const Tensor<bf16_t>& q, const paged::Model1Scope& m, const p
 
 }  // namespace
 
-TEST_CASE("model1: the two-scope decode equals a brute-force single softmax; ref and simd agree bit for bit") {
+TEST_CASE("model1: the two-scope decode equals a brute-force single softmax, ref and simd agree bit for bit") {
   const int64_t b = 2, s_q = 2, h_q = 3;
   const paged::PagedLayout ml = paged::make_layout({9, 7}, 4, 11), xl = paged::make_layout({5, 6}, 2, 12);
   auto kv_of = [](int64_t len, const std::string& tag) {
