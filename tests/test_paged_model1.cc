@@ -305,7 +305,12 @@ TEST_CASE("model1: the golden set reads back, its generic tensors are the two sc
   const golden::Model1DecodeSpec spec = golden::parse_model1_spec(spec_text);
   CHECK(golden::to_string(spec) == spec_text);
   CHECK(golden::model1_violations(spec).empty());
-  CHECK(golden::model1_violations(golden::parse_model1_spec("model1 hq32 win100 ek96")).size() == 3);
+  const std::vector<std::string> bad = golden::model1_violations(golden::parse_model1_spec("model1 hq32 win100 ek96"));
+  REQUIRE(bad.size() == 3);
+  CHECK(bad[0].find("h_q 32: flashmla-sparse-decode-model1 takes 64 or 128 (csrc/api/sparse_decode.h)") == 0);
+  CHECK(bad[1].find("topk 100: flashmla-sparse-decode-model1 takes a multiple of 64") == 0);
+  CHECK(bad[2].find("extra_topk 96: ") == 0);
+  CHECK_THROWS_WITH_AS(golden::parse_model1_spec("model1 hq64 ek512x"), doctest::Contains("unknown token 'ek512x'"), Error);
   golden::GoldenSet set = golden::build_model1_decode(spec, "test", Impl::simd);
   golden::for_kernel_model1(set, kreg::kernel("flashmla-sparse-decode-model1"), spec);
   const std::string dir = (std::filesystem::temp_directory_path() / ("indexshare-model1-" + std::to_string(::getpid()))).string();

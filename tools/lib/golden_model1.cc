@@ -132,12 +132,8 @@ std::string to_string(const Model1DecodeSpec& s) {
 }
 
 std::vector<std::string> model1_violations(const Model1DecodeSpec& s) {
-  std::vector<std::string> bad;
-  const std::string src = " (FlashMLA csrc/api/sparse_decode.h, flash_mla/flash_mla_interface.py)";
-  if (s.h_q != 64 && s.h_q != 128) bad.push_back("hq " + std::to_string(s.h_q) + ": flashmla-sparse-decode-model1 takes 64 or 128" + src);
-  if (s.window % 64) bad.push_back("win " + std::to_string(s.window) + ": the main top-k must be a multiple of 64" + src);
-  if (s.extra_topk % 64) bad.push_back("ek " + std::to_string(s.extra_topk) + ": the extra top-k must be a multiple of 64" + src);
-  return bad;
+  return kreg::violations(kreg::kernel("flashmla-sparse-decode-model1"),
+                          std::map<std::string, int64_t>{{"h_q", s.h_q}, {"topk", s.window}, {"extra_topk", s.extra_topk}});
 }
 
 std::string model1_replay(const Model1DecodeSpec& s, const std::string& for_kernel, Impl impl) {

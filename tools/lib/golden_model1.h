@@ -46,8 +46,8 @@ bool is_model1_spec(const std::string& text);  // the text starts with the word 
 Model1DecodeSpec parse_model1_spec(const std::string& text);  // Error naming the bad token
 std::string to_string(const Model1DecodeSpec& s);
 
-// The kernel's constraints on a spec (FlashMLA csrc/api/sparse_decode.h): h_q 64 or 128, both top-k
-// multiples of 64, one sentence per violation.
+// The kernel's constraints (the registry's flashmla-sparse-decode-model1 entry: h_q 64 or 128, topk =
+// the window and extra_topk multiples of 64) on a spec, one sentence per violation.
 std::vector<std::string> model1_violations(const Model1DecodeSpec& s);
 
 // The set (see above); `replay` is the manifest's command line. impl: the attention's kernels.

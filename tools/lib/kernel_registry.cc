@@ -97,7 +97,10 @@ std::vector<Kernel> make() {
              "extra_k_cache=extra_k_cache_view, extra_indices_in_kvcache=extra_indices, topk_length=topk_length, "
              "extra_topk_length=extra_topk_length)";
     k.kind = "decode-model1";
-    // Checked on the model1 spec (golden::model1_violations): h_q 64 or 128, both top-k multiples of 64.
+    // Checked on the model1 spec (golden::model1_violations: topk = the window, extra_topk).
+    k.constraints = {{"h_q", {64, 128}, 0, "", 0, "csrc/api/sparse_decode.h"},
+                     {"topk", {}, 64, "", 0, "csrc/api/sparse_decode.h (TOPK_BLOCK_SIZE 64 on SM90 and SM100)"},
+                     {"extra_topk", {}, 64, "", 0, "csrc/api/sparse_decode.h (the extra scope's top-k, same blocks)"}};
     k.args = {{"q", "layers.{l}.attn.q", "BF16", S{"b", "next_n", "h_q", "d_qk"}, true, false, "attn.q [b * next_n, h_q, 512] viewed"},
               {"k_cache", "layers.{l}.attn.model1.k_cache", "U8", S{"num_blocks", "block_bytes"}, false, false,
                "the real bytes; the kernel takes the view kernel.views.k_cache: [num_blocks, B, 1, 584] with byte strides "
@@ -218,10 +221,22 @@ int64_t field(const Problem& p, const std::string& f) {
 }
 
 std::vector<std::string> violations(const Kernel& k, const Problem& p) {
+  return violations(k, [&](const std::string& f) { return field(p, f); });
+}
+
+std::vector<std::string> violations(const Kernel& k, const std::map<std::string, int64_t>& values) {
+  return violations(k, [&](const std::string& f) {
+    const auto it = values.find(f);
+    if (it == values.end()) throw Error("kernel registry: " + k.name + ": no value for field '" + f + "'");
+    return it->second;
+  });
+}
+
+std::vector<std::string> violations(const Kernel& k, const std::function<int64_t(const std::string&)>& value) {
   std::vector<std::string> out;
   for (const Constraint& c : k.constraints) {
-    if (!c.when_field.empty() && field(p, c.when_field) != c.when_value) continue;
-    const int64_t v = field(p, c.field);
+    if (!c.when_field.empty() && value(c.when_field) != c.when_value) continue;
+    const int64_t v = value(c.field);
     std::string need;
     if (!c.one_of.empty() && std::find(c.one_of.begin(), c.one_of.end(), v) == c.one_of.end()) {
       if (c.field == "indexer_fp8") need = "the FP8 indexer (indexer=fp8)";
