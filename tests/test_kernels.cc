@@ -315,7 +315,7 @@ TEST_CASE("kernels: one preset per kernel at its real shapes, each checked-in ma
     CHECK_MESSAGE(bad.empty(), (bad.empty() ? std::string() : bad[0]));
     check_kernel_block(m["kernel"], t);
     for (const nlohmann::json& e : m["tensors"]) CHECK(e["sha256"].get<std::string>().size() == 64);
-    // The real shapes (issue 24): prefill top-2048 over 8192 keys; decode next_n 2 over several
+    // The real shapes: prefill top-2048 over 8192 keys; decode next_n 2 over several
     // paged sequences; DeepGEMM at H 64, D 128.
     if (model1) {  // FlashMLA's MODEL1 decode config: main top-k 128 in blocks of 256, extra top-512 in blocks of 64
       CHECK(t.at("layers.0.attn.model1.indices").shape == std::vector<int64_t>{2, 2, 128});

@@ -165,7 +165,9 @@ def golden(problem=None, *, preset: str | None = None, model: str | None = None,
                ("deepseek_fp8" or "hf_bf16") as the CLI's options
       from_dump  a safetensors file of per-layer kernel inputs dumped from a real model under the
                golden tensor names (``--from``; tools/lib/golden.h ``build_from``); ``problem`` may
-               then give top-k, d_v, sm and sched= (the shapes and layer count come from the file)
+               then give top-k, d_v, sm and sched= (the shapes and layer count come from the file);
+               on a model dump it completes the recorded problem, and a field that contradicts
+               the dump raises ValueError naming both values
     Kernel-level sets (problem= or a kernel-level preset=) also take
       for_kernel  a GPU kernel (``indexshare kernels``; ``--for``): the set is that kernel's kind, its
                problem must meet the kernel's constraints (ValueError listing each one it breaks),
