@@ -15,6 +15,7 @@
 #include "ref/problem.h"
 #include "tests/cli_util.h"
 #include "tools/lib/golden.h"
+#include "tools/lib/golden_model1.h"
 #include "tools/lib/kernel_registry.h"
 
 using namespace indexshare;
@@ -24,6 +25,13 @@ namespace {
 // A problem every registered kernel accepts: h_q 64, d_qk 576, d_v 512, top-k 128, a 64 x 128 FP8
 // indexer, two sequences with next_n = 2.
 const char* kValid = "sq4 skv512 hq64 dqk576 dv512 ih64 id128 k128 seed3 nseq2";
+// The MODEL1 kernels: the prefill takes d_qk 512 with a sink; the decode a model1 spec
+// (tools/lib/golden_model1.h; its constraints are golden::model1_violations, tested in test_paged_model1.cc).
+std::string valid_problem(const kreg::Kernel& k) {
+  if (k.name == "flashmla-sparse-prefill-model1") return "sq4 skv512 hq64 dqk512 dv512 ih64 id128 k128 seed3 nseq2 sink=random";
+  if (k.kind == "decode-model1") return "model1 b2 nextn2 hq64 len300 win128 blk256 ek128 eblk2 elen260 seed3";
+  return kValid;
+}
 
 // Sets `field` of p to a value outside what `c` allows (and its condition's field to its value).
 void violate(Problem& p, const kreg::Constraint& c) {
@@ -40,6 +48,7 @@ void violate(Problem& p, const kreg::Constraint& c) {
       {"index_head_dim", [&] { p.index_head_dim = 16; }},
       {"next_n", [&] { p.s_q = 6; }},
       {"indexer_fp8", [&] { p.indexer = IndexerMode::bf16; }},
+      {"sink", [&] { p.sink = SinkMode::none; }},
   };
   REQUIRE_MESSAGE(set.count(c.field), "no violation written for field " << c.field);
   set.at(c.field)();
@@ -48,10 +57,11 @@ void violate(Problem& p, const kreg::Constraint& c) {
 }  // namespace
 
 TEST_CASE("kernels: every constraint of every registered kernel is refused alone, with its message") {
-  const Problem ok = parse_problem(kValid);
   int checked = 0;
   for (const kreg::Kernel& k : kreg::kernels()) {
     CAPTURE(k.name);
+    if (k.kind == "decode-model1") continue;  // a model1 spec, not a problem (see valid_problem)
+    const Problem ok = parse_problem(valid_problem(k));
     CHECK(kreg::violations(k, ok).empty());
     for (const kreg::Constraint& c : k.constraints) {
       CAPTURE(c.field);
@@ -84,7 +94,8 @@ TEST_CASE("kernels: a set written --for a kernel holds every argument its manife
   const std::string dir = (std::filesystem::temp_directory_path() / ("indexshare-kernels-set-" + std::to_string(::getpid()))).string();
   for (const kreg::Kernel& k : kreg::kernels()) {
     CAPTURE(k.name);
-    const auto r = testing::run_cli(std::string("golden --problem \"") + kValid + " nl2 sched=FS\" --impl simd --for " + k.name + " --force --out " + dir);
+    const std::string problem = k.kind == "decode-model1" ? valid_problem(k) : valid_problem(k) + " nl2 sched=FS";
+    const auto r = testing::run_cli("golden --problem \"" + problem + "\" --impl simd --for " + k.name + " --force --out " + dir);
     REQUIRE_MESSAGE(r.status == 0, r.out);
     const golden::Loaded g = golden::read(dir);
     REQUIRE(g.manifest.contains("kernel"));
@@ -175,6 +186,30 @@ std::vector<std::string> kernel_problems(const std::string& kernel, const Tensor
     need(out.shape[2] == 512, "d_v " + std::to_string(out.shape[2]));
     const int64_t mult = kernel == "flashmla-sparse-prefill-sm90" ? 128 : h_q == 128 ? 128 : 64;  // sm90 phase1 / sm100 head64, head128
     need(topk % mult == 0, "topk " + std::to_string(topk) + " not a multiple of " + std::to_string(mult));
+    if (kernel == "flashmla-sparse-prefill-model1") {  // MODEL1: d_qk 512 = d_v 512, with the sink
+      need(d_qk == 512, "MODEL1 d_qk " + std::to_string(d_qk));
+      need(t.count("layers.0.attn.sink") && t.at("layers.0.attn.sink").shape == std::vector<int64_t>{h_q}, "attn_sink not [h_q]");
+    }
+  } else if (kernel == "flashmla-sparse-decode-model1") {
+    // flash_mla_with_kvcache with extra_k_cache: q [b, s_q, h_q, 512], both caches the MODEL1 bytes
+    // (blocks of ceil(584 B / 576) * 576 bytes), indices [b, s_q, topk] with topk % 64 == 0 in both scopes.
+    const TensorInfo q = get("layers.0.attn.q"), kc = get("layers.0.attn.model1.k_cache"), xc = get("layers.0.attn.model1.extra_k_cache"),
+                     ind = get("layers.0.attn.model1.indices"), xind = get("layers.0.attn.model1.extra_indices"),
+                     tl = get("layers.0.attn.model1.topk_length"), xtl = get("layers.0.attn.model1.extra_topk_length");
+    need(q.dtype == "BF16" && kc.dtype == "U8" && xc.dtype == "U8" && ind.dtype == "I32" && xind.dtype == "I32", "dtypes");
+    if (!rank(q, 3, "q") || !rank(kc, 2, "k_cache") || !rank(xc, 2, "extra_k_cache") || !rank(ind, 3, "indices") ||
+        !rank(xind, 3, "extra_indices"))
+      return bad;
+    const int64_t b = ind.shape[0], next_n = ind.shape[1];
+    need(in(q.shape[1], {64, 128}), "h_q " + std::to_string(q.shape[1]));
+    need(q.shape[0] == b * next_n && q.shape[2] == 512, "q not [b * next_n, h_q, 512]");
+    need(xind.shape[0] == b && xind.shape[1] == next_n, "extra indices not [b, next_n, extra_topk]");
+    need(ind.shape[2] % 64 == 0, "topk " + std::to_string(ind.shape[2]) + " not a multiple of 64");
+    need(xind.shape[2] % 64 == 0, "extra topk " + std::to_string(xind.shape[2]) + " not a multiple of 64");
+    need(tl.shape == std::vector<int64_t>{b} && xtl.shape == std::vector<int64_t>{b}, "topk_length not [b]");
+    auto padded = [](int64_t bytes) { return bytes % 576 == 0 && bytes >= 584; };
+    need(padded(kc.shape[1]), "k_cache block bytes " + std::to_string(kc.shape[1]) + " not padded to 576");
+    need(padded(xc.shape[1]), "extra_k_cache block bytes " + std::to_string(xc.shape[1]) + " not padded to 576");
   } else if (kernel == "flashmla-sparse-decode") {
     const TensorInfo q = get("layers.0.attn.q"), cache = get("layers.0.attn.kv_cache_fp8"),
                      ind = get("layers.0.attn.indices_physical"), out = get("layers.0.attn.out");
@@ -273,7 +308,8 @@ TEST_CASE("kernels: one preset per kernel at its real shapes, each checked-in ma
     REQUIRE(m.contains("kernel"));
     CHECK(m["kernel"]["name"] == pr.kernel);
     CHECK(m["kind"] == pr.kind);
-    CHECK(m["problem"] == to_string(parse_problem(pr.problem)));
+    const bool model1 = pr.kind == "decode-model1";  // a model1 spec (tools/lib/golden_model1.h), not a descriptor
+    CHECK(m["problem"] == (model1 ? golden::to_string(golden::parse_model1_spec(pr.problem)) : to_string(parse_problem(pr.problem))));
     const TensorList t = tensor_list(m);
     const std::vector<std::string> bad = kernel_problems(pr.kernel, t);
     CHECK_MESSAGE(bad.empty(), (bad.empty() ? std::string() : bad[0]));
@@ -281,6 +317,14 @@ TEST_CASE("kernels: one preset per kernel at its real shapes, each checked-in ma
     for (const nlohmann::json& e : m["tensors"]) CHECK(e["sha256"].get<std::string>().size() == 64);
     // The real shapes: prefill top-2048 over 8192 keys; decode next_n 2 over several
     // paged sequences; DeepGEMM at H 64, D 128.
+    if (model1) {  // FlashMLA's MODEL1 decode config: main top-k 128 in blocks of 256, extra top-512 in blocks of 64
+      CHECK(t.at("layers.0.attn.model1.indices").shape == std::vector<int64_t>{2, 2, 128});
+      CHECK(t.at("layers.0.attn.model1.extra_indices").shape[2] == 512);
+      CHECK(t.at("layers.0.attn.model1.k_cache").shape[1] == 149760);      // B = 256
+      CHECK(t.at("layers.0.attn.model1.extra_k_cache").shape[1] == 37440); // B = 64
+      CHECK(m["kernel"]["views"]["k_cache"]["strides_bytes"] == nlohmann::json({149760, 584, 584, 1}));
+      continue;
+    }
     const Problem p = parse_problem(pr.problem);
     if (pr.kernel.rfind("flashmla-sparse-prefill", 0) == 0) {
       CHECK(t.at("layers.0.attn.indices").shape[2] == 2048);
@@ -321,6 +365,11 @@ TEST_CASE("kernels: the independent constraint checks fail a set that breaks one
       {"flashmla-sparse-prefill-sm90", [](TensorList& t) { t["layers.0.attn.kv"].dtype = "F32"; }, "kv dtype"},
       {"flashmla-sparse-decode", [](TensorList& t) { t["layers.0.attn.kv_cache_fp8"].shape[3] = 584; }, "bytes per token 584"},
       {"flashmla-sparse-decode", [](TensorList& t) { t["layers.0.attn.indices_physical"].shape[2] = 2000; }, "topk 2000"},
+      {"flashmla-sparse-decode-model1", [](TensorList& t) { t["layers.0.attn.model1.k_cache"].shape[1] = 584 * 256; },
+       "k_cache block bytes 149504"},
+      {"flashmla-sparse-decode-model1", [](TensorList& t) { t["layers.0.attn.model1.extra_indices"].shape[2] = 500; }, "extra topk 500"},
+      {"flashmla-sparse-decode-model1", [](TensorList& t) { t["layers.0.attn.q"].shape[1] = 32; }, "h_q 32"},
+      {"flashmla-sparse-prefill-model1", [](TensorList& t) { t.erase("layers.0.attn.sink"); }, "attn_sink"},
       {"deepgemm-fp8-mqa-logits-sm90", [](TensorList& t) { t["layers.0.indexer.q"].shape[1] = 16; }, "H 16"},
       {"deepgemm-fp8-mqa-logits-sm100", [](TensorList& t) { t["layers.0.indexer.q"].shape[2] = 96; }, "D 96"},
       {"deepgemm-fp8-mqa-logits-sm90", [](TensorList& t) { t["layers.0.indexer.q"].dtype = "BF16"; }, "indexer q dtype BF16"},
@@ -388,13 +437,18 @@ void regenerate_kernel_presets(const std::string& kind) {
     }
   }
   std::filesystem::remove_all(dir);
-  CHECK(n >= 2);
+  CHECK(n >= (kind == "decode-model1" ? 1 : 2));
 }
 }  // namespace
 
 // The stack kernel presets (prefill, DeepGEMM fp8_mqa_logits): about 3 s on the 2-core machine.
 TEST_CASE("kernels: the stack kernel presets regenerate to their checked-in manifests' hashes") {
   regenerate_kernel_presets("stack");
+}
+
+// The MODEL1 decode preset (two paged caches, 0.4 s).
+TEST_CASE("kernels: the decode-model1 kernel preset regenerates to its checked-in manifest's hashes") {
+  regenerate_kernel_presets("decode-model1");
 }
 
 // The decode kernel presets (16384 keys in paged caches): about 5.5 s on 2 cores, so the `slow`

@@ -33,7 +33,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 KERNELS = ["flashmla-sparse-prefill-sm90", "flashmla-sparse-prefill-sm100", "flashmla-sparse-decode",
-           "deepgemm-fp8-mqa-logits-sm90", "deepgemm-fp8-mqa-logits-sm100", "deepgemm-fp8-paged-mqa-logits"]
+           "deepgemm-fp8-mqa-logits-sm90", "deepgemm-fp8-mqa-logits-sm100", "deepgemm-fp8-paged-mqa-logits",
+           "flashmla-sparse-prefill-model1"]
 
 # What the real APIs take (torch dtypes of the block's dtype names).
 TORCH_DTYPES = {"BF16": torch.bfloat16, "F32": torch.float32, "I32": torch.int32, "U8": torch.uint8,
@@ -71,7 +72,7 @@ def flash_mla_sparse_fwd(q, kv, indices, sm_scale, d_v=512, attn_sink=None, topk
     prob = torch.where(empty[:, None, None], torch.zeros(()), prob)
     out = torch.einsum("shk,skd->shd", prob, rows[:, :, :d_v])
     if attn_sink is not None:
-        out = out * torch.sigmoid(lse - attn_sink[None, :])
+        out = out * torch.sigmoid(lse - attn_sink[None, :])[..., None]  # [s_q, h_q, 1]
     lse = torch.where(empty[:, None], torch.full((), float("inf")), lse)
     out = torch.where(empty[:, None, None], torch.zeros(()), out)
     return out.to(torch.bfloat16), max_logits, lse

@@ -13,6 +13,7 @@
 #include "ref/problem.h"
 #include "tools/cli/cli.h"
 #include "tools/lib/golden.h"
+#include "tools/lib/golden_model1.h"
 #include "tools/lib/golden_train.h"
 #include "tools/lib/kernel_registry.h"
 #include "tools/lib/phases.h"
@@ -94,6 +95,46 @@ int publish_ranks(const GoldenArgs& a, const Problem& p, const std::string& repl
   return 0;
 }
 #endif
+
+// decode-model1 (tools/lib/golden_model1.h): a model1 spec (--problem "model1 ...", or the preset
+// flashmla-sparse-decode-model1), optionally --for flashmla-sparse-decode-model1.
+bool is_model1_request(const GoldenArgs& a) {
+  if (!a.preset.empty()) return golden::preset(a.preset).kind == "decode-model1";
+  return golden::is_model1_spec(a.problem) || a.kind == "decode-model1" ||
+         (!a.for_kernel.empty() && kreg::kernel(a.for_kernel).kind == "decode-model1");
+}
+
+int golden_model1(const GoldenArgs& a, std::chrono::steady_clock::time_point t0) {
+  reject_given(a.given, {"--layers", "--seq", "--rows", "--no-logits"}, "--problem DESCRIPTOR",
+               "a decode-model1 set takes its sizes from its model1 spec");
+  require(!was_given(a.given, "--kind") || a.kind == "decode-model1",
+          "golden: a model1 spec builds a decode-model1 set, not --kind " + a.kind);
+  require(!dist_active(), "golden: a decode-model1 set is computed by one process: run it without mpirun / srun");
+  std::string text = a.problem, for_kernel = a.for_kernel;
+  if (!a.preset.empty()) {
+    const golden::Preset& pr = golden::preset(a.preset);
+    text = pr.problem;
+    require(for_kernel.empty() || for_kernel == pr.kernel, "golden: preset '" + pr.name + "' is written for " + pr.kernel);
+    for_kernel = pr.kernel;
+  }
+  require(golden::is_model1_spec(text), "golden: a decode-model1 set needs a model1 spec (--problem \"model1 b2 nextn2 hq64 ...\"), got '" +
+                                            text + "'");
+  golden::Model1DecodeSpec spec = golden::parse_model1_spec(text);
+  if (a.seed >= 0) spec.seed = uint64_t(a.seed);
+  const kreg::Kernel* kern = for_kernel.empty() ? nullptr : &kreg::kernel(for_kernel);
+  if (kern) {
+    require(kern->kind == "decode-model1", "golden --for " + kern->name + ": a model1 spec builds a decode-model1 set, not " + kern->kind);
+    std::string msg;
+    for (const std::string& b : golden::model1_violations(spec)) msg += (msg.empty() ? "" : "; ") + b;
+    require(msg.empty(), "golden --for: " + msg);
+  }
+  const Impl impl = was_given(a.given, "--impl") ? choose_impl(a.impl, true) : Impl::simd;
+  const std::string replay = golden::model1_replay(spec, kern ? kern->name : "", impl) + " --out " + a.out;
+  std::fprintf(stderr, "golden: computing %s...\n", golden::to_string(spec).c_str());
+  golden::GoldenSet set = golden::build_model1_decode(spec, replay, impl);
+  if (kern) golden::for_kernel_model1(set, *kern, spec);
+  return publish(std::move(set), a, replay, t0);
+}
 
 // A training set: a kernel-level problem with the bf16 indexer, its forward and backward.
 int golden_train(const GoldenArgs& a, std::chrono::steady_clock::time_point t0) {
@@ -188,6 +229,7 @@ int cmd_golden(const GoldenArgs& a) {
   if (!a.preset.empty()) reject_given(a.given, {"--kind"}, "--problem", "a preset has its own kind");
   if (a.kind == "train") return golden_train(a, t0);
   reject_given(a.given, {"--loss", "--train-target", "--relu", "--loss-coeff"}, "--kind train", "they shape the indexer loss");
+  if (is_model1_request(a)) return golden_model1(a, t0);
   // The preset, the overrides, --for and --rows: the rules the Python package shares (golden.h).
   golden::StackRequest req;
   req.preset = a.preset;

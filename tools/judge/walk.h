@@ -196,7 +196,7 @@ class Judge {
         const io::SafetensorsIndex* lazy = nullptr, std::string path = "", bool picture = true, prec::Contract contract = {})
       : g_(g), c_(c), k_(k), lazy_(lazy), path_(std::move(path)), picture_(picture), contract_(std::move(contract)), m_(g.manifest), cfg_(m_["config"]), n_layers_(int(m_["layers"].size())), s_q_(cfg_["s_q"]),
         s_kv_(cfg_["s_kv"]), topk_(cfg_["topk"]), h_q_(cfg_["h_q"]), d_v_(cfg_["d_v"]), sm_(cfg_["sm_scale"].get<float>()),
-        decode_(m_.value("kind", "") == "decode"), train_(m_.value("kind", "") == "train"), ids_(row_ids(g)), data_(size_t(n_layers_)), loaded_(size_t(n_layers_), false) {}
+        decode_(m_.value("kind", "") == "decode" || m_.value("kind", "") == "decode-model1"), train_(m_.value("kind", "") == "train"), ids_(row_ids(g)), data_(size_t(n_layers_)), loaded_(size_t(n_layers_), false) {}
 
   std::set<int> candidate_layers(const std::set<int>& wanted) const;
   void judge_layer(int l);

@@ -26,6 +26,7 @@
 #include "ref/numerics.h"
 #include "ref/stack.h"
 #include "ref/topk.h"
+#include "tools/lib/golden_model1.h"
 #include "tools/lib/json_io.h"
 #include "tools/lib/options.h"
 #include "tools/lib/paged.h"
@@ -89,6 +90,13 @@ const std::vector<Preset>& presets() {
       {"deepgemm-fp8-paged-mqa-logits", "sq8 skv16384 hq4 dqk576 dv512 ih64 id128 k2048 seed26 nseq4", "decode",
        "DeepGEMM fp8_paged_mqa_logits at H 64, D 128: next_n 2 for 4 sequences of 4096 tokens (paged, block 64), "
        "2-D context_lens", "deepgemm-fp8-paged-mqa-logits"},
+      {"flashmla-sparse-prefill-model1", "sq4 skv8192 hq64 dqk512 dv512 ih64 id128 k2048 seed27 sink=random", "stack",
+       "FlashMLA sparse prefill, MODEL1 (DeepSeek-V4) shapes: d_qk 512 = d_v 512 with a per-head sink, h_q 64, top-2048 "
+       "over 8192 keys, 4 query rows", "flashmla-sparse-prefill-model1"},
+      {"flashmla-sparse-decode-model1", "model1 b2 nextn2 hq64 len1024 win128 blk256 ek512 eblk64 elen640 seed31", "decode-model1",
+       "FlashMLA sparse decode, MODEL1 FP8 cache, two scopes in one softmax: a 128-token window (block 256) and top-512 "
+       "compressed entries (block 64), h_q 64, next_n 2, 2 sequences, topk_length and extra_topk_length",
+       "flashmla-sparse-decode-model1"},
   };
   return p;
 }
@@ -495,6 +503,10 @@ StackPlan plan_stack(const StackRequest& r) {
     if (for_kernel.empty()) for_kernel = pr.kernel;
     plan.kernel_preset = !pr.kernel.empty();
   }
+  // decode-model1 sets (tools/lib/golden_model1.h) take a model1 spec, not a problem descriptor.
+  require(plan.kind != "decode-model1" && (for_kernel.empty() || kreg::kernel(for_kernel).kind != "decode-model1"),
+          "golden: " + (r.preset.empty() ? "--for " + for_kernel : "preset '" + r.preset + "'") +
+              " is a decode-model1 set, built from a model1 spec by golden::build_model1_decode (the CLI's golden)");
   Problem& p = plan.problem;
   p = parse_problem(desc);
   if (r.layers > 0) p.n_layers = r.layers;
@@ -752,7 +764,8 @@ namespace {
 // ---- tensor names: what a golden set of each kind holds, and what --from reads ----------------
 
 // Kinds as bits, so one rule can name several.
-enum KindBit : unsigned { kKindStack = 1, kKindFromFile = 2, kKindEdge = 4, kKindDecode = 8, kKindModule = 16, kKindTrain = 64 };
+enum KindBit : unsigned { kKindStack = 1, kKindFromFile = 2, kKindEdge = 4, kKindDecode = 8, kKindModule = 16, kKindModel1 = 32,
+                          kKindTrain = 64 };
 constexpr unsigned kKernelKinds = kKindStack | kKindFromFile | kKindEdge | kKindDecode | kKindTrain;
 constexpr unsigned kAllKinds = kKernelKinds | kKindModule;
 
@@ -762,6 +775,7 @@ unsigned kind_bit(const std::string& kind) {
   if (kind == "attention-edge") return kKindEdge;
   if (kind == "decode") return kKindDecode;
   if (kind == "module") return kKindModule;
+  if (kind == "decode-model1") return kKindModel1;
   if (kind == "train") return kKindTrain;
   return 0;
 }
@@ -842,6 +856,26 @@ const std::vector<TensorRule>& tensor_rules() {
       {"cache_seqlens", false, R::input, kKindDecode, Need::always},
       {"context_lens", false, R::input, kKindDecode, Need::kernel_arg},  // --for the paged indexer
       {"hidden_out", false, R::output, kKindModule, Need::always},
+      // decode-model1 (tools/lib/golden_model1.h): the generic attention tensors diff judges, then
+      // the MODEL1 kernel's own inputs (tools/lib/paged_model1.h)
+      {"attn.q", true, R::input, kKindModel1, Need::always},
+      {"attn.kv", true, R::input, kKindModel1, Need::always},
+      {"attn.indices", true, R::input, kKindModel1, Need::always},
+      {"attn.sink", true, R::input, kKindModel1, Need::always},
+      {"attn.out", true, R::output, kKindModel1, Need::always},
+      {"attn.out_bf16", true, R::output, kKindModel1, Need::always},
+      {"attn.lse", true, R::output, kKindModel1, Need::always},
+      {"attn.max_logits", true, R::output, kKindModel1, Need::always},
+      {"attn.model1.k_cache", true, R::input, kKindModel1, Need::always},
+      {"attn.model1.indices", true, R::input, kKindModel1, Need::always},
+      {"attn.model1.topk_length", true, R::input, kKindModel1, Need::always},
+      {"attn.model1.extra_k_cache", true, R::input, kKindModel1, Need::always},
+      {"attn.model1.extra_indices", true, R::input, kKindModel1, Need::always},
+      {"attn.model1.extra_topk_length", true, R::input, kKindModel1, Need::always},
+      {"block_table", false, R::reference, kKindModel1, Need::always},
+      {"cache_seqlens", false, R::reference, kKindModel1, Need::always},
+      {"extra_block_table", false, R::reference, kKindModel1, Need::always},
+      {"extra_cache_seqlens", false, R::reference, kKindModel1, Need::always},
       // train: the backward (tools/lib/golden_train.h)
       {"attn.d_out", true, R::input, kKindTrain, Need::always},
       {"attn_bwd.delta", true, R::output, kKindTrain, Need::always},
@@ -926,6 +960,12 @@ Layout layout_of(const std::string& rest, const Dims& d) {
   if (rest == "block_table") return {DType::I32, {d.n_seqs, -1}, true, "config.n_seqs"};
   if (rest == "cache_seqlens") return {DType::I32, {d.n_seqs}, true, "config.n_seqs"};
   if (rest == "context_lens") return {DType::I32, {d.n_seqs, d.s_q / d.n_seqs}, true, "config.n_seqs/s_q"};
+  if (rest == "attn.model1.k_cache" || rest == "attn.model1.extra_k_cache") return {DType::U8, {-1, -1}, true, "model1"};
+  if (rest == "attn.model1.indices" || rest == "attn.model1.extra_indices")
+    return {DType::I32, {d.n_seqs, d.s_q / d.n_seqs, -1}, true, "config.n_seqs/s_q"};
+  if (rest == "attn.model1.topk_length" || rest == "attn.model1.extra_topk_length" || rest == "extra_cache_seqlens")
+    return {DType::I32, {d.n_seqs}, true, "config.n_seqs"};
+  if (rest == "extra_block_table") return {DType::I32, {d.n_seqs, -1}, true, "config.n_seqs"};
   if (rest == "attn.d_out") return {DType::BF16, {d.s_q, d.h_q, d.d_v}, true, "config.s_q/h_q/d_v"};
   if (rest == "attn_bwd.delta") return {DType::F32, {d.s_q, d.h_q}, true, "config.s_q/h_q"};
   if (rest == "attn_bwd.p" || rest == "attn_bwd.ds") return {DType::F32, {d.s_q, d.h_q, d.topk}, true, "config.s_q/h_q/topk"};
@@ -1637,7 +1677,7 @@ void ManifestCheck::top_fields() {
     if (!m_.contains(f) || !m_[f].is_string()) fail(f, "is missing or not a string");
   kind_ = m_["kind"];
   kbit_ = kind_bit(kind_);
-  if (!kbit_) fail("kind", "is '" + kind_ + "', not a known kind (stack, stack-from-file, attention-edge, decode, module, train)");
+  if (!kbit_) fail("kind", "is '" + kind_ + "', not a known kind (stack, stack-from-file, attention-edge, decode, module, train, decode-model1)");
   if (!m_.contains("conventions") || !m_["conventions"].is_object()) fail("conventions", "is missing or not an object");
   if (!m_.contains("budgets") || !m_["budgets"].is_object()) fail("budgets", "is missing or not an object");
 }
@@ -1701,7 +1741,9 @@ void ManifestCheck::layer_entry(size_t l) {
     fail(f + ".source", "is " + e["source"].dump() + ": not this layer (Full) or an earlier Full layer (Shared)");
   if (!e.contains("has_indexer") || !e["has_indexer"].is_boolean()) fail(f + ".has_indexer", "is missing or not true / false");
   const bool has_ix = e["has_indexer"].get<bool>();
-  if (e["kind"] == "full" && !has_ix) fail(f + ".has_indexer", "is false on a Full layer (a Full layer runs its indexer)");
+  // (decode-model1: one layer of attention alone, its indices given, no indexer)
+  if (e["kind"] == "full" && !has_ix && kind_ != "decode-model1")
+    fail(f + ".has_indexer", "is false on a Full layer (a Full layer runs its indexer)");
   const std::string pre = "layers." + std::to_string(l) + ".";
   if (has_ix != (g_.data.find(pre + "indexer.q") != nullptr))
     fail(f + ".has_indexer", std::string("is ") + (has_ix ? "true, but tensor '" : "false, but the file holds '") + pre + "indexer.q'" +
@@ -1750,6 +1792,7 @@ void ManifestCheck::rows() {
 
 // Sequences: n_seqs flattened sequences of equal length, the queries the last positions of each.
 void ManifestCheck::sequences() {
+  if (kind_ == "decode-model1") return;  // attn.kv is two paged pools' slots, not n_seqs sequences
   const int64_t s_q_all = sampled_ ? m_["rows"]["problem_s_q"].get<int64_t>() : s_q_;
   const std::string sq_name = sampled_ ? "rows.problem_s_q" : "config.s_q";
   if (s_q_all > s_kv_) fail("config.s_q", "is " + std::to_string(s_q_all) + ", above config.s_kv (" + std::to_string(s_kv_) + "): queries are the last positions");
@@ -1776,7 +1819,7 @@ void ManifestCheck::tensors_held() {
       int64_t other_l = -1;
       std::string owners;
       if (const TensorRule* o = rule_of(v.name, kAllKinds, other_l))
-        for (const char* k : {"stack", "stack-from-file", "attention-edge", "decode", "module", "train"})
+        for (const char* k : {"stack", "stack-from-file", "attention-edge", "decode", "module", "train", "decode-model1"})
           if (o->kinds & kind_bit(k)) owners += (owners.empty() ? "" : ", ") + std::string(k);
       fail("kind", "is '" + kind_ + "', but the set holds tensor '" + v.name + "', " +
                        (owners.empty() ? "not a golden tensor name" : "which only sets of kind " + owners + " hold"));
@@ -1868,6 +1911,7 @@ void ManifestCheck::kind_fields() {
   if (conv.contains("indexer_variant") &&
       (!conv["indexer_variant"].is_string() || (conv["indexer_variant"] != "deepseek_fp8" && conv["indexer_variant"] != "hf_bf16")))
     fail("conventions.indexer_variant", "is " + conv["indexer_variant"].dump() + ", not \"deepseek_fp8\" or \"hf_bf16\"");
+  if (kind_ == "decode-model1") check_model1_set(g_, mpath_);  // tools/lib/golden_model1.h
   if (kind_ == "module") {
     module_fields();
   } else if (m_.contains("model_config")) {

@@ -71,6 +71,63 @@ std::vector<Kernel> make() {
     k.source = "gpu_peers.md 1.2, 1.3; flash_mla/flash_mla_interface.py, csrc/api/sparse_decode.h, tests/quant.py";
     v.push_back(k);
   }
+  // MODEL1 (DeepSeek-V4): the prefill at d_qk 512 = d_v 512 with the per-head sink, and the two-scope
+  // decode on the MODEL1 FP8 cache (tools/lib/paged_model1.h, tools/lib/golden_model1.h).
+  {
+    Kernel k = flashmla_prefill("flashmla-sparse-prefill-model1",
+                                {{"topk", {}, 128, "", 0, "csrc/sm90/prefill/sparse/phase1.cuh (128; SM100 needs 64 or 128)"}});
+    k.constraints[1] = {"d_qk", {512}, 0, "", 0, "flash_mla/flash_mla_interface.py (MODEL1: d_qk 512 = [NoPE 448 | RoPE 64])"};
+    k.constraints.push_back({"sink", {1}, 0, "", 0, "tests/test_flash_mla_sparse_prefill.py (MODEL1 runs with attn_sink)"});
+    for (Constraint& c : k.constraints)
+      if (c.source.rfind("gpu_peers.md", 0) == 0) c.source = "flash_mla/flash_mla_interface.py, csrc/api/sparse_fwd.h";
+    k.args[3].optional = false;
+    k.args[3].note = "per-head sink [h_q] f32: out *= 1 / (1 + exp(sink - lse))";
+    k.conventions.push_back("d_qk 512 = d_v 512: V is all 512 columns of kv (K = V)");
+    k.conventions.push_back("lse [s_q, h_q] natural log WITHOUT the sink; the sink scales out only");
+    k.source = "flash_mla/flash_mla_interface.py (flash_mla_sparse_fwd), tests/ref.py (ref_sparse_attn_fwd), "
+               "tests/test_flash_mla_sparse_prefill.py";
+    v.push_back(k);
+  }
+  {
+    Kernel k;
+    k.name = "flashmla-sparse-decode-model1";
+    k.library = "FlashMLA";
+    k.call = "sched_meta, _ = get_mla_metadata(); out, lse = flash_mla_with_kvcache(q, k_cache_view, None, None, 512, sched_meta, "
+             "None, softmax_scale=softmax_scale, causal=False, is_fp8_kvcache=True, indices=indices, attn_sink=attn_sink, "
+             "extra_k_cache=extra_k_cache_view, extra_indices_in_kvcache=extra_indices, topk_length=topk_length, "
+             "extra_topk_length=extra_topk_length)";
+    k.kind = "decode-model1";
+    // Checked on the model1 spec (golden::model1_violations: topk = the window, extra_topk).
+    k.constraints = {{"h_q", {64, 128}, 0, "", 0, "csrc/api/sparse_decode.h"},
+                     {"topk", {}, 64, "", 0, "csrc/api/sparse_decode.h (TOPK_BLOCK_SIZE 64 on SM90 and SM100)"},
+                     {"extra_topk", {}, 64, "", 0, "csrc/api/sparse_decode.h (the extra scope's top-k, same blocks)"}};
+    k.args = {{"q", "layers.{l}.attn.q", "BF16", S{"b", "next_n", "h_q", "d_qk"}, true, false, "attn.q [b * next_n, h_q, 512] viewed"},
+              {"k_cache", "layers.{l}.attn.model1.k_cache", "U8", S{"num_blocks", "block_bytes"}, false, false,
+               "the real bytes; the kernel takes the view kernel.views.k_cache: [num_blocks, B, 1, 584] with byte strides "
+               "(block_bytes, 584, 584, 1)"},
+              {"indices", "layers.{l}.attn.model1.indices", "I32", S{"b", "next_n", "topk"}, false, false,
+               "physical slots of k_cache (the sliding window), -1 padded"},
+              {"topk_length", "layers.{l}.attn.model1.topk_length", "I32", S{"b"}, false, false, "per batch: slots j >= it are ignored"},
+              {"extra_k_cache", "layers.{l}.attn.model1.extra_k_cache", "U8", S{"extra_num_blocks", "extra_block_bytes"}, false, false,
+               "the real bytes; the view kernel.views.extra_k_cache (its own block size)"},
+              {"extra_indices_in_kvcache", "layers.{l}.attn.model1.extra_indices", "I32", S{"b", "next_n", "extra_topk"}, false, false,
+               "physical slots of extra_k_cache (the compressed entries), -1 padded"},
+              {"extra_topk_length", "layers.{l}.attn.model1.extra_topk_length", "I32", S{"b"}, false, false, "per batch"},
+              {"attn_sink", "layers.{l}.attn.sink", "F32", S{"h_q"}, false, false, "per-head sink"}};
+    k.outputs = {{"out", "layers.{l}.attn.out", "BF16", S{"b", "next_n", "h_q", "d_v"}, true, false, "reshape to [b * next_n, h_q, 512]"},
+                 {"lse", "layers.{l}.attn.lse", "F32", S{"b", "h_q", "next_n"}, true, false,
+                  "the kernel's lse is [b, h_q, next_n]: transpose(1, 2) then reshape to [b * next_n, h_q]"}};
+    k.kwargs = {{"softmax_scale", "config.sm_scale"}, {"head_dim_v", "512"}, {"is_fp8_kvcache", "True"}, {"causal", "False"}};
+    k.conventions = {"both scopes join ONE softmax with the per-head sink; lse [b, h_q, s_q] natural log WITHOUT the sink",
+                     "invalid slot: index -1, or slot j >= topk_length[b] (extra: extra_topk_length[b]); NaN in a gathered kv row "
+                     "counts as 0 (FlashMLA's ref)",
+                     "V = all 512 columns (K = V); empty rows: out 0, lse +inf",
+                     "the reference runs on the FP8-dequantized kv (bf16(e4m3) * bf16(e8m0), exact): attn.kv is both caches' "
+                     "dequantized slots, attn.indices the combined index list (tools/lib/paged_model1.h)"};
+    k.source = "flash_mla/flash_mla_interface.py (flash_mla_with_kvcache), tests/quant.py (MODEL1_FP8Sparse quantize_k_cache, "
+               "dequantize_k_cache), tests/ref.py (ref_sparse_attn_decode), tests/test_flash_mla_sparse_decoding.py";
+    v.push_back(k);
+  }
   auto mqa = [](const std::string& name, std::vector<int64_t> heads, std::vector<int64_t> dims, const std::string& src) {
     Kernel k;
     k.name = name;
@@ -159,17 +216,31 @@ int64_t field(const Problem& p, const std::string& f) {
   if (f == "b") return p.n_seqs;
   if (f == "next_n") return p.seq_q();
   if (f == "indexer_fp8") return p.indexer == IndexerMode::fp8 ? 1 : 0;
+  if (f == "sink") return p.sink == SinkMode::random ? 1 : 0;
   throw Error("kernel registry: unknown field '" + f + "'");
 }
 
 std::vector<std::string> violations(const Kernel& k, const Problem& p) {
+  return violations(k, [&](const std::string& f) { return field(p, f); });
+}
+
+std::vector<std::string> violations(const Kernel& k, const std::map<std::string, int64_t>& values) {
+  return violations(k, [&](const std::string& f) {
+    const auto it = values.find(f);
+    if (it == values.end()) throw Error("kernel registry: " + k.name + ": no value for field '" + f + "'");
+    return it->second;
+  });
+}
+
+std::vector<std::string> violations(const Kernel& k, const std::function<int64_t(const std::string&)>& value) {
   std::vector<std::string> out;
   for (const Constraint& c : k.constraints) {
-    if (!c.when_field.empty() && field(p, c.when_field) != c.when_value) continue;
-    const int64_t v = field(p, c.field);
+    if (!c.when_field.empty() && value(c.when_field) != c.when_value) continue;
+    const int64_t v = value(c.field);
     std::string need;
     if (!c.one_of.empty() && std::find(c.one_of.begin(), c.one_of.end(), v) == c.one_of.end()) {
       if (c.field == "indexer_fp8") need = "the FP8 indexer (indexer=fp8)";
+      else if (c.field == "sink") need = "a per-head attention sink (sink=random)";
       else
         for (size_t i = 0; i < c.one_of.size(); ++i)
           need += (i == 0 ? "" : i + 1 == c.one_of.size() ? " or " : ", ") + std::to_string(c.one_of[i]);

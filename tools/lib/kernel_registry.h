@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -57,6 +58,10 @@ int64_t field(const Problem& p, const std::string& name);
 // Every violated constraint, one sentence each: "h_q 16: flashmla-sparse-prefill-sm90 takes 64 or
 // 128 (..., csrc/api/sparse_fwd.h)".
 std::vector<std::string> violations(const Kernel& k, const Problem& p);
+// The same with the fields' values given (kernels whose sets are not described by a Problem: the
+// MODEL1 decode's spec, tools/lib/golden_model1.h); Error naming a field without a value.
+std::vector<std::string> violations(const Kernel& k, const std::map<std::string, int64_t>& values);
+std::vector<std::string> violations(const Kernel& k, const std::function<int64_t(const std::string&)>& value);
 // The manifest's `kernel` block for a set of problem p: the call, each argument and output with its
 // tensor name, dtype and numeric shape, the keyword values, the conventions, the layers it applies to.
 // `extra` gives symbols the problem does not hold (num_blocks: the paged pool's size).
