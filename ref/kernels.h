@@ -17,6 +17,7 @@
 #include "ref/rng.h"
 #include "ref/tensor.h"
 #include "ref/topk.h"
+#include "ref/v4/compressor.h"
 
 namespace indexshare::ref {
 
@@ -63,6 +64,9 @@ struct Kernels {
   // The FP8 quantization of the generated indexer q and k (ref/numerics.h): simd's in lanes, the same bytes.
   void (*quantize_rows)(const float*, int64_t, int64_t, int, ScaleRule, e4m3_t*, float*, const std::string&) =
       indexshare::quantize_rows;
+  // DeepSeek-V4's compressor (ref/v4/compressor.h): simd's runs the windows in parallel, the same bits.
+  Tensor<float> (*v4_compress)(const Tensor<float>&, const Tensor<float>&, const Tensor<float>&, const Tensor<float>&,
+                               const v4::CompressorParams&) = v4::compress;
 };
 
 }  // namespace indexshare::ref
