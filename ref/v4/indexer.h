@@ -8,6 +8,10 @@
 //   rotation (by name): "megatron" / "hadamard" rotates q[t, h] and K[s] by the Hadamard
 //     transform (ref::hadamard_transform: f32 butterfly, times f32(D^-0.5); no bf16 rounding here)
 //     before scoring; "hf" / "none" (transformers) does not. D must be a power of two to rotate.
+//     The normalised Hadamard matrix is orthogonal, so rotating both sides leaves every q . K
+//     unchanged up to rounding: in this unquantized indexer the two names differ in the last bits
+//     only. The rotation exists for quantization (it spreads outliers before an FP8 cast), which
+//     is where it changes the scores.
 //   I[t, s] = sum_h w[t, h] * ReLU(q[t, h] . K[s]) * D^-1/2        for s < floor((t + 1) / m)
 //   I[t, s] = -inf                                                  otherwise (block not complete
 //                                                                   at position t: not causal)

@@ -19,6 +19,13 @@ std::string layer_type_name(LayerType t) {
 
 char layer_type_char(LayerType t) { return t == LayerType::sliding ? 'S' : t == LayerType::csa ? 'C' : 'H'; }
 
+LayerType parse_layer_type(const std::string& name) {
+  for (LayerType t : {LayerType::sliding, LayerType::csa, LayerType::hca})
+    if (name == layer_type_name(t) || name == std::string(1, layer_type_char(t))) return t;
+  throw Error("v4 layer type: unknown value '" + name + "' (expected S, C, H or sliding_attention, "
+              "compressed_sparse_attention, heavily_compressed_attention)");
+}
+
 float Config::sm_scale() const { return float(1.0 / std::sqrt(double(head_dim))); }
 
 void Config::validate() const {

@@ -55,6 +55,8 @@ namespace indexshare::ref::v4 {
 enum class LayerType { sliding, csa, hca };
 std::string layer_type_name(LayerType t);  // transformers' names: sliding_attention, ...
 char layer_type_char(LayerType t);         // 'S', 'C', 'H'
+// "S" / "C" / "H", or transformers' names; throws Error naming the bad value.
+LayerType parse_layer_type(const std::string& name);
 
 struct Config {
   int64_t n_tokens = 48;        // T
