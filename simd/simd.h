@@ -32,6 +32,7 @@
 #include "ref/module.h"
 #include "ref/stack.h"
 #include "ref/tensor.h"
+#include "ref/v4/compressor.h"
 
 namespace indexshare::simd {
 
@@ -164,5 +165,11 @@ std::vector<ref::StackLayerOutputs> run_stack(const Problem& p, const Schedule& 
 // This machine's double-precision FMA peak in GFLOP/s (2 flops per lane per FMA) with `threads`
 // OpenMP threads, measured now by independent FMA chains on the best target.
 double fma_peak_gflops(int threads);
+
+// ---- DeepSeek-V4 (simd/v4.cc) ------------------------------------------------------------------
+// ref::v4::compress (ref/v4/compressor.h), bit-identical: one channel per double lane, OpenMP over
+// windows.
+Tensor<float> v4_compress(const Tensor<float>& kv, const Tensor<float>& gate, const Tensor<float>& position_bias,
+                          const Tensor<float>& norm_weight, const ref::v4::CompressorParams& p);
 
 }  // namespace indexshare::simd

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <numeric>
 #include <string>
@@ -381,7 +382,7 @@ TEST_CASE("v4 schedules: V4-Flash layer types, C4A-only counting, both freq rule
     CHECK(s.indexers() == 11);
     CHECK(freq_rule_name(parse_freq_rule(rule)) == rule);
   }
-  const Schedule a = from_freq(t, 2, FreqRule::modulo), b = from_freq(t, 2, FreqRule::max_minus_one);
+  const ref::v4::Schedule a = from_freq(t, 2, FreqRule::modulo), b = from_freq(t, 2, FreqRule::max_minus_one);
   // C4A ranks j are layers 2 + 2 j. modulo: Full j = 0, 2, ...; max(j-1,0): Full j = 0, 1, 3, 5, ...
   CHECK(a.full(2));
   CHECK(!a.full(4));
@@ -395,7 +396,7 @@ TEST_CASE("v4 schedules: V4-Flash layer types, C4A-only counting, both freq rule
   CHECK(a.source[0] == -1);
   CHECK(all_full(t).indexers() == 21);
   CHECK(from_freq(t, 1, FreqRule::modulo).indexers() == 21);
-  const Schedule p = from_pattern(parse_layer_types("SCHCCH"), "FSF");
+  const ref::v4::Schedule p = from_pattern(parse_layer_types("SCHCCH"), "FSF");
   CHECK(p.pattern() == ".F.sF.");
   CHECK(p.source == std::vector<int>{-1, 1, -1, 1, 4, -1});
   CHECK_THROWS_WITH_AS(from_pattern(parse_layer_types("SCHC"), "SF"), doctest::Contains("must start with F"), Error);
@@ -407,7 +408,7 @@ TEST_CASE("v4 schedules: V4-Flash layer types, C4A-only counting, both freq rule
 TEST_CASE("v4 stack: Shared C4A layers take their source's blocks and run no indexer") {
   Config cfg = tiny_config();
   cfg.n_tokens = 32;
-  const Schedule s = from_pattern(parse_layer_types("SCHCCHC"), "FSSF");
+  const ref::v4::Schedule s = from_pattern(parse_layer_types("SCHCCHC"), "FSSF");
   const StackOutputs st = run_stack(cfg, s);
   REQUIRE(st.layers.size() == 7);
   CHECK(st.layers[3].blocks.data == st.layers[1].blocks.data);
@@ -441,4 +442,83 @@ TEST_CASE("v4 V4-Flash shapes: one C4A layer runs at real widths") {
   CHECK(o.indices.shape == Shape{256, 1, 128 + 64});
   CHECK(o.attn.out.shape == Shape{256, 2, 512});
   for (float v : o.attn.lse.data) CHECK(std::isfinite(v));
+}
+
+// ---- simd: the compressor and the V4 layer through simd::kernels(), on every target, 1 and 2 threads ----
+
+#include <omp.h>
+
+#include "hwy/targets.h"
+#include "simd/simd.h"
+
+namespace {
+
+template <class Fn>
+void for_each_target_v4(Fn&& fn) {
+  const int saved = omp_get_max_threads();
+  const std::vector<int64_t> targets = hwy::SupportedAndGeneratedTargets();
+  REQUIRE(!targets.empty());
+  for (int64_t target : targets) {
+    hwy::SetSupportedTargetsForTest(target);
+    const std::string name = hwy::TargetName(target);
+    CAPTURE(name);
+    for (int threads : {1, 2}) {
+      CAPTURE(threads);
+      omp_set_num_threads(threads);
+      fn();
+    }
+  }
+  hwy::SetSupportedTargetsForTest(0);
+  omp_set_num_threads(saved);
+}
+
+bool same_bits(const Tensor<float>& a, const Tensor<float>& b) {
+  return a.shape == b.shape && std::memcmp(a.ptr(), b.ptr(), size_t(a.numel()) * sizeof(float)) == 0;
+}
+
+}  // namespace
+
+TEST_CASE("v4 simd: the compressor is bit-identical to ref (C4A, HCA, odd widths, extreme gates)") {
+  Config cfg = tiny_config();
+  cfg.head_dim = 36;  // not a multiple of any vector width: the scalar tail runs too
+  cfg.n_tokens = 45;
+  cfg.main_rope.rope_dim = cfg.compress_rope.rope_dim = 8;
+  const LayerInputs c = csa_inputs(cfg);
+  LayerInputs wide = c;
+  // Gates far apart: weights near 0 and 1, exp underflow in some slots.
+  for (int64_t i = 0; i < wide.comp_gate.numel(); i += 7) wide.comp_gate[i] *= 300.0f;
+  const LayerInputs h = make_layer_inputs(cfg, 1, LayerType::hca, false);
+  struct Case {
+    const LayerInputs* in;
+    LayerType type;
+  };
+  for (const Case& k : {Case{&c, LayerType::csa}, Case{&wide, LayerType::csa}, Case{&h, LayerType::hca}}) {
+    const CompressorParams p = compressor_params(cfg, k.type);
+    const Tensor<float> want = compress(k.in->comp_kv, k.in->comp_gate, k.in->comp_bias, k.in->comp_norm, p);
+    for_each_target_v4([&] {
+      CHECK(same_bits(simd::v4_compress(k.in->comp_kv, k.in->comp_gate, k.in->comp_bias, k.in->comp_norm, p), want));
+    });
+  }
+  // Errors are ref's.
+  CHECK_THROWS_WITH_AS(simd::v4_compress(c.comp_kv, c.comp_gate, c.index_bias, c.comp_norm, compressor_params(cfg, LayerType::csa)),
+                       doctest::Contains("compressor position_bias"), Error);
+}
+
+TEST_CASE("v4 simd: a stack through simd::kernels() equals ref's, bit for bit") {
+  Config cfg = tiny_config();
+  cfg.n_tokens = 40;
+  cfg.rotation = IndexerRotation::hadamard;
+  const ref::v4::Schedule s = from_freq(parse_layer_types("SCHCHC"), 2, FreqRule::max_minus_one);
+  const StackOutputs want = run_stack(cfg, s);
+  for_each_target_v4([&] {
+    const StackOutputs got = run_stack(cfg, s, simd::kernels());
+    for (size_t l = 0; l < want.layers.size(); ++l) {
+      CAPTURE(l);
+      CHECK(same_bits(got.layers[l].entries, want.layers[l].entries));
+      CHECK(same_bits(got.layers[l].index_scores, want.layers[l].index_scores));
+      CHECK(got.layers[l].blocks.data == want.layers[l].blocks.data);
+      CHECK(same_bits(got.layers[l].attn.out, want.layers[l].attn.out));
+      CHECK(same_bits(got.layers[l].attn.lse, want.layers[l].attn.lse));
+    }
+  });
 }
