@@ -8,6 +8,7 @@
 // ref's exp bit for bit), a double divide demoted to f32 (round to nearest even, as float(double)),
 // a double multiply (exact: f32 x f32) and add. Channels past the last whole vector take the same
 // scalar steps as ref. The RMSNorm and the RoPE of each entry are ref's functions on the pooled row.
+// The hf_bf16 rounding runs ref's per-window sequence (compress_window) over windows in parallel.
 // OpenMP splits over windows (independent entries).
 
 #undef HWY_TARGET_INCLUDE
@@ -107,6 +108,13 @@ Tensor<float> v4_compress(const Tensor<float>& kv, const Tensor<float>& gate, co
   const int64_t m = p.ratio, D = norm_weight.dim(0), width = kv.dim(1), n_w = kv.dim(0) / m;
   const std::vector<float> freq = ref::v4::inv_freq(p.rope);
   Tensor<float> out({n_w, D});
+  if (p.rounding != ref::v4::CompressorRounding::f32) {
+    // transformers' bf16 rounding points: ref's scalar sequence per window, windows in parallel.
+#pragma omp parallel for schedule(dynamic, 1) if (n_w >= 2)
+    for (int64_t w = 0; w < n_w; ++w)
+      ref::v4::compress_window(kv, gate, position_bias, norm_weight, p, freq, w, out.ptr() + w * D);
+    return out;
+  }
 #pragma omp parallel for schedule(dynamic, 1) if (n_w >= 2)
   for (int64_t w = 0; w < n_w; ++w) {
     // ref's slots: the previous window's Ca (overlap, w > 0), then this window's Cb (or tokens).

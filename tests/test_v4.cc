@@ -165,6 +165,29 @@ TEST_CASE("v4 compressor: only complete windows, causal in the tokens, w = 0 has
                        doctest::Contains("compressor position_bias"), Error);
 }
 
+TEST_CASE("v4 compressor: transformers' bf16 rounding points by name") {
+  const Config cfg = tiny_config();
+  const LayerInputs c = csa_inputs(cfg);
+  CompressorParams pf = compressor_params(cfg, LayerType::csa), pb = pf;
+  pb.rounding = parse_rounding("hf");
+  CHECK(rounding_name(pb.rounding) == "hf_bf16");
+  CHECK(parse_rounding("megatron") == CompressorRounding::f32);
+  CHECK_THROWS_WITH_AS(parse_rounding("fp16"), doctest::Contains("unknown value 'fp16'"), Error);
+  const Tensor<float> f = compress(c.comp_kv, c.comp_gate, c.comp_bias, c.comp_norm, pf);
+  const Tensor<float> b = compress(c.comp_kv, c.comp_gate, c.comp_bias, c.comp_norm, pb);
+  REQUIRE(b.shape == f.shape);
+  int64_t differ = 0;
+  double err = 0;
+  for (int64_t i = 0; i < b.numel(); ++i) {
+    CHECK(round_bf16(b[i]) == b[i]);  // every value is a bf16 number
+    differ += b[i] != f[i];
+    err = std::max(err, double(std::fabs(b[i] - f[i])));
+  }
+  // bf16 weights, products, pooled value and norm output: a few bf16 ulps of values of order 1..4.
+  CHECK(err < 0.06);
+  CHECK(differ > b.numel() / 2);
+}
+
 TEST_CASE("v4 inverse RoPE undoes the RoPE") {
   const std::vector<float> freq = inv_freq(v4_compress_rope());
   std::vector<float> x(64);
@@ -492,8 +515,10 @@ TEST_CASE("v4 simd: the compressor is bit-identical to ref (C4A, HCA, odd widths
     const LayerInputs* in;
     LayerType type;
   };
-  for (const Case& k : {Case{&c, LayerType::csa}, Case{&wide, LayerType::csa}, Case{&h, LayerType::hca}}) {
-    const CompressorParams p = compressor_params(cfg, k.type);
+  for (const Case& k : {Case{&c, LayerType::csa}, Case{&wide, LayerType::csa}, Case{&h, LayerType::hca}})
+   for (CompressorRounding rounding : {CompressorRounding::f32, CompressorRounding::hf_bf16}) {
+    CompressorParams p = compressor_params(cfg, k.type);
+    p.rounding = rounding;
     const Tensor<float> want = compress(k.in->comp_kv, k.in->comp_gate, k.in->comp_bias, k.in->comp_norm, p);
     for_each_target_v4([&] {
       CHECK(same_bits(simd::v4_compress(k.in->comp_kv, k.in->comp_gate, k.in->comp_bias, k.in->comp_norm, p), want));

@@ -42,6 +42,29 @@ void apply_rope_inverse(float* x, int rope_dim, int64_t pos, const std::vector<f
   }
 }
 
+std::string rounding_name(CompressorRounding r) { return r == CompressorRounding::f32 ? "f32" : "hf_bf16"; }
+
+CompressorRounding parse_rounding(const std::string& name) {
+  if (name == "f32" || name == "megatron") return CompressorRounding::f32;
+  if (name == "hf_bf16" || name == "hf") return CompressorRounding::hf_bf16;
+  throw Error("compressor rounding: unknown value '" + name + "' (expected f32, megatron, hf_bf16 or hf)");
+}
+
+namespace {
+// transformers' bf16 RoPE on x[0, rope_dim) (interleaved pairs): bf16 cos / sin, f32 arithmetic,
+// bf16 result (see the header).
+void apply_rope_bf16(float* x, int rope_dim, int64_t pos, const std::vector<float>& freq) {
+  const float pos_f = float(pos);
+  for (int j = 0; j < rope_dim / 2; ++j) {
+    const float angle = pos_f * freq[size_t(j)];
+    const float c = round_bf16(float(std::cos(double(angle)))), s = round_bf16(float(std::sin(double(angle))));
+    const float a = x[2 * j], b = x[2 * j + 1];
+    x[2 * j] = round_bf16(a * c - b * s);
+    x[2 * j + 1] = round_bf16(b * c + a * s);
+  }
+}
+}  // namespace
+
 void check_compressor_inputs(const Tensor<float>& kv, const Tensor<float>& gate, const Tensor<float>& position_bias,
                              const Tensor<float>& norm_weight, const CompressorParams& p) {
   require(p.ratio >= 1, "compressor: ratio must be >= 1, got " + std::to_string(p.ratio));
@@ -97,12 +120,22 @@ void compress_window(const Tensor<float>& kv, const Tensor<float>& gate, const T
       sum += e[j];
     }
     for (size_t j = 0; j < n; ++j) prob[j] = float(e[j] / sum);
-    // Pooled value: exact products of f32 weights and values, summed in double, rounded once.
+    // Pooled value: exact products of f32 weights and values, summed in double, rounded once
+    // (hf_bf16: weights, products and the sum rounded to bf16).
+    const bool bf = p.rounding == CompressorRounding::hf_bf16;
     double acc = 0.0;
-    for (size_t j = 0; j < n; ++j) acc += double(prob[j]) * double(kv.at(slots[j].tok, slots[j].col0 + c));
-    pooled[size_t(c)] = float(acc);
+    for (size_t j = 0; j < n; ++j) {
+      const double v = kv.at(slots[j].tok, slots[j].col0 + c);
+      acc += bf ? double(round_bf16(round_bf16(prob[j]) * float(v))) : double(prob[j]) * v;
+    }
+    pooled[size_t(c)] = bf ? round_bf16(float(acc)) : float(acc);
   }
   rms_norm(pooled.data(), out, D, norm_weight.ptr(), p.eps);
+  if (p.rounding == CompressorRounding::hf_bf16) {
+    for (int64_t c = 0; c < D; ++c) out[c] = round_bf16(out[c]);
+    apply_rope_bf16(out + (D - p.rope.rope_dim), p.rope.rope_dim, w * m, freq);
+    return;
+  }
   apply_rope(out + (D - p.rope.rope_dim), p.rope.rope_dim, w * m, freq, RopeLayout::interleaved);
 }
 

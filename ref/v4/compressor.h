@@ -33,8 +33,20 @@
 //   transformers casts the weights to the kv dtype before multiplying (`softmax(...).to(kv.dtype)`),
 //   so in a bf16 model the weights, each product and the pooled sum are bf16, the norm's output is
 //   bf16 and the RoPE uses bf16 cos/sin. In an f32 model that cast is a no-op and transformers
-//   computes this function up to the order of its sums (tests/python/test_v4_hf.py). Only the f32
-//   variant is implemented here.
+//   computes the f32 variant up to the order of its sums (tests/python/test_v4_hf.py).
+//   Both by name (CompressorRounding):
+//     "f32" / "megatron" (default)  as above
+//     "hf_bf16" / "hf"              transformers in a bf16 model (kv and gate bf16 values):
+//        p_j     = bf16(f32 weight above)                      (.to(kv.dtype))
+//        prod_j  = bf16(p_j * value_j)                         (bf16 x bf16, exact in f32, one rounding)
+//        pooled  = bf16(f32(sum_j prod_j))                     (double sum, j ascending; torch's f32
+//                                                              accumulator cast to bf16)
+//        y       = bf16(rms_norm(pooled, norm_weight, eps))    (f32 as above, then bf16)
+//        RoPE    c16 = bf16(c), s16 = bf16(s) (c, s as ref::apply_rope);
+//                a' = bf16(a * c16 - b * s16), b' = bf16(b * c16 + a * s16)  (f32 products and sum)
+//      torch's f32 softmax and mean (its own exp and reduction order) could move a value across a
+//      bf16 rounding boundary (one bf16 ulp); on the cross-check's inputs transformers' bf16
+//      compressor agrees bit for bit (tests/python/test_v4_hf.py).
 //
 // Gates must be finite (a window whose logits are all -inf has no softmax); kv may be anything.
 #pragma once
@@ -71,7 +83,12 @@ std::vector<float> inv_freq(const RopeParams& r);
 // apply_rope then apply_rope_inverse at the same position is the identity up to rounding.
 void apply_rope_inverse(float* x, int rope_dim, int64_t pos, const std::vector<float>& inv_freq);
 
+enum class CompressorRounding { f32, hf_bf16 };
+std::string rounding_name(CompressorRounding r);            // "f32" / "hf_bf16"
+CompressorRounding parse_rounding(const std::string& name);  // also "megatron" / "hf"; Error otherwise
+
 struct CompressorParams {
+  CompressorRounding rounding = CompressorRounding::f32;
   int64_t ratio = 4;      // m
   bool overlap = true;    // CSA: true (width 2D); HCA: false (width D)
   float eps = 1e-6f;      // RMSNorm epsilon (config.rms_norm_eps)

@@ -128,7 +128,7 @@ def np32(x):
 def compress(cap, prefix, module, overlap, ratio, rope=COMPRESS_ROPE):
     c = core()
     return c.v4_compress(np32(cap[prefix + "_kv"][0]), np32(cap[prefix + "_gate"][0]), np32(module.position_bias),
-                         np32(module.kv_norm.weight), ratio, overlap, 1e-6, rope, c.Impl.ref)
+                         np32(module.kv_norm.weight), ratio, overlap, 1e-6, rope, "f32", c.Impl.ref)
 
 
 def attend(cap, type_, blocks, rope):
@@ -203,3 +203,62 @@ def test_attention_output_matches_hf(layer_idx, type_):
     # Fault: the inverse RoPE of the other RoPE type changes the trailing dims.
     other = COMPRESS_ROPE if type_ == "S" else MAIN_ROPE
     assert np.abs(attend(cap, type_, blocks, other)[0] - hf).max() > 1e-3
+
+
+def bf16_ulps(a, b):
+    """|a - b| in units of the bf16 spacing at max(|a|, |b|) (both bf16 values held in f32)."""
+    mag = np.maximum(np.abs(a), np.abs(b))
+    exp = np.floor(np.log2(np.maximum(mag, np.finfo(np.float32).tiny)))
+    return np.abs(a - b) / np.exp2(exp - 7)
+
+
+def run_bf16_compressor(kind, seed=1):
+    """transformers' compressor with bf16 projections (a bf16 model; the position bias and the norm
+    weight stay f32 as transformers declares them): kv / gate captured, entries returned."""
+    cfg = make_config()
+    gen = torch.Generator().manual_seed(seed)
+    comp = (M.DeepseekV4CSACompressor if kind == "C" else M.DeepseekV4HCACompressor)(cfg).float()
+    init_(comp, gen)
+    for mod in comp.modules():
+        if isinstance(mod, torch.nn.Linear):
+            mod.to(torch.bfloat16)
+    cap = {}
+    for name, mod in (("comp", comp), ("idx", getattr(comp, "indexer", None))):
+        if mod is None:
+            continue
+        mod.kv_proj.register_forward_hook(lambda _m, _i, o, n=name: cap.__setitem__(n + "_kv", o.float()))
+        mod.gate_proj.register_forward_hook(lambda _m, _i, o, n=name: cap.__setitem__(n + "_gate", o.float()))
+    if kind == "C":
+        comp.indexer.scorer.register_forward_hook(
+            lambda _m, inp, _o: cap.__setitem__("idx_entries", inp[1].float()))
+    hidden = torch.randn(1, T, cfg.hidden_size, generator=gen).to(torch.bfloat16)
+    q_res = torch.randn(1, T, cfg.q_lora_rank, generator=gen).to(torch.bfloat16)
+    with torch.no_grad():
+        out = comp(hidden, q_res, torch.arange(T)[None], None, 0)
+    cap["entries"] = out[0][0, 0].float()
+    return comp, cap
+
+
+@pytest.mark.parametrize("kind", ["C", "H"])
+def test_compressor_hf_bf16_rounding_matches_hf_in_bf16(kind):
+    comp, cap = run_bf16_compressor(kind)
+    ratio, overlap = (4, True) if kind == "C" else (8, False)
+    c = core()
+
+    def ours(prefix, module, rounding):
+        return c.v4_compress(np32(cap[prefix + "_kv"][0]), np32(cap[prefix + "_gate"][0]), np32(module.position_bias),
+                             np32(module.kv_norm.weight), ratio, overlap, 1e-6, COMPRESS_ROPE, rounding, c.Impl.ref)
+
+    pairs = [(ours("comp", comp, "hf_bf16"), np32(cap["entries"]), ours("comp", comp, "f32"))]
+    if kind == "C":
+        pairs.append((ours("idx", comp.indexer, "hf_bf16"), np32(cap["idx_entries"][0]),
+                      ours("idx", comp.indexer, "f32")))
+    for mine, hf, f32 in pairs:
+        assert mine.shape == hf.shape
+        ulps = bf16_ulps(mine, hf)
+        # torch's own f32 softmax / mean can move a value across a bf16 rounding boundary: at most
+        # one bf16 ulp, at a few elements.
+        assert ulps.max() <= 1.0, ulps.max()
+        assert (ulps > 0).mean() < 0.02, (ulps > 0).mean()
+        # The f32 variant is not transformers' bf16 arithmetic (the check can fail).
+        assert (bf16_ulps(f32.astype(ml_dtypes.bfloat16).astype(np.float32), hf) > 0).mean() > 0.05

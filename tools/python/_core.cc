@@ -565,13 +565,14 @@ NB_MODULE(_core, m) {
     return p;
   };
   m.def("v4_compress", [](In<float> kv, In<float> gate, In<float> bias, In<float> norm, int64_t ratio, bool overlap,
-                          float eps, const RopeTuple& rope, Impl impl) {
+                          float eps, const RopeTuple& rope, const std::string& rounding, Impl impl) {
     const auto a = borrow<float>(kv), b = borrow<float>(gate), c = borrow<float>(bias), d = borrow<float>(norm);
     ref::v4::CompressorParams p;
     p.ratio = ratio;
     p.overlap = overlap;
     p.eps = eps;
     p.rope = rope_of(rope);
+    p.rounding = ref::v4::parse_rounding(rounding);
     auto r = timed([&] { return kernels_for(impl).v4_compress(a, b, c, d, p); });
     return to_numpy<float>(std::move(r));
   });
