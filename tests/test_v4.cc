@@ -450,6 +450,28 @@ TEST_CASE("v4 stack: Shared C4A layers take their source's blocks and run no ind
   CHECK_THROWS_WITH_AS(run_layer(cfg, st.inputs[3]), doctest::Contains("needs indexer inputs"), Error);
 }
 
+TEST_CASE("v4 visit_tensors: every tensor of a layer under its golden name") {
+  const Config cfg = tiny_config();
+  const LayerInputs in = csa_inputs(cfg, 2);
+  const LayerOutputs o = run_layer(cfg, in);
+  std::vector<std::string> names;
+  int64_t inputs = 0;
+  visit_tensors(in, o, "layers.2.", [&](const std::string& name, const auto& t, bool input) {
+    names.push_back(name);
+    inputs += input;
+    CHECK(t.numel() > 0);
+  });
+  CHECK(names.size() == 22);
+  CHECK(inputs == 13);
+  CHECK(names.front() == "layers.2.attn.q");
+  CHECK(std::find(names.begin(), names.end(), "layers.2.indexer.blocks") != names.end());
+  // A Shared C4A layer has no indexer tensors but its (borrowed) blocks; an SWA layer no compressor.
+  const LayerInputs sh = make_layer_inputs(cfg, 3, LayerType::csa, false);
+  names.clear();
+  visit_tensors(sh, run_layer(cfg, sh, &o.blocks), "", [&](const std::string& n, const auto&, bool) { names.push_back(n); });
+  CHECK(names.size() == 22 - 8);  // six indexer inputs, indexer.entries and indexer.scores
+}
+
 TEST_CASE("v4 V4-Flash shapes: one C4A layer runs at real widths") {
   const Config cfg = flash_config(256);
   const LayerInputs in = make_layer_inputs(cfg, 2, LayerType::csa, true);

@@ -124,6 +124,39 @@ void attend(const Config& cfg, LayerType type, const Tensor<bf16_t>& q, const Te
             const Tensor<float>& sink, const Tensor<float>& entries, const Tensor<int32_t>* blocks, LayerOutputs& out,
             const Kernels& kern = {});
 
+// Calls fn(name, tensor, is_input) for every non-empty tensor of a layer under its golden name
+// (prefix + the names of the header comment, e.g. "layers.2.compressor.entries"), inputs first;
+// `tensor` is a Tensor<bf16_t>, Tensor<float> or Tensor<int32_t> (fn is generic). The one list a
+// golden writer needs.
+template <class Fn>
+void visit_tensors(const LayerInputs& in, const LayerOutputs& out, const std::string& prefix, Fn&& fn) {
+  auto put = [&](const char* name, const auto& t, bool input) {
+    if (t.numel() > 0) fn(prefix + name, t, input);
+  };
+  put("attn.q", in.q, true);
+  put("attn.kv", in.kv, true);
+  put("attn.sink", in.sink, true);
+  put("compressor.kv", in.comp_kv, true);
+  put("compressor.gate", in.comp_gate, true);
+  put("compressor.position_bias", in.comp_bias, true);
+  put("compressor.norm_weight", in.comp_norm, true);
+  put("indexer.kv", in.index_kv, true);
+  put("indexer.gate", in.index_gate, true);
+  put("indexer.position_bias", in.index_bias, true);
+  put("indexer.norm_weight", in.index_norm, true);
+  put("indexer.q", in.index_q, true);
+  put("indexer.weights", in.index_weights, true);
+  put("compressor.entries", out.entries, false);
+  put("indexer.entries", out.index_entries, false);
+  put("indexer.scores", out.index_scores, false);
+  put("indexer.blocks", out.blocks, false);
+  put("attn.indices", out.indices, false);
+  put("attn.out", out.attn.out, false);
+  put("attn.out_bf16", out.attn.out_bf16, false);
+  put("attn.lse", out.attn.lse, false);
+  put("attn.max_logits", out.attn.max_logits, false);
+}
+
 // The layer. shared_blocks: for a Shared C4A layer, the source layer's blocks (the layer's own
 // indexer is not run and its indexer inputs are not read); null for a Full one.
 LayerOutputs run_layer(const Config& cfg, const LayerInputs& in, const Tensor<int32_t>* shared_blocks = nullptr,

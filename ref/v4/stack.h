@@ -14,9 +14,10 @@
 //   freq f   "j%f==0"        : Full iff j % f == 0
 //            "max(j-1,0)%f"  : Full iff max(j - 1, 0) % f == 0
 //   The engines' exact frequency formula for V4 is not pinned by the public sources: the first is
-//   the plain modulo rule, the second the shape of the 1-indexed Megatron / vLLM skip rule
-//   (max(L - offset, 0) % freq) applied to C4A ranks. On V4-Flash's 21 C4A layers both give 11
-//   indexers at f = 2 (j = 0, 2, ..., 20 and j = 0, 1, 3, ..., 19).
+//   the plain modulo rule (ref/schedule.h's freq rule with offset 1, over C4A ranks), the second
+//   Megatron's 1-indexed skip rule max(L - offset, 0) % freq with offset 2 and L = j + 1 (ref/
+//   schedule.h's default offset 2). On V4-Flash's 21 C4A layers both give 11 indexers at f = 2
+//   (j = 0, 2, ..., 20 and j = 0, 1, 3, ..., 19).
 #pragma once
 
 #include <string>
