@@ -361,7 +361,7 @@ TEST_CASE("v4 attention: HCA and SWA equal a dense softmax over window and entri
   CHECK(attention_error(cfg, s, os, 0, cfg.main_rope) < 1e-6);
 }
 
-TEST_CASE("v4 attention: C4A with top-k >= #blocks equals the all-valid selection; indices layout") {
+TEST_CASE("v4 attention: C4A with top-k >= #blocks equals the all-valid selection, and the indices layout") {
   Config cfg = tiny_config();
   cfg.index_topk = 1000;
   const LayerInputs in = csa_inputs(cfg);
