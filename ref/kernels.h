@@ -20,6 +20,7 @@
 #include "ref/topk.h"
 #include "ref/train/attention_bwd.h"
 #include "ref/train/indexer_loss.h"
+#include "ref/v4/compressor.h"
 
 namespace indexshare::ref {
 
@@ -75,6 +76,9 @@ struct Kernels {
                                         const Tensor<int32_t>&, const Tensor<int32_t>&, const Tensor<int32_t>*,
                                         const std::vector<train::TeacherLayer>&, const train::IndexerLossOptions&) =
       train::indexer_loss;
+  // DeepSeek-V4's compressor (ref/v4/compressor.h): simd's runs the windows in parallel, the same bits.
+  Tensor<float> (*v4_compress)(const Tensor<float>&, const Tensor<float>&, const Tensor<float>&, const Tensor<float>&,
+                               const v4::CompressorParams&) = v4::compress;
 };
 
 }  // namespace indexshare::ref

@@ -222,6 +222,7 @@ ref::Kernels kernels() {
   k.fill_range_bf16 = simd::fill_range_bf16;
   k.quantize_rows = simd::quantize_rows;
   k.indexer_loss = simd::indexer_loss;
+  k.v4_compress = simd::v4_compress;
   return k;
 }
 

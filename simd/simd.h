@@ -34,6 +34,7 @@
 #include "ref/tensor.h"
 #include "ref/train/attention_bwd.h"
 #include "ref/train/indexer_loss.h"
+#include "ref/v4/compressor.h"
 
 namespace indexshare::simd {
 
@@ -185,5 +186,11 @@ ref::train::IndexerLossOut indexer_loss(const Tensor<float>& q, const Tensor<flo
 // This machine's double-precision FMA peak in GFLOP/s (2 flops per lane per FMA) with `threads`
 // OpenMP threads, measured now by independent FMA chains on the best target.
 double fma_peak_gflops(int threads);
+
+// ---- DeepSeek-V4 (simd/v4.cc) ------------------------------------------------------------------
+// ref::v4::compress (ref/v4/compressor.h), bit-identical: one channel per double lane, OpenMP over
+// windows.
+Tensor<float> v4_compress(const Tensor<float>& kv, const Tensor<float>& gate, const Tensor<float>& position_bias,
+                          const Tensor<float>& norm_weight, const ref::v4::CompressorParams& p);
 
 }  // namespace indexshare::simd

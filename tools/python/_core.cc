@@ -47,6 +47,7 @@
 #include "ref/topk.h"
 #include "ref/train/indexer_loss.h"
 #include "ref/train/attention_bwd.h"
+#include "ref/v4/layer.h"
 #include "simd/simd.h"
 #include "tools/lib/cost_report.h"
 #include "tools/judge/diff.h"
@@ -636,6 +637,68 @@ NB_MODULE(_core, m) {
                           to_numpy<uint16_t>(std::move(r.dkv_bf16)), to_numpy<float>(std::move(r.d_sink)));
   }, nb::arg("q"), nb::arg("kv"), nb::arg("indices"), nb::arg("sm_scale"), nb::arg("d_v"), nb::arg("d_out"),
      nb::arg("topk_length").none(), nb::arg("sink").none(), nb::arg("impl"), nb::arg("lowp"));
+  // ---- DeepSeek-V4 (ref/v4): the compressor, the indexer over compressed blocks, the attention given the entries.
+  // rope: (rope_dim, theta, yarn, factor, original_max_pos, beta_fast, beta_slow) (ref/v4/compressor.h RopeParams).
+  using RopeTuple = std::tuple<int, double, bool, double, int, double, double>;
+  static auto rope_of = [](const RopeTuple& r) {
+    ref::v4::RopeParams p;
+    std::tie(p.rope_dim, p.theta, p.yarn, p.factor, p.original_max_pos, p.beta_fast, p.beta_slow) = r;
+    return p;
+  };
+  m.def("v4_compress", [](In<float> kv, In<float> gate, In<float> bias, In<float> norm, int64_t ratio, bool overlap,
+                          float eps, const RopeTuple& rope, const std::string& rounding, Impl impl) {
+    const auto a = borrow<float>(kv), b = borrow<float>(gate), c = borrow<float>(bias), d = borrow<float>(norm);
+    ref::v4::CompressorParams p;
+    p.ratio = ratio;
+    p.overlap = overlap;
+    p.eps = eps;
+    p.rope = rope_of(rope);
+    p.rounding = ref::v4::parse_rounding(rounding);
+    auto r = timed([&] { return kernels_for(impl).v4_compress(a, b, c, d, p); });
+    return to_numpy<float>(std::move(r));
+  });
+  m.def("v4_index_scores", [](In<float> q, In<float> k_comp, In<float> weights, int64_t ratio, const std::string& rotation,
+                              Impl impl) {
+    const auto a = borrow<float>(q), b = borrow<float>(k_comp), c = borrow<float>(weights);
+    const ref::v4::IndexerRotation rot = ref::v4::parse_rotation(rotation);
+    auto r = timed([&] { return ref::v4::index_scores(a, b, c, ratio, rot, kernels_for(impl)); });
+    return to_numpy<float>(std::move(r));
+  });
+  m.def("v4_select_blocks", [](In<float> scores, int64_t ratio, int64_t index_topk, Impl impl) {
+    const auto a = borrow<float>(scores);
+    auto r = timed([&] { return ref::v4::select_blocks(a, ratio, index_topk, kernels_for(impl)); });
+    return to_numpy<int32_t>(std::move(r));
+  });
+  // -> (out, out_bf16, max_logits, lse, indices): ref::v4::attend on q bf16 [T, H, D], kv bf16 [T, D], the
+  // entries [n_c, D] and, for type "C", the blocks [T, k]; `rope` is the layer's (its inverse RoPE).
+  m.def("v4_attend", [](In<uint16_t> q, In<uint16_t> kv, In<float> sink, In<float> entries,
+                        std::optional<In<int32_t>> blocks, const std::string& type, int64_t window, int64_t hca_ratio,
+                        const RopeTuple& rope, Impl impl) {
+    const auto tq = borrow<bf16_t>(q), tkv = borrow<bf16_t>(kv);
+    const auto ts = borrow<float>(sink), te = borrow<float>(entries);
+    const auto tb = borrow_optional<int32_t>(blocks);
+    require(tq.get().rank() == 3, "v4_attend q: expected rank 3 [T, H, D]");
+    ref::v4::Config cfg;
+    cfg.n_tokens = tq.get().dim(0);
+    cfg.n_heads = tq.get().dim(1);
+    cfg.head_dim = tq.get().dim(2);
+    cfg.window = window;
+    cfg.hca_ratio = hca_ratio;
+    cfg.index_head_dim = cfg.head_dim;
+    const ref::v4::LayerType t = ref::v4::parse_layer_type(type);
+    (t == ref::v4::LayerType::sliding ? cfg.main_rope : cfg.compress_rope) = rope_of(rope);
+    (t == ref::v4::LayerType::sliding ? cfg.compress_rope : cfg.main_rope).rope_dim = rope_of(rope).rope_dim;
+    cfg.validate();
+    ref::v4::LayerOutputs o;
+    timed([&] {
+      ref::v4::attend(cfg, t, tq, tkv, ts, te, tb ? &tb->get() : nullptr, o, kernels_for(impl));
+      return 0;
+    });
+    return nb::make_tuple(to_numpy<float>(std::move(o.attn.out)), to_numpy<uint16_t>(std::move(o.attn.out_bf16)),
+                          to_numpy<float>(std::move(o.attn.max_logits)), to_numpy<float>(std::move(o.attn.lse)),
+                          to_numpy<int32_t>(std::move(o.indices)));
+  }, nb::arg("q"), nb::arg("kv"), nb::arg("sink"), nb::arg("entries"), nb::arg("blocks").none(), nb::arg("type"),
+     nb::arg("window"), nb::arg("hca_ratio"), nb::arg("rope"), nb::arg("impl"));
 
   // ---- overlap statistics (ref/overlap.h): `indexshare overlap --golden DIR | --problem DESC --json` ----
   m.def("overlap", [](const std::string& golden_dir, const std::string& problem, int buckets, bool shared_stats,
