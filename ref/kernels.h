@@ -12,6 +12,7 @@
 #include "ref/attention.h"
 #include "ref/bounds.h"
 #include "ref/indexer.h"
+#include "ref/kpool/pool.h"
 #include "ref/module_ops.h"
 #include "ref/numerics.h"
 #include "ref/rng.h"
@@ -63,6 +64,9 @@ struct Kernels {
   // The FP8 quantization of the generated indexer q and k (ref/numerics.h): simd's in lanes, the same bytes.
   void (*quantize_rows)(const float*, int64_t, int64_t, int, ScaleRule, e4m3_t*, float*, const std::string&) =
       indexshare::quantize_rows;
+  // GLM-5.3's pooled indexer keys (ref/kpool/pool.h): simd's in double lanes, the same bits.
+  Tensor<float> (*kpool_pool_keys)(const Tensor<float>&, const Tensor<float>&, kpool::PoolRounding) =
+      kpool::pool_keys;
 };
 
 }  // namespace indexshare::ref

@@ -220,6 +220,7 @@ ref::Kernels kernels() {
   k.fill_range = simd::fill_range;
   k.fill_range_bf16 = simd::fill_range_bf16;
   k.quantize_rows = simd::quantize_rows;
+  k.kpool_pool_keys = simd::kpool_pool_keys;
   return k;
 }
 

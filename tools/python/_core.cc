@@ -38,6 +38,7 @@
 #include "ref/config.h"
 #include "ref/error.h"
 #include "ref/indexer.h"
+#include "ref/kpool/layer.h"
 #include "ref/module.h"
 #include "ref/module_ops.h"
 #include "ref/numerics.h"
@@ -554,6 +555,33 @@ NB_MODULE(_core, m) {
     return attention_tuple(std::move(r));
   }, nb::arg("q"), nb::arg("kv"), nb::arg("sm_scale"), nb::arg("d_v"), nb::arg("ks"), nb::arg("ke"), nb::arg("sink").none(),
      nb::arg("impl"));
+
+  // ---- GLM-5.3's pooled indexer (ref/kpool/): the pooled keys, scores and selection of one layer on the
+  // caller's f32 tensors (the last s_q = q.shape[0] of s_kv = k.shape[0] positions are the query rows).
+  m.def("kpool_indexer", [](In<float> q, In<float> k, In<float> g, In<float> ape, In<float> weights, int64_t index_topk,
+                            bool tail, const std::string& rounding, Impl impl) {
+    const auto tq = borrow<float>(q), tk = borrow<float>(k), tg = borrow<float>(g), ta = borrow<float>(ape);
+    const auto tw = borrow<float>(weights);
+    const ref::Kernels kern = kernels_for(impl);
+    require(ta.get().rank() == 2, "kpool ape: expected rank 2 [P, D], got " + shape_str(ta.get().shape));
+    const int64_t P = ta.get().dim(0), s_kv = tk.get().rank() == 2 ? tk.get().dim(0) : 0;
+    ref::kpool::check_pool_inputs(tk, tg, ta);
+    Tensor<float> z = ref::kpool::pool_logits(tg, ta);
+    Tensor<float> kbar = ref::kpool::pool_keys(tk, z, ref::kpool::parse_rounding(rounding));
+    Tensor<float> scores = ref::kpool::pool_scores(tq, kbar, tw, s_kv, P, kern);
+    ref::kpool::Selection sel = ref::kpool::select_tokens(scores, s_kv, P, index_topk, tail, kern);
+    nb::dict d;
+    d["z"] = to_numpy<float>(std::move(z));
+    d["kbar"] = to_numpy<float>(std::move(kbar));
+    d["scores"] = to_numpy<float>(std::move(scores));
+    d["select_k"] = sel.select_k;
+    d["pools"] = to_numpy<int32_t>(std::move(sel.pools));
+    d["history"] = to_numpy<int32_t>(std::move(sel.history));
+    d["tail"] = to_numpy<int32_t>(std::move(sel.tail));
+    d["indices"] = to_numpy<int32_t>(std::move(sel.indices));
+    return d;
+  }, nb::arg("q"), nb::arg("k"), nb::arg("g"), nb::arg("ape"), nb::arg("weights"), nb::arg("index_topk"),
+     nb::arg("tail") = true, nb::arg("rounding") = "f32", nb::arg("impl") = Impl::ref);
 
   // ---- overlap statistics (ref/overlap.h): `indexshare overlap --golden DIR | --problem DESC --json` ----
   m.def("overlap", [](const std::string& golden_dir, const std::string& problem, int buckets, bool shared_stats,
