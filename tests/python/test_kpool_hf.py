@@ -15,9 +15,10 @@ sets per row (torch.topk's tie order is unspecified, and SGLang places the tail 
 data are normal draws, but the ReLU makes exact ties at 0 common (a pool whose every head's dot
 product is negative scores exactly 0): a row may differ only by pools tied exactly with its lowest
 selected score (tie_only), and such rows are counted. The bf16 model's pooling (probabilities cast to bf16, bf16 products) is
-compared with the `hf-bf16` rounding within one bf16 ulp."""
-import math
-
+compared with the `hf-bf16` rounding within one bf16 ulp. A generated layer (our generator's
+streams) goes through transformers' whole path, the indexer, `build_attention_mask_from_topk` and
+`eager_attention_forward`, against our list and sparse attention (within 2e-5; measured 6e-7), and
+the same attention without the tail departs (a planted fault)."""
 import numpy as np
 import pytest
 import torch
@@ -177,3 +178,51 @@ def test_kpool_bf16_pooling_matches_transformers_bf16_within_one_ulp():
     same = np.mean(ours_bf == kbar_hf)
     assert same > 0.95, same  # mostly bit-equal; a probability at a bf16 boundary moves one ulp
     assert np.any(ours_f32 != kbar_hf)  # the f32 spec is not what a bf16 model computes
+
+
+def bf16_to_f32(a):
+    return (a.astype(np.uint32) << 16).view(np.float32)
+
+
+def test_generated_layer_against_transformers_indexer_mask_and_attention():
+    """Our generator's layer (ref/kpool/layer.h) through transformers' whole path: the indexer's
+    forward, `build_attention_mask_from_topk` (the union of the list, duplicates collapsed) and
+    `eager_attention_forward` on our attention q and latent kv (NoPE MLA absorbed: one kv head of 512
+    dims, V = the same 512 dims, scale 256^-1/2), against our index list and sparse attention.
+    H = 4 makes H^-1/2 = 0.5 exact, so HF's weights_proj input is our weights times 2, exactly."""
+    from types import SimpleNamespace
+    from transformers.models.glm5_next.modeling_glm5_next import Glm5NextTextAttention, eager_attention_forward
+
+    P, topk, S, h_q = 4, 16, 64, 2
+    L = core().kpool_layer(S, S, heads=H, dim=D, pool=P, index_topk=topk, h_q=h_q, seed=3)
+    t = {n: torch.from_numpy(L[n].copy()) for n in ("q", "k", "g", "ape")}
+    t["w"] = torch.from_numpy(L["weights"] * np.float32(2.0))
+    idx, kbar_hf, scores_hf = hf_run(hf_indexer(P, topk), t)
+    assert np.max(np.abs(L["kbar"] - kbar_hf) / np.maximum(np.abs(kbar_hf), 1.0)) < 1e-6
+    vis = L["valid"].astype(bool)
+    assert np.all(np.isneginf(L["scores"]) == ~vis)
+    assert np.max(np.abs(L["scores"][vis] - scores_hf[vis]) / np.maximum(np.abs(scores_hf[vis]), 1.0)) < 2e-6
+    agree = []
+    for tq in range(S):
+        a, b = set(idx[tq][idx[tq] >= 0]), set(L["indices"][tq][L["indices"][tq] >= 0])
+        assert len(b) == int(np.sum(L["indices"][tq] >= 0))  # no duplicates in our list
+        assert a == b or tie_only(a, b, L["scores"][tq], P), tq
+        agree.append(a == b)
+    assert sum(agree) >= S - S // 4
+    q = torch.from_numpy(bf16_to_f32(L["attn_q"])).permute(1, 0, 2)[None]  # [1, h_q, S, 512]
+    kv = torch.from_numpy(bf16_to_f32(L["attn_kv"]))[:, 0][None, None]      # [1, 1, S, 512]
+    attn = SimpleNamespace(config=SimpleNamespace(_attn_implementation="eager"))
+    mask = Glm5NextTextAttention.build_attention_mask_from_topk(attn, torch.from_numpy(idx)[None], q, S)
+    module = SimpleNamespace(num_key_value_groups=h_q, training=False)
+    with torch.no_grad():
+        out_hf = eager_attention_forward(module, q, kv, kv, mask, scaling=0.0625)[0][0].numpy()  # [S, h_q, 512]
+    err = np.abs(L["out"] - out_hf)[np.array(agree)]
+    print(f"attention: max |out - HF eager| {err.max():.2e} over {sum(agree)} rows with equal lists")
+    assert err.max() < 2e-5
+    # A planted fault: the same attention without the tail columns departs far beyond the tolerance.
+    cut = idx.copy()
+    cut[:, L["select_k"] * P:] = -1
+    mask_cut = Glm5NextTextAttention.build_attention_mask_from_topk(attn, torch.from_numpy(cut)[None], q, S)
+    with torch.no_grad():
+        out_cut = eager_attention_forward(module, q, kv, kv, mask_cut, scaling=0.0625)[0][0].numpy()
+    assert np.abs(L["out"] - out_cut)[np.array(agree)].max() > 1e-2
