@@ -8,6 +8,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <limits>
 #include <numeric>
@@ -195,6 +196,11 @@ TEST_CASE("kpool: the selection equals the brute-force sort, expansion and tail"
       REQUIRE(o.sel.indices.shape == Shape{96, c.width()});
       CHECK(o.sel.select_k == std::min<int64_t>(32 / P, 96 / P));
       CHECK(mismatching_rows(c, o.scores, o.sel.indices) == 0);
+      for (int64_t t = 0; t < c.s_q; ++t) {  // no duplicates: the attention counts a duplicate twice
+        int64_t n_valid = 0;
+        for (int64_t col = 0; col < c.width(); ++col) n_valid += o.sel.indices.at(t, col) >= 0;
+        CHECK(int64_t(row_set(o.sel.indices, t).size()) == n_valid);
+      }
       // The layout: history in [0, select_k * P), pools ascending inside, the tail right after.
       for (int64_t t = 0; t < c.s_q; ++t) {
         for (int64_t i = 0; i < o.sel.select_k; ++i) {
@@ -250,9 +256,12 @@ TEST_CASE("kpool: the tail rule at every t mod P (the query attended only via it
 }
 
 TEST_CASE("kpool: short sequences (s_kv <= index_topk) select every token: dense causal attention") {
-  for (int64_t P : {1, 4, 16}) {
+  // (s_kv, P, index_topk): s_kv <= index_topk, and 66 > 64 keys whose 16 complete pools all fit the
+  // 64-token budget (the 2 keys past them are the last rows' tail).
+  for (auto [s_kv, P, topk] : {std::array<int64_t, 3>{64, 1, 64}, {64, 4, 64}, {64, 16, 64}, {66, 4, 64}}) {
     CAPTURE(P);
-    KpoolConfig c = small(64, P, 64);
+    CAPTURE(s_kv);
+    KpoolConfig c = small(s_kv, P, topk);
     c.d_qk = c.d_v = 512;
     const KpoolLayerInputs in = make_kpool_layer_inputs(c, 0);
     const KpoolLayerOutputs o = run_kpool_layer(c, in);

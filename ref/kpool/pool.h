@@ -34,8 +34,9 @@
 //   ceiling when `scale_fmt` is set; stored in pages of 64 pooled slots, [64 x 128 e4m3][64 f32
 //   scales], 132 B per pooled key. sglang_pooled_fp8 below computes those values (not the pages).
 //
-// Inputs must be finite (Error naming the tensor and element otherwise): a NaN gate would make a
-// whole pool's softmax NaN, and a pooled key is never masked.
+// Inputs must be finite: check_pool_inputs (which the layer runs first) throws Error naming the
+// tensor and element otherwise; a NaN gate would make a whole pool's softmax NaN, and a pooled key is
+// never masked.
 #pragma once
 
 #include <cstdint>
