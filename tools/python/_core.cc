@@ -567,7 +567,7 @@ NB_MODULE(_core, m) {
     const int64_t P = ta.get().dim(0), s_kv = tk.get().rank() == 2 ? tk.get().dim(0) : 0;
     ref::kpool::check_pool_inputs(tk, tg, ta);
     Tensor<float> z = ref::kpool::pool_logits(tg, ta);
-    Tensor<float> kbar = ref::kpool::pool_keys(tk, z, ref::kpool::parse_rounding(rounding));
+    Tensor<float> kbar = kern.kpool_pool_keys(tk, z, ref::kpool::parse_rounding(rounding));
     Tensor<float> scores = ref::kpool::pool_scores(tq, kbar, tw, s_kv, P, kern);
     ref::kpool::Selection sel = ref::kpool::select_tokens(scores, s_kv, P, index_topk, tail, kern);
     nb::dict d;
