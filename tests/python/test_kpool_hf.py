@@ -226,3 +226,13 @@ def test_generated_layer_against_transformers_indexer_mask_and_attention():
     with torch.no_grad():
         out_cut = eager_attention_forward(module, q, kv, kv, mask_cut, scaling=0.0625)[0][0].numpy()
     assert np.abs(L["out"] - out_cut)[np.array(agree)].max() > 1e-2
+
+
+def test_kpool_indexer_simd_path_gives_ref_bits():
+    P, topk, S = 4, 16, 64
+    t = draw(S, P, seed=11)
+    arr = lambda x: np.ascontiguousarray(x.numpy(), dtype=np.float32)  # noqa: E731
+    args = (arr(t["q"]), arr(t["k"]), arr(t["g"]), arr(t["ape"]), arr(t["w"]) * np.float32(0.5), topk, True, "f32")
+    a, b = core().kpool_indexer(*args, core().Impl.ref), core().kpool_indexer(*args, core().Impl.simd)
+    for name in ("z", "kbar", "scores", "pools", "history", "tail", "indices"):
+        assert a[name].tobytes() == b[name].tobytes(), name
