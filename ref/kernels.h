@@ -13,6 +13,7 @@
 #include "ref/attention.h"
 #include "ref/bounds.h"
 #include "ref/indexer.h"
+#include "ref/kpool/pool.h"
 #include "ref/module_ops.h"
 #include "ref/numerics.h"
 #include "ref/rng.h"
@@ -79,6 +80,9 @@ struct Kernels {
   // DeepSeek-V4's compressor (ref/v4/compressor.h): simd's runs the windows in parallel, the same bits.
   Tensor<float> (*v4_compress)(const Tensor<float>&, const Tensor<float>&, const Tensor<float>&, const Tensor<float>&,
                                const v4::CompressorParams&) = v4::compress;
+  // GLM-5.3's pooled indexer keys (ref/kpool/pool.h): simd's in double lanes, the same bits.
+  Tensor<float> (*kpool_pool_keys)(const Tensor<float>&, const Tensor<float>&, kpool::PoolRounding) =
+      kpool::pool_keys;
 };
 
 }  // namespace indexshare::ref

@@ -223,6 +223,7 @@ ref::Kernels kernels() {
   k.quantize_rows = simd::quantize_rows;
   k.indexer_loss = simd::indexer_loss;
   k.v4_compress = simd::v4_compress;
+  k.kpool_pool_keys = simd::kpool_pool_keys;
   return k;
 }
 

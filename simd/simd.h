@@ -29,6 +29,7 @@
 #include "ref/attention.h"
 #include "ref/bounds.h"
 #include "ref/kernels.h"
+#include "ref/kpool/pool.h"
 #include "ref/module.h"
 #include "ref/stack.h"
 #include "ref/tensor.h"
@@ -165,6 +166,12 @@ ref::IndexerModuleOut indexer_module(const ModelConfig& cfg, const ref::IndexerW
 // streaming indexer + top-k, sparse and dense attention, the oracle's computations, the generator's
 // fills and the FP8 quantization.
 ref::Kernels kernels();
+
+// ---- GLM-5.3's pooled indexer keys (simd/kpool.cc) --------------------------------------------
+// ref::kpool::pool_keys, bit-identical: channels in double lanes performing ref's pool_channel
+// sequence (exp_portable in lanes), OpenMP over pools; the hf_bf16 rounding runs ref's scalar
+// sequence per channel. The scores, top-k and attention of a KPool layer are the existing kernels.
+Tensor<float> kpool_pool_keys(const Tensor<float>& k, const Tensor<float>& z, ref::kpool::PoolRounding rounding);
 
 // ---- stack (simd/stack.cc) -------------------------------------------------------------------
 // ref::run_stack on these kernels, step for step. keep_logits = false in FP8 mode uses the

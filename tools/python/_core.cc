@@ -38,6 +38,7 @@
 #include "ref/config.h"
 #include "ref/error.h"
 #include "ref/indexer.h"
+#include "ref/kpool/layer.h"
 #include "ref/module.h"
 #include "ref/module_ops.h"
 #include "ref/numerics.h"
@@ -699,6 +700,72 @@ NB_MODULE(_core, m) {
                           to_numpy<int32_t>(std::move(o.indices)));
   }, nb::arg("q"), nb::arg("kv"), nb::arg("sink"), nb::arg("entries"), nb::arg("blocks").none(), nb::arg("type"),
      nb::arg("window"), nb::arg("hca_ratio"), nb::arg("rope"), nb::arg("impl"));
+  // ---- GLM-5.3's pooled indexer (ref/kpool/): the pooled keys, scores and selection of one layer on the
+  // caller's f32 tensors (the last s_q = q.shape[0] of s_kv = k.shape[0] positions are the query rows).
+  m.def("kpool_indexer", [](In<float> q, In<float> k, In<float> g, In<float> ape, In<float> weights, int64_t index_topk,
+                            bool tail, const std::string& rounding, Impl impl) {
+    const auto tq = borrow<float>(q), tk = borrow<float>(k), tg = borrow<float>(g), ta = borrow<float>(ape);
+    const auto tw = borrow<float>(weights);
+    const ref::Kernels kern = kernels_for(impl);
+    require(ta.get().rank() == 2, "kpool ape: expected rank 2 [P, D], got " + shape_str(ta.get().shape));
+    const int64_t P = ta.get().dim(0), s_kv = tk.get().rank() == 2 ? tk.get().dim(0) : 0;
+    ref::kpool::check_pool_inputs(tk, tg, ta);
+    Tensor<float> z = ref::kpool::pool_logits(tg, ta);
+    Tensor<float> kbar = kern.kpool_pool_keys(tk, z, ref::kpool::parse_rounding(rounding));
+    Tensor<float> scores = ref::kpool::pool_scores(tq, kbar, tw, s_kv, P, kern);
+    ref::kpool::Selection sel = ref::kpool::select_tokens(scores, s_kv, P, index_topk, tail, kern);
+    nb::dict d;
+    d["z"] = to_numpy<float>(std::move(z));
+    d["kbar"] = to_numpy<float>(std::move(kbar));
+    d["scores"] = to_numpy<float>(std::move(scores));
+    d["select_k"] = sel.select_k;
+    d["pools"] = to_numpy<int32_t>(std::move(sel.pools));
+    d["history"] = to_numpy<int32_t>(std::move(sel.history));
+    d["tail"] = to_numpy<int32_t>(std::move(sel.tail));
+    d["indices"] = to_numpy<int32_t>(std::move(sel.indices));
+    return d;
+  }, nb::arg("q"), nb::arg("k"), nb::arg("g"), nb::arg("ape"), nb::arg("weights"), nb::arg("index_topk"),
+     nb::arg("tail") = true, nb::arg("rounding") = "f32", nb::arg("impl") = Impl::ref);
+
+  // One generated KPool layer (ref/kpool/layer.h): its inputs and every named output.
+  m.def("kpool_layer", [](int64_t s_q, int64_t s_kv, int64_t heads, int64_t dim, int64_t pool, int64_t index_topk,
+                          bool tail, const std::string& rounding, int64_t h_q, int64_t d_qk, int64_t d_v, float sm_scale,
+                          uint64_t seed, const std::string& dist, int layer, Impl impl) {
+    ref::kpool::KpoolConfig c;
+    c.s_q = s_q, c.s_kv = s_kv, c.heads = heads, c.dim = dim, c.pool = pool, c.index_topk = index_topk;
+    c.tail = tail, c.rounding = ref::kpool::parse_rounding(rounding), c.h_q = h_q, c.d_qk = d_qk, c.d_v = d_v;
+    c.sm_scale = sm_scale, c.seed = seed, c.dist = parse_dist(dist);
+    const ref::Kernels kern = kernels_for(impl);
+    ref::kpool::KpoolLayerInputs in = ref::kpool::make_kpool_layer_inputs(c, layer, true, kern);
+    ref::kpool::KpoolLayerOutputs o = ref::kpool::run_kpool_layer(c, in, layer, kern);
+    ref::kpool::KpoolIndexerOutputs& x = *o.indexer;
+    nb::dict d;
+    d["q"] = to_numpy<float>(std::move(in.q));
+    d["k"] = to_numpy<float>(std::move(in.k));
+    d["g"] = to_numpy<float>(std::move(in.g));
+    d["ape"] = to_numpy<float>(std::move(in.ape));
+    d["weights"] = to_numpy<float>(std::move(in.weights));
+    d["attn_q"] = to_numpy<uint16_t>(std::move(in.attn_q));
+    d["attn_kv"] = to_numpy<uint16_t>(std::move(in.attn_kv));
+    d["z"] = to_numpy<float>(std::move(x.z));
+    d["kbar"] = to_numpy<float>(std::move(x.kbar));
+    d["ke"] = to_numpy<int32_t>(std::move(x.ke));
+    d["valid"] = to_numpy<uint8_t>(std::move(x.valid));
+    d["scores"] = to_numpy<float>(std::move(x.scores));
+    d["select_k"] = x.sel.select_k;
+    d["pools"] = to_numpy<int32_t>(std::move(x.sel.pools));
+    d["history"] = to_numpy<int32_t>(std::move(x.sel.history));
+    d["tail"] = to_numpy<int32_t>(std::move(x.sel.tail));
+    d["indices"] = to_numpy<int32_t>(std::move(o.indices));
+    nb::tuple a = attention_tuple(std::move(o.attn));
+    d["out"] = a[0];
+    d["max_logits"] = a[2];
+    d["lse"] = a[3];
+    return d;
+  }, nb::arg("s_q"), nb::arg("s_kv"), nb::arg("heads") = 4, nb::arg("dim") = 32, nb::arg("pool") = 4,
+     nb::arg("index_topk") = 16, nb::arg("tail") = true, nb::arg("rounding") = "f32", nb::arg("h_q") = 2,
+     nb::arg("d_qk") = 512, nb::arg("d_v") = 512, nb::arg("sm_scale") = 0.0625f, nb::arg("seed") = 1,
+     nb::arg("dist") = "normal", nb::arg("layer") = 0, nb::arg("impl") = Impl::ref);
 
   // ---- overlap statistics (ref/overlap.h): `indexshare overlap --golden DIR | --problem DESC --json` ----
   m.def("overlap", [](const std::string& golden_dir, const std::string& problem, int buckets, bool shared_stats,
