@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "ref/attention.h"
 #include "ref/bounds.h"
@@ -18,6 +19,8 @@
 #include "ref/tensor.h"
 #include "ref/topk.h"
 #include "ref/v4/compressor.h"
+#include "ref/train/attention_bwd.h"
+#include "ref/train/indexer_loss.h"
 
 namespace indexshare::ref {
 
@@ -36,6 +39,10 @@ struct Kernels {
                                    int64_t, const Tensor<int32_t>*, const Tensor<float>*) = ref::sparse_attention;
   AttentionOut (*dense_attention)(const Tensor<bf16_t>&, const Tensor<bf16_t>&, float, int64_t, const Tensor<int32_t>&,
                                   const Tensor<int32_t>&, const Tensor<float>*) = ref::dense_attention;
+  // The sparse attention backward (ref/train/attention_bwd.h); simd's returns ref's bits.
+  AttentionBackwardOut (*sparse_attention_backward)(const Tensor<bf16_t>&, const Tensor<bf16_t>&, const Tensor<int32_t>&,
+                                                    float, int64_t, const Tensor<bf16_t>&, const Tensor<int32_t>*,
+                                                    const Tensor<float>*) = ref::sparse_attention_backward;
   // Optional fused, streaming FP8 indexer + top-k (the result of topk(logits_fp8(...))) that
   // run_stack uses when the logits are not kept; null: the logits are materialised.
   Tensor<int32_t> (*fused_topk_fp8)(const Tensor<e4m3_t>&, const Tensor<e4m3_t>&, const Tensor<float>&,
@@ -67,6 +74,11 @@ struct Kernels {
   // DeepSeek-V4's compressor (ref/v4/compressor.h): simd's runs the windows in parallel, the same bits.
   Tensor<float> (*v4_compress)(const Tensor<float>&, const Tensor<float>&, const Tensor<float>&, const Tensor<float>&,
                                const v4::CompressorParams&) = v4::compress;
+  // The indexer's distillation loss and its gradients (ref/train/indexer_loss.h); simd's: the same bits.
+  train::IndexerLossOut (*indexer_loss)(const Tensor<float>&, const Tensor<float>&, const Tensor<float>&,
+                                        const Tensor<int32_t>&, const Tensor<int32_t>&, const Tensor<int32_t>*,
+                                        const std::vector<train::TeacherLayer>&, const train::IndexerLossOptions&) =
+      train::indexer_loss;
 };
 
 }  // namespace indexshare::ref

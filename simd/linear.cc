@@ -209,6 +209,7 @@ ref::Kernels kernels() {
                          const Tensor<int32_t>& ks, const Tensor<int32_t>& ke, const Tensor<float>* attn_sink) {
     return simd::dense_attention(q, kv, sm_scale, d_v, ks, ke, attn_sink);
   };
+  k.sparse_attention_backward = simd::sparse_attention_backward;
   k.fused_topk_fp8 = [](const Tensor<e4m3_t>& q, const Tensor<e4m3_t>& kk, const Tensor<float>& k_scale,
                         const Tensor<float>& weights, const Tensor<int32_t>& ks, const Tensor<int32_t>& ke,
                         int64_t topk) { return simd::indexer_topk_fp8(q, kk, k_scale, weights, ks, ke, topk); };
@@ -221,6 +222,7 @@ ref::Kernels kernels() {
   k.fill_range_bf16 = simd::fill_range_bf16;
   k.quantize_rows = simd::quantize_rows;
   k.v4_compress = simd::v4_compress;
+  k.indexer_loss = simd::indexer_loss;
   return k;
 }
 

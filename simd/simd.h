@@ -33,6 +33,8 @@
 #include "ref/stack.h"
 #include "ref/tensor.h"
 #include "ref/v4/compressor.h"
+#include "ref/train/attention_bwd.h"
+#include "ref/train/indexer_loss.h"
 
 namespace indexshare::simd {
 
@@ -94,6 +96,16 @@ AttentionOut sparse_attention(const Tensor<bf16_t>& q, const Tensor<bf16_t>& kv,
 AttentionOut dense_attention(const Tensor<bf16_t>& q, const Tensor<bf16_t>& kv, float sm_scale,
                              int64_t d_v, const Tensor<int32_t>& ks, const Tensor<int32_t>& ke,
                              const Tensor<float>* attn_sink = nullptr, AttentionPhases* phases = nullptr);
+
+// ---- attention backward (simd/attention_bwd.cc) ----------------------------------------------
+// ref::sparse_attention_backward (ref/train/attention_bwd.h), bit-identical on every target and
+// thread count: OpenMP over query rows for everything per (t, h), then over kv rows for dkv through
+// an inverted index built in a fixed order (no atomics).
+ref::AttentionBackwardOut sparse_attention_backward(const Tensor<bf16_t>& q, const Tensor<bf16_t>& kv,
+                                                    const Tensor<int32_t>& indices, float sm_scale, int64_t d_v,
+                                                    const Tensor<bf16_t>& d_out,
+                                                    const Tensor<int32_t>* topk_length = nullptr,
+                                                    const Tensor<float>* attn_sink = nullptr);
 
 // y[i] = ref's exp_portable(x[i]) for i < n, lane by lane (the softmax exponential of attention).
 void exp_portable(const double* x, double* y, int64_t n);
@@ -160,6 +172,15 @@ ref::Kernels kernels();
 // bit-identical too.
 std::vector<ref::StackLayerOutputs> run_stack(const Problem& p, const Schedule& schedule,
                                               const std::vector<ref::LayerInputs>& inputs, bool keep_logits = true);
+
+// ---- training: the indexer's distillation loss (simd/indexer_loss.cc) ---------------------------
+// ref::train::indexer_loss, bit-identical: OpenMP over query rows (ref's row step), dk over blocks
+// of key rows with each term added across D in vector lanes (multiply then add, ref's order).
+ref::train::IndexerLossOut indexer_loss(const Tensor<float>& q, const Tensor<float>& k, const Tensor<float>& w,
+                                        const Tensor<int32_t>& ks, const Tensor<int32_t>& ke,
+                                        const Tensor<int32_t>* topk,
+                                        const std::vector<ref::train::TeacherLayer>& teachers,
+                                        const ref::train::IndexerLossOptions& o);
 
 // ---- measurement (simd/probe.cc) --------------------------------------------------------------
 // This machine's double-precision FMA peak in GFLOP/s (2 flops per lane per FMA) with `threads`

@@ -58,6 +58,8 @@ TEST_CASE("cli: golden writes a set, verify checks it, bad input exits 2 without
   CHECK(r.status == 0);
   CHECK(r.out.find("schedule  FS") != std::string::npos);
   CHECK(r.out.find("__REPRO: indexshare golden --problem \"sq4 skv12 hq2 dqk16 dv8 ih2 id16 k4 seed1 nl2 sched=FS\" --kind stack --out " + dir + "/g") != std::string::npos);
+  // The replay command is printed once, as the __REPRO line.
+  CHECK(r.out.find("indexshare golden --problem") == r.out.rfind("indexshare golden --problem"));
   r = cli("verify --golden " + dir + "/g");
   CHECK(r.status == 0);
   CHECK(r.out.find("verified") != std::string::npos);
@@ -162,7 +164,7 @@ TEST_CASE("cli: bench runs a small problem, checks simd against ref and writes J
   // The attention phases of the profiled call: the named parts are a share of its thread-seconds
   // (non-negative, at most the total) and the matrix part's rate is reported and targeted.
   CHECK(r.out.find("attention phases (simd, the median of 1 profiled call(s)") != std::string::npos);
-  CHECK(r.out.find("target    simd sparse attention, matrix part: share of peak") != std::string::npos);
+  CHECK(r.out.find("goal      simd sparse attention, matrix part: share of peak") != std::string::npos);
   CHECK(r.out.find("(the whole attention call, gathers, decode and softmax included:") != std::string::npos);
   // The stack's ratio per alternating pair (its noise), one value per pair in the JSON.
   CHECK(r.out.find("          per alternating pair: ") != std::string::npos);
@@ -177,11 +179,11 @@ TEST_CASE("cli: bench runs a small problem, checks simd against ref and writes J
   // The commands stage: run, its input generation, golden (written) and diff of an exact copy, end
   // to end; the copy passes; the three ratios are target lines.
   CHECK(r.out.find("diff of an exact copy of its outputs: PASS)") != std::string::npos);
-  CHECK(r.out.find("target    command golden (simd, written) over run (simd)") != std::string::npos);
-  CHECK(r.out.find("target    command diff of an exact copy over golden") != std::string::npos);
-  CHECK(r.out.find("target    run's input generation over run (simd)") != std::string::npos);
+  CHECK(r.out.find("goal      command golden (simd, written) over run (simd)") != std::string::npos);
+  CHECK(r.out.find("goal      command diff of an exact copy over golden") != std::string::npos);
+  CHECK(r.out.find("goal      run's input generation over run (simd)") != std::string::npos);
   // Defined at sq4096 skv4096 hq64 ... k512 only: on this small problem neither met nor missed.
-  CHECK(r.out.find("(<= 0.1x at sq4096 skv4096 hq64 dqk576 dv512 ih64 id128 k512 only) not this problem") != std::string::npos);
+  CHECK(r.out.find("(goal <= 0.1x, defined at sq4096 skv4096 hq64 dqk576 dv512 ih64 id128 k512)") != std::string::npos);
   CHECK(std::system(("python3 -c 'import json,sys; c=json.load(open(sys.argv[1]))[\"commands\"]; "
                      "assert [r[\"command\"] for r in c[\"runs\"]] == [\"run\", \"run: inputs only\", \"golden\", \"diff\"]; "
                      "assert c[\"diff_verdict\"] == \"PASS\" and c[\"golden_over_run\"] > 0 and 0 < c[\"inputs_over_run\"] < 1' " + json).c_str()) == 0);

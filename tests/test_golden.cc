@@ -576,6 +576,28 @@ TEST_CASE("golden: --from prints and replays the problem with the file's shapes"
   CHECK(g.manifest["replay"].get<std::string>().find(want) != std::string::npos);
 }
 
+// A partial --problem on a model dump completes the dump's recorded problem: the fields it does not
+// give (here the schedule with its Shared layer) stay the dump's, and a field that contradicts the
+// dump is refused with both values (before, --problem replaced the recorded problem whole).
+TEST_CASE("golden: a partial --problem on a dump keeps the dump's fields and refuses contradictions") {
+  TmpDir tmp;
+  Dump d;
+  const std::string file = (tmp.path / "dump.safetensors").string(), set = (tmp.path / "set").string();
+  const std::map<std::string, std::string> meta = {{"format", golden::kDumpFormat}, {"problem", "k4 dv8 sched=FSF own=no"}};
+  io::write_safetensors(file, d.views, meta);
+  indexshare::testing::CliResult r = indexshare::testing::run_cli("golden --from " + file + " --problem 'k4 sm=0.25' --out " + set);
+  REQUIRE_MESSAGE(r.status == 0, r.out);
+  const golden::Loaded g = golden::read(set);
+  CHECK(g.manifest["layers"][1]["kind"] == "shared");
+  CHECK(g.manifest["config"]["sm_scale"].get<double>() == 0.25);
+  CHECK_MESSAGE(r.out.find("sched=FSF") != std::string::npos, r.out);
+  r = indexshare::testing::run_cli("golden --from " + file + " --problem 'k2' --out " + set + "2");
+  CHECK(r.status == 2);
+  CHECK_MESSAGE(r.out.find("--problem gives 'k2' but the dump") != std::string::npos, r.out);
+  CHECK_MESSAGE(r.out.find("records 'k4'") != std::string::npos, r.out);
+  CHECK(!std::filesystem::exists(set + "2"));
+}
+
 // A model dump (python -m indexshare.dump, format indexshare-dump) records the problem it was taken
 // with and carries the model's own choices under the names diff judges: --from reads the problem
 // and passes over those names, and diff takes the dump itself as the candidate.

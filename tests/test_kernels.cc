@@ -279,7 +279,7 @@ TEST_CASE("kernels: one preset per kernel at its real shapes, each checked-in ma
     CHECK_MESSAGE(bad.empty(), (bad.empty() ? std::string() : bad[0]));
     check_kernel_block(m["kernel"], t);
     for (const nlohmann::json& e : m["tensors"]) CHECK(e["sha256"].get<std::string>().size() == 64);
-    // The real shapes (issue 24): prefill top-2048 over 8192 keys; decode next_n 2 over several
+    // The real shapes: prefill top-2048 over 8192 keys; decode next_n 2 over several
     // paged sequences; DeepGEMM at H 64, D 128.
     const Problem p = parse_problem(pr.problem);
     if (pr.kernel.rfind("flashmla-sparse-prefill", 0) == 0) {

@@ -69,20 +69,19 @@
 // --repeats times under the repeat rules above (median), the commands interleaved round by round
 // (run, inputs, golden, diff, run, ...: time_commands), so that the machine's drift during the
 // step falls on every command of a ratio alike. The ratios golden / run, diff / golden
-// and inputs / run are the command targets of issue 22 (wall; each command's process CPU time is
+// and inputs / run are the command goals (wall; each command's process CPU time is
 // printed and in the JSON too, with the same ratios in CPU time, for a loaded machine) (golden within 1.3x of run, diff at most
-// golden's time, input generation at most 10% of run), printed as target lines, so
-// a slow step anywhere on a command's path shows up here, not only in the kernels. The issue
-// defines the input-generation target at sq4096 skv4096 hq64 dqk576 dv512 ih64 id128 k512 (one
-// layer) only: on another problem its line prints the ratio as "not this problem" (JSON "met":
-// null, "defined_at" the shape).
+// golden's time, input generation at most 10% of run), printed as goal lines, so
+// a slow step anywhere on a command's path shows up here, not only in the kernels. The
+// input-generation goal is defined at sq4096 skv4096 hq64 dqk576 dv512 ih64 id128 k512 (one
+// layer) only: on another problem its line names that shape (JSON "met": null, "defined_at" the
+// shape).
 //
 // Agreement: the simd outputs are checked against ref's (logits and top-k bit-identical,
 // fused top-k identical, attention out and lse bit-identical); a mismatch is reported and exits 1.
 //
 // Output: progress lines on stderr while timing; the report on stdout once everything (the end
-// probe included) has run: the stage table, the stack table, one "target" line per target of the
-// issue (indexer >= 60 % of peak and >= 20x ref, sparse attention matrix part >= 50 % of peak,
+// probe included) has run: the stage table, the stack table, one "goal" line per performance goal (indexer >= 60 % of peak and >= 20x ref, sparse attention matrix part >= 50 % of peak,
 // judged on the profiled tile passes, with the whole call's share printed under it; stack
 // measured / predicted >= 90 %; evaluated on this run's problem), then __REPRO. --json FILE
 // writes the same numbers (FILE.tmp.PID, then renamed); its writability is checked up front.
@@ -123,12 +122,12 @@
 #include "tools/lib/golden.h"
 #include "tools/lib/safetensors.h"
 #include "tools/lib/svg.h"
+#include "tools/cli/bench.h"
 
 namespace indexshare::cli {
 
-namespace {
+namespace bench {
 
-using nlohmann::json;
 
 // Kernel shapes of DeepSeek-V3.2 (d_qk 576, d_v 512, indexer 64 x 128) with 16 attention heads,
 // s_kv 2048 and top-256, so that the readable ref path runs each stage in about a second on one
@@ -137,17 +136,6 @@ using nlohmann::json;
 constexpr const char* kDefaultProblem = "sq128 skv2048 hq16 dqk576 dv512 ih64 id128 k256 seed1";
 constexpr double kWarmupDiscard = 0.5;  // seconds
 
-struct BenchArgs {
-  std::string problem, impl = "ref,simd", target = "best", json_path;
-  int repeats = 5, threads = 0;
-  int64_t stack_seq = 8192, stack_sq = 512, stack_topk = 2048;
-  std::string module_preset = "deepseek-v3.2";
-  int64_t module_rows = 128;
-  double budget = 15.0;
-  std::string max_memory = "8G";
-  std::string commands = "yes";
-  std::vector<std::string> given;  // the options on the command line
-};
 
 double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -200,20 +188,6 @@ std::vector<double> time_runs(const std::function<void()>& fn, int repeats, doub
   return r.samples;
 }
 
-struct StageResult {
-  std::string stage, impl;
-  int threads = 1;
-  std::vector<double> samples;
-  double flops = 0;      // 0: no FLOP count (top-k)
-  double keys = 0;       // scored keys (top-k), else 0
-  double peak = 0;       // GFLOP/s at `threads`
-  double speedup = 0;    // simd vs ref (0: none)
-  std::string note;
-
-  double med() const { return samples.empty() ? 0.0 : median(samples); }
-  double gflops() const { return flops > 0 && med() > 0 ? flops / med() / 1e9 : 0.0; }
-  double share() const { return peak > 0 ? gflops() / peak : 0.0; }
-};
 
 std::string fmt(const char* f, double x) {
   char buf[64];
@@ -308,16 +282,7 @@ Problem stack_problem(const Problem& base, const BenchArgs& a, const std::string
   return p;
 }
 
-struct Peaks {
-  double start1 = 0, startn = 0, end1 = 0, endn = 0;
-};
 
-struct StackRun {
-  std::string sched, pattern;
-  std::vector<double> samples;
-  double flops = 0;
-  int indexers = 0;
-};
 
 // FLOPs of what each layer of a run_stack result ran.
 void count_stack(const Problem& p, const std::vector<ref::LayerInputs>& in,
@@ -333,89 +298,12 @@ void count_stack(const Problem& p, const std::vector<ref::LayerInputs>& in,
   }
 }
 
-struct CommandRun {
-  std::string name;
-  std::vector<double> samples;  // wall seconds
-  std::vector<double> cpu;      // process CPU seconds (user + system, all threads) of the same runs
-};
 
-// Writes a line of progress on stderr.
 void progress(const std::string& what) {
   std::fprintf(stderr, "bench: %s\n", what.c_str());
   std::fflush(stderr);
 }
 
-// One bench run: its options, what it measured and its report; cmd_bench calls the steps in order.
-struct Bench {
-  const BenchArgs& a;
-  bool do_ref = false, do_simd = false, fp8 = false, do_stack = false, do_commands = false, do_module = false;
-  Problem p;
-  Problem sp[2];
-  const char* scheds[2] = {"all-full", "one-full-three-shared"};
-  int threads = 0;
-  std::string probe_target, target;
-  std::string compiled;  // listed before set_target narrows the list to one target
-  Peaks pk;
-  double peak1 = 0, peakn = 0;
-  // Layer 0 and its stages.
-  ref::LayerInputs in;
-  int64_t window = 0, valid = 0;
-  double f_index = 0, f_attn = 0;
-  const Tensor<float>* sink = nullptr;
-  Tensor<float> logits0;
-  Tensor<int32_t> topk0, indices;
-  std::vector<StageResult> rows;
-  std::vector<std::string> mismatches;
-  double ref_logits = 0, ref_topk = 0, ref_attn = 0;
-  // Stage outputs of the last run, for the agreement checks.
-  Tensor<float> out_logits;
-  Tensor<int32_t> out_topk;
-  ref::AttentionOut out_attn;
-  Tensor<float> ref_logits_out;
-  Tensor<int32_t> ref_topk_out;
-  ref::AttentionOut ref_attn_out;
-  simd::AttentionPhases attn_phases;
-  bool have_phases = false;
-  std::string index_name;
-  // Stack and commands.
-  StackRun runs[2];
-  double measured = 0, predicted = 0, stack_ratio = 0;
-  std::vector<CommandRun> commands;
-  std::string commands_verdict;
-  // Report.
-  json j;
-  double matrix_share = 0, whole_share = 0;
-  double golden_over_run = 0, diff_over_golden = 0, inputs_over_run = 0;
-
-  explicit Bench(const BenchArgs& args) : a(args) {}
-
-  void check_options();
-  void check_memory_limits();
-  void set_threads_and_target();
-  void check_json_path() const;
-  void probe_peaks_start();
-  void generate_layer0();
-  Tensor<float> logits_ref() const;
-  Tensor<float> logits_simd() const;
-  double add(const std::string& stage, Impl impl, double flops, double keys,
-             const std::function<void()>& fn, double ref_median, const std::string& note);
-  void time_module_projections();
-  void time_ref_stages();
-  void time_simd_stages();
-  void profile_attention_phases();
-  void time_stack();
-  void time_stack_pairs(const std::vector<ref::LayerInputs> (&inputs)[2]);
-  void time_commands();
-  void probe_peaks_end();
-  void print_summary() const;
-  void start_json();
-  const StageResult* find(const std::string& stage, Impl impl) const;
-  void report_attention_phases();
-  void report_stack();
-  void report_commands();
-  void report_targets();
-  int finish() const;
-};
 
 // Step: parse and check the options; options of parts this run skips are refused.
 void Bench::check_options() {
@@ -430,7 +318,7 @@ void Bench::check_options() {
   require(a.stack_seq >= 0, "--stack-seq must be >= 0 (0 skips the stack), got " + std::to_string(a.stack_seq));
   require(a.stack_sq >= 1, "--stack-sq must be >= 1, got " + std::to_string(a.stack_sq));
   require(a.stack_topk >= 1, "--stack-topk must be >= 1, got " + std::to_string(a.stack_topk));
-  require(a.budget > 0, "--budget must be > 0 seconds");
+  require(a.budget > 0, "--seconds must be > 0");
   p = parse_problem(a.problem.empty() ? kDefaultProblem : a.problem);
   p.validate();
   fp8 = p.indexer == IndexerMode::fp8;
@@ -767,242 +655,12 @@ void Bench::probe_peaks_end() {
   }
 }
 
-// Step: print the problem, machine, peak and FLOPs lines, the stage table and the agreement.
-void Bench::print_summary() const {
-  std::printf("problem   %s\n", to_string(p).c_str());
-  std::printf("machine   %d OpenMP thread(s) for simd (ref's kernels are single-threaded); simd target %s (supported: %s)\n",
-              threads, target.c_str(), compiled.c_str());
-  std::printf("peak      FMA probe, double, %s, GFLOP/s: 1 thread %.1f (start %.1f, end %.1f)", probe_target.c_str(),
-              peak1, pk.start1, pk.end1);
-  if (threads != 1)
-    std::printf("; %d threads %.1f (start %.1f, end %.1f)", threads, peakn, pk.startn, pk.endn);
-  std::printf("\n");
-  std::printf("FLOPs     indexer 2*H*D*W = %.4g (W = %lld window keys), attention 2*h_q*(d_qk+d_v)*V = %.4g "
-              "(V = %lld valid indices)\n\n",
-              f_index, (long long)window, f_attn, (long long)valid);
-  std::printf("%-21s %-5s %3s %4s %10s %9s %6s %8s  %s\n", "stage", "impl", "thr", "runs", "median s", "GFLOP/s",
-              "%peak", "speedup", "note");
-  for (const StageResult& r : rows) print_stage(r);
-  if (do_ref && do_simd)
-    std::printf("agreement simd vs ref: %s\n",
-                mismatches.empty() ? (std::string(do_module ? "module projections, " : "") +
-                                           "logits, top-k, fused top-k and attention bit-identical").c_str()
-                                        : "MISMATCH");
-  for (const std::string& m : mismatches) std::printf("agreement MISMATCH in %s\n", m.c_str());
-}
+}  // namespace bench
 
-// Step: start the JSON report with the run's settings, peaks, FLOPs, agreement and stages.
-void Bench::start_json() {
-  j = {{"problem", to_string(p)},
-       {"threads", threads},
-       {"target", target},
-       {"probe_target", probe_target},
-       {"repeats", a.repeats},
-       {"budget_s", a.budget},
-       {"peak_gflops", {{"threads_1", {{"used", peak1}, {"start", pk.start1}, {"end", pk.end1}}},
-                        {"threads_n", {{"threads", threads}, {"used", peakn}, {"start", pk.startn}, {"end", pk.endn}}}}},
-       {"flops", {{"indexer", f_index}, {"attention", f_attn}, {"window_keys", window}, {"valid_indices", valid}}},
-       {"module", {{"preset", a.module_preset}, {"rows", a.module_rows}}},
-       {"agreement", {{"checked", do_ref && do_simd}, {"mismatches", mismatches}}}};
-  json stages = json::array();
-  for (const StageResult& r : rows) stages.push_back(stage_json(r));
-  j["stages"] = stages;
-}
+namespace {
 
-// The timed row of `stage` on `impl`, or null.
-const StageResult* Bench::find(const std::string& stage, Impl impl) const {
-  for (const StageResult& r : rows)
-    if (r.stage == stage && r.impl == impl_name(impl) && !r.samples.empty()) return &r;
-  return nullptr;
-}
+using namespace bench;
 
-// Step: report the attention phases (printed and in the JSON).
-void Bench::report_attention_phases() {
-  // The attention phases: shares of the median profiled call's thread-seconds, and the rate of the two
-  // register-tile passes against one thread's peak (their FLOPs over their thread-seconds).
-  if (!have_phases) {
-    j["attention_phases"] = nullptr;
-    return;
-  }
-  const simd::AttentionPhases& ph = attn_phases;
-  const double per_thread_peak = peakn / threads;
-  const double f_qk = f_attn * double(p.d_qk) / double(p.d_qk + p.d_v), f_pv = f_attn - f_qk;
-  const auto rate = [&](double flops, double sec) { return sec > 0 ? flops / sec / 1e9 / per_thread_peak : 0.0; };
-  const auto pct = [&](double sec) { return ph.total > 0 ? 100 * sec / ph.total : 0.0; };
-  const double rest = ph.total - (ph.qk_tiles + ph.pv_tiles + ph.k_gather + ph.v_gather + ph.q_decode + ph.softmax);
-  matrix_share = rate(f_attn, ph.qk_tiles + ph.pv_tiles);
-  if (const StageResult* r = find("attention (sparse)", Impl::simd)) whole_share = r->share();
-  std::printf("\nattention phases (simd, the median of %d profiled call(s), %.4f thread-seconds over %d thread(s)):\n",
-              a.repeats, ph.total, threads);
-  std::printf("          q.k tiles %.1f%% (%.1f%% of peak), P.V tiles %.1f%% (%.1f%% of peak), kv gather+decode "
-              "%.1f%%, V gather+decode %.1f%%, q decode %.1f%%, softmax %.1f%%, rest %.1f%%\n",
-              pct(ph.qk_tiles), 100 * rate(f_qk, ph.qk_tiles), pct(ph.pv_tiles), 100 * rate(f_pv, ph.pv_tiles),
-              pct(ph.k_gather), pct(ph.v_gather), pct(ph.q_decode), pct(ph.softmax), pct(rest));
-  std::printf("          matrix part (q.k and P.V tiles): %.1f%% of peak; the whole call (table above): %.1f%%\n",
-              100 * matrix_share, 100 * whole_share);
-  j["attention_phases"] = {{"thread_seconds", {{"qk_tiles", ph.qk_tiles}, {"pv_tiles", ph.pv_tiles},
-                                               {"kv_gather_decode", ph.k_gather}, {"v_gather_decode", ph.v_gather},
-                                               {"q_decode", ph.q_decode}, {"softmax", ph.softmax},
-                                               {"rest", rest}, {"total", ph.total}}},
-                           {"qk_tiles_peak_share", rate(f_qk, ph.qk_tiles)},
-                           {"pv_tiles_peak_share", rate(f_pv, ph.pv_tiles)},
-                           {"profiled_calls", a.repeats},
-                           {"matrix_part_peak_share", matrix_share},
-                           {"whole_call_peak_share", whole_share}};
-}
-
-// Step: report the stack table and its speedups (printed and in the JSON).
-void Bench::report_stack() {
-  if (!do_stack) {
-    std::printf("\nstack     not run (%s)\n", a.stack_seq == 0 ? "--stack-seq 0" : "needs --impl simd");
-    j["stack"] = nullptr;
-    return;
-  }
-  Problem shown = sp[1];
-  std::printf("\nstack     %s\n", to_string(shown).c_str());
-  std::printf("          against sched=all-full; simd::run_stack, keep_logits off (%s), %d thread(s)\n",
-              fp8 ? "streaming fused indexer+top-k" : "logits then top-k", threads);
-  std::printf("%-21s %-7s %4s %10s %10s %9s %6s\n", "schedule", "pattern", "runs", "median s", "GFLOP", "GFLOP/s",
-              "%peak");
-  json sj = json::array();
-  for (const StackRun& r : runs) {
-    const double m = median(r.samples), g = r.flops / m / 1e9;
-    std::printf("%-21s %-7s %4zu %10.4f %10.3f %9.2f %5.1f%%\n", r.sched.c_str(), r.pattern.c_str(), r.samples.size(),
-                m, r.flops / 1e9, g, 100 * g / peakn);
-    sj.push_back({{"sched", r.sched}, {"pattern", r.pattern}, {"runs", r.samples.size()}, {"samples_s", r.samples},
-                  {"median_s", m}, {"flops", r.flops}, {"indexer_layers", r.indexers}, {"gflops", g},
-                  {"peak_share", g / peakn}});
-  }
-  std::printf("speedup   shared over all-full: measured %.3fx, FLOP-predicted %.3fx, measured/predicted %.1f%%\n",
-              measured, predicted, 100 * stack_ratio);
-  // The same ratio within each alternating pair (the two runs back to back): its spread is this
-  // machine's run-to-run noise on the line above, which uses the medians of all runs.
-  std::vector<double> pairs;
-  for (size_t i = 0; i < runs[0].samples.size() && i < runs[1].samples.size(); ++i)
-    pairs.push_back(runs[0].samples[i] / runs[1].samples[i] / predicted);
-  const auto [lo, hi] = std::minmax_element(pairs.begin(), pairs.end());
-  std::printf("          per alternating pair: %zu pair(s), measured/predicted %.1f%% to %.1f%% (median %.1f%%)\n",
-              pairs.size(), 100 * *lo, 100 * *hi, 100 * median(pairs));
-  j["stack"] = {{"problem", to_string(shown)}, {"runs", sj}, {"measured_speedup", measured},
-                {"predicted_speedup", predicted}, {"measured_over_predicted", stack_ratio},
-                {"pair_measured_over_predicted", pairs}};
-}
-
-// Step: report the command table and its ratios (printed and in the JSON).
-void Bench::report_commands() {
-  if (!do_commands) {
-    std::printf("\ncommands  not run (%s)\n", do_simd ? "--commands no" : "needs --impl simd");
-    j["commands"] = nullptr;
-    return;
-  }
-  const auto med_of = [&](const std::string& name) {
-    for (const CommandRun& c : commands)
-      if (c.name == name) return median(c.samples);
-    return 0.0;
-  };
-  // CPU time: the ratios a loaded machine still measures (its wall times stretch with the load).
-  const auto cpu_of = [&](const std::string& name) {
-    for (const CommandRun& c : commands)
-      if (c.name == name) return median(c.cpu);
-    return 0.0;
-  };
-  golden_over_run = med_of("golden") / med_of("run");
-  inputs_over_run = med_of("run: inputs only") / med_of("run");
-  diff_over_golden = med_of("diff") / med_of("golden");
-  const double golden_over_run_cpu = cpu_of("golden") / cpu_of("run");
-  const double inputs_over_run_cpu = cpu_of("run: inputs only") / cpu_of("run");
-  const double diff_over_golden_cpu = cpu_of("diff") / cpu_of("golden");
-  std::printf("\ncommands  %s, every layer, simd, %d thread(s), end to end (golden written to a temporary folder; diff "
-              "of an exact copy of its outputs: %s)\n",
-              to_string(p).c_str(), threads, commands_verdict.c_str());
-  std::printf("%-21s %4s %10s %9s %10s %9s\n", "command", "runs", "median s", "vs run", "cpu s", "cpu vs run");
-  json cj = json::array();
-  for (const CommandRun& c : commands) {
-    const double m = median(c.samples), mc = median(c.cpu);
-    std::printf("%-21s %4zu %10.4f %8.2fx %10.4f %8.2fx\n", c.name.c_str(), c.samples.size(), m, m / med_of("run"), mc,
-                mc / cpu_of("run"));
-    cj.push_back({{"command", c.name}, {"runs", c.samples.size()}, {"samples_s", c.samples}, {"median_s", m},
-                  {"cpu_samples_s", c.cpu}, {"median_cpu_s", mc}});
-  }
-  std::printf("          in CPU time (user + system, all threads; the ratios to read on a loaded machine): golden / run "
-              "%.2fx, inputs / run %.1f%%, diff / golden %.2fx\n",
-              golden_over_run_cpu, 100 * inputs_over_run_cpu, diff_over_golden_cpu);
-  j["commands"] = {{"problem", to_string(p)}, {"runs", cj}, {"golden_over_run", golden_over_run},
-                   {"inputs_over_run", inputs_over_run},
-                   {"diff_over_golden", diff_over_golden}, {"diff_verdict", commands_verdict},
-                   {"golden_over_run_cpu", golden_over_run_cpu}, {"inputs_over_run_cpu", inputs_over_run_cpu},
-                   {"diff_over_golden_cpu", diff_over_golden_cpu}};
-}
-
-// The problem issue 22 defines the input-generation target at (any seed).
-constexpr const char* kInputsTargetShape = "sq4096 skv4096 hq64 dqk576 dv512 ih64 id128 k512";
-// The same work: every dimension and layer count (the seed and the fills aside).
-bool same_shape(const Problem& a, const Problem& b) {
-  return a.s_q == b.s_q && a.s_kv == b.s_kv && a.h_q == b.h_q && a.d_qk == b.d_qk && a.d_v == b.d_v &&
-         a.index_n_heads == b.index_n_heads && a.index_head_dim == b.index_head_dim && a.index_topk == b.index_topk &&
-         a.n_layers == b.n_layers;
-}
-
-// Step: the target lines of the issue (printed and in the JSON).
-void Bench::report_targets() {
-  json tj = json::array();
-  const auto target_line = [&](const std::string& what, double value, double goal, const char* unit) {
-    const bool met = value >= goal;
-    std::printf("target    %-52s %7.1f%s (>= %.0f%s) %s\n", what.c_str(), value, unit, goal, unit,
-                met ? "met" : "NOT met");
-    tj.push_back({{"target", what}, {"value", value}, {"goal", goal}, {"unit", unit}, {"met", met}});
-  };
-  std::printf("\n");
-  if (const StageResult* r = find("indexer logits", Impl::simd)) {
-    target_line("simd indexer logits (FP8): share of FMA peak", 100 * r->share(), 60, "%");
-    if (r->speedup > 0) target_line("simd indexer logits (FP8): speedup over ref", r->speedup, 20, "x");
-  }
-  if (have_phases) {
-    target_line("simd sparse attention, matrix part: share of peak", 100 * matrix_share, 50, "%");
-    std::printf("          (the whole attention call, gathers, decode and softmax included: %.1f%% of peak)\n",
-                100 * whole_share);
-  }
-  if (do_stack) target_line("F S S S over all-full: measured / predicted speedup", 100 * stack_ratio, 90, "%");
-  // defined_at (when given): the problem the issue defines the target at; on another one the ratio
-  // is printed but neither met nor missed.
-  const auto target_max = [&](const std::string& what, double value, double goal, const char* defined_at = nullptr) {
-    json t = {{"target", what}, {"value", value}, {"goal", goal}, {"unit", "x"}, {"at_most", true}};
-    if (defined_at && !same_shape(p, parse_problem(defined_at))) {
-      std::printf("target    %-52s %7.2fx (<= %.1fx at %s only) not this problem\n", what.c_str(), value, goal, defined_at);
-      t["met"] = nullptr;
-      t["defined_at"] = defined_at;
-    } else {
-      const bool met = value <= goal;
-      std::printf("target    %-52s %7.2fx (<= %.1fx) %s\n", what.c_str(), value, goal, met ? "met" : "NOT met");
-      t["met"] = met;
-    }
-    tj.push_back(t);
-  };
-  if (do_commands) {
-    target_max("command golden (simd, written) over run (simd)", golden_over_run, 1.3);
-    target_max("command diff of an exact copy over golden", diff_over_golden, 1.0);
-    target_max("run's input generation over run (simd)", inputs_over_run, 0.1, kInputsTargetShape);
-  }
-  j["targets"] = tj;
-}
-
-// Step: write the JSON (if asked), print __REPRO, and return the exit status (1 on a mismatch).
-int Bench::finish() const {
-  std::string repro = "indexshare bench --problem \"" + to_string(p) + "\" --impl " + a.impl + " --repeats " +
-                      std::to_string(a.repeats) + " --threads " + std::to_string(threads) + " --target " + a.target +
-                      " --stack-seq " + std::to_string(a.stack_seq) + " --stack-sq " + std::to_string(a.stack_sq) +
-                      " --stack-topk " + std::to_string(a.stack_topk) + " --module-preset " + a.module_preset +
-                      " --module-rows " + std::to_string(a.module_rows) + " --budget " + fmt("%g", a.budget) +
-                      " --commands " + a.commands;
-  if (!a.json_path.empty()) {
-    io::write_text_file(a.json_path, j.dump(2) + "\n");
-    repro += " --json " + a.json_path;
-  }
-  std::printf("__REPRO: %s\n", repro.c_str());
-  return mismatches.empty() ? 0 : 1;
-}
-
-// The bench of the header comment, step by step.
 int cmd_bench(const BenchArgs& a) {
   Bench b(a);
   b.check_options();
@@ -1035,7 +693,7 @@ int cmd_bench(const BenchArgs& a) {
   b.report_stack();
   b.report_commands();
 
-  // ---- targets (of the issue; evaluated on this run's problem and machine) --------------------
+  // ---- goals (evaluated on this run's problem and machine) --------------------
   b.report_targets();
   return b.finish();
 }
@@ -1058,7 +716,7 @@ Action register_bench(CLI::App& app) {
   c->add_option("--stack-topk", a->stack_topk, "Top-k of the stack comparison (clamped to --stack-seq)")->capture_default_str();
   c->add_option("--module-preset", a->module_preset, "Model config of the module projections stage (none: skip)")->capture_default_str();
   c->add_option("--module-rows", a->module_rows, "Query rows of the module projections stage")->capture_default_str();
-  c->add_option("--budget", a->budget, "Seconds after which a stage stops repeating (stack: 4x)")->capture_default_str();
+  c->add_option("--seconds", a->budget, "Seconds after which a stage stops repeating (stack: 4x)")->capture_default_str();
   c->add_option("--max-memory", a->max_memory, "Refuse problems whose estimated memory exceeds this (e.g. 8G)")->capture_default_str();
   c->add_option("--commands", a->commands, "Time the commands run, golden and diff end to end on --problem (simd): yes or no")
       ->capture_default_str();
@@ -1069,3 +727,4 @@ Action register_bench(CLI::App& app) {
 }
 
 }  // namespace indexshare::cli
+

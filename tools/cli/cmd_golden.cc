@@ -13,6 +13,7 @@
 #include "ref/problem.h"
 #include "tools/cli/cli.h"
 #include "tools/lib/golden.h"
+#include "tools/lib/golden_train.h"
 #include "tools/lib/kernel_registry.h"
 #include "tools/lib/phases.h"
 #ifdef INDEXSHARE_MPI
@@ -26,6 +27,9 @@ namespace {
 struct GoldenArgs {
   std::string preset, problem, kind = "stack", out, impl = "ref", model, from, schedule, variant = "deepseek_fp8", target,
       max_memory = "8G", rows, for_kernel;
+  // --kind train (tools/lib/golden_train.h)
+  std::string loss = "sparse", train_target = "own-layer", relu = "yes";
+  double loss_coeff = 1.0;
   int64_t layers = 0, seq = 0;
   int64_t seed = -1;
   float sim = 0.8f;
@@ -50,7 +54,7 @@ int publish(golden::GoldenSet set, const GoldenArgs& a, const std::string& repla
   // memory a second time and hash it again (`golden verify` does that on request).
   const nlohmann::json manifest = golden::write(a.out, std::move(set), a.force);
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  std::printf("%s", golden::summary(a.out, manifest, bytes).c_str());
+  std::printf("%s", golden::summary(a.out, manifest, bytes, false).c_str());
   if (phases::requested()) std::printf("%s", phases::table().c_str());
   std::printf("time      %.2f s\n__REPRO: %s\n", secs, replay.c_str());
   return 0;
@@ -83,13 +87,36 @@ int publish_ranks(const GoldenArgs& a, const Problem& p, const std::string& repl
   const std::string timing = phases::requested() ? dist::timing_report() : "";
   if (dist::rank() != 0) return 0;
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  std::printf("%s", golden::summary(a.out, manifest, ws.bytes).c_str());
+  std::printf("%s", golden::summary(a.out, manifest, ws.bytes, false).c_str());
   std::printf("%s%s", ranks.c_str(), timing.c_str());
   std::printf("write     MPI-IO %.2f s, SHA-256 of the written file %.2f s (rank 0)\n", ws.write_s, ws.hash_s);
   std::printf("time      %.2f s on %d ranks\n__REPRO: %s\n", secs, dist::size(), replay.c_str());
   return 0;
 }
 #endif
+
+// A training set: a kernel-level problem with the bf16 indexer, its forward and backward.
+int golden_train(const GoldenArgs& a, std::chrono::steady_clock::time_point t0) {
+  require(a.preset.empty() && a.model.empty() && a.from.empty() && !a.problem.empty(),
+          "golden --kind train: give --problem (a kernel-level problem with indexer=bf16)");
+  reject_given(a.given, {"--rows", "--for", "--no-logits", "--layers", "--seq", "--seed"}, "stack sets",
+               "a train set takes its sizes and seed from --problem and holds the whole stack with its logits");
+  require(!dist_active(), "golden: a train set is computed by one process: run it without mpirun / srun");
+  require(a.loss == "sparse" || a.loss == "dense", "golden: --loss must be sparse or dense, got '" + a.loss + "'");
+  require(a.relu == "yes" || a.relu == "no", "golden: --relu must be yes or no, got '" + a.relu + "'");
+  const Problem p = parse_problem(a.problem);
+  golden::TrainSpec t;
+  t.sparse = a.loss == "sparse";
+  t.target = a.train_target;
+  t.relu = a.relu == "yes";
+  t.loss_coeff = a.loss_coeff;
+  const Impl impl = resolve_impl(a.impl, p, p.s_q);
+  reject_target_on_ref(a.given, impl);
+  const std::string replay = "indexshare golden --problem \"" + to_string(p) + "\" --kind train" + golden::train_options_text(t) +
+                             (impl == Impl::ref ? "" : " --impl " + impl_name(impl)) + " --out " + a.out;
+  std::fprintf(stderr, "golden: computing %s (%lld layers, forward and backward)...\n", to_string(p).c_str(), (long long)p.n_layers);
+  return publish(golden::build_train(p, t, replay, impl), a, replay, t0);
+}
 
 int cmd_golden(const GoldenArgs& a) {
   require(!a.out.empty(), "golden: --out DIR is required");
@@ -159,6 +186,8 @@ int cmd_golden(const GoldenArgs& a) {
   reject_given(a.given, {"--schedule", "--sim", "--variant"}, "--model",
                "a kernel-level set takes them from its descriptor: sched=, sim=, the indexer mode");
   if (!a.preset.empty()) reject_given(a.given, {"--kind"}, "--problem", "a preset has its own kind");
+  if (a.kind == "train") return golden_train(a, t0);
+  reject_given(a.given, {"--loss", "--train-target", "--relu", "--loss-coeff"}, "--kind train", "they shape the indexer loss");
   // The preset, the overrides, --for and --rows: the rules the Python package shares (golden.h).
   golden::StackRequest req;
   req.preset = a.preset;
@@ -230,7 +259,15 @@ Action register_golden(CLI::App& app) {
   CLI::App* c = app.add_subcommand("golden", "Compute a golden set and write it (safetensors + manifest.json)");
   c->add_option("--preset", a->preset, "Golden preset (see `indexshare presets`; a kernel preset is written --for its kernel)");
   c->add_option("--problem,-p", a->problem, "Problem descriptor");
-  c->add_option("--kind", a->kind, "stack or attention-edge (with --problem)")->capture_default_str();
+  c->add_option("--kind", a->kind, "stack, attention-edge, decode or train (with --problem)")->capture_default_str();
+  c->add_option("--loss", a->loss, "Indexer loss support: sparse (top-k and valid keys) or dense (--kind train)")
+      ->group("Training sets (--kind train)")->capture_default_str();
+  c->add_option("--train-target", a->train_target,
+                "Teacher of a Full layer's indexer: own-layer (Megatron) or served-layers (IndexCache) (--kind train)")
+      ->group("Training sets (--kind train)")->capture_default_str();
+  c->add_option("--relu", a->relu, "ReLU on the indexer's head scores: yes, or no (GLM-5) (--kind train)")
+      ->group("Training sets (--kind train)")->capture_default_str();
+  c->add_option("--loss-coeff", a->loss_coeff, "The loss coefficient (--kind train)")->group("Training sets (--kind train)")->capture_default_str();
   c->add_option("--model", a->model, "Module-level set from the toy model with a preset's shapes (tiny-glm, tiny-deepseek, glm-5.2, ...)");
   c->add_option("--from", a->from, "Kernel-level stack from per-layer inputs dumped from a real model (golden tensor names)");
   c->add_option("--layers", a->layers, "Override the number of layers");

@@ -17,12 +17,15 @@ std::set<int> Judge::candidate_layers(const std::set<int>& wanted) const {
     if (model_dump && (v.name == "cu_seqlens_q" || v.name == "cu_seqlens_k" ||
                        (std::sscanf(v.name.c_str(), "layers.%d.%127s", &l, rest) == 2 && kDumpInputs.count(rest))))
       continue;
-    if (std::sscanf(v.name.c_str(), "layers.%d.%127s", &l, rest) != 2 ||
-        std::find(kJudged.begin(), kJudged.end(), std::string(rest)) == kJudged.end() ||
+    const bool parsed = std::sscanf(v.name.c_str(), "layers.%d.%127s", &l, rest) == 2;
+    const bool judged = std::find(kJudged.begin(), kJudged.end(), std::string(rest)) != kJudged.end() ||
+                        (train_ && std::find(kJudgedTrain.begin(), kJudgedTrain.end(), std::string(rest)) != kJudgedTrain.end());
+    if (!parsed || !judged ||
         v.name != "layers." + std::to_string(l) + "." + rest)
       throw Error(c_.source + ": tensor '" + v.name + "' is not a golden output name (expected layers.{l}." +
-                  "indexer.logits, indexer.topk, attn.indices, attn.indices_physical, attn.out, attn.lse, attn.max_logits, or a "
-                  "model dump's attn.model_out)");
+                  "indexer.logits, indexer.topk, attn.indices, attn.indices_physical, attn.out, attn.lse, attn.max_logits, a "
+                  "model dump's attn.model_out, or a training set's attn_bwd.{delta,dq,dkv,d_sink} and "
+                  "indexer_loss.{p,log_q,kl,loss,d_scores,dq,dk,dw})");
     if (l < 0 || l >= n_layers_)
       throw Error(c_.source + ": tensor '" + v.name + "': layer " + std::to_string(l) + " is outside the golden set's " +
                   std::to_string(n_layers_) + " layers");
@@ -64,6 +67,7 @@ void Judge::judge_layer(int l) {
   release_freed_memory();  // the logits and the indices' row sets, before the attention's buffers
   if (has(l, "attn.model_out")) judge_model_out(d, P, used, panel);
   if (has(l, "attn.out") || has(l, "attn.lse") || has(l, "attn.max_logits")) judge_attention(d, P, used, panel);
+  if (train_) judge_gradients(l, P);
   // Causes first (the hypotheses and arithmetic classes that explain a failure), then the symptoms
   // (the structure tests' findings): the first diagnosis of a layer names the bug when one does.
   res.diagnoses.insert(res.diagnoses.end(), symptoms_.begin(), symptoms_.end());

@@ -45,6 +45,12 @@ inline const std::set<std::string> kDumpInputs = {"indexer.q",  "indexer.k",  "i
 inline const std::vector<std::string> kJudged = {"indexer.logits", "indexer.topk", "attn.indices", "attn.indices_physical",
                                           "attn.out", "attn.lse", "attn.max_logits", "attn.model_out"};
 
+// A training set's gradients (tools/lib/golden_train.h), judged after a layer's forward.
+inline const std::vector<std::string> kJudgedTrain = {
+    "attn_bwd.delta",   "attn_bwd.dq",        "attn_bwd.dkv",   "attn_bwd.d_sink",        "indexer_loss.p",
+    "indexer_loss.log_q", "indexer_loss.kl",  "indexer_loss.loss", "indexer_loss.d_scores", "indexer_loss.dq",
+    "indexer_loss.dk",  "indexer_loss.dw"};
+
 inline constexpr const char* kBeyondWindow = "positions beyond the causal window in rows shorter than top-k: pad with -1 (raw torch.topk output, "
                             "as in transformers, keeps masked future positions there)";
 
@@ -190,7 +196,7 @@ class Judge {
         const io::SafetensorsIndex* lazy = nullptr, std::string path = "", bool picture = true, prec::Contract contract = {})
       : g_(g), c_(c), k_(k), lazy_(lazy), path_(std::move(path)), picture_(picture), contract_(std::move(contract)), m_(g.manifest), cfg_(m_["config"]), n_layers_(int(m_["layers"].size())), s_q_(cfg_["s_q"]),
         s_kv_(cfg_["s_kv"]), topk_(cfg_["topk"]), h_q_(cfg_["h_q"]), d_v_(cfg_["d_v"]), sm_(cfg_["sm_scale"].get<float>()),
-        decode_(m_.value("kind", "") == "decode"), ids_(row_ids(g)), data_(size_t(n_layers_)), loaded_(size_t(n_layers_), false) {}
+        decode_(m_.value("kind", "") == "decode"), train_(m_.value("kind", "") == "train"), ids_(row_ids(g)), data_(size_t(n_layers_)), loaded_(size_t(n_layers_), false) {}
 
   std::set<int> candidate_layers(const std::set<int>& wanted) const;
   void judge_layer(int l);
@@ -351,6 +357,15 @@ class Judge {
   };
   void model_out_hypotheses(const LayerData& d, const std::string& P, const UsedIndices& used, const ModelOut& m);
   void judge_max_logits(AttnCtx& a);
+  // ---- gradients.cc: a training set's gradients ----
+  void judge_gradients(int l, const std::string& P);
+  void judge_attention_backward(int l, const std::string& P);
+  void judge_indexer_loss(int l, const std::string& P);
+  // One gradient tensor: per-element bounds (judge/grad_bounds.h), the structure tests over
+  // [rows, heads, cols] (heads = 0: no structure tests) and the bug hypotheses of its family.
+  void judge_gradient(int l, const std::string& P, const std::string& n, const Tensor<float>& golden, std::vector<float> bound,
+                      int64_t rows, int64_t heads, int64_t cols, double floor,
+                      const std::vector<std::pair<std::string, Tensor<float>>>& hypotheses);
   // attn.out or attn.lse (`tensor`, the candidate's `got`) against the attention over the indices
   // used less one key per row (each row's last valid slot, then its first): a loop bound off by one.
   void key_dropped_hypothesis(AttnCtx& a, const std::string& tensor, const Tensor<float>& got);
@@ -379,6 +394,7 @@ class Judge {
   const int64_t s_q_, s_kv_, topk_, h_q_, d_v_;
   const float sm_;
   const bool decode_;
+  const bool train_;  // a training set: the gradients are judged too (gradients.cc)
   const std::vector<int64_t> ids_;
   // Whole-tensor cluster sums per (tensor, role), for the tests pooled over layers of a role.
   std::map<std::string, std::pair<int, std::vector<cmp::ClusterSums>>> pools_;

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -538,9 +539,42 @@ Problem dump_shapes(const io::SafetensorsFile& f, const std::string& file, Probl
 io::SafetensorsFile read_dump(const std::string& file, const RowPart* part, bool header_only = false);
 // The problem a dump is read under: problem_text, else the one the dump records (a model dump),
 // else "sq1 skv1" (the shapes come from the tensors); without an "nl" field, the file's layer count.
+// A problem token's field name: "k32" -> "k", "sched=FS" -> "sched".
+std::string token_field(const std::string& tok) {
+  const size_t eq = tok.find('=');
+  if (eq != std::string::npos) return tok.substr(0, eq);
+  size_t n = 0;
+  while (n < tok.size() && std::isalpha(static_cast<unsigned char>(tok[n]))) ++n;
+  return tok.substr(0, n);
+}
+
+// The dump's recorded problem completed by the fields of --problem it does not give. A field both
+// give must mean the same (compared as parsed values, so "sm=0.5" equals "sm=0.500000000"); a
+// contradiction is refused with both values, since either silently winning computes a set the
+// model did not run (a dump's softmax scale, schedule and indexer mode are the model's).
+std::string merge_dump_problem(const std::string& recorded, const std::string& given, const std::string& file) {
+  std::map<std::string, std::string> rec;
+  std::istringstream rs(recorded);
+  for (std::string tok; rs >> tok;) rec[token_field(tok)] = tok;
+  std::string text = recorded;
+  std::istringstream gs(given);
+  for (std::string tok; gs >> tok;) {
+    const auto it = rec.find(token_field(tok));
+    if (it == rec.end()) {
+      text += " " + tok;
+      continue;
+    }
+    if (to_string(parse_problem(it->second)) != to_string(parse_problem(tok)))
+      throw Error("golden: --problem gives '" + tok + "' but the dump " + file + " records '" + it->second +
+                  "' (the model's own value): leave the field out of --problem, or dump again with the value wanted");
+  }
+  return text;
+}
+
 Problem dump_text_problem(const io::SafetensorsFile& f, const std::string& file, const std::string& problem_text) {
   const std::string recorded = dump_problem(f, file);
-  std::string text = !problem_text.empty() ? problem_text : !recorded.empty() ? recorded : "sq1 skv1";
+  std::string text = recorded.empty() ? (problem_text.empty() ? "sq1 skv1" : problem_text)
+                                      : merge_dump_problem(recorded, problem_text, file);
   if (text.find("nl") == std::string::npos) {
     int L = 0;
     while (f.find("layers." + std::to_string(L) + ".attn.q")) ++L;
@@ -718,8 +752,8 @@ namespace {
 // ---- tensor names: what a golden set of each kind holds, and what --from reads ----------------
 
 // Kinds as bits, so one rule can name several.
-enum KindBit : unsigned { kKindStack = 1, kKindFromFile = 2, kKindEdge = 4, kKindDecode = 8, kKindModule = 16 };
-constexpr unsigned kKernelKinds = kKindStack | kKindFromFile | kKindEdge | kKindDecode;
+enum KindBit : unsigned { kKindStack = 1, kKindFromFile = 2, kKindEdge = 4, kKindDecode = 8, kKindModule = 16, kKindTrain = 64 };
+constexpr unsigned kKernelKinds = kKindStack | kKindFromFile | kKindEdge | kKindDecode | kKindTrain;
 constexpr unsigned kAllKinds = kKernelKinds | kKindModule;
 
 unsigned kind_bit(const std::string& kind) {
@@ -728,14 +762,16 @@ unsigned kind_bit(const std::string& kind) {
   if (kind == "attention-edge") return kKindEdge;
   if (kind == "decode") return kKindDecode;
   if (kind == "module") return kKindModule;
+  if (kind == "train") return kKindTrain;
   return 0;
 }
 
 // When a set holds a tensor: always; on layers with an indexer (has_indexer); on those with the
 // FP8 indexer; optional (on any layer, or only on layers with an indexer); in whole sets only (not
 // sampled with --rows); in sampled sets only; exactly when the manifest's `kernel` block names it
-// among its arguments (sets written --for a kernel that takes it).
-enum class Need { always, indexer, indexer_fp8, optional, optional_indexer, whole_rows, sampled, kernel_arg };
+// among its arguments (sets written --for a kernel that takes it); on Full layers only (a training
+// set's indexer loss).
+enum class Need { always, indexer, indexer_fp8, optional, optional_indexer, whole_rows, sampled, kernel_arg, full };
 
 struct TensorRule {
   const char* name;  // per-layer rules: the part after "layers.{l}."
@@ -806,6 +842,24 @@ const std::vector<TensorRule>& tensor_rules() {
       {"cache_seqlens", false, R::input, kKindDecode, Need::always},
       {"context_lens", false, R::input, kKindDecode, Need::kernel_arg},  // --for the paged indexer
       {"hidden_out", false, R::output, kKindModule, Need::always},
+      // train: the backward (tools/lib/golden_train.h)
+      {"attn.d_out", true, R::input, kKindTrain, Need::always},
+      {"attn_bwd.delta", true, R::output, kKindTrain, Need::always},
+      {"attn_bwd.p", true, R::reference, kKindTrain, Need::always},
+      {"attn_bwd.ds", true, R::reference, kKindTrain, Need::always},
+      {"attn_bwd.dq", true, R::output, kKindTrain, Need::always},
+      {"attn_bwd.dq_bf16", true, R::output, kKindTrain, Need::always},
+      {"attn_bwd.dkv", true, R::output, kKindTrain, Need::always},
+      {"attn_bwd.dkv_bf16", true, R::output, kKindTrain, Need::always},
+      {"attn_bwd.d_sink", true, R::output, kKindTrain, Need::optional},
+      {"indexer_loss.p", true, R::output, kKindTrain, Need::full},
+      {"indexer_loss.log_q", true, R::output, kKindTrain, Need::full},
+      {"indexer_loss.kl", true, R::output, kKindTrain, Need::full},
+      {"indexer_loss.loss", true, R::output, kKindTrain, Need::full},
+      {"indexer_loss.d_scores", true, R::output, kKindTrain, Need::full},
+      {"indexer_loss.dq", true, R::output, kKindTrain, Need::full},
+      {"indexer_loss.dk", true, R::output, kKindTrain, Need::full},
+      {"indexer_loss.dw", true, R::output, kKindTrain, Need::full},
   };
   return rules;
 }
@@ -872,6 +926,21 @@ Layout layout_of(const std::string& rest, const Dims& d) {
   if (rest == "block_table") return {DType::I32, {d.n_seqs, -1}, true, "config.n_seqs"};
   if (rest == "cache_seqlens") return {DType::I32, {d.n_seqs}, true, "config.n_seqs"};
   if (rest == "context_lens") return {DType::I32, {d.n_seqs, d.s_q / d.n_seqs}, true, "config.n_seqs/s_q"};
+  if (rest == "attn.d_out") return {DType::BF16, {d.s_q, d.h_q, d.d_v}, true, "config.s_q/h_q/d_v"};
+  if (rest == "attn_bwd.delta") return {DType::F32, {d.s_q, d.h_q}, true, "config.s_q/h_q"};
+  if (rest == "attn_bwd.p" || rest == "attn_bwd.ds") return {DType::F32, {d.s_q, d.h_q, d.topk}, true, "config.s_q/h_q/topk"};
+  if (rest == "attn_bwd.dq") return {DType::F32, {d.s_q, d.h_q, d.d_qk}, true, "config.s_q/h_q/d_qk"};
+  if (rest == "attn_bwd.dq_bf16") return {DType::BF16, {d.s_q, d.h_q, d.d_qk}, true, "config.s_q/h_q/d_qk"};
+  if (rest == "attn_bwd.dkv") return {DType::F32, {d.s_kv, 1, d.d_qk}, true, "config.s_kv/d_qk"};
+  if (rest == "attn_bwd.dkv_bf16") return {DType::BF16, {d.s_kv, 1, d.d_qk}, true, "config.s_kv/d_qk"};
+  if (rest == "attn_bwd.d_sink") return {DType::F32, {d.h_q}, true, "config.h_q"};
+  if (rest == "indexer_loss.p" || rest == "indexer_loss.log_q" || rest == "indexer_loss.d_scores")
+    return {DType::F32, {d.s_q, d.s_kv}, true, "config.s_q/s_kv"};
+  if (rest == "indexer_loss.kl") return {DType::F32, {d.s_q}, true, "config.s_q"};
+  if (rest == "indexer_loss.loss") return {DType::F32, {1}, true, "kind"};
+  if (rest == "indexer_loss.dq") return {DType::F32, {d.s_q, d.H, d.D}, true, "config.s_q/index_n_heads/index_head_dim"};
+  if (rest == "indexer_loss.dk") return {DType::F32, {d.s_kv, d.D}, true, "config.s_kv/index_head_dim"};
+  if (rest == "indexer_loss.dw") return {DType::F32, {d.s_q, d.H}, true, "config.s_q/index_n_heads"};
   return {DType::BF16, {}, false, "kind"};  // module-level weights, hidden states and intermediates
 }
 
@@ -1568,7 +1637,7 @@ void ManifestCheck::top_fields() {
     if (!m_.contains(f) || !m_[f].is_string()) fail(f, "is missing or not a string");
   kind_ = m_["kind"];
   kbit_ = kind_bit(kind_);
-  if (!kbit_) fail("kind", "is '" + kind_ + "', not a known kind (stack, stack-from-file, attention-edge, decode, module)");
+  if (!kbit_) fail("kind", "is '" + kind_ + "', not a known kind (stack, stack-from-file, attention-edge, decode, module, train)");
   if (!m_.contains("conventions") || !m_["conventions"].is_object()) fail("conventions", "is missing or not an object");
   if (!m_.contains("budgets") || !m_["budgets"].is_object()) fail("budgets", "is missing or not an object");
 }
@@ -1707,7 +1776,7 @@ void ManifestCheck::tensors_held() {
       int64_t other_l = -1;
       std::string owners;
       if (const TensorRule* o = rule_of(v.name, kAllKinds, other_l))
-        for (const char* k : {"stack", "stack-from-file", "attention-edge", "decode", "module"})
+        for (const char* k : {"stack", "stack-from-file", "attention-edge", "decode", "module", "train"})
           if (o->kinds & kind_bit(k)) owners += (owners.empty() ? "" : ", ") + std::string(k);
       fail("kind", "is '" + kind_ + "', but the set holds tensor '" + v.name + "', " +
                        (owners.empty() ? "not a golden tensor name" : "which only sets of kind " + owners + " hold"));
@@ -1719,6 +1788,8 @@ void ManifestCheck::tensors_held() {
       fail(lf, "is false, but the set holds tensor '" + v.name + "'");
     if (r->need == Need::indexer_fp8 && !fp8_) fail("config.indexer", "is \"bf16\", but the set holds tensor '" + v.name + "' (FP8 indexer cache)");
     if (r->need == Need::whole_rows && sampled_) fail("rows", "is present (sampled query rows), but the set holds tensor '" + v.name + "'");
+    if (r->need == Need::full && layers[size_t(l)]["kind"] != "full")
+      fail("layers[" + std::to_string(l) + "].kind", "is \"shared\", but the set holds tensor '" + v.name + "' (Full layers' indexer loss only)");
     if (r->need == Need::kernel_arg && !kernel_args_.count(v.name))
       fail("kernel", "names no argument '" + v.name +
                          "', but the set holds that tensor (only sets written --for a kernel that takes it do)");
@@ -1743,7 +1814,8 @@ void ManifestCheck::tensors_required() {
       const bool has_ix = l >= 0 && layers[size_t(l)]["has_indexer"].get<bool>();
       const bool needed = r.need == Need::always || (r.need == Need::indexer && has_ix) ||
                           (r.need == Need::indexer_fp8 && has_ix && fp8_) || (r.need == Need::whole_rows && !sampled_) ||
-                          (r.need == Need::sampled && sampled_) || (r.need == Need::kernel_arg && kernel_args_.count(r.name));
+                          (r.need == Need::sampled && sampled_) || (r.need == Need::kernel_arg && kernel_args_.count(r.name)) ||
+                          (r.need == Need::full && layers[size_t(l)]["kind"] == "full");
       const std::string name = l >= 0 ? "layers." + std::to_string(l) + "." + r.name : std::string(r.name);
       if (needed && !g_.data.find(name)) fail("kind", "is '" + kind_ + "', but tensor '" + name + "' is missing (a " + kind_ + " set holds it)");
     }
@@ -1800,6 +1872,19 @@ void ManifestCheck::kind_fields() {
     module_fields();
   } else if (m_.contains("model_config")) {
     fail("model_config", "is present, but kind is '" + kind_ + "' (module sets only)");
+  }
+  if (kind_ == "train") {
+    if (!m_.contains("train") || !m_["train"].is_object()) fail("train", "is missing or not an object (kind train)");
+    const json& t = m_["train"];
+    if (!t.contains("loss") || (t["loss"] != "sparse" && t["loss"] != "dense")) fail("train.loss", "is not \"sparse\" or \"dense\"");
+    if (!t.contains("target") || (t["target"] != "own-layer" && t["target"] != "served-layers"))
+      fail("train.target", "is not \"own-layer\" or \"served-layers\"");
+    if (!t.contains("relu") || !t["relu"].is_boolean()) fail("train.relu", "is missing or not a boolean");
+    if (!t.contains("loss_coeff") || !t["loss_coeff"].is_number() || !(t["loss_coeff"].get<double>() > 0))
+      fail("train.loss_coeff", "is missing or not a number > 0");
+    if (fp8_) fail("config.indexer", "is \"fp8\", but a train set's indexer loss is defined on the bf16 indexer");
+  } else if (m_.contains("train")) {
+    fail("train", "is present, but kind is '" + kind_ + "' (train sets only)");
   }
   if (kind_ == "stack-from-file") {
     if (!m_.contains("source_file") || !m_["source_file"].is_string()) fail("source_file", "is missing or not a string (kind stack-from-file)");
@@ -1978,10 +2063,10 @@ Loaded read(const std::string& dir, uint64_t keep_bytes, bool defer_hashes) {
 std::string summary(const Loaded& g) {
   uint64_t bytes = 0;
   for (const io::TensorView& v : g.data.tensors) bytes += v.bytes.size();
-  return summary(g.dir, g.manifest, bytes);
+  return summary(g.dir, g.manifest, bytes, true);
 }
 
-std::string summary(const std::string& dir, const json& m, uint64_t bytes) {
+std::string summary(const std::string& dir, const json& m, uint64_t bytes, bool with_replay) {
   std::ostringstream os;
   os << "golden    " << dir << " (" << m.value("kind", "?") << ", " << m["tensors"].size() << " tensors)\n";
   os << "problem   " << m.value("problem", "") << "\n";
@@ -1991,7 +2076,7 @@ std::string summary(const std::string& dir, const json& m, uint64_t bytes) {
     os << "schedule  " << pattern << "\n";
   }
   os << "bytes     " << bytes << " in " << kTensorFile << "\n";
-  os << "replay    " << m.value("replay", "") << "\n";
+  if (with_replay) os << "replay    " << m.value("replay", "") << "\n";
   return os.str();
 }
 

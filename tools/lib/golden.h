@@ -323,7 +323,8 @@ StackInputs stack_inputs_of(const Loaded& g);
 // One line per layer and a total, for the tool's output.
 std::string summary(const Loaded& g);
 // The same lines from a manifest with its "tensors" list and the tensors' byte count (what write
-// has just published, without reading the set back).
-std::string summary(const std::string& dir, const nlohmann::json& manifest, uint64_t bytes);
+// has just published, without reading the set back). with_replay = false leaves out the manifest's
+// replay command (the command that wrote the set prints it once, as its __REPRO line).
+std::string summary(const std::string& dir, const nlohmann::json& manifest, uint64_t bytes, bool with_replay);
 
 }  // namespace indexshare::golden

@@ -46,10 +46,12 @@
 #include "ref/stack.h"
 #include "ref/topk.h"
 #include "ref/v4/layer.h"
+#include "ref/train/indexer_loss.h"
 #include "simd/simd.h"
 #include "tools/lib/cost_report.h"
 #include "tools/judge/diff.h"
 #include "tools/lib/golden.h"
+#include "tools/lib/golden_train.h"
 #include "tools/lib/options.h"
 #include "tools/lib/safetensors.h"
 #include "tools/lib/svg.h"
@@ -460,6 +462,23 @@ NB_MODULE(_core, m) {
     g.set = golden::build_model(spec, g.replay);
     return g;
   });
+  m.def("golden_train", [](const std::string& problem, const std::string& loss, const std::string& target, bool relu,
+                           double loss_coeff, const std::string& impl) {
+    require(loss == "sparse" || loss == "dense", "train: loss must be \"sparse\" or \"dense\", got '" + loss + "'");
+    const Problem p = parse_problem(problem);
+    golden::TrainSpec t;
+    t.sparse = loss == "sparse";
+    t.target = target;
+    t.relu = relu;
+    t.loss_coeff = loss_coeff;
+    const Impl im = resolve_impl(impl.empty() ? "auto" : impl, p, p.s_q);
+    PyGolden g;
+    g.replay = "indexshare golden --problem \"" + to_string(p) + "\" --kind train" + golden::train_options_text(t) +
+               (im == Impl::ref ? "" : " --impl " + impl_name(im));
+    nb::gil_scoped_release release;
+    g.set = golden::build_train(p, t, g.replay, im);
+    return g;
+  });
   m.def("golden_from", [](const std::string& file, const std::string& problem, bool with_logits) {
     golden::StackInputs si = golden::load_dump(file, problem);
     PyGolden g;
@@ -618,6 +637,46 @@ NB_MODULE(_core, m) {
                           to_numpy<int32_t>(std::move(o.indices)));
   }, nb::arg("q"), nb::arg("kv"), nb::arg("sink"), nb::arg("entries"), nb::arg("blocks").none(), nb::arg("type"),
      nb::arg("window"), nb::arg("hca_ratio"), nb::arg("rope"), nb::arg("impl"));
+  // ---- training: the indexer's distillation loss (ref/train/indexer_loss.h) ----
+  // Teachers: one (q bf16 codes, kv bf16 codes, scale, non_compressed_lse or None) tuple per layer.
+  // Returns a dict of the outputs (scores, p, log_q, kl, loss, n_rows, d_scores, dq, dk, dw).
+  m.def("indexer_loss", [](In<float> q, In<float> k, In<float> w, In<int32_t> ks, In<int32_t> ke,
+                           std::optional<In<int32_t>> topk,
+                           const std::vector<std::tuple<In<uint16_t>, In<uint16_t>, float, std::optional<In<float>>>>& layers,
+                           bool relu, bool sparse, double loss_coeff, bool per_token, bool all_rows, double grad,
+                           const std::string& target, Impl impl) {
+    const auto tq = borrow<float>(q), tk = borrow<float>(k), tw = borrow<float>(w);
+    const auto tks = borrow<int32_t>(ks), tke = borrow<int32_t>(ke);
+    const auto ttop = borrow_optional<int32_t>(topk);
+    std::vector<BorrowedTensor<bf16_t>> aq, akv;
+    std::vector<std::optional<BorrowedTensor<float>>> lse;
+    for (const auto& L : layers) {
+      aq.push_back(borrow<bf16_t>(std::get<0>(L)));
+      akv.push_back(borrow<bf16_t>(std::get<1>(L)));
+      lse.push_back(borrow_optional<float>(std::get<3>(L)));
+    }
+    std::vector<ref::train::TeacherLayer> teachers;
+    for (size_t j = 0; j < layers.size(); ++j)
+      teachers.push_back({&aq[j].get(), &akv[j].get(), std::get<2>(layers[j]), lse[j] ? &lse[j]->get() : nullptr});
+    ref::train::IndexerLossOptions o;
+    o.relu = relu, o.sparse = sparse, o.loss_coeff = loss_coeff, o.per_token = per_token, o.all_rows = all_rows;
+    o.grad = grad, o.target = ref::train::parse_target(target);
+    auto r = timed([&] {
+      return kernels_for(impl).indexer_loss(tq, tk, tw, tks, tke, ttop ? &ttop->get() : nullptr, teachers, o);
+    });
+    nb::dict d;
+    d["scores"] = to_numpy<float>(std::move(r.scores));
+    d["p"] = to_numpy<float>(std::move(r.p));
+    d["log_q"] = to_numpy<float>(std::move(r.log_q));
+    d["kl"] = to_numpy<float>(std::move(r.kl));
+    d["loss"] = r.loss;
+    d["n_rows"] = r.n_rows;
+    d["d_scores"] = to_numpy<float>(std::move(r.d_scores));
+    d["dq"] = to_numpy<float>(std::move(r.dq));
+    d["dk"] = to_numpy<float>(std::move(r.dk));
+    d["dw"] = to_numpy<float>(std::move(r.dw));
+    return d;
+  });
 
   // ---- overlap statistics (ref/overlap.h): `indexshare overlap --golden DIR | --problem DESC --json` ----
   m.def("overlap", [](const std::string& golden_dir, const std::string& problem, int buckets, bool shared_stats,

@@ -149,7 +149,7 @@ def golden(problem=None, *, preset: str | None = None, model: str | None = None,
            kind: str | None = None, for_kernel: str | None = None, rows=None, impl: str | None = None,
            logits: bool = True, layers: int | None = None, seq: int | None = None, seed: int | None = None,
            schedule: str | None = None, sim: float | None = None, variant: str | None = None,
-           framework: str = "numpy") -> GoldenSet:
+           train: dict | None = None, framework: str = "numpy") -> GoldenSet:
     """Computes a golden set in memory: what ``indexshare golden`` writes (tools/lib/golden.h), with the
     CLI's option rules (golden.h ``plan_stack``); ``.save(dir)`` writes the CLI's bytes.
 
@@ -165,7 +165,12 @@ def golden(problem=None, *, preset: str | None = None, model: str | None = None,
                ("deepseek_fp8" or "hf_bf16") as the CLI's options
       from_dump  a safetensors file of per-layer kernel inputs dumped from a real model under the
                golden tensor names (``--from``; tools/lib/golden.h ``build_from``); ``problem`` may
-               then give top-k, d_v, sm and sched= (the shapes and layer count come from the file)
+               then give top-k, d_v, sm and sched= (the shapes and layer count come from the file);
+               on a model dump it completes the recorded problem, and a field that contradicts
+               the dump raises ValueError naming both values
+      problem with kind="train"  a training set (``--kind train``; the problem needs indexer=bf16): the
+               stack's forward and its exact backward; ``train`` = {"loss": "sparse" | "dense",
+               "target": "own-layer" | "served-layers", "relu": bool, "loss_coeff": float}
     Kernel-level sets (problem= or a kernel-level preset=) also take
       for_kernel  a GPU kernel (``indexshare kernels``; ``--for``): the set is that kernel's kind, its
                problem must meet the kernel's constraints (ValueError listing each one it breaks),
@@ -192,6 +197,20 @@ def golden(problem=None, *, preset: str | None = None, model: str | None = None,
                 for_kernel=for_kernel, layers=layers, seq=seq, seed=seed, schedule=schedule, sim=sim, variant=variant)
         text = "" if problem is None else str(problem)
         return GoldenSet(core().golden_from(os.fspath(from_dump), text, bool(logits)), framework)
+    if kind == "train" or train is not None:
+        # A training set (golden --kind train; tools/lib/golden_train.h): train= {"loss": "sparse" or "dense",
+        # "target": "own-layer" or "served-layers", "relu": bool, "loss_coeff": float}.
+        if kind not in (None, "train") or problem is None or preset is not None or model is not None:
+            raise ValueError("train: a training set takes problem= (with indexer=bf16) and kind=\"train\" only")
+        _refuse("a training set", "it takes its sizes and seed from problem=", for_kernel=for_kernel, rows=rows, layers=layers,
+                seq=seq, seed=seed, schedule=schedule, sim=sim, variant=variant)
+        t = dict(train or {})
+        unknown = set(t) - {"loss", "target", "relu", "loss_coeff"}
+        if unknown:
+            raise ValueError(f"train: unknown keys {sorted(unknown)} (loss, target, relu, loss_coeff)")
+        h = core().golden_train(str(Problem(problem)), t.get("loss", "sparse"), t.get("target", "own-layer"),
+                                bool(t.get("relu", True)), float(t.get("loss_coeff", 1.0)), impl or "")
+        return GoldenSet(h, framework)
     given = [n for n, v in (("problem", problem), ("preset", preset), ("model", model)) if v is not None]
     if len(given) != 1:
         raise ValueError(f"golden: give exactly one of problem=, preset=, model= and from_dump=, got {given or 'none'}")

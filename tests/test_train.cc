@@ -1,0 +1,271 @@
+// Training golden sets (golden --kind train) and diff on gradients: the set's manifest and
+// tensors, a kernel-like low-precision backward passing (soundness), and the usual backward bugs
+// failing by name (sharpness), where TileLang's own global criterion lets the small ones through.
+#include <doctest/doctest.h>
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <map>
+#include <optional>
+
+#include "ref/numerics.h"
+#include "ref/train/attention_bwd.h"
+#include "tests/cli_util.h"
+#include "tools/judge/diff.h"
+#include "tools/lib/golden_train.h"
+
+using namespace indexshare;
+
+namespace {
+
+// A small stack with a Shared layer and a sink: rows shorter than top-k carry -1 padding.
+const char* kProblem = "sq24 skv24 hq4 dqk64 dv48 ih2 id32 k8 seed5 nl3 sched=FSF indexer=bf16 sink=random";
+
+struct TrainSet {
+  std::string dir;
+  golden::Loaded g;
+};
+
+TrainSet make_set(const golden::TrainSpec& t = {}, const char* problem = kProblem) {
+  static int n = 0;
+  const std::string dir = std::filesystem::temp_directory_path() / ("indexshare-train-" + std::to_string(::getpid()) + "-" + std::to_string(n++));
+  golden::write(dir, golden::build_train(parse_problem(problem), t, "replay"), true);
+  return {dir, golden::read(dir)};
+}
+
+struct Cand {
+  std::map<std::string, io::TensorView> t;
+  template <class T>
+  void set(const std::string& name, const Tensor<T>& v) { t[name] = io::make_view(name, v); }
+  io::SafetensorsFile file() const {
+    const std::string path = std::filesystem::temp_directory_path() / ("indexshare-train-cand-" + std::to_string(::getpid()) + ".safetensors");
+    std::vector<io::TensorView> list;
+    for (const auto& [n, v] : t) list.push_back(v);
+    io::write_safetensors(path, list);
+    io::SafetensorsFile f = io::read_safetensors(path);
+    std::filesystem::remove(path);
+    return f;
+  }
+};
+
+const char* kAttnGrads[] = {"attn_bwd.delta", "attn_bwd.dq", "attn_bwd.dkv", "attn_bwd.d_sink"};
+const char* kLossGrads[] = {"indexer_loss.p", "indexer_loss.log_q", "indexer_loss.kl", "indexer_loss.loss",
+                            "indexer_loss.d_scores", "indexer_loss.dq", "indexer_loss.dk", "indexer_loss.dw"};
+
+// The golden's own gradients of every layer (a faithful kernel).
+Cand faithful(const golden::Loaded& g) {
+  Cand c;
+  for (size_t l = 0; l < g.manifest["layers"].size(); ++l) {
+    const std::string p = "layers." + std::to_string(l) + ".";
+    for (const char* n : kAttnGrads)
+      if (g.find(p + n)) c.set(p + n, g.tensor<float>(p + n));
+    for (const char* n : kLossGrads)
+      if (g.find(p + n)) c.set(p + n, g.tensor<float>(p + n));
+  }
+  return c;
+}
+
+bool diagnosed(const diff::Result& r, const std::string& needle) {
+  for (const std::string& d : r.diagnoses)
+    if (d.find(needle) != std::string::npos) return true;
+  return false;
+}
+
+cmp::Verdict verdict(const diff::Result& r, int layer, const std::string& name) {
+  for (const auto& t : r.tensors)
+    if (t.layer == layer && t.name == name) return t.report.verdict;
+  FAIL("no result for layer " << layer << " " << name);
+  return cmp::Verdict::fail;
+}
+
+std::string text(const diff::Result& r) {
+  std::string s;
+  for (const std::string& d : r.diagnoses) s += d + "\n";
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("train: the set holds the forward, the backward and the Full layers' indexer losses") {
+  const TrainSet s = make_set();
+  const auto& m = s.g.manifest;
+  CHECK(m["kind"] == "train");
+  CHECK(m["train"]["loss"] == "sparse");
+  CHECK(m["train"]["target"] == "own-layer");
+  CHECK(s.g.find("layers.1.attn_bwd.dq"));     // the Shared layer's attention has gradients
+  CHECK(!s.g.find("layers.1.indexer_loss.dq"));  // ... and no loss
+  CHECK(s.g.find("layers.0.indexer_loss.dk"));
+  CHECK(s.g.find("layers.2.indexer_loss.loss"));
+  CHECK(s.g.find("layers.0.attn_bwd.d_sink"));
+  // The backward in the set is the ref backward of the set's own forward inputs.
+  const Tensor<bf16_t> q = s.g.tensor<bf16_t>("layers.1.attn.q"), kv = s.g.tensor<bf16_t>("layers.1.attn.kv");
+  const Tensor<int32_t> ind = s.g.tensor<int32_t>("layers.1.attn.indices");
+  const Tensor<float> sink = s.g.tensor<float>("layers.1.attn.sink");
+  const ref::AttentionBackwardOut b = ref::sparse_attention_backward(q, kv, ind, m["config"]["sm_scale"].get<float>(), 48,
+                                                                     s.g.tensor<bf16_t>("layers.1.attn.d_out"), nullptr, &sink);
+  const Tensor<float> dq = s.g.tensor<float>("layers.1.attn_bwd.dq");
+  CHECK(std::equal(dq.data.begin(), dq.data.end(), b.dq.data.begin()));
+  // The Shared layer attends over its source's positions.
+  const Tensor<int32_t> src = s.g.tensor<int32_t>("layers.0.attn.indices");
+  CHECK(std::equal(ind.data.begin(), ind.data.end(), src.data.begin()));
+  std::filesystem::remove_all(s.dir);
+}
+
+TEST_CASE("train: a faithful candidate and a kernel-like low-precision backward pass") {
+  const TrainSet s = make_set();
+  const diff::Result r = diff::judge(s.g, faithful(s.g).file(), {});
+  CHECK_MESSAGE(!r.failed(), text(r));
+  // TileLang-like arithmetic (P and dS in bf16 before the GEMMs, f32 accumulation, Delta from the
+  // bf16 out): the soundness of the gradients' bounds.
+  Cand c;
+  const float sm = s.g.manifest["config"]["sm_scale"].get<float>();
+  for (int l = 0; l < 3; ++l) {
+    const std::string p = "layers." + std::to_string(l) + ".";
+    const Tensor<float> sink = s.g.tensor<float>(p + "attn.sink");
+    const ref::AttentionBackwardOut e = cmp::emulate_attention_backward_lowp(
+        s.g.tensor<bf16_t>(p + "attn.q"), s.g.tensor<bf16_t>(p + "attn.kv"), s.g.tensor<int32_t>(p + "attn.indices"), sm, 48,
+        s.g.tensor<bf16_t>(p + "attn.d_out"), nullptr, &sink);
+    c.set(p + "attn_bwd.dq", e.dq_bf16);
+    c.set(p + "attn_bwd.dkv", e.dkv_bf16);
+    c.set(p + "attn_bwd.delta", e.delta);
+    c.set(p + "attn_bwd.d_sink", e.d_sink);
+  }
+  const diff::Result lowp = diff::judge(s.g, c.file(), {});
+  CHECK_MESSAGE(!lowp.failed(), text(lowp));
+  double worst = 0;
+  for (const auto& t : lowp.tensors) worst = std::max(worst, t.report.stats.max_ratio);
+  MESSAGE("low-precision backward: largest err/bound " << worst);
+  CHECK(worst > 0.005);  // the bounds are not vacuous: the emulation's error is a visible share of them
+  std::filesystem::remove_all(s.dir);
+}
+
+// The structure tests' false-positive rate on gradients, over seeds: a correct low-precision
+// backward (the emulation) must pass every one.
+TEST_CASE("train: the low-precision backward passes on 12 seeds (structure tests and bounds)") {
+  int failed = 0;
+  double worst = 0;
+  for (int seed = 1; seed <= 12; ++seed) {
+    const std::string problem = "sq32 skv48 hq8 dqk64 dv48 ih2 id32 k16 nl1 indexer=bf16 seed" + std::to_string(seed) +
+                                (seed % 2 ? " sink=random" : "");
+    const TrainSet s = make_set({}, problem.c_str());
+    const std::string p = "layers.0.";
+    const std::optional<Tensor<float>> sink = s.g.find(p + "attn.sink") ? std::optional(s.g.tensor<float>(p + "attn.sink")) : std::nullopt;
+    const ref::AttentionBackwardOut e = cmp::emulate_attention_backward_lowp(
+        s.g.tensor<bf16_t>(p + "attn.q"), s.g.tensor<bf16_t>(p + "attn.kv"), s.g.tensor<int32_t>(p + "attn.indices"),
+        s.g.manifest["config"]["sm_scale"].get<float>(), 48, s.g.tensor<bf16_t>(p + "attn.d_out"), nullptr, sink ? &*sink : nullptr);
+    Cand c;
+    c.set(p + "attn_bwd.dq", e.dq);
+    c.set(p + "attn_bwd.dkv", e.dkv);
+    c.set(p + "attn_bwd.delta", e.delta);
+    const diff::Result r = diff::judge(s.g, c.file(), {});
+    failed += r.failed();
+    for (const auto& t : r.tensors) worst = std::max(worst, t.report.stats.max_ratio);
+    std::filesystem::remove_all(s.dir);
+  }
+  CHECK(failed == 0);
+  MESSAGE("12 seeds: largest err/bound " << worst);
+}
+
+TEST_CASE("train: the usual backward bugs fail by name, including those TileLang's criterion passes") {
+  const TrainSet s = make_set();
+  const float sm = s.g.manifest["config"]["sm_scale"].get<float>();
+  const std::string p = "layers.0.";
+  const Tensor<float> dq = s.g.tensor<float>(p + "attn_bwd.dq"), dkv = s.g.tensor<float>(p + "attn_bwd.dkv");
+  SUBCASE("dq 1% too large: TileLang's similarity passes it, we do not") {
+    Cand c;
+    Tensor<float> x = dq;
+    for (float& v : x.data) v *= 1.01f;
+    c.set(p + "attn_bwd.dq", x);
+    const diff::Result r = diff::judge(s.g, c.file(), {});
+    CHECK(verdict(r, 0, "attn_bwd.dq") == cmp::Verdict::fail);
+    double sxy = 0, sxx = 0;
+    for (int64_t i = 0; i < dq.numel(); ++i) {
+      sxy += double(dq[i]) * x[i];
+      sxx += double(dq[i]) * dq[i] + double(x[i]) * x[i];
+    }
+    CHECK(1 - 2 * sxy / sxx < 1e-4);
+  }
+  SUBCASE("the softmax scale applied twice in dq") {
+    Cand c;
+    Tensor<float> x = dq;
+    for (float& v : x.data) v *= sm;
+    c.set(p + "attn_bwd.dq", x);
+    const diff::Result r = diff::judge(s.g, c.file(), {});
+    CHECK(verdict(r, 0, "attn_bwd.dq") == cmp::Verdict::fail);
+    CHECK_MESSAGE(diagnosed(r, "the softmax scale applied twice"), text(r));
+  }
+  SUBCASE("dkv without its V part") {
+    const Tensor<float> P = s.g.tensor<float>(p + "attn_bwd.p");
+    const Tensor<bf16_t> dO = s.g.tensor<bf16_t>(p + "attn.d_out");
+    const Tensor<int32_t> ind = s.g.tensor<int32_t>(p + "attn.indices");
+    Tensor<float> x = dkv;
+    const int64_t s_q = dO.dim(0), h = dO.dim(1), dv = dO.dim(2), k = ind.dim(2), dqk = dkv.dim(2);
+    for (int64_t t = 0; t < s_q; ++t)
+      for (int64_t hh = 0; hh < h; ++hh)
+        for (int64_t j = 0; j < k; ++j) {
+          const int32_t i = ind[t * k + j];
+          if (i < 0) continue;
+          for (int64_t c = 0; c < dv; ++c) x[i * dqk + c] -= P[(t * h + hh) * k + j] * bf16_to_f32(dO[(t * h + hh) * dv + c]);
+        }
+    Cand c;
+    c.set(p + "attn_bwd.dkv", x);
+    const diff::Result r = diff::judge(s.g, c.file(), {});
+    CHECK(verdict(r, 0, "attn_bwd.dkv") == cmp::Verdict::fail);
+    CHECK_MESSAGE(diagnosed(r, "misses the V part"), text(r));
+  }
+  SUBCASE("-1 padding read as a key") {
+    Tensor<int32_t> ind = s.g.tensor<int32_t>(p + "attn.indices");
+    for (int32_t& v : ind.data)
+      if (v == -1) v = 23;  // torch's kv[-1]: the last row
+    const Tensor<float> sink = s.g.tensor<float>(p + "attn.sink");
+    const ref::AttentionBackwardOut b = ref::sparse_attention_backward(s.g.tensor<bf16_t>(p + "attn.q"), s.g.tensor<bf16_t>(p + "attn.kv"),
+                                                                       ind, sm, 48, s.g.tensor<bf16_t>(p + "attn.d_out"), nullptr, &sink);
+    Cand c;
+    c.set(p + "attn_bwd.dq", b.dq);
+    const diff::Result r = diff::judge(s.g, c.file(), {});
+    CHECK(verdict(r, 0, "attn_bwd.dq") == cmp::Verdict::fail);
+    CHECK_MESSAGE(diagnosed(r, "-1 treated as a key"), text(r));
+  }
+  SUBCASE("the indexer loss's dq 0.5% too large") {
+    Tensor<float> x = s.g.tensor<float>(p + "indexer_loss.dq");
+    for (float& v : x.data) v *= 1.005f;
+    Cand c;
+    c.set(p + "indexer_loss.dq", x);
+    const diff::Result r = diff::judge(s.g, c.file(), {});
+    CHECK(verdict(r, 0, "indexer_loss.dq") == cmp::Verdict::fail);
+  }
+  std::filesystem::remove_all(s.dir);
+}
+
+TEST_CASE("train: loss_coeff applied twice is named; served-layers teaches with the Shared layer too") {
+  golden::TrainSpec t;
+  t.loss_coeff = 0.5;
+  t.target = "served-layers";
+  const TrainSet s = make_set(t);
+  CHECK(s.g.manifest["train"]["indexer_losses"][0]["teachers"] == nlohmann::json::array({0, 1}));
+  CHECK(s.g.manifest["train"]["indexer_losses"][1]["teachers"] == nlohmann::json::array({2}));
+  const diff::Result ok = diff::judge(s.g, faithful(s.g).file(), {});
+  CHECK_MESSAGE(!ok.failed(), text(ok));
+  Tensor<float> x = s.g.tensor<float>("layers.0.indexer_loss.dk");
+  for (float& v : x.data) v *= 0.5f;
+  Cand c;
+  c.set("layers.0.indexer_loss.dk", x);
+  const diff::Result r = diff::judge(s.g, c.file(), {});
+  CHECK(verdict(r, 0, "indexer_loss.dk") == cmp::Verdict::fail);
+  CHECK_MESSAGE(diagnosed(r, "loss_coeff applied twice"), text(r));
+  std::filesystem::remove_all(s.dir);
+}
+
+TEST_CASE("train: bad requests are refused with a clear error") {
+  CHECK_THROWS_WITH_AS(golden::build_train(parse_problem("sq8 skv8 hq2 dqk16 dv8 ih2 id16 k4"), {}, "r"),
+                       doctest::Contains("indexer=bf16"), Error);
+  golden::TrainSpec t;
+  t.target = "everyone";
+  CHECK_THROWS_AS(golden::build_train(parse_problem("sq8 skv8 hq2 dqk16 dv8 ih2 id16 k4 indexer=bf16"), t, "r"), Error);
+  const indexshare::testing::CliResult r = indexshare::testing::run_cli("golden --problem 'sq8 skv8 hq2 dqk16 dv8 ih2 id16 k4' --loss dense --out /tmp/x-never");
+  CHECK(r.status == 2);
+  CHECK(r.out.find("--loss applies to --kind train only") != std::string::npos);
+}

@@ -1,0 +1,147 @@
+// indexshare bench, inside: the run's options and what it measured. cmd_bench.cc runs the steps
+// (timing, agreement checks); bench_report.cc prints the tables and writes the JSON.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "ref/attention.h"
+#include "ref/layer.h"
+#include "ref/problem.h"
+#include "ref/tensor.h"
+#include "simd/simd.h"
+#include "tools/lib/impl.h"
+
+namespace indexshare::cli::bench {
+
+using nlohmann::json;
+
+double median(std::vector<double> v);
+std::string fmt(const char* f, double x);                        // printf of one double
+int64_t valid_indices(const Tensor<int32_t>& indices, int64_t s_kv);  // indices in [0, s_kv)
+
+struct BenchArgs {
+  std::string problem, impl = "ref,simd", target = "best", json_path;
+  int repeats = 5, threads = 0;
+  int64_t stack_seq = 8192, stack_sq = 512, stack_topk = 2048;
+  std::string module_preset = "deepseek-v3.2";
+  int64_t module_rows = 128;
+  double budget = 15.0;
+  std::string max_memory = "8G";
+  std::string commands = "yes";
+  std::vector<std::string> given;  // the options on the command line
+};
+
+struct StageResult {
+  std::string stage, impl;
+  int threads = 1;
+  std::vector<double> samples;
+  double flops = 0;      // 0: no FLOP count (top-k)
+  double keys = 0;       // scored keys (top-k), else 0
+  double peak = 0;       // GFLOP/s at `threads`
+  double speedup = 0;    // simd vs ref (0: none)
+  std::string note;
+
+  double med() const { return samples.empty() ? 0.0 : median(samples); }
+  double gflops() const { return flops > 0 && med() > 0 ? flops / med() / 1e9 : 0.0; }
+  double share() const { return peak > 0 ? gflops() / peak : 0.0; }
+};
+
+struct Peaks {
+  double start1 = 0, startn = 0, end1 = 0, endn = 0;
+};
+
+struct StackRun {
+  std::string sched, pattern;
+  std::vector<double> samples;
+  double flops = 0;
+  int indexers = 0;
+};
+
+struct CommandRun {
+  std::string name;
+  std::vector<double> samples;  // wall seconds
+  std::vector<double> cpu;      // process CPU seconds (user + system, all threads) of the same runs
+};
+
+// One bench run: its options, what it measured and its report; cmd_bench calls the steps in order.
+struct Bench {
+  const BenchArgs& a;
+  bool do_ref = false, do_simd = false, fp8 = false, do_stack = false, do_commands = false, do_module = false;
+  Problem p;
+  Problem sp[2];
+  const char* scheds[2] = {"all-full", "one-full-three-shared"};
+  int threads = 0;
+  std::string probe_target, target;
+  std::string compiled;  // listed before set_target narrows the list to one target
+  Peaks pk;
+  double peak1 = 0, peakn = 0;
+  // Layer 0 and its stages.
+  ref::LayerInputs in;
+  int64_t window = 0, valid = 0;
+  double f_index = 0, f_attn = 0;
+  const Tensor<float>* sink = nullptr;
+  Tensor<float> logits0;
+  Tensor<int32_t> topk0, indices;
+  std::vector<StageResult> rows;
+  std::vector<std::string> mismatches;
+  double ref_logits = 0, ref_topk = 0, ref_attn = 0;
+  // Stage outputs of the last run, for the agreement checks.
+  Tensor<float> out_logits;
+  Tensor<int32_t> out_topk;
+  ref::AttentionOut out_attn;
+  Tensor<float> ref_logits_out;
+  Tensor<int32_t> ref_topk_out;
+  ref::AttentionOut ref_attn_out;
+  simd::AttentionPhases attn_phases;
+  bool have_phases = false;
+  std::string index_name;
+  // Stack and commands.
+  StackRun runs[2];
+  double measured = 0, predicted = 0, stack_ratio = 0;
+  std::vector<CommandRun> commands;
+  std::string commands_verdict;
+  // Report.
+  json j;
+  double matrix_share = 0, whole_share = 0;
+  double golden_over_run = 0, diff_over_golden = 0, inputs_over_run = 0;
+
+  explicit Bench(const BenchArgs& args) : a(args) {}
+
+  void check_options();
+  void check_memory_limits();
+  void set_threads_and_target();
+  void check_json_path() const;
+  void probe_peaks_start();
+  void generate_layer0();
+  Tensor<float> logits_ref() const;
+  Tensor<float> logits_simd() const;
+  double add(const std::string& stage, Impl impl, double flops, double keys,
+             const std::function<void()>& fn, double ref_median, const std::string& note);
+  void time_module_projections();
+  void time_ref_stages();
+  void time_simd_stages();
+  void profile_attention_phases();
+  void time_stack();
+  void time_stack_pairs(const std::vector<ref::LayerInputs> (&inputs)[2]);
+  void time_commands();
+  void probe_peaks_end();
+  void print_summary() const;
+  void start_json();
+  const StageResult* find(const std::string& stage, Impl impl) const;
+  void report_attention_phases();
+  void report_stack();
+  void report_commands();
+  void report_targets();
+  int finish() const;
+};
+
+void print_stage(const StageResult& r);
+json stage_json(const StageResult& r);
+// Writes a line of progress on stderr.
+void progress(const std::string& what);
+
+}  // namespace indexshare::cli::bench

@@ -1,0 +1,280 @@
+// indexshare: the gradients' per-element bounds (the derivation is in judge/grad_bounds.h).
+#include "tools/judge/grad_bounds.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "ref/bounds.h"
+#include "ref/numerics.h"
+
+namespace indexshare::cmp {
+
+namespace {
+
+constexpr double kU = 0x1p-24, kB = 0x1p-8;
+double gam(double n) { return n * kU / (1 - n * kU); }
+
+double bf(bf16_t x) { return double(bf16_to_f32(x)); }
+
+// The bound to store: the margin, the final rounding of the value, at or above the derivation.
+float finish_bound(double b, double x) { return bound_f32(kGradMargin * b + 2 * kU * std::fabs(x)); }
+
+// Row t's valid slots: (slot j, kv row) for the indices in [0, s_kv), duplicates kept.
+std::vector<std::pair<int64_t, int64_t>> valid_slots(const Tensor<int32_t>& ind, int64_t t, int64_t s_kv) {
+  std::vector<std::pair<int64_t, int64_t>> v;
+  const int64_t k = ind.dim(2);
+  for (int64_t j = 0; j < k; ++j) {
+    const int64_t i = ind[t * k + j];
+    if (i >= 0 && i < s_kv) v.push_back({j, i});
+  }
+  return v;
+}
+
+// Per (t, h): the quantities of the header shared by dq, dkv, delta and d_sink.
+struct RowHead {
+  double eP = 0, E_D = 0, dlse = 0;
+  std::vector<double> D;  // per valid slot
+};
+
+RowHead row_head(const AttentionBackwardTruth& a, int64_t t, int64_t h, const std::vector<std::pair<int64_t, int64_t>>& slots) {
+  const Tensor<bf16_t>& q = *a.q;
+  const Tensor<bf16_t>& kv = *a.kv;
+  const int64_t h_q = q.dim(1), d_qk = q.dim(2), d_v = a.d_v, topk = a.p->dim(2);
+  const double n = double(slots.size());
+  const bf16_t* qr = q.ptr() + (t * h_q + h) * d_qk;
+  const bf16_t* dO = a.d_out->ptr() + (t * h_q + h) * d_v;
+  const float* O = a.out->ptr() + (t * h_q + h) * d_v;
+  const double lse = a.lse->ptr()[t * h_q + h];
+  RowHead r;
+  double E_s = 0;
+  for (const auto& [j, i] : slots) {
+    double abs_dot = 0, dot = 0;
+    for (int64_t d = 0; d < d_qk; ++d) {
+      const double x = bf(qr[d]) * bf(kv[i * d_qk + d]);
+      abs_dot += std::fabs(x);
+      dot += x;
+    }
+    E_s = std::max(E_s, gam(double(d_qk)) * a.sm * abs_dot + kU * std::fabs(a.sm * dot));
+  }
+  r.dlse = E_s + gam(n) + 4 * kU + kU * std::fabs(lse);
+  r.eP = 2 * E_s + gam(n) + 8 * kU + kU * std::fabs(lse);
+  if (a.sink) r.eP += r.dlse + 4 * kU;
+  // Delta's error through the kernel's saved bf16 out.
+  double E_D = 0;
+  for (int64_t c = 0; c < d_v; ++c) {
+    double pv = 0;
+    for (const auto& [j, i] : slots) pv += double(a.p->ptr()[(t * h_q + h) * topk + j]) * std::fabs(bf(kv[i * d_qk + c]));
+    const double eO = kB * std::fabs(O[c]) + (r.eP + gam(n) + kB) * pv;
+    E_D += std::fabs(bf(dO[c])) * eO + gam(double(d_v)) * std::fabs(double(O[c]) * bf(dO[c]));
+  }
+  r.E_D = E_D;
+  r.D.reserve(slots.size());
+  for (const auto& [j, i] : slots) {
+    double c_i = 0;
+    for (int64_t c = 0; c < d_v; ++c) c_i += std::fabs(bf(dO[c]) * bf(kv[i * d_qk + c]));
+    c_i *= gam(double(d_v));
+    const double P = a.p->ptr()[(t * h_q + h) * topk + j], dS = std::fabs(a.ds->ptr()[(t * h_q + h) * topk + j]);
+    r.D.push_back((r.eP * dS + P * (c_i + E_D)) * (1 + kB) + (kB + 3 * kU) * dS);
+  }
+  return r;
+}
+
+}  // namespace
+
+std::map<std::string, std::vector<float>> attention_backward_bounds(const AttentionBackwardTruth& a) {
+  const Tensor<bf16_t>& q = *a.q;
+  const Tensor<bf16_t>& kv = *a.kv;
+  const int64_t s_q = q.dim(0), h_q = q.dim(1), d_qk = q.dim(2), s_kv = kv.dim(0), d_v = a.d_v, topk = a.p->dim(2);
+  std::vector<double> dq_b(size_t(s_q * h_q * d_qk), 0.0), delta_b(size_t(s_q * h_q), 0.0);
+  std::vector<double> dkv_err(size_t(s_kv * d_qk), 0.0), dkv_mag(size_t(s_kv * d_qk), 0.0), dkv_n(size_t(s_kv), 0.0);
+  std::vector<double> sink_b(size_t(h_q), 0.0), sink_mag(size_t(h_q), 0.0);
+  for (int64_t t = 0; t < s_q; ++t) {
+    const auto slots = valid_slots(*a.indices, t, s_kv);
+    if (slots.empty()) continue;
+    const double n = double(slots.size());
+    for (int64_t h = 0; h < h_q; ++h) {
+      const RowHead r = row_head(a, t, h, slots);
+      delta_b[size_t(t * h_q + h)] = r.E_D;
+      const bf16_t* qr = q.ptr() + (t * h_q + h) * d_qk;
+      const bf16_t* dO = a.d_out->ptr() + (t * h_q + h) * d_v;
+      for (size_t si = 0; si < slots.size(); ++si) {
+        const auto [j, i] = slots[si];
+        const double P = a.p->ptr()[(t * h_q + h) * topk + j], dS = std::fabs(a.ds->ptr()[(t * h_q + h) * topk + j]);
+        const double Di = r.D[si];
+        dkv_n[size_t(i)] += 1;
+        for (int64_t d = 0; d < d_qk; ++d) {
+          const double K = std::fabs(bf(kv[i * d_qk + d])), Q = std::fabs(bf(qr[d]));
+          dq_b[size_t((t * h_q + h) * d_qk + d)] += a.sm * (Di + gam(n) * (dS + Di)) * K;
+          double err = a.sm * Di * Q, mag = a.sm * (dS + Di) * Q;
+          if (d < d_v) {
+            const double g = std::fabs(bf(dO[d]));
+            err += (r.eP + kB) * (1 + kB) * P * g;
+            mag += P * (1 + r.eP + kB) * g;
+          }
+          dkv_err[size_t(i * d_qk + d)] += err;
+          dkv_mag[size_t(i * d_qk + d)] += mag;
+        }
+      }
+      if (a.sink) {
+        const double lse = a.lse->ptr()[t * h_q + h];
+        const double f = 1 / (1 + std::exp(double(a.sink->ptr()[h]) - lse)), Dl = std::fabs(a.delta->ptr()[t * h_q + h]);
+        sink_b[size_t(h)] += (1 - f) * r.E_D + Dl * f * (1 - f) * (r.dlse + 4 * kU);
+        sink_mag[size_t(h)] += (1 - f) * Dl;
+      }
+    }
+  }
+  std::map<std::string, std::vector<float>> out;
+  std::vector<float>& bq = out["dq"];
+  bq.resize(dq_b.size());
+  for (size_t e = 0; e < dq_b.size(); ++e) bq[e] = finish_bound(dq_b[e], a.dq->ptr()[e]);
+  std::vector<float>& bk = out["dkv"];
+  bk.resize(dkv_err.size());
+  for (size_t e = 0; e < dkv_err.size(); ++e)
+    bk[e] = finish_bound(dkv_err[e] + gam(dkv_n[e / size_t(d_qk)]) * dkv_mag[e], a.dkv->ptr()[e]);
+  std::vector<float>& bd = out["delta"];
+  bd.resize(delta_b.size());
+  for (size_t e = 0; e < delta_b.size(); ++e) bd[e] = finish_bound(delta_b[e], a.delta->ptr()[e]);
+  if (a.sink) {
+    std::vector<float>& bs = out["d_sink"];
+    bs.resize(size_t(h_q));
+    // d_sink's exact value is not in the truth struct: its magnitude bounds it.
+    for (int64_t h = 0; h < h_q; ++h) bs[size_t(h)] = finish_bound(sink_b[size_t(h)] + gam(double(s_q)) * sink_mag[size_t(h)], sink_mag[size_t(h)]);
+  }
+  return out;
+}
+
+namespace {
+
+// Row t's support R, ascending (ref/train/indexer_loss.h).
+std::vector<int64_t> support(const IndexerLossTruth& x, int64_t t) {
+  const int64_t ks = (*x.ks)[t], ke = (*x.ke)[t];
+  std::vector<int64_t> r;
+  if (!x.topk) {
+    for (int64_t s = ks; s < ke; ++s) r.push_back(s);
+    return r;
+  }
+  const int64_t K = x.topk->dim(1);
+  for (int64_t j = 0; j < K; ++j) {
+    const int64_t v = x.topk->ptr()[t * K + j];
+    if (v >= 0 && v < ke - ks) r.push_back(ks + v);
+  }
+  std::sort(r.begin(), r.end());
+  r.erase(std::unique(r.begin(), r.end()), r.end());
+  return r;
+}
+
+// The teacher's relative error ep of row t (the header).
+double teacher_error(const IndexerLossTruth& x, int64_t t, const std::vector<int64_t>& R) {
+  double worst = 0;
+  int64_t heads = 0;
+  for (size_t L = 0; L < x.teacher_q.size(); ++L) {
+    const Tensor<bf16_t>& q = *x.teacher_q[L];
+    const Tensor<bf16_t>& kv = *x.teacher_kv[L];
+    const int64_t h_q = q.dim(1), d_qk = q.dim(2);
+    heads += h_q;
+    for (int64_t h = 0; h < h_q; ++h) {
+      double E_T = 0;
+      for (int64_t s : R) {
+        double a = 0;
+        for (int64_t d = 0; d < d_qk; ++d) a += std::fabs(bf(q.ptr()[(t * h_q + h) * d_qk + d]) * bf(kv.ptr()[s * d_qk + d]));
+        E_T = std::max(E_T, gam(double(d_qk)) * x.sm * a);
+      }
+      worst = std::max(worst, 2 * E_T + gam(double(R.size())) + 8 * kU);
+    }
+  }
+  return 2 * (worst + gam(double(heads))) + gam(double(R.size())) + 4 * kU;
+}
+
+}  // namespace
+
+std::map<std::string, std::vector<float>> indexer_loss_bounds(const IndexerLossTruth& x) {
+  const Tensor<bf16_t>& q = *x.q;
+  const Tensor<bf16_t>& k = *x.k;
+  const int64_t s_q = q.dim(0), H = q.dim(1), D = q.dim(2), s_kv = k.dim(0);
+  std::vector<double> bp(size_t(s_q * s_kv), 0.0), blq(bp.size(), 0.0), bdI(bp.size(), 0.0);
+  std::vector<double> bkl(size_t(s_q), 0.0), bdw(size_t(s_q * H), 0.0), bdq(size_t(s_q * H * D), 0.0);
+  std::vector<double> dk_err(size_t(s_kv * D), 0.0), dk_mag(size_t(s_kv * D), 0.0), dk_n(size_t(s_kv), 0.0);
+  double kl_err = 0, kl_mag = 0;
+  
+  for (int64_t t = 0; t < s_q; ++t) {
+    const std::vector<int64_t> R = support(x, t);
+    if (R.empty()) continue;
+    const double nR = double(R.size());
+    const double ep = teacher_error(x, t, R);
+    // Scores' errors and the student's lse.
+    std::vector<double> eI(R.size());
+    double E_I = 0, m = -INFINITY;
+    for (size_t r = 0; r < R.size(); ++r) {
+      double e = 0;
+      for (int64_t h = 0; h < H; ++h) {
+        double a = 0;
+        for (int64_t d = 0; d < D; ++d) a += std::fabs(bf(q.ptr()[(t * H + h) * D + d]) * bf(k.ptr()[R[r] * D + d]));
+        e += std::fabs(double(x.w->ptr()[t * H + h])) * a;
+      }
+      eI[r] = gam(double(D + H)) * e;
+      E_I = std::max(E_I, eI[r]);
+      m = std::max(m, double(x.scores->ptr()[t * s_kv + R[r]]));
+    }
+    double l = 0;
+    for (int64_t s : R) l += std::exp(double(x.scores->ptr()[t * s_kv + s]) - m);
+    const double lse = m + std::log(l);
+    double kle = 0, klm = 0;
+    for (size_t r = 0; r < R.size(); ++r) {
+      const int64_t s = R[r], e = t * s_kv + s;
+      const double I = x.scores->ptr()[e], P = x.p->ptr()[e], lq = x.log_q->ptr()[e], Q = std::exp(lq), dI = x.d_scores->ptr()[e];
+      const double dlq = eI[r] + E_I + gam(nR) + 4 * kU + kU * (std::fabs(I) + std::fabs(lse));
+      const double eq = dlq + 4 * kU;
+      const double Ds = std::fabs(x.g) * (Q * (eq + ep) + P * ep + 2 * kU * (Q + P)) + 2 * kU * std::fabs(dI);
+      bp[size_t(e)] = ep * P;
+      blq[size_t(e)] = dlq;
+      bdI[size_t(e)] = Ds;
+      if (P > 0) {
+        const double lp = std::log(std::max(P, 1e-10));
+        kle += ep * P * std::fabs(lp - lq + 1) + P * dlq;
+        klm += std::fabs(P * (lp - lq));
+      }
+      for (int64_t h = 0; h < H; ++h) {
+        double dot = 0, a = 0;
+        for (int64_t d = 0; d < D; ++d) {
+          const double v = bf(q.ptr()[(t * H + h) * D + d]) * bf(k.ptr()[s * D + d]);
+          dot += v;
+          a += std::fabs(v);
+        }
+        const double eS = gam(double(D)) * a, w = std::fabs(double(x.w->ptr()[t * H + h]));
+        const double act = x.relu ? std::max(dot, 0.0) : dot;
+        bdw[size_t(t * H + h)] += Ds * std::fabs(act) + std::fabs(dI) * eS + gam(nR) * std::fabs(dI * act);
+        const bool on = !x.relu || dot > -eS, flip = x.relu && std::fabs(dot) <= eS;
+        const double coef = (on ? Ds : 0.0) + (flip ? std::fabs(dI) : 0.0), mag = (!x.relu || dot > 0) ? std::fabs(dI) : 0.0;
+        dk_n[size_t(s)] += 1;
+        for (int64_t d = 0; d < D; ++d) {
+          const double kk = std::fabs(bf(k.ptr()[s * D + d])), qq = std::fabs(bf(q.ptr()[(t * H + h) * D + d]));
+          bdq[size_t((t * H + h) * D + d)] += (coef + gam(nR + 1) * mag) * w * kk;
+          dk_err[size_t(s * D + d)] += coef * w * qq;
+          dk_mag[size_t(s * D + d)] += mag * w * qq;
+        }
+      }
+    }
+    bkl[size_t(t)] = kle + gam(nR) * klm;
+    kl_err += bkl[size_t(t)];
+    kl_mag += std::fabs(double(x.kl->ptr()[t]));
+  }
+  std::map<std::string, std::vector<float>> out;
+  auto emit = [&](const char* name, const std::vector<double>& b, const Tensor<float>& v) {
+    std::vector<float>& o = out[name];
+    o.resize(b.size());
+    for (size_t e = 0; e < b.size(); ++e) o[e] = finish_bound(b[e], v.ptr()[e]);
+  };
+  emit("p", bp, *x.p);
+  emit("log_q", blq, *x.log_q);
+  emit("d_scores", bdI, *x.d_scores);
+  emit("kl", bkl, *x.kl);
+  emit("dw", bdw, *x.dw);
+  emit("dq", bdq, *x.dq);
+  std::vector<double> bdk(dk_err.size());
+  for (size_t e = 0; e < bdk.size(); ++e) bdk[e] = dk_err[e] + gam(dk_n[e / size_t(D)]) * dk_mag[e];
+  emit("dk", bdk, *x.dk);
+  out["loss"] = {finish_bound(x.coeff_over_n * (kl_err + gam(double(s_q)) * kl_mag), x.loss)};
+  return out;
+}
+
+}  // namespace indexshare::cmp

@@ -1,0 +1,159 @@
+#include "tools/lib/golden_train.h"
+
+#include <algorithm>
+#include <cmath>
+#include <optional>
+#include <cstdio>
+#include <vector>
+
+#include "ref/error.h"
+#include "ref/kernels.h"
+#include "ref/numerics.h"
+#include "ref/rng.h"
+#include "ref/train/attention_bwd.h"
+#include "ref/train/indexer_loss.h"
+
+namespace indexshare::golden {
+
+namespace {
+
+using nlohmann::json;
+
+// A tensor of the set being built, decoded (the views hold little-endian bytes).
+template <class T>
+Tensor<T> get(const GoldenSet& g, const std::string& name) {
+  for (const io::TensorView& v : g.tensors)
+    if (v.name == name) return io::as_tensor<T>(v, "golden set");
+  throw Error("golden --kind train: internal: the stack set holds no tensor '" + name + "'");
+}
+
+Tensor<float> widen(const Tensor<bf16_t>& x) {
+  Tensor<float> y(x.shape);
+  for (int64_t i = 0; i < x.numel(); ++i) y[i] = bf16_to_f32(x[i]);
+  return y;
+}
+
+bool has(const GoldenSet& g, const std::string& name) {
+  return std::any_of(g.tensors.begin(), g.tensors.end(), [&](const io::TensorView& v) { return v.name == name; });
+}
+
+template <class T>
+void put(GoldenSet& g, const std::string& name, Tensor<T>&& t, Role role) {
+  g.tensors.push_back(io::make_view(name, std::move(t)));
+  g.roles[name] = role;
+}
+
+// The attention's backward of layer l: dO drawn, the gradients added.
+void attention_backward(GoldenSet& g, const Problem& p, const std::string& pre, float sm, const ref::Kernels& k) {
+  const Tensor<bf16_t> q = get<bf16_t>(g, pre + "attn.q"), kv = get<bf16_t>(g, pre + "attn.kv");
+  const Tensor<int32_t> ind = get<int32_t>(g, pre + "attn.indices");
+  std::optional<Tensor<float>> sink;
+  if (has(g, pre + "attn.sink")) sink = get<float>(g, pre + "attn.sink");
+  const int64_t s_q = q.dim(0), h_q = q.dim(1);
+  Tensor<bf16_t> d_out({s_q, h_q, p.d_v});
+  fill_range_bf16(d_out.ptr(), 0, d_out.numel(), Dist::normal, 1.0f, p.seed, stream_tag(pre + "attn.d_out"));
+  ref::AttentionBackwardOut b = k.sparse_attention_backward(q, kv, ind, sm, p.d_v, d_out, nullptr, sink ? &*sink : nullptr);
+  put(g, pre + "attn.d_out", std::move(d_out), Role::input);
+  put(g, pre + "attn_bwd.delta", std::move(b.delta), Role::output);
+  put(g, pre + "attn_bwd.p", std::move(b.p), Role::reference);
+  put(g, pre + "attn_bwd.ds", std::move(b.ds), Role::reference);
+  put(g, pre + "attn_bwd.dq", std::move(b.dq), Role::output);
+  put(g, pre + "attn_bwd.dq_bf16", std::move(b.dq_bf16), Role::output);
+  put(g, pre + "attn_bwd.dkv", std::move(b.dkv), Role::output);
+  put(g, pre + "attn_bwd.dkv_bf16", std::move(b.dkv_bf16), Role::output);
+  if (sink) put(g, pre + "attn_bwd.d_sink", std::move(b.d_sink), Role::output);
+}
+
+// The indexer loss of Full layer l, taught by `teachers` (its own layer first).
+void indexer_loss(GoldenSet& g, const TrainSpec& t, int l, const std::vector<int>& teachers, float sm, const ref::Kernels& k) {
+  const std::string pre = "layers." + std::to_string(l) + ".";
+  const Tensor<bf16_t> iq = get<bf16_t>(g, pre + "indexer.q"), ik = get<bf16_t>(g, pre + "indexer.k");
+  const Tensor<float> w = get<float>(g, pre + "indexer.weights");
+  const Tensor<int32_t> ks = get<int32_t>(g, pre + "indexer.ks"), ke = get<int32_t>(g, pre + "indexer.ke");
+  const Tensor<int32_t> topk = get<int32_t>(g, pre + "indexer.topk");
+  std::vector<Tensor<bf16_t>> aq, akv;
+  aq.reserve(teachers.size());
+  akv.reserve(teachers.size());
+  std::vector<ref::train::TeacherLayer> tl;
+  for (int m : teachers) {
+    const std::string tp = "layers." + std::to_string(m) + ".";
+    aq.push_back(get<bf16_t>(g, tp + "attn.q"));
+    akv.push_back(get<bf16_t>(g, tp + "attn.kv"));
+  }
+  for (size_t i = 0; i < teachers.size(); ++i) tl.push_back({&aq[i], &akv[i], sm, nullptr});
+  ref::train::IndexerLossOptions o;
+  o.relu = t.relu;
+  o.sparse = t.sparse;
+  o.loss_coeff = t.loss_coeff;
+  o.target = ref::train::parse_target(t.target);
+  ref::train::IndexerLossOut r = k.indexer_loss(widen(iq), widen(ik), w, ks, ke, &topk, tl, o);
+  put(g, pre + "indexer_loss.p", std::move(r.p), Role::output);
+  put(g, pre + "indexer_loss.log_q", std::move(r.log_q), Role::output);
+  put(g, pre + "indexer_loss.kl", std::move(r.kl), Role::output);
+  put(g, pre + "indexer_loss.loss", Tensor<float>({1}, float(r.loss)), Role::output);
+  put(g, pre + "indexer_loss.d_scores", std::move(r.d_scores), Role::output);
+  put(g, pre + "indexer_loss.dq", std::move(r.dq), Role::output);
+  put(g, pre + "indexer_loss.dk", std::move(r.dk), Role::output);
+  put(g, pre + "indexer_loss.dw", std::move(r.dw), Role::output);
+}
+
+}  // namespace
+
+std::string train_options_text(const TrainSpec& t) {
+  std::string s;
+  if (!t.sparse) s += " --loss dense";
+  if (t.target != "own-layer") s += " --train-target " + t.target;
+  if (!t.relu) s += " --relu no";
+  if (t.loss_coeff != 1.0) {
+    char b[32];
+    std::snprintf(b, sizeof b, "%.17g", t.loss_coeff);
+    s += std::string(" --loss-coeff ") + b;
+  }
+  return s;
+}
+
+GoldenSet build_train(const Problem& p, const TrainSpec& t, const std::string& replay, Impl impl) {
+  require(p.indexer == IndexerMode::bf16,
+          "golden --kind train: the indexer loss is defined on the indexer's unquantized q and k: give indexer=bf16 in "
+          "the problem (got indexer=fp8)");
+  require(p.n_seqs == 1, "golden --kind train: one sequence (nseq1); the loss's rows are one sequence's queries");
+  (void)ref::train::parse_target(t.target);  // a bad name is refused before computing
+  require(t.loss_coeff > 0 && std::isfinite(t.loss_coeff), "golden --kind train: --loss-coeff must be finite and > 0");
+  GoldenSet g = build(p, "stack", true, replay, impl);
+  g.manifest["kind"] = "train";
+  const float sm = g.manifest["config"]["sm_scale"].get<float>();
+  const json& layers = g.manifest["layers"];
+  const ref::Kernels k = kernels_for(impl);
+  for (int l = 0; l < p.n_layers; ++l) attention_backward(g, p, "layers." + std::to_string(l) + ".", sm, k);
+  json losses = json::array();
+  for (int l = 0; l < p.n_layers; ++l) {
+    if (layers[size_t(l)]["kind"] != "full") continue;
+    std::vector<int> teachers = {l};
+    if (t.target == "served-layers")
+      for (int m = l + 1; m < p.n_layers; ++m)
+        if (layers[size_t(m)]["kind"] == "shared" && layers[size_t(m)]["source"].get<int>() == l) teachers.push_back(m);
+    indexer_loss(g, t, l, teachers, sm, k);
+    losses.push_back({{"layer", l}, {"teachers", teachers}});
+  }
+  g.manifest["train"] = {
+      {"loss", t.sparse ? "sparse" : "dense"},
+      {"target", t.target},
+      {"relu", t.relu},
+      {"loss_coeff", t.loss_coeff},
+      {"grad", 1.0},
+      {"rows", "N = the query rows with at least one valid key (Megatron's valid rows), at least 1"},
+      {"indexer_losses", losses},
+      {"d_out", "layers.{l}.attn.d_out: bf16 normal draws from the stream named after it"},
+      {"invalid_index", "attention backward: indices outside [0, s_kv) are ignored (no gradient), as in the forward"},
+      {"duplicates", "attention backward: each occurrence of a duplicated index is one softmax term and adds its own "
+                     "dkv contribution (the forward's rule, TileLang's kernel); the loss's sparse support counts a "
+                     "duplicate once (Megatron's scatter mask)"},
+      {"delta", "attn_bwd.delta from the exact O; a kernel's Delta from its bf16 out in f32 is within the bounds"},
+      {"sink", "attn_bwd.d_sink = -sum_t (1 - f) Delta, f = 1 / (1 + exp(sink - lse))"},
+      {"ds", "attn_bwd.ds is dL/d(scaled logit); TileLang's dS is sm_scale times it"},
+      {"shared_layers", "no indexer loss on Shared layers; their attention's gradients flow through the shared positions"},
+  };
+  return g;
+}
+
+}  // namespace indexshare::golden

@@ -1,0 +1,52 @@
+// indexshare: training golden sets (kind "train"): a kernel-level stack with index sharing, its
+// forward (as a "stack" set holds it) and the exact backward a training step needs.
+//
+// Per layer l (prefix "layers.{l}."), besides the stack set's tensors (tools/lib/golden.h):
+//   attn.d_out           input   bf16 [s_q, h_q, d_v]  the gradient of the loss w.r.t. attn.out,
+//                                drawn from the stream "layers.{l}.attn.d_out" (dist normal)
+//   attn_bwd.delta       output  f32 [s_q, h_q]       sum_c O_c dO_c from the exact O
+//   attn_bwd.p           reference f32 [s_q, h_q, topk]  P per slot (sink folded in), 0 on ignored slots
+//   attn_bwd.ds          reference f32 [s_q, h_q, topk]  dS per slot (w.r.t. the scaled logit)
+//   attn_bwd.dq, dq_bf16 output  f32 / bf16 [s_q, h_q, d_qk]
+//   attn_bwd.dkv, dkv_bf16 output f32 / bf16 [s_kv, 1, d_qk]  K part and V part of the shared latent
+//   attn_bwd.d_sink      output  f32 [h_q]             (sets with a sink)
+// (ref/train/attention_bwd.h: the policies for -1, out-of-range and duplicated indices.)
+// On each layer whose indexer is distilled (Full layers; ref/train/indexer_loss.h):
+//   indexer_loss.p       output  f32 [s_q, s_kv]  the target (own-layer or served-layers), 0 off the support
+//   indexer_loss.log_q   output  f32 [s_q, s_kv]  the student's log-softmax, 0 off the support
+//   indexer_loss.kl      output  f32 [s_q]
+//   indexer_loss.loss    output  f32 [1]
+//   indexer_loss.d_scores output f32 [s_q, s_kv]  dI, 0 off the support
+//   indexer_loss.dq      output  f32 [s_q, H, D]
+//   indexer_loss.dk      output  f32 [s_kv, D]
+//   indexer_loss.dw      output  f32 [s_q, H]    w.r.t. indexer.weights (H^-1/2 D^-1/2 folded in)
+// The student's scores are indexer.logits (the same f32 bits: ReLU on). Shared layers carry no loss:
+// their attention's gradients flow through the shared positions only (Megatron); with the
+// served-layers target the Full layer's loss is distilled against the mean of its own and its
+// Shared layers' teachers (IndexCache's training-aware rule).
+#pragma once
+
+#include <string>
+
+#include "ref/problem.h"
+#include "tools/lib/golden.h"
+#include "tools/lib/impl.h"
+
+namespace indexshare::golden {
+
+struct TrainSpec {
+  bool sparse = true;                // the loss over top-k and valid keys (else every valid key)
+  std::string target = "own-layer";  // or "served-layers"
+  bool relu = true;                  // ReLU on the indexer's head scores (GLM-5: off)
+  double loss_coeff = 1.0;
+};
+
+// The train options as the CLI spells them: " --loss dense --train-target served-layers" (defaults left out).
+std::string train_options_text(const TrainSpec& t);
+
+// The set. p: a kernel-level problem with the bf16 indexer (indexer=bf16): the loss is defined on
+// the indexer's unquantized q and k; Error otherwise. The manifest's "train" block records the spec
+// and the policies.
+GoldenSet build_train(const Problem& p, const TrainSpec& t, const std::string& replay, Impl impl = Impl::ref);
+
+}  // namespace indexshare::golden
