@@ -211,7 +211,7 @@ TEST_CASE("indexer loss: the finite-difference check catches a wrong gradient") 
   CHECK(fd_error(c, nullptr, b, 2, out.dw) > 0.1);
 }
 
-TEST_CASE("indexer loss: I is the indexer's f32 logits; KL >= 0; dI sums to zero per row") {
+TEST_CASE("indexer loss: I is the indexer's f32 logits, KL >= 0, dI sums to zero per row") {
   const Case c = make_case(6, 9, 4, 8, 2, 16, 1, 13);
   const IndexerLossOut out = run(c, nullptr, IndexerLossOptions{}, 1);
   const Tensor<float> ones({c.s_kv}, 1.0f);
@@ -279,7 +279,7 @@ TEST_CASE("indexer loss: sparse with every valid key selected equals dense, in a
     }
 }
 
-TEST_CASE("indexer loss: a row without keys contributes nothing; N counts the valid rows") {
+TEST_CASE("indexer loss: a row without keys contributes nothing, N counts the valid rows") {
   const Case c = make_case(5, 6, 2, 4, 2, 8, 1, 16, /*empty_row=*/2);
   IndexerLossOptions o;
   const IndexerLossOut out = run(c, nullptr, o, 1);

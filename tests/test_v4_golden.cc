@@ -323,7 +323,7 @@ TEST_CASE("v4 diff: planted faults fail on the tensor they break") {
   }
 }
 
-TEST_CASE("v4 golden: the CLI writes, verifies and judges a set; a bad spec exits 2 and writes nothing") {
+TEST_CASE("v4 golden: the CLI writes, verifies and judges a set, a bad spec exits 2 and writes nothing") {
   const std::string dir = tmp("cli");
   auto r = testing::run_cli("golden --kind v4 --problem \"" + std::string(kSpec) + "\" --out " + dir);
   REQUIRE_MESSAGE(r.status == 0, r.out);
