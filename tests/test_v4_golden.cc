@@ -15,6 +15,7 @@
 #include <map>
 
 #include "ref/attention.h"
+#include "ref/module_ops.h"
 #include "ref/numerics.h"
 #include "ref/v4/stack.h"
 #include "tests/cli_util.h"
@@ -89,6 +90,12 @@ cmp::Verdict verdict(const diff::Result& r, int layer, const std::string& name) 
 }
 
 std::string report(const diff::Result& r) { return r.text("replay"); }
+
+bool diagnosed(const diff::Result& r, const std::string& needle) {
+  for (const std::string& d : r.diagnoses)
+    if (d.find(needle) != std::string::npos) return true;
+  return false;
+}
 
 std::string error_of(const std::function<void()>& f) {
   try {
@@ -316,17 +323,18 @@ TEST_CASE("v4 diff: planted faults fail on the tensor they break") {
   const golden::Loaded& g = tiny_set().g;
   const golden::V4Spec s = golden::parse_v4_spec(kSpec);
   const int64_t T = 48, D = 64;
-  auto fails = [&](const Cand& c, int layer, const std::string& name) {
+  auto fails = [&](const Cand& c, int layer, const std::string& name, const std::string& diagnosis = "") {
     const diff::Result r = judge(c);
     CHECK(r.failed());
     CHECK_MESSAGE(verdict(r, layer, name) == cmp::Verdict::fail, report(r));
+    if (!diagnosis.empty()) CHECK_MESSAGE(diagnosed(r, diagnosis), report(r));
   };
   SUBCASE("blocks off by one block") {
     Cand c;
     Tensor<int32_t> b = g.tensor<int32_t>("layers.1.indexer.blocks");
     for (int32_t& x : b.data) x = x >= 0 ? x + 1 : x;
     c.set("layers.1.indexer.blocks", b);
-    fails(c, 1, "indexer.blocks");
+    fails(c, 1, "indexer.blocks", "shifted by 1 block");
   }
   SUBCASE("a missing window slot") {
     Cand c;
@@ -346,11 +354,12 @@ TEST_CASE("v4 diff: planted faults fail on the tensor they break") {
     const diff::Result r = judge(c);
     CHECK(verdict(r, 0, "attn.out") == cmp::Verdict::fail);
     CHECK(verdict(r, 1, "attn.out") == cmp::Verdict::fail);
+    CHECK_MESSAGE(diagnosed(r, "layer 1: attn.out is the attention without the sink"), report(r));
   }
   SUBCASE("the inverse RoPE skipped") {
     Cand c;
     c.set("layers.2.attn.out_rotated", g.tensor<float>("layers.2.attn.out"));
-    fails(c, 2, "attn.out_rotated");
+    fails(c, 2, "attn.out_rotated", "without the inverse RoPE");
   }
   SUBCASE("the compressor's RMSNorm weight ignored") {
     Cand c;
@@ -358,7 +367,7 @@ TEST_CASE("v4 diff: planted faults fail on the tensor they break") {
     const Tensor<float> ones({D}, 1.0f);
     c.set(p + "entries", ref::v4::compress(g.tensor<float>(p + "kv"), g.tensor<float>(p + "gate"), g.tensor<float>(p + "position_bias"),
                                            ones, ref::v4::compressor_params(s.cfg, LayerType::hca)));
-    fails(c, 2, "compressor.entries");
+    fails(c, 2, "compressor.entries", "norm_weight ignored");
   }
   SUBCASE("the compressor in bf16 (transformers' bf16 rounding points) is not f32 arithmetic") {
     Cand c;
@@ -367,7 +376,7 @@ TEST_CASE("v4 diff: planted faults fail on the tensor they break") {
     cp.rounding = ref::v4::CompressorRounding::hf_bf16;
     c.set(p + "entries", ref::v4::compress(g.tensor<float>(p + "kv"), g.tensor<float>(p + "gate"), g.tensor<float>(p + "position_bias"),
                                            g.tensor<float>(p + "norm_weight"), cp));
-    fails(c, 1, "compressor.entries");
+    fails(c, 1, "compressor.entries", "bf16 precision");
   }
   SUBCASE("a Shared layer using its own blocks") {
     // Layer 3 runs an indexer of its own (inputs drawn as a Full layer's would be).
@@ -381,6 +390,24 @@ TEST_CASE("v4 diff: planted faults fail on the tensor they break") {
     CHECK(verdict(r, 1, "indexer.blocks") == cmp::Verdict::pass);
     CHECK(verdict(r, 3, "indexer.blocks") == cmp::Verdict::fail);
     CHECK(verdict(r, 3, "indexer.blocks [= source's]") == cmp::Verdict::fail);
+    CHECK(diagnosed(r, "layer 3: a Shared C4A layer whose blocks are not its source layer 1's"));
+  }
+  SUBCASE("the sink inside the lse, the forward RoPE in place of its inverse") {
+    Cand c;
+    Tensor<float> lse = g.tensor<float>("layers.1.attn.lse");
+    const Tensor<float> sink = g.tensor<float>("layers.1.attn.sink");
+    for (int64_t i = 0; i < lse.numel(); ++i) lse[i] = float(std::log(std::exp(double(lse[i])) + std::exp(double(sink[i % 2]))));
+    c.set("layers.1.attn.lse", lse);
+    Tensor<float> fwd = g.tensor<float>("layers.4.attn.out");
+    const std::vector<float> freq = ref::v4::inv_freq(s.cfg.compress_rope);
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t h = 0; h < 2; ++h) ref::apply_rope(&fwd.at(t, h, D - 16), 16, t, freq, ref::RopeLayout::interleaved);
+    c.set("layers.4.attn.out_rotated", fwd);
+    const diff::Result r = judge(c);
+    CHECK(verdict(r, 1, "attn.lse") == cmp::Verdict::fail);
+    CHECK(verdict(r, 4, "attn.out_rotated") == cmp::Verdict::fail);
+    CHECK_MESSAGE(diagnosed(r, "layer 1: attn.lse includes the sink"), report(r));
+    CHECK_MESSAGE(diagnosed(r, "layer 4: attn.out_rotated is rotated by +angle"), report(r));
   }
   SUBCASE("attention on the wrong HCA entries") {
     Cand c;

@@ -13,6 +13,8 @@
 #include <algorithm>
 #include <map>
 
+#include "ref/module_ops.h"
+#include "ref/numerics.h"
 #include "ref/v4/layer.h"
 #include "tools/judge/v4_bounds.h"
 #include "tools/judge/walk.h"
@@ -24,6 +26,7 @@ namespace {
 
 using ref::v4::LayerType;
 using detail::bound_rule;
+using detail::passes;
 
 const std::vector<std::string> kJudgedV4 = {"compressor.entries", "indexer.entries", "indexer.scores",  "indexer.blocks",
                                             "attn.indices",       "attn.out",        "attn.out_rotated", "attn.lse",
@@ -57,6 +60,14 @@ class V4Judge {
   void blocks(int l, Tensor<int32_t>& used);
   cmp::Report indices(int l, const Tensor<int32_t>& cand, const Tensor<int32_t>& gold, const Tensor<int32_t>* blocks) const;
   void attention(int l, const Tensor<int32_t>& used_indices, const std::string& note);
+  // Hypotheses on a failure: each emulates a known bug on the golden's inputs and names it when
+  // the candidate is within the tensor's bound of that emulation.
+  void entries_hypotheses(int l, const std::string& part, const Tensor<float>& cand, const std::vector<float>& bound);
+  void blocks_hypotheses(int l, const Tensor<float>& scores, const Tensor<int32_t>& ks, const Tensor<int32_t>& ke,
+                         const Tensor<int32_t>& gold, const Tensor<int32_t>& cand);
+  void attention_hypotheses(int l, const Tensor<int32_t>& used, const Tensor<float>* out, const Tensor<float>* rot,
+                            const Tensor<float>* lse, const std::vector<float>& out_bound, const std::vector<float>& lse_bound);
+  std::string P(int l) const { return "layer " + std::to_string(l); }
 
   const golden::Loaded& g_;
   const io::SafetensorsFile& c_;
@@ -108,14 +119,18 @@ void V4Judge::layer(int l) {
   const std::string how = "f32 arithmetic in any order, 2 x gamma(n) x magnitude sums (judge/v4_bounds.h)";
   if (has(l, "compressor.entries")) {
     const Tensor<float> gold = g_.tensor<float>(nm(l, "compressor.entries"));
-    add(l, "compressor.entries", cmp::compare_floats("", gold, candidate_float(c_, nm(l, "compressor.entries"), gold.shape),
-                                                     rule_of(entry_bounds(l, "compressor"), how)));
+    const Tensor<float> cand = candidate_float(c_, nm(l, "compressor.entries"), gold.shape);
+    std::vector<float> b = entry_bounds(l, "compressor");
+    if (add(l, "compressor.entries", cmp::compare_floats("", gold, cand, rule_of(b, how))) == cmp::Verdict::fail)
+      entries_hypotheses(l, "compressor", cand, b);
   }
   std::vector<float> kb;
   if (has(l, "indexer.entries") || has(l, "indexer.scores")) kb = entry_bounds(l, "indexer");
   if (has(l, "indexer.entries")) {
     const Tensor<float> gold = g_.tensor<float>(nm(l, "indexer.entries"));
-    add(l, "indexer.entries", cmp::compare_floats("", gold, candidate_float(c_, nm(l, "indexer.entries"), gold.shape), rule_of(kb, how)));
+    const Tensor<float> cand = candidate_float(c_, nm(l, "indexer.entries"), gold.shape);
+    if (add(l, "indexer.entries", cmp::compare_floats("", gold, cand, rule_of(kb, how))) == cmp::Verdict::fail)
+      entries_hypotheses(l, "indexer", cand, kb);
   }
   if (has(l, "indexer.scores")) {
     const std::string p = "layers." + std::to_string(l) + ".indexer.";
@@ -162,6 +177,7 @@ void V4Judge::blocks(int l, Tensor<int32_t>& used) {
   }
   bool ok = add(l, "indexer.blocks", cmp::compare_topk("", scores, ks, ke, gold, cand, opt),
                 src == l ? "" : "judged on its source layer " + std::to_string(src) + "'s scores") != cmp::Verdict::fail;
+  if (!ok) blocks_hypotheses(l, scores, ks, ke, gold, cand);
   if (src != l && has(src, "indexer.blocks")) {  // Shared: the candidate's source blocks, as sets per row
     const Tensor<int32_t> sbt = candidate_int(c_, nm(src, "indexer.blocks"), gold.shape, res.diagnoses);
     const Tensor<int32_t>* sb = &sbt;
@@ -249,9 +265,13 @@ void V4Judge::attention(int l, const Tensor<int32_t>& used, const std::string& n
     s.floor = floor;
     return s;
   };
-  if (has(l, "attn.out"))
-    add(l, "attn.out", cmp::compare_structured("", e.out, candidate_float(c_, nm(l, "attn.out"), {T, H, D}),
-                                               bound_rule(b.out, -1), spec("attn.out", D, cmp::kFloorOut)), note);
+  bool failed = false;
+  Tensor<float> co, cr, cl;
+  if (has(l, "attn.out")) {
+    co = candidate_float(c_, nm(l, "attn.out"), {T, H, D});
+    failed |= add(l, "attn.out", cmp::compare_structured("", e.out, co, bound_rule(b.out, -1), spec("attn.out", D, cmp::kFloorOut)),
+                  note) == cmp::Verdict::fail;
+  }
   if (has(l, "attn.out_rotated")) {
     const ref::v4::RopeParams& rope = lay_.schedule.types[size_t(l)] == LayerType::sliding ? cfg.main_rope : cfg.compress_rope;
     Tensor<float> rot = e.out;
@@ -259,15 +279,96 @@ void V4Judge::attention(int l, const Tensor<int32_t>& used, const std::string& n
     for (int64_t t = 0; t < T; ++t)
       for (int64_t h = 0; h < H; ++h) ref::v4::apply_rope_inverse(&rot.at(t, h, D - rope.rope_dim), rope.rope_dim, t, freq);
     cmp::FloatRule r = rule_of(v4b::rotated_bounds(e.out, b.out, rope), "attn.out's bound through the inverse RoPE (judge/v4_bounds.h)");
-    add(l, "attn.out_rotated", cmp::compare_structured("", rot, candidate_float(c_, nm(l, "attn.out_rotated"), {T, H, D}), r,
-                                                       spec("attn.out_rotated", D, cmp::kFloorOut)), note);
+    cr = candidate_float(c_, nm(l, "attn.out_rotated"), {T, H, D});
+    failed |= add(l, "attn.out_rotated", cmp::compare_structured("", rot, cr, r, spec("attn.out_rotated", D, cmp::kFloorOut)), note) ==
+              cmp::Verdict::fail;
   }
-  if (has(l, "attn.lse"))
-    add(l, "attn.lse", cmp::compare_structured("", e.lse, candidate_float(c_, nm(l, "attn.lse"), {T, H}), bound_rule(b.lse, -1),
-                                               spec("attn.lse", 1, cmp::kFloorLse)), note);
+  if (has(l, "attn.lse")) {
+    cl = candidate_float(c_, nm(l, "attn.lse"), {T, H});
+    failed |= add(l, "attn.lse", cmp::compare_structured("", e.lse, cl, bound_rule(b.lse, -1), spec("attn.lse", 1, cmp::kFloorLse)),
+                  note) == cmp::Verdict::fail;
+  }
   if (has(l, "attn.max_logits"))
     add(l, "attn.max_logits", cmp::compare_structured("", e.max_logits, candidate_float(c_, nm(l, "attn.max_logits"), {T, H}),
                                                       bound_rule(b.max_logits, -1), spec("attn.max_logits", 1, cmp::kFloorLse)), note);
+  if (failed)
+    attention_hypotheses(l, used, co.numel() ? &co : nullptr, cr.numel() ? &cr : nullptr, cl.numel() ? &cl : nullptr, b.out, b.lse);
+}
+
+void V4Judge::entries_hypotheses(int l, const std::string& part, const Tensor<float>& cand, const std::vector<float>& bound) {
+  const std::string p = nm(l, part + ".");
+  const LayerType t = part == "indexer" ? LayerType::csa : lay_.schedule.types[size_t(l)];
+  ref::v4::CompressorParams cp =
+      part == "indexer" ? ref::v4::indexer_compressor_params(lay_.cfg) : ref::v4::compressor_params(lay_.cfg, t);
+  const Tensor<float> kv = g_.tensor<float>(p + "kv"), gate = g_.tensor<float>(p + "gate"), bias = g_.tensor<float>(p + "position_bias");
+  const Tensor<float> w = g_.tensor<float>(p + "norm_weight");
+  auto near = [&](const Tensor<float>& x, double rel) {
+    std::vector<float> b = bound;
+    for (size_t i = 0; i < b.size(); ++i) b[i] = cmp::bound_f32(double(b[i]) + rel * std::fabs(double(x[int64_t(i)])));
+    return passes(cmp::compare_floats("", x, cand, rule_of(std::move(b), "")));
+  };
+  const Tensor<float> ones(w.shape, 1.0f);
+  if (near(ref::v4::compress(kv, gate, bias, ones, cp), 0))
+    res.diagnoses.push_back(P(l) + ": " + part + ".entries match the compressor without its RMSNorm weight (norm_weight ignored)");
+  ref::v4::CompressorParams bf = cp;
+  bf.rounding = ref::v4::CompressorRounding::hf_bf16;
+  if (near(ref::v4::compress(kv, gate, bias, w, bf), 0x1p-7))
+    res.diagnoses.push_back(P(l) + ": " + part + ".entries are at bf16 precision (transformers' bf16 rounding points), not f32 arithmetic");
+  Tensor<float> unrot = ref::v4::compress(kv, gate, bias, w, cp);
+  const int rd = cp.rope.rope_dim;
+  const std::vector<float> freq = ref::v4::inv_freq(cp.rope);
+  for (int64_t e = 0; e < unrot.dim(0); ++e) ref::v4::apply_rope_inverse(&unrot.at(e, unrot.dim(1) - rd), rd, e * cp.ratio, freq);
+  if (near(unrot, 0)) res.diagnoses.push_back(P(l) + ": " + part + ".entries match the entries without their RoPE");
+}
+
+void V4Judge::blocks_hypotheses(int l, const Tensor<float>& scores, const Tensor<int32_t>& ks, const Tensor<int32_t>& ke,
+                                const Tensor<int32_t>& gold, const Tensor<int32_t>& cand) {
+  for (int shift : {-1, 1}) {
+    Tensor<int32_t> s = cand;
+    for (int32_t& x : s.data) x = x >= 0 ? x + shift : x;
+    if (passes(cmp::compare_topk("", scores, ks, ke, gold, s)))
+      res.diagnoses.push_back(P(l) + ": indexer.blocks are the golden's shifted by " + std::to_string(-shift) +
+                              " block (an off-by-one block number)");
+  }
+  const int src = lay_.schedule.source[size_t(l)];
+  if (src != l) res.diagnoses.push_back(P(l) + ": a Shared C4A layer whose blocks are not its source layer " + std::to_string(src) +
+                                        "'s (its own indexer, or the schedule off)");
+}
+
+void V4Judge::attention_hypotheses(int l, const Tensor<int32_t>& used, const Tensor<float>* out, const Tensor<float>* rot,
+                                   const Tensor<float>* lse, const std::vector<float>& out_bound, const std::vector<float>& lse_bound) {
+  const ref::v4::Config& cfg = lay_.cfg;
+  const int64_t T = cfg.n_tokens, H = cfg.n_heads, D = cfg.head_dim;
+  const Tensor<bf16_t> q = g_.tensor<bf16_t>(nm(l, "attn.q")), kv = g_.tensor<bf16_t>(nm(l, "attn.kv"));
+  const Tensor<float> sink = g_.tensor<float>(nm(l, "attn.sink"));
+  const ref::AttentionOut e = k_.sparse_attention(q, kv, used, cfg.sm_scale(), D, nullptr, &sink);
+  if (out) {
+    const ref::AttentionOut n = k_.sparse_attention(q, kv, used, cfg.sm_scale(), D, nullptr, nullptr);
+    const cmp::AttentionBounds nb = k_.attention_bounds_sm(q, kv, used, cfg.sm_scale(), D, nullptr, nullptr, n, nullptr);
+    if (passes(cmp::compare_floats("", n.out, *out, bound_rule(nb.out, -1))))
+      res.diagnoses.push_back(P(l) + ": attn.out is the attention without the sink (the sink ignored)");
+  }
+  if (lse) {
+    Tensor<float> with = e.lse;
+    for (int64_t i = 0; i < with.numel(); ++i) {
+      const double x = with[i], s = sink[i % H], mx = std::max(x, s);
+      with[i] = float(mx + std::log(std::exp(x - mx) + std::exp(s - mx)));
+    }
+    if (passes(cmp::compare_floats("", with, *lse, bound_rule(lse_bound, -1))))
+      res.diagnoses.push_back(P(l) + ": attn.lse includes the sink (ln(exp(lse) + exp(sink))); the golden's excludes it");
+  }
+  if (rot) {
+    const ref::v4::RopeParams& rope = lay_.schedule.types[size_t(l)] == LayerType::sliding ? cfg.main_rope : cfg.compress_rope;
+    const std::vector<float> freq = ref::v4::inv_freq(rope);
+    const std::vector<float> rb = v4b::rotated_bounds(e.out, out_bound, rope);
+    if (passes(cmp::compare_floats("", e.out, *rot, rule_of(rb, ""))))
+      res.diagnoses.push_back(P(l) + ": attn.out_rotated is the kernel output without the inverse RoPE (the rotation skipped)");
+    Tensor<float> fwd = e.out;
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t h = 0; h < H; ++h) ref::apply_rope(&fwd.at(t, h, D - rope.rope_dim), rope.rope_dim, t, freq, ref::RopeLayout::interleaved);
+    if (passes(cmp::compare_floats("", fwd, *rot, rule_of(rb, ""))))
+      res.diagnoses.push_back(P(l) + ": attn.out_rotated is rotated by +angle (the forward RoPE), not the inverse (-sin)");
+  }
 }
 
 }  // namespace
