@@ -240,7 +240,7 @@ TEST_CASE("train: the usual backward bugs fail by name, including those TileLang
   std::filesystem::remove_all(s.dir);
 }
 
-TEST_CASE("train: loss_coeff applied twice is named; served-layers teaches with the Shared layer too") {
+TEST_CASE("train: loss_coeff applied twice is named, served-layers teaches with the Shared layer too") {
   golden::TrainSpec t;
   t.loss_coeff = 0.5;
   t.target = "served-layers";

@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -15,6 +16,7 @@
 #include "tools/lib/golden.h"
 #include "tools/lib/golden_model1.h"
 #include "tools/lib/golden_train.h"
+#include "tools/lib/golden_v4.h"
 #include "tools/lib/kernel_registry.h"
 #include "tools/lib/phases.h"
 #ifdef INDEXSHARE_MPI
@@ -159,12 +161,31 @@ int golden_train(const GoldenArgs& a, std::chrono::steady_clock::time_point t0) 
   return publish(golden::build_train(p, t, replay, impl), a, replay, t0);
 }
 
+// A DeepSeek-V4 set (tools/lib/golden_v4.h): --kind v4 --problem SPEC, or a v4 preset. The spec is
+// parsed (and refused, naming the field) before anything is computed or written.
+int golden_v4(const GoldenArgs& a, std::chrono::steady_clock::time_point t0) {
+  require(a.preset.empty() != a.problem.empty() && a.model.empty() && a.from.empty(),
+          "golden --kind v4: give --problem SPEC (a V4 descriptor) or a v4 --preset, not --model / --from");
+  reject_given(a.given, {"--rows", "--for", "--no-logits", "--layers", "--seq", "--seed", "--schedule", "--sim", "--variant",
+                         "--loss", "--train-target", "--relu", "--loss-coeff"},
+               "other kinds", "a v4 set takes its sizes, layer types, schedule and seed from its descriptor");
+  require(!dist_active(), "golden: a v4 set is computed by one process: run it without mpirun / srun");
+  const golden::V4Spec s = golden::parse_v4_spec(a.preset.empty() ? a.problem : golden::preset(a.preset).problem);
+  const std::optional<Impl> impl = a.impl == "auto" ? std::optional<Impl>(Impl::simd) : impl_named(a.impl);
+  require(impl.has_value(), "golden: --impl must be ref, simd or auto, got '" + a.impl + "'");
+  reject_target_on_ref(a.given, *impl);
+  const std::string replay = golden::v4_replay(s, *impl) + " --out " + a.out;
+  std::fprintf(stderr, "golden: computing the V4 stack %s...\n", golden::to_string(s).c_str());
+  return publish(golden::build_v4(s, replay, *impl), a, replay, t0);
+}
+
 int cmd_golden(const GoldenArgs& a) {
   require(!a.out.empty(), "golden: --out DIR is required");
   apply_target(a.target);
   const auto t0 = std::chrono::steady_clock::now();
   const bool module_preset = !a.preset.empty() && golden::preset(a.preset).kind == "module";
   check_overrides(a.given, a.layers, a.seq, a.seed);
+  if (a.kind == "v4" || (!a.preset.empty() && golden::preset(a.preset).kind == "v4")) return golden_v4(a, t0);
   if (!a.for_kernel.empty()) {
     require(a.model.empty() && !module_preset && a.from.empty(), "golden: --for works with --problem or a kernel-level --preset");
     require(!a.rows_given, "golden: --for writes whole sets: --rows (sampled query rows) is not a kernel's input layout");
@@ -301,7 +322,7 @@ Action register_golden(CLI::App& app) {
   CLI::App* c = app.add_subcommand("golden", "Compute a golden set and write it (safetensors + manifest.json)");
   c->add_option("--preset", a->preset, "Golden preset (see `indexshare presets`; a kernel preset is written --for its kernel)");
   c->add_option("--problem,-p", a->problem, "Problem descriptor");
-  c->add_option("--kind", a->kind, "stack, attention-edge, decode or train (with --problem)")->capture_default_str();
+  c->add_option("--kind", a->kind, "stack, attention-edge, decode, train or v4 (with --problem; v4: a V4 descriptor, tools/lib/golden_v4.h)")->capture_default_str();
   c->add_option("--loss", a->loss, "Indexer loss support: sparse (top-k and valid keys) or dense (--kind train)")
       ->group("Training sets (--kind train)")->capture_default_str();
   c->add_option("--train-target", a->train_target,

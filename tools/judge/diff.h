@@ -91,6 +91,14 @@ Result judge(const golden::Loaded& golden, const io::SafetensorsIndex& candidate
              const std::set<int>& layers, const ref::Kernels& k = {}, bool picture = true,
              const prec::Contract& contract = {});
 
+// A DeepSeek-V4 set (kind v4, tools/lib/golden_v4.h; judge/v4.cc): per layer the compressor and
+// indexer entries and indexer scores within judge/v4_bounds.h's bounds, the blocks as top-k sets
+// (a Shared layer's equal to its source's), attn.indices (window exact, blocks + T as sets) and
+// the attention (out, out_rotated, lse, max_logits) on kv_full with the sink. judge() calls it for
+// such a set.
+Result judge_v4(const golden::Loaded& golden, const io::SafetensorsFile& candidate, const std::set<int>& layers,
+                const ref::Kernels& k = {});
+
 // The registry of named hypotheses: every cause the judge tests a failure against (walk.cc and
 // hypotheses.cc), the tensor it explains, and the planted bug of the diagnosis catalogue
 // (judge/calibrate.h) that proves it names that bug first. The report's "no named hypothesis

@@ -1,4 +1,5 @@
 #include "tools/lib/golden.h"
+#include "tools/lib/golden_v4.h"
 
 #include <sys/stat.h>
 #include <unistd.h>
@@ -97,6 +98,15 @@ const std::vector<Preset>& presets() {
        "FlashMLA sparse decode, MODEL1 FP8 cache, two scopes in one softmax: a 128-token window (block 256) and top-512 "
        "compressed entries (block 64), h_q 64, next_n 2, 2 sequences, topk_length and extra_topk_length",
        "flashmla-sparse-decode-model1"},
+      // DeepSeek-V4 sets (kind v4, tools/lib/golden_v4.h): the descriptor is a V4 spec.
+      {"v4-tiny", "t=48 h=2 d=64 w=8 csa=4 hca=8 ih=4 id=32 k=4 rope=16 ctx=32 types=SCHCC sched=FSF rot=hf seed=31", "v4",
+       "DeepSeek-V4 layers at tiny shapes: SWA, C4A Full, HCA, C4A Shared, C4A Full; 48 tokens, top-4 of 12 blocks", ""},
+      {"deepseek-v4-flash",
+       "t=256 h=64 d=512 w=128 csa=4 hca=128 ih=64 id=128 k=512 rope=64 ctx=65536 types=SCHCC freq=2 rule=j%f==0 rot=hf "
+       "seed=32",
+       "v4",
+       "DeepSeek-V4-Flash attention shapes (H 64, D 512, W 128, top-512 over 4:1 blocks, indexer 64 x 128, HCA 128), "
+       "256 tokens, layers SCHCC with the C4A layers Full/Shared by freq 2", ""},
   };
   return p;
 }
@@ -493,6 +503,7 @@ StackPlan plan_stack(const StackRequest& r) {
   if (!r.preset.empty()) {
     const Preset& pr = preset(r.preset);
     require(pr.kind != "module", "golden: preset '" + pr.name + "' is a module-level set (--model), not a kernel-level one");
+    require(pr.kind != "v4", "golden: preset '" + pr.name + "' is a DeepSeek-V4 set: write it with the CLI's golden --preset");
     desc = pr.problem;
     plan.kind = pr.kind;
     // A kernel preset is written for its kernel (as --for); another --for is refused.
@@ -765,7 +776,7 @@ namespace {
 
 // Kinds as bits, so one rule can name several.
 enum KindBit : unsigned { kKindStack = 1, kKindFromFile = 2, kKindEdge = 4, kKindDecode = 8, kKindModule = 16, kKindModel1 = 32,
-                          kKindTrain = 64 };
+                          kKindTrain = 64, kKindV4 = 128 };  // v4: its own tensor list and checks (tools/lib/golden_v4.h)
 constexpr unsigned kKernelKinds = kKindStack | kKindFromFile | kKindEdge | kKindDecode | kKindTrain;
 constexpr unsigned kAllKinds = kKernelKinds | kKindModule;
 
@@ -777,6 +788,7 @@ unsigned kind_bit(const std::string& kind) {
   if (kind == "module") return kKindModule;
   if (kind == "decode-model1") return kKindModel1;
   if (kind == "train") return kKindTrain;
+  if (kind == "v4") return kKindV4;
   return 0;
 }
 
@@ -1543,6 +1555,10 @@ class ManifestCheck {
   ManifestCheck(const Loaded& g, const std::string& mpath) : g_(g), m_(g.manifest), mpath_(mpath) {}
   void run() {
     top_fields();
+    if (kbit_ == kKindV4) {  // a DeepSeek-V4 set: its own config, layers and tensor list
+      check_v4_manifest(g_, mpath_);
+      return;
+    }
     config();
     layers();
     rows();
@@ -1677,7 +1693,7 @@ void ManifestCheck::top_fields() {
     if (!m_.contains(f) || !m_[f].is_string()) fail(f, "is missing or not a string");
   kind_ = m_["kind"];
   kbit_ = kind_bit(kind_);
-  if (!kbit_) fail("kind", "is '" + kind_ + "', not a known kind (stack, stack-from-file, attention-edge, decode, module, train, decode-model1)");
+  if (!kbit_) fail("kind", "is '" + kind_ + "', not a known kind (stack, stack-from-file, attention-edge, decode, module, train, decode-model1, v4)");
   if (!m_.contains("conventions") || !m_["conventions"].is_object()) fail("conventions", "is missing or not an object");
   if (!m_.contains("budgets") || !m_["budgets"].is_object()) fail("budgets", "is missing or not an object");
 }
@@ -2116,7 +2132,7 @@ std::string summary(const std::string& dir, const json& m, uint64_t bytes, bool 
   os << "problem   " << m.value("problem", "") << "\n";
   if (m.contains("layers")) {
     std::string pattern;
-    for (const json& l : m["layers"]) pattern += l["kind"] == "full" ? 'F' : 'S';
+    for (const json& l : m["layers"]) pattern += l["kind"] == "full" ? 'F' : l["kind"] == "none" ? '.' : 'S';
     os << "schedule  " << pattern << "\n";
   }
   os << "bytes     " << bytes << " in " << kTensorFile << "\n";

@@ -1,0 +1,450 @@
+// DeepSeek-V4 golden sets (golden --kind v4, tools/lib/golden_v4.h) and diff on them (judge/v4.cc):
+// the set against ref::v4::run_stack (the specification, run independently here), the manifest
+// checks (a bad field is refused by name), the descriptor, the CLI, and the judge: the golden's own
+// outputs and legitimate variations pass (another f32 order, a tie-free slot permutation, the
+// Hadamard-rotated indexer), planted faults fail on the tensor they break.
+#include <doctest/doctest.h>
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+
+#include "ref/attention.h"
+#include "ref/module_ops.h"
+#include "ref/numerics.h"
+#include "ref/v4/stack.h"
+#include "tests/cli_util.h"
+#include "tools/judge/diff.h"
+#include "tools/lib/golden_v4.h"
+
+using namespace indexshare;
+namespace fs = std::filesystem;
+using ref::v4::LayerType;
+
+namespace {
+
+const char* kSpec = "t=48 h=2 d=64 w=8 csa=4 hca=8 ih=4 id=32 k=4 rope=16 ctx=32 types=SCHCC sched=FSF rot=hf seed=31";
+
+std::string tmp(const std::string& tag) {
+  static int n = 0;
+  return (fs::temp_directory_path() / ("indexshare-v4g-" + std::to_string(::getpid()) + "-" + tag + std::to_string(n++))).string();
+}
+
+struct V4Set {
+  std::string dir;
+  golden::Loaded g;
+};
+
+const V4Set& tiny_set() {
+  static const V4Set s = [] {
+    const std::string dir = tmp("set");
+    golden::write(dir, golden::build_v4(golden::parse_v4_spec(kSpec), "replay"), true);
+    return V4Set{dir, golden::read(dir)};
+  }();
+  return s;
+}
+
+struct Cand {
+  std::map<std::string, io::TensorView> t;
+  template <class T>
+  void set(const std::string& name, const Tensor<T>& v) { t[name] = io::make_view(name, v); }
+  io::SafetensorsFile file() const {
+    const std::string path = tmp("cand") + ".safetensors";
+    std::vector<io::TensorView> list;
+    for (const auto& [n, v] : t) list.push_back(v);
+    io::write_safetensors(path, list);
+    io::SafetensorsFile f = io::read_safetensors(path);
+    fs::remove(path);
+    return f;
+  }
+};
+
+const char* kFloatOut[] = {"compressor.entries", "indexer.entries", "indexer.scores", "attn.out", "attn.out_rotated",
+                           "attn.lse", "attn.max_logits"};
+
+// The golden's own outputs on every layer.
+Cand faithful(const golden::Loaded& g) {
+  Cand c;
+  for (size_t l = 0; l < g.manifest["layers"].size(); ++l) {
+    const std::string p = "layers." + std::to_string(l) + ".";
+    for (const char* n : kFloatOut)
+      if (g.find(p + n)) c.set(p + n, g.tensor<float>(p + n));
+    for (const char* n : {"indexer.blocks", "attn.indices"})
+      if (g.find(p + n)) c.set(p + n, g.tensor<int32_t>(p + n));
+  }
+  return c;
+}
+
+diff::Result judge(const Cand& c) { return diff::judge(tiny_set().g, c.file(), {}); }
+
+cmp::Verdict verdict(const diff::Result& r, int layer, const std::string& name) {
+  for (const auto& t : r.tensors)
+    if (t.layer == layer && t.name == name) return t.report.verdict;
+  FAIL("no result for layer " << layer << " " << name);
+  return cmp::Verdict::pass;
+}
+
+std::string report(const diff::Result& r) { return r.text("replay"); }
+
+bool diagnosed(const diff::Result& r, const std::string& needle) {
+  for (const std::string& d : r.diagnoses)
+    if (d.find(needle) != std::string::npos) return true;
+  return false;
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// A compressor in plain f32 arithmetic in another order than ref's (softmax and sums in float,
+// slots summed last to first, the norm's sum of squares from the top channel down, cos / sin from
+// a double angle): what a GPU kernel may compute; the judge's bound must hold it.
+Tensor<float> f32_compress(const Tensor<float>& kv, const Tensor<float>& gate, const Tensor<float>& bias,
+                           const Tensor<float>& norm, const ref::v4::CompressorParams& p) {
+  const int64_t T = kv.dim(0), D = norm.dim(0), m = p.ratio, n = T / m;
+  const std::vector<float> freq = ref::v4::inv_freq(p.rope);
+  Tensor<float> out({n, D});
+  std::vector<float> y(static_cast<size_t>(D));
+  for (int64_t w = 0; w < n; ++w) {
+    for (int64_t c = 0; c < D; ++c) {
+      std::vector<float> z, v;
+      for (int64_t j = (p.overlap ? 2 * m : m) - 1; j >= 0; --j) {
+        const bool prev = p.overlap && j < m;
+        const int64_t tok = prev ? (w - 1) * m + j : w * m + (p.overlap ? j - m : j);
+        if (tok < 0) continue;
+        const int64_t col = p.overlap && !prev ? D + c : c, row = p.overlap && !prev ? j - m : j;
+        z.push_back(gate.at(tok, col) + bias.at(row, col));
+        v.push_back(kv.at(tok, col));
+      }
+      const float mx = *std::max_element(z.begin(), z.end());
+      float sum = 0, pooled = 0;
+      for (float x : z) sum += std::exp(x - mx);
+      for (size_t j = 0; j < z.size(); ++j) pooled += std::exp(z[j] - mx) / sum * v[j];
+      y[size_t(c)] = pooled;
+    }
+    float ss = 0;
+    for (int64_t c = D - 1; c >= 0; --c) ss += y[size_t(c)] * y[size_t(c)];
+    const float r = 1.0f / std::sqrt(ss / float(D) + p.eps);
+    for (int64_t c = 0; c < D; ++c) out.at(w, c) = y[size_t(c)] * r * norm[c];
+    const int rd = p.rope.rope_dim;
+    for (int i = 0; i < rd / 2; ++i) {
+      const double angle = double(w * m) * double(freq[size_t(i)]);
+      const float cs = float(std::cos(angle)), sn = float(std::sin(angle));
+      float& a = out.at(w, D - rd + 2 * i);
+      float& b = out.at(w, D - rd + 2 * i + 1);
+      const float a0 = a, b0 = b;
+      a = a0 * cs - b0 * sn;
+      b = b0 * cs + a0 * sn;
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("v4 golden: the descriptor parses, prints canonically and refuses a bad field by name") {
+  const golden::V4Spec s = golden::parse_v4_spec(kSpec);
+  CHECK(golden::to_string(s) == kSpec);
+  CHECK(golden::to_string(golden::parse_v4_spec("types=SCHCC  t=48 h=2 d=64 w=8 csa=4 hca=8 ih=4 id=32 k=4 rope=16 ctx=32 "
+                                                "sched=FSF seed=31")) == kSpec);
+  const golden::V4Spec f = golden::parse_v4_spec(golden::preset("deepseek-v4-flash").problem);
+  CHECK(f.cfg.n_heads == 64);
+  CHECK(f.cfg.head_dim == 512);
+  CHECK(f.cfg.window == 128);
+  CHECK(f.cfg.index_topk == 512);
+  CHECK(f.cfg.hca_ratio == 128);
+  CHECK(f.cfg.index_n_heads == 64);
+  CHECK(f.cfg.index_head_dim == 128);
+  CHECK(f.schedule().pattern() == ".F.sF");  // freq 2, j%f==0 over the C4A layers 1, 3, 4
+  CHECK(golden::to_string(golden::parse_v4_spec(golden::to_string(f))) == golden::to_string(f));
+  const std::pair<std::string, std::string> bad[] = {
+      {"t=48 d=64 w=8 csa=4 hca=8 ih=4 id=32 k=4 rope=16 types=SC", "'h'"},
+      {"t=48 h=x d=64 w=8 csa=4 hca=8 ih=4 id=32 k=4 rope=16 types=SC", "'h'"},
+      {"t=48 h=2 d=64 w=8 csa=4 hca=8 ih=4 id=32 k=4 rope=16 types=SXC", "'types'"},
+      {"t=48 h=2 d=64 w=8 csa=4 hca=8 ih=4 id=32 k=4 rope=16 types=SCC sched=SF", "'sched'"},
+      {"t=48 h=2 d=64 w=8 csa=4 hca=8 ih=4 id=32 k=4 rope=16 types=SCC freq=2", "'rule'"},
+      {"t=48 h=2 d=64 w=8 csa=4 hca=8 ih=4 id=32 k=4 rope=16 types=SCC freq=2 rule=j%3", "'rule'"},
+      {"t=48 h=2 d=64 w=8 csa=4 hca=8 ih=4 id=32 k=4 rope=15 types=SC", "'rope'"},
+      {"t=48 h=2 d=64 w=8 csa=4 hca=8 ih=4 id=32 k=4 rope=16 types=SC rot=abc", "'rot'"},
+      {"t=48 h=2 d=64 w=8 csa=4 hca=8 ih=4 id=32 k=4 rope=16 types=SC bogus=1", "'bogus'"},
+      {"t=0 h=2 d=64 w=8 csa=4 hca=8 ih=4 id=32 k=4 rope=16 types=SC", "'t'"},
+  };
+  for (const auto& [text, field] : bad) {
+    CAPTURE(text);
+    const std::string e = error_of([&] { (void)golden::parse_v4_spec(text); });
+    CHECK(e.find(field) != std::string::npos);
+  }
+}
+
+TEST_CASE("v4 golden: the set holds ref::v4::run_stack's tensors, the kernel output before the inverse RoPE") {
+  const golden::Loaded& g = tiny_set().g;
+  const golden::V4Spec s = golden::parse_v4_spec(kSpec);
+  const ref::v4::StackOutputs st = ref::v4::run_stack(s.cfg, s.schedule());
+  const int64_t T = 48, D = 64, H = 2;
+  CHECK(g.manifest["kind"] == "v4");
+  CHECK(g.manifest["problem"] == kSpec);
+  CHECK(g.manifest["schedule"]["pattern"] == ".F.sF");
+  CHECK(g.manifest["layers"][3]["kind"] == "shared");
+  CHECK(g.manifest["layers"][3]["source"] == 1);
+  CHECK(g.manifest["layers"][2]["kind"] == "none");
+  for (size_t l = 0; l < 5; ++l) {
+    CAPTURE(l);
+    const std::string p = "layers." + std::to_string(l) + ".";
+    const ref::v4::LayerOutputs& o = st.layers[l];
+    const ref::v4::LayerInputs& in = st.inputs[l];
+    CHECK(g.tensor<bf16_t>(p + "attn.q").data == in.q.data);
+    CHECK(g.tensor<float>(p + "attn.sink").data == in.sink.data);
+    CHECK(g.tensor<int32_t>(p + "attn.indices").data == o.indices.data);
+    CHECK(g.tensor<bf16_t>(p + "attn.kv").data == o.kv_full.data);  // kv_full: tokens, then bf16(entries)
+    CHECK(g.tensor<float>(p + "attn.out_rotated").data == o.attn.out.data);
+    CHECK(g.tensor<float>(p + "attn.lse").data == o.attn.lse.data);
+    CHECK(g.tensor<float>(p + "attn.max_logits").data == o.attn.max_logits.data);
+    if (st.schedule.types[l] != LayerType::sliding) CHECK(g.tensor<float>(p + "compressor.entries").data == o.entries.data);
+    if (st.schedule.types[l] == LayerType::csa) CHECK(g.tensor<int32_t>(p + "indexer.blocks").data == o.blocks.data);
+    CHECK((g.find(p + "indexer.scores") != nullptr) == (l == 1 || l == 4));
+    if (l == 1 || l == 4) CHECK(g.tensor<float>(p + "indexer.scores").data == o.index_scores.data);
+    // attn.out: before the inverse RoPE: the NoPE channels equal the rotated ones, the RoPE
+    // channels of row 0 (angle 0) too, and rotating attn.out gives attn.out_rotated.
+    const Tensor<float> out = g.tensor<float>(p + "attn.out"), rot = g.tensor<float>(p + "attn.out_rotated");
+    const int rd = 16;
+    bool nope_same = true, rope_differs = false;
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t c = 0; c < D; ++c) {
+          const bool same = out.at(t, h, c) == rot.at(t, h, c);
+          if (c < D - rd || t == 0) nope_same = nope_same && same;
+          else rope_differs = rope_differs || !same;
+        }
+    CHECK(nope_same);
+    CHECK(rope_differs);
+    const Tensor<bf16_t> ob = g.tensor<bf16_t>(p + "attn.out_bf16");
+    for (int64_t i = 0; i < out.numel(); i += 37) CHECK(ob[i].bits == f32_to_bf16(out[i]).bits);
+  }
+  // The Shared layer's blocks are its source's.
+  CHECK(g.tensor<int32_t>("layers.3.indexer.blocks").data == g.tensor<int32_t>("layers.1.indexer.blocks").data);
+}
+
+TEST_CASE("v4 golden: golden::read refuses a bad manifest naming the field") {
+  const std::string src = tiny_set().dir;
+  auto with = [&](const std::function<void(nlohmann::json&)>& edit) {
+    const std::string dir = tmp("bad");
+    fs::create_directories(dir);
+    fs::copy(src + "/tensors.safetensors", dir + "/tensors.safetensors");
+    std::ifstream in(src + "/manifest.json");
+    nlohmann::json m = nlohmann::json::parse(in);
+    edit(m);
+    std::ofstream(dir + "/manifest.json") << m.dump(1);
+    const std::string e = error_of([&] { (void)golden::read(dir); });
+    fs::remove_all(dir);
+    return e;
+  };
+  CHECK(with([](nlohmann::json&) {}).empty());
+  CHECK(with([](nlohmann::json& m) { m["config"]["n_heads"] = 3; }).find("'tensors'") != std::string::npos);
+  CHECK(with([](nlohmann::json& m) { m["config"]["head_dim"] = "64"; }).find("config.head_dim") != std::string::npos);
+  CHECK(with([](nlohmann::json& m) { m["config"]["sm_scale"] = 0.5; }).find("config.sm_scale") != std::string::npos);
+  CHECK(with([](nlohmann::json& m) { m["config"]["compress_rope"].erase("theta"); }).find("config.compress_rope.theta") != std::string::npos);
+  CHECK(with([](nlohmann::json& m) { m["layers"][3]["kind"] = "full"; }).find("layers[3].kind") != std::string::npos);
+  CHECK(with([](nlohmann::json& m) { m["layers"][3]["source"] = 2; }).find("layers[3].source") != std::string::npos);
+  CHECK(with([](nlohmann::json& m) { m["layers"][2]["type"] = "S"; }).find("layers[2]") != std::string::npos);
+  CHECK(with([](nlohmann::json& m) { m["layers"][1]["n_c"] = 11; }).find("layers[1].n_c") != std::string::npos);
+  CHECK(with([](nlohmann::json& m) { m["schedule"]["types"] = "SCHCS"; }).find("schedule.types") != std::string::npos);
+  CHECK(with([](nlohmann::json& m) { m["schedule"]["pattern"] = ".F.FF"; }).find("schedule.pattern") != std::string::npos);
+  CHECK(with([](nlohmann::json& m) { m["conventions"].erase("softmax"); }).find("conventions.softmax") != std::string::npos);
+  CHECK(with([](nlohmann::json& m) { m["kind"] = "v5"; }).find("'kind'") != std::string::npos);
+  CHECK(with([](nlohmann::json& m) {
+          for (auto& t : m["tensors"]) if (t["name"] == "layers.1.indexer.scores") t["role"] = "input";
+        }).find("layers.1.indexer.scores") != std::string::npos);
+}
+
+TEST_CASE("v4 diff: the golden's own outputs and legitimate variations pass") {
+  const golden::Loaded& g = tiny_set().g;
+  Cand c = faithful(g);
+  diff::Result r = judge(c);
+  CHECK_MESSAGE(!r.failed(), report(r));
+  CHECK(r.tensors.size() >= 30);
+  // Each C4A row's slots permuted (sets, not orders): blocks and the compressed part of the indices.
+  for (int l : {1, 3, 4}) {
+    const std::string p = "layers." + std::to_string(l) + ".";
+    Tensor<int32_t> b = g.tensor<int32_t>(p + "indexer.blocks"), ix = g.tensor<int32_t>(p + "attn.indices");
+    for (int64_t t = 0; t < b.dim(0); ++t) {
+      int32_t* row = &b[t * b.dim(1)];
+      std::reverse(row, std::find(row, row + b.dim(1), -1));  // the valid slots; -1 padding stays trailing
+      std::reverse(&ix[t * ix.dim(2)] + 8, &ix[t * ix.dim(2)] + ix.dim(2));
+    }
+    c.set(p + "indexer.blocks", b);
+    c.set(p + "attn.indices", ix);
+  }
+  // Entries perturbed by a few f32 ulps, and the indexer scored with the Hadamard rotation (another
+  // f32 evaluation of the same scores).
+  Tensor<float> e = g.tensor<float>("layers.2.compressor.entries");
+  for (float& x : e.data) x = x * (1.0f + 0x1p-22f);
+  c.set("layers.2.compressor.entries", e);
+  c.set("layers.1.indexer.scores", ref::v4::index_scores(g.tensor<float>("layers.1.indexer.q"), g.tensor<float>("layers.1.indexer.entries"),
+                                                         g.tensor<float>("layers.1.indexer.weights"), 4, ref::v4::IndexerRotation::hadamard));
+  r = judge(c);
+  CHECK_MESSAGE(!r.failed(), report(r));
+}
+
+TEST_CASE("v4 diff: a compressor in f32 arithmetic of another order passes, within its bound") {
+  const golden::Loaded& g = tiny_set().g;
+  const golden::V4Spec s = golden::parse_v4_spec(kSpec);
+  Cand c;
+  bool differs = false;
+  for (const auto& [l, part] : std::vector<std::pair<int, std::string>>{{1, "compressor"}, {2, "compressor"}, {4, "compressor"},
+                                                                      {1, "indexer"}, {4, "indexer"}}) {
+    const std::string p = "layers." + std::to_string(l) + "." + part + ".";
+    const LayerType t = part == "indexer" ? LayerType::csa : s.schedule().types[size_t(l)];
+    ref::v4::CompressorParams cp = part == "indexer" ? ref::v4::indexer_compressor_params(s.cfg) : ref::v4::compressor_params(s.cfg, t);
+    const Tensor<float> e = f32_compress(g.tensor<float>(p + "kv"), g.tensor<float>(p + "gate"), g.tensor<float>(p + "position_bias"),
+                                         g.tensor<float>(p + "norm_weight"), cp);
+    differs = differs || e.data != g.tensor<float>(p + "entries").data;
+    c.set(p + "entries", e);
+  }
+  CHECK(differs);
+  const diff::Result r = judge(c);
+  CHECK_MESSAGE(!r.failed(), report(r));
+  double worst = 0;
+  for (const auto& t : r.tensors) worst = std::max(worst, t.report.stats.max_ratio);
+  MESSAGE("largest err/bound of the f32 compressor: " << worst);
+  CHECK(worst > 0);
+}
+
+TEST_CASE("v4 diff: planted faults fail on the tensor they break") {
+  const golden::Loaded& g = tiny_set().g;
+  const golden::V4Spec s = golden::parse_v4_spec(kSpec);
+  const int64_t T = 48, D = 64;
+  auto fails = [&](const Cand& c, int layer, const std::string& name, const std::string& diagnosis = "") {
+    const diff::Result r = judge(c);
+    CHECK(r.failed());
+    CHECK_MESSAGE(verdict(r, layer, name) == cmp::Verdict::fail, report(r));
+    if (!diagnosis.empty()) CHECK_MESSAGE(diagnosed(r, diagnosis), report(r));
+  };
+  SUBCASE("blocks off by one block") {
+    Cand c;
+    Tensor<int32_t> b = g.tensor<int32_t>("layers.1.indexer.blocks");
+    for (int32_t& x : b.data) x = x >= 0 ? x + 1 : x;
+    c.set("layers.1.indexer.blocks", b);
+    fails(c, 1, "indexer.blocks", "shifted by 1 block");
+  }
+  SUBCASE("a missing window slot") {
+    Cand c;
+    Tensor<int32_t> ix = g.tensor<int32_t>("layers.0.attn.indices");
+    ix.at(20, 0, 7) = -1;  // row 20's own position
+    c.set("layers.0.attn.indices", ix);
+    fails(c, 0, "attn.indices");
+  }
+  SUBCASE("the sink ignored") {
+    Cand c;
+    for (int l : {0, 1}) {
+      const std::string p = "layers." + std::to_string(l) + ".";
+      const ref::AttentionOut a = ref::sparse_attention(g.tensor<bf16_t>(p + "attn.q"), g.tensor<bf16_t>(p + "attn.kv"),
+                                                        g.tensor<int32_t>(p + "attn.indices"), s.cfg.sm_scale(), D);
+      c.set(p + "attn.out", a.out);
+    }
+    const diff::Result r = judge(c);
+    CHECK(verdict(r, 0, "attn.out") == cmp::Verdict::fail);
+    CHECK(verdict(r, 1, "attn.out") == cmp::Verdict::fail);
+    CHECK_MESSAGE(diagnosed(r, "layer 1: attn.out is the attention without the sink"), report(r));
+  }
+  SUBCASE("the inverse RoPE skipped") {
+    Cand c;
+    c.set("layers.2.attn.out_rotated", g.tensor<float>("layers.2.attn.out"));
+    fails(c, 2, "attn.out_rotated", "without the inverse RoPE");
+  }
+  SUBCASE("the compressor's RMSNorm weight ignored") {
+    Cand c;
+    const std::string p = "layers.2.compressor.";
+    const Tensor<float> ones({D}, 1.0f);
+    c.set(p + "entries", ref::v4::compress(g.tensor<float>(p + "kv"), g.tensor<float>(p + "gate"), g.tensor<float>(p + "position_bias"),
+                                           ones, ref::v4::compressor_params(s.cfg, LayerType::hca)));
+    fails(c, 2, "compressor.entries", "norm_weight ignored");
+  }
+  SUBCASE("the compressor in bf16 (transformers' bf16 rounding points) is not f32 arithmetic") {
+    Cand c;
+    const std::string p = "layers.1.compressor.";
+    ref::v4::CompressorParams cp = ref::v4::compressor_params(s.cfg, LayerType::csa);
+    cp.rounding = ref::v4::CompressorRounding::hf_bf16;
+    c.set(p + "entries", ref::v4::compress(g.tensor<float>(p + "kv"), g.tensor<float>(p + "gate"), g.tensor<float>(p + "position_bias"),
+                                           g.tensor<float>(p + "norm_weight"), cp));
+    fails(c, 1, "compressor.entries", "bf16 precision");
+  }
+  SUBCASE("a Shared layer using its own blocks") {
+    // Layer 3 runs an indexer of its own (inputs drawn as a Full layer's would be).
+    const ref::v4::LayerInputs in = ref::v4::make_layer_inputs(s.cfg, 3, LayerType::csa, true);
+    const ref::v4::LayerOutputs own = ref::v4::run_layer(s.cfg, in);
+    REQUIRE(own.blocks.data != g.tensor<int32_t>("layers.3.indexer.blocks").data);
+    Cand c;
+    c.set("layers.1.indexer.blocks", g.tensor<int32_t>("layers.1.indexer.blocks"));
+    c.set("layers.3.indexer.blocks", own.blocks);
+    const diff::Result r = judge(c);
+    CHECK(verdict(r, 1, "indexer.blocks") == cmp::Verdict::pass);
+    CHECK(verdict(r, 3, "indexer.blocks") == cmp::Verdict::fail);
+    CHECK(verdict(r, 3, "indexer.blocks [= source's]") == cmp::Verdict::fail);
+    CHECK(diagnosed(r, "layer 3: a Shared C4A layer whose blocks are not its source layer 1's"));
+  }
+  SUBCASE("the sink inside the lse, the forward RoPE in place of its inverse") {
+    Cand c;
+    Tensor<float> lse = g.tensor<float>("layers.1.attn.lse");
+    const Tensor<float> sink = g.tensor<float>("layers.1.attn.sink");
+    for (int64_t i = 0; i < lse.numel(); ++i) lse[i] = float(std::log(std::exp(double(lse[i])) + std::exp(double(sink[i % 2]))));
+    c.set("layers.1.attn.lse", lse);
+    Tensor<float> fwd = g.tensor<float>("layers.4.attn.out");
+    const std::vector<float> freq = ref::v4::inv_freq(s.cfg.compress_rope);
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t h = 0; h < 2; ++h) ref::apply_rope(&fwd.at(t, h, D - 16), 16, t, freq, ref::RopeLayout::interleaved);
+    c.set("layers.4.attn.out_rotated", fwd);
+    const diff::Result r = judge(c);
+    CHECK(verdict(r, 1, "attn.lse") == cmp::Verdict::fail);
+    CHECK(verdict(r, 4, "attn.out_rotated") == cmp::Verdict::fail);
+    CHECK_MESSAGE(diagnosed(r, "layer 1: attn.lse includes the sink"), report(r));
+    CHECK_MESSAGE(diagnosed(r, "layer 4: attn.out_rotated is rotated by +angle"), report(r));
+  }
+  SUBCASE("attention on the wrong HCA entries") {
+    Cand c;
+    Tensor<int32_t> ix = g.tensor<int32_t>("layers.2.attn.indices");
+    ix.at(T - 1, 0, 8) = -1;  // the last row drops its first compressed entry
+    c.set("layers.2.attn.indices", ix);
+    fails(c, 2, "attn.indices");
+  }
+}
+
+TEST_CASE("v4 golden: the CLI writes, verifies and judges a set, a bad spec exits 2 and writes nothing") {
+  const std::string dir = tmp("cli");
+  auto r = testing::run_cli("golden --kind v4 --problem \"" + std::string(kSpec) + "\" --out " + dir);
+  REQUIRE_MESSAGE(r.status == 0, r.out);
+  CHECK(r.out.find("__REPRO: indexshare golden --kind v4 --problem \"" + std::string(kSpec) + "\"") != std::string::npos);
+  CHECK(testing::run_cli("verify --golden " + dir).status == 0);
+  // The same bytes as the builder's set (the CLI replays the descriptor).
+  CHECK(golden::read(dir).manifest["tensors"] == tiny_set().g.manifest["tensors"]);
+  const std::string cand = tmp("clicand") + ".safetensors";
+  {
+    std::vector<io::TensorView> list;
+    for (const auto& [n, v] : faithful(tiny_set().g).t) list.push_back(v);
+    io::write_safetensors(cand, list);
+  }
+  r = testing::run_cli("diff --golden " + dir + " --candidate " + cand);
+  CHECK_MESSAGE(r.status == 0, r.out);
+  r = testing::run_cli("golden --preset v4-tiny --out " + dir + "-preset");
+  CHECK_MESSAGE(r.status == 0, r.out);
+  const std::string bad = tmp("clibad");
+  r = testing::run_cli("golden --kind v4 --problem \"t=48 h=2 d=64 w=8 csa=4 hca=8 ih=4 id=32 k=4 rope=16 types=SCZ\" --out " + bad);
+  CHECK(r.status == 2);
+  CHECK(r.out.find("'types'") != std::string::npos);
+  CHECK(!fs::exists(bad));
+  r = testing::run_cli("golden --kind v4 --problem \"" + std::string(kSpec) + "\" --rows 0-3 --out " + bad);
+  CHECK(r.status == 2);
+  CHECK(!fs::exists(bad));
+  fs::remove_all(dir);
+  fs::remove_all(dir + "-preset");
+  fs::remove(cand);
+}

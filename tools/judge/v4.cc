@@ -1,0 +1,385 @@
+// indexshare diff: a DeepSeek-V4 set (kind v4, tools/lib/golden_v4.h). Per layer, for the names the
+// candidate holds:
+//   compressor.entries, indexer.entries, indexer.scores   per-element bounds (judge/v4_bounds.h)
+//   indexer.blocks   compare_topk over the golden scores (ks 0, ke the causal block end; sets, tie
+//                    rule); a Shared C4A layer's against its source's scores, and equal as sets per
+//                    row to the candidate's source blocks when it holds them
+//   attn.indices     per row: the W window slots exact; the rest, as a multiset, T + the blocks the
+//                    candidate holds for the layer (else the golden's), HCA / SWA the golden's
+//   attn.out, attn.lse, attn.max_logits   the attention recomputed on (attn.q, attn.kv = kv_full,
+//                    the indices used, attn.sink) when they differ from the golden's, within
+//                    cmp::attention_bounds_sm, plus the structure tests (as the stack judge)
+//   attn.out_rotated the inverse RoPE of the expected out, within v4b::rotated_bounds
+#include <algorithm>
+#include <map>
+
+#include "ref/module_ops.h"
+#include "ref/numerics.h"
+#include "ref/v4/layer.h"
+#include "tools/judge/v4_bounds.h"
+#include "tools/judge/walk.h"
+#include "tools/lib/golden_v4.h"
+
+namespace indexshare::diff {
+
+namespace {
+
+using ref::v4::LayerType;
+using detail::bound_rule;
+using detail::passes;
+
+const std::vector<std::string> kJudgedV4 = {"compressor.entries", "indexer.entries", "indexer.scores",  "indexer.blocks",
+                                            "attn.indices",       "attn.out",        "attn.out_rotated", "attn.lse",
+                                            "attn.max_logits"};
+
+cmp::FloatRule rule_of(std::vector<float> b, const std::string& how) {
+  cmp::FloatRule r;
+  r.bound = std::move(b);
+  r.derivation = how;
+  return r;
+}
+
+class V4Judge {
+ public:
+  V4Judge(const golden::Loaded& g, const io::SafetensorsFile& c, const ref::Kernels& k)
+      : g_(g), c_(c), k_(k), lay_(golden::v4_layout(g.manifest)) {}
+  std::set<int> layers(const std::set<int>& wanted) const;
+  void layer(int l);
+  Result res;
+
+ private:
+  std::string nm(int l, const std::string& n) const { return "layers." + std::to_string(l) + "." + n; }
+  bool has(int l, const std::string& n) const { return c_.find(nm(l, n)) != nullptr; }
+  cmp::Verdict add(int l, const std::string& n, cmp::Report r, const std::string& note = "") {
+    r.tensor = nm(l, n);
+    res.checked.push_back(nm(l, n));
+    res.tensors.push_back({l, n, std::move(r), note});
+    return res.tensors.back().report.verdict;
+  }
+  std::vector<float> entry_bounds(int l, const std::string& part);
+  void blocks(int l, Tensor<int32_t>& used);
+  cmp::Report indices(int l, const Tensor<int32_t>& cand, const Tensor<int32_t>& gold, const Tensor<int32_t>* blocks) const;
+  void attention(int l, const Tensor<int32_t>& used_indices, const std::string& note);
+  // Hypotheses on a failure: each emulates a known bug on the golden's inputs and names it when
+  // the candidate is within the tensor's bound of that emulation.
+  void entries_hypotheses(int l, const std::string& part, const Tensor<float>& cand, const std::vector<float>& bound);
+  void blocks_hypotheses(int l, const Tensor<float>& scores, const Tensor<int32_t>& ks, const Tensor<int32_t>& ke,
+                         const Tensor<int32_t>& gold, const Tensor<int32_t>& cand);
+  void attention_hypotheses(int l, const Tensor<int32_t>& used, const Tensor<float>* out, const Tensor<float>* rot,
+                            const Tensor<float>* lse, const std::vector<float>& out_bound, const std::vector<float>& lse_bound);
+  std::string P(int l) const { return "layer " + std::to_string(l); }
+
+  const golden::Loaded& g_;
+  const io::SafetensorsFile& c_;
+  const ref::Kernels& k_;
+  golden::V4Layout lay_;
+  std::map<int, Tensor<int32_t>> cand_blocks_;  // the candidate's blocks per C4A layer it holds
+};
+
+std::set<int> V4Judge::layers(const std::set<int>& wanted) const {
+  std::set<int> out;
+  const int L = int(lay_.schedule.types.size());
+  for (const io::TensorView& v : c_.tensors) {
+    int l = -1;
+    char rest[128] = {0};
+    const bool parsed = std::sscanf(v.name.c_str(), "layers.%d.%127s", &l, rest) == 2;
+    if (!parsed || v.name != nm(l, rest) || std::find(kJudgedV4.begin(), kJudgedV4.end(), std::string(rest)) == kJudgedV4.end())
+      throw Error(c_.source + ": tensor '" + v.name + "' is not a v4 golden output name (expected layers.{l}.compressor.entries, "
+                  "indexer.entries, indexer.scores, indexer.blocks, attn.indices, attn.out, attn.out_rotated, attn.lse or "
+                  "attn.max_logits)");
+    if (l < 0 || l >= L)
+      throw Error(c_.source + ": tensor '" + v.name + "': layer " + std::to_string(l) + " is outside the set's " + std::to_string(L) + " layers");
+    if (!g_.find(v.name))
+      throw Error(c_.source + ": tensor '" + v.name + "': the golden layer " + std::to_string(l) + " (" +
+                  ref::v4::layer_type_name(lay_.schedule.types[size_t(l)]) + ", " +
+                  (lay_.schedule.full(size_t(l)) ? "Full" : "no indexer of its own") + ") holds no such tensor");
+    if (wanted.empty() || wanted.count(l)) out.insert(l);
+  }
+  for (int l : wanted)
+    if (!out.count(l)) throw Error(c_.source + ": --layers asks for layer " + std::to_string(l) + ", which the candidate does not hold");
+  if (out.empty()) throw Error(c_.source + ": no v4 golden output names to judge");
+  return out;
+}
+
+// The compressor's (part "compressor") or the indexer's ("indexer") entry bounds of layer l.
+std::vector<float> V4Judge::entry_bounds(int l, const std::string& part) {
+  const std::string p = "layers." + std::to_string(l) + "." + part + ".";
+  const LayerType t = part == "indexer" ? LayerType::csa : lay_.schedule.types[size_t(l)];
+  const ref::v4::CompressorParams cp =
+      part == "indexer" ? ref::v4::indexer_compressor_params(lay_.cfg) : ref::v4::compressor_params(lay_.cfg, t);
+  return v4b::compressor_bounds(g_.tensor<float>(p + "kv"), g_.tensor<float>(p + "gate"), g_.tensor<float>(p + "position_bias"),
+                                g_.tensor<float>(p + "norm_weight"), cp);
+}
+
+void V4Judge::layer(int l) {
+  const size_t L = size_t(l);
+  const LayerType t = lay_.schedule.types[L];
+  const std::string P = "layer " + std::to_string(l) + " (" + std::string(1, ref::v4::layer_type_char(t)) +
+                        (t != LayerType::csa ? "" : lay_.schedule.full(L) ? ", Full" : ", Shared from " + std::to_string(lay_.schedule.source[L])) + ")";
+  const std::string how = "f32 arithmetic in any order, 2 x gamma(n) x magnitude sums (judge/v4_bounds.h)";
+  if (has(l, "compressor.entries")) {
+    const Tensor<float> gold = g_.tensor<float>(nm(l, "compressor.entries"));
+    const Tensor<float> cand = candidate_float(c_, nm(l, "compressor.entries"), gold.shape);
+    std::vector<float> b = entry_bounds(l, "compressor");
+    if (add(l, "compressor.entries", cmp::compare_floats("", gold, cand, rule_of(b, how))) == cmp::Verdict::fail)
+      entries_hypotheses(l, "compressor", cand, b);
+  }
+  std::vector<float> kb;
+  if (has(l, "indexer.entries") || has(l, "indexer.scores")) kb = entry_bounds(l, "indexer");
+  if (has(l, "indexer.entries")) {
+    const Tensor<float> gold = g_.tensor<float>(nm(l, "indexer.entries"));
+    const Tensor<float> cand = candidate_float(c_, nm(l, "indexer.entries"), gold.shape);
+    if (add(l, "indexer.entries", cmp::compare_floats("", gold, cand, rule_of(kb, how))) == cmp::Verdict::fail)
+      entries_hypotheses(l, "indexer", cand, kb);
+  }
+  if (has(l, "indexer.scores")) {
+    const std::string p = "layers." + std::to_string(l) + ".indexer.";
+    const Tensor<float> gold = g_.tensor<float>(p + "scores");
+    std::vector<float> b = v4b::index_score_bounds(g_.tensor<float>(p + "q"), g_.tensor<float>(p + "entries"),
+                                                   g_.tensor<float>(p + "weights"), lay_.cfg.csa_ratio, kb);
+    add(l, "indexer.scores", cmp::compare_floats("", gold, candidate_float(c_, p + "scores", gold.shape), rule_of(std::move(b), how)));
+  }
+  Tensor<int32_t> used = g_.tensor<int32_t>(nm(l, "attn.indices"));
+  std::string note;
+  if (t == LayerType::csa && has(l, "indexer.blocks")) blocks(l, used);
+  if (has(l, "attn.indices")) {
+    const Tensor<int32_t> gold = g_.tensor<int32_t>(nm(l, "attn.indices"));
+    const Tensor<int32_t> cand = candidate_int(c_, nm(l, "attn.indices"), gold.shape, res.diagnoses);
+    const auto cb = cand_blocks_.find(l);
+    Tensor<int32_t> gb;
+    if (t == LayerType::csa && cb == cand_blocks_.end()) gb = g_.tensor<int32_t>(nm(l, "indexer.blocks"));
+    const Tensor<int32_t>* bl = t != LayerType::csa ? nullptr : cb != cand_blocks_.end() ? &cb->second : &gb;
+    if (add(l, "attn.indices", indices(l, cand, gold, bl)) != cmp::Verdict::fail) used = cand;
+    else res.diagnoses.push_back(P + ": attn.indices differ from the window and the selected blocks: the attention is judged on "
+                                 "the golden's indices");
+  }
+  if (used.data != g_.tensor<int32_t>(nm(l, "attn.indices")).data)
+    note = "expected recomputed on the candidate's indices (the same sets up to ties)";
+  if (has(l, "attn.out") || has(l, "attn.out_rotated") || has(l, "attn.lse") || has(l, "attn.max_logits")) attention(l, used, note);
+}
+
+// indexer.blocks: compare_topk over the (source's) golden scores; a Shared layer's equal to the
+// candidate's source blocks. `used` becomes the indices built from the candidate's blocks when
+// they pass.
+void V4Judge::blocks(int l, Tensor<int32_t>& used) {
+  const size_t L = size_t(l);
+  const int src = lay_.schedule.source[L];
+  const Tensor<int32_t> gold = g_.tensor<int32_t>(nm(l, "indexer.blocks"));
+  Tensor<int32_t> cand = candidate_int(c_, nm(l, "indexer.blocks"), gold.shape, res.diagnoses);
+  const int64_t T = lay_.cfg.n_tokens, n_b = T / lay_.cfg.csa_ratio;
+  const Tensor<float> scores = g_.tensor<float>(nm(src, "indexer.scores"));
+  const Tensor<int32_t> ks({T}, 0), ke = ref::v4::causal_block_end(T, lay_.cfg.csa_ratio, n_b);
+  cmp::TopkOptions opt;
+  Tensor<float> cs;
+  if (src == l && has(l, "indexer.scores")) {
+    cs = candidate_float(c_, nm(l, "indexer.scores"), scores.shape);
+    opt.candidate_logits = &cs;
+  }
+  bool ok = add(l, "indexer.blocks", cmp::compare_topk("", scores, ks, ke, gold, cand, opt),
+                src == l ? "" : "judged on its source layer " + std::to_string(src) + "'s scores") != cmp::Verdict::fail;
+  if (!ok) blocks_hypotheses(l, scores, ks, ke, gold, cand);
+  if (src != l && has(src, "indexer.blocks")) {  // Shared: the candidate's source blocks, as sets per row
+    const Tensor<int32_t> sbt = candidate_int(c_, nm(src, "indexer.blocks"), gold.shape, res.diagnoses);
+    const Tensor<int32_t>* sb = &sbt;
+    cmp::Report r;
+    r.stats.n = T;
+    for (int64_t t = 0; t < T; ++t) {
+      std::vector<int32_t> a(&cand[t * cand.dim(1)], &cand[t * cand.dim(1)] + cand.dim(1)), b(&(*sb)[t * cand.dim(1)], &(*sb)[t * cand.dim(1)] + cand.dim(1));
+      std::sort(a.begin(), a.end());
+      std::sort(b.begin(), b.end());
+      if (a == b) continue;
+      ++r.stats.n_fail;
+      if (r.mismatches.size() < cmp::kMaxMismatches)
+        r.mismatches.push_back({{t}, 0, 0, 0, 0, "row " + std::to_string(t) + ": not the source layer " + std::to_string(src) + "'s blocks"});
+    }
+    if (r.stats.n_fail) {
+      r.verdict = cmp::Verdict::fail;
+      r.reasons.push_back("a Shared C4A layer must use its source layer " + std::to_string(src) + "'s blocks (" +
+                          std::to_string(r.stats.n_fail) + " rows differ)");
+      ok = false;
+    }
+    add(l, "indexer.blocks [= source's]", std::move(r));
+  }
+  cand_blocks_[l] = cand;
+  if (ok) used = ref::v4::attention_indices(lay_.cfg, LayerType::csa, lay_.n_c[L], &cand);
+}
+
+cmp::Report V4Judge::indices(int l, const Tensor<int32_t>& cand, const Tensor<int32_t>& gold, const Tensor<int32_t>* bl) const {
+  const int64_t T = lay_.cfg.n_tokens, W = lay_.cfg.window, width = gold.dim(2) - W;
+  cmp::Report r;
+  r.stats.n = T;
+  auto miss = [&](int64_t t, const std::string& what) {
+    ++r.stats.n_fail;
+    if (r.mismatches.size() < cmp::kMaxMismatches) r.mismatches.push_back({{t}, 0, 0, 0, 0, "row " + std::to_string(t) + ": " + what});
+  };
+  for (int64_t t = 0; t < T; ++t) {
+    const int32_t* c = &cand[t * (W + width)];
+    const int32_t* g = &gold[t * (W + width)];
+    bool win = true;
+    for (int64_t i = 0; i < W; ++i) win = win && c[i] == g[i];
+    if (!win) {
+      miss(t, "the window slots are not t - W + 1 .. t (-1 below 0)");
+      continue;
+    }
+    std::vector<int32_t> want(g + W, g + W + width), got(c + W, c + W + width);
+    if (bl)
+      for (int64_t j = 0; j < width; ++j) {
+        const int32_t b = (*bl)[t * width + j];
+        want[size_t(j)] = b >= 0 ? int32_t(T + b) : -1;
+      }
+    std::sort(want.begin(), want.end());
+    std::sort(got.begin(), got.end());
+    if (want != got) miss(t, bl ? "the compressed slots are not T + the row's blocks" : "the compressed slots are not T + the causal entries");
+  }
+  if (r.stats.n_fail) {
+    r.verdict = cmp::Verdict::fail;
+    r.reasons.push_back(std::to_string(r.stats.n_fail) + " of " + std::to_string(T) + " rows differ (window exact; compressed part as sets)");
+  }
+  (void)l;
+  return r;
+}
+
+void V4Judge::attention(int l, const Tensor<int32_t>& used, const std::string& note) {
+  const ref::v4::Config& cfg = lay_.cfg;
+  const int64_t T = cfg.n_tokens, H = cfg.n_heads, D = cfg.head_dim;
+  const Tensor<bf16_t> q = g_.tensor<bf16_t>(nm(l, "attn.q")), kv = g_.tensor<bf16_t>(nm(l, "attn.kv"));
+  const Tensor<float> sink = g_.tensor<float>(nm(l, "attn.sink"));
+  const float sm = cfg.sm_scale();
+  ref::AttentionOut e;
+  if (note.empty()) {
+    e.out = g_.tensor<float>(nm(l, "attn.out"));
+    e.lse = g_.tensor<float>(nm(l, "attn.lse"));
+    e.max_logits = g_.tensor<float>(nm(l, "attn.max_logits"));
+  } else {
+    e = k_.sparse_attention(q, kv, used, sm, D, nullptr, &sink);
+  }
+  const cmp::AttentionBounds b = k_.attention_bounds_sm(q, kv, used, sm, D, nullptr, &sink, e, nullptr);
+  auto spec = [&](const char* n, int64_t cols, double floor) {
+    cmp::StructureSpec s;
+    s.tensor = n;
+    s.rows = T;
+    s.heads = H;
+    s.cols = cols;
+    s.cluster_cols = cols;
+    s.lanes = cols > 1;
+    s.floor = floor;
+    return s;
+  };
+  bool failed = false;
+  Tensor<float> co, cr, cl;
+  if (has(l, "attn.out")) {
+    co = candidate_float(c_, nm(l, "attn.out"), {T, H, D});
+    failed |= add(l, "attn.out", cmp::compare_structured("", e.out, co, bound_rule(b.out, -1), spec("attn.out", D, cmp::kFloorOut)),
+                  note) == cmp::Verdict::fail;
+  }
+  if (has(l, "attn.out_rotated")) {
+    const ref::v4::RopeParams& rope = lay_.schedule.types[size_t(l)] == LayerType::sliding ? cfg.main_rope : cfg.compress_rope;
+    Tensor<float> rot = e.out;
+    const std::vector<float> freq = ref::v4::inv_freq(rope);
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t h = 0; h < H; ++h) ref::v4::apply_rope_inverse(&rot.at(t, h, D - rope.rope_dim), rope.rope_dim, t, freq);
+    cmp::FloatRule r = rule_of(v4b::rotated_bounds(e.out, b.out, rope), "attn.out's bound through the inverse RoPE (judge/v4_bounds.h)");
+    cr = candidate_float(c_, nm(l, "attn.out_rotated"), {T, H, D});
+    failed |= add(l, "attn.out_rotated", cmp::compare_structured("", rot, cr, r, spec("attn.out_rotated", D, cmp::kFloorOut)), note) ==
+              cmp::Verdict::fail;
+  }
+  if (has(l, "attn.lse")) {
+    cl = candidate_float(c_, nm(l, "attn.lse"), {T, H});
+    failed |= add(l, "attn.lse", cmp::compare_structured("", e.lse, cl, bound_rule(b.lse, -1), spec("attn.lse", 1, cmp::kFloorLse)),
+                  note) == cmp::Verdict::fail;
+  }
+  if (has(l, "attn.max_logits"))
+    add(l, "attn.max_logits", cmp::compare_structured("", e.max_logits, candidate_float(c_, nm(l, "attn.max_logits"), {T, H}),
+                                                      bound_rule(b.max_logits, -1), spec("attn.max_logits", 1, cmp::kFloorLse)), note);
+  if (failed)
+    attention_hypotheses(l, used, co.numel() ? &co : nullptr, cr.numel() ? &cr : nullptr, cl.numel() ? &cl : nullptr, b.out, b.lse);
+}
+
+void V4Judge::entries_hypotheses(int l, const std::string& part, const Tensor<float>& cand, const std::vector<float>& bound) {
+  const std::string p = nm(l, part + ".");
+  const LayerType t = part == "indexer" ? LayerType::csa : lay_.schedule.types[size_t(l)];
+  ref::v4::CompressorParams cp =
+      part == "indexer" ? ref::v4::indexer_compressor_params(lay_.cfg) : ref::v4::compressor_params(lay_.cfg, t);
+  const Tensor<float> kv = g_.tensor<float>(p + "kv"), gate = g_.tensor<float>(p + "gate"), bias = g_.tensor<float>(p + "position_bias");
+  const Tensor<float> w = g_.tensor<float>(p + "norm_weight");
+  auto near = [&](const Tensor<float>& x, double rel) {
+    std::vector<float> b = bound;
+    for (size_t i = 0; i < b.size(); ++i) b[i] = cmp::bound_f32(double(b[i]) + rel * std::fabs(double(x[int64_t(i)])));
+    return passes(cmp::compare_floats("", x, cand, rule_of(std::move(b), "")));
+  };
+  const Tensor<float> ones(w.shape, 1.0f);
+  if (near(ref::v4::compress(kv, gate, bias, ones, cp), 0))
+    res.diagnoses.push_back(P(l) + ": " + part + ".entries match the compressor without its RMSNorm weight (norm_weight ignored)");
+  ref::v4::CompressorParams bf = cp;
+  bf.rounding = ref::v4::CompressorRounding::hf_bf16;
+  if (near(ref::v4::compress(kv, gate, bias, w, bf), 0x1p-7))
+    res.diagnoses.push_back(P(l) + ": " + part + ".entries are at bf16 precision (transformers' bf16 rounding points), not f32 arithmetic");
+  Tensor<float> unrot = ref::v4::compress(kv, gate, bias, w, cp);
+  const int rd = cp.rope.rope_dim;
+  const std::vector<float> freq = ref::v4::inv_freq(cp.rope);
+  for (int64_t e = 0; e < unrot.dim(0); ++e) ref::v4::apply_rope_inverse(&unrot.at(e, unrot.dim(1) - rd), rd, e * cp.ratio, freq);
+  if (near(unrot, 0)) res.diagnoses.push_back(P(l) + ": " + part + ".entries match the entries without their RoPE");
+}
+
+void V4Judge::blocks_hypotheses(int l, const Tensor<float>& scores, const Tensor<int32_t>& ks, const Tensor<int32_t>& ke,
+                                const Tensor<int32_t>& gold, const Tensor<int32_t>& cand) {
+  for (int shift : {-1, 1}) {
+    Tensor<int32_t> s = cand;
+    for (int32_t& x : s.data) x = x >= 0 ? x + shift : x;
+    if (passes(cmp::compare_topk("", scores, ks, ke, gold, s)))
+      res.diagnoses.push_back(P(l) + ": indexer.blocks are the golden's shifted by " + std::to_string(-shift) +
+                              " block (an off-by-one block number)");
+  }
+  const int src = lay_.schedule.source[size_t(l)];
+  if (src != l) res.diagnoses.push_back(P(l) + ": a Shared C4A layer whose blocks are not its source layer " + std::to_string(src) +
+                                        "'s (its own indexer, or the schedule off)");
+}
+
+void V4Judge::attention_hypotheses(int l, const Tensor<int32_t>& used, const Tensor<float>* out, const Tensor<float>* rot,
+                                   const Tensor<float>* lse, const std::vector<float>& out_bound, const std::vector<float>& lse_bound) {
+  const ref::v4::Config& cfg = lay_.cfg;
+  const int64_t T = cfg.n_tokens, H = cfg.n_heads, D = cfg.head_dim;
+  const Tensor<bf16_t> q = g_.tensor<bf16_t>(nm(l, "attn.q")), kv = g_.tensor<bf16_t>(nm(l, "attn.kv"));
+  const Tensor<float> sink = g_.tensor<float>(nm(l, "attn.sink"));
+  const ref::AttentionOut e = k_.sparse_attention(q, kv, used, cfg.sm_scale(), D, nullptr, &sink);
+  if (out) {
+    const ref::AttentionOut n = k_.sparse_attention(q, kv, used, cfg.sm_scale(), D, nullptr, nullptr);
+    const cmp::AttentionBounds nb = k_.attention_bounds_sm(q, kv, used, cfg.sm_scale(), D, nullptr, nullptr, n, nullptr);
+    if (passes(cmp::compare_floats("", n.out, *out, bound_rule(nb.out, -1))))
+      res.diagnoses.push_back(P(l) + ": attn.out is the attention without the sink (the sink ignored)");
+  }
+  if (lse) {
+    Tensor<float> with = e.lse;
+    for (int64_t i = 0; i < with.numel(); ++i) {
+      const double x = with[i], s = sink[i % H], mx = std::max(x, s);
+      with[i] = float(mx + std::log(std::exp(x - mx) + std::exp(s - mx)));
+    }
+    if (passes(cmp::compare_floats("", with, *lse, bound_rule(lse_bound, -1))))
+      res.diagnoses.push_back(P(l) + ": attn.lse includes the sink (ln(exp(lse) + exp(sink))); the golden's excludes it");
+  }
+  if (rot) {
+    const ref::v4::RopeParams& rope = lay_.schedule.types[size_t(l)] == LayerType::sliding ? cfg.main_rope : cfg.compress_rope;
+    const std::vector<float> freq = ref::v4::inv_freq(rope);
+    const std::vector<float> rb = v4b::rotated_bounds(e.out, out_bound, rope);
+    if (passes(cmp::compare_floats("", e.out, *rot, rule_of(rb, ""))))
+      res.diagnoses.push_back(P(l) + ": attn.out_rotated is the kernel output without the inverse RoPE (the rotation skipped)");
+    Tensor<float> fwd = e.out;
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t h = 0; h < H; ++h) ref::apply_rope(&fwd.at(t, h, D - rope.rope_dim), rope.rope_dim, t, freq, ref::RopeLayout::interleaved);
+    if (passes(cmp::compare_floats("", fwd, *rot, rule_of(rb, ""))))
+      res.diagnoses.push_back(P(l) + ": attn.out_rotated is rotated by +angle (the forward RoPE), not the inverse (-sin)");
+  }
+}
+
+}  // namespace
+
+Result judge_v4(const golden::Loaded& g, const io::SafetensorsFile& c, const std::set<int>& wanted, const ref::Kernels& k) {
+  V4Judge j(g, c, k);
+  const std::set<int> layers = j.layers(wanted);
+  // The blocks of a Shared layer are checked against its source's: a source the candidate holds is
+  // judged first (layers ascending: sources precede).
+  for (int l : layers) j.layer(l);
+  return std::move(j.res);
+}
+
+}  // namespace indexshare::diff

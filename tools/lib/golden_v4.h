@@ -1,0 +1,79 @@
+// indexshare: DeepSeek-V4 golden sets (kind "v4"): a V4 attention stack (ref/v4/stack.h) on
+// generated inputs, with every tensor a kernel reads and every intermediate a kernel team compares.
+//
+// The descriptor (V4Spec), a `--problem`-like text, space separated key=value, printed canonically
+// in this order (the manifest's `problem` and the replay line):
+//   t=48 h=2 d=64 w=8 csa=4 hca=8 ih=4 id=32 k=4 rope=16 ctx=32 types=SCHCC sched=FSF rot=hf seed=1
+//   t     tokens T (one sequence, a prefill from position 0)     h, d   heads H, head_dim D
+//   w     sliding window W                                       csa, hca  compression ratios m, m'
+//   ih, id  indexer heads H_I and head_dim D_I                   k      index top-k
+//   rope  rope_dim of both RoPEs (V4 64)                         ctx    the compress RoPE's YaRN
+//                                                                       original_max_position (V4 65536)
+//   types one of S / C / H per layer (SWA, C4A, HCA)
+//   sched the C4A layers' Full/Shared pattern (F/S per C4A layer, first F), or
+//   freq=F rule=R  the frequency rule by name: "j%f==0" or "max(j-1,0)%f" (ref/v4/stack.h)
+//   rot   hf (no rotation) or megatron (Hadamard)                seed   the generator's seed
+// Every key is required except ctx (65536), rot (hf), seed (1) and sched/freq (all Full).
+//
+// Tensors, per layer l (prefix "layers.{l}."); n_c = floor(T / m) (C4A) or floor(T / m') (HCA),
+// n_b = floor(T / m), k_eff = min(k, n_b); roles in brackets:
+//   attn.q [T, H, D] bf16 [input]   attn.kv [T + n_c, 1, D] bf16 [input]: kv_full, the T token rows
+//   then bf16(compressor.entries) (rows T ..)   attn.sink [H] f32 [input]
+//   attn.indices [T, 1, W + width] i32 [input]: the window (slot i of row t is t - W + 1 + i, -1
+//     below 0), then T + block per selected block (C4A, width k_eff, -1 kept) or T + j for every
+//     entry j < floor((t + 1) / m') (HCA, width n_c, -1 past it); SWA: width 0
+//   attn.out [T, H, D] f32 [output]: the sparse attention kernel's output (FlashMLA's sparse
+//     prefill with the sink, d_v = D), BEFORE the inverse RoPE; attn.out_bf16 its bf16 [output]
+//   attn.out_rotated [T, H, D] f32 [output]: attn.out with the inverse RoPE at the query position
+//     on the trailing rope_dim channels (what ref::v4::run_layer returns)
+//   attn.lse, attn.max_logits [T, H] f32 [output] (lse without the sink)
+//   C4A and HCA: compressor.kv, compressor.gate [T, 2D or D], compressor.position_bias [m, width],
+//     compressor.norm_weight [D] f32 [input]; compressor.entries [n_c, D] f32 [output]
+//   Full C4A: indexer.kv, indexer.gate [T, 2 D_I], indexer.position_bias [m, 2 D_I],
+//     indexer.norm_weight [D_I], indexer.q [T, H_I, D_I], indexer.weights [T, H_I] f32 [input];
+//     indexer.entries [n_b, D_I], indexer.scores [T, n_b] f32, indexer.blocks [T, k_eff] i32 [output]
+//   C4A (Full or Shared): indexer.blocks (a Shared layer's are its source's) [output]
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "ref/v4/stack.h"
+#include "tools/lib/golden.h"
+#include "tools/lib/impl.h"
+
+namespace indexshare::golden {
+
+struct V4Spec {
+  ref::v4::Config cfg;
+  std::string types;        // "SCHCC"
+  std::string pattern;      // F/S per C4A layer, or empty with freq
+  int freq = 0;             // > 0: the freq rule
+  ref::v4::FreqRule rule = ref::v4::FreqRule::modulo;
+  ref::v4::Schedule schedule() const;
+};
+// Parses the descriptor; Error naming the key (e.g. "v4 spec field 'h': ...").
+V4Spec parse_v4_spec(const std::string& text);
+std::string to_string(const V4Spec& s);  // canonical
+
+// The set; replay: the command recorded in the manifest.
+GoldenSet build_v4(const V4Spec& s, const std::string& replay, Impl impl = Impl::ref);
+// "indexshare golden --kind v4 --problem \"SPEC\"" (+ --impl), without --out.
+std::string v4_replay(const V4Spec& s, Impl impl);
+
+// Checks a v4 set's manifest and tensors (golden::read calls it for kind "v4"): config, layers,
+// schedule, conventions, every tensor's name, role, dtype and shape against the config; Error
+// naming the manifest field.
+void check_v4_manifest(const Loaded& g, const std::string& mpath);
+
+// What the judge reads of a v4 manifest.
+struct V4Layout {
+  ref::v4::Config cfg;
+  ref::v4::Schedule schedule;
+  std::vector<int64_t> n_c;  // per layer
+};
+V4Layout v4_layout(const nlohmann::json& manifest);
+
+}  // namespace indexshare::golden
