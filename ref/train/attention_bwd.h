@@ -26,8 +26,9 @@
 //            is zero, so out = sum_i P_i V_i and the usual softmax backward holds with this P
 //   O      = sum_i P_i V_i                            the forward's out (exact, before rounding)
 //   Delta  = sum_c O_c dO_c   (c < d_v)               = sum_i P_i dP_i; from the EXACT O: a kernel
-//            that forms Delta from its bf16 out carries that rounding into every dS (a known bug
-//            class; the judge names it)
+//            that forms Delta from its bf16 out (TileLang's does) carries that rounding into every
+//            dS, within the judge's bounds (delta_from_bf16_out); Delta summed in bf16 is the bug
+//            the judge names
 //   dP_i   = dO[t,h,:] . V_i
 //   dS_i   = P_i (dP_i - Delta)                       dL/ds_i, with respect to the SCALED logit
 //            (TileLang's dS is sm_scale times this: it differentiates the raw q . k)

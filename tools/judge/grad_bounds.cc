@@ -30,10 +30,9 @@ std::vector<std::pair<int64_t, int64_t>> valid_slots(const Tensor<int32_t>& ind,
   return v;
 }
 
-// Per (t, h): the quantities of the header shared by dq, dkv, delta and d_sink.
+// Per (t, h): the quantities of the header that delta and d_sink read.
 struct RowHead {
   double eP = 0, E_D = 0, dlse = 0;
-  std::vector<double> D;  // per valid slot
 };
 
 RowHead row_head(const AttentionBackwardTruth& a, int64_t t, int64_t h, const std::vector<std::pair<int64_t, int64_t>>& slots) {
@@ -68,53 +67,22 @@ RowHead row_head(const AttentionBackwardTruth& a, int64_t t, int64_t h, const st
     E_D += std::fabs(bf(dO[c])) * eO + gam(double(d_v)) * std::fabs(double(O[c]) * bf(dO[c]));
   }
   r.E_D = E_D;
-  r.D.reserve(slots.size());
-  for (const auto& [j, i] : slots) {
-    double c_i = 0;
-    for (int64_t c = 0; c < d_v; ++c) c_i += std::fabs(bf(dO[c]) * bf(kv[i * d_qk + c]));
-    c_i *= gam(double(d_v));
-    const double P = a.p->ptr()[(t * h_q + h) * topk + j], dS = std::fabs(a.ds->ptr()[(t * h_q + h) * topk + j]);
-    r.D.push_back((r.eP * dS + P * (c_i + E_D)) * (1 + kB) + (kB + 3 * kU) * dS);
-  }
   return r;
 }
 
 }  // namespace
 
-std::map<std::string, std::vector<float>> attention_backward_bounds(const AttentionBackwardTruth& a) {
+std::map<std::string, std::vector<float>> delta_sink_bounds(const AttentionBackwardTruth& a) {
   const Tensor<bf16_t>& q = *a.q;
   const Tensor<bf16_t>& kv = *a.kv;
-  const int64_t s_q = q.dim(0), h_q = q.dim(1), d_qk = q.dim(2), s_kv = kv.dim(0), d_v = a.d_v, topk = a.p->dim(2);
-  std::vector<double> dq_b(size_t(s_q * h_q * d_qk), 0.0), delta_b(size_t(s_q * h_q), 0.0);
-  std::vector<double> dkv_err(size_t(s_kv * d_qk), 0.0), dkv_mag(size_t(s_kv * d_qk), 0.0), dkv_n(size_t(s_kv), 0.0);
-  std::vector<double> sink_b(size_t(h_q), 0.0), sink_mag(size_t(h_q), 0.0);
+  const int64_t s_q = q.dim(0), h_q = q.dim(1), s_kv = kv.dim(0);
+  std::vector<double> delta_b(size_t(s_q * h_q), 0.0), sink_b(size_t(h_q), 0.0), sink_mag(size_t(h_q), 0.0);
   for (int64_t t = 0; t < s_q; ++t) {
     const auto slots = valid_slots(*a.indices, t, s_kv);
     if (slots.empty()) continue;
-    const double n = double(slots.size());
     for (int64_t h = 0; h < h_q; ++h) {
       const RowHead r = row_head(a, t, h, slots);
       delta_b[size_t(t * h_q + h)] = r.E_D;
-      const bf16_t* qr = q.ptr() + (t * h_q + h) * d_qk;
-      const bf16_t* dO = a.d_out->ptr() + (t * h_q + h) * d_v;
-      for (size_t si = 0; si < slots.size(); ++si) {
-        const auto [j, i] = slots[si];
-        const double P = a.p->ptr()[(t * h_q + h) * topk + j], dS = std::fabs(a.ds->ptr()[(t * h_q + h) * topk + j]);
-        const double Di = r.D[si];
-        dkv_n[size_t(i)] += 1;
-        for (int64_t d = 0; d < d_qk; ++d) {
-          const double K = std::fabs(bf(kv[i * d_qk + d])), Q = std::fabs(bf(qr[d]));
-          dq_b[size_t((t * h_q + h) * d_qk + d)] += a.sm * (Di + gam(n) * (dS + Di)) * K;
-          double err = a.sm * Di * Q, mag = a.sm * (dS + Di) * Q;
-          if (d < d_v) {
-            const double g = std::fabs(bf(dO[d]));
-            err += (r.eP + kB) * (1 + kB) * P * g;
-            mag += P * (1 + r.eP + kB) * g;
-          }
-          dkv_err[size_t(i * d_qk + d)] += err;
-          dkv_mag[size_t(i * d_qk + d)] += mag;
-        }
-      }
       if (a.sink) {
         const double lse = a.lse->ptr()[t * h_q + h];
         const double f = 1 / (1 + std::exp(double(a.sink->ptr()[h]) - lse)), Dl = std::fabs(a.delta->ptr()[t * h_q + h]);
@@ -124,13 +92,6 @@ std::map<std::string, std::vector<float>> attention_backward_bounds(const Attent
     }
   }
   std::map<std::string, std::vector<float>> out;
-  std::vector<float>& bq = out["dq"];
-  bq.resize(dq_b.size());
-  for (size_t e = 0; e < dq_b.size(); ++e) bq[e] = finish_bound(dq_b[e], a.dq->ptr()[e]);
-  std::vector<float>& bk = out["dkv"];
-  bk.resize(dkv_err.size());
-  for (size_t e = 0; e < dkv_err.size(); ++e)
-    bk[e] = finish_bound(dkv_err[e] + gam(dkv_n[e / size_t(d_qk)]) * dkv_mag[e], a.dkv->ptr()[e]);
   std::vector<float>& bd = out["delta"];
   bd.resize(delta_b.size());
   for (size_t e = 0; e < delta_b.size(); ++e) bd[e] = finish_bound(delta_b[e], a.delta->ptr()[e]);
