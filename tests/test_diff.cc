@@ -20,6 +20,7 @@
 #include "ref/rng.h"
 #include "ref/topk.h"
 #include "tests/xml_check.h"
+#include "tests/candidate_util.h"
 #include "tools/judge/diff.h"
 #include "tests/cli_util.h"
 #include "tests/ties_util.h"
@@ -30,21 +31,7 @@ namespace {
 
 std::string golden_dir(const std::string& name) { return std::string(INDEXSHARE_SOURCE_DIR) + "/golden/" + name; }
 
-// A candidate under construction: tensors by name, written to a temporary safetensors file.
-struct Candidate {
-  std::map<std::string, io::TensorView> t;
-  template <class T>
-  void set(const std::string& name, const Tensor<T>& v) { t[name] = io::make_view(name, v); }
-  io::SafetensorsFile file() const {
-    const std::string path = std::filesystem::temp_directory_path() / ("indexshare-diff-" + std::to_string(::getpid()) + ".safetensors");
-    std::vector<io::TensorView> list;
-    for (const auto& [n, v] : t) list.push_back(v);
-    io::write_safetensors(path, list);
-    io::SafetensorsFile f = io::read_safetensors(path);
-    std::filesystem::remove(path);
-    return f;
-  }
-};
+using Candidate = indexshare::testing::Candidate;
 
 // A candidate that reproduces the golden exactly as a correct kernel would report it: bf16
 // attention output, the golden lse / max_logits, indices and top-k.

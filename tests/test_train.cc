@@ -14,6 +14,7 @@
 #include "ref/numerics.h"
 #include "ref/train/attention_bwd.h"
 #include "tests/cli_util.h"
+#include "tests/candidate_util.h"
 #include "tools/judge/diff.h"
 #include "tools/lib/golden_train.h"
 
@@ -36,20 +37,7 @@ TrainSet make_set(const golden::TrainSpec& t = {}, const char* problem = kProble
   return {dir, golden::read(dir)};
 }
 
-struct Cand {
-  std::map<std::string, io::TensorView> t;
-  template <class T>
-  void set(const std::string& name, const Tensor<T>& v) { t[name] = io::make_view(name, v); }
-  io::SafetensorsFile file() const {
-    const std::string path = std::filesystem::temp_directory_path() / ("indexshare-train-cand-" + std::to_string(::getpid()) + ".safetensors");
-    std::vector<io::TensorView> list;
-    for (const auto& [n, v] : t) list.push_back(v);
-    io::write_safetensors(path, list);
-    io::SafetensorsFile f = io::read_safetensors(path);
-    std::filesystem::remove(path);
-    return f;
-  }
-};
+using Cand = indexshare::testing::Candidate;
 
 const char* kAttnGrads[] = {"attn_bwd.delta", "attn_bwd.dq", "attn_bwd.dkv", "attn_bwd.d_sink"};
 const char* kLossGrads[] = {"indexer_loss.p", "indexer_loss.log_q", "indexer_loss.kl", "indexer_loss.loss",

@@ -19,6 +19,7 @@
 #include "ref/numerics.h"
 #include "ref/v4/stack.h"
 #include "tests/cli_util.h"
+#include "tests/candidate_util.h"
 #include "tools/judge/diff.h"
 #include "tools/lib/golden_v4.h"
 
@@ -49,20 +50,7 @@ const V4Set& tiny_set() {
   return s;
 }
 
-struct Cand {
-  std::map<std::string, io::TensorView> t;
-  template <class T>
-  void set(const std::string& name, const Tensor<T>& v) { t[name] = io::make_view(name, v); }
-  io::SafetensorsFile file() const {
-    const std::string path = tmp("cand") + ".safetensors";
-    std::vector<io::TensorView> list;
-    for (const auto& [n, v] : t) list.push_back(v);
-    io::write_safetensors(path, list);
-    io::SafetensorsFile f = io::read_safetensors(path);
-    fs::remove(path);
-    return f;
-  }
-};
+using Cand = indexshare::testing::Candidate;
 
 const char* kFloatOut[] = {"compressor.entries", "indexer.entries", "indexer.scores", "attn.out", "attn.out_rotated",
                            "attn.lse", "attn.max_logits"};
