@@ -171,7 +171,9 @@ int golden_v4(const GoldenArgs& a, std::chrono::steady_clock::time_point t0) {
                "other kinds", "a v4 set takes its sizes, layer types, schedule and seed from its descriptor");
   require(!dist_active(), "golden: a v4 set is computed by one process: run it without mpirun / srun");
   const golden::V4Spec s = golden::parse_v4_spec(a.preset.empty() ? a.problem : golden::preset(a.preset).problem);
-  const std::optional<Impl> impl = a.impl == "auto" ? std::optional<Impl>(Impl::simd) : impl_named(a.impl);
+  // simd unless --impl says otherwise: the same bytes (simd/ is bit-identical to ref/), in seconds at V4-Flash's shapes.
+  const std::optional<Impl> impl =
+      a.impl == "auto" || !was_given(a.given, "--impl") ? std::optional<Impl>(Impl::simd) : impl_named(a.impl);
   require(impl.has_value(), "golden: --impl must be ref, simd or auto, got '" + a.impl + "'");
   reject_target_on_ref(a.given, *impl);
   const std::string replay = golden::v4_replay(s, *impl) + " --out " + a.out;

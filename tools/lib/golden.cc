@@ -102,11 +102,12 @@ const std::vector<Preset>& presets() {
       {"v4-tiny", "t=48 h=2 d=64 w=8 csa=4 hca=8 ih=4 id=32 k=4 rope=16 ctx=32 types=SCHCC sched=FSF rot=hf seed=31", "v4",
        "DeepSeek-V4 layers at tiny shapes: SWA, C4A Full, HCA, C4A Shared, C4A Full; 48 tokens, top-4 of 12 blocks", ""},
       {"deepseek-v4-flash",
-       "t=256 h=64 d=512 w=128 csa=4 hca=128 ih=64 id=128 k=512 rope=64 ctx=65536 types=SCHCC freq=2 rule=j%f==0 rot=hf "
+       "t=2176 h=64 d=512 w=128 csa=4 hca=128 ih=64 id=128 k=512 rope=64 ctx=65536 types=SCHCC freq=2 rule=j%f==0 rot=hf "
        "seed=32",
        "v4",
        "DeepSeek-V4-Flash attention shapes (H 64, D 512, W 128, top-512 over 4:1 blocks, indexer 64 x 128, HCA 128), "
-       "256 tokens, layers SCHCC with the C4A layers Full/Shared by freq 2", ""},
+       "2176 tokens (544 blocks: top-512 selects from row 2051 on), layers SCHCC with the C4A layers Full/Shared by freq 2",
+       ""},
   };
   return p;
 }
