@@ -30,6 +30,8 @@ const char* kValid = "sq4 skv512 hq64 dqk576 dv512 ih64 id128 k128 seed3 nseq2";
 std::string valid_problem(const kreg::Kernel& k) {
   if (k.name == "flashmla-sparse-prefill-model1") return "sq4 skv512 hq64 dqk512 dv512 ih64 id128 k128 seed3 nseq2 sink=random";
   if (k.kind == "decode-model1") return "model1 b2 nextn2 hq64 len300 win128 blk256 ek128 eblk2 elen260 seed3";
+  // The training kernels: one sequence whose every token is a query row, the bf16 indexer.
+  if (k.kind == "train") return "sq128 skv128 hq64 dqk576 dv512 ih64 id128 k64 seed3 indexer=bf16";
   return kValid;
 }
 
@@ -49,6 +51,8 @@ void violate(Problem& p, const kreg::Constraint& c) {
       {"next_n", [&] { p.s_q = 6; }},
       {"indexer_fp8", [&] { p.indexer = IndexerMode::bf16; }},
       {"sink", [&] { p.sink = SinkMode::none; }},
+      {"indexer_bf16", [&] { p.indexer = IndexerMode::fp8; }},
+      {"q_offset", [&] { p.s_q = p.s_kv / 2; }},
   };
   REQUIRE_MESSAGE(set.count(c.field), "no violation written for field " << c.field);
   set.at(c.field)();
@@ -70,12 +74,12 @@ TEST_CASE("kernels: every constraint of every registered kernel is refused alone
       const std::vector<std::string> v = kreg::violations(k, p);
       REQUIRE(v.size() == 1);
       CHECK(v[0].find(k.name + " takes ") != std::string::npos);
-      CHECK(v[0].find(c.field == "indexer_fp8" ? "indexer=bf16" : c.field + " ") == 0);
+      CHECK(v[0].find(c.field == "indexer_fp8" ? "indexer=bf16" : c.field == "indexer_bf16" ? "indexer=fp8" : c.field + " ") == 0);
       CHECK(v[0].find(c.source) != std::string::npos);
       ++checked;
     }
   }
-  CHECK(checked >= 20);
+  CHECK(checked >= 27);
   // The issue's example, through the CLI: exit 2, nothing written.
   const std::string out = (std::filesystem::temp_directory_path() / ("indexshare-kernels-" + std::to_string(::getpid()))).string();
   const auto r = testing::run_cli("golden --problem \"sq8 skv512 hq16 k128\" --for flashmla-sparse-prefill-sm90 --out " + out);
@@ -170,6 +174,44 @@ std::vector<std::string> kernel_problems(const std::string& kernel, const Tensor
     need(v.shape.size() == r, n + " rank " + std::to_string(v.shape.size()));
     return v.shape.size() == r;
   };
+  if (kernel == "tilelang-sparse-mla-bwd") {
+    // sparse_mla_bwd.py: q [B, S, H, 576], kv [B, S_kv, 1, 576], o / do [B, S, H, 512] bf16, indices
+    // [B, S, 1, topk] int32 with topk in blocks of 64, lse [B, S, H] f32; causal only (index <= row).
+    const TensorInfo q = get("layers.0.attn.q"), kv = get("layers.0.attn.kv"), o = get("layers.0.attn.out_bf16"),
+                     dout = get("layers.0.attn.d_out"), ind = get("layers.0.attn.indices"), lse = get("layers.0.attn.lse"),
+                     dq = get("layers.0.attn_bwd.dq"), dkv = get("layers.0.attn_bwd.dkv");
+    need(q.dtype == "BF16" && kv.dtype == "BF16" && o.dtype == "BF16" && dout.dtype == "BF16", "q / kv / o / do dtype");
+    need(ind.dtype == "I32" && lse.dtype == "F32", "indices / lse dtype");
+    if (!rank(q, 3, "q") || !rank(kv, 3, "kv") || !rank(ind, 3, "indices") || !rank(dout, 3, "do")) return bad;
+    const int64_t s = q.shape[0], h_q = q.shape[1];
+    need(in(h_q, {64, 128}), "h_q " + std::to_string(h_q));
+    need(q.shape[2] == 576 && kv.shape[2] == 576, "d_qk " + std::to_string(q.shape[2]));
+    need(kv.shape[1] == 1, "kv_group " + std::to_string(kv.shape[1]));
+    need(dout.shape == std::vector<int64_t>{s, h_q, 512} && o.shape == dout.shape, "do / o not [s_q, h_q, 512]");
+    need(ind.shape[0] == s && ind.shape[1] == 1 && ind.shape[2] % 64 == 0, "topk " + std::to_string(ind.shape[2]));
+    need(lse.shape == std::vector<int64_t>{s, h_q}, "lse not [s_q, h_q]");
+    need(kv.shape[0] == s, "causal: s_q " + std::to_string(s) + " != s_kv " + std::to_string(kv.shape[0]));
+    need(dq.shape == q.shape && dkv.shape == kv.shape, "dq / dkv shapes");
+    return bad;
+  }
+  if (kernel == "megatron-dsa-indexer-loss") {
+    // dsa_indexer_loss.py: the bf16 indexer's q [sq, H, D], k [skv, D], weights [sq, H] f32, top-k
+    // [sq, topk]; the teacher's q / kv; causal over [sq, skv] (sq = skv); loss and grads.
+    const TensorInfo q = get("layers.0.indexer.q"), k = get("layers.0.indexer.k"), w = get("layers.0.indexer.weights"),
+                     tk = get("layers.0.indexer.topk"), aq = get("layers.0.attn.q"), akv = get("layers.0.attn.kv"),
+                     loss = get("layers.0.indexer_loss.loss"), dq = get("layers.0.indexer_loss.dq"),
+                     dk = get("layers.0.indexer_loss.dk"), dw = get("layers.0.indexer_loss.dw");
+    need(q.dtype == "BF16" && k.dtype == "BF16", "indexer q / k dtype " + q.dtype);
+    need(w.dtype == "F32" && tk.dtype == "I32", "weights / topk dtype");
+    if (!rank(q, 3, "indexer q") || !rank(k, 2, "indexer k") || !rank(aq, 3, "attn q")) return bad;
+    const int64_t s = q.shape[0];
+    need(k.shape[0] == s && akv.shape[0] == s, "causal: s_q " + std::to_string(s) + " != s_kv " + std::to_string(k.shape[0]));
+    need(k.shape[1] == q.shape[2] && w.shape == std::vector<int64_t>{s, q.shape[1]}, "k / weights shapes");
+    need(aq.shape[0] == s, "teacher q rows");
+    need(loss.shape == std::vector<int64_t>{1} && dq.shape == q.shape && dk.shape == k.shape && dw.shape == w.shape,
+         "loss / dq / dk / dw shapes");
+    return bad;
+  }
   if (kernel.rfind("flashmla-sparse-prefill", 0) == 0) {
     const TensorInfo q = get("layers.0.attn.q"), kv = get("layers.0.attn.kv"), ind = get("layers.0.attn.indices"),
                      out = get("layers.0.attn.out");
@@ -326,6 +368,13 @@ TEST_CASE("kernels: one preset per kernel at its real shapes, each checked-in ma
       continue;
     }
     const Problem p = parse_problem(pr.problem);
+    if (pr.kind == "train") {  // the kernels' causal masks: every token a query row, a few hundred of them
+      CHECK(m["replay"].get<std::string>().find("--kind train --for " + pr.kernel) != std::string::npos);
+      CHECK(p.s_q == p.s_kv);
+      CHECK(p.s_q <= 256);
+      CHECK(t.at("layers.0.attn.q").shape == std::vector<int64_t>{p.s_q, 64, 576});
+      continue;
+    }
     if (pr.kernel.rfind("flashmla-sparse-prefill", 0) == 0) {
       CHECK(t.at("layers.0.attn.indices").shape[2] == 2048);
       CHECK(t.at("layers.0.attn.kv").shape[0] == 8192);
@@ -377,6 +426,12 @@ TEST_CASE("kernels: the independent constraint checks fail a set that breaks one
        "context_lens rank 1"},
       {"deepgemm-fp8-paged-mqa-logits", [](TensorList& t) { t.erase("context_lens"); }, "missing tensor context_lens"},
       {"deepgemm-fp8-paged-mqa-logits", [](TensorList& t) { t["layers.0.indexer.k_cache"].shape[1] = 32; }, "kv_cache not"},
+      {"tilelang-sparse-mla-bwd", [](TensorList& t) { t["layers.0.attn.indices"].shape[2] = 100; }, "topk 100"},
+      {"tilelang-sparse-mla-bwd", [](TensorList& t) { t["layers.0.attn.q"].shape[1] = 16; }, "h_q 16"},
+      {"tilelang-sparse-mla-bwd", [](TensorList& t) { t["layers.0.attn.kv"].shape[0] = 512; }, "causal: s_q 256 != s_kv 512"},
+      {"tilelang-sparse-mla-bwd", [](TensorList& t) { t.erase("layers.0.attn.d_out"); }, "missing tensor layers.0.attn.d_out"},
+      {"megatron-dsa-indexer-loss", [](TensorList& t) { t["layers.0.indexer.q"].dtype = "F8_E4M3"; }, "indexer q / k dtype F8_E4M3"},
+      {"megatron-dsa-indexer-loss", [](TensorList& t) { t.erase("layers.0.indexer_loss.dw"); }, "missing tensor layers.0.indexer_loss.dw"},
   };
   for (const Fault& f : faults) {
     CAPTURE(f.kernel);
@@ -449,6 +504,11 @@ TEST_CASE("kernels: the stack kernel presets regenerate to their checked-in mani
 // The MODEL1 decode preset (two paged caches, 0.4 s).
 TEST_CASE("kernels: the decode-model1 kernel preset regenerates to its checked-in manifest's hashes") {
   regenerate_kernel_presets("decode-model1");
+}
+
+// The training kernel presets (kind train: TileLang's sparse MLA backward, Megatron's indexer loss).
+TEST_CASE("kernels: the train kernel presets regenerate to their checked-in manifests' hashes") {
+  regenerate_kernel_presets("train");
 }
 
 // The decode kernel presets (16384 keys in paged caches): about 5.5 s on 2 cores, so the `slow`
@@ -596,4 +656,78 @@ TEST_CASE("kernels: a kernel preset refuses another --for and --rows") {
   CHECK(r.status == 2);
   CHECK(r.out.find("--rows (sampled query rows) is not a kernel's input layout") != std::string::npos);
   CHECK(!std::filesystem::exists(dir));
+}
+
+// ---- training kernels: golden --kind train --for KERNEL ----------------------------------------
+
+TEST_CASE("kernels: golden --kind train --for refuses each broken constraint by name, before writing anything") {
+  const std::string dir = temp_dir("train-refuse");
+  struct Case {
+    std::string args;
+    std::vector<std::string> named;
+  };
+  const std::vector<Case> cases = {
+      // h_q, top-k and the causal alignment broken at once: each is listed.
+      {"--problem \"sq64 skv128 hq16 dqk576 dv512 ih8 id32 k96 indexer=bf16\" --kind train --for tilelang-sparse-mla-bwd",
+       {"h_q 16: tilelang-sparse-mla-bwd takes 64 or 128", "topk 96: tilelang-sparse-mla-bwd takes a multiple of 64",
+        "q_offset 64: tilelang-sparse-mla-bwd takes the whole sequence as query rows (s_q = s_kv)", "sparse_mla_bwd.py"}},
+      {"--problem \"sq64 skv64 hq64 dqk512 dv512 ih8 id32 k64 indexer=bf16\" --for tilelang-sparse-mla-bwd",
+       {"d_qk 512: tilelang-sparse-mla-bwd takes 576"}},
+      {"--problem \"sq32 skv64 hq4 dqk576 dv512 ih8 id32 k16\" --kind train --for megatron-dsa-indexer-loss",
+       {"indexer=fp8: megatron-dsa-indexer-loss takes the bf16 indexer (indexer=bf16)", "q_offset 32", "dsa_indexer_loss.py"}},
+      {"--problem \"sq32 skv32 hq4 dqk576 dv512 ih8 id32 k16 indexer=bf16 nl2 sched=FS\" --kind train --train-target "
+       "served-layers --for megatron-dsa-indexer-loss",
+       {"--train-target served-layers: megatron-dsa-indexer-loss takes own-layer"}},
+      {"--problem \"sq32 skv32 hq64 dqk576 dv512 ih8 id32 k64 indexer=bf16\" --kind stack --for tilelang-sparse-mla-bwd",
+       {"--for tilelang-sparse-mla-bwd writes a train set, not --kind stack"}},
+      {"--problem \"sq32 skv32 hq64 dqk576 dv512 ih8 id32 k128 indexer=bf16\" --kind train --for flashmla-sparse-prefill-sm90",
+       {"flashmla-sparse-prefill-sm90 writes a stack set, not a train set"}},
+      {"--preset tilelang-sparse-mla-bwd --for megatron-dsa-indexer-loss",
+       {"preset 'tilelang-sparse-mla-bwd' is written for tilelang-sparse-mla-bwd, not --for megatron-dsa-indexer-loss"}},
+  };
+  for (const Case& c : cases) {
+    CAPTURE(c.args);
+    const auto r = testing::run_cli("golden " + c.args + " --out " + dir);
+    CHECK(r.status == 2);
+    for (const std::string& n : c.named) CHECK_MESSAGE(r.out.find(n) != std::string::npos, r.out);
+    CHECK(!std::filesystem::exists(dir));
+  }
+}
+
+TEST_CASE("kernels: a train set --for a training kernel: the kernel block, its kwargs from the train options, the replay") {
+  const std::string dir = temp_dir("train-set");
+  const auto r = testing::run_cli("golden --problem \"sq64 skv64 hq64 dqk576 dv512 ih8 id32 k64 seed5 indexer=bf16 nl2 sched=FS\" "
+                                  "--kind train --loss-coeff 0.5 --for megatron-dsa-indexer-loss --force --out " + dir);
+  REQUIRE_MESSAGE(r.status == 0, r.out);
+  const golden::Loaded g = golden::read(dir);
+  const nlohmann::json& kb = g.manifest["kernel"];
+  CHECK(g.manifest["kind"] == "train");
+  CHECK(kb["name"] == "megatron-dsa-indexer-loss");
+  CHECK(kb["layers"] == nlohmann::json({0}));  // the Full layer only: Shared layers carry no loss
+  CHECK(kb["kwargs"]["loss_coeff"].get<double>() == 0.5);
+  CHECK(kb["kwargs"]["sparse_loss"] == true);
+  CHECK(kb["kwargs"]["softmax_scale"].get<float>() == g.manifest["config"]["sm_scale"].get<float>());
+  std::set<std::string> args;
+  for (const nlohmann::json& a : kb["args"]) args.insert(a["tensor"].get<std::string>());
+  CHECK(args == std::set<std::string>{"layers.{l}.indexer.q", "layers.{l}.indexer.k", "layers.{l}.indexer.weights",
+                                      "layers.{l}.attn.q", "layers.{l}.attn.kv", "layers.{l}.indexer.topk"});
+  const std::string replay = g.manifest["replay"];
+  CHECK(replay.find("--kind train --loss-coeff 0.5 --for megatron-dsa-indexer-loss") != std::string::npos);
+  // The TileLang block: the base-2 lse and the -1 convention are stated; every argument is in the set.
+  const auto t = testing::run_cli("golden --problem \"sq64 skv64 hq64 dqk576 dv512 ih8 id32 k64 seed5 indexer=bf16\" "
+                                  "--for tilelang-sparse-mla-bwd --force --out " + dir);
+  REQUIRE_MESSAGE(t.status == 0, t.out);
+  const golden::Loaded h = golden::read(dir);
+  const std::string conv = h.manifest["kernel"]["conventions"].dump();
+  CHECK(conv.find("base 2") != std::string::npos);
+  CHECK(conv.find("log2(e)") != std::string::npos);
+  CHECK(conv.find("-1 passes as a key") != std::string::npos);
+  CHECK(conv.find("1e-4") != std::string::npos);
+  CHECK(h.manifest["kernel"]["kwargs"]["is_casual"] == true);
+  for (const nlohmann::json& a : h.manifest["kernel"]["args"]) {
+    std::string name = a["tensor"];
+    name.replace(name.find("{l}"), 3, "0");
+    CHECK_MESSAGE(h.find(name) != nullptr, name);
+  }
+  std::filesystem::remove_all(dir);
 }

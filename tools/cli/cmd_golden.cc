@@ -138,27 +138,42 @@ int golden_model1(const GoldenArgs& a, std::chrono::steady_clock::time_point t0)
   return publish(std::move(set), a, replay, t0);
 }
 
-// A training set: a kernel-level problem with the bf16 indexer, its forward and backward.
+// A training set: a kernel-level problem with the bf16 indexer, its forward and backward; --problem
+// or a train preset (written for its kernel), optionally --for a training kernel
+// (golden::check_train_kernel: the constraints, refused before computing).
 int golden_train(const GoldenArgs& a, std::chrono::steady_clock::time_point t0) {
-  require(a.preset.empty() && a.model.empty() && a.from.empty() && !a.problem.empty(),
-          "golden --kind train: give --problem (a kernel-level problem with indexer=bf16)");
-  reject_given(a.given, {"--rows", "--for", "--no-logits", "--layers", "--seq", "--seed"}, "stack sets",
+  require(a.preset.empty() != a.problem.empty() && a.model.empty() && a.from.empty(),
+          "golden --kind train: give --problem (a kernel-level problem with indexer=bf16) or a train --preset");
+  reject_given(a.given, {"--rows", "--no-logits", "--layers", "--seq", "--seed"}, "stack sets",
                "a train set takes its sizes and seed from --problem and holds the whole stack with its logits");
   require(!dist_active(), "golden: a train set is computed by one process: run it without mpirun / srun");
   require(a.loss == "sparse" || a.loss == "dense", "golden: --loss must be sparse or dense, got '" + a.loss + "'");
   require(a.relu == "yes" || a.relu == "no", "golden: --relu must be yes or no, got '" + a.relu + "'");
-  const Problem p = parse_problem(a.problem);
+  std::string text = a.problem, for_kernel = a.for_kernel;
+  if (!a.preset.empty()) {
+    const golden::Preset& pr = golden::preset(a.preset);
+    require(pr.kind == "train", "golden: preset '" + pr.name + "' is a " + pr.kind + " set, not a train set");
+    require(for_kernel.empty() || pr.kernel.empty() || for_kernel == pr.kernel,
+            "golden: preset '" + pr.name + "' is written for " + pr.kernel + ", not --for " + for_kernel);
+    text = pr.problem;
+    if (for_kernel.empty()) for_kernel = pr.kernel;
+  }
+  const Problem p = parse_problem(text);
   golden::TrainSpec t;
   t.sparse = a.loss == "sparse";
   t.target = a.train_target;
   t.relu = a.relu == "yes";
   t.loss_coeff = a.loss_coeff;
-  const Impl impl = resolve_impl(a.impl, p, p.s_q);
+  const kreg::Kernel* kern = for_kernel.empty() ? nullptr : &golden::check_train_kernel(for_kernel, p, t);
+  const Impl impl = !a.preset.empty() && !was_given(a.given, "--impl") ? Impl::simd : resolve_impl(a.impl, p, p.s_q);
   reject_target_on_ref(a.given, impl);
   const std::string replay = "indexshare golden --problem \"" + to_string(p) + "\" --kind train" + golden::train_options_text(t) +
-                             (impl == Impl::ref ? "" : " --impl " + impl_name(impl)) + " --out " + a.out;
+                             (kern ? " --for " + kern->name : "") + (impl == Impl::ref ? "" : " --impl " + impl_name(impl)) +
+                             " --out " + a.out;
   std::fprintf(stderr, "golden: computing %s (%lld layers, forward and backward)...\n", to_string(p).c_str(), (long long)p.n_layers);
-  return publish(golden::build_train(p, t, replay, impl), a, replay, t0);
+  golden::GoldenSet set = golden::build_train(p, t, replay, impl);
+  if (kern) golden::for_train_kernel(set, *kern, p, t);
+  return publish(std::move(set), a, replay, t0);
 }
 
 // A DeepSeek-V4 set (tools/lib/golden_v4.h): --kind v4 --problem SPEC, or a v4 preset. The spec is
@@ -250,7 +265,12 @@ int cmd_golden(const GoldenArgs& a) {
   reject_given(a.given, {"--schedule", "--sim", "--variant"}, "--model",
                "a kernel-level set takes them from its descriptor: sched=, sim=, the indexer mode");
   if (!a.preset.empty()) reject_given(a.given, {"--kind"}, "--problem", "a preset has its own kind");
-  if (a.kind == "train") return golden_train(a, t0);
+  // Train sets: --kind train, a train preset, or --for a training kernel (which implies the kind).
+  const bool train_kernel = !a.for_kernel.empty() && kreg::kernel(a.for_kernel).kind == "train";
+  require(!train_kernel || !was_given(a.given, "--kind") || a.kind == "train",
+          "golden: --for " + a.for_kernel + " writes a train set, not --kind " + a.kind);
+  if (a.kind == "train" || train_kernel || (!a.preset.empty() && golden::preset(a.preset).kind == "train"))
+    return golden_train(a, t0);
   reject_given(a.given, {"--loss", "--train-target", "--relu", "--loss-coeff"}, "--kind train", "they shape the indexer loss");
   if (is_model1_request(a)) return golden_model1(a, t0);
   // The preset, the overrides, --for and --rows: the rules the Python package shares (golden.h).

@@ -98,6 +98,16 @@ const std::vector<Preset>& presets() {
        "FlashMLA sparse decode, MODEL1 FP8 cache, two scopes in one softmax: a 128-token window (block 256) and top-512 "
        "compressed entries (block 64), h_q 64, next_n 2, 2 sequences, topk_length and extra_topk_length",
        "flashmla-sparse-decode-model1"},
+      // Training kernel presets (kind train, tools/lib/golden_train.h): the kernels' real head and
+      // latent sizes, one sequence of 256 tokens as query rows (both kernels mask causally with the
+      // queries aligned to the keys at 0), the bf16 indexer.
+      {"tilelang-sparse-mla-bwd", "sq256 skv256 hq64 dqk576 dv512 ih64 id128 k128 seed41 indexer=bf16", "train",
+       "TileLang sparse MLA backward at h_q 64, d_qk 576, d_v 512: top-128 over one sequence of 256 tokens, 1 layer",
+       "tilelang-sparse-mla-bwd"},
+      {"megatron-dsa-indexer-loss", "sq256 skv256 hq64 dqk576 dv512 ih64 id128 k64 seed42 indexer=bf16 nl2 sched=FS", "train",
+       "Megatron-LM DSA indexer KL loss (sparse, own-layer teacher, ReLU) with its gradients: indexer 64 x 128, h_q 64, "
+       "top-64 over one sequence of 256 tokens, layers FS",
+       "megatron-dsa-indexer-loss"},
       // DeepSeek-V4 sets (kind v4, tools/lib/golden_v4.h): the descriptor is a V4 spec.
       {"v4-tiny", "t=48 h=2 d=64 w=8 csa=4 hca=8 ih=4 id=32 k=4 rope=16 ctx=32 types=SCHCC sched=FSF rot=hf seed=31", "v4",
        "DeepSeek-V4 layers at tiny shapes: SWA, C4A Full, HCA, C4A Shared, C4A Full; 48 tokens, top-4 of 12 blocks", ""},
@@ -515,6 +525,10 @@ StackPlan plan_stack(const StackRequest& r) {
     if (for_kernel.empty()) for_kernel = pr.kernel;
     plan.kernel_preset = !pr.kernel.empty();
   }
+  // train sets (tools/lib/golden_train.h) have their own builder and options.
+  require(plan.kind != "train" && (for_kernel.empty() || kreg::kernel(for_kernel).kind != "train"),
+          "golden: " + (r.preset.empty() ? "--for " + for_kernel : "preset '" + r.preset + "'") +
+              " is a train set, built by golden::build_train (the CLI's golden --kind train, Python's kind=\"train\")");
   // decode-model1 sets (tools/lib/golden_model1.h) take a model1 spec, not a problem descriptor.
   require(plan.kind != "decode-model1" && (for_kernel.empty() || kreg::kernel(for_kernel).kind != "decode-model1"),
           "golden: " + (r.preset.empty() ? "--for " + for_kernel : "preset '" + r.preset + "'") +

@@ -156,4 +156,24 @@ GoldenSet build_train(const Problem& p, const TrainSpec& t, const std::string& r
   return g;
 }
 
+const kreg::Kernel& check_train_kernel(const std::string& name, const Problem& p, const TrainSpec& t) {
+  const kreg::Kernel& k = kreg::kernel(name);
+  require(k.kind == "train", "golden --kind train --for " + k.name + ": " + k.name + " writes a " + k.kind +
+                                 " set, not a train set (the training kernels: tilelang-sparse-mla-bwd, megatron-dsa-indexer-loss)");
+  std::vector<std::string> bad = kreg::violations(k, p);
+  if (k.name == "megatron-dsa-indexer-loss" && t.target != "own-layer")
+    bad.push_back("--train-target " + t.target + ": " + k.name + " takes own-layer (the Full layer's own attention is the teacher)");
+  std::string msg;
+  for (const std::string& b : bad) msg += (msg.empty() ? "" : "; ") + b;
+  require(msg.empty(), "golden --for: " + msg);
+  return k;
+}
+
+void for_train_kernel(GoldenSet& set, const kreg::Kernel& k, const Problem& p, const TrainSpec& t) {
+  for_kernel(set, k, p);
+  nlohmann::json& kw = set.manifest["kernel"]["kwargs"];
+  if (kw.contains("loss_coeff")) kw["loss_coeff"] = t.loss_coeff;
+  if (kw.contains("sparse_loss")) kw["sparse_loss"] = t.sparse;
+}
+
 }  // namespace indexshare::golden

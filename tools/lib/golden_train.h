@@ -31,6 +31,7 @@
 #include "ref/problem.h"
 #include "tools/lib/golden.h"
 #include "tools/lib/impl.h"
+#include "tools/lib/kernel_registry.h"
 
 namespace indexshare::golden {
 
@@ -48,5 +49,14 @@ std::string train_options_text(const TrainSpec& t);
 // the indexer's unquantized q and k; Error otherwise. The manifest's "train" block records the spec
 // and the policies.
 GoldenSet build_train(const Problem& p, const TrainSpec& t, const std::string& replay, Impl impl = Impl::ref);
+
+// `golden --kind train --for KERNEL`: the registered training kernel `name` (kind "train",
+// tools/lib/kernel_registry.h), after checking problem p and spec t against it (kreg::violations;
+// megatron-dsa-indexer-loss also needs the own-layer target): Error listing every broken
+// constraint, before anything is computed. Error for an unknown kernel or one of another kind.
+const kreg::Kernel& check_train_kernel(const std::string& name, const Problem& p, const TrainSpec& t);
+// The manifest's `kernel` block of a train set built from p and t (kreg::manifest_block), its
+// loss_coeff and sparse_loss keyword values from t.
+void for_train_kernel(GoldenSet& set, const kreg::Kernel& k, const Problem& p, const TrainSpec& t);
 
 }  // namespace indexshare::golden

@@ -39,6 +39,93 @@ Kernel flashmla_prefill(const std::string& name, std::vector<Constraint> topk_ru
   return k;
 }
 
+// The training kernels (kind "train", tools/lib/golden_train.h): TileLang's sparse MLA backward and
+// Megatron-LM's indexer KL loss. Both mask causally with the queries aligned to the keys at 0
+// (query row s sees keys <= s): the set's rows must be the whole sequence (q_offset = s_kv - s_q = 0).
+void add_train_kernels(std::vector<Kernel>& v) {
+  {
+    Kernel k;
+    k.name = "tilelang-sparse-mla-bwd";
+    k.library = "TileLang";
+    k.call = "dq, dkv = sparse_mla_bwd(q, kv, o, do, indices, lse, sm_scale=sm_scale, is_casual=True)";
+    k.kind = "train";
+    const std::string src = "tile-ai/tilelang examples/deepseek_v32/sparse_mla_bwd.py";
+    k.constraints = {{"h_q", {64, 128}, 0, "", 0, src + " (CI: H 64 and 128)"},
+                     {"d_qk", {576}, 0, "", 0, src + " (D 512 + D_tail 64)"},
+                     {"d_v", {512}, 0, "", 0, src + " (D = 512)"},
+                     {"topk", {}, 64, "", 0, src + " (topk in blocks; test_tilelang_example_deepseek_v32.py)"},
+                     {"q_offset", {0}, 0, "", 0, src + " (causal only: index <= query row, queries aligned with keys at 0)"}};
+    k.args = {{"q", "layers.{l}.attn.q", "BF16", S{"1", "s_q", "h_q", "d_qk"}, true, false, "attn.q [s_q, h_q, d_qk] viewed with B = 1"},
+              {"kv", "layers.{l}.attn.kv", "BF16", S{"1", "s_kv", "1", "d_qk"}, true, false, "kv_group 1"},
+              {"o", "layers.{l}.attn.out_bf16", "BF16", S{"1", "s_q", "h_q", "d_v"}, true, false,
+               "Delta = sum_c o * do is computed from it in f32"},
+              {"do", "layers.{l}.attn.d_out", "BF16", S{"1", "s_q", "h_q", "d_v"}, true, false, ""},
+              {"indices", "layers.{l}.attn.indices", "I32", S{"1", "s_q", "1", "topk"}, true, false,
+               "-1 padded: replace -1 with s_kv before the call (see conventions)"},
+              {"lse", "layers.{l}.attn.lse", "F32", S{"1", "s_q", "h_q"}, true, false,
+               "natural log here; the kernel takes base 2: lse * log2(e)"}};
+    k.outputs = {{"dq", "layers.{l}.attn_bwd.dq", "F32", S{"1", "s_q", "h_q", "d_qk"}, true, false,
+                  "the kernel writes bf16: compare with attn_bwd.dq (f32) or attn_bwd.dq_bf16"},
+                 {"dkv", "layers.{l}.attn_bwd.dkv", "F32", S{"1", "s_kv", "1", "d_qk"}, true, false,
+                  "f32 atomics cast to bf16 at the end: compare with attn_bwd.dkv or attn_bwd.dkv_bf16"}};
+    k.kwargs = {{"sm_scale", "config.sm_scale"}, {"is_casual", "True"}};
+    k.conventions = {
+        "lse: TileLang's forward writes it in base 2 (log2 sum exp2(...)); the set's attn.lse is natural log: pass "
+        "attn.lse * log2(e) (1.4426950408889634), and read a TileLang lse back as lse_2 * ln(2)",
+        "dS: the set's attn_bwd.ds is dL/d(scaled logit); TileLang's dS is sm_scale times it",
+        "duplicated indices: each occurrence is one softmax term and adds its own dkv contribution, as the kernel's "
+        "atomics do",
+        "invalid index: the set ignores every index outside [0, s_kv) (no gradient). TileLang's deepseek_v32 example "
+        "masks only index > query row, so -1 passes as a key (and reads kv[-1]): replace -1 with s_kv (its padding "
+        "value) before the call; the dsa_sparse_finetune variant excludes -1 itself",
+        "causal: the kernel masks index > query row, queries aligned with keys at 0: the set's rows are the whole "
+        "sequence (s_q = s_kv)",
+        "similarity: dq and dkv pass TileLang's test when 1 - 2 sum(x y) / sum(x^2 + y^2) <= 1e-4 (utils.py "
+        "assert_tensors_similar)"};
+    k.source = "tile-ai/tilelang examples/deepseek_v32/sparse_mla_bwd.py (sparse_mla_bwd, ref_sparse_mla_bwd_interface), "
+               "examples/deepseek_v32/sparse_mla_fwd.py, examples/deepseek_v32/utils.py, "
+               "examples/deepseek_v32/test_tilelang_example_deepseek_v32.py";
+    v.push_back(k);
+  }
+  {
+    Kernel k;
+    k.name = "megatron-dsa-indexer-loss";
+    k.library = "Megatron-LM";
+    k.call = "index_scores = sum_h weights[s, h] * relu(q[s, h] . k[t]); loss = compute_dsa_indexer_loss(index_scores, "
+             "topk_indices, query, key, softmax_scale, loss_coeff, sparse_loss=True, pg_collection); loss.backward()";
+    k.kind = "train";
+    k.per_full_layer = true;
+    const std::string src = "NVIDIA/Megatron-LM megatron/core/transformer/experimental_attention_variant/dsa_indexer_loss.py";
+    k.constraints = {{"indexer_bf16", {1}, 0, "", 0, src + " (the loss on the indexer's unquantized q and k)"},
+                     {"q_offset", {0}, 0, "", 0, src + " (causal mask over [sq, skv], queries aligned with keys at 0)"}};
+    k.args = {{"q", "layers.{l}.indexer.q", "BF16", S{"s_q", "H", "D"}, false, false, "the indexer's query (requires_grad)"},
+              {"k", "layers.{l}.indexer.k", "BF16", S{"s_kv", "D"}, false, false, "the indexer's key, shared by its heads"},
+              {"weights", "layers.{l}.indexer.weights", "F32", S{"s_q", "H"}, false, false,
+               "w' with H^-1/2 D^-1/2 folded in"},
+              {"query", "layers.{l}.attn.q", "BF16", S{"s_q", "1", "h_q", "d_qk"}, true, false,
+               "the teacher: this Full layer's own attention query, detached ([sq, b, np, hn])"},
+              {"key", "layers.{l}.attn.kv", "BF16", S{"s_kv", "1", "1", "d_qk"}, true, false,
+               "the teacher's key: the shared latent, detached"},
+              {"topk_indices", "layers.{l}.indexer.topk", "I32", S{"1", "s_q", "topk"}, true, false, "-1 padded"}};
+    k.outputs = {{"loss", "layers.{l}.indexer_loss.loss", "F32", S{"1"}, false, false, ""},
+                 {"dq", "layers.{l}.indexer_loss.dq", "F32", S{"s_q", "H", "D"}, false, false, "q.grad"},
+                 {"dk", "layers.{l}.indexer_loss.dk", "F32", S{"s_kv", "D"}, false, false, "k.grad"},
+                 {"dw", "layers.{l}.indexer_loss.dw", "F32", S{"s_q", "H"}, false, false, "weights.grad"}};
+    k.kwargs = {{"softmax_scale", "config.sm_scale"}, {"loss_coeff", "1.0"}, {"sparse_loss", "True"}};
+    k.conventions = {
+        "N = the query rows with at least one valid key, at least 1: loss = loss_coeff * sum_rows KL / N",
+        "sparse support = top-k intersected with the valid (causal) keys; a duplicated index counts once (the "
+        "scatter mask); dense sets (--loss dense) use every valid key",
+        "ReLU on the head scores (dsa_indexer_scoring_relu; GLM-5 turns it off: sets written with --relu no)",
+        "teacher: the Full layer's own attention only (p = sum_h softmax(scale q k^T) renormalized); Shared layers "
+        "carry no loss; the served-layers target is not Megatron's",
+        "tolerance: Megatron's TileLang tests use rtol = atol = 2e-2 for the forward and 5e-2 for the backward"};
+    k.source = "NVIDIA/Megatron-LM megatron/core/transformer/experimental_attention_variant/dsa_indexer_loss.py "
+               "(compute_dsa_indexer_loss), experimental_attention_variant/dsa.py, experimental_attention_variant/dsa_masking.py";
+    v.push_back(k);
+  }
+}
+
 std::vector<Kernel> make() {
   std::vector<Kernel> v;
   v.push_back(flashmla_prefill("flashmla-sparse-prefill-sm90",
@@ -185,6 +272,7 @@ std::vector<Kernel> make() {
     k.source = "gpu_peers.md 2.3; csrc/apis/attention.hpp";
     v.push_back(k);
   }
+  add_train_kernels(v);
   return v;
 }
 
@@ -217,6 +305,8 @@ int64_t field(const Problem& p, const std::string& f) {
   if (f == "next_n") return p.seq_q();
   if (f == "indexer_fp8") return p.indexer == IndexerMode::fp8 ? 1 : 0;
   if (f == "sink") return p.sink == SinkMode::random ? 1 : 0;
+  if (f == "indexer_bf16") return p.indexer == IndexerMode::bf16 ? 1 : 0;
+  if (f == "q_offset") return p.s_kv - p.s_q;  // one sequence: query row i sits at key position q_offset + i
   throw Error("kernel registry: unknown field '" + f + "'");
 }
 
@@ -241,6 +331,8 @@ std::vector<std::string> violations(const Kernel& k, const std::function<int64_t
     if (!c.one_of.empty() && std::find(c.one_of.begin(), c.one_of.end(), v) == c.one_of.end()) {
       if (c.field == "indexer_fp8") need = "the FP8 indexer (indexer=fp8)";
       else if (c.field == "sink") need = "a per-head attention sink (sink=random)";
+      else if (c.field == "indexer_bf16") need = "the bf16 indexer (indexer=bf16)";
+      else if (c.field == "q_offset") need = "the whole sequence as query rows (s_q = s_kv)";
       else
         for (size_t i = 0; i < c.one_of.size(); ++i)
           need += (i == 0 ? "" : i + 1 == c.one_of.size() ? " or " : ", ") + std::to_string(c.one_of[i]);
@@ -248,7 +340,9 @@ std::vector<std::string> violations(const Kernel& k, const std::function<int64_t
     if (c.multiple_of && v % c.multiple_of != 0) need = "a multiple of " + std::to_string(c.multiple_of);
     if (need.empty()) continue;
     const std::string when = c.when_field.empty() ? "" : " when " + c.when_field + " is " + std::to_string(c.when_value);
-    const std::string what = c.field == "indexer_fp8" ? std::string("indexer=bf16") : c.field + " " + std::to_string(v);
+    const std::string what = c.field == "indexer_fp8"    ? std::string("indexer=bf16")
+                             : c.field == "indexer_bf16" ? std::string("indexer=fp8")
+                                                         : c.field + " " + std::to_string(v);
     out.push_back(what + ": " + k.name + " takes " + need + when + " (" + c.source + ")");
   }
   return out;
@@ -278,6 +372,7 @@ nlohmann::json manifest_block(const Kernel& k, const Problem& p, float sm_scale,
     else if (v == "512") kw[n] = 512;
     else if (v == "max_context_len") kw[n] = p.seq_kv();  // every sequence of a decode set holds seq_kv tokens
     else if (v == "True" || v == "False") kw[n] = v == "True";
+    else if (v == "1.0") kw[n] = 1.0;
     else kw[n] = v;  // any other expression, as written
   }
   for (const nlohmann::json& l : layers)

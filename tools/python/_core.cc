@@ -432,6 +432,12 @@ NB_MODULE(_core, m) {
     for (const golden::Preset& p : golden::presets()) out.emplace_back(p.name, p.problem, p.kind, p.description, p.kernel);
     return out;
   });
+  // The registered GPU kernels (tools/lib/kernel_registry.h): name and the golden kind of their sets.
+  m.def("kernel_kinds", [] {
+    std::vector<std::pair<std::string, std::string>> out;
+    for (const kreg::Kernel& k : kreg::kernels()) out.emplace_back(k.name, k.kind);
+    return out;
+  });
 
   // ---- golden sets (tools/lib/golden.h) ----
   nb::class_<PyGolden>(m, "GoldenSet")
@@ -465,7 +471,7 @@ NB_MODULE(_core, m) {
     return g;
   });
   m.def("golden_train", [](const std::string& problem, const std::string& loss, const std::string& target, bool relu,
-                           double loss_coeff, const std::string& impl) {
+                           double loss_coeff, const std::string& impl, const std::string& for_kernel, bool preset) {
     require(loss == "sparse" || loss == "dense", "train: loss must be \"sparse\" or \"dense\", got '" + loss + "'");
     const Problem p = parse_problem(problem);
     golden::TrainSpec t;
@@ -473,12 +479,16 @@ NB_MODULE(_core, m) {
     t.target = target;
     t.relu = relu;
     t.loss_coeff = loss_coeff;
-    const Impl im = resolve_impl(impl.empty() ? "auto" : impl, p, p.s_q);
+    // for_kernel: refused (every broken constraint listed) before computing; a preset computes with
+    // simd unless impl is given, as the CLI's golden --preset.
+    const kreg::Kernel* kern = for_kernel.empty() ? nullptr : &golden::check_train_kernel(for_kernel, p, t);
+    const Impl im = preset && impl.empty() ? Impl::simd : resolve_impl(impl.empty() ? "auto" : impl, p, p.s_q);
     PyGolden g;
     g.replay = "indexshare golden --problem \"" + to_string(p) + "\" --kind train" + golden::train_options_text(t) +
-               (im == Impl::ref ? "" : " --impl " + impl_name(im));
+               (kern ? " --for " + kern->name : "") + (im == Impl::ref ? "" : " --impl " + impl_name(im));
     nb::gil_scoped_release release;
     g.set = golden::build_train(p, t, g.replay, im);
+    if (kern) golden::for_train_kernel(g.set, *kern, p, t);
     return g;
   });
   m.def("golden_from", [](const std::string& file, const std::string& problem, bool with_logits) {

@@ -49,6 +49,11 @@ def presets() -> list[dict]:
     return [dict(name=n, problem=p, kind=k, description=d, kernel=kn) for n, p, k, d, kn in core().presets()]
 
 
+def _kernels() -> list[dict]:
+    """The registered GPU kernels (``indexshare kernels``): name and the kind of set they take."""
+    return [dict(name=n, kind=k) for n, k in core().kernel_kinds()]
+
+
 class _Tensors:
     """Shared by GoldenSet and LoadedGolden: the tensors as numpy (views) or torch (copies)."""
 
@@ -170,7 +175,9 @@ def golden(problem=None, *, preset: str | None = None, model: str | None = None,
                the dump raises ValueError naming both values
       problem with kind="train"  a training set (``--kind train``; the problem needs indexer=bf16): the
                stack's forward and its exact backward; ``train`` = {"loss": "sparse" | "dense",
-               "target": "own-layer" | "served-layers", "relu": bool, "loss_coeff": float}
+               "target": "own-layer" | "served-layers", "relu": bool, "loss_coeff": float}; also a
+               train preset= (written for its kernel), and for_kernel= a training kernel
+               (tilelang-sparse-mla-bwd, megatron-dsa-indexer-loss; implies kind="train")
     Kernel-level sets (problem= or a kernel-level preset=) also take
       for_kernel  a GPU kernel (``indexshare kernels``; ``--for``): the set is that kernel's kind, its
                problem must meet the kernel's constraints (ValueError listing each one it breaks),
@@ -197,19 +204,30 @@ def golden(problem=None, *, preset: str | None = None, model: str | None = None,
                 for_kernel=for_kernel, layers=layers, seq=seq, seed=seed, schedule=schedule, sim=sim, variant=variant)
         text = "" if problem is None else str(problem)
         return GoldenSet(core().golden_from(os.fspath(from_dump), text, bool(logits)), framework)
-    if kind == "train" or train is not None:
+    train_preset = preset is not None and any(p["name"] == preset and p["kind"] == "train" for p in presets())
+    train_kernel = for_kernel is not None and any(k["name"] == for_kernel and k["kind"] == "train" for k in _kernels())
+    if kind == "train" or train is not None or train_preset or train_kernel:
         # A training set (golden --kind train; tools/lib/golden_train.h): train= {"loss": "sparse" or "dense",
-        # "target": "own-layer" or "served-layers", "relu": bool, "loss_coeff": float}.
-        if kind not in (None, "train") or problem is None or preset is not None or model is not None:
-            raise ValueError("train: a training set takes problem= (with indexer=bf16) and kind=\"train\" only")
-        _refuse("a training set", "it takes its sizes and seed from problem=", for_kernel=for_kernel, rows=rows, layers=layers,
+        # "target": "own-layer" or "served-layers", "relu": bool, "loss_coeff": float}; problem= or a train
+        # preset (written for its kernel), optionally for_kernel= a training kernel.
+        if kind not in (None, "train") or (problem is None) == (preset is None) or model is not None:
+            raise ValueError("train: a training set takes problem= (with indexer=bf16) or a train preset=, and kind=\"train\" only")
+        if preset is not None and not train_preset:
+            raise ValueError(f"train: preset '{preset}' is not a train set")
+        _refuse("a training set", "it takes its sizes and seed from problem=", rows=rows, layers=layers,
                 seq=seq, seed=seed, schedule=schedule, sim=sim, variant=variant)
         t = dict(train or {})
         unknown = set(t) - {"loss", "target", "relu", "loss_coeff"}
         if unknown:
             raise ValueError(f"train: unknown keys {sorted(unknown)} (loss, target, relu, loss_coeff)")
-        h = core().golden_train(str(Problem(problem)), t.get("loss", "sparse"), t.get("target", "own-layer"),
-                                bool(t.get("relu", True)), float(t.get("loss_coeff", 1.0)), impl or "")
+        text, kern = str(Problem(problem)) if problem is not None else None, for_kernel or ""
+        if preset is not None:
+            pr = [p for p in presets() if p["name"] == preset][0]
+            if kern and pr["kernel"] and kern != pr["kernel"]:
+                raise ValueError(f"golden: preset '{preset}' is written for {pr['kernel']}, not for_kernel={kern}")
+            text, kern = pr["problem"], kern or pr["kernel"]
+        h = core().golden_train(text, t.get("loss", "sparse"), t.get("target", "own-layer"), bool(t.get("relu", True)),
+                                float(t.get("loss_coeff", 1.0)), impl or "", kern, preset is not None)
         return GoldenSet(h, framework)
     given = [n for n, v in (("problem", problem), ("preset", preset), ("model", model)) if v is not None]
     if len(given) != 1:
