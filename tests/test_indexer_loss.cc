@@ -163,7 +163,7 @@ double fd_error(const Case& c, const Tensor<int32_t>* topk, const Brute& b, int 
 }
 
 bool same_bits(const Tensor<float>& a, const Tensor<float>& b) {
-  return a.shape == b.shape && std::memcmp(a.ptr(), b.ptr(), size_t(a.numel()) * sizeof(float)) == 0;
+  return a.shape == b.shape && (a.numel() == 0 || std::memcmp(a.ptr(), b.ptr(), size_t(a.numel()) * sizeof(float)) == 0);
 }
 
 bool same_out(const IndexerLossOut& a, const IndexerLossOut& b) {

@@ -265,7 +265,7 @@ void check_model1_set(const Loaded& g, const std::string& mpath) {
   if (cat.indices.data != g.tensor<int32_t>("layers.0.attn.indices").data)
     throw Error(mpath + ": tensor 'layers.0.attn.indices' is not the two scopes' mapping of " + pre + "indices and " + pre + "extra_indices");
   const Tensor<bf16_t> kv = g.tensor<bf16_t>("layers.0.attn.kv");
-  if (kv.numel() != cat.kv.numel() || std::memcmp(kv.ptr(), cat.kv.ptr(), size_t(kv.numel()) * sizeof(bf16_t)) != 0)
+  if (kv.numel() != cat.kv.numel() || (kv.numel() > 0 && std::memcmp(kv.ptr(), cat.kv.ptr(), size_t(kv.numel()) * sizeof(bf16_t)) != 0))
     throw Error(mpath + ": tensor 'layers.0.attn.kv' is not the dequantized slots of " + pre + "k_cache and " + pre + "extra_k_cache");
 }
 
