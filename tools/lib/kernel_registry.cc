@@ -10,7 +10,7 @@ namespace {
 
 using S = std::vector<std::string>;
 
-// FlashMLA's sparse prefill (gpu_peers.md 1.1): the same call on SM90 and SM100, different top-k
+// FlashMLA's sparse prefill (its README and tests/test_flash_mla_sparse_prefill.py): the same call on SM90 and SM100, different top-k
 // divisibility.
 Kernel flashmla_prefill(const std::string& name, std::vector<Constraint> topk_rules) {
   Kernel k;
@@ -18,9 +18,9 @@ Kernel flashmla_prefill(const std::string& name, std::vector<Constraint> topk_ru
   k.library = "FlashMLA";
   k.call = "out, max_logits, lse = flash_mla_sparse_fwd(q, kv, indices, sm_scale, d_v, attn_sink, topk_length)";
   k.kind = "stack";
-  k.constraints = {{"h_q", {64, 128}, 0, "", 0, "gpu_peers.md 1.1; csrc/api/sparse_fwd.h"},
-                   {"d_qk", {576, 512}, 0, "", 0, "gpu_peers.md 1.1 (576: V3.2, 512: MODEL1)"},
-                   {"d_v", {512}, 0, "", 0, "gpu_peers.md 1.1"}};
+  k.constraints = {{"h_q", {64, 128}, 0, "", 0, "FlashMLA tests/test_flash_mla_sparse_prefill.py; csrc/api/sparse_fwd.h"},
+                   {"d_qk", {576, 512}, 0, "", 0, "FlashMLA tests/test_flash_mla_sparse_prefill.py (576: V3.2, 512: MODEL1)"},
+                   {"d_v", {512}, 0, "", 0, "FlashMLA tests/test_flash_mla_sparse_prefill.py"}};
   for (Constraint& c : topk_rules) k.constraints.push_back(std::move(c));
   k.args = {{"q", "layers.{l}.attn.q", "BF16", S{"s_q", "h_q", "d_qk"}, false, false, ""},
             {"kv", "layers.{l}.attn.kv", "BF16", S{"s_kv", "1", "d_qk"}, false, false, "h_kv = 1"},
@@ -35,7 +35,7 @@ Kernel flashmla_prefill(const std::string& name, std::vector<Constraint> topk_ru
                    "outputs for every index the kernel accepts)",
                    "lse and max_logits in natural-log units (HEAD); the V3.2 release (1858932) wrote them in base 2: diff names it",
                    "empty rows: out 0, lse +inf, max_logits -inf, as HEAD"};
-  k.source = "gpu_peers.md 1.1, 1.4, 1.5; flash_mla/flash_mla_interface.py, csrc/api/sparse_fwd.h";
+  k.source = "FlashMLA tests/test_flash_mla_sparse_prefill.py, flash_mla/flash_mla_interface.py, csrc/api/sparse_fwd.h";
   return k;
 }
 
@@ -129,10 +129,10 @@ void add_train_kernels(std::vector<Kernel>& v) {
 std::vector<Kernel> make() {
   std::vector<Kernel> v;
   v.push_back(flashmla_prefill("flashmla-sparse-prefill-sm90",
-                               {{"topk", {}, 128, "", 0, "gpu_peers.md 1.1; csrc/sm90/prefill/sparse/phase1.cuh"}}));
+                               {{"topk", {}, 128, "", 0, "FlashMLA tests/test_flash_mla_sparse_prefill.py; csrc/sm90/prefill/sparse/phase1.cuh"}}));
   v.push_back(flashmla_prefill("flashmla-sparse-prefill-sm100",
-                               {{"topk", {}, 64, "", 0, "gpu_peers.md 1.1 (head64 and small-topk path)"},
-                                {"topk", {}, 128, "h_q", 128, "gpu_peers.md 1.1 (head128 regular path)"}}));
+                               {{"topk", {}, 64, "", 0, "FlashMLA tests/test_flash_mla_sparse_prefill.py (head64 and small-topk path)"},
+                                {"topk", {}, 128, "h_q", 128, "FlashMLA tests/test_flash_mla_sparse_prefill.py (head128 regular path)"}}));
   {
     Kernel k;
     k.name = "flashmla-sparse-decode";
@@ -140,9 +140,9 @@ std::vector<Kernel> make() {
     k.call = "sched_meta, _ = get_mla_metadata(); out, lse = flash_mla_with_kvcache(q, k_cache, None, None, 512, sched_meta, None, "
              "softmax_scale=softmax_scale, causal=False, is_fp8_kvcache=True, indices=indices, attn_sink=attn_sink)";
     k.kind = "decode";
-    k.constraints = {{"d_qk", {576}, 0, "", 0, "gpu_peers.md 1.3 (the V32 FP8 cache, 656 B/token)"},
-                     {"d_v", {512}, 0, "", 0, "gpu_peers.md 1.2"},
-                     {"topk", {}, 64, "", 0, "gpu_peers.md 1.2 (TOPK_BLOCK_SIZE 64 on SM90 and SM100)"}};
+    k.constraints = {{"d_qk", {576}, 0, "", 0, "FlashMLA tests/test_flash_mla_sparse_decoding.py (the V32 FP8 cache, 656 B/token)"},
+                     {"d_v", {512}, 0, "", 0, "FlashMLA tests/test_flash_mla_sparse_decoding.py"},
+                     {"topk", {}, 64, "", 0, "FlashMLA tests/test_flash_mla_sparse_decoding.py (TOPK_BLOCK_SIZE 64 on SM90 and SM100)"}};
     k.args = {{"q", "layers.{l}.attn.q", "BF16", S{"b", "next_n", "h_q", "d_qk"}, true, false, "attn.q [b * next_n, h_q, d_qk] viewed"},
               {"k_cache", "layers.{l}.attn.kv_cache_fp8", "U8", S{"num_blocks", "64", "1", "656"}, false, false, "V32_FP8Sparse, page 64"},
               {"indices", "layers.{l}.attn.indices_physical", "I32", S{"b", "next_n", "topk"}, false, false, "physical slots, -1 padded"},
@@ -155,7 +155,7 @@ std::vector<Kernel> make() {
                      "0 and attended); we ignore every index outside [0, s_kv): the checked-in decode sets use -1 only",
                      "topk_length is per batch [b] in the kernel, per query row [s_q] in our sets",
                      "the reference attention runs on the FP8-dequantized latent (attn.kv), as FlashMLA's tests do"};
-    k.source = "gpu_peers.md 1.2, 1.3; flash_mla/flash_mla_interface.py, csrc/api/sparse_decode.h, tests/quant.py";
+    k.source = "FlashMLA tests/test_flash_mla_sparse_decoding.py, flash_mla/flash_mla_interface.py, csrc/api/sparse_decode.h, tests/quant.py";
     v.push_back(k);
   }
   // MODEL1 (DeepSeek-V4): the prefill at d_qk 512 = d_v 512 with the per-head sink, and the two-scope
@@ -166,7 +166,7 @@ std::vector<Kernel> make() {
     k.constraints[1] = {"d_qk", {512}, 0, "", 0, "flash_mla/flash_mla_interface.py (MODEL1: d_qk 512 = [NoPE 448 | RoPE 64])"};
     k.constraints.push_back({"sink", {1}, 0, "", 0, "tests/test_flash_mla_sparse_prefill.py (MODEL1 runs with attn_sink)"});
     for (Constraint& c : k.constraints)
-      if (c.source.rfind("gpu_peers.md", 0) == 0) c.source = "flash_mla/flash_mla_interface.py, csrc/api/sparse_fwd.h";
+      if (c.source.rfind("FlashMLA tests/test_flash_mla_sparse_prefill.py", 0) == 0) c.source = "flash_mla/flash_mla_interface.py, csrc/api/sparse_fwd.h";
     k.args[3].optional = false;
     k.args[3].note = "per-head sink [h_q] f32: out *= 1 / (1 + exp(sink - lse))";
     k.conventions.push_back("d_qk 512 = d_v 512: V is all 512 columns of kv (K = V)");
@@ -224,7 +224,7 @@ std::vector<Kernel> make() {
     k.per_full_layer = true;
     k.constraints = {{"index_n_heads", std::move(heads), 0, "", 0, src},
                      {"index_head_dim", std::move(dims), 0, "", 0, src},
-                     {"indexer_fp8", {1}, 0, "", 0, "gpu_peers.md 2.2 (e4m3 q and k)"}};
+                     {"indexer_fp8", {1}, 0, "", 0, "DeepGEMM tests/test_attention.py (e4m3 q and k)"}};
     k.args = {{"q", "layers.{l}.indexer.q", "F8_E4M3", S{"s_q", "H", "D"}, false, false, "no scale: folded into weights"},
               {"kv", "layers.{l}.indexer.k", "F8_E4M3", S{"s_kv", "D"}, false, false, ""},
               {"kv_scale", "layers.{l}.indexer.k_scale", "F32", S{"s_kv"}, false, false, ""},
@@ -236,11 +236,11 @@ std::vector<Kernel> make() {
                   "--no-logits (diff computes them)"}};
     k.kwargs = {{"clean_logits", "True"}};
     k.conventions = {"with clean_logits=False the entries outside [ks, ke) are garbage: write -inf there before diff"};
-    k.source = "gpu_peers.md 2.1, 2.2, 2.5; csrc/apis/attention.hpp";
+    k.source = "DeepGEMM tests/test_attention.py, csrc/apis/attention.hpp";
     return k;
   };
-  v.push_back(mqa("deepgemm-fp8-mqa-logits-sm90", {32, 64}, {128}, "gpu_peers.md 2.2 (SM90 tests: H 32 or 64, D 128)"));
-  v.push_back(mqa("deepgemm-fp8-mqa-logits-sm100", {8, 16, 32, 64}, {32, 64, 128}, "gpu_peers.md 2.2 (SM100 tests: H 8-64, D 32-128)"));
+  v.push_back(mqa("deepgemm-fp8-mqa-logits-sm90", {32, 64}, {128}, "DeepGEMM tests/test_attention.py (SM90 tests: H 32 or 64, D 128)"));
+  v.push_back(mqa("deepgemm-fp8-mqa-logits-sm100", {8, 16, 32, 64}, {32, 64, 128}, "DeepGEMM tests/test_attention.py (SM100 tests: H 8-64, D 32-128)"));
   {
     Kernel k;
     k.name = "deepgemm-fp8-paged-mqa-logits";
@@ -249,10 +249,10 @@ std::vector<Kernel> make() {
              "kv_cache, weights, context_lens, block_table, schedule_meta, max_context_len, clean_logits=False)";
     k.kind = "decode";
     k.per_full_layer = true;
-    k.constraints = {{"index_n_heads", {32, 64}, 0, "", 0, "gpu_peers.md 2.3 (SM90)"},
-                     {"index_head_dim", {128}, 0, "", 0, "gpu_peers.md 2.3"},
-                     {"next_n", {1, 2}, 0, "", 0, "gpu_peers.md 2.3 (SM90 next_n 1 or 2)"},
-                     {"indexer_fp8", {1}, 0, "", 0, "gpu_peers.md 2.3"}};
+    k.constraints = {{"index_n_heads", {32, 64}, 0, "", 0, "DeepGEMM tests/test_attention.py (SM90)"},
+                     {"index_head_dim", {128}, 0, "", 0, "DeepGEMM tests/test_attention.py"},
+                     {"next_n", {1, 2}, 0, "", 0, "DeepGEMM tests/test_attention.py (SM90 next_n 1 or 2)"},
+                     {"indexer_fp8", {1}, 0, "", 0, "DeepGEMM tests/test_attention.py"}};
     k.args = {{"q", "layers.{l}.indexer.q", "F8_E4M3", S{"b", "next_n", "H", "D"}, true, false, "indexer.q [b * next_n, H, D] viewed"},
               {"kv_cache", "layers.{l}.indexer.k_cache", "U8", S{"num_blocks", "64", "1", "D+4"}, false, false,
                "per block all 64 x D fp8 bytes, then the 64 f32 scales"},
@@ -269,7 +269,7 @@ std::vector<Kernel> make() {
                      "context_lens is the 2-D [b, next_n] form (tensor context_lens); the 1-D form cache_seqlens [b] means the "
                      "same windows (cache_seqlens[b] - next_n + j + 1 for row j)",
                      "schedule_meta = get_paged_mqa_logits_metadata(context_lens, 64, num_sms): scheduling only, not in the set"};
-    k.source = "gpu_peers.md 2.3; csrc/apis/attention.hpp";
+    k.source = "DeepGEMM tests/test_attention.py; csrc/apis/attention.hpp";
     v.push_back(k);
   }
   add_train_kernels(v);
