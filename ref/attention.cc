@@ -80,6 +80,18 @@ void check_attention_inputs(const Tensor<bf16_t>& q, const Tensor<bf16_t>& kv, i
   if (attn_sink) require_shape(*attn_sink, {q.dim(1)}, "attention attn_sink");
 }
 
+std::vector<int64_t> valid_kv_rows(const Tensor<int32_t>& indices, const Tensor<int32_t>* topk_length, int64_t t,
+                                   int64_t s_kv) {
+  const int64_t topk = indices.dim(2), len = topk_length ? (*topk_length)[t] : topk;
+  std::vector<int64_t> rows;
+  for (int64_t j = 0; j < len; ++j) {
+    const int64_t i = indices[t * topk + j];
+    if (0 <= i && i < s_kv) rows.push_back(i);
+  }
+  std::sort(rows.begin(), rows.end());
+  return rows;
+}
+
 AttentionOut sparse_attention(const Tensor<bf16_t>& q, const Tensor<bf16_t>& kv,
                               const Tensor<int32_t>& indices, float sm_scale, int64_t d_v,
                               const Tensor<int32_t>* topk_length, const Tensor<float>* attn_sink) {
@@ -97,16 +109,8 @@ AttentionOut sparse_attention(const Tensor<bf16_t>& q, const Tensor<bf16_t>& kv,
                   std::to_string((*topk_length)[t]) + ", outside [0, topk=" + std::to_string(topk) + "]");
   }
   AttentionOut o = make_out(s_q, h_q, d_v);
-  std::vector<int64_t> rows;
   for (int64_t t = 0; t < s_q; ++t) {
-    // The row's valid kv rows, in ascending order (duplicates kept).
-    const int64_t len = topk_length ? (*topk_length)[t] : topk;
-    rows.clear();
-    for (int64_t j = 0; j < len; ++j) {
-      const int64_t i = indices[t * topk + j];
-      if (0 <= i && i < s_kv) rows.push_back(i);
-    }
-    std::sort(rows.begin(), rows.end());
+    const std::vector<int64_t> rows = valid_kv_rows(indices, topk_length, t, s_kv);
     for (int64_t h = 0; h < h_q; ++h) attend(q, kv, t, h, rows, sm_scale, d_v, attn_sink, o);
   }
   finish_bf16(o);

@@ -32,6 +32,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <vector>
 
 #include "ref/tensor.h"
 
@@ -48,6 +49,12 @@ struct AttentionOut {
 // d_qk, 1 <= d_v <= d_qk, sink [h_q]); throws Error naming the tensor. simd/ calls it too.
 void check_attention_inputs(const Tensor<bf16_t>& q, const Tensor<bf16_t>& kv, int64_t d_v,
                             const Tensor<float>* attn_sink);
+
+// The valid kv rows of query row t: the slots j < topk_length[t] (every slot without topk_length)
+// whose index lies in [0, s_kv), sorted ascending, duplicates kept: the order every sum over a
+// row's keys runs in (the forward, its backward and the bounds).
+std::vector<int64_t> valid_kv_rows(const Tensor<int32_t>& indices, const Tensor<int32_t>* topk_length, int64_t t,
+                                   int64_t s_kv);
 
 AttentionOut sparse_attention(const Tensor<bf16_t>& q, const Tensor<bf16_t>& kv,
                               const Tensor<int32_t>& indices, float sm_scale, int64_t d_v,

@@ -19,20 +19,6 @@ constexpr double kF32E = 0x1p-24;   // f32 unit roundoff
 
 // ---- Attention ---------------------------------------------------------------------------------
 
-namespace {
-// The valid kv rows of query row t, ascending (the reference's reduction order).
-std::vector<int64_t> valid_rows(const Tensor<int32_t>& indices, const Tensor<int32_t>* topk_length,
-                                int64_t t, int64_t s_kv) {
-  const int64_t topk = indices.dim(2), len = topk_length ? (*topk_length)[t] : topk;
-  std::vector<int64_t> rows;
-  for (int64_t j = 0; j < len; ++j) {
-    const int64_t i = indices[t * topk + j];
-    if (0 <= i && i < s_kv) rows.push_back(i);
-  }
-  std::sort(rows.begin(), rows.end());
-  return rows;
-}
-}  // namespace
 
 namespace {
 // The weights of the bounds' f32 sums, kept to 16 significant bits (compare.h: every product with
@@ -67,7 +53,7 @@ AttentionBounds bounds_impl(const Tensor<bf16_t>& q, const Tensor<bf16_t>& kv, c
   // f32 sums of nonnegative terms are inflated to sound upper bounds (compare.h): m roundings.
   auto inflate = [](double m) { return 1 + 2 * m * kF32E; };
   for (int64_t t = 0; t < s_q; ++t) {
-    const std::vector<int64_t> rows = valid_rows(indices, topk_length, t, s_kv);
+    const std::vector<int64_t> rows = ref::valid_kv_rows(indices, topk_length, t, s_kv);
     const double k = double(rows.size());
     for (int64_t h = 0; h < h_q; ++h) {
       const int64_t th = t * h_q + h;
@@ -156,7 +142,7 @@ AttentionOut emulate_attention_lowp(const Tensor<bf16_t>& q, const Tensor<bf16_t
   AttentionOut o{Tensor<float>({s_q, h_q, d_v}), Tensor<bf16_t>({s_q, h_q, d_v}), Tensor<float>({s_q, h_q}),
                  Tensor<float>({s_q, h_q})};
   for (int64_t t = 0; t < s_q; ++t) {
-    const std::vector<int64_t> rows = valid_rows(indices, topk_length, t, s_kv);
+    const std::vector<int64_t> rows = ref::valid_kv_rows(indices, topk_length, t, s_kv);
     for (int64_t h = 0; h < h_q; ++h) {
       const int64_t th = t * h_q + h;
       if (rows.empty()) {

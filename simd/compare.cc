@@ -48,7 +48,7 @@ HWY_BEFORE_NAMESPACE();
 namespace indexshare::simd::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
-// ref's valid_rows: the valid kv rows of query row t (topk_length slots), sorted ascending,
+// ref::valid_kv_rows (ref/attention.h): the valid kv rows of query row t (topk_length slots), sorted ascending,
 // duplicates kept.
 HWY_INLINE void ValidRows(const detail::AttentionView& v, int64_t t, std::vector<int64_t>& rows) {
   rows.clear();

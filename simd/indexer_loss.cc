@@ -193,21 +193,7 @@ void loss_row(LossContext& c, const std::vector<double>& kT, int64_t t, IndexerL
   double l = 0.0;
   for (double v : e) l += v;
   const double lse = m + std::log(l);
-  double kl = 0.0, psum = 0.0;
-  for (size_t i = 0; i < R.size(); ++i) {
-    const double log_q = I[size_t(R[i] - lo)] - lse;
-    kl += p[i] * (std::log(std::max(p[i], 1e-10)) - log_q);
-    psum += p[i];
-    out.p.at(t, R[i]) = float(p[i]);
-    out.log_q.at(t, R[i]) = float(log_q);
-  }
-  c.kl[size_t(t)] = kl;
-  out.kl[t] = float(kl);
-  for (size_t i = 0; i < R.size(); ++i) {
-    const double dI = c.g * ((e[i] / l) * psum - p[i]);
-    c.dI[size_t(t * s_kv + R[i])] = dI;
-    out.d_scores.at(t, R[i]) = float(dI);
-  }
+  ref::train::detail::kl_and_d_scores(c, t, I.data(), lo, p, e, l, lse, out);
   std::vector<double> dq(static_cast<size_t>(D));
   for (int64_t h = 0; h < H; ++h) {
     const double wh = c.w[size_t(t * H + h)];

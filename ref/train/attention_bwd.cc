@@ -32,19 +32,6 @@ std::vector<double> widen(const bf16_t* src, int64_t n) {
   return v;
 }
 
-// The valid kv rows of query row t, ascending, duplicates kept (the forward's list).
-std::vector<int64_t> valid_rows(const Tensor<int32_t>& indices, const Tensor<int32_t>* topk_length, int64_t t,
-                                int64_t s_kv) {
-  const int64_t topk = indices.dim(2), len = topk_length ? (*topk_length)[t] : topk;
-  std::vector<int64_t> rows;
-  for (int64_t j = 0; j < len; ++j) {
-    const int64_t i = indices[t * topk + j];
-    if (0 <= i && i < s_kv) rows.push_back(i);
-  }
-  std::sort(rows.begin(), rows.end());
-  return rows;
-}
-
 // What the backward keeps of one (t, h) for the scatter into dkv and d_sink.
 struct HeadGrad {
   std::vector<double> p, ds;  // per position of the row's sorted valid list
@@ -162,7 +149,7 @@ AttentionBackwardOut sparse_attention_backward(const Tensor<bf16_t>& q, const Te
   std::vector<double> a_k(size_t(s_kv * d_qk), 0.0), a_v(size_t(s_kv * d_v), 0.0), sink_acc(size_t(h_q), 0.0);
   HeadGrad g;
   for (int64_t t = 0; t < s_q; ++t) {
-    const std::vector<int64_t> rows = valid_rows(indices, topk_length, t, s_kv);
+    const std::vector<int64_t> rows = ref::valid_kv_rows(indices, topk_length, t, s_kv);
     std::vector<double> kvd;  // the listed kv rows, widened
     for (int64_t r : rows) {
       const std::vector<double> w = widen(kv.ptr() + r * d_qk, d_qk);

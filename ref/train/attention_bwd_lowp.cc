@@ -12,16 +12,6 @@ namespace indexshare::cmp {
 
 namespace {
 
-std::vector<int64_t> sorted_valid_rows(const Tensor<int32_t>& indices, const Tensor<int32_t>* topk_length, int64_t t,
-                                       int64_t s_kv) {
-  const int64_t topk = indices.dim(2), len = topk_length ? (*topk_length)[t] : topk;
-  std::vector<int64_t> rows;
-  for (int64_t j = 0; j < len; ++j)
-    if (0 <= indices[t * topk + j] && indices[t * topk + j] < s_kv) rows.push_back(indices[t * topk + j]);
-  std::sort(rows.begin(), rows.end());
-  return rows;
-}
-
 // One (t, h) at kernel precision: bf16(P) and bf16(sm_scale dS) per list position into pb, dsb;
 // Delta and 1 - f into delta, omf; dq's row.
 void head_lowp(const Tensor<bf16_t>& q, const Tensor<bf16_t>& kv, const Tensor<bf16_t>& d_out,
@@ -74,7 +64,7 @@ ref::AttentionBackwardOut emulate_attention_backward_lowp(const Tensor<bf16_t>& 
   std::vector<float> sink_acc(static_cast<size_t>(h_q), 0.0f), tile(static_cast<size_t>(d_qk));
   std::vector<std::vector<float>> pb(static_cast<size_t>(h_q)), dsb(static_cast<size_t>(h_q));
   for (int64_t t = 0; t < s_q; ++t) {
-    const std::vector<int64_t> rows = sorted_valid_rows(indices, topk_length, t, s_kv);
+    const std::vector<int64_t> rows = ref::valid_kv_rows(indices, topk_length, t, s_kv);
     for (int64_t h = 0; h < h_q; ++h) {
       const int64_t th = t * h_q + h;
       float omf = 0;

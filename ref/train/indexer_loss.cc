@@ -193,6 +193,26 @@ LossContext prepare(const Tensor<float>& q, const Tensor<float>& k, const Tensor
   return c;
 }
 
+void kl_and_d_scores(LossContext& c, int64_t t, const double* I, int64_t lo, const std::vector<double>& p,
+                     const std::vector<double>& e, double l, double lse, IndexerLossOut& out) {
+  const std::vector<int64_t>& R = c.rows[size_t(t)];
+  double kl = 0.0, psum = 0.0;
+  for (size_t i = 0; i < R.size(); ++i) {
+    const double log_q = I[size_t(R[i] - lo)] - lse;
+    kl += p[i] * (std::log(std::max(p[i], kEps)) - log_q);
+    psum += p[i];
+    out.p.at(t, R[i]) = float(p[i]);
+    out.log_q.at(t, R[i]) = float(log_q);
+  }
+  c.kl[size_t(t)] = kl;
+  out.kl[t] = float(kl);
+  for (size_t i = 0; i < R.size(); ++i) {
+    const double dI = c.g * ((e[i] / l) * psum - p[i]);
+    c.dI[size_t(t * c.s_kv + R[i])] = dI;
+    out.d_scores.at(t, R[i]) = float(dI);
+  }
+}
+
 void loss_row(LossContext& c, int64_t t, IndexerLossOut& out) {
   const int64_t H = c.H, D = c.D, s_kv = c.s_kv;
   // 1. I over the window (the indexer's output), in double.
@@ -212,21 +232,7 @@ void loss_row(LossContext& c, int64_t t, IndexerLossOut& out) {
   for (size_t i = 0; i < R.size(); ++i) l += (e[i] = exp_portable(I[size_t(R[i])] - m));
   const double lse = m + std::log(l);
   // 3. kl[t] and dI = g (q * sum p - p).
-  double kl = 0.0, psum = 0.0;
-  for (size_t i = 0; i < R.size(); ++i) {
-    const double log_q = I[size_t(R[i])] - lse;
-    kl += p[i] * (std::log(std::max(p[i], kEps)) - log_q);
-    psum += p[i];
-    out.p.at(t, R[i]) = float(p[i]);
-    out.log_q.at(t, R[i]) = float(log_q);
-  }
-  c.kl[size_t(t)] = kl;
-  out.kl[t] = float(kl);
-  for (size_t i = 0; i < R.size(); ++i) {
-    const double dI = c.g * ((e[i] / l) * psum - p[i]);
-    c.dI[size_t(t * s_kv + R[i])] = dI;
-    out.d_scores.at(t, R[i]) = float(dI);
-  }
+  kl_and_d_scores(c, t, I.data(), 0, p, e, l, lse, out);
   // 4. dw'[t,h] and dq[t,h,:] through the head scores S[h, s], s ascending over R.
   std::vector<double> S(static_cast<size_t>(H) * R.size()), col(static_cast<size_t>(H));
   for (size_t i = 0; i < R.size(); ++i) {

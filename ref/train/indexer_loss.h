@@ -132,6 +132,11 @@ LossContext prepare(const Tensor<float>& q, const Tensor<float>& k, const Tensor
 void loss_row(LossContext& c, int64_t t, IndexerLossOut& out);
 // log(exp(a) + exp(b)): max + log1p(exp_portable(-|a - b|)), -inf and +inf handled exactly.
 double logaddexp(double a, double b);
+// Step 3 of loss_row: p, log q = I - lse and kl[t] over R(t), s ascending, then dI = g (q sum p - p)
+// into c.dI and out, from the target p, the student's e = exp(I - max) with their sum l, and lse.
+// I[s - lo] holds the score of key s (ref: lo = 0; simd: the row's window from ks[t]).
+void kl_and_d_scores(LossContext& c, int64_t t, const double* I, int64_t lo, const std::vector<double>& p,
+                     const std::vector<double>& e, double l, double lse, IndexerLossOut& out);
 // S[t, h, s] = q[t,h,:] . k[s,:], d ascending (the head score before the ReLU).
 double head_score(const LossContext& c, int64_t t, int64_t h, int64_t s);
 // dk for the key rows [s_begin, s_end): each element sums t ascending, then h, as the header says.

@@ -60,6 +60,12 @@ struct GoldenSet {
   std::vector<io::TensorView> tensors;
   std::map<std::string, Role> roles;
   ShardInfo shard;                         // active only for a part (build with a RowPart)
+  // Adds tensor `name` with its role; the view adopts t's elements (no copy when t is moved in).
+  template <class T>
+  void add(const std::string& name, Tensor<T> t, Role role) {
+    tensors.push_back(io::make_view(name, std::move(t)));
+    roles[name] = role;
+  }
 };
 
 // Golden presets: name -> (problem descriptor, kind). Kinds: "stack" (kernel-level stack),

@@ -32,12 +32,6 @@ bool all_digits(const std::string& s) { return !s.empty() && s.size() <= 12 && s
 
 float sm_scale_of() { return float(std::pow(512.0, -0.55)); }  // FlashMLA's decode tests: d_qk^-0.55
 
-template <class T>
-void add(GoldenSet& g, const std::string& name, Tensor<T> t, Role role) {
-  g.tensors.push_back(io::make_view(name, std::move(t)));
-  g.roles[name] = role;
-}
-
 // Values from the project's generator: normal * scale, clamped to [-1, 1], rounded to bf16.
 Tensor<bf16_t> clamped_normal(const Shape& shape, float scale, uint64_t seed, const std::string& tag) {
   Tensor<float> f(shape);
@@ -171,24 +165,24 @@ GoldenSet build_model1_decode(const Model1DecodeSpec& s, const std::string& repl
   GoldenSet g;
   const std::string pre = "layers.0.";
   const int64_t s_q = s.b * s.next_n, s_kv = cat.kv.dim(0), topk = cat.indices.dim(2);
-  add(g, pre + "attn.q", q, Role::input);
-  add(g, pre + "attn.kv", std::move(cat.kv), Role::input);
-  add(g, pre + "attn.indices", std::move(cat.indices), Role::input);
-  add(g, pre + "attn.sink", sink, Role::input);
-  add(g, pre + "attn.out", std::move(attn.out), Role::output);
-  add(g, pre + "attn.out_bf16", std::move(attn.out_bf16), Role::output);
-  add(g, pre + "attn.lse", std::move(attn.lse), Role::output);
-  add(g, pre + "attn.max_logits", std::move(attn.max_logits), Role::output);
-  add(g, pre + "attn.model1.k_cache", main.cache, Role::input);
-  add(g, pre + "attn.model1.indices", main.indices, Role::input);
-  add(g, pre + "attn.model1.topk_length", main.topk_length, Role::input);
-  add(g, pre + "attn.model1.extra_k_cache", extra.cache, Role::input);
-  add(g, pre + "attn.model1.extra_indices", extra.indices, Role::input);
-  add(g, pre + "attn.model1.extra_topk_length", extra.topk_length, Role::input);
-  add(g, "block_table", main_l.block_table, Role::reference);
-  add(g, "cache_seqlens", main_l.cache_seqlens, Role::reference);
-  add(g, "extra_block_table", extra_l.block_table, Role::reference);
-  add(g, "extra_cache_seqlens", extra_l.cache_seqlens, Role::reference);
+  g.add(pre + "attn.q", q, Role::input);
+  g.add(pre + "attn.kv", std::move(cat.kv), Role::input);
+  g.add(pre + "attn.indices", std::move(cat.indices), Role::input);
+  g.add(pre + "attn.sink", sink, Role::input);
+  g.add(pre + "attn.out", std::move(attn.out), Role::output);
+  g.add(pre + "attn.out_bf16", std::move(attn.out_bf16), Role::output);
+  g.add(pre + "attn.lse", std::move(attn.lse), Role::output);
+  g.add(pre + "attn.max_logits", std::move(attn.max_logits), Role::output);
+  g.add(pre + "attn.model1.k_cache", main.cache, Role::input);
+  g.add(pre + "attn.model1.indices", main.indices, Role::input);
+  g.add(pre + "attn.model1.topk_length", main.topk_length, Role::input);
+  g.add(pre + "attn.model1.extra_k_cache", extra.cache, Role::input);
+  g.add(pre + "attn.model1.extra_indices", extra.indices, Role::input);
+  g.add(pre + "attn.model1.extra_topk_length", extra.topk_length, Role::input);
+  g.add("block_table", main_l.block_table, Role::reference);
+  g.add("cache_seqlens", main_l.cache_seqlens, Role::reference);
+  g.add("extra_block_table", extra_l.block_table, Role::reference);
+  g.add("extra_cache_seqlens", extra_l.cache_seqlens, Role::reference);
   const double budget = cmp::attention_budget(parts);
   g.manifest = {
       {"format", "indexshare-golden"},

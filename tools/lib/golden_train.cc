@@ -37,12 +37,6 @@ bool has(const GoldenSet& g, const std::string& name) {
   return std::any_of(g.tensors.begin(), g.tensors.end(), [&](const io::TensorView& v) { return v.name == name; });
 }
 
-template <class T>
-void put(GoldenSet& g, const std::string& name, Tensor<T>&& t, Role role) {
-  g.tensors.push_back(io::make_view(name, std::move(t)));
-  g.roles[name] = role;
-}
-
 // The attention's backward of layer l: dO drawn, the gradients added.
 void attention_backward(GoldenSet& g, const Problem& p, const std::string& pre, float sm, const ref::Kernels& k) {
   const Tensor<bf16_t> q = get<bf16_t>(g, pre + "attn.q"), kv = get<bf16_t>(g, pre + "attn.kv");
@@ -53,15 +47,15 @@ void attention_backward(GoldenSet& g, const Problem& p, const std::string& pre, 
   Tensor<bf16_t> d_out({s_q, h_q, p.d_v});
   fill_range_bf16(d_out.ptr(), 0, d_out.numel(), Dist::normal, 1.0f, p.seed, stream_tag(pre + "attn.d_out"));
   ref::AttentionBackwardOut b = k.sparse_attention_backward(q, kv, ind, sm, p.d_v, d_out, nullptr, sink ? &*sink : nullptr);
-  put(g, pre + "attn.d_out", std::move(d_out), Role::input);
-  put(g, pre + "attn_bwd.delta", std::move(b.delta), Role::output);
-  put(g, pre + "attn_bwd.p", std::move(b.p), Role::reference);
-  put(g, pre + "attn_bwd.ds", std::move(b.ds), Role::reference);
-  put(g, pre + "attn_bwd.dq", std::move(b.dq), Role::output);
-  put(g, pre + "attn_bwd.dq_bf16", std::move(b.dq_bf16), Role::output);
-  put(g, pre + "attn_bwd.dkv", std::move(b.dkv), Role::output);
-  put(g, pre + "attn_bwd.dkv_bf16", std::move(b.dkv_bf16), Role::output);
-  if (sink) put(g, pre + "attn_bwd.d_sink", std::move(b.d_sink), Role::output);
+  g.add(pre + "attn.d_out", std::move(d_out), Role::input);
+  g.add(pre + "attn_bwd.delta", std::move(b.delta), Role::output);
+  g.add(pre + "attn_bwd.p", std::move(b.p), Role::reference);
+  g.add(pre + "attn_bwd.ds", std::move(b.ds), Role::reference);
+  g.add(pre + "attn_bwd.dq", std::move(b.dq), Role::output);
+  g.add(pre + "attn_bwd.dq_bf16", std::move(b.dq_bf16), Role::output);
+  g.add(pre + "attn_bwd.dkv", std::move(b.dkv), Role::output);
+  g.add(pre + "attn_bwd.dkv_bf16", std::move(b.dkv_bf16), Role::output);
+  if (sink) g.add(pre + "attn_bwd.d_sink", std::move(b.d_sink), Role::output);
 }
 
 // The indexer loss of Full layer l, taught by `teachers` (its own layer first).
@@ -87,14 +81,14 @@ void indexer_loss(GoldenSet& g, const TrainSpec& t, int l, const std::vector<int
   o.loss_coeff = t.loss_coeff;
   o.target = ref::train::parse_target(t.target);
   ref::train::IndexerLossOut r = k.indexer_loss(widen(iq), widen(ik), w, ks, ke, &topk, tl, o);
-  put(g, pre + "indexer_loss.p", std::move(r.p), Role::output);
-  put(g, pre + "indexer_loss.log_q", std::move(r.log_q), Role::output);
-  put(g, pre + "indexer_loss.kl", std::move(r.kl), Role::output);
-  put(g, pre + "indexer_loss.loss", Tensor<float>({1}, float(r.loss)), Role::output);
-  put(g, pre + "indexer_loss.d_scores", std::move(r.d_scores), Role::output);
-  put(g, pre + "indexer_loss.dq", std::move(r.dq), Role::output);
-  put(g, pre + "indexer_loss.dk", std::move(r.dk), Role::output);
-  put(g, pre + "indexer_loss.dw", std::move(r.dw), Role::output);
+  g.add(pre + "indexer_loss.p", std::move(r.p), Role::output);
+  g.add(pre + "indexer_loss.log_q", std::move(r.log_q), Role::output);
+  g.add(pre + "indexer_loss.kl", std::move(r.kl), Role::output);
+  g.add(pre + "indexer_loss.loss", Tensor<float>({1}, float(r.loss)), Role::output);
+  g.add(pre + "indexer_loss.d_scores", std::move(r.d_scores), Role::output);
+  g.add(pre + "indexer_loss.dq", std::move(r.dq), Role::output);
+  g.add(pre + "indexer_loss.dk", std::move(r.dk), Role::output);
+  g.add(pre + "indexer_loss.dw", std::move(r.dw), Role::output);
 }
 
 }  // namespace

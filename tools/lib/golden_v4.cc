@@ -144,12 +144,6 @@ std::string to_string(const V4Spec& s) {
 
 namespace {
 
-template <class T>
-void put(GoldenSet& g, const std::string& name, Tensor<T>&& t, Role role) {
-  g.tensors.push_back(io::make_view(name, std::move(t)));
-  g.roles[name] = role;
-}
-
 json rope_json(const ref::v4::RopeParams& r) {
   return {{"rope_dim", r.rope_dim}, {"theta", r.theta}, {"yarn", r.yarn}, {"factor", r.factor},
           {"original_max_pos", r.original_max_pos}, {"beta_fast", r.beta_fast}, {"beta_slow", r.beta_slow}};
@@ -237,35 +231,35 @@ GoldenSet build_v4(const V4Spec& s, const std::string& replay, Impl impl) {
     const std::vector<float> freq = ref::v4::inv_freq(rope);
     for (int64_t r = 0; r < T; ++r)
       for (int64_t h = 0; h < H; ++h) ref::v4::apply_rope_inverse(&rotated.at(r, h, D - rope.rope_dim), rope.rope_dim, r, freq);
-    put(g, pre + "attn.q", std::move(in.q), Role::input);
-    put(g, pre + "attn.kv", std::move(kv_full), Role::input);
-    put(g, pre + "attn.sink", std::move(in.sink), Role::input);
+    g.add(pre + "attn.q", std::move(in.q), Role::input);
+    g.add(pre + "attn.kv", std::move(kv_full), Role::input);
+    g.add(pre + "attn.sink", std::move(in.sink), Role::input);
     if (t != LayerType::sliding) {
-      put(g, pre + "compressor.kv", std::move(in.comp_kv), Role::input);
-      put(g, pre + "compressor.gate", std::move(in.comp_gate), Role::input);
-      put(g, pre + "compressor.position_bias", std::move(in.comp_bias), Role::input);
-      put(g, pre + "compressor.norm_weight", std::move(in.comp_norm), Role::input);
+      g.add(pre + "compressor.kv", std::move(in.comp_kv), Role::input);
+      g.add(pre + "compressor.gate", std::move(in.comp_gate), Role::input);
+      g.add(pre + "compressor.position_bias", std::move(in.comp_bias), Role::input);
+      g.add(pre + "compressor.norm_weight", std::move(in.comp_norm), Role::input);
     }
     if (own) {
-      put(g, pre + "indexer.kv", std::move(in.index_kv), Role::input);
-      put(g, pre + "indexer.gate", std::move(in.index_gate), Role::input);
-      put(g, pre + "indexer.position_bias", std::move(in.index_bias), Role::input);
-      put(g, pre + "indexer.norm_weight", std::move(in.index_norm), Role::input);
-      put(g, pre + "indexer.q", std::move(in.index_q), Role::input);
-      put(g, pre + "indexer.weights", std::move(in.index_weights), Role::input);
+      g.add(pre + "indexer.kv", std::move(in.index_kv), Role::input);
+      g.add(pre + "indexer.gate", std::move(in.index_gate), Role::input);
+      g.add(pre + "indexer.position_bias", std::move(in.index_bias), Role::input);
+      g.add(pre + "indexer.norm_weight", std::move(in.index_norm), Role::input);
+      g.add(pre + "indexer.q", std::move(in.index_q), Role::input);
+      g.add(pre + "indexer.weights", std::move(in.index_weights), Role::input);
     }
-    put(g, pre + "attn.indices", std::move(indices), Role::input);
-    if (t != LayerType::sliding) put(g, pre + "compressor.entries", std::move(entries), Role::output);
+    g.add(pre + "attn.indices", std::move(indices), Role::input);
+    if (t != LayerType::sliding) g.add(pre + "compressor.entries", std::move(entries), Role::output);
     if (own) {
-      put(g, pre + "indexer.entries", std::move(ix_entries), Role::output);
-      put(g, pre + "indexer.scores", std::move(scores), Role::output);
+      g.add(pre + "indexer.entries", std::move(ix_entries), Role::output);
+      g.add(pre + "indexer.scores", std::move(scores), Role::output);
     }
-    if (t == LayerType::csa) put(g, pre + "indexer.blocks", Tensor<int32_t>(blocks[l]), Role::output);
-    put(g, pre + "attn.out", std::move(a.out), Role::output);
-    put(g, pre + "attn.out_bf16", std::move(a.out_bf16), Role::output);
-    put(g, pre + "attn.out_rotated", std::move(rotated), Role::output);
-    put(g, pre + "attn.lse", std::move(a.lse), Role::output);
-    put(g, pre + "attn.max_logits", std::move(a.max_logits), Role::output);
+    if (t == LayerType::csa) g.add(pre + "indexer.blocks", Tensor<int32_t>(blocks[l]), Role::output);
+    g.add(pre + "attn.out", std::move(a.out), Role::output);
+    g.add(pre + "attn.out_bf16", std::move(a.out_bf16), Role::output);
+    g.add(pre + "attn.out_rotated", std::move(rotated), Role::output);
+    g.add(pre + "attn.lse", std::move(a.lse), Role::output);
+    g.add(pre + "attn.max_logits", std::move(a.max_logits), Role::output);
     layers.push_back({{"index", l}, {"type", std::string(1, ref::v4::layer_type_char(t))}, {"type_name", ref::v4::layer_type_name(t)},
                       {"kind", kind_of(sch, l)}, {"source", sch.source[l]}, {"n_c", n_c}});
   }
