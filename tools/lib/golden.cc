@@ -921,6 +921,9 @@ const std::vector<TensorRule>& tensor_rules() {
       {"indexer_loss.dq", true, R::output, kKindTrain, Need::full},
       {"indexer_loss.dk", true, R::output, kKindTrain, Need::full},
       {"indexer_loss.dw", true, R::output, kKindTrain, Need::full},
+      {"indexer_loss.dq_bf16", true, R::output, kKindTrain, Need::full},
+      {"indexer_loss.dk_bf16", true, R::output, kKindTrain, Need::full},
+      {"indexer_loss.dw_bf16", true, R::output, kKindTrain, Need::full},
   };
   return rules;
 }
@@ -1008,6 +1011,9 @@ Layout layout_of(const std::string& rest, const Dims& d) {
   if (rest == "indexer_loss.dq") return {DType::F32, {d.s_q, d.H, d.D}, true, "config.s_q/index_n_heads/index_head_dim"};
   if (rest == "indexer_loss.dk") return {DType::F32, {d.s_kv, d.D}, true, "config.s_kv/index_head_dim"};
   if (rest == "indexer_loss.dw") return {DType::F32, {d.s_q, d.H}, true, "config.s_q/index_n_heads"};
+  if (rest == "indexer_loss.dq_bf16") return {DType::BF16, {d.s_q, d.H, d.D}, true, "config.s_q/index_n_heads/index_head_dim"};
+  if (rest == "indexer_loss.dk_bf16") return {DType::BF16, {d.s_kv, d.D}, true, "config.s_kv/index_head_dim"};
+  if (rest == "indexer_loss.dw_bf16") return {DType::BF16, {d.s_q, d.H}, true, "config.s_q/index_n_heads"};
   return {DType::BF16, {}, false, "kind"};  // module-level weights, hidden states and intermediates
 }
 

@@ -33,6 +33,12 @@ Tensor<float> widen(const Tensor<bf16_t>& x) {
   return y;
 }
 
+Tensor<bf16_t> to_bf16(const Tensor<float>& x) {
+  Tensor<bf16_t> y(x.shape);
+  for (int64_t i = 0; i < x.numel(); ++i) y[i] = f32_to_bf16(x[i]);
+  return y;
+}
+
 bool has(const GoldenSet& g, const std::string& name) {
   return std::any_of(g.tensors.begin(), g.tensors.end(), [&](const io::TensorView& v) { return v.name == name; });
 }
@@ -86,6 +92,10 @@ void indexer_loss(GoldenSet& g, const TrainSpec& t, int l, const std::vector<int
   g.add(pre + "indexer_loss.kl", std::move(r.kl), Role::output);
   g.add(pre + "indexer_loss.loss", Tensor<float>({1}, float(r.loss)), Role::output);
   g.add(pre + "indexer_loss.d_scores", std::move(r.d_scores), Role::output);
+  // bf16 copies (round to nearest even) of the gradients of the bf16 q and k and of the weights.
+  g.add(pre + "indexer_loss.dq_bf16", to_bf16(r.dq), Role::output);
+  g.add(pre + "indexer_loss.dk_bf16", to_bf16(r.dk), Role::output);
+  g.add(pre + "indexer_loss.dw_bf16", to_bf16(r.dw), Role::output);
   g.add(pre + "indexer_loss.dq", std::move(r.dq), Role::output);
   g.add(pre + "indexer_loss.dk", std::move(r.dk), Role::output);
   g.add(pre + "indexer_loss.dw", std::move(r.dw), Role::output);
