@@ -89,8 +89,14 @@ void Judge::judge_gradient(int l, const std::string& P, const std::string& n, co
                            int64_t rows, int64_t heads, int64_t cols, double floor,
                            const std::vector<std::pair<std::string, Tensor<float>>>& hypotheses) {
   const Tensor<float> got = cand_float(name(l, n), golden.shape);
-  if (c_.find(name(l, n))->dtype == io::DType::BF16)  // the kernel's final cast: half a bf16 ulp more
+  const bool bf16 = c_.find(name(l, n))->dtype == io::DType::BF16;
+  if (bf16)  // the kernel's final cast: half a bf16 ulp more
     for (int64_t i = 0; i < golden.numel(); ++i) bound[size_t(i)] += float(0x1p-8 * std::fabs(double(golden[i])));
+  // A bf16 cast moves each element by up to 2^-9 of itself, deterministically: on a small tensor
+  // its errors can line up into an apparent scale of that size (measured: 0.3% on 1,024 elements
+  // of indexer_loss.dq, the cast plus the f32 kernel's own error), so the structure tests of a bf16
+  // candidate do not flag systematic effects below 2^-8.
+  if (bf16) floor = std::max(floor, 0x1p-8);
   cmp::FloatRule rule;
   rule.bound = std::move(bound);
   rule.derivation = "per-element bound of the backward's f32 and bf16 roundings, reduction lengths and magnitudes "
