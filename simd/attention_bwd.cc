@@ -245,6 +245,11 @@ HWY_INLINE void KvSlice(const double* c, int64_t hs, const int64_t* rows, const 
   for (; k + kKvRows <= ns; k += kKvRows) {
     double* as[kKvRows];
     for (size_t j = 0; j < kKvRows; ++j) as[j] = acc + rows[singles[k + j]] * ast + c0;
+    if (k + 2 * kKvRows <= ns)  // the next tile's accumulators, into cache
+      for (size_t j = 0; j < kKvRows; ++j) {
+        const char* r = reinterpret_cast<const char*>(acc + rows[singles[k + kKvRows + j]] * ast + c0);
+        for (int64_t b = 0; b < w * 8; b += 64) hwy::Prefetch(r + b);
+      }
     if (w == full) {
       KvTile<kKvRows, kKvVecs>(c, hs, &singles[k], x, xs, h_q, as);
     } else {
