@@ -325,7 +325,8 @@ HWY_EXPORT(BackwardKvRows);
 
 namespace {
 int64_t pad8(int64_t n) { return (n + 7) / 8 * 8; }
-constexpr int64_t kMaxKeyBlock = 6;  // the largest kDotKeys of any target: padding of a row's keys
+constexpr int64_t kMaxKeyBlock = 6;
+constexpr int64_t kChunkBytes = int64_t(64) << 20;  // the largest kDotKeys of any target: padding of a row's keys
 }  // namespace
 
 ref::AttentionBackwardOut sparse_attention_backward(const Tensor<bf16_t>& q, const Tensor<bf16_t>& kv,
@@ -353,7 +354,10 @@ ref::AttentionBackwardOut sparse_attention_backward(const Tensor<bf16_t>& q, con
   s.a_k.assign(size_t(s_kv * pad8(d_qk)), 0.0);
   s.a_v.assign(size_t(s_kv * pad8(d_v)), 0.0);
   const int threads = omp_get_max_threads();
-  const int64_t chunk = std::min<int64_t>(s_q, std::max<int64_t>(8, 4 * int64_t(threads)));
+  // Query rows per chunk: the double P and dS of a chunk within kChunkBytes (each chunk ends in two
+  // barriers, so fewer is better), at least 4 rows per thread.
+  const int64_t row_bytes = std::max<int64_t>(1, (topk + kMaxKeyBlock) * s.hs * 2 * int64_t(sizeof(double)));
+  const int64_t chunk = std::min<int64_t>(s_q, std::max<int64_t>(4 * int64_t(threads), kChunkBytes / row_bytes));
   const int64_t rk = std::max<int64_t>(16, (s_kv + 4 * threads - 1) / (4 * threads)), ck = (s_kv + rk - 1) / rk;
   for (s.c0 = 0; s.c0 < s_q; s.c0 = s.c1) {
     s.c1 = std::min(s_q, s.c0 + chunk);

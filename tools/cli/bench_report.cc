@@ -222,6 +222,12 @@ void Bench::report_targets() {
     }
     tj.push_back(t);
   };
+  if (bwd.on) {
+    target_max("simd attention backward over forward (time)", bwd.fwd_s > 0 ? bwd.bwd_s / bwd.fwd_s : 0, 3.0);
+    if (bwd.speedup > 0) target_line("simd attention backward: speedup over ref (scaled)", bwd.speedup, 20, "x");
+    if (bwd.fwd_bytes > 0 && bwd.bwd_bytes >= 0)
+      target_max("attention backward peak RSS growth over the forward's", bwd.bwd_bytes / bwd.fwd_bytes, 2.0);
+  }
   if (do_commands) {
     target_max("command golden (simd, written) over run (simd)", golden_over_run, 1.3);
     target_max("command diff of an exact copy over golden", diff_over_golden, 1.0);
@@ -237,7 +243,7 @@ int Bench::finish() const {
                       " --stack-seq " + std::to_string(a.stack_seq) + " --stack-sq " + std::to_string(a.stack_sq) +
                       " --stack-topk " + std::to_string(a.stack_topk) + " --module-preset " + a.module_preset +
                       " --module-rows " + std::to_string(a.module_rows) + " --seconds " + fmt("%g", a.budget) +
-                      " --commands " + a.commands;
+                      " --commands " + a.commands + " --backward " + a.backward;
   if (!a.json_path.empty()) {
     io::write_text_file(a.json_path, j.dump(2) + "\n");
     repro += " --json " + a.json_path;
