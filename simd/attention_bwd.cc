@@ -40,7 +40,7 @@ struct BackwardState {
   // its P and dS at p[off * hs], ds[off * hs] (key-major, hs per key; off counts padded keys).
   int64_t c0 = 0, c1 = 0;
   std::vector<int64_t> off, n, rows;
-  std::vector<double> p, ds;
+  double *p = nullptr, *ds = nullptr;  // hs doubles per key; lanes past the kDotHeads-rounded h_q are zeroed per row
   std::vector<double> delta, omf;  // [s_q * h_q]: Delta and 1 - f
   std::vector<double> a_k, a_v;    // dkv's accumulators, [s_kv, Pad8(d_qk)] and [s_kv, Pad8(d_v)]
   float *lse = nullptr, *delta_out = nullptr, *p_out = nullptr, *ds_out = nullptr, *dq = nullptr;
@@ -176,8 +176,13 @@ void BackwardRows(detail::BackwardState* sp, int64_t t0, int64_t t1) {
     const int64_t n = int64_t(w.list.size()), off = s.off[size_t(t - s.c0)];
     int64_t* rows = s.rows.data() + off;
     std::copy(w.list.begin(), w.list.end(), rows);
-    double* p = s.p.data() + off * hs;
-    double* ds = s.ds.data() + off * hs;
+    double* p = s.p + off * hs;
+    double* ds = s.ds + off * hs;
+    if (w.hpad < hs)  // lanes no tile writes: finite for the lanes-over-heads passes
+      for (int64_t i = 0; i < s.off[size_t(t - s.c0 + 1)] - off; ++i) {
+        std::fill(p + i * hs + w.hpad, p + (i + 1) * hs, 0.0);
+        std::fill(ds + i * hs + w.hpad, ds + (i + 1) * hs, 0.0);
+      }
     float* dq = s.dq + t * h_q * d_qk;
     if (n == 0) {
       std::fill(dq, dq + h_q * d_qk, 0.0f);
@@ -303,7 +308,7 @@ void BackwardKvRows(detail::BackwardState* sp, int64_t j0, int64_t j1) {
     for (int part = 0; part < 2; ++part) {
       const uint16_t* src = part == 0 ? s.q + t * h_q * s.d_qk : s.d_out + t * h_q * s.d_v;
       const int64_t cols = part == 0 ? s.d_qk : s.d_v, cpad = part == 0 ? dq_pad : dv_pad;
-      const double* c = (part == 0 ? s.ds.data() : s.p.data()) + off * hs;
+      const double* c = (part == 0 ? s.ds : s.p) + off * hs;
       double* acc = part == 0 ? s.a_k.data() : s.a_v.data();
       for (int64_t c0 = 0; c0 < cpad; c0 += cw) {
         const int64_t w = std::min(cw, cpad - c0), cn = std::min(w, cols - c0);
@@ -358,7 +363,9 @@ ref::AttentionBackwardOut sparse_attention_backward(const Tensor<bf16_t>& q, con
   // barriers, so fewer is better), at least 4 rows per thread.
   const int64_t row_bytes = std::max<int64_t>(1, (topk + kMaxKeyBlock) * s.hs * 2 * int64_t(sizeof(double)));
   const int64_t chunk = std::min<int64_t>(s_q, std::max<int64_t>(4 * int64_t(threads), kChunkBytes / row_bytes));
-  const int64_t rk = std::max<int64_t>(16, (s_kv + 4 * threads - 1) / (4 * threads)), ck = (s_kv + rk - 1) / rk;
+  std::vector<int64_t> cuts, count(size_t(s_kv + 1));
+  hwy::AlignedFreeUniquePtr<double[]> p_buf, ds_buf;
+  int64_t pds_size = 0;
   for (s.c0 = 0; s.c0 < s_q; s.c0 = s.c1) {
     s.c1 = std::min(s_q, s.c0 + chunk);
     // Each row's list length (its padded key count places its P and dS).
@@ -373,15 +380,31 @@ ref::AttentionBackwardOut sparse_attention_backward(const Tensor<bf16_t>& q, con
     }
     const int64_t keys = s.off.back();
     s.rows.resize(size_t(keys));
-    if (int64_t(s.p.size()) < keys * s.hs) {
-      s.p.assign(size_t(keys * s.hs), 0.0);
-      s.ds.assign(size_t(keys * s.hs), 0.0);
+    if (keys * s.hs > pds_size) {  // uninitialised: phase 1 writes every lane it reads
+      pds_size = keys * s.hs;
+      p_buf = hwy::AllocateAligned<double>(size_t(pds_size));
+      ds_buf = hwy::AllocateAligned<double>(size_t(pds_size));
+      s.p = p_buf.get();
+      s.ds = ds_buf.get();
     }
     const int64_t rows_here = s.c1 - s.c0;
 #pragma omp parallel for schedule(dynamic, 1)
     for (int64_t r = 0; r < rows_here; ++r) HWY_DYNAMIC_DISPATCH(BackwardRows)(&s, s.c0 + r, s.c0 + r + 1);
+    // Phase 2's blocks of kv rows: about 8 per thread with equal numbers of the chunk's list
+    // entries (a causal selection puts them all in the first rows).
+    std::fill(count.begin(), count.end(), 0);
+    for (int64_t r = 0; r < rows_here; ++r)
+      for (int64_t i = 0; i < s.n[size_t(r)]; ++i) ++count[size_t(s.rows[size_t(s.off[size_t(r)] + i)] + 1)];
+    for (int64_t j = 0; j < s_kv; ++j) count[size_t(j + 1)] += count[size_t(j)];
+    const int64_t blocks = 8 * int64_t(threads), total = count[size_t(s_kv)];
+    cuts.assign(1, 0);
+    for (int64_t j = 1; j < s_kv; ++j)
+      if (count[size_t(j)] * blocks >= int64_t(cuts.size()) * total && count[size_t(j)] > count[size_t(cuts.back())])
+        cuts.push_back(j);
+    cuts.push_back(s_kv);
+    const int64_t ck = int64_t(cuts.size()) - 1;
 #pragma omp parallel for schedule(dynamic, 1)
-    for (int64_t c = 0; c < ck; ++c) HWY_DYNAMIC_DISPATCH(BackwardKvRows)(&s, c * rk, std::min(s_kv, (c + 1) * rk));
+    for (int64_t c = 0; c < ck; ++c) HWY_DYNAMIC_DISPATCH(BackwardKvRows)(&s, cuts[size_t(c)], cuts[size_t(c + 1)]);
   }
   const int64_t dq_pad = pad8(d_qk), dv_pad = pad8(d_v);
 #pragma omp parallel for schedule(static)

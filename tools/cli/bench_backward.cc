@@ -5,10 +5,11 @@
 //            [s_q, h_q, top-k] each, 2 GiB at the FlashMLA prefill shape). FLOPs = 2 * h_q * (3 d_qk +
 //            2 d_v) * V: the multiply-adds of the logits (d_qk), dP (d_v), dq (d_qk) and dkv (d_qk +
 //            d_v) per valid index and head, 2.53x the forward's at d_qk 576, d_v 512.
-//   ref      ref::sparse_attention_backward on the first R query rows, R the most rows whose FLOPs
-//            stay within kRefBackwardFlops (all rows on small problems); each time is scaled by
-//            V / V_R (valid indices of all rows over those of the R rows) to the whole problem, and
-//            the note says so. simd's backward on the same R rows must give ref's bits.
+//   ref      ref::sparse_attention_backward on the last R query rows (the longest lists under a
+//            causal window), R the most rows whose FLOPs stay within kRefBackwardFlops (all rows on
+//            small problems); each time is scaled by V / V_R (valid indices of all rows over those of
+//            the R rows) to the whole problem, and the note says so. simd's backward on the same R
+//            rows must give ref's bits.
 //   forward  the simd forward's median from the "attention (sparse)" row (timed here when --backward
 //            only skipped the other stages).
 //   memory   peak RSS growth of one untimed call each (forward; backward without slots): the peak
@@ -59,14 +60,14 @@ double rss_growth(const std::function<void()>& fn) {
   return before < 0 || peak < 0 ? -1 : double(peak - before) * 1024.0;
 }
 
-// The first r rows (dimension 0) of x.
+// The last r rows (dimension 0) of x.
 template <typename T>
-Tensor<T> first_rows(const Tensor<T>& x, int64_t r) {
+Tensor<T> last_rows(const Tensor<T>& x, int64_t r) {
   std::vector<int64_t> shape = x.shape;
-  const int64_t per = x.numel() / shape[0];
+  const int64_t per = x.numel() / shape[0], skip = shape[0] - r;
   shape[0] = r;
   Tensor<T> y(shape);
-  std::copy(x.ptr(), x.ptr() + r * per, y.ptr());
+  std::copy(x.ptr() + skip * per, x.ptr() + (skip + r) * per, y.ptr());
   return y;
 }
 
@@ -96,18 +97,19 @@ void Bench::time_attention_backward() {
   if (do_ref) {
     int64_t r = 0, v_r = 0;
     for (; r < s_q; ++r) {
+      const int64_t t = s_q - 1 - r;
       int64_t v = 0;
-      for (int64_t j = 0; j < topk; ++j) v += indices[r * topk + j] >= 0 && indices[r * topk + j] < p.s_kv;
+      for (int64_t j = 0; j < topk; ++j) v += indices[t * topk + j] >= 0 && indices[t * topk + j] < p.s_kv;
       if (r > 0 && per_index * double(v_r + v) > kRefBackwardFlops) break;
       v_r += v;
     }
-    const Tensor<bf16_t> q_r = first_rows(in.q, r), do_r = first_rows(d_out, r);
-    const Tensor<int32_t> ind_r = first_rows(indices, r);
+    const Tensor<bf16_t> q_r = last_rows(in.q, r), do_r = last_rows(d_out, r);
+    const Tensor<int32_t> ind_r = last_rows(indices, r);
     const double scale = v_r > 0 ? double(valid) / double(v_r) : 1.0;
     ref::AttentionBackwardOut want;
-    progress("attention backward (ref, first " + std::to_string(r) + " rows)");
+    progress("attention backward (ref, last " + std::to_string(r) + " rows)");
     StageResult row{"attention backward", impl_name(Impl::ref), 1, {}, f_bwd, 0, 0, 0,
-                    r == s_q ? "" : "first " + std::to_string(r) + " of " + std::to_string(s_q) + " rows, times x" +
+                    r == s_q ? "" : "last " + std::to_string(r) + " of " + std::to_string(s_q) + " rows, times x" +
                                         fmt("%.4g", scale) + " (valid indices)"};
     for (double t : time_runs([&] { want = ref::sparse_attention_backward(q_r, in.kv, ind_r,
                                                                           p.sm_scale(), p.d_v, do_r, nullptr, sink,
