@@ -30,9 +30,12 @@ void Bench::print_summary() const {
   for (const StageResult& r : rows) print_stage(r);
   if (do_ref && do_simd)
     std::printf("agreement simd vs ref: %s\n",
-                mismatches.empty() ? (std::string(do_module ? "module projections, " : "") +
-                                           "logits, top-k, fused top-k and attention bit-identical").c_str()
-                                        : "MISMATCH");
+                mismatches.empty() ? (a.backward == "only" ? std::string("attention backward (on ref's rows) bit-identical")
+                                                           : std::string(do_module ? "module projections, " : "") +
+                                                                 "logits, top-k, fused top-k and attention" +
+                                                                 (bwd.on ? ", attention backward" : "") + " bit-identical")
+                                         .c_str()
+                                   : "MISMATCH");
   for (const std::string& m : mismatches) std::printf("agreement MISMATCH in %s\n", m.c_str());
 }
 
