@@ -58,6 +58,7 @@ struct BackwardState {
 #include <omp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <limits>
 
@@ -331,8 +332,11 @@ HWY_EXPORT(BackwardKvRows);
 namespace {
 int64_t pad8(int64_t n) { return (n + 7) / 8 * 8; }
 constexpr int64_t kMaxKeyBlock = 6;
-constexpr int64_t kChunkBytes = int64_t(64) << 20;  // the largest kDotKeys of any target: padding of a row's keys
+constexpr int64_t kChunkBytes = int64_t(64) << 20;
+std::atomic<int64_t> g_chunk_rows{0};  // set_attention_backward_chunk_rows  // the largest kDotKeys of any target: padding of a row's keys
 }  // namespace
+
+void set_attention_backward_chunk_rows(int64_t rows) { g_chunk_rows.store(rows); }
 
 ref::AttentionBackwardOut sparse_attention_backward(const Tensor<bf16_t>& q, const Tensor<bf16_t>& kv,
                                                     const Tensor<int32_t>& indices, float sm_scale, int64_t d_v,
@@ -362,7 +366,9 @@ ref::AttentionBackwardOut sparse_attention_backward(const Tensor<bf16_t>& q, con
   // Query rows per chunk: the double P and dS of a chunk within kChunkBytes (each chunk ends in two
   // barriers, so fewer is better), at least 4 rows per thread.
   const int64_t row_bytes = std::max<int64_t>(1, (topk + kMaxKeyBlock) * s.hs * 2 * int64_t(sizeof(double)));
-  const int64_t chunk = std::min<int64_t>(s_q, std::max<int64_t>(4 * int64_t(threads), kChunkBytes / row_bytes));
+  const int64_t forced = g_chunk_rows.load();
+  const int64_t chunk = std::max<int64_t>(
+      1, std::min<int64_t>(s_q, forced > 0 ? forced : std::max<int64_t>(4 * int64_t(threads), kChunkBytes / row_bytes)));
   std::vector<int64_t> cuts, count(size_t(s_kv + 1));
   hwy::AlignedFreeUniquePtr<double[]> p_buf, ds_buf;
   int64_t pds_size = 0;

@@ -406,7 +406,7 @@ TEST_CASE("simd: attention backward bit-identical to ref on every target and thr
     bool sink, len;
   };
   const int threads0 = omp_get_max_threads();
-  // Row chunks of 8 (s_q 9 and 21 cross a chunk boundary), h_q 3 and 10 not a multiple of the head
+  // Row chunks of 1, 4 and the default (all rows here), h_q 3 and 10 not a multiple of the head
   // tiles, d_qk 37 and d_v 19 not of 8, several kv-row tiles per query row and block (s_kv 300).
   for (const Case& c : {Case{5, 3, 40, 37, 19, 12, true, true}, Case{9, 4, 300, 64, 48, 160, false, false},
                         Case{3, 2, 17, 8, 8, 20, true, false}, Case{21, 10, 300, 72, 64, 96, true, true}}) {
@@ -434,6 +434,12 @@ TEST_CASE("simd: attention backward bit-identical to ref on every target and thr
         CHECK(same_grads(want, simd::sparse_attention_backward(d.q, d.kv, ind, 0.125f, c.d_v, d.dO, ln, sk)));
         CHECK(same_grads(want, simd::kernels().sparse_attention_backward(d.q, d.kv, ind, 0.125f, c.d_v, d.dO, ln, sk)));
         CHECK(same_grads(want_ns, simd::sparse_attention_backward(d.q, d.kv, ind, 0.125f, c.d_v, d.dO, ln, sk, false)));
+        for (int64_t chunk : {1, 4}) {  // query rows per chunk: boundaries inside the problem
+          CAPTURE(chunk);
+          simd::set_attention_backward_chunk_rows(chunk);
+          CHECK(same_grads(want, simd::sparse_attention_backward(d.q, d.kv, ind, 0.125f, c.d_v, d.dO, ln, sk)));
+          simd::set_attention_backward_chunk_rows(0);
+        }
       }
     }
     hwy::SetSupportedTargetsForTest(0);

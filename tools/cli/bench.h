@@ -106,7 +106,7 @@ struct Bench {
   // The attention backward stage (bench_backward.cc).
   struct Backward {
     bool on = false;
-    double fwd_s = 0, bwd_s = 0, speedup = 0, fwd_bytes = -1, bwd_bytes = -1;
+    double fwd_s = 0, bwd_s = 0, ratio = 0, speedup = 0, fwd_bytes = -1, bwd_bytes = -1;
     int64_t ref_rows = 0;
   } bwd;
   // Stack and commands.

@@ -10,8 +10,9 @@
 //            small problems); each time is scaled by V / V_R (valid indices of all rows over those of
 //            the R rows) to the whole problem, and the note says so. simd's backward on the same R
 //            rows must give ref's bits.
-//   forward  the simd forward's median from the "attention (sparse)" row (timed here when --backward
-//            only skipped the other stages).
+//   forward  the simd forward timed again here, alternating with the backward (a forward, then a
+//            backward, per repeat; the repeat rules on the pairs, with 2x --seconds): the ratio is
+//            the median of the pairs' ratios, so that a busy neighbour's drift falls on both alike.
 //   memory   peak RSS growth of one untimed call each (forward; backward without slots): the peak
 //            is reset through /proc/self/clear_refs, then VmHWM after the call minus VmRSS before
 //            (outputs and working buffers as the kernel touches them; malloc_trim first, so that
@@ -88,11 +89,6 @@ void Bench::time_attention_backward() {
   fill_range_bf16(d_out.ptr(), 0, d_out.numel(), Dist::normal, 1.0f, p.seed, stream_tag("bench.attn.d_out"));
   const double per_index = 2.0 * double(h_q) * double(3 * p.d_qk + 2 * p.d_v);
   const double f_bwd = per_index * double(valid);
-  const StageResult* fr = find("attention (sparse)", Impl::simd);
-  bwd.fwd_s = fr ? fr->med()
-                 : add("attention (sparse)", Impl::simd, f_attn, 0,
-                       [&] { out_attn = simd::sparse_attention(in.q, in.kv, indices, p.sm_scale(), p.d_v, nullptr, sink); },
-                       0, "");
   double ref_scaled = 0;
   if (do_ref) {
     int64_t r = 0, v_r = 0;
@@ -123,10 +119,39 @@ void Bench::time_attention_backward() {
     if (!same_bwd(want, got)) mismatches.push_back("attention backward");
     bwd.ref_rows = r;
   }
-  bwd.bwd_s = add("attention backward", Impl::simd, f_bwd, 0,
-                  [&] { simd::sparse_attention_backward(in.q, in.kv, indices, p.sm_scale(), p.d_v, d_out, nullptr, sink, false); },
-                  ref_scaled, "p and ds not kept");
-  bwd.speedup = ref_scaled > 0 ? ref_scaled / bwd.bwd_s : 0;
+  // simd: the forward and the backward alternately (a pair per repeat, the repeat rules applied to
+  // the pairs), so that the machine's drift falls on both alike; the ratio is the median of the
+  // pairs' ratios.
+  progress("attention forward and backward, alternating (simd)");
+  const auto fwd = [&] { simd::sparse_attention(in.q, in.kv, indices, p.sm_scale(), p.d_v, nullptr, sink); };
+  const auto back = [&] {
+    simd::sparse_attention_backward(in.q, in.kv, indices, p.sm_scale(), p.d_v, d_out, nullptr, sink, false);
+  };
+  StageResult rf{"attention fwd (pairs)", impl_name(Impl::simd), threads, {}, f_attn, 0, 0, 0, "alternating with the backward"};
+  StageResult rb{"attention backward", impl_name(Impl::simd), threads, {}, f_bwd, 0, 0, 0, "p and ds not kept"};
+  std::vector<double> ratios;
+  double total = 0;
+  for (bool first = true; first || (int(rb.samples.size()) < a.repeats && total <= 2 * a.budget);) {
+    const double t0 = now_s();
+    fwd();
+    const double t1 = now_s();
+    back();
+    const double t2 = now_s();
+    const bool warmup = first && t2 - t0 < 1.0;  // a short first pair is a warm-up (0.5 s each)
+    first = false;
+    if (warmup) continue;
+    rf.samples.push_back(t1 - t0);
+    rb.samples.push_back(t2 - t1);
+    ratios.push_back((t2 - t1) / (t1 - t0));
+    total += t2 - t0;
+  }
+  if (ref_scaled > 0) rb.speedup = ref_scaled / rb.med();
+  rows.push_back(rf);
+  rows.push_back(rb);
+  bwd.fwd_s = rf.med();
+  bwd.bwd_s = rb.med();
+  bwd.ratio = median(ratios);
+  bwd.speedup = rb.speedup;
   progress("attention forward and backward memory (simd, one call each)");
   bwd.fwd_bytes = rss_growth([&] { simd::sparse_attention(in.q, in.kv, indices, p.sm_scale(), p.d_v, nullptr, sink); });
   bwd.bwd_bytes = rss_growth(
@@ -137,11 +162,12 @@ void Bench::time_attention_backward() {
 // Step: the backward's line and JSON.
 void Bench::report_attention_backward() {
   if (!bwd.on) return;
-  const double ratio = bwd.fwd_s > 0 ? bwd.bwd_s / bwd.fwd_s : 0;
+  const double ratio = bwd.ratio;
   const double mem = bwd.fwd_bytes > 0 && bwd.bwd_bytes >= 0 ? bwd.bwd_bytes / bwd.fwd_bytes : -1;
-  std::printf("\nbackward  simd attention backward %.3f s = %.2fx the forward's %.3f s (multiply-adds %.2fx); peak RSS "
+  std::printf("\nbackward  simd attention backward %.3f s, forward %.3f s (medians of alternating runs): backward / forward "
+              "%.2fx (median of the pairs' ratios; multiply-adds %.2fx); peak RSS "
               "growth of one call: forward %s, backward %s (%s)\n",
-              bwd.bwd_s, ratio, bwd.fwd_s, double(3 * p.d_qk + 2 * p.d_v) / double(p.d_qk + p.d_v),
+              bwd.bwd_s, bwd.fwd_s, ratio, double(3 * p.d_qk + 2 * p.d_v) / double(p.d_qk + p.d_v),
               mib(bwd.fwd_bytes).c_str(), mib(bwd.bwd_bytes).c_str(), mem < 0 ? "n/a" : fmt("%.2fx", mem).c_str());
   j["attention_backward"] = {{"simd_s", bwd.bwd_s},           {"forward_simd_s", bwd.fwd_s},
                              {"backward_over_forward", ratio}, {"speedup_over_ref", bwd.speedup},
