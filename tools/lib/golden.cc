@@ -206,7 +206,7 @@ void slice_rows(ref::LayerInputs& in, int64_t begin, int64_t end) {
 }
 
 GoldenSet build(const Problem& p, const std::string& kind, bool with_logits, const std::string& replay, Impl impl,
-                const std::vector<int64_t>* rows, const RowPart* part) {
+                const std::vector<int64_t>* rows, const RowPart* part, const InputEdit& edit) {
   require(kind == "stack" || kind == "attention-edge" || kind == "decode",
           "golden: unknown kind '" + kind + "' (expected stack, attention-edge or decode)");
   require(!rows || kind == "stack", "golden: --rows (sampled query rows) works with --kind stack only, not '" + kind + "'");
@@ -232,6 +232,7 @@ GoldenSet build(const Problem& p, const std::string& kind, bool with_logits, con
     require(p.d_qk == paged::kFlashMlaDqk, "golden decode: the V32 FP8 KV cache needs dqk576");
     for (ref::LayerInputs& in : inputs) in.kv = paged::flashmla_quant_dequant(in.kv);
   }
+  if (edit) edit(inputs);
   return build_stack(p, std::move(inputs), kind, with_logits, replay, impl, rows, part);
 }
 
@@ -812,7 +813,8 @@ unsigned kind_bit(const std::string& kind) {
 // sampled with --rows); in sampled sets only; exactly when the manifest's `kernel` block names it
 // among its arguments (sets written --for a kernel that takes it); on Full layers only (a training
 // set's indexer loss).
-enum class Need { always, indexer, indexer_fp8, optional, optional_indexer, whole_rows, sampled, kernel_arg, full };
+// distilled: the layers a train set's manifest lists under train.indexer_losses.
+enum class Need { always, indexer, indexer_fp8, optional, optional_indexer, whole_rows, sampled, kernel_arg, full, distilled };
 
 struct TensorRule {
   const char* name;  // per-layer rules: the part after "layers.{l}."
@@ -841,6 +843,7 @@ const std::vector<TensorRule>& tensor_rules() {
       {"attn.kv", true, R::input, kAllKinds, Need::always},
       {"attn.indices", true, R::input, kAllKinds, Need::always},
       {"attn.topk_length", true, R::input, kKindEdge, Need::always},
+      {"attn.topk_length", true, R::input, kKindTrain, Need::optional},  // train sets with --train-edges
       {"attn.sink", true, R::input, kKernelKinds, Need::optional},
       {"attn.out", true, R::output, kAllKinds, Need::always},
       {"attn.out_bf16", true, R::output, kAllKinds, Need::always},
@@ -913,17 +916,17 @@ const std::vector<TensorRule>& tensor_rules() {
       {"attn_bwd.dkv", true, R::output, kKindTrain, Need::always},
       {"attn_bwd.dkv_bf16", true, R::output, kKindTrain, Need::always},
       {"attn_bwd.d_sink", true, R::output, kKindTrain, Need::optional},
-      {"indexer_loss.p", true, R::output, kKindTrain, Need::full},
-      {"indexer_loss.log_q", true, R::output, kKindTrain, Need::full},
-      {"indexer_loss.kl", true, R::output, kKindTrain, Need::full},
-      {"indexer_loss.loss", true, R::output, kKindTrain, Need::full},
-      {"indexer_loss.d_scores", true, R::output, kKindTrain, Need::full},
-      {"indexer_loss.dq", true, R::output, kKindTrain, Need::full},
-      {"indexer_loss.dk", true, R::output, kKindTrain, Need::full},
-      {"indexer_loss.dw", true, R::output, kKindTrain, Need::full},
-      {"indexer_loss.dq_bf16", true, R::output, kKindTrain, Need::full},
-      {"indexer_loss.dk_bf16", true, R::output, kKindTrain, Need::full},
-      {"indexer_loss.dw_bf16", true, R::output, kKindTrain, Need::full},
+      {"indexer_loss.p", true, R::output, kKindTrain, Need::distilled},
+      {"indexer_loss.log_q", true, R::output, kKindTrain, Need::distilled},
+      {"indexer_loss.kl", true, R::output, kKindTrain, Need::distilled},
+      {"indexer_loss.loss", true, R::output, kKindTrain, Need::distilled},
+      {"indexer_loss.d_scores", true, R::output, kKindTrain, Need::distilled},
+      {"indexer_loss.dq", true, R::output, kKindTrain, Need::distilled},
+      {"indexer_loss.dk", true, R::output, kKindTrain, Need::distilled},
+      {"indexer_loss.dw", true, R::output, kKindTrain, Need::distilled},
+      {"indexer_loss.dq_bf16", true, R::output, kKindTrain, Need::distilled},
+      {"indexer_loss.dk_bf16", true, R::output, kKindTrain, Need::distilled},
+      {"indexer_loss.dw_bf16", true, R::output, kKindTrain, Need::distilled},
   };
   return rules;
 }
@@ -1888,6 +1891,12 @@ void ManifestCheck::tensors_held() {
 // ... then every tensor a set of this kind must hold.
 void ManifestCheck::tensors_required() {
   const json& layers = m_["layers"];
+  const auto distilled = [&](int64_t l) {
+    if (!m_.contains("train") || !m_["train"].is_object() || !m_["train"].contains("indexer_losses")) return false;
+    for (const json& e : m_["train"]["indexer_losses"])
+      if (e.is_object() && e.contains("layer") && e["layer"].is_number_integer() && e["layer"].get<int64_t>() == l) return true;
+    return false;
+  };
   for (const TensorRule& r : tensor_rules()) {
     if (!(r.kinds & kbit_)) continue;
     for (int64_t l = r.per_layer ? 0 : -1; l < (r.per_layer ? n_layers_ : 0); ++l) {
@@ -1895,7 +1904,8 @@ void ManifestCheck::tensors_required() {
       const bool needed = r.need == Need::always || (r.need == Need::indexer && has_ix) ||
                           (r.need == Need::indexer_fp8 && has_ix && fp8_) || (r.need == Need::whole_rows && !sampled_) ||
                           (r.need == Need::sampled && sampled_) || (r.need == Need::kernel_arg && kernel_args_.count(r.name)) ||
-                          (r.need == Need::full && layers[size_t(l)]["kind"] == "full");
+                          (r.need == Need::full && layers[size_t(l)]["kind"] == "full") ||
+                          (r.need == Need::distilled && distilled(l));
       const std::string name = l >= 0 ? "layers." + std::to_string(l) + "." + r.name : std::string(r.name);
       if (needed && !g_.data.find(name)) fail("kind", "is '" + kind_ + "', but tensor '" + name + "' is missing (a " + kind_ + " set holds it)");
     }
