@@ -107,6 +107,15 @@ ref::AttentionBackwardOut sparse_attention_backward(const Tensor<bf16_t>& q, con
                                                     const Tensor<bf16_t>& d_out,
                                                     const Tensor<int32_t>* topk_length = nullptr,
                                                     const Tensor<float>* attn_sink = nullptr);
+// The same with the per-slot p and ds only when `slots` (ref's overload): chunks of query rows, all
+// heads at once in register tiles (simd/attention_bwd.cc).
+ref::AttentionBackwardOut sparse_attention_backward(const Tensor<bf16_t>& q, const Tensor<bf16_t>& kv,
+                                                    const Tensor<int32_t>& indices, float sm_scale, int64_t d_v,
+                                                    const Tensor<bf16_t>& d_out, const Tensor<int32_t>* topk_length,
+                                                    const Tensor<float>* attn_sink, bool slots);
+// Query rows per chunk of the backward (tests cross chunk boundaries with it): 0, the default,
+// sizes chunks by memory; any value gives the same bits.
+void set_attention_backward_chunk_rows(int64_t rows);
 
 // y[i] = ref's exp_portable(x[i]) for i < n, lane by lane (the softmax exponential of attention).
 void exp_portable(const double* x, double* y, int64_t n);

@@ -153,10 +153,17 @@ TEST_CASE("attention backward: equals an independent long-double backward (sink,
       CHECK(o.d_sink.numel() == (with_sink ? h_q : 0));
       for (int64_t i = 0; i < o.dq.numel(); ++i) REQUIRE(o.dq_bf16[i] == f32_to_bf16(o.dq[i]));
       for (int64_t i = 0; i < o.dkv.numel(); ++i) REQUIRE(o.dkv_bf16[i] == f32_to_bf16(o.dkv[i]));
-      // out and lse are the forward's bits.
+      // lse is the forward's bits; O is not formed (out stays empty).
       const ref::AttentionOut f = ref::sparse_attention(d.q, d.kv, ind, 0.15f, d_v, ln, sk);
-      CHECK(same_bits(o.out, f.out));
+      CHECK(o.out.numel() == 0);
       CHECK(same_bits(o.lse, f.lse));
+      // Without the per-slot outputs: p and ds [s_q, h_q, 0], every other output the same bits.
+      ref::AttentionBackwardOut ns = ref::sparse_attention_backward(d.q, d.kv, ind, 0.15f, d_v, d.dO, ln, sk, false);
+      CHECK(ns.p.shape == std::vector<int64_t>{s_q, h_q, 0});
+      CHECK(ns.ds.shape == std::vector<int64_t>{s_q, h_q, 0});
+      ns.p = o.p;
+      ns.ds = o.ds;
+      CHECK(same_grads(o, ns));
     }
 }
 
@@ -368,7 +375,8 @@ TEST_CASE("attention backward: the low-precision emulation is near the truth, a 
     for (int64_t j = 0; j < topk; ++j) ind[t * topk + j] = int32_t((t * 37 + j * 11) % s_kv);
   Tensor<float> sink({h_q}, 0.5f);
   const float sm = 1.0f / std::sqrt(float(d_qk));
-  const auto exact = ref::sparse_attention_backward(d.q, d.kv, ind, sm, d_v, d.dO, nullptr, &sink);
+  auto exact = ref::sparse_attention_backward(d.q, d.kv, ind, sm, d_v, d.dO, nullptr, &sink);
+  exact.out = ref::sparse_attention(d.q, d.kv, ind, sm, d_v, nullptr, &sink).out;  // the bounds read the forward's out
   const auto lowp = cmp::emulate_attention_backward_lowp(d.q, d.kv, ind, sm, d_v, d.dO, nullptr, &sink);
   const double sim_dq = cmp::gradient_similarity(exact.dq, lowp.dq), sim_dkv = cmp::gradient_similarity(exact.dkv, lowp.dkv);
   MESSAGE("similarity dq " << sim_dq << ", dkv " << sim_dkv);
@@ -398,8 +406,10 @@ TEST_CASE("simd: attention backward bit-identical to ref on every target and thr
     bool sink, len;
   };
   const int threads0 = omp_get_max_threads();
+  // Row chunks of 1, 4 and the default (all rows here), h_q 3 and 10 not a multiple of the head
+  // tiles, d_qk 37 and d_v 19 not of 8, several kv-row tiles per query row and block (s_kv 300).
   for (const Case& c : {Case{5, 3, 40, 37, 19, 12, true, true}, Case{9, 4, 300, 64, 48, 160, false, false},
-                        Case{3, 2, 17, 8, 8, 20, true, false}}) {
+                        Case{3, 2, 17, 8, 8, 20, true, false}, Case{21, 10, 300, 72, 64, 96, true, true}}) {
     const Data d = make(c.s_q, c.h_q, c.s_kv, c.d_qk, c.d_v, uint64_t(c.topk));
     Tensor<int32_t> ind({c.s_q, 1, c.topk});
     for (int64_t t = 0; t < c.s_q; ++t)
@@ -414,6 +424,7 @@ TEST_CASE("simd: attention backward bit-identical to ref on every target and thr
     const Tensor<float>* sk = c.sink ? &sink : nullptr;
     const Tensor<int32_t>* ln = c.len ? &len : nullptr;
     const auto want = ref::sparse_attention_backward(d.q, d.kv, ind, 0.125f, c.d_v, d.dO, ln, sk);
+    const auto want_ns = ref::sparse_attention_backward(d.q, d.kv, ind, 0.125f, c.d_v, d.dO, ln, sk, false);
     for (int64_t target : hwy::SupportedAndGeneratedTargets()) {
       hwy::SetSupportedTargetsForTest(target);
       CAPTURE(std::string(hwy::TargetName(target)));
@@ -422,6 +433,13 @@ TEST_CASE("simd: attention backward bit-identical to ref on every target and thr
         omp_set_num_threads(threads);
         CHECK(same_grads(want, simd::sparse_attention_backward(d.q, d.kv, ind, 0.125f, c.d_v, d.dO, ln, sk)));
         CHECK(same_grads(want, simd::kernels().sparse_attention_backward(d.q, d.kv, ind, 0.125f, c.d_v, d.dO, ln, sk)));
+        CHECK(same_grads(want_ns, simd::sparse_attention_backward(d.q, d.kv, ind, 0.125f, c.d_v, d.dO, ln, sk, false)));
+        for (int64_t chunk : {1, 4}) {  // query rows per chunk: boundaries inside the problem
+          CAPTURE(chunk);
+          simd::set_attention_backward_chunk_rows(chunk);
+          CHECK(same_grads(want, simd::sparse_attention_backward(d.q, d.kv, ind, 0.125f, c.d_v, d.dO, ln, sk)));
+          simd::set_attention_backward_chunk_rows(0);
+        }
       }
     }
     hwy::SetSupportedTargetsForTest(0);
@@ -441,7 +459,8 @@ TEST_CASE("simd: attention backward bit-identical to ref on every target and thr
     std::memcpy((b.*field).ptr() + 3, &bits, 4);
     CHECK_FALSE(same_grads(a, b));
   }
-  const bool ref_table = ref::Kernels{}.sparse_attention_backward == &ref::sparse_attention_backward;
+  const decltype(ref::Kernels{}.sparse_attention_backward) ref_fn = &ref::sparse_attention_backward;
+  const bool ref_table = ref::Kernels{}.sparse_attention_backward == ref_fn;
   CHECK(ref_table);
 }
 
@@ -453,7 +472,8 @@ TEST_CASE("attention backward: the derived bounds hold the emulation, are tight 
     for (int64_t j = 0; j < topk; ++j) ind[t * topk + j] = j == 3 ? -1 : int32_t((t * 13 + j * 5) % s_kv);
   Tensor<float> sink({h_q}, 0.25f);
   const float sm = 1.0f / std::sqrt(float(d_qk));
-  const auto exact = ref::sparse_attention_backward(d.q, d.kv, ind, sm, d_v, d.dO, nullptr, &sink);
+  auto exact = ref::sparse_attention_backward(d.q, d.kv, ind, sm, d_v, d.dO, nullptr, &sink);
+  exact.out = ref::sparse_attention(d.q, d.kv, ind, sm, d_v, nullptr, &sink).out;  // the bounds read the forward's out
   const auto lowp = cmp::emulate_attention_backward_lowp(d.q, d.kv, ind, sm, d_v, d.dO, nullptr, &sink);
   const auto b = cmp::attention_backward_bounds(d.q, d.kv, ind, sm, d_v, d.dO, nullptr, exact, true);
   // The emulation (Delta from its bf16 out) and the truth's bf16 copies are within the bounds everywhere.
@@ -496,7 +516,8 @@ TEST_CASE("attention backward: the Delta-from-bf16-out hypothesis equals that bu
                                         -1, -1, -1, -1, -1, -1,  1, 6, 1, 8, 10, 12,  13, 14, 15, 16, 11, 0});
   Tensor<float> sink({h_q});
   sink.data = {0.5f, -1.25f, 2.0f};
-  const auto exact = ref::sparse_attention_backward(d.q, d.kv, ind, 0.15f, d_v, d.dO, nullptr, &sink);
+  auto exact = ref::sparse_attention_backward(d.q, d.kv, ind, 0.15f, d_v, d.dO, nullptr, &sink);
+  exact.out = ref::sparse_attention(d.q, d.kv, ind, 0.15f, d_v, nullptr, &sink).out;  // the hypothesis reads the forward's out
   const auto hyp = cmp::hypothesis_delta_from_bf16_out(d.q, d.kv, ind, 0.15f, d_v, d.dO, nullptr, exact);
   const Naive bug = naive(d, ind, 0.15f, d_v, nullptr, &sink, true);
   const auto near = [](const Tensor<float>& got, const std::vector<long double>& want) {

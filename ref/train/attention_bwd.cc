@@ -38,17 +38,15 @@ struct HeadGrad {
   double delta = 0, one_minus_f = 0;
 };
 
-// The whole per-(t, h) computation over the ascending list `rows`: out, lse, Delta and dq into o,
-// P and dS (per list position) into g. kvd holds the listed kv rows widened, row r at r * d_qk.
+// The whole per-(t, h) computation over the ascending list `rows`: lse, Delta and dq into o, P and
+// dS (per list position) into g. kvd holds the listed kv rows widened, row r at r * d_qk.
 void head_backward(const std::vector<double>& kvd, const std::vector<double>& qd, const std::vector<double>& dod,
                    size_t n, double sm_scale, int64_t d_qk, int64_t d_v, const float* sink, int64_t th,
                    AttentionBackwardOut& o, HeadGrad& g) {
-  float* out = o.out.ptr() + th * d_v;
   float* dq = o.dq.ptr() + th * d_qk;
   g.p.assign(n, 0.0);
   g.ds.assign(n, 0.0);
-  if (n == 0) {  // empty row: out 0, lse +inf, no gradient
-    std::fill(out, out + d_v, 0.0f);
+  if (n == 0) {  // empty row: lse +inf, no gradient
     std::fill(dq, dq + d_qk, 0.0f);
     o.lse[th] = std::numeric_limits<float>::infinity();
     o.delta[th] = 0.0f;
@@ -57,7 +55,7 @@ void head_backward(const std::vector<double>& kvd, const std::vector<double>& qd
   }
   const double* k = kvd.data();
   // The forward, operation for operation (ref/attention.cc attend): logits, max, exp, sum, lse.
-  std::vector<double> e(n);
+  std::vector<double> e(n), dp(n);
   double m = -std::numeric_limits<double>::infinity();
   for (size_t i = 0; i < n; ++i) {
     e[i] = dot8(qd.data(), k + i * size_t(d_qk), d_qk) * sm_scale;
@@ -68,23 +66,18 @@ void head_backward(const std::vector<double>& kvd, const std::vector<double>& qd
   const double lse = m + std::log(l);
   double factor = 1.0 / l, f = 1.0;
   if (sink) factor *= (f = 1.0 / (1.0 + exp_portable(double(*sink) - lse)));
-  // O in double (the forward's out before its rounding), then Delta = O . dO in the 8-part order.
-  std::vector<double> od(static_cast<size_t>(d_v));
-  for (int64_t c = 0; c < d_v; ++c) {
-    double acc = 0.0;
-    for (size_t i = 0; i < n; ++i) acc = std::fma(e[i], k[i * size_t(d_qk) + size_t(c)], acc);
-    od[size_t(c)] = acc * factor;
-    out[c] = float(od[size_t(c)]);
-  }
-  const double delta = dot8(od.data(), dod.data(), d_v);
-  // P, dP and dS per list position; dq = sm_scale * sum_i dS_i k_i (i ascending).
+  // P and dP per list position; Delta = sum_i P_i dP_i (i ascending, fused), which is O . dO.
+  double delta = 0.0;
   for (size_t i = 0; i < n; ++i) {
     g.p[i] = e[i] * factor;
-    g.ds[i] = g.p[i] * (dot8(dod.data(), k + i * size_t(d_qk), d_v) - delta);
+    dp[i] = dot8(dod.data(), k + i * size_t(d_qk), d_v);
+    delta = std::fma(g.p[i], dp[i], delta);
   }
+  // dS per list position; dq = sm_scale * sum_i dS_i k_i (i ascending, fused).
+  for (size_t i = 0; i < n; ++i) g.ds[i] = g.p[i] * (dp[i] - delta);
   for (int64_t d = 0; d < d_qk; ++d) {
     double acc = 0.0;
-    for (size_t i = 0; i < n; ++i) acc += g.ds[i] * k[i * size_t(d_qk) + size_t(d)];
+    for (size_t i = 0; i < n; ++i) acc = std::fma(g.ds[i], k[i * size_t(d_qk) + size_t(d)], acc);
     dq[d] = float(sm_scale * acc);
   }
   o.lse[th] = float(lse);
@@ -93,14 +86,19 @@ void head_backward(const std::vector<double>& kvd, const std::vector<double>& qd
   g.one_minus_f = 1.0 - f;
 }
 
-AttentionBackwardOut make_backward_out(int64_t s_q, int64_t h_q, int64_t d_qk, int64_t d_v, int64_t topk,
-                                       int64_t s_kv, bool sink) {
-  return AttentionBackwardOut{Tensor<float>({s_q, h_q, d_v}),    Tensor<float>({s_q, h_q}),
-                              Tensor<float>({s_q, h_q}),         Tensor<float>({s_q, h_q, topk}),
-                              Tensor<float>({s_q, h_q, topk}),   Tensor<float>({s_q, h_q, d_qk}),
+}  // namespace
+
+AttentionBackwardOut make_attention_backward_out(int64_t s_q, int64_t h_q, int64_t d_qk, int64_t topk, int64_t s_kv,
+                                                 bool sink, bool slots) {
+  const int64_t k = slots ? topk : 0;
+  return AttentionBackwardOut{Tensor<float>({0}),                Tensor<float>({s_q, h_q}),
+                              Tensor<float>({s_q, h_q}),         Tensor<float>({s_q, h_q, k}),
+                              Tensor<float>({s_q, h_q, k}),      Tensor<float>({s_q, h_q, d_qk}),
                               Tensor<bf16_t>({s_q, h_q, d_qk}),  Tensor<float>({s_kv, 1, d_qk}),
                               Tensor<bf16_t>({s_kv, 1, d_qk}),   Tensor<float>({sink ? h_q : 0})};
 }
+
+namespace {
 
 // P and dS of each slot of row t, from the values per position of the sorted list `rows` (every
 // occurrence of a duplicate has the same value); 0 on ignored slots.
@@ -142,9 +140,16 @@ AttentionBackwardOut sparse_attention_backward(const Tensor<bf16_t>& q, const Te
                                                const Tensor<int32_t>& indices, float sm_scale, int64_t d_v,
                                                const Tensor<bf16_t>& d_out, const Tensor<int32_t>* topk_length,
                                                const Tensor<float>* attn_sink) {
+  return sparse_attention_backward(q, kv, indices, sm_scale, d_v, d_out, topk_length, attn_sink, true);
+}
+
+AttentionBackwardOut sparse_attention_backward(const Tensor<bf16_t>& q, const Tensor<bf16_t>& kv,
+                                               const Tensor<int32_t>& indices, float sm_scale, int64_t d_v,
+                                               const Tensor<bf16_t>& d_out, const Tensor<int32_t>* topk_length,
+                                               const Tensor<float>* attn_sink, bool slots) {
   check_attention_backward_inputs(q, kv, indices, d_v, d_out, topk_length, attn_sink);
   const int64_t s_q = q.dim(0), h_q = q.dim(1), d_qk = q.dim(2), s_kv = kv.dim(0), topk = indices.dim(2);
-  AttentionBackwardOut o = make_backward_out(s_q, h_q, d_qk, d_v, topk, s_kv, attn_sink != nullptr);
+  AttentionBackwardOut o = make_attention_backward_out(s_q, h_q, d_qk, topk, s_kv, attn_sink != nullptr, slots);
   // dkv's two accumulators (the K part, all columns; the V part, columns < d_v) and d_sink's.
   std::vector<double> a_k(size_t(s_kv * d_qk), 0.0), a_v(size_t(s_kv * d_v), 0.0), sink_acc(size_t(h_q), 0.0);
   HeadGrad g;
@@ -160,13 +165,13 @@ AttentionBackwardOut sparse_attention_backward(const Tensor<bf16_t>& q, const Te
       const std::vector<double> qd = widen(q.ptr() + th * d_qk, d_qk), dod = widen(d_out.ptr() + th * d_v, d_v);
       head_backward(kvd, qd, dod, rows.size(), double(sm_scale), d_qk, d_v, attn_sink ? &(*attn_sink)[h] : nullptr,
                     th, o, g);
-      per_slot(indices, topk_length, t, rows, g, th, o);
-      // The scatter into dkv: this (t, h)'s list positions ascending.
+      if (slots) per_slot(indices, topk_length, t, rows, g, th, o);
+      // The scatter into dkv: this (t, h)'s list positions ascending, fused multiply-adds.
       for (size_t i = 0; i < rows.size(); ++i) {
         double* ak = a_k.data() + rows[i] * d_qk;
         double* av = a_v.data() + rows[i] * d_v;
-        for (int64_t d = 0; d < d_qk; ++d) ak[d] += g.ds[i] * qd[size_t(d)];
-        for (int64_t c = 0; c < d_v; ++c) av[c] += g.p[i] * dod[size_t(c)];
+        for (int64_t d = 0; d < d_qk; ++d) ak[d] = std::fma(g.ds[i], qd[size_t(d)], ak[d]);
+        for (int64_t c = 0; c < d_v; ++c) av[c] = std::fma(g.p[i], dod[size_t(c)], av[c]);
       }
       if (!rows.empty()) sink_acc[size_t(h)] -= g.one_minus_f * g.delta;
     }

@@ -24,12 +24,12 @@
 //   P_i    = f exp(s_i - lse) = exp(s_i) / (sum_j exp(s_j) + exp(sink[h]))
 //            the probabilities with the sink folded in: the sink is one more logit whose value row
 //            is zero, so out = sum_i P_i V_i and the usual softmax backward holds with this P
-//   O      = sum_i P_i V_i                            the forward's out (exact, before rounding)
-//   Delta  = sum_c O_c dO_c   (c < d_v)               = sum_i P_i dP_i; from the EXACT O: a kernel
-//            that forms Delta from its bf16 out (TileLang's does) carries that rounding into every
-//            dS, within the judge's bounds (delta_from_bf16_out); Delta summed in bf16 is the bug
-//            the judge names
 //   dP_i   = dO[t,h,:] . V_i
+//   Delta  = sum_i P_i dP_i                           = sum_c O_c dO_c (c < d_v) with O = sum_i P_i V_i
+//            the forward's EXACT out (the two are equal in exact arithmetic; the backward forms the
+//            first, which needs no O): a kernel that forms Delta from its bf16 out (TileLang's
+//            does) carries that rounding into every dS, within the judge's bounds
+//            (delta_from_bf16_out); Delta summed in bf16 is the bug the judge names
 //   dS_i   = P_i (dP_i - Delta)                       dL/ds_i, with respect to the SCALED logit
 //            (TileLang's dS is sm_scale times this: it differentiates the raw q . k)
 //   dq     = sm_scale sum_i dS_i kv[i, :]             (all d_qk columns)
@@ -42,17 +42,16 @@
 // Arithmetic, all in double, each output rounded to f32 once at the end (bf16 copies of dq and dkv
 // are bf16 of those f32, round to nearest even):
 //   forward  s_i (the 8-part dot of ref/attention.h), m = max s_i, e_i = exp_portable(s_i - m),
-//            l = sum e_i (i ascending), lse = m + log(l), factor = (1 / l) * f, O_c = (fused
-//            multiply-add chain of e_i V_ic, i ascending) * factor: the forward's operations, so
-//            out and lse equal ref::sparse_attention's bit for bit (a test)
+//            l = sum e_i (i ascending), lse = m + log(l), factor = (1 / l) * f: the forward's
+//            operations, so lse equals ref::sparse_attention's bit for bit (a test). O itself is
+//            not formed (the forward's P.V, d_v multiply-adds per key and head, is not needed)
 //   P_i      e_i * factor
-//   Delta    8-part order over c < d_v (part r sums c = r mod 8 ascending, each product O_c dO_c
-//            rounded then added; the parts folded as the forward's dot)
 //   dP_i     the 8-part dot of dO and V_i (bf16 x bf16 products, exact in double)
+//   Delta    acc = fma(P_i, dP_i, acc) over the sorted valid list, i ascending, from 0
 //   dS_i     P_i * (dP_i - Delta)
-//   dq       a_d = sum_i dS_i kv[i,d], i ascending, each product rounded then added (never fused);
-//            dq = f32(sm_scale * a_d)
-//   dkv      A_K[j,d] += dS_i q[t,h,d] and A_V[j,c] += P_i dO[t,h,c] (product rounded, then added)
+//   dq       a_d = fma(dS_i, kv[i,d], a_d), i ascending, from 0 (a fused multiply-add chain, as
+//            the forward's O); dq = f32(sm_scale * a_d)
+//   dkv      A_K[j,d] = fma(dS_i, q[t,h,d], A_K[j,d]) and A_V[j,c] = fma(P_i, dO[t,h,c], A_V[j,c])
 //            over query rows t ascending, then heads h ascending, then the row's sorted valid list
 //            ascending (a duplicate's occurrences one after the other); dkv[j,c] =
 //            f32(sm_scale * A_K[j,c] + A_V[j,c]) for c < d_v, f32(sm_scale * A_K[j,c]) beyond;
@@ -60,7 +59,15 @@
 //   d_sink   acc = 0, then acc -= (1 - f) * Delta over t ascending (rows with keys only)
 // The order of the slots never matters (the valid rows are sorted first), so permuting a row's
 // slots or padding it with -1 anywhere gives the same bits.
-// Memory: P and dS are kept per slot, [s_q, h_q, topk] each (f32 outputs) plus their doubles.
+// Memory: the per-slot outputs p and ds are [s_q, h_q, topk] f32 each (2 GiB each at s_q 4096,
+// h_q 64, top-k 2048): `slots = false` leaves them out (shape [s_q, h_q, 0]). ref holds one (t, h)'s
+// doubles at a time; simd/ processes chunks of query rows, so that its double P and dS exist for
+// one chunk only (the order above is per element, so chunking changes no bit).
+//
+// Changes from the first version of this specification (for a fast bit-identical simd/ mirror):
+// dq's and dkv's chains are fused multiply-adds (they were a multiply, then an add); Delta is
+// sum_i P_i dP_i (it was the 8-part dot of the recomputed exact O and dO: equal in exact
+// arithmetic, different in the last bits), so `out` is no longer an output; p and ds may be left out.
 #pragma once
 
 #include <cstdint>
@@ -72,11 +79,13 @@
 namespace indexshare::ref {
 
 struct AttentionBackwardOut {
-  Tensor<float> out;        // [s_q, h_q, d_v]  the forward's out (the same bits)
+  Tensor<float> out;        // [0] from sparse_attention_backward (it does not form O); the lowp
+                            // emulation's out; read by attention_backward_bounds and
+                            // hypothesis_delta_from_bf16_out, whose callers set it to the forward's out
   Tensor<float> lse;        // [s_q, h_q]       the forward's lse (natural log, without the sink)
-  Tensor<float> delta;      // [s_q, h_q]       sum_c O_c dO_c from the exact O
-  Tensor<float> p;          // [s_q, h_q, topk] P of each slot (sink folded in); 0 on ignored slots
-  Tensor<float> ds;         // [s_q, h_q, topk] dS of each slot (w.r.t. the scaled logit); 0 on ignored slots
+  Tensor<float> delta;      // [s_q, h_q]       sum_i P_i dP_i (= O . dO from the exact O)
+  Tensor<float> p;          // [s_q, h_q, topk] P of each slot (sink folded in); 0 on ignored slots ([s_q, h_q, 0] without slots)
+  Tensor<float> ds;         // [s_q, h_q, topk] dS of each slot (w.r.t. the scaled logit); 0 on ignored slots (likewise)
   Tensor<float> dq;         // [s_q, h_q, d_qk]
   Tensor<bf16_t> dq_bf16;   // [s_q, h_q, d_qk] = bf16(dq)
   Tensor<float> dkv;        // [s_kv, 1, d_qk]
@@ -95,6 +104,15 @@ AttentionBackwardOut sparse_attention_backward(const Tensor<bf16_t>& q, const Te
                                                const Tensor<bf16_t>& d_out,
                                                const Tensor<int32_t>* topk_length = nullptr,
                                                const Tensor<float>* attn_sink = nullptr);
+// The same with the per-slot outputs p and ds only when `slots` (else [s_q, h_q, 0]; every other
+// output the same bits).
+AttentionBackwardOut sparse_attention_backward(const Tensor<bf16_t>& q, const Tensor<bf16_t>& kv,
+                                               const Tensor<int32_t>& indices, float sm_scale, int64_t d_v,
+                                               const Tensor<bf16_t>& d_out, const Tensor<int32_t>* topk_length,
+                                               const Tensor<float>* attn_sink, bool slots);
+// The backward's outputs, allocated (out [0]; p and ds [s_q, h_q, slots ? topk : 0]); simd/ uses it too.
+AttentionBackwardOut make_attention_backward_out(int64_t s_q, int64_t h_q, int64_t d_qk, int64_t topk, int64_t s_kv,
+                                                 bool sink, bool slots);
 
 }  // namespace indexshare::ref
 

@@ -22,6 +22,9 @@ using nlohmann::json;
 double median(std::vector<double> v);
 std::string fmt(const char* f, double x);                        // printf of one double
 int64_t valid_indices(const Tensor<int32_t>& indices, int64_t s_kv);  // indices in [0, s_kv)
+bool same_floats(const Tensor<float>& a, const Tensor<float>& b);    // bit-identical (NaN = NaN)
+double now_s();                                                       // a steady clock, seconds
+std::vector<double> time_runs(const std::function<void()>& fn, int repeats, double budget);  // the repeat rules
 
 struct BenchArgs {
   std::string problem, impl = "ref,simd", target = "best", json_path;
@@ -32,6 +35,7 @@ struct BenchArgs {
   double budget = 15.0;
   std::string max_memory = "8G";
   std::string commands = "yes";
+  std::string backward = "yes";  // the attention backward stage: yes, no, only (skip the other stages)
   std::vector<std::string> given;  // the options on the command line
 };
 
@@ -99,6 +103,12 @@ struct Bench {
   simd::AttentionPhases attn_phases;
   bool have_phases = false;
   std::string index_name;
+  // The attention backward stage (bench_backward.cc).
+  struct Backward {
+    bool on = false;
+    double fwd_s = 0, bwd_s = 0, ratio = 0, speedup = 0, fwd_bytes = -1, bwd_bytes = -1;
+    int64_t ref_rows = 0;
+  } bwd;
   // Stack and commands.
   StackRun runs[2];
   double measured = 0, predicted = 0, stack_ratio = 0;
@@ -125,6 +135,8 @@ struct Bench {
   void time_ref_stages();
   void time_simd_stages();
   void profile_attention_phases();
+  void time_attention_backward();
+  void report_attention_backward();
   void time_stack();
   void time_stack_pairs(const std::vector<ref::LayerInputs> (&inputs)[2]);
   void time_commands();

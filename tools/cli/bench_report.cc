@@ -30,9 +30,12 @@ void Bench::print_summary() const {
   for (const StageResult& r : rows) print_stage(r);
   if (do_ref && do_simd)
     std::printf("agreement simd vs ref: %s\n",
-                mismatches.empty() ? (std::string(do_module ? "module projections, " : "") +
-                                           "logits, top-k, fused top-k and attention bit-identical").c_str()
-                                        : "MISMATCH");
+                mismatches.empty() ? (a.backward == "only" ? std::string("attention backward (on ref's rows) bit-identical")
+                                                           : std::string(do_module ? "module projections, " : "") +
+                                                                 "logits, top-k, fused top-k and attention" +
+                                                                 (bwd.on ? ", attention backward" : "") + " bit-identical")
+                                         .c_str()
+                                   : "MISMATCH");
   for (const std::string& m : mismatches) std::printf("agreement MISMATCH in %s\n", m.c_str());
 }
 
@@ -188,6 +191,9 @@ bool same_shape(const Problem& a, const Problem& b) {
          a.n_layers == b.n_layers;
 }
 
+// The problem the attention backward's time goal is defined at (the FlashMLA prefill shape).
+constexpr const char* kBackwardTargetShape = "sq4096 skv4096 hq64 dqk576 dv512 ih64 id128 k2048";
+
 // Step: the goal lines (printed and in the JSON).
 void Bench::report_targets() {
   json tj = json::array();
@@ -222,6 +228,12 @@ void Bench::report_targets() {
     }
     tj.push_back(t);
   };
+  if (bwd.on) {
+    target_max("simd attention backward over forward (time)", bwd.ratio, 3.0, kBackwardTargetShape);
+    if (bwd.speedup > 0) target_line("simd attention backward: speedup over ref (scaled)", bwd.speedup, 20, "x");
+    if (bwd.fwd_bytes > 0 && bwd.bwd_bytes >= 0)
+      target_max("attention backward peak RSS growth over the forward's", bwd.bwd_bytes / bwd.fwd_bytes, 2.0);
+  }
   if (do_commands) {
     target_max("command golden (simd, written) over run (simd)", golden_over_run, 1.3);
     target_max("command diff of an exact copy over golden", diff_over_golden, 1.0);
@@ -237,7 +249,7 @@ int Bench::finish() const {
                       " --stack-seq " + std::to_string(a.stack_seq) + " --stack-sq " + std::to_string(a.stack_sq) +
                       " --stack-topk " + std::to_string(a.stack_topk) + " --module-preset " + a.module_preset +
                       " --module-rows " + std::to_string(a.module_rows) + " --seconds " + fmt("%g", a.budget) +
-                      " --commands " + a.commands;
+                      " --commands " + a.commands + " --backward " + a.backward;
   if (!a.json_path.empty()) {
     io::write_text_file(a.json_path, j.dump(2) + "\n");
     repro += " --json " + a.json_path;

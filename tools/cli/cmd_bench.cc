@@ -26,6 +26,11 @@
 //                       thread-seconds per phase, and the matrix part's rate: the FLOPs over the
 //                       thread-seconds of the two register-tile passes (q.k tiles with their fold
 //                       and scale, P.V tiles), against one thread's peak.
+//   attention backward  simd::sparse_attention_backward of layer 0 (slots off), ref's on a subset
+//                       of rows with its time scaled (bench_backward.cc says how), against the simd
+//                       forward's time; peak RSS growth of one call each. --backward only runs this
+//                       stage and the simd forward alone (no module, indexer, top-k, stack or
+//                       commands); --backward no skips it.
 //   module projections  the three projections of the module-level indexer (ref/module.h) of the
 //                       --module-preset model config for S = --module-rows rows, random bf16-valued
 //                       weights and inputs (the problem's seed): wq_b on qr [S, q_lora], wk and
@@ -322,9 +327,11 @@ void Bench::check_options() {
   p = parse_problem(a.problem.empty() ? kDefaultProblem : a.problem);
   p.validate();
   fp8 = p.indexer == IndexerMode::fp8;
-  do_stack = a.stack_seq > 0 && do_simd;
+  require(a.backward == "yes" || a.backward == "no" || a.backward == "only",
+          "--backward: expected yes, no or only, got '" + a.backward + "'");
+  do_stack = a.stack_seq > 0 && do_simd && a.backward != "only";
   require(a.commands == "yes" || a.commands == "no", "--commands: expected yes or no, got '" + a.commands + "'");
-  do_commands = a.commands == "yes" && do_simd;
+  do_commands = a.commands == "yes" && do_simd && a.backward != "only";
   // Options of parts this run skips are refused, not ignored.
   if (!do_simd)
     reject_given(a.given, {"--threads", "--target", "--stack-seq", "--stack-sq", "--stack-topk", "--commands"}, "--impl simd",
@@ -332,7 +339,7 @@ void Bench::check_options() {
   else if (a.stack_seq == 0)
     reject_given(a.given, {"--stack-sq", "--stack-topk"}, "the stack", "--stack-seq 0 skips it");
   if (a.module_preset == "none") reject_given(a.given, {"--module-rows"}, "the module stage", "--module-preset none skips it");
-  do_module = a.module_preset != "none";
+  do_module = a.module_preset != "none" && a.backward != "only";
   require(a.module_rows >= 1, "--module-rows must be >= 1, got " + std::to_string(a.module_rows));
   if (do_module) (void)model_preset(a.module_preset);  // an unknown name fails before any timing
   if (do_stack)
@@ -671,12 +678,15 @@ int cmd_bench(const BenchArgs& a) {
 
   // ---- per-stage, layer 0 ---------------------------------------------------------------------
   b.generate_layer0();
-  b.time_module_projections();
-  if (b.do_ref) b.time_ref_stages();
-  if (b.do_simd) {
-    b.time_simd_stages();
-    b.profile_attention_phases();
+  if (a.backward != "only") {
+    b.time_module_projections();
+    if (b.do_ref) b.time_ref_stages();
+    if (b.do_simd) {
+      b.time_simd_stages();
+      b.profile_attention_phases();
+    }
   }
+  if (b.do_simd && a.backward != "no") b.time_attention_backward();
 
   // ---- stack ----------------------------------------------------------------------------------
   if (b.do_stack) b.time_stack();
@@ -692,6 +702,7 @@ int cmd_bench(const BenchArgs& a) {
   b.report_attention_phases();
   b.report_stack();
   b.report_commands();
+  b.report_attention_backward();
 
   // ---- goals (evaluated on this run's problem and machine) --------------------
   b.report_targets();
@@ -718,6 +729,8 @@ Action register_bench(CLI::App& app) {
   c->add_option("--module-rows", a->module_rows, "Query rows of the module projections stage")->capture_default_str();
   c->add_option("--seconds", a->budget, "Seconds after which a stage stops repeating (stack: 4x)")->capture_default_str();
   c->add_option("--max-memory", a->max_memory, "Refuse problems whose estimated memory exceeds this (e.g. 8G)")->capture_default_str();
+  c->add_option("--backward", a->backward, "The sparse attention backward stage (simd; ref on a subset of rows): yes, no, "
+                                           "or only (it and the simd forward alone)")->capture_default_str();
   c->add_option("--commands", a->commands, "Time the commands run, golden and diff end to end on --problem (simd): yes or no")
       ->capture_default_str();
   return [c, a]() {

@@ -644,7 +644,7 @@ NB_MODULE(_core, m) {
       return lowp ? cmp::emulate_attention_backward_lowp(tq, tkv, ti, sm_scale, d_v, tdo, pl, psk)
                   : kernels_for(impl).sparse_attention_backward(tq, tkv, ti, sm_scale, d_v, tdo, pl, psk);
     });
-    return nb::make_tuple(to_numpy<float>(std::move(r.out)), to_numpy<float>(std::move(r.lse)),
+    return nb::make_tuple(to_numpy<float>(std::move(r.lse)),
                           to_numpy<float>(std::move(r.delta)), to_numpy<float>(std::move(r.p)),
                           to_numpy<float>(std::move(r.ds)), to_numpy<float>(std::move(r.dq)),
                           to_numpy<uint16_t>(std::move(r.dq_bf16)), to_numpy<float>(std::move(r.dkv)),

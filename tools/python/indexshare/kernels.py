@@ -136,9 +136,8 @@ def dense_attention(q, kv, sm_scale: float, d_v: int, ks, ke, *, sink=None, impl
 
 class AttentionBackward(NamedTuple):
     """Outputs of :func:`sparse_attention_backward` (ref/train/attention_bwd.h)."""
-    out: object       # f32 [s_q, h_q, d_v], the forward's out
     lse: object       # f32 [s_q, h_q], the forward's lse (natural log, without the sink)
-    delta: object     # f32 [s_q, h_q], sum_c O_c dO_c from the exact O
+    delta: object     # f32 [s_q, h_q], sum_i P_i dP_i (= sum_c O_c dO_c from the exact O)
     p: object         # f32 [s_q, h_q, topk], P of each slot with the sink folded in (0 on ignored slots)
     ds: object        # f32 [s_q, h_q, topk], dS = P (dP - delta), w.r.t. the scaled logit
     dq: object        # f32 [s_q, h_q, d_qk]
@@ -160,7 +159,7 @@ def sparse_attention_backward(q, kv, indices, sm_scale: float, d_v: int, d_out, 
         A.arg(d_out, "d_out", [A.BF16], 3, "s_q, h_q, d_v"), A.optional_arg(topk_length, "topk_length", [I32], 1, "s_q"),
         A.optional_arg(sink, "sink", [F32], 1, "h_q"), _impl(impl), bool(lowp))
     torch = A.wants_torch(q, kv, indices, d_out, topk_length, sink)
-    return AttentionBackward(*(A.out(x, torch, A.BF16 if i in (6, 8) else None) for i, x in enumerate(r)))
+    return AttentionBackward(*(A.out(x, torch, A.BF16 if i in (5, 7) else None) for i, x in enumerate(r)))
 
 
 def run_stack(problem, *, inputs=None, rows=None, impl: str = "auto", keep_logits: bool = False,
