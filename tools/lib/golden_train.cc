@@ -211,7 +211,8 @@ GoldenSet build_train(const Problem& p, const TrainSpec& t, const std::string& r
       {"duplicates", "attention backward: each occurrence of a duplicated index is one softmax term and adds its own "
                      "dkv contribution (the forward's rule, TileLang's kernel); the loss's sparse support counts a "
                      "duplicate once (Megatron's scatter mask)"},
-      {"delta", "attn_bwd.delta from the exact O; a kernel's Delta from its bf16 out in f32 is within the bounds"},
+      {"delta", "attn_bwd.delta = sum_c O_c dO_c of the exact O (computed as sum_i P_i dP_i, equal in exact arithmetic); "
+                "a kernel's Delta from its bf16 out in f32 is within the bounds"},
       {"sink", "attn_bwd.d_sink = -sum_t (1 - f) Delta, f = 1 / (1 + exp(sink - lse))"},
       {"ds", "attn_bwd.ds is dL/d(scaled logit); TileLang's dS is sm_scale times it"},
       {"shared_layers", "no indexer loss on Shared layers; their attention's gradients flow through the shared positions"},
