@@ -731,3 +731,17 @@ TEST_CASE("kernels: a train set --for a training kernel: the kernel block, its k
   }
   std::filesystem::remove_all(dir);
 }
+
+TEST_CASE("kernels: every checked-in manifest's replay writes to its own folder") {
+  int n = 0;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(std::string(INDEXSHARE_SOURCE_DIR) + "/golden")) {
+    if (e.path().filename() != "manifest.json") continue;
+    const std::string rel = std::filesystem::relative(e.path().parent_path(), INDEXSHARE_SOURCE_DIR).string();
+    const std::string replay = read_json(e.path().string())["replay"].get<std::string>();
+    CAPTURE(replay);
+    CHECK(replay.size() >= rel.size() + 6);
+    CHECK(replay.substr(replay.size() - rel.size() - 6) == "--out " + rel);
+    ++n;
+  }
+  CHECK(n >= 18);
+}
