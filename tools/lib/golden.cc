@@ -1,5 +1,6 @@
 #include "tools/lib/golden.h"
 #include "tools/lib/golden_v4.h"
+#include "tools/lib/golden/internal.h"
 
 #include <sys/stat.h>
 #include <unistd.h>
@@ -37,6 +38,7 @@ namespace indexshare::golden {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
+using namespace detail;
 
 std::string role_name(Role r) {
   switch (r) {
@@ -130,30 +132,15 @@ const Preset& preset(const std::string& name) {
   throw Error("unknown golden preset '" + name + "' (expected " + names + ")");
 }
 
-namespace {
-
-template <class T>
-void add(GoldenSet& g, const std::string& name, const Tensor<T>& t, Role role) {
-  g.tensors.push_back(io::make_view(name, t));
-  g.roles[name] = role;
-}
-// add without a copy: the view adopts t's elements and t is left empty.
-template <class T>
-void take(GoldenSet& g, const std::string& name, Tensor<T>& t, Role role) {
-  g.tensors.push_back(io::make_view(name, std::move(t)));  // adopts t's elements (no copy)
-  g.roles[name] = role;
-}
-// add of a temporary: adopted as take does.
-template <class T>
-void add(GoldenSet& g, const std::string& name, Tensor<T>&& t, Role role) {
-  take(g, name, t, role);
-}
-
+namespace detail {
 Tensor<bf16_t> to_bf16_tensor(const Tensor<float>& x) {
   Tensor<bf16_t> y(x.shape);
   for (int64_t i = 0; i < x.numel(); ++i) y[i] = f32_to_bf16(x[i]);
   return y;
 }
+}  // namespace detail
+
+namespace {
 
 // The attention edge cases, applied to a layer's indices [s_q, 1, topk] (kv rows) in place:
 //   row 0: every slot -1 (an all-invalid row)           row 1: two leading -1 slots
@@ -172,13 +159,6 @@ void edge_indices(Tensor<int32_t>& ind, Tensor<int32_t>& topk_length, int64_t s_
   if (s_q > 5) topk_length[5] = int32_t(std::min<int64_t>(3, k));
   if (s_q > 6) topk_length[6] = 0;
 }
-
-}  // namespace
-
-namespace {
-GoldenSet build_stack(const Problem& p, std::vector<ref::LayerInputs> inputs, const std::string& kind,
-                      bool with_logits, const std::string& replay, Impl impl = Impl::ref,
-                      const std::vector<int64_t>* rows = nullptr, const RowPart* part = nullptr);
 
 // Rows [begin, end) along dim 0.
 template <class T>
@@ -236,8 +216,6 @@ GoldenSet build(const Problem& p, const std::string& kind, bool with_logits, con
 }
 
 namespace {
-constexpr int64_t kDecodePage = 64;
-
 // Decode sets add the layouts the decode kernels read (tools/lib/paged.h): FlashMLA's V32 FP8 KV cache
 // of the layer, DeepGEMM's paged indexer k cache (layers with an indexer), and the physical
 // indices [b, next_n, topk] the attention used. Unused cache slots hold NaN.
@@ -278,7 +256,9 @@ void add_paged(GoldenSet& g, const Problem& p, const ref::LayerInputs& in, const
   }
   add(g, pre + "attn.indices_physical", physical, Role::input);
 }
+}  // namespace
 
+namespace detail {
 // The per-row tensors of a stack set (their rows are query rows), by name after "layers.{l}.".
 bool per_row_tensor(const std::string& name) {
   static const std::set<std::string> names = {
@@ -289,7 +269,9 @@ bool per_row_tensor(const std::string& name) {
   const size_t dot = name.find('.', 7);
   return dot != std::string::npos && names.count(name.substr(dot + 1));
 }
+}  // namespace detail
 
+namespace detail {
 // Memory: the set's views copy the tensors; each large one (attention q, out, out_bf16, the logits)
 // is freed as soon as it is copied (take), and the rest of a layer's inputs and outputs once the
 // layer is done, so the peak stays near the stack's own.
@@ -476,7 +458,7 @@ GoldenSet build_stack(const Problem& p, std::vector<ref::LayerInputs> inputs, co
   }
   return g;
 }
-}  // namespace
+}  // namespace detail
 
 void for_kernel(GoldenSet& set, const kreg::Kernel& k, const Problem& p) {
   std::map<std::string, int64_t> extra;  // the symbols the problem does not hold: the paged pool's sizes
@@ -786,14 +768,8 @@ GoldenSet build_model(const ModelSpec& spec, const std::string& replay) {
   return g;
 }
 
-namespace {
+namespace detail {
 // ---- tensor names: what a golden set of each kind holds, and what --from reads ----------------
-
-// Kinds as bits, so one rule can name several.
-enum KindBit : unsigned { kKindStack = 1, kKindFromFile = 2, kKindEdge = 4, kKindDecode = 8, kKindModule = 16, kKindModel1 = 32,
-                          kKindTrain = 64, kKindV4 = 128 };  // v4: its own tensor list and checks (tools/lib/golden_v4.h)
-constexpr unsigned kKernelKinds = kKindStack | kKindFromFile | kKindEdge | kKindDecode | kKindTrain;
-constexpr unsigned kAllKinds = kKernelKinds | kKindModule;
 
 unsigned kind_bit(const std::string& kind) {
   if (kind == "stack") return kKindStack;
@@ -806,21 +782,6 @@ unsigned kind_bit(const std::string& kind) {
   if (kind == "v4") return kKindV4;
   return 0;
 }
-
-// When a set holds a tensor: always; on layers with an indexer (has_indexer); on those with the
-// FP8 indexer; optional (on any layer, or only on layers with an indexer); in whole sets only (not
-// sampled with --rows); in sampled sets only; exactly when the manifest's `kernel` block names it
-// among its arguments (sets written --for a kernel that takes it); on Full layers only (a training
-// set's indexer loss).
-enum class Need { always, indexer, indexer_fp8, optional, optional_indexer, whole_rows, sampled, kernel_arg, full };
-
-struct TensorRule {
-  const char* name;  // per-layer rules: the part after "layers.{l}."
-  bool per_layer;
-  Role role;
-  unsigned kinds;
-  Need need;
-};
 
 // Every tensor the builders above write (build_stack, add_paged, build_model), by kind. A change
 // there must be mirrored here: the checked-in sets of every kind are read in the tests.
@@ -951,19 +912,6 @@ const TensorRule* rule_of(const std::string& name, unsigned kinds, int64_t& laye
   return nullptr;
 }
 
-// The dtype and shape a kernel-level tensor has under the manifest's config (-1: any size), and
-// the config fields its shape comes from; module-level weights and intermediates are BF16 of the
-// model config's shapes (`shape` empty, `known_shape` false).
-struct Dims {
-  int64_t s_q, s_kv, topk, H, D, h_q, d_qk, d_v, n_seqs;
-  bool fp8;
-};
-struct Layout {
-  io::DType dtype;
-  Shape shape;
-  bool known_shape;
-  const char* fields;
-};
 Layout layout_of(const std::string& rest, const Dims& d) {
   using io::DType;
   const DType ix = d.fp8 ? DType::F8_E4M3 : DType::BF16;
@@ -1032,7 +980,9 @@ std::string layout_str(io::DType dtype, const Shape& shape) {
   }
   return s + "]";
 }
+}  // namespace detail
 
+namespace {
 // Refuses NaN (and +-inf unless allowed) in a float input, naming the file, the tensor and the
 // first bad element. Classified from the bits: bf16 exponent all ones; e4m3fn has no inf, its NaN
 // is S.1111.111.
@@ -2002,8 +1952,11 @@ void ManifestCheck::module_fields() {
   if (mc_pattern != pattern) fail("layers", "give the schedule " + pattern + ", field 'model_config' " + mc_pattern);
 }
 
-void check_manifest(const Loaded& g, const std::string& mpath) { ManifestCheck(g, mpath).run(); }
 }  // namespace
+
+namespace detail {
+void check_manifest(const Loaded& g, const std::string& mpath) { ManifestCheck(g, mpath).run(); }
+}  // namespace detail
 
 // A lazily read tensor's bytes against the manifest's SHA-256 (Error naming it), then checked.
 void Loaded::check_hash(const std::string& name, const std::string& sha256) const {
@@ -2160,10 +2113,6 @@ std::string summary(const std::string& dir, const json& m, uint64_t bytes, bool 
   if (with_replay) os << "replay    " << m.value("replay", "") << "\n";
   return os.str();
 }
-
-}  // namespace indexshare::golden
-
-namespace indexshare::golden {
 
 StackInputs stack_inputs_of(const Loaded& g) {
   const json& c = g.manifest["config"];
