@@ -1,36 +1,16 @@
+// golden sets: the kernel-level builders (build: stack, attention-edge and decode sets; build_stack,
+// the decode layouts, for_kernel).
+
 #include "tools/lib/golden.h"
-#include "tools/lib/golden_v4.h"
 #include "tools/lib/golden/internal.h"
 
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <atomic>
-#include <cctype>
-#include <cerrno>
-#include <cmath>
-#include <cstdio>
-#include <cstring>
-#include <exception>
-#include <filesystem>
-#include <fstream>
-#include <map>
-#include <numeric>
+#include <climits>
 #include <set>
-#include <sstream>
-#include <thread>
 
 #include "ref/bounds.h"
-#include "ref/config.h"
-#include "ref/cost.h"
-#include "ref/model.h"
-#include "ref/numerics.h"
 #include "ref/stack.h"
 #include "ref/topk.h"
-#include "tools/lib/golden_model1.h"
-#include "tools/lib/json_io.h"
-#include "tools/lib/options.h"
 #include "tools/lib/paged.h"
 #include "tools/lib/phases.h"
 
