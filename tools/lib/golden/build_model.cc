@@ -14,7 +14,6 @@
 
 namespace indexshare::golden {
 
-namespace fs = std::filesystem;
 using nlohmann::json;
 using namespace detail;
 

@@ -16,7 +16,6 @@
 
 namespace indexshare::golden {
 
-namespace fs = std::filesystem;
 using nlohmann::json;
 using namespace detail;
 

@@ -10,8 +10,6 @@
 
 namespace indexshare::golden {
 
-namespace fs = std::filesystem;
-using nlohmann::json;
 using namespace detail;
 
 std::string role_name(Role r) {

@@ -11,10 +11,6 @@
 
 namespace indexshare::golden {
 
-namespace fs = std::filesystem;
-using nlohmann::json;
-using namespace detail;
-
 const std::vector<Preset>& presets() {
   static const std::vector<Preset> p = {
       {"deepseek-v3.2",

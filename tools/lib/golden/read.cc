@@ -13,6 +13,7 @@
 namespace indexshare::golden {
 
 namespace fs = std::filesystem;
+
 using nlohmann::json;
 using namespace detail;
 
