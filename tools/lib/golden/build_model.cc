@@ -19,6 +19,80 @@ using namespace detail;
 
 namespace {
 Tensor<bf16_t> bf16_of(const Tensor<float>& x) { return to_bf16_tensor(x); }
+
+// A module-level layer's indexer tensors (layers with an indexer), in the set's order: its bf16
+// weights, the nonempty intermediates, then the kernel-level inputs and outputs (the variant's q and
+// k: FP8 codes or bf16), ks / ke, the logits and the top-k.
+void add_model_indexer(GoldenSet& g, const ref::ToyLayer& w, const ref::ToyLayerTrace& tr, const ref::ToyCache& cache,
+                       int l, const std::string& pre, ref::IndexerVariant variant, const Tensor<int32_t>& ks,
+                       const Tensor<int32_t>& ke) {
+  const std::pair<const char*, const Tensor<float>*> iw[] = {
+      {"indexer.wq_b", &w.indexer.wq_b}, {"indexer.wk", &w.indexer.wk}, {"indexer.k_norm_w", &w.indexer.k_norm_w},
+      {"indexer.k_norm_b", &w.indexer.k_norm_b}, {"indexer.weights_proj", &w.indexer.weights_proj}};
+  for (const auto& [n, t] : iw) add(g, pre + n, bf16_of(*t), Role::input);
+  const ref::IndexerModuleOut& io_ = tr.indexer;
+  const std::pair<const char*, const Tensor<float>*> inter[] = {
+      {"indexer.q_proj", &io_.q_proj}, {"indexer.q_rope", &io_.q_rope}, {"indexer.q_hadamard", &io_.q_hadamard},
+      {"indexer.k_proj", &io_.k_proj}, {"indexer.k_norm", &io_.k_norm}, {"indexer.k_rope", &io_.k_rope},
+      {"indexer.k_hadamard", &io_.k_hadamard}};
+  for (const auto& [n, t] : inter)
+    if (t->numel()) add(g, pre + n, bf16_of(*t), Role::reference);
+  if (variant == ref::IndexerVariant::deepseek_fp8) {
+    add(g, pre + "indexer.q", io_.q8, Role::input);
+    add(g, pre + "indexer.k", cache.index_keys[size_t(l)].k8, Role::input);
+  } else {
+    add(g, pre + "indexer.q", bf16_of(io_.q), Role::input);
+    add(g, pre + "indexer.k", bf16_of(cache.index_keys[size_t(l)].k), Role::input);
+  }
+  add(g, pre + "indexer.k_scale", cache.index_keys[size_t(l)].k_scale, Role::input);
+  add(g, pre + "indexer.q_scale", io_.q_scale, Role::reference);
+  add(g, pre + "indexer.weights", io_.weights, Role::input);
+  add(g, pre + "indexer.ks", ks, Role::input);
+  add(g, pre + "indexer.ke", ke, Role::input);
+  add(g, pre + "indexer.logits", tr.logits, Role::output);
+  add(g, pre + "indexer.topk", tr.own_topk, Role::output);
+}
+
+// The manifest of a module-level set (without its "tensors" list, which write() adds).
+json model_manifest(const ModelSpec& spec, const ModelConfig& cfg, const Schedule& sched, ref::IndexerVariant variant,
+                    const std::string& replay, int64_t S, float sm, json layers, json budgets) {
+  char simbuf[32];
+  std::snprintf(simbuf, sizeof simbuf, "%.9g", double(spec.sim));
+  const std::string problem = "model=" + spec.preset + " layers=" + std::to_string(cfg.n_layers) + " seq=" + std::to_string(S) +
+                              " seed=" + std::to_string(spec.seed) + " sim=" + simbuf + " variant=" + spec.variant +
+                              " schedule=" + sched.pattern();
+  return {
+      {"format", "indexshare-golden"},
+      {"format_version", kFormatVersion},
+      {"generator", std::string("indexshare ") + INDEXSHARE_VERSION},
+      {"kind", "module"},
+      {"problem", problem},
+      {"replay", replay},
+      {"config",
+       {{"s_q", S}, {"s_kv", S}, {"topk", cfg.index_topk}, {"index_n_heads", cfg.index_n_heads},
+        {"index_head_dim", cfg.index_head_dim}, {"h_q", cfg.n_heads}, {"d_qk", cfg.d_qk()}, {"d_v", cfg.d_v()},
+        {"sm_scale", sm}, {"n_layers", cfg.n_layers}, {"seed", spec.seed}, {"start_pos", 0}, {"n_seqs", 1},
+        {"indexer", variant == ref::IndexerVariant::deepseek_fp8 ? "fp8" : "bf16"}}},
+      {"model_config", json::parse(config_json_text(cfg))},
+      {"conventions",
+       {{"lse_base", "e"},
+        {"lse_includes_sink", false},
+        {"empty_row", "out 0, lse +inf, max_logits -inf"},
+        {"scale_rule", scale_rule_name(cfg.index_scale_rule)},
+        {"fp8_format", "e4m3fn, round to nearest even, saturating to +-448"},
+        {"tie_rule", "score descending, then index ascending"},
+        {"topk_index_space", "indexer.topk: sequence-local positions"},
+        {"attn_index_space", "attn.indices: rows of attn.kv (logical, unpaged)"},
+        {"padding", -1},
+        {"causal_rule", "row t is position t and sees keys [0, t]"},
+        {"rope_layout", "indexer: " + ref::rope_layout_name(cfg.indexer_rope) + " on dims [0, rope) of [pe | nope]; MLA: interleaved"},
+        {"indexer_variant", spec.variant},
+        {"weights", "bf16 values (not the checkpoints' FP8 block-quantized linears)"},
+        {"model", "attention-only residual stack h <- bf16(h + out), out = wo . MLA(bf16(RMSNorm(h)))"}}},
+      {"layers", std::move(layers)},
+      {"budgets", std::move(budgets)},
+  };
+}
 }  // namespace
 
 std::string model_replay(const ModelSpec& spec) {
@@ -70,33 +144,7 @@ GoldenSet build_model(const ModelSpec& spec, const std::string& replay) {
     for (const auto& [n, t] : mla) add(g, pre + n, bf16_of(*t), Role::input);
     add(g, pre + "attn.x", bf16_of(tr.x), Role::reference);
     add(g, pre + "mla.qr", bf16_of(tr.qr), Role::reference);
-    if (w.has_indexer) {
-      const std::pair<const char*, const Tensor<float>*> iw[] = {
-          {"indexer.wq_b", &w.indexer.wq_b}, {"indexer.wk", &w.indexer.wk}, {"indexer.k_norm_w", &w.indexer.k_norm_w},
-          {"indexer.k_norm_b", &w.indexer.k_norm_b}, {"indexer.weights_proj", &w.indexer.weights_proj}};
-      for (const auto& [n, t] : iw) add(g, pre + n, bf16_of(*t), Role::input);
-      const ref::IndexerModuleOut& io_ = tr.indexer;
-      const std::pair<const char*, const Tensor<float>*> inter[] = {
-          {"indexer.q_proj", &io_.q_proj}, {"indexer.q_rope", &io_.q_rope}, {"indexer.q_hadamard", &io_.q_hadamard},
-          {"indexer.k_proj", &io_.k_proj}, {"indexer.k_norm", &io_.k_norm}, {"indexer.k_rope", &io_.k_rope},
-          {"indexer.k_hadamard", &io_.k_hadamard}};
-      for (const auto& [n, t] : inter)
-        if (t->numel()) add(g, pre + n, bf16_of(*t), Role::reference);
-      if (variant == ref::IndexerVariant::deepseek_fp8) {
-        add(g, pre + "indexer.q", io_.q8, Role::input);
-        add(g, pre + "indexer.k", cache.index_keys[size_t(l)].k8, Role::input);
-      } else {
-        add(g, pre + "indexer.q", bf16_of(io_.q), Role::input);
-        add(g, pre + "indexer.k", bf16_of(cache.index_keys[size_t(l)].k), Role::input);
-      }
-      add(g, pre + "indexer.k_scale", cache.index_keys[size_t(l)].k_scale, Role::input);
-      add(g, pre + "indexer.q_scale", io_.q_scale, Role::reference);
-      add(g, pre + "indexer.weights", io_.weights, Role::input);
-      add(g, pre + "indexer.ks", ks, Role::input);
-      add(g, pre + "indexer.ke", ke, Role::input);
-      add(g, pre + "indexer.logits", tr.logits, Role::output);
-      add(g, pre + "indexer.topk", tr.own_topk, Role::output);
-    }
+    if (w.has_indexer) add_model_indexer(g, w, tr, cache, l, pre, variant, ks, ke);
     const Tensor<int32_t> indices = ref::local_to_kv_rows(tr.used_topk, ks);
     add(g, pre + "attn.q", tr.q, Role::input);
     add(g, pre + "attn.kv", cache.kv[size_t(l)], Role::input);
@@ -121,42 +169,7 @@ GoldenSet build_model(const ModelSpec& spec, const std::string& replay) {
   cu.data = {0, int32_t(S)};
   add(g, "cu_seqlens_q", cu, Role::input);
   add(g, "cu_seqlens_k", cu, Role::input);
-  char simbuf[32];
-  std::snprintf(simbuf, sizeof simbuf, "%.9g", double(spec.sim));
-  const std::string problem = "model=" + spec.preset + " layers=" + std::to_string(cfg.n_layers) + " seq=" + std::to_string(S) +
-                              " seed=" + std::to_string(spec.seed) + " sim=" + simbuf + " variant=" + spec.variant +
-                              " schedule=" + sched.pattern();
-  g.manifest = {
-      {"format", "indexshare-golden"},
-      {"format_version", kFormatVersion},
-      {"generator", std::string("indexshare ") + INDEXSHARE_VERSION},
-      {"kind", "module"},
-      {"problem", problem},
-      {"replay", replay},
-      {"config",
-       {{"s_q", S}, {"s_kv", S}, {"topk", cfg.index_topk}, {"index_n_heads", cfg.index_n_heads},
-        {"index_head_dim", cfg.index_head_dim}, {"h_q", cfg.n_heads}, {"d_qk", cfg.d_qk()}, {"d_v", cfg.d_v()},
-        {"sm_scale", sm}, {"n_layers", cfg.n_layers}, {"seed", spec.seed}, {"start_pos", 0}, {"n_seqs", 1},
-        {"indexer", variant == ref::IndexerVariant::deepseek_fp8 ? "fp8" : "bf16"}}},
-      {"model_config", json::parse(config_json_text(cfg))},
-      {"conventions",
-       {{"lse_base", "e"},
-        {"lse_includes_sink", false},
-        {"empty_row", "out 0, lse +inf, max_logits -inf"},
-        {"scale_rule", scale_rule_name(cfg.index_scale_rule)},
-        {"fp8_format", "e4m3fn, round to nearest even, saturating to +-448"},
-        {"tie_rule", "score descending, then index ascending"},
-        {"topk_index_space", "indexer.topk: sequence-local positions"},
-        {"attn_index_space", "attn.indices: rows of attn.kv (logical, unpaged)"},
-        {"padding", -1},
-        {"causal_rule", "row t is position t and sees keys [0, t]"},
-        {"rope_layout", "indexer: " + ref::rope_layout_name(cfg.indexer_rope) + " on dims [0, rope) of [pe | nope]; MLA: interleaved"},
-        {"indexer_variant", spec.variant},
-        {"weights", "bf16 values (not the checkpoints' FP8 block-quantized linears)"},
-        {"model", "attention-only residual stack h <- bf16(h + out), out = wo . MLA(bf16(RMSNorm(h)))"}}},
-      {"layers", layers},
-      {"budgets", budgets},
-  };
+  g.manifest = model_manifest(spec, cfg, sched, variant, replay, S, sm, std::move(layers), std::move(budgets));
   return g;
 }
 

@@ -143,6 +143,167 @@ void add_paged(GoldenSet& g, const Problem& p, const ref::LayerInputs& in, const
   }
   add(g, pre + "attn.indices_physical", physical, Role::input);
 }
+
+// A layer's indexer tensors, in the set's order: q, k, k_scale, q_scale, weights, ks, ke, logits
+// (with_logits), topk. The views adopt the tensors (take) where nothing later reads them; a decode
+// set's paged caches (paged_reads) read k and k_scale afterwards, so those are copied (add).
+void add_indexer_tensors(GoldenSet& g, const Problem& p, ref::LayerInputs& in, ref::StackLayerOutputs& o,
+                         const std::string& pre, bool with_logits, bool paged_reads) {
+  if (p.indexer == IndexerMode::fp8) {
+    take(g, pre + "indexer.q", in.index_q8, Role::input);
+    if (paged_reads) add(g, pre + "indexer.k", in.index_k8, Role::input);
+    else take(g, pre + "indexer.k", in.index_k8, Role::input);
+  } else {
+    add(g, pre + "indexer.q", to_bf16_tensor(in.index_q), Role::input);
+    add(g, pre + "indexer.k", to_bf16_tensor(in.index_k), Role::input);
+  }
+  if (paged_reads) add(g, pre + "indexer.k_scale", in.index_k_scale, Role::input);
+  else take(g, pre + "indexer.k_scale", in.index_k_scale, Role::input);
+  take(g, pre + "indexer.q_scale", in.index_q_scale, Role::reference);
+  take(g, pre + "indexer.weights", in.index_weights, Role::input);
+  take(g, pre + "indexer.ks", in.ks, Role::input);
+  take(g, pre + "indexer.ke", in.ke, Role::input);
+  if (with_logits) take(g, pre + "indexer.logits", o.logits, Role::output);
+  take(g, pre + "indexer.topk", o.own_topk, Role::output);
+}
+
+// Tolerance budget of a layer's attention output (FlashAttention style, see ref/bounds.h), the
+// manifest's budgets entry: it reads q and out, so it runs before the views take them. Large sets
+// emulate a row subset chosen from the whole set's rows (ref/bounds.h budget_rows; a part gathers
+// every part's row maxima and keeps its own maxima in g.shard.budgets).
+json attention_budget_entry(GoldenSet& g, const ref::Kernels& kern, const Problem& p, const ref::LayerInputs& in,
+                            const Tensor<int32_t>& indices, const Tensor<int32_t>* tl, const Tensor<float>* sink,
+                            const ref::AttentionOut& attn, const std::string& pre, int64_t s_q_set, const RowPart* part) {
+  double emu_err = 0, budget = 0;
+  int64_t emulated = 0;
+  {
+    double ref_round = 0;
+    const std::vector<double> mine = cmp::budget_row_max(attn.out, &ref_round);
+    const std::vector<double> all = part && part->gather_rows ? part->gather_rows(mine) : mine;
+    require(int64_t(all.size()) == s_q_set, "golden: the budget's row maxima cover " + std::to_string(all.size()) +
+                                                " rows, not the set's " + std::to_string(s_q_set));
+    const int64_t b = part ? part->begin : 0, e = part ? part->end : s_q_set;
+    std::vector<int64_t> local;
+    for (int64_t t : cmp::budget_rows(all)) {
+      emulated += 1;
+      if (t >= b && t < e) local.push_back(t - b);
+    }
+    const cmp::BudgetParts parts =
+        cmp::attention_budget_parts_rows(kern.emulate_attention_lowp, in.q, in.kv, indices, p.sm_scale(), p.d_v, tl,
+                                         sink, attn.out, local, s_q_set > cmp::kBudgetAllRows, &emu_err, ref_round);
+    budget = cmp::attention_budget(parts);
+    if (part) g.shard.budgets[pre + "attn.out"] = {parts.emul, parts.ref_round, emu_err};
+  }
+  json entry = {{"budget_max_abs", budget},
+                {"emulation_max_abs", emu_err},
+                {"multiple", cmp::kBudgetMultiple},
+                {"emulation", "f32 logits and softmax, P rounded to bf16, f32 accumulation, bf16 out"}};
+  if (s_q_set > cmp::kBudgetAllRows) entry["emulation_rows"] = cmp::budget_rows_text(emulated, s_q_set);
+  return entry;
+}
+
+// A layer's attention tensors, in the set's order: q, kv, indices, topk_length (tl), sink, out,
+// out_bf16, lse, max_logits. The views adopt them (take), but for kv in a decode set (paged_reads:
+// the paged cache reads it afterwards) and the sink (copied).
+void add_attention_tensors(GoldenSet& g, ref::LayerInputs& in, Tensor<int32_t>& indices, Tensor<int32_t>& topk_length,
+                           const Tensor<int32_t>* tl, const Tensor<float>* sink, ref::AttentionOut& attn,
+                           const std::string& pre, bool paged_reads) {
+  take(g, pre + "attn.q", in.q, Role::input);
+  if (paged_reads) add(g, pre + "attn.kv", in.kv, Role::input);
+  else take(g, pre + "attn.kv", in.kv, Role::input);
+  take(g, pre + "attn.indices", indices, Role::input);
+  if (tl) take(g, pre + "attn.topk_length", topk_length, Role::input);
+  if (sink) add(g, pre + "attn.sink", *sink, Role::input);
+  take(g, pre + "attn.out", attn.out, Role::output);
+  take(g, pre + "attn.out_bf16", attn.out_bf16, Role::output);
+  take(g, pre + "attn.lse", attn.lse, Role::output);
+  take(g, pre + "attn.max_logits", attn.max_logits, Role::output);
+}
+
+// The set-wide tensors after the layers: the sequence boundaries of the flattened rows (FlashMLA /
+// varlen style) and a sampled set's `rows`. A sampled set's query rows are not whole sequences: no
+// cu_seqlens_q (ks/ke hold each row's window), and `rows` maps each of its rows to the problem's
+// row number. A part: every per-row tensor holds the part's rows, and is that many rows of the
+// whole set's (recorded in g.shard.per_row).
+void add_set_tensors(GoldenSet& g, const Problem& p, const std::vector<int64_t>* rows, const RowPart* part,
+                     int64_t s_q_set) {
+  Tensor<int32_t> cu_q({p.n_seqs + 1}), cu_k({p.n_seqs + 1});
+  for (int64_t i = 0; i <= p.n_seqs; ++i) { cu_q[i] = int32_t(i * p.seq_q()); cu_k[i] = int32_t(i * p.seq_kv()); }
+  if (!rows) add(g, "cu_seqlens_q", cu_q, Role::input);
+  add(g, "cu_seqlens_k", cu_k, Role::input);
+  if (rows) {
+    const int64_t b = part ? part->begin : 0, e = part ? part->end : s_q_set;
+    Tensor<int32_t> rt({e - b});
+    for (int64_t i = b; i < e; ++i) rt[i - b] = int32_t((*rows)[size_t(i)]);
+    add(g, "rows", rt, Role::reference);
+  }
+  if (part) {
+    const int64_t n = part->end - part->begin;
+    for (const io::TensorView& v : g.tensors) {
+      if (!per_row_tensor(v.name) || g.shard.per_row.count(v.name)) continue;
+      require(!v.shape.empty() && v.shape[0] == n, "golden: part: tensor '" + v.name + "' " + shape_str(v.shape) +
+                                                       " does not hold the part's " + std::to_string(n) + " rows");
+      Shape whole = v.shape;
+      whole[0] = s_q_set;
+      g.shard.per_row[v.name] = whole;
+    }
+  }
+}
+
+// The manifest of a kernel-level stack set (without its "tensors" list, which write() adds).
+json stack_manifest(const Problem& p, const std::string& kind, Impl impl, const std::string& replay, int64_t s_q_set,
+                    json layers, json budgets, const std::vector<int64_t>* rows) {
+  const float sm = p.sm_scale();
+  json manifest = {
+      {"format", "indexshare-golden"},
+      {"format_version", kFormatVersion},
+      {"generator", std::string("indexshare ") + INDEXSHARE_VERSION + " (" + impl_name(impl) + ")"},
+      {"kind", kind},
+      {"problem", to_string(p)},
+      {"replay", replay},
+      {"config",
+       {{"s_q", s_q_set}, {"s_kv", p.s_kv}, {"topk", p.index_topk}, {"index_n_heads", p.index_n_heads},
+        {"index_head_dim", p.index_head_dim}, {"h_q", p.h_q}, {"d_qk", p.d_qk}, {"d_v", p.d_v},
+        {"sm_scale", sm}, {"n_layers", p.n_layers}, {"seed", p.seed}, {"start_pos", p.start_pos()}, {"n_seqs", p.n_seqs},
+        {"indexer", indexer_mode_name(p.indexer)}}},
+      {"conventions",
+       {{"lse_base", "e"},
+        {"lse_includes_sink", false},
+        {"sink", "out *= 1 / (1 + exp(sink - lse)); lse and max_logits exclude it"},
+        {"empty_row", "out 0, lse +inf, max_logits -inf"},
+        {"scale_rule", scale_rule_name(p.scale)},
+        {"fp8_format", "e4m3fn, round to nearest even, saturating to +-448"},
+        {"tie_rule", "score descending, then index ascending"},
+        {"topk_index_space", "indexer.topk: sequence-local positions s - ks[t]"},
+        {"attn_index_space", "attn.indices: rows of attn.kv (logical, unpaged)"},
+        {"padding", -1},
+        {"invalid_index", "any index < 0 or >= s_kv is ignored wherever it sits"},
+        {"sequences", "n_seqs sequences flattened: sequence i owns query rows [cu_seqlens_q[i], cu_seqlens_q[i+1]) "
+                      "and kv rows [cu_seqlens_k[i], cu_seqlens_k[i+1])"},
+        {"causal_rule", "the j-th query row of a sequence with Lq queries and Lk keys is position Lk - Lq + j and "
+                        "sees that sequence's keys [0, Lk - Lq + j]"},
+        {"indexer_logits", "k_scale[s] * sum_h w[t,h] * relu(q[t,h] . k[s]); -inf outside [ks, ke)"},
+        {"rope_layout", "not applicable (kernel-level set)"},
+        {"decode",
+         kind == "decode"
+             ? "batch b = n_seqs, next_n = s_q / b; attn.kv holds the FP8-quantized-then-dequantized latent rows "
+               "(FlashMLA V32: 4 tiles of 128, scale 2^ceil(log2(max(amax/448, 1e-4)))); attn.kv_cache_fp8 "
+               "[num_blocks, page, 1, 656] = 512 e4m3 + 4 f32 scales + 64 bf16 rope per token; "
+               "indexer.k_cache [num_blocks, page, 1, D + 4] = per block all fp8 bytes then the f32 scales; "
+               "attn.indices_physical = block_table[b, pos / page] * page + pos % page; unused slots NaN"
+             : "not a decode set"}}},
+      {"layers", std::move(layers)},
+      {"budgets", std::move(budgets)},
+  };
+  if (rows) {
+    manifest["rows"] = {{"count", s_q_set}, {"problem_s_q", p.s_q}, {"list", ref::format_rows(*rows)}, {"tensor", "rows"},
+                        {"meaning", "sampled query rows: row r of every per-row tensor (indexer q, q_scale, weights, "
+                                    "ks, ke, logits, topk; attn q, indices, out, out_bf16, lse, max_logits) is the "
+                                    "problem's query row rows[r]; key-side tensors (indexer k, k_scale, attn kv) are "
+                                    "whole; config.s_q is the number of rows in the set"}};
+  }
+  return manifest;
+}
 }  // namespace
 
 namespace detail {
@@ -183,24 +344,7 @@ GoldenSet build_stack(const Problem& p, std::vector<ref::LayerInputs> inputs, co
     // The set's views adopt the layer's tensors (take) where nothing later reads them: a decode
     // set's paged caches (add_paged) read the key side and the used positions.
     const bool paged_reads = kind == "decode";
-    if (in.has_indexer) {
-      if (p.indexer == IndexerMode::fp8) {
-        take(g, pre + "indexer.q", in.index_q8, Role::input);
-        if (paged_reads) add(g, pre + "indexer.k", in.index_k8, Role::input);
-        else take(g, pre + "indexer.k", in.index_k8, Role::input);
-      } else {
-        add(g, pre + "indexer.q", to_bf16_tensor(in.index_q), Role::input);
-        add(g, pre + "indexer.k", to_bf16_tensor(in.index_k), Role::input);
-      }
-      if (paged_reads) add(g, pre + "indexer.k_scale", in.index_k_scale, Role::input);
-      else take(g, pre + "indexer.k_scale", in.index_k_scale, Role::input);
-      take(g, pre + "indexer.q_scale", in.index_q_scale, Role::reference);
-      take(g, pre + "indexer.weights", in.index_weights, Role::input);
-      take(g, pre + "indexer.ks", in.ks, Role::input);
-      take(g, pre + "indexer.ke", in.ke, Role::input);
-      if (with_logits) take(g, pre + "indexer.logits", o.logits, Role::output);
-      take(g, pre + "indexer.topk", o.own_topk, Role::output);
-    }
+    if (in.has_indexer) add_indexer_tensors(g, p, in, o, pre, with_logits, paged_reads);
     // Attention: the indices the layer used (edge cases rewrite them for attention-edge sets).
     Tensor<int32_t> indices = o.indices, topk_length;
     ref::AttentionOut attn;
@@ -212,124 +356,16 @@ GoldenSet build_stack(const Problem& p, std::vector<ref::LayerInputs> inputs, co
       attn = std::move(o.attn);
     }
     const Tensor<int32_t>* tl = topk_length.numel() ? &topk_length : nullptr;
-    // Tolerance budget of the attention output (FlashAttention style, see ref/bounds.h), first:
-    // it reads q and out, which the views below take. Large sets emulate a row subset chosen from
-    // the whole set's rows (ref/bounds.h budget_rows; a part gathers every part's row maxima).
-    double emu_err = 0, budget = 0;
-    int64_t emulated = 0;
-    {
-      double ref_round = 0;
-      const std::vector<double> mine = cmp::budget_row_max(attn.out, &ref_round);
-      const std::vector<double> all = part && part->gather_rows ? part->gather_rows(mine) : mine;
-      require(int64_t(all.size()) == s_q_set, "golden: the budget's row maxima cover " + std::to_string(all.size()) +
-                                                  " rows, not the set's " + std::to_string(s_q_set));
-      const int64_t b = part ? part->begin : 0, e = part ? part->end : s_q_set;
-      std::vector<int64_t> local;
-      for (int64_t t : cmp::budget_rows(all)) {
-        emulated += 1;
-        if (t >= b && t < e) local.push_back(t - b);
-      }
-      const cmp::BudgetParts parts =
-          cmp::attention_budget_parts_rows(kern.emulate_attention_lowp, in.q, in.kv, indices, p.sm_scale(), p.d_v, tl,
-                                           sink, attn.out, local, s_q_set > cmp::kBudgetAllRows, &emu_err, ref_round);
-      budget = cmp::attention_budget(parts);
-      if (part) g.shard.budgets[pre + "attn.out"] = {parts.emul, parts.ref_round, emu_err};
-    }
-    budgets[pre + "attn.out"] = {{"budget_max_abs", budget},
-                                 {"emulation_max_abs", emu_err},
-                                 {"multiple", cmp::kBudgetMultiple},
-                                 {"emulation", "f32 logits and softmax, P rounded to bf16, f32 accumulation, bf16 out"}};
-    if (s_q_set > cmp::kBudgetAllRows) budgets[pre + "attn.out"]["emulation_rows"] = cmp::budget_rows_text(emulated, s_q_set);
-    take(g, pre + "attn.q", in.q, Role::input);
-    if (paged_reads) add(g, pre + "attn.kv", in.kv, Role::input);
-    else take(g, pre + "attn.kv", in.kv, Role::input);
-    take(g, pre + "attn.indices", indices, Role::input);
-    if (tl) take(g, pre + "attn.topk_length", topk_length, Role::input);
-    if (sink) add(g, pre + "attn.sink", *sink, Role::input);
-    take(g, pre + "attn.out", attn.out, Role::output);
-    take(g, pre + "attn.out_bf16", attn.out_bf16, Role::output);
-    take(g, pre + "attn.lse", attn.lse, Role::output);
-    take(g, pre + "attn.max_logits", attn.max_logits, Role::output);
+    budgets[pre + "attn.out"] = attention_budget_entry(g, kern, p, in, indices, tl, sink, attn, pre, s_q_set, part);
+    add_attention_tensors(g, in, indices, topk_length, tl, sink, attn, pre, paged_reads);
     if (kind == "decode") add_paged(g, p, in, o, pre, layout, part);
     // The layer's inputs and outputs live in the set's views from here on (the next layers read
     // neither), so they are freed now: the peak holds at most one layer's tensors twice.
     in = ref::LayerInputs();
     o = ref::StackLayerOutputs();
   }
-  // Sequence boundaries of the flattened rows, FlashMLA / varlen style.
-  // A sampled set's query rows are not whole sequences: no cu_seqlens_q (ks/ke hold each row's
-  // window), and `rows` maps each of its rows to the problem's row number.
-  Tensor<int32_t> cu_q({p.n_seqs + 1}), cu_k({p.n_seqs + 1});
-  for (int64_t i = 0; i <= p.n_seqs; ++i) { cu_q[i] = int32_t(i * p.seq_q()); cu_k[i] = int32_t(i * p.seq_kv()); }
-  if (!rows) add(g, "cu_seqlens_q", cu_q, Role::input);
-  add(g, "cu_seqlens_k", cu_k, Role::input);
-  if (rows) {
-    const int64_t b = part ? part->begin : 0, e = part ? part->end : s_q_set;
-    Tensor<int32_t> rt({e - b});
-    for (int64_t i = b; i < e; ++i) rt[i - b] = int32_t((*rows)[size_t(i)]);
-    add(g, "rows", rt, Role::reference);
-  }
-  // A part: every per-row tensor holds the part's rows, and is that many rows of the whole set's.
-  if (part) {
-    const int64_t n = part->end - part->begin;
-    for (const io::TensorView& v : g.tensors) {
-      if (!per_row_tensor(v.name) || g.shard.per_row.count(v.name)) continue;
-      require(!v.shape.empty() && v.shape[0] == n, "golden: part: tensor '" + v.name + "' " + shape_str(v.shape) +
-                                                       " does not hold the part's " + std::to_string(n) + " rows");
-      Shape whole = v.shape;
-      whole[0] = s_q_set;
-      g.shard.per_row[v.name] = whole;
-    }
-  }
-  const float sm = p.sm_scale();
-  g.manifest = {
-      {"format", "indexshare-golden"},
-      {"format_version", kFormatVersion},
-      {"generator", std::string("indexshare ") + INDEXSHARE_VERSION + " (" + impl_name(impl) + ")"},
-      {"kind", kind},
-      {"problem", to_string(p)},
-      {"replay", replay},
-      {"config",
-       {{"s_q", s_q_set}, {"s_kv", p.s_kv}, {"topk", p.index_topk}, {"index_n_heads", p.index_n_heads},
-        {"index_head_dim", p.index_head_dim}, {"h_q", p.h_q}, {"d_qk", p.d_qk}, {"d_v", p.d_v},
-        {"sm_scale", sm}, {"n_layers", p.n_layers}, {"seed", p.seed}, {"start_pos", p.start_pos()}, {"n_seqs", p.n_seqs},
-        {"indexer", indexer_mode_name(p.indexer)}}},
-      {"conventions",
-       {{"lse_base", "e"},
-        {"lse_includes_sink", false},
-        {"sink", "out *= 1 / (1 + exp(sink - lse)); lse and max_logits exclude it"},
-        {"empty_row", "out 0, lse +inf, max_logits -inf"},
-        {"scale_rule", scale_rule_name(p.scale)},
-        {"fp8_format", "e4m3fn, round to nearest even, saturating to +-448"},
-        {"tie_rule", "score descending, then index ascending"},
-        {"topk_index_space", "indexer.topk: sequence-local positions s - ks[t]"},
-        {"attn_index_space", "attn.indices: rows of attn.kv (logical, unpaged)"},
-        {"padding", -1},
-        {"invalid_index", "any index < 0 or >= s_kv is ignored wherever it sits"},
-        {"sequences", "n_seqs sequences flattened: sequence i owns query rows [cu_seqlens_q[i], cu_seqlens_q[i+1]) "
-                      "and kv rows [cu_seqlens_k[i], cu_seqlens_k[i+1])"},
-        {"causal_rule", "the j-th query row of a sequence with Lq queries and Lk keys is position Lk - Lq + j and "
-                        "sees that sequence's keys [0, Lk - Lq + j]"},
-        {"indexer_logits", "k_scale[s] * sum_h w[t,h] * relu(q[t,h] . k[s]); -inf outside [ks, ke)"},
-        {"rope_layout", "not applicable (kernel-level set)"},
-        {"decode",
-         kind == "decode"
-             ? "batch b = n_seqs, next_n = s_q / b; attn.kv holds the FP8-quantized-then-dequantized latent rows "
-               "(FlashMLA V32: 4 tiles of 128, scale 2^ceil(log2(max(amax/448, 1e-4)))); attn.kv_cache_fp8 "
-               "[num_blocks, page, 1, 656] = 512 e4m3 + 4 f32 scales + 64 bf16 rope per token; "
-               "indexer.k_cache [num_blocks, page, 1, D + 4] = per block all fp8 bytes then the f32 scales; "
-               "attn.indices_physical = block_table[b, pos / page] * page + pos % page; unused slots NaN"
-             : "not a decode set"}}},
-      {"layers", layers},
-      {"budgets", budgets},
-  };
-  if (rows) {
-    g.manifest["rows"] = {{"count", s_q_set}, {"problem_s_q", p.s_q}, {"list", ref::format_rows(*rows)}, {"tensor", "rows"},
-                          {"meaning", "sampled query rows: row r of every per-row tensor (indexer q, q_scale, weights, "
-                                      "ks, ke, logits, topk; attn q, indices, out, out_bf16, lse, max_logits) is the "
-                                      "problem's query row rows[r]; key-side tensors (indexer k, k_scale, attn kv) are "
-                                      "whole; config.s_q is the number of rows in the set"}};
-  }
+  add_set_tensors(g, p, rows, part, s_q_set);
+  g.manifest = stack_manifest(p, kind, impl, replay, s_q_set, std::move(layers), std::move(budgets), rows);
   return g;
 }
 }  // namespace detail
