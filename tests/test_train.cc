@@ -272,3 +272,116 @@ TEST_CASE("train: bad requests are refused with a clear error") {
   CHECK(r.status == 2);
   CHECK(r.out.find("--loss applies to --kind train only") != std::string::npos);
 }
+
+TEST_CASE("train: --train-edges holds -1 rows, out-of-range and duplicated indices, topk_length and rows without keys") {
+  golden::TrainSpec t;
+  t.edges = true;
+  const TrainSet s = make_set(t);
+  const std::string p = "layers.0.";
+  const float sm = s.g.manifest["config"]["sm_scale"].get<float>();
+  const Tensor<int32_t> ind = s.g.tensor<int32_t>(p + "attn.indices"), len = s.g.tensor<int32_t>(p + "attn.topk_length");
+  const Tensor<int32_t> own = s.g.tensor<int32_t>(p + "indexer.topk");
+  const int64_t k = ind.dim(2), s_q = ind.dim(0);
+  CHECK(ind[4 * k + 1] == ind[4 * k + 0]);  // the duplicate
+  CHECK(len[6] == 0);
+  for (int64_t r : {7, 8})
+    for (int64_t j = 0; j < k; ++j) CHECK(own[r * k + j] == -1);  // no keys, no own top-k
+  // The loss: rows 7 and 8 carry no KL and are not counted (N = s_q - 2), computed here from kl.
+  const Tensor<float> kl = s.g.tensor<float>(p + "indexer_loss.kl");
+  CHECK(kl[7] == 0.0f);
+  CHECK(kl[8] == 0.0f);
+  double sum = 0;
+  for (int64_t r = 0; r < s_q; ++r) sum += kl[r];
+  CHECK(s.g.tensor<float>(p + "indexer_loss.loss")[0] == doctest::Approx(sum / double(s_q - 2)).epsilon(1e-5));
+  // Empty rows (all -1, topk_length 0, no keys) have zero gradients.
+  const Tensor<float> dq = s.g.tensor<float>(p + "attn_bwd.dq");
+  const int64_t row = dq.numel() / s_q;
+  for (int64_t r : {0, 6, 7, 8})
+    for (int64_t e = 0; e < row; ++e) CHECK(dq[r * row + e] == 0.0f);
+  const diff::Result ok = diff::judge(s.g, faithful(s.g).file(), {});
+  CHECK_MESSAGE(!ok.failed(), text(ok));
+  SUBCASE("a low-precision backward that honours topk_length passes") {
+    Cand c;
+    for (int l = 0; l < 3; ++l) {
+      const std::string q = "layers." + std::to_string(l) + ".";
+      const Tensor<float> sink = s.g.tensor<float>(q + "attn.sink");
+      const Tensor<int32_t> tl = s.g.tensor<int32_t>(q + "attn.topk_length");
+      const ref::AttentionBackwardOut e = cmp::emulate_attention_backward_lowp(
+          s.g.tensor<bf16_t>(q + "attn.q"), s.g.tensor<bf16_t>(q + "attn.kv"), s.g.tensor<int32_t>(q + "attn.indices"), sm, 48,
+          s.g.tensor<bf16_t>(q + "attn.d_out"), &tl, &sink);
+      c.set(q + "attn_bwd.dq", e.dq_bf16);
+      c.set(q + "attn_bwd.dkv", e.dkv_bf16);
+      c.set(q + "attn_bwd.delta", e.delta);
+      c.set(q + "attn_bwd.d_sink", e.d_sink);
+    }
+    const diff::Result r = diff::judge(s.g, c.file(), {});
+    CHECK_MESSAGE(!r.failed(), text(r));
+  }
+  SUBCASE("a duplicate counted once fails, named") {
+    Tensor<int32_t> once = ind;
+    once[4 * k + 1] = -1;  // row 4's second occurrence dropped (the test's own rewrite)
+    const Tensor<float> sink = s.g.tensor<float>(p + "attn.sink");
+    const ref::AttentionBackwardOut b = ref::sparse_attention_backward(s.g.tensor<bf16_t>(p + "attn.q"), s.g.tensor<bf16_t>(p + "attn.kv"),
+                                                                       once, sm, 48, s.g.tensor<bf16_t>(p + "attn.d_out"), &len, &sink);
+    Cand c;
+    c.set(p + "attn_bwd.dq", b.dq);
+    c.set(p + "attn_bwd.dkv", b.dkv);
+    const diff::Result r = diff::judge(s.g, c.file(), {});
+    CHECK(verdict(r, 0, "attn_bwd.dq") == cmp::Verdict::fail);
+    CHECK(verdict(r, 0, "attn_bwd.dkv") == cmp::Verdict::fail);
+    CHECK_MESSAGE(diagnosed(r, "attn_bwd.dq fits the backward with each duplicated index counted once"), text(r));
+    CHECK_MESSAGE(diagnosed(r, "attn_bwd.dkv fits the backward with each duplicated index counted once"), text(r));
+  }
+  SUBCASE("slots past topk_length read as keys fail") {
+    const Tensor<float> sink = s.g.tensor<float>(p + "attn.sink");
+    const ref::AttentionBackwardOut b = ref::sparse_attention_backward(s.g.tensor<bf16_t>(p + "attn.q"), s.g.tensor<bf16_t>(p + "attn.kv"),
+                                                                       ind, sm, 48, s.g.tensor<bf16_t>(p + "attn.d_out"), nullptr, &sink);
+    Cand c;
+    c.set(p + "attn_bwd.dq", b.dq);
+    CHECK(verdict(diff::judge(s.g, c.file(), {}), 0, "attn_bwd.dq") == cmp::Verdict::fail);
+  }
+  SUBCASE("the loss normalised by every row instead of the valid rows fails, named") {
+    Cand c;
+    for (const char* n : {"indexer_loss.dq", "indexer_loss.loss"}) {
+      Tensor<float> x = s.g.tensor<float>(p + n);
+      for (float& v : x.data) v = float(double(v) * double(s_q - 2) / double(s_q));
+      c.set(p + n, x);
+    }
+    const diff::Result r = diff::judge(s.g, c.file(), {});
+    CHECK(verdict(r, 0, "indexer_loss.dq") == cmp::Verdict::fail);
+    CHECK(verdict(r, 0, "indexer_loss.loss") == cmp::Verdict::fail);
+    CHECK_MESSAGE(diagnosed(r, "indexer_loss.dq fits the loss normalised by all rows"), text(r));
+  }
+  std::filesystem::remove_all(s.dir);
+}
+
+TEST_CASE("train: --loss-layers picks the distilled layers, and a Shared layer needs the training-aware target") {
+  golden::TrainSpec t;
+  t.loss_layers = {2};
+  const TrainSet s = make_set(t);
+  CHECK(s.g.manifest["train"]["indexer_losses"].size() == 1);
+  CHECK(s.g.manifest["train"]["indexer_losses"][0]["layer"] == 2);
+  CHECK(!s.g.find("layers.0.indexer_loss.dq"));
+  std::filesystem::remove_all(s.dir);
+  t.loss_layers = {1};  // Shared: served-layers makes it teach its source, layer 0
+  t.target = "served-layers";
+  const TrainSet u = make_set(t);
+  CHECK(u.g.manifest["train"]["indexer_losses"] == nlohmann::json::parse(R"([{"layer": 0, "teachers": [0, 1]}])"));
+  std::filesystem::remove_all(u.dir);
+  const std::string dir = std::filesystem::temp_directory_path() / ("indexshare-train-never-" + std::to_string(::getpid()));
+  const std::string base = std::string("golden --problem '") + kProblem + "' --kind train --out " + dir;
+  const indexshare::testing::CliResult r = indexshare::testing::run_cli(base + " --loss-layers 1");
+  CHECK(r.status == 2);
+  CHECK_MESSAGE(r.out.find("layer 1 is Shared") != std::string::npos, r.out);
+  CHECK_MESSAGE(r.out.find("--train-target served-layers") != std::string::npos, r.out);
+  CHECK(!std::filesystem::exists(dir));
+  for (const char* bad : {"--loss-layers 7", "--loss-layers 0,x", "--train-edges maybe"}) {
+    const indexshare::testing::CliResult e = indexshare::testing::run_cli(base + " " + bad);
+    CAPTURE(bad);
+    CHECK(e.status == 2);
+    CHECK(!std::filesystem::exists(dir));
+  }
+  CHECK(indexshare::testing::run_cli("golden --problem 'sq8 skv8 hq2 dqk16 dv8 ih2 id16 k4 indexer=bf16' --kind train --train-edges yes --out " + dir)
+            .out.find("sq >= 9") != std::string::npos);
+  CHECK(indexshare::testing::run_cli("golden --problem 'sq8 skv8 hq2 dqk16 dv8 ih2 id16 k4' --loss-layers 0 --out " + dir).status == 2);
+}

@@ -19,11 +19,12 @@ double bf(bf16_t x) { return double(bf16_to_f32(x)); }
 // The bound to store: the margin, the final rounding of the value, at or above the derivation.
 float finish_bound(double b, double x) { return bound_f32(kGradMargin * b + 2 * kU * std::fabs(x)); }
 
-// Row t's valid slots: (slot j, kv row) for the indices in [0, s_kv), duplicates kept.
-std::vector<std::pair<int64_t, int64_t>> valid_slots(const Tensor<int32_t>& ind, int64_t t, int64_t s_kv) {
+// Row t's valid slots: (slot j, kv row) for the indices in [0, s_kv) among its first topk_length
+// slots, duplicates kept.
+std::vector<std::pair<int64_t, int64_t>> valid_slots(const Tensor<int32_t>& ind, int64_t t, int64_t s_kv, const Tensor<int32_t>* len) {
   std::vector<std::pair<int64_t, int64_t>> v;
-  const int64_t k = ind.dim(2);
-  for (int64_t j = 0; j < k; ++j) {
+  const int64_t k = ind.dim(2), n = len ? std::min<int64_t>(std::max<int32_t>((*len)[t], 0), k) : k;
+  for (int64_t j = 0; j < n; ++j) {
     const int64_t i = ind[t * k + j];
     if (i >= 0 && i < s_kv) v.push_back({j, i});
   }
@@ -78,7 +79,7 @@ std::map<std::string, std::vector<float>> delta_sink_bounds(const AttentionBackw
   const int64_t s_q = q.dim(0), h_q = q.dim(1), s_kv = kv.dim(0);
   std::vector<double> delta_b(size_t(s_q * h_q), 0.0), sink_b(size_t(h_q), 0.0), sink_mag(size_t(h_q), 0.0);
   for (int64_t t = 0; t < s_q; ++t) {
-    const auto slots = valid_slots(*a.indices, t, s_kv);
+    const auto slots = valid_slots(*a.indices, t, s_kv, a.topk_length);
     if (slots.empty()) continue;
     for (int64_t h = 0; h < h_q; ++h) {
       const RowHead r = row_head(a, t, h, slots);

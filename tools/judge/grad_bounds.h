@@ -51,6 +51,7 @@ struct AttentionBackwardTruth {
   const Tensor<bf16_t>* q = nullptr;       // [s_q, h_q, d_qk]
   const Tensor<bf16_t>* kv = nullptr;      // [s_kv, 1, d_qk]
   const Tensor<int32_t>* indices = nullptr;// [s_q, 1, topk]
+  const Tensor<int32_t>* topk_length = nullptr;  // [s_q] or null (every slot)
   const Tensor<bf16_t>* d_out = nullptr;   // [s_q, h_q, d_v]
   const Tensor<float>* sink = nullptr;     // [h_q] or null
   const Tensor<float>* out = nullptr;      // exact O [s_q, h_q, d_v]

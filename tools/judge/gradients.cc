@@ -41,14 +41,15 @@ Tensor<float> scaled(const Tensor<float>& x, double f) {
   return y;
 }
 
-// The V part of dkv, sum over the occurrences of j of P dO (columns < d_v): the golden's P and dO.
+// The V part of dkv, sum over the occurrences of j of P dO (columns < d_v): the golden's P and dO
+// (P is 0 on the ignored slots, those past topk_length included).
 Tensor<float> dkv_v_part(const Tensor<float>& p, const Tensor<bf16_t>& d_out, const Tensor<int32_t>& ind, int64_t s_kv,
-                         int64_t d_qk) {
+                         int64_t d_qk, const Tensor<int32_t>* len) {
   const int64_t s_q = d_out.dim(0), h_q = d_out.dim(1), d_v = d_out.dim(2), topk = ind.dim(2);
   std::vector<double> acc(size_t(s_kv * d_qk), 0.0);
   for (int64_t t = 0; t < s_q; ++t)
     for (int64_t h = 0; h < h_q; ++h)
-      for (int64_t j = 0; j < topk; ++j) {
+      for (int64_t j = 0; j < (len ? std::min<int64_t>((*len)[t], topk) : topk); ++j) {
         const int64_t i = ind[t * topk + j];
         if (i < 0 || i >= s_kv) continue;
         const double P = p[(t * h_q + h) * topk + j];
@@ -57,6 +58,29 @@ Tensor<float> dkv_v_part(const Tensor<float>& p, const Tensor<bf16_t>& d_out, co
   Tensor<float> v({s_kv, 1, d_qk});
   for (int64_t e = 0; e < v.numel(); ++e) v[e] = float(acc[size_t(e)]);
   return v;
+}
+
+// The indices with every repeated occurrence of a kv row within a row's used slots replaced by -1:
+// a kernel that counts a duplicate once (a set-like gather). Empty when no row holds a duplicate.
+std::optional<Tensor<int32_t>> without_duplicates(const Tensor<int32_t>& ind, int64_t s_kv, const Tensor<int32_t>* len) {
+  Tensor<int32_t> d = ind;
+  const int64_t s_q = ind.dim(0), topk = ind.dim(2);
+  bool any = false;
+  for (int64_t t = 0; t < s_q; ++t) {
+    const int64_t n = len ? std::min<int64_t>((*len)[t], topk) : topk;
+    for (int64_t j = 0; j < n; ++j) {
+      const int32_t i = d[t * topk + j];
+      if (i < 0 || i >= s_kv) continue;
+      for (int64_t e = 0; e < j; ++e)
+        if (d[t * topk + e] == i) {
+          d[t * topk + j] = -1;
+          any = true;
+          break;
+        }
+    }
+  }
+  if (!any) return std::nullopt;
+  return d;
 }
 
 }  // namespace
@@ -130,11 +154,14 @@ void Judge::judge_attention_backward(int l, const std::string& P) {
   const Tensor<bf16_t> d_out = g_.tensor<bf16_t>(name(l, "attn.d_out"));
   std::optional<Tensor<float>> sink;
   if (g_.find(name(l, "attn.sink"))) sink = g_.tensor<float>(name(l, "attn.sink"));
+  std::optional<Tensor<int32_t>> len;
+  if (g_.find(name(l, "attn.topk_length"))) len = g_.tensor<int32_t>(name(l, "attn.topk_length"));
+  const Tensor<int32_t>* lp = len ? &*len : nullptr;
   const Tensor<float> out = g_.tensor<float>(name(l, "attn.out")), lse = g_.tensor<float>(name(l, "attn.lse"));
   const Tensor<float> p = g_.tensor<float>(name(l, "attn_bwd.p")), ds = g_.tensor<float>(name(l, "attn_bwd.ds"));
   const Tensor<float> delta = g_.tensor<float>(name(l, "attn_bwd.delta"));
   const Tensor<float> dq = g_.tensor<float>(name(l, "attn_bwd.dq")), dkv = g_.tensor<float>(name(l, "attn_bwd.dkv"));
-  cmp::AttentionBackwardTruth t{&q, &kv, &ind, &d_out, sink ? &*sink : nullptr, &out, &lse, &p, &ds, &delta, sm_, d_v_};
+  cmp::AttentionBackwardTruth t{&q, &kv, &ind, lp, &d_out, sink ? &*sink : nullptr, &out, &lse, &p, &ds, &delta, sm_, d_v_};
   std::map<std::string, std::vector<float>> b = cmp::delta_sink_bounds(t);
   {  // dq and dkv: the specification's bounds (ref/train/attention_bwd.h), Delta from the bf16 out allowed
     ref::AttentionBackwardOut exact;
@@ -145,13 +172,13 @@ void Judge::judge_attention_backward(int l, const std::string& P) {
     exact.ds = ds;
     exact.dq = dq;
     exact.dkv = dkv;
-    cmp::AttentionBackwardBounds ab = cmp::attention_backward_bounds(q, kv, ind, sm_, d_v_, d_out, nullptr, exact, true);
+    cmp::AttentionBackwardBounds ab = cmp::attention_backward_bounds(q, kv, ind, sm_, d_v_, d_out, lp, exact, true);
     b["dq"] = std::move(ab.dq);
     b["dkv"] = std::move(ab.dkv);
   }
   const int64_t s_kv = kv.dim(0), d_qk = q.dim(2);
   // The usual backward bugs, on the golden's values.
-  const Tensor<float> vpart = dkv_v_part(p, d_out, ind, s_kv, d_qk);
+  const Tensor<float> vpart = dkv_v_part(p, d_out, ind, s_kv, d_qk, lp);
   Tensor<float> kpart(dkv.shape), twice(dkv.shape), none(dkv.shape);
   for (int64_t e = 0; e < dkv.numel(); ++e) {
     kpart[e] = dkv[e] - vpart[e];
@@ -167,13 +194,20 @@ void Judge::judge_attention_backward(int l, const std::string& P) {
       any_pad = true;
     }
   std::optional<ref::AttentionBackwardOut> wr;
-  if (any_pad) wr = ref::sparse_attention_backward(q, kv, wrapped, sm_, d_v_, d_out, nullptr, sink ? &*sink : nullptr);
+  if (any_pad) wr = ref::sparse_attention_backward(q, kv, wrapped, sm_, d_v_, d_out, lp, sink ? &*sink : nullptr);
   const std::string kWrap = "the backward with -1 padding read as kv row s_kv - 1 (torch's index -1): -1 treated as a key";
+  // A duplicated index counted once (the forward's rule, and TileLang's, count each occurrence).
+  std::optional<ref::AttentionBackwardOut> once;
+  if (const std::optional<Tensor<int32_t>> dd = without_duplicates(ind, s_kv, lp))
+    once = ref::sparse_attention_backward(q, kv, *dd, sm_, d_v_, d_out, lp, sink ? &*sink : nullptr);
+  const std::string kOnce = "the backward with each duplicated index counted once: duplicates counted once (each "
+                            "occurrence is one softmax term and adds its own dkv contribution)";
   if (has(l, "attn_bwd.dq")) {
     std::vector<std::pair<std::string, Tensor<float>>> h = {
         {"sm_scale x the truth: the softmax scale applied twice", scaled(dq, sm_)},
         {"the truth / sm_scale: the softmax scale not applied", scaled(dq, 1 / double(sm_))}};
     if (wr) h.push_back({kWrap, wr->dq});
+    if (once) h.push_back({kOnce, once->dq});
     judge_gradient(l, P, "attn_bwd.dq", dq, std::move(b["dq"]), s_q_, h_q_, d_qk, kFloorGrad, h);
   }
   if (has(l, "attn_bwd.dkv")) {
@@ -183,6 +217,7 @@ void Judge::judge_attention_backward(int l, const std::string& P) {
         {"the K part times sm_scale: the softmax scale applied twice", twice},
         {"the K part without sm_scale: the softmax scale not applied", none}};
     if (wr) h.push_back({kWrap, wr->dkv});
+    if (once) h.push_back({kOnce, once->dkv});
     judge_gradient(l, P, "attn_bwd.dkv", dkv, std::move(b["dkv"]), s_kv, 1, d_qk, kFloorGrad, h);
   }
   if (has(l, "attn_bwd.delta")) {

@@ -91,8 +91,12 @@ const Preset& preset(const std::string& name);  // Error naming the unknown pres
 // part: only those rows of the set's row list (kinds stack and decode; see RowPart, ShardInfo):
 // each per-row tensor's rows equal the whole set's rows [part.begin, part.end) bit for bit; the
 // manifest describes the whole set (its budgets are this part's until combined).
+// edit: applied to the generated per-layer inputs before anything is computed (a training set's
+// rows without keys; tools/lib/golden_train.h).
+using InputEdit = std::function<void(std::vector<ref::LayerInputs>&)>;
 GoldenSet build(const Problem& p, const std::string& kind, bool with_logits, const std::string& replay,
-                Impl impl = Impl::ref, const std::vector<int64_t>* rows = nullptr, const RowPart* part = nullptr);
+                Impl impl = Impl::ref, const std::vector<int64_t>* rows = nullptr, const RowPart* part = nullptr,
+                const InputEdit& edit = {});
 
 // A module-level golden set from the toy model (ref/model.h): per layer the hidden states, the
 // bf16 weights, the indexer and MLA intermediates, and the kernel-level tensors of `build`.

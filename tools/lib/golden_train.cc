@@ -4,6 +4,7 @@
 #include <cmath>
 #include <optional>
 #include <cstdio>
+#include <cstdlib>
 #include <vector>
 
 #include "ref/error.h"
@@ -49,10 +50,12 @@ void attention_backward(GoldenSet& g, const Problem& p, const std::string& pre, 
   const Tensor<int32_t> ind = get<int32_t>(g, pre + "attn.indices");
   std::optional<Tensor<float>> sink;
   if (has(g, pre + "attn.sink")) sink = get<float>(g, pre + "attn.sink");
+  std::optional<Tensor<int32_t>> len;
+  if (has(g, pre + "attn.topk_length")) len = get<int32_t>(g, pre + "attn.topk_length");
   const int64_t s_q = q.dim(0), h_q = q.dim(1);
   Tensor<bf16_t> d_out({s_q, h_q, p.d_v});
   fill_range_bf16(d_out.ptr(), 0, d_out.numel(), Dist::normal, 1.0f, p.seed, stream_tag(pre + "attn.d_out"));
-  ref::AttentionBackwardOut b = k.sparse_attention_backward(q, kv, ind, sm, p.d_v, d_out, nullptr, sink ? &*sink : nullptr);
+  ref::AttentionBackwardOut b = k.sparse_attention_backward(q, kv, ind, sm, p.d_v, d_out, len ? &*len : nullptr, sink ? &*sink : nullptr);
   g.add(pre + "attn.d_out", std::move(d_out), Role::input);
   g.add(pre + "attn_bwd.delta", std::move(b.delta), Role::output);
   g.add(pre + "attn_bwd.p", std::move(b.p), Role::reference);
@@ -101,13 +104,59 @@ void indexer_loss(GoldenSet& g, const TrainSpec& t, int l, const std::vector<int
   g.add(pre + "indexer_loss.dw", std::move(r.dw), Role::output);
 }
 
+// Per layer: is its indexer distilled (the Full layers of --loss-layers, or every Full layer)?
+std::vector<bool> distilled_layers(const Problem& p, const TrainSpec& t) {
+  const Schedule sched = p.schedule();
+  std::vector<bool> on(size_t(p.n_layers), t.loss_layers.empty());
+  for (int l : t.loss_layers) {
+    require(l < p.n_layers, "golden --loss-layers: layer " + std::to_string(l) + " does not exist (the stack has " +
+                                std::to_string(p.n_layers) + " layers)");
+    if (sched.is_full(l)) {
+      on[size_t(l)] = true;
+      continue;
+    }
+    const int src = int(sched.source(l));
+    require(t.target == "served-layers",
+            "golden --loss-layers: layer " + std::to_string(l) + " is Shared (its positions are layer " + std::to_string(src) +
+                "'s): it has no indexer to distil under the own-layer target; give layer " + std::to_string(src) +
+                ", or --train-target served-layers to let layer " + std::to_string(l) + "'s attention teach layer " +
+                std::to_string(src) + "'s indexer");
+    on[size_t(src)] = true;
+  }
+  return on;
+}
+
 }  // namespace
+
+std::vector<int> parse_loss_layers(const std::string& text) {
+  std::vector<int> out;
+  size_t b = 0;
+  while (b <= text.size()) {
+    const size_t e = std::min(text.find(',', b), text.size());
+    const std::string tok = text.substr(b, e - b);
+    char* end = nullptr;
+    const long v = tok.empty() ? -1 : std::strtol(tok.c_str(), &end, 10);
+    require(!tok.empty() && end && *end == 0 && v >= 0 && v < 1000000,
+            "golden --loss-layers: '" + tok + "' in '" + text + "' is not a layer number (expected e.g. 0,2)");
+    out.push_back(int(v));
+    b = e + 1;
+  }
+  return out;
+}
 
 std::string train_options_text(const TrainSpec& t) {
   std::string s;
   if (!t.sparse) s += " --loss dense";
   if (t.target != "own-layer") s += " --train-target " + t.target;
   if (!t.relu) s += " --relu no";
+  if (t.edges) s += " --train-edges yes";
+  if (!t.loss_layers.empty()) {
+    s += " --loss-layers ";
+    for (size_t i = 0; i < t.loss_layers.size(); ++i) {
+      if (i) s += ',';
+      s += std::to_string(t.loss_layers[i]);
+    }
+  }
   if (t.loss_coeff != 1.0) {
     char b[32];
     std::snprintf(b, sizeof b, "%.17g", t.loss_coeff);
@@ -123,7 +172,17 @@ GoldenSet build_train(const Problem& p, const TrainSpec& t, const std::string& r
   require(p.n_seqs == 1, "golden --kind train: one sequence (nseq1); the loss's rows are one sequence's queries");
   (void)ref::train::parse_target(t.target);  // a bad name is refused before computing
   require(t.loss_coeff > 0 && std::isfinite(t.loss_coeff), "golden --kind train: --loss-coeff must be finite and > 0");
-  GoldenSet g = build(p, "stack", true, replay, impl);
+  require(!t.edges || (p.s_q >= 9 && p.index_topk >= 3),
+          "golden --kind train --train-edges: the edge rows need sq >= 9 and k >= 3 (rows 0-6 rewrite the attention's "
+          "indices, rows 7-8 have no indexer keys)");
+  const std::vector<bool> distilled = distilled_layers(p, t);  // refused before computing
+  const InputEdit no_keys = [](std::vector<ref::LayerInputs>& in) {
+    for (ref::LayerInputs& l : in)
+      for (int64_t r : kEdgeEmptyRows)
+        if (r < l.ke.numel()) l.ke[r] = l.ks[r];  // (Shared layers may carry no indexer inputs)
+  };
+  GoldenSet g = t.edges ? build(p, "attention-edge", true, replay, impl, nullptr, nullptr, no_keys)
+                        : build(p, "stack", true, replay, impl);
   g.manifest["kind"] = "train";
   const float sm = g.manifest["config"]["sm_scale"].get<float>();
   const json& layers = g.manifest["layers"];
@@ -131,7 +190,7 @@ GoldenSet build_train(const Problem& p, const TrainSpec& t, const std::string& r
   for (int l = 0; l < p.n_layers; ++l) attention_backward(g, p, "layers." + std::to_string(l) + ".", sm, k);
   json losses = json::array();
   for (int l = 0; l < p.n_layers; ++l) {
-    if (layers[size_t(l)]["kind"] != "full") continue;
+    if (layers[size_t(l)]["kind"] != "full" || !distilled[size_t(l)]) continue;
     std::vector<int> teachers = {l};
     if (t.target == "served-layers")
       for (int m = l + 1; m < p.n_layers; ++m)
@@ -157,6 +216,10 @@ GoldenSet build_train(const Problem& p, const TrainSpec& t, const std::string& r
       {"ds", "attn_bwd.ds is dL/d(scaled logit); TileLang's dS is sm_scale times it"},
       {"shared_layers", "no indexer loss on Shared layers; their attention's gradients flow through the shared positions"},
   };
+  if (t.edges)
+    g.manifest["train"]["edges"] = "attention indices of rows 0-6 rewritten as an attention-edge set's (all -1, leading and "
+                                   "middle -1, indices >= s_kv and INT_MIN, a duplicate, attn.topk_length 3 and 0); rows "
+                                   "7-8 have an empty indexer window (ke = ks): no keys, not counted in N";
   return g;
 }
 

@@ -27,6 +27,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "ref/problem.h"
 #include "tools/lib/golden.h"
@@ -40,7 +41,20 @@ struct TrainSpec {
   std::string target = "own-layer";  // or "served-layers"
   bool relu = true;                  // ReLU on the indexer's head scores (GLM-5: off)
   double loss_coeff = 1.0;
+  // The policies' edge cases in every layer (--train-edges yes): the attention's indices rewritten
+  // as an attention-edge set's rows 0-6 (an all -1 row, leading and middle -1, indices >= s_kv and
+  // INT_MIN, a duplicated index, attn.topk_length 3 and 0), and the indexer's window emptied on
+  // rows kEdgeEmptyRows (ke = ks: no valid key, so the loss's N counts s_q - 2 rows and those rows'
+  // own top-k, and hence their attention, are all -1). Needs s_q >= 9 and top-k >= 3.
+  bool edges = false;
+  // The layers whose indexer is distilled (--loss-layers): empty, every Full layer. A Shared layer
+  // is refused with the own-layer target (it has no indexer of its own: its positions are its
+  // source's); with served-layers it stands for its source, whose loss it teaches.
+  std::vector<int> loss_layers;
 };
+// "0,2" -> {0, 2}; Error naming the token otherwise.
+std::vector<int> parse_loss_layers(const std::string& text);
+inline constexpr int64_t kEdgeEmptyRows[] = {7, 8};
 
 // The train options as the CLI spells them: " --loss dense --train-target served-layers" (defaults left out).
 std::string train_options_text(const TrainSpec& t);

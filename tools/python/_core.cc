@@ -356,7 +356,8 @@ void bind_golden(nb::module_& m) {
     return g;
   });
   m.def("golden_train", [](const std::string& problem, const std::string& loss, const std::string& target, bool relu,
-                           double loss_coeff, const std::string& impl, const std::string& for_kernel, bool preset) {
+                           double loss_coeff, const std::string& impl, const std::string& for_kernel, bool preset,
+                           bool edges, const std::vector<int>& loss_layers) {
     require(loss == "sparse" || loss == "dense", "train: loss must be \"sparse\" or \"dense\", got '" + loss + "'");
     const Problem p = parse_problem(problem);
     golden::TrainSpec t;
@@ -364,6 +365,8 @@ void bind_golden(nb::module_& m) {
     t.target = target;
     t.relu = relu;
     t.loss_coeff = loss_coeff;
+    t.edges = edges;
+    t.loss_layers = loss_layers;
     // for_kernel: refused (every broken constraint listed) before computing; a preset computes with
     // simd unless impl is given, as the CLI's golden --preset.
     const kreg::Kernel* kern = for_kernel.empty() ? nullptr : &golden::check_train_kernel(for_kernel, p, t);

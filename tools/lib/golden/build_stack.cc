@@ -73,7 +73,7 @@ void slice_rows(ref::LayerInputs& in, int64_t begin, int64_t end) {
 }
 
 GoldenSet build(const Problem& p, const std::string& kind, bool with_logits, const std::string& replay, Impl impl,
-                const std::vector<int64_t>* rows, const RowPart* part) {
+                const std::vector<int64_t>* rows, const RowPart* part, const InputEdit& edit) {
   require(kind == "stack" || kind == "attention-edge" || kind == "decode",
           "golden: unknown kind '" + kind + "' (expected stack, attention-edge or decode)");
   require(!rows || kind == "stack", "golden: --rows (sampled query rows) works with --kind stack only, not '" + kind + "'");
@@ -99,6 +99,7 @@ GoldenSet build(const Problem& p, const std::string& kind, bool with_logits, con
     require(p.d_qk == paged::kFlashMlaDqk, "golden decode: the V32 FP8 KV cache needs dqk576");
     for (ref::LayerInputs& in : inputs) in.kv = paged::flashmla_quant_dequant(in.kv);
   }
+  if (edit) edit(inputs);
   return build_stack(p, std::move(inputs), kind, with_logits, replay, impl, rows, part);
 }
 

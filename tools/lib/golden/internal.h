@@ -60,7 +60,8 @@ unsigned kind_bit(const std::string& kind);
 // sampled with --rows); in sampled sets only; exactly when the manifest's `kernel` block names it
 // among its arguments (sets written --for a kernel that takes it); on Full layers only (a training
 // set's indexer loss).
-enum class Need { always, indexer, indexer_fp8, optional, optional_indexer, whole_rows, sampled, kernel_arg, full };
+// distilled: the layers a train set's manifest lists under train.indexer_losses.
+enum class Need { always, indexer, indexer_fp8, optional, optional_indexer, whole_rows, sampled, kernel_arg, full, distilled };
 
 struct TensorRule {
   const char* name;  // per-layer rules: the part after "layers.{l}."

@@ -343,6 +343,12 @@ void ManifestCheck::tensors_held() {
 // ... then every tensor a set of this kind must hold.
 void ManifestCheck::tensors_required() {
   const json& layers = m_["layers"];
+  const auto distilled = [&](int64_t l) {
+    if (!m_.contains("train") || !m_["train"].is_object() || !m_["train"].contains("indexer_losses")) return false;
+    for (const json& e : m_["train"]["indexer_losses"])
+      if (e.is_object() && e.contains("layer") && e["layer"].is_number_integer() && e["layer"].get<int64_t>() == l) return true;
+    return false;
+  };
   for (const TensorRule& r : tensor_rules()) {
     if (!(r.kinds & kbit_)) continue;
     for (int64_t l = r.per_layer ? 0 : -1; l < (r.per_layer ? n_layers_ : 0); ++l) {
@@ -350,7 +356,8 @@ void ManifestCheck::tensors_required() {
       const bool needed = r.need == Need::always || (r.need == Need::indexer && has_ix) ||
                           (r.need == Need::indexer_fp8 && has_ix && fp8_) || (r.need == Need::whole_rows && !sampled_) ||
                           (r.need == Need::sampled && sampled_) || (r.need == Need::kernel_arg && kernel_args_.count(r.name)) ||
-                          (r.need == Need::full && layers[size_t(l)]["kind"] == "full");
+                          (r.need == Need::full && layers[size_t(l)]["kind"] == "full") ||
+                          (r.need == Need::distilled && distilled(l));
       const std::string name = l >= 0 ? "layers." + std::to_string(l) + "." + r.name : std::string(r.name);
       if (needed && !g_.data.find(name)) fail("kind", "is '" + kind_ + "', but tensor '" + name + "' is missing (a " + kind_ + " set holds it)");
     }

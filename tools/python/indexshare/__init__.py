@@ -7,6 +7,7 @@ index sharing, as a Python package (the C++ library the ``indexshare`` CLI stand
     report = indexshare.diff(g, {"layers.0.attn.out": my_out})              # the CLI's judgement
     indexshare.testing.assert_matches(g, candidate)                         # in a pytest
     indexshare.module.indexer_module("tiny-glm", w, x, qr)                  # module-level steps
+    indexshare.train.assert_attention_backward(MyMLA.apply, train_set)      # a training kernel's gradients
 
 See README.md "Python" and tools/README.md "Validate your kernel".
 """
@@ -15,7 +16,7 @@ from ._golden import GoldenSet, LoadedGolden, Problem, cost, golden, load_golden
 from ._diff import Report, diff, save_candidate
 from .kernels import (Attention, dense_attention, get_num_threads, indexer_logits, indexer_topk, run_stack,
                       set_num_threads, sparse_attention, topk)
-from . import module, testing
+from . import module, testing, train
 from .kernels import AttentionBackward, sparse_attention_backward
 
 __version__ = _load_core().version
@@ -23,4 +24,4 @@ __version__ = _load_core().version
 __all__ = ["Problem", "GoldenSet", "LoadedGolden", "golden", "load_golden", "overlap", "cost", "presets", "Report", "diff",
            "save_candidate", "Attention", "indexer_logits", "topk", "indexer_topk", "sparse_attention",
            "dense_attention", "run_stack", "set_num_threads", "get_num_threads", "module", "testing"]
-__all__ += ["AttentionBackward", "sparse_attention_backward"]
+__all__ += ["AttentionBackward", "sparse_attention_backward", "train"]

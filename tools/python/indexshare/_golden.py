@@ -175,7 +175,8 @@ def golden(problem=None, *, preset: str | None = None, model: str | None = None,
                the dump raises ValueError naming both values
       problem with kind="train"  a training set (``--kind train``; the problem needs indexer=bf16): the
                stack's forward and its exact backward; ``train`` = {"loss": "sparse" | "dense",
-               "target": "own-layer" | "served-layers", "relu": bool, "loss_coeff": float}; also a
+               "target": "own-layer" | "served-layers", "relu": bool, "loss_coeff": float, "edges": bool
+               (``--train-edges``), "loss_layers": [int] (``--loss-layers``)}; also a
                train preset= (written for its kernel), and for_kernel= a training kernel
                (tilelang-sparse-mla-bwd, megatron-dsa-indexer-loss; implies kind="train")
     Kernel-level sets (problem= or a kernel-level preset=) also take
@@ -217,9 +218,12 @@ def golden(problem=None, *, preset: str | None = None, model: str | None = None,
         _refuse("a training set", "it takes its sizes and seed from problem=", rows=rows, layers=layers,
                 seq=seq, seed=seed, schedule=schedule, sim=sim, variant=variant)
         t = dict(train or {})
-        unknown = set(t) - {"loss", "target", "relu", "loss_coeff"}
+        unknown = set(t) - {"loss", "target", "relu", "loss_coeff", "edges", "loss_layers"}
         if unknown:
-            raise ValueError(f"train: unknown keys {sorted(unknown)} (loss, target, relu, loss_coeff)")
+            raise ValueError(f"train: unknown keys {sorted(unknown)} (loss, target, relu, loss_coeff, edges, loss_layers)")
+        loss_layers = t.get("loss_layers") or []
+        if isinstance(loss_layers, (int, str)) or not all(isinstance(x, int) and x >= 0 for x in loss_layers):
+            raise ValueError(f"train: loss_layers must be a list of layer numbers, got {loss_layers!r}")
         text, kern = str(Problem(problem)) if problem is not None else None, for_kernel or ""
         if preset is not None:
             pr = [p for p in presets() if p["name"] == preset][0]
@@ -227,7 +231,8 @@ def golden(problem=None, *, preset: str | None = None, model: str | None = None,
                 raise ValueError(f"golden: preset '{preset}' is written for {pr['kernel']}, not for_kernel={kern}")
             text, kern = pr["problem"], kern or pr["kernel"]
         h = core().golden_train(text, t.get("loss", "sparse"), t.get("target", "own-layer"), bool(t.get("relu", True)),
-                                float(t.get("loss_coeff", 1.0)), impl or "", kern, preset is not None)
+                                float(t.get("loss_coeff", 1.0)), impl or "", kern, preset is not None,
+                                bool(t.get("edges", False)), [int(x) for x in loss_layers])
         return GoldenSet(h, framework)
     given = [n for n, v in (("problem", problem), ("preset", preset), ("model", model)) if v is not None]
     if len(given) != 1:
