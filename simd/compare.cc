@@ -225,6 +225,47 @@ HWY_INLINE ExpRange RangeOfBf16(const uint16_t* x, int64_t n) {
 constexpr size_t kEmuKeys = 4, kEmuHeadVecs = 2;  // pass 1 tile: 4 keys x 2 vectors of heads
 constexpr size_t kEmuPVHeads = 4, kEmuPVVecs = 2;  // pass 3 tile: 4 heads x 2 vectors of columns
 
+// EmulateChunk's pass 2 for query row t: ref's per-head loops with lanes over heads (P is [i][hp]):
+// the max (from -inf, i ascending, as std::max: m < x ? x : m), then exp(p - m) by the C library's
+// float exp element by element, the sum (i ascending), and lse and the sink factor per head; p is
+// then rounded to bf16 in place (what pass 3 multiplies). Padding heads are zeroed (finite, never
+// stored).
+// mx, lv: scratch of hp floats; factor[h]: the output's 1 / l times the sink factor.
+HWY_INLINE void EmuSoftmax(const detail::AttentionView& v, int64_t t, float* P, int64_t n, int64_t hp, float* mx, float* lv,
+                           float* factor, float* lse_out, float* max_out) {
+  const DF32 df;
+  const int64_t N = int64_t(hn::Lanes(df));
+  const int64_t h_q = v.h_q;
+  for (int64_t h0 = 0; h0 < hp; h0 += N) {
+    VF32 m = hn::Set(df, -std::numeric_limits<float>::infinity());
+    for (int64_t i = 0; i < n; ++i) {
+      const VF32 x = hn::Load(df, P + i * hp + h0);
+      m = hn::IfThenElse(hn::Lt(m, x), x, m);
+    }
+    hn::Store(m, df, mx + h0);
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    float* pi = P + i * hp;
+    for (int64_t h = 0; h < h_q; ++h) pi[h] = std::exp(pi[h] - mx[h]);
+    for (int64_t h = h_q; h < hp; ++h) pi[h] = 0.0f;
+  }
+  for (int64_t h0 = 0; h0 < hp; h0 += N) {
+    VF32 l = hn::Zero(df);
+    for (int64_t i = 0; i < n; ++i) l = hn::Add(l, hn::Load(df, P + i * hp + h0));
+    hn::Store(l, df, lv + h0);
+  }
+  for (int64_t h = 0; h < h_q; ++h) {
+    const float m = mx[h], l = lv[h];
+    const float lse = m + std::log(l);
+    float f = 1.0f / l;
+    if (v.sink) f *= 1.0f / (1.0f + std::exp(v.sink[h] - lse));
+    factor[size_t(h)] = f;
+    lse_out[t * h_q + h] = lse;
+    max_out[t * h_q + h] = m;
+  }
+  for (int64_t e = 0; e < n * hp; e += N) hn::Store(RoundBf16(df, hn::Load(df, P + e)), df, P + e);
+}
+
 // ref's emulate_attention_lowp for query rows [t0, t1).
 void EmulateChunk(const detail::AttentionView& v, int64_t t0, int64_t t1, float* out, uint16_t* out_bf16,
                   float* lse_out, float* max_out, int kv_lo, int kv_hi, bool kv_finite) {
@@ -286,42 +327,8 @@ void EmulateChunk(const detail::AttentionView& v, int64_t t0, int64_t t1, float*
     for (; i0 < n; ++i0)
       for (int64_t h0 = 0; h0 < hp; h0 += hv)
         EmuDotTile<1, kEmuHeadVecs, false>(qt.get() + h0, hp, kf.get() + i0 * dpad, dpad, d_qk, sm, P + i0 * hp + h0);
-    // Pass 2, ref's per-head loops with lanes over heads (P is [i][hp]): the max (from -inf, i
-    // ascending, as std::max: m < x ? x : m), then exp(p - m) by the C library's float exp element
-    // by element, the sum (i ascending), and lse and the sink factor per head; p is then rounded to
-    // bf16 in place (what pass 3 multiplies). Padding heads are zeroed (finite, never stored).
-    {
-      float* mx = mbuf.get();
-      float* lv = lbuf.get();
-      for (int64_t h0 = 0; h0 < hp; h0 += N) {
-        VF32 m = hn::Set(df, -std::numeric_limits<float>::infinity());
-        for (int64_t i = 0; i < n; ++i) {
-          const VF32 x = hn::Load(df, P + i * hp + h0);
-          m = hn::IfThenElse(hn::Lt(m, x), x, m);
-        }
-        hn::Store(m, df, mx + h0);
-      }
-      for (int64_t i = 0; i < n; ++i) {
-        float* pi = P + i * hp;
-        for (int64_t h = 0; h < h_q; ++h) pi[h] = std::exp(pi[h] - mx[h]);
-        for (int64_t h = h_q; h < hp; ++h) pi[h] = 0.0f;
-      }
-      for (int64_t h0 = 0; h0 < hp; h0 += N) {
-        VF32 l = hn::Zero(df);
-        for (int64_t i = 0; i < n; ++i) l = hn::Add(l, hn::Load(df, P + i * hp + h0));
-        hn::Store(l, df, lv + h0);
-      }
-      for (int64_t h = 0; h < h_q; ++h) {
-        const float m = mx[h], l = lv[h];
-        const float lse = m + std::log(l);
-        float f = 1.0f / l;
-        if (v.sink) f *= 1.0f / (1.0f + std::exp(v.sink[h] - lse));
-        factor[size_t(h)] = f;
-        lse_out[t * h_q + h] = lse;
-        max_out[t * h_q + h] = m;
-      }
-      for (int64_t e = 0; e < n * hp; e += N) hn::Store(RoundBf16(df, hn::Load(df, P + e)), df, P + e);
-    }
+    // Pass 2: the softmax per head, p rounded to bf16 in place (EmuSoftmax).
+    EmuSoftmax(v, t, P, n, hp, mbuf.get(), lbuf.get(), factor.data(), lse_out, max_out);
     const bool fused3 = RangeOfF32(P, n * hp).exact_with(kvr);
     // Pass 3: acc[h][c] = sum_i bf16(p[i][h]) * V_i[c], a column strip at a time (the strip of V
     // stays in L1 for every head tile).
