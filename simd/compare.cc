@@ -477,6 +477,144 @@ constexpr int64_t kBoundABlock = 32;
 constexpr double kBf16U = 0x1p-8, kF32E = 0x1p-24;
 HWY_INLINE double Inflate(double m) { return 1 + 2 * m * kF32E; }
 
+// q of one query row (bf16 codes [h_q][d_qk]) transposed to qt [d][h] (rows of hp floats) in blocks
+// of 16 heads x 32 d, so that reads and writes stay in L1.
+HWY_INLINE void TransposeQRow(const uint16_t* qrow16, int64_t h_q, int64_t d_qk, int64_t hp, float* qt) {
+  for (int64_t hb = 0; hb < h_q; hb += 16)
+    for (int64_t db = 0; db < d_qk; db += 32) {
+      const int64_t he = std::min(h_q, hb + 16), de = std::min(d_qk, db + 32);
+      for (int64_t d = db; d < de; ++d)
+        for (int64_t h = hb; h < he; ++h) qt[size_t(d * hp + h)] = bf16_to_f32(bf16_t{qrow16[h * d_qk + d]});
+    }
+}
+
+// BoundsChunk's pass 2 for one query row, ref's per-head loops with lanes over heads (a vector of
+// heads at a time, i ascending in every sum): Gm over the f32 magnitudes (widening to double is exact and keeps their order,
+// so the maximum, and std::max's choice on NaN, is ref's without a double copy of MA); then per
+// vector of heads the logits p = double(dot) * sm_scale (an exact widening, then ref's product)
+// and m (std::max); z = p - m (the direction's, where ref copies the logits first) and p =
+// exp(z) by exp_portable in lanes (simd/exp-inl.h: ref's bits), summed into l; the weights p / l
+// (IEEE division, the same in a lane), to f32 rounded up to 16 significant bits (ref's
+// round_up_16(float(p / l))), and zbar = sum_i (p_i / l) z_i; u_i = round_16(float((p_i / l)
+// (z_i - zbar))). Padding heads' weights: 0.
+// In: DT, MA (pass 1's dot and mag, [n][hp]). Out: G (the maximum magnitude per head), P (the
+// weights in double with the direction, else exp(z)), MG (z, with the direction), W and U (the
+// f32 weights and u), mv, lv and zb per head (m, l, zbar). gf: scratch of hp floats.
+HWY_INLINE void BoundSoftmax(const float* DT, const float* MA, int64_t n, int64_t hp, int64_t h_q, double scale, bool dir,
+                             float* gf, double* G, double* P, double* MG, float* W, float* U, double* mv, double* lv,
+                             double* zb) {
+  const DF64 d64;
+  const DF32 df;
+  const int64_t N = int64_t(hn::Lanes(d64)), NF = int64_t(hn::Lanes(df));
+  for (int64_t h0 = 0; h0 < hp; h0 += NF) {
+    VF32 g = hn::Zero(df);
+    for (int64_t i = 0; i < n; ++i) {
+      const VF32 x = hn::Load(df, MA + i * hp + h0);
+      g = hn::IfThenElse(hn::Lt(g, x), x, g);
+    }
+    hn::StoreU(g, df, gf + h0);
+  }
+  for (int64_t h = 0; h < hp; ++h) G[h] = double(gf[h]);
+  {
+    const hn::Rebind<float, DF64> dh;
+    const VF64 vscale = hn::Set(d64, scale);
+    for (int64_t h0 = 0; h0 < hp; h0 += N) {
+      const auto real = hn::FirstN(d64, size_t(std::max<int64_t>(0, std::min<int64_t>(N, h_q - h0))));
+      VF64 m = hn::Set(d64, -std::numeric_limits<double>::infinity());
+      for (int64_t i = 0; i < n; ++i) {
+        const VF64 y = hn::Mul(hn::PromoteTo(d64, hn::LoadU(dh, DT + i * hp + h0)), vscale);
+        hn::Store(y, d64, P + i * hp + h0);
+        m = hn::IfThenElse(hn::Lt(m, y), y, m);
+      }
+      hn::StoreU(m, d64, mv + h0);
+      VF64 sum = hn::Zero(d64);
+      for (int64_t i = 0; i < n; ++i) {
+        const VF64 z = hn::Sub(hn::Load(d64, P + i * hp + h0), m);
+        if (dir) hn::Store(z, d64, MG + i * hp + h0);
+        const VF64 e = ExpPortable(d64, z);
+        hn::Store(e, d64, P + i * hp + h0);
+        sum = hn::Add(sum, e);
+      }
+      hn::StoreU(sum, d64, lv + h0);
+      VF64 zs = hn::Zero(d64);
+      for (int64_t i = 0; i < n; ++i) {
+        const VF64 w = hn::IfThenElseZero(real, hn::Div(hn::Load(d64, P + i * hp + h0), sum));
+        hn::StoreU(Round16(dh, hn::DemoteTo(dh, w), 0xFFu), dh, W + i * hp + h0);
+        if (dir) {
+          hn::Store(w, d64, P + i * hp + h0);
+          zs = hn::Add(zs, hn::Mul(w, hn::Load(d64, MG + i * hp + h0)));
+        }
+      }
+      if (!dir) continue;
+      hn::StoreU(zs, d64, zb + h0);
+      for (int64_t i = 0; i < n; ++i) {
+        const VF64 u = hn::Mul(hn::Load(d64, P + i * hp + h0), hn::Sub(hn::Load(d64, MG + i * hp + h0), zs));
+        hn::StoreU(Round16(dh, hn::DemoteTo(dh, u), 0x80u), dh, U + i * hp + h0);
+      }
+    }
+  }
+}
+
+// BoundsChunk's bounds of query row t, ref's expressions element by element: out [h_q, d_v] from
+// A (and the direction's sm_out from Dv), lse and max_logits per head; n: the row's valid keys.
+HWY_INLINE void BoundRow(const detail::AttentionView& v, int64_t t, int64_t n, const double* G, const float* A, const float* Dv,
+                         int64_t dvp, const double* mv, const double* lv, const double* zb, bool dir, const float* exact_out,
+                         const float* exact_lse, const float* exact_max, float* b_out, float* b_lse, float* b_max,
+                         float* sm_out, float* sm_lse) {
+  const DF64 d64;
+  const int64_t N = int64_t(hn::Lanes(d64));
+  const int64_t h_q = v.h_q, d_qk = v.d_qk, d_v = v.d_v;
+  const double sm = std::fabs(v.sm_scale), k = double(n);
+  for (int64_t h = 0; h < h_q; ++h) {
+    const int64_t th = t * h_q + h;
+    const double Gh = sm * G[h] * Inflate(double(d_qk) + 1);
+    const double delta = 2 * (double(d_qk) + 1) * kF32E * Gh;
+    const double logit_err = (double(d_qk) + 2) * kF32E * Gh;
+    const double A_up = std::exp(2 * delta) * Inflate(k + 2);
+    const float* a = A + h * dvp;
+    const double coef = (k + 8) * kF32E + 2 * logit_err;
+    // ref's expression in double lanes (a multiply or an add per step, as ref's: no fusion),
+    // then bound_f32: the demoted value, one ulp up (bits + 1: bounds are >= 0) where it fell below.
+    const hn::Rebind<float, DF64> dh;
+    const hn::Rebind<int32_t, DF64> di32;
+    const VF64 vu = hn::Set(d64, kBf16U), vup = hn::Set(d64, A_up), vcoef = hn::Set(d64, coef),
+               vmul = hn::Set(d64, cmp::kAttentionMultiple);
+    int64_t c = 0;
+    for (; c + N <= d_v; c += N) {
+      const VF64 Ac = hn::Mul(hn::PromoteTo(d64, hn::LoadU(dh, a + c)), vup);
+      const VF64 o = hn::Abs(hn::PromoteTo(d64, hn::LoadU(dh, exact_out + th * d_v + c)));
+      const VF64 r = hn::Mul(vmul, hn::Add(hn::Add(hn::Mul(vu, o), hn::Mul(vu, Ac)), hn::Mul(vcoef, Ac)));
+      const auto f = hn::DemoteTo(dh, r);
+      const auto up = hn::DemoteTo(di32, hn::IfThenElseZero(hn::Lt(hn::PromoteTo(d64, f), r), hn::Set(d64, 1.0)));
+      hn::StoreU(hn::BitCast(dh, hn::Add(hn::BitCast(di32, f), up)), dh, b_out + th * d_v + c);
+    }
+    for (; c < d_v; ++c) {
+      const double Ac = double(a[c]) * A_up;
+      const double o = std::fabs(double(exact_out[th * d_v + c]));
+      const double bound = kBf16U * o + kBf16U * Ac + ((k + 8) * kF32E + 2 * logit_err) * Ac;
+      b_out[th * d_v + c] = cmp::bound_f32(cmp::kAttentionMultiple * bound);
+    }
+    b_lse[th] = cmp::bound_f32(cmp::kAttentionMultiple * (logit_err + (k + 8) * kF32E + 2 * kF32E * std::fabs(double(exact_lse[th]))));
+    b_max[th] = cmp::bound_f32(cmp::kAttentionMultiple * (logit_err + kF32E * std::fabs(double(exact_max[th]))));
+    if (!dir) continue;
+    // ref's direction expressions element by element.
+    const double mh = mv[h], sbar = mh + zb[h], lse = mh + std::log(lv[h]);
+    const double f = v.sink ? 1.0 / (1.0 + std::exp(double(v.sink[h]) - lse)) : 1.0;
+    const float* dd = Dv + h * dvp;
+    // ref's float(f * D + (1 - f) * sbar * out) in double lanes ((1 - f) * sbar first, as there).
+    const double g = (1 - f) * sbar;
+    const VF64 vf = hn::Set(d64, f), vg = hn::Set(d64, g);
+    c = 0;
+    for (; c + N <= d_v; c += N) {
+      const VF64 r = hn::Add(hn::Mul(vf, hn::PromoteTo(d64, hn::LoadU(dh, dd + c))),
+                             hn::Mul(vg, hn::PromoteTo(d64, hn::LoadU(dh, exact_out + th * d_v + c))));
+      hn::StoreU(hn::DemoteTo(dh, r), dh, sm_out + th * d_v + c);
+    }
+    for (; c < d_v; ++c) sm_out[th * d_v + c] = float(f * double(dd[c]) + g * double(exact_out[th * d_v + c]));
+    sm_lse[th] = float(sbar);
+  }
+}
+
 // ref's attention_bounds for query rows [t0, t1): out [s_q, h_q, d_v], lse / max [s_q, h_q]
 // (zero-initialised by the caller: empty rows keep bound 0); with sm_out / sm_lse (else null)
 // attention_bounds_sm's softmax-scale direction too (v.sink: the sink of its factor f). kv_lo,
@@ -498,7 +636,7 @@ void BoundsChunk(const detail::AttentionView& v, const float* exact_out, const f
   const int64_t hp = RoundUp(h_q, std::max<int64_t>({hv, int64_t(kBoundAHeads), N}));
   const int64_t cw = int64_t(kBoundAVecs) * NF;
   const int64_t dpad = RoundUp(d_qk, cw), dvp = RoundUp(d_v, cw);  // V: the first d_v columns of a kv row
-  const double sm = std::fabs(v.sm_scale), scale = v.sm_scale;
+  const double scale = v.sm_scale;
   auto qt = hwy::AllocateAligned<float>(size_t(d_qk * hp));
   auto A = hwy::AllocateAligned<float>(size_t(hp * dvp));
   auto Dv = hwy::AllocateAligned<float>(size_t(dir ? hp * dvp : 1));
@@ -516,7 +654,6 @@ void BoundsChunk(const detail::AttentionView& v, const float* exact_out, const f
     ValidRows(v, t, rows);
     const int64_t n = int64_t(rows.size());
     if (n == 0) continue;  // out 0, lse +inf, max -inf: exact, bound 0
-    const double k = double(n);
     if (n > cap) {
       cap = n;
       if (!kvf) {  // the rows of k, then those of |k|
@@ -534,12 +671,7 @@ void BoundsChunk(const detail::AttentionView& v, const float* exact_out, const f
     // the kv rows in f32 (and |k|), zeros past d_qk. qr: the row's exponent range (ExpRange, on
     // the bf16 bits: the f32 value's bits are bits << 16), in one branch-free pass.
     const uint16_t* qrow16 = v.q + t * h_q * d_qk;
-    for (int64_t hb = 0; hb < h_q; hb += 16)
-      for (int64_t db = 0; db < d_qk; db += 32) {
-        const int64_t he = std::min(h_q, hb + 16), de = std::min(d_qk, db + 32);
-        for (int64_t d = db; d < de; ++d)
-          for (int64_t h = hb; h < he; ++h) qt[size_t(d * hp + h)] = bf16_to_f32(bf16_t{qrow16[h * d_qk + d]});
-      }
+    TransposeQRow(qrow16, h_q, d_qk, hp, qt.get());
     const ExpRange qr = RangeOfBf16(qrow16, h_q * d_qk);
     const bool fused = qr.exact_with(kvr);
     kp.resize(size_t(n));
@@ -572,64 +704,9 @@ void BoundsChunk(const detail::AttentionView& v, const float* exact_out, const f
                                                MA + i0 * hp + h0);
     double* P = pbuf.get();
     double* MG = mbuf.get();
-    // Pass 2, ref's per-head loops with lanes over heads (a vector of heads at a time, i ascending
-    // in every sum): Gm over the f32 magnitudes (widening to double is exact and keeps their order,
-    // so the maximum, and std::max's choice on NaN, is ref's without a double copy of MA); then per
-    // vector of heads the logits p = double(dot) * sm_scale (an exact widening, then ref's product)
-    // and m (std::max); z = p - m (the direction's, where ref copies the logits first) and p =
-    // exp(z) by exp_portable in lanes (simd/exp-inl.h: ref's bits), summed into l; the weights p / l
-    // (IEEE division, the same in a lane), to f32 rounded up to 16 significant bits (ref's
-    // round_up_16(float(p / l))), and zbar = sum_i (p_i / l) z_i; u_i = round_16(float((p_i / l)
-    // (z_i - zbar))). Padding heads' weights: 0.
-    for (int64_t h0 = 0; h0 < hp; h0 += NF) {
-      VF32 g = hn::Zero(df);
-      for (int64_t i = 0; i < n; ++i) {
-        const VF32 x = hn::Load(df, MA + i * hp + h0);
-        g = hn::IfThenElse(hn::Lt(g, x), x, g);
-      }
-      hn::StoreU(g, df, gf.data() + h0);
-    }
-    for (int64_t h = 0; h < hp; ++h) G[size_t(h)] = double(gf[size_t(h)]);
-    {
-      const hn::Rebind<float, DF64> dh;
-      const VF64 vscale = hn::Set(d64, scale);
-      float* W = wbuf.get();
-      float* U = ubuf.get();
-      for (int64_t h0 = 0; h0 < hp; h0 += N) {
-        const auto real = hn::FirstN(d64, size_t(std::max<int64_t>(0, std::min<int64_t>(N, h_q - h0))));
-        VF64 m = hn::Set(d64, -std::numeric_limits<double>::infinity());
-        for (int64_t i = 0; i < n; ++i) {
-          const VF64 y = hn::Mul(hn::PromoteTo(d64, hn::LoadU(dh, DT + i * hp + h0)), vscale);
-          hn::Store(y, d64, P + i * hp + h0);
-          m = hn::IfThenElse(hn::Lt(m, y), y, m);
-        }
-        hn::StoreU(m, d64, mv.data() + h0);
-        VF64 sum = hn::Zero(d64);
-        for (int64_t i = 0; i < n; ++i) {
-          const VF64 z = hn::Sub(hn::Load(d64, P + i * hp + h0), m);
-          if (dir) hn::Store(z, d64, MG + i * hp + h0);
-          const VF64 e = ExpPortable(d64, z);
-          hn::Store(e, d64, P + i * hp + h0);
-          sum = hn::Add(sum, e);
-        }
-        hn::StoreU(sum, d64, lv.data() + h0);
-        VF64 zs = hn::Zero(d64);
-        for (int64_t i = 0; i < n; ++i) {
-          const VF64 w = hn::IfThenElseZero(real, hn::Div(hn::Load(d64, P + i * hp + h0), sum));
-          hn::StoreU(Round16(dh, hn::DemoteTo(dh, w), 0xFFu), dh, W + i * hp + h0);
-          if (dir) {
-            hn::Store(w, d64, P + i * hp + h0);
-            zs = hn::Add(zs, hn::Mul(w, hn::Load(d64, MG + i * hp + h0)));
-          }
-        }
-        if (!dir) continue;
-        hn::StoreU(zs, d64, zb.data() + h0);
-        for (int64_t i = 0; i < n; ++i) {
-          const VF64 u = hn::Mul(hn::Load(d64, P + i * hp + h0), hn::Sub(hn::Load(d64, MG + i * hp + h0), zs));
-          hn::StoreU(Round16(dh, hn::DemoteTo(dh, u), 0x80u), dh, U + i * hp + h0);
-        }
-      }
-    }
+    // Pass 2: the softmax weights per head, in lanes over heads (BoundSoftmax).
+    BoundSoftmax(DT, MA, n, hp, h_q, scale, dir, gf.data(), G.data(), P, MG, wbuf.get(), ubuf.get(), mv.data(), lv.data(),
+                 zb.data());
     // Fused multiply-adds where every product of the weights (and of u) with V is exact.
     const bool fusedA = RangeOfF32(wbuf.get(), n * hp).exact16_with(kvr) && (!dir || RangeOfF32(ubuf.get(), n * hp).exact16_with(kvr));
     // A_c (and the direction's D_c) per head in f32 (|V| taken on load): blocks of kBoundABlock
@@ -655,55 +732,9 @@ void BoundsChunk(const detail::AttentionView& v, const float* exact_out, const f
         }
       }
     }
-    // The bounds, ref's expressions element by element.
-    for (int64_t h = 0; h < h_q; ++h) {
-      const int64_t th = t * h_q + h;
-      const double Gh = sm * G[size_t(h)] * Inflate(double(d_qk) + 1);
-      const double delta = 2 * (double(d_qk) + 1) * kF32E * Gh;
-      const double logit_err = (double(d_qk) + 2) * kF32E * Gh;
-      const double A_up = std::exp(2 * delta) * Inflate(k + 2);
-      const float* a = A.get() + h * dvp;
-      const double coef = (k + 8) * kF32E + 2 * logit_err;
-      // ref's expression in double lanes (a multiply or an add per step, as ref's: no fusion),
-      // then bound_f32: the demoted value, one ulp up (bits + 1: bounds are >= 0) where it fell below.
-      const hn::Rebind<float, DF64> dh;
-      const hn::Rebind<int32_t, DF64> di32;
-      const VF64 vu = hn::Set(d64, kBf16U), vup = hn::Set(d64, A_up), vcoef = hn::Set(d64, coef),
-                 vmul = hn::Set(d64, cmp::kAttentionMultiple);
-      int64_t c = 0;
-      for (; c + N <= d_v; c += N) {
-        const VF64 Ac = hn::Mul(hn::PromoteTo(d64, hn::LoadU(dh, a + c)), vup);
-        const VF64 o = hn::Abs(hn::PromoteTo(d64, hn::LoadU(dh, exact_out + th * d_v + c)));
-        const VF64 r = hn::Mul(vmul, hn::Add(hn::Add(hn::Mul(vu, o), hn::Mul(vu, Ac)), hn::Mul(vcoef, Ac)));
-        const auto f = hn::DemoteTo(dh, r);
-        const auto up = hn::DemoteTo(di32, hn::IfThenElseZero(hn::Lt(hn::PromoteTo(d64, f), r), hn::Set(d64, 1.0)));
-        hn::StoreU(hn::BitCast(dh, hn::Add(hn::BitCast(di32, f), up)), dh, b_out + th * d_v + c);
-      }
-      for (; c < d_v; ++c) {
-        const double Ac = double(a[c]) * A_up;
-        const double o = std::fabs(double(exact_out[th * d_v + c]));
-        const double bound = kBf16U * o + kBf16U * Ac + ((k + 8) * kF32E + 2 * logit_err) * Ac;
-        b_out[th * d_v + c] = cmp::bound_f32(cmp::kAttentionMultiple * bound);
-      }
-      b_lse[th] = cmp::bound_f32(cmp::kAttentionMultiple * (logit_err + (k + 8) * kF32E + 2 * kF32E * std::fabs(double(exact_lse[th]))));
-      b_max[th] = cmp::bound_f32(cmp::kAttentionMultiple * (logit_err + kF32E * std::fabs(double(exact_max[th]))));
-      if (!dir) continue;
-      // ref's direction expressions element by element.
-      const double mh = mv[size_t(h)], sbar = mh + zb[size_t(h)], lse = mh + std::log(lv[size_t(h)]);
-      const double f = v.sink ? 1.0 / (1.0 + std::exp(double(v.sink[h]) - lse)) : 1.0;
-      const float* dd = Dv.get() + h * dvp;
-      // ref's float(f * D + (1 - f) * sbar * out) in double lanes ((1 - f) * sbar first, as there).
-      const double g = (1 - f) * sbar;
-      const VF64 vf = hn::Set(d64, f), vg = hn::Set(d64, g);
-      c = 0;
-      for (; c + N <= d_v; c += N) {
-        const VF64 r = hn::Add(hn::Mul(vf, hn::PromoteTo(d64, hn::LoadU(dh, dd + c))),
-                               hn::Mul(vg, hn::PromoteTo(d64, hn::LoadU(dh, exact_out + th * d_v + c))));
-        hn::StoreU(hn::DemoteTo(dh, r), dh, sm_out + th * d_v + c);
-      }
-      for (; c < d_v; ++c) sm_out[th * d_v + c] = float(f * double(dd[c]) + g * double(exact_out[th * d_v + c]));
-      sm_lse[th] = float(sbar);
-    }
+    // The bounds, ref's expressions element by element (BoundRow).
+    BoundRow(v, t, n, G.data(), A.get(), Dv.get(), dvp, mv.data(), lv.data(), zb.data(), dir, exact_out, exact_lse, exact_max,
+             b_out, b_lse, b_max, sm_out, sm_lse);
   }
 }
 }  // namespace indexshare::simd::HWY_NAMESPACE
