@@ -510,6 +510,80 @@ HWY_INLINE void SoftmaxStats(double* HWY_RESTRICT p, int64_t hs, int64_t n, doub
   }
 }
 
+// The kv rows query row t attends: its window [ks, ke) (dense), or its valid indices (topk_length
+// slots; -1 and out-of-range ones skipped) sorted ascending, duplicates kept (sparse).
+HWY_INLINE void AttentionRows(const detail::AttentionView& v, int64_t t, std::vector<int64_t>& rows,
+                              std::vector<int64_t>& sort_tmp) {
+  rows.clear();
+  if (v.dense) {
+    for (int64_t i = v.ks[t]; i < v.ke[t]; ++i) rows.push_back(i);
+  } else {
+    const int64_t len = v.topk_length ? v.topk_length[t] : v.topk;
+    for (int64_t j = 0; j < len; ++j) {
+      const int64_t i = v.indices[t * v.topk + j];
+      if (0 <= i && i < v.s_kv) rows.push_back(i);
+    }
+    SortRows(rows, v.s_kv, sort_tmp);
+  }
+}
+
+// Pass 2 of query row t: the softmax statistics (SoftmaxStats: max and sum per head, lanes over
+// heads, two vectors at a time; P [n keys][hs] becomes exp(p - m)), then per head lse, max_logits
+// and the output's factor 1 / l (times the sink's 1 / (1 + exp(sink - lse))). mx, l: scratch of hs
+// doubles.
+HWY_INLINE void AttentionSoftmax(const detail::AttentionView& v, int64_t t, double* P, int64_t hs, int64_t n,
+                                 double* mx, double* l, double* factor, float* lse_out, float* max_out) {
+  const DF64 d;
+  const int64_t N = int64_t(hn::Lanes(d));
+  const int64_t h_q = v.h_q;
+  {
+    int64_t h0 = 0;
+    for (; h0 + 2 * N <= hs; h0 += 2 * N) SoftmaxStats<2>(P + h0, hs, n, mx + h0, l + h0);
+    for (; h0 < hs; h0 += N) SoftmaxStats<1>(P + h0, hs, n, mx + h0, l + h0);
+  }
+  for (int64_t h = 0; h < h_q; ++h) {
+    const double lse = mx[h] + std::log(l[h]);
+    double f = 1.0 / l[h];
+    if (v.sink) f *= 1.0 / (1.0 + indexshare::exp_portable(double(v.sink[h]) - lse));
+    factor[size_t(h)] = f;
+    lse_out[t * h_q + h] = float(lse);
+    max_out[t * h_q + h] = float(mx[h]);
+  }
+}
+
+// Query row t without keys (a lonely query, FlashMLA HEAD convention): out 0, lse +inf, max_logits
+// -inf.
+HWY_INLINE void StoreEmptyRow(const detail::AttentionView& v, int64_t t, float* out, uint16_t* out_bf16, float* lse_out,
+                              float* max_out) {
+  const int64_t h_q = v.h_q, d_v = v.d_v;
+  std::fill(out + t * h_q * d_v, out + (t + 1) * h_q * d_v, 0.0f);
+  std::fill(out_bf16 + t * h_q * d_v, out_bf16 + (t + 1) * h_q * d_v, uint16_t{0});
+  for (int64_t h = 0; h < h_q; ++h) {
+    lse_out[t * h_q + h] = std::numeric_limits<float>::infinity();
+    max_out[t * h_q + h] = -std::numeric_limits<float>::infinity();
+  }
+}
+
+// The outputs of query row t from acc [h_q][dvp]: out = f32(acc * factor) (one rounding, as ref),
+// and its bf16.
+HWY_INLINE void StoreAttentionRow(const detail::AttentionView& v, int64_t t, const double* acc, int64_t dvp,
+                                  const double* factor, float* out, uint16_t* out_bf16) {
+  const DF64 d;
+  const int64_t N = int64_t(hn::Lanes(d));
+  const int64_t h_q = v.h_q, d_v = v.d_v;
+  for (int64_t h = 0; h < h_q; ++h) {
+    float* o = out + (t * h_q + h) * d_v;
+    uint16_t* ob = out_bf16 + (t * h_q + h) * d_v;
+    const double* a = acc + h * dvp;
+    const hn::Rebind<float, DF64> df32;
+    const VF64 fv = hn::Set(d, factor[size_t(h)]);
+    int64_t c = 0;
+    for (; c + N <= d_v; c += N) hn::StoreU(hn::DemoteTo(df32, hn::Mul(hn::Load(d, a + c), fv)), df32, o + c);
+    for (; c < d_v; ++c) o[c] = float(a[c] * factor[size_t(h)]);
+    F32ToBf16(o, ob, d_v);
+  }
+}
+
 // Query rows [t0, t1), all heads, with this call's own scratch. No OpenMP in here: the caller
 // (the HWY_ONCE part) splits the rows into chunks across threads. An OpenMP region inside a target
 // function is outlined by the compiler into a function that need not carry the target's
@@ -550,25 +624,10 @@ void AttentionChunk(const detail::AttentionView& v, int64_t t0, int64_t t1, floa
   std::fill(qd.get(), qd.get() + hpad * dpad, 0.0);  // padding heads stay zero
 
   for (int64_t t = t0; t < t1; ++t) {
-    rows.clear();
-    if (v.dense) {
-      for (int64_t i = v.ks[t]; i < v.ke[t]; ++i) rows.push_back(i);
-    } else {
-      const int64_t len = v.topk_length ? v.topk_length[t] : v.topk;
-      for (int64_t j = 0; j < len; ++j) {
-        const int64_t i = v.indices[t * v.topk + j];
-        if (0 <= i && i < v.s_kv) rows.push_back(i);
-      }
-      SortRows(rows, v.s_kv, sort_tmp);
-    }
+    AttentionRows(v, t, rows, sort_tmp);
     const int64_t n = int64_t(rows.size());
     if (n == 0) {  // lonely query: FlashMLA HEAD convention
-      std::fill(out + t * h_q * d_v, out + (t + 1) * h_q * d_v, 0.0f);
-      std::fill(out_bf16 + t * h_q * d_v, out_bf16 + (t + 1) * h_q * d_v, uint16_t{0});
-      for (int64_t h = 0; h < h_q; ++h) {
-        lse_out[t * h_q + h] = std::numeric_limits<float>::infinity();
-        max_out[t * h_q + h] = -std::numeric_limits<float>::infinity();
-      }
+      StoreEmptyRow(v, t, out, out_bf16, lse_out, max_out);
       continue;
     }
     const int64_t n_pad = (n + kb - 1) / kb * kb;
@@ -633,36 +692,14 @@ void AttentionChunk(const detail::AttentionView& v, int64_t t0, int64_t t1, floa
       clk.lap(&ph.qk_tiles);
     }
     // Pass 2: softmax statistics, lanes over heads (SoftmaxStats), two vectors of heads at a time.
-    {
-      int64_t h0 = 0;
-      for (; h0 + 2 * N <= hs; h0 += 2 * N) SoftmaxStats<2>(pbuf.get() + h0, hs, n, mx.get() + h0, l.get() + h0);
-      for (; h0 < hs; h0 += N) SoftmaxStats<1>(pbuf.get() + h0, hs, n, mx.get() + h0, l.get() + h0);
-    }
-    for (int64_t h = 0; h < h_q; ++h) {
-      const double lse = mx[h] + std::log(l[h]);
-      double f = 1.0 / l[h];
-      if (v.sink) f *= 1.0 / (1.0 + indexshare::exp_portable(double(v.sink[h]) - lse));
-      factor[size_t(h)] = f;
-      lse_out[t * h_q + h] = float(lse);
-      max_out[t * h_q + h] = float(mx[h]);
-    }
+    AttentionSoftmax(v, t, pbuf.get(), hs, n, mx.get(), l.get(), factor.data(), lse_out, max_out);
     clk.lap(&ph.softmax);
     // Pass 3: acc[h][c] = sum_i p[h][i] * V[rows[i]][c], rows ascending, fused; the rows are
     // gathered and decoded again (in L1-sized slices).
     std::fill(acc.get(), acc.get() + h_q * dvp, 0.0);
     clk.lap(&other);
     PVFromRows(pbuf.get(), hs, h_q, v.kv, d_qk, d_v, rows, dvp, slice.get(), acc.get(), clk, ph);
-    for (int64_t h = 0; h < h_q; ++h) {  // out = f32(acc * factor) (one rounding, as ref), and its bf16
-      float* o = out + (t * h_q + h) * d_v;
-      uint16_t* ob = out_bf16 + (t * h_q + h) * d_v;
-      const double* a = acc.get() + h * dvp;
-      const hn::Rebind<float, DF64> df32;
-      const VF64 fv = hn::Set(d, factor[size_t(h)]);
-      int64_t c = 0;
-      for (; c + N <= d_v; c += N) hn::StoreU(hn::DemoteTo(df32, hn::Mul(hn::Load(d, a + c), fv)), df32, o + c);
-      for (; c < d_v; ++c) o[c] = float(a[c] * factor[size_t(h)]);
-      F32ToBf16(o, ob, d_v);
-    }
+    StoreAttentionRow(v, t, acc.get(), dvp, factor.data(), out, out_bf16);
   }
   clk.lap(&other);
   if (phases) {

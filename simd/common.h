@@ -3,10 +3,13 @@
 // 64-bit top-k key.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cstdint>
 #include <cstring>
+
+#include <omp.h>
 
 #include "ref/numerics.h"
 #include "ref/tensor.h"
@@ -117,6 +120,15 @@ inline AttentionView sparse_view(const Tensor<bf16_t>& q, const Tensor<bf16_t>& 
 inline int64_t chunk_rows(int64_t s_q, int64_t max_rows, int threads) {
   const int64_t r = s_q / (4 * int64_t(threads));
   return r < 1 ? 1 : r > max_rows ? max_rows : r;
+}
+
+// fn(t0, t1) over chunks of query rows, spread over the OpenMP threads (independent outputs).
+template <class Fn>
+void over_rows(int64_t s_q, int64_t max_chunk, Fn&& fn) {
+  const int64_t rows = detail::chunk_rows(s_q, max_chunk, omp_get_max_threads());
+  const int64_t chunks = (s_q + rows - 1) / rows;
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int64_t c = 0; c < chunks; ++c) fn(c * rows, std::min(s_q, (c + 1) * rows));
 }
 
 // Phase timing of one chunk of attention rows (see simd::AttentionPhases): a steady_clock read at

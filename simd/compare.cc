@@ -2,7 +2,7 @@
 //   emulate_attention_lowp   the FlashAttention-style budget's low-precision emulation
 //   attention_bounds         the per-element bounds of attention out / lse / max_logits (f32 sums
 //                            inflated to upper bounds, ref/bounds.h)
-//   indexer_logits_rule      the per-element bounds of the indexer logits
+//   (indexer_logits_rule, the per-element bounds of the indexer logits: simd/compare_logits.cc)
 //
 // Every sum of ref's is sequential (f32 or double, one rounding per term). The vector code keeps
 // each sum's order by putting independent sums in the lanes, never one sum across lanes:
@@ -15,15 +15,12 @@
 //                            ascending; a tile of heads x column vectors (the bounds' A and the
 //                            direction's D share one pass over V, by blocks of 32 keys, fused
 //                            where their 16-bit weights' products with V are exact)
-//   logits magnitudes        Qt = sum_h |w| |q| with lanes over d (h ascending), then lanes over
-//                            keys s (|k| transposed to [d][s]), d ascending
 // The scalar parts (max, exp, log, the softmax sum, the per-element bound formulas) run per
 // element with ref's own expressions and the same C library calls (float std::exp / std::log in
 // the emulation; in the bounds double std::exp / std::log per row and head), which cost little
 // next to the dot products. The bounds' softmax exponentials (one per key and head) are ref's
 // exp_portable, in lanes (simd/exp-inl.h).
-// OpenMP splits over query rows only (independent outputs); the logits rule's two global sums
-// (sum b^2, sum 2 r^2) run afterwards in ref's order on one thread.
+// OpenMP splits over query rows only (independent outputs).
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "simd/compare.cc"
@@ -228,6 +225,47 @@ HWY_INLINE ExpRange RangeOfBf16(const uint16_t* x, int64_t n) {
 constexpr size_t kEmuKeys = 4, kEmuHeadVecs = 2;  // pass 1 tile: 4 keys x 2 vectors of heads
 constexpr size_t kEmuPVHeads = 4, kEmuPVVecs = 2;  // pass 3 tile: 4 heads x 2 vectors of columns
 
+// EmulateChunk's pass 2 for query row t: ref's per-head loops with lanes over heads (P is [i][hp]):
+// the max (from -inf, i ascending, as std::max: m < x ? x : m), then exp(p - m) by the C library's
+// float exp element by element, the sum (i ascending), and lse and the sink factor per head; p is
+// then rounded to bf16 in place (what pass 3 multiplies). Padding heads are zeroed (finite, never
+// stored).
+// mx, lv: scratch of hp floats; factor[h]: the output's 1 / l times the sink factor.
+HWY_INLINE void EmuSoftmax(const detail::AttentionView& v, int64_t t, float* P, int64_t n, int64_t hp, float* mx, float* lv,
+                           float* factor, float* lse_out, float* max_out) {
+  const DF32 df;
+  const int64_t N = int64_t(hn::Lanes(df));
+  const int64_t h_q = v.h_q;
+  for (int64_t h0 = 0; h0 < hp; h0 += N) {
+    VF32 m = hn::Set(df, -std::numeric_limits<float>::infinity());
+    for (int64_t i = 0; i < n; ++i) {
+      const VF32 x = hn::Load(df, P + i * hp + h0);
+      m = hn::IfThenElse(hn::Lt(m, x), x, m);
+    }
+    hn::Store(m, df, mx + h0);
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    float* pi = P + i * hp;
+    for (int64_t h = 0; h < h_q; ++h) pi[h] = std::exp(pi[h] - mx[h]);
+    for (int64_t h = h_q; h < hp; ++h) pi[h] = 0.0f;
+  }
+  for (int64_t h0 = 0; h0 < hp; h0 += N) {
+    VF32 l = hn::Zero(df);
+    for (int64_t i = 0; i < n; ++i) l = hn::Add(l, hn::Load(df, P + i * hp + h0));
+    hn::Store(l, df, lv + h0);
+  }
+  for (int64_t h = 0; h < h_q; ++h) {
+    const float m = mx[h], l = lv[h];
+    const float lse = m + std::log(l);
+    float f = 1.0f / l;
+    if (v.sink) f *= 1.0f / (1.0f + std::exp(v.sink[h] - lse));
+    factor[size_t(h)] = f;
+    lse_out[t * h_q + h] = lse;
+    max_out[t * h_q + h] = m;
+  }
+  for (int64_t e = 0; e < n * hp; e += N) hn::Store(RoundBf16(df, hn::Load(df, P + e)), df, P + e);
+}
+
 // ref's emulate_attention_lowp for query rows [t0, t1).
 void EmulateChunk(const detail::AttentionView& v, int64_t t0, int64_t t1, float* out, uint16_t* out_bf16,
                   float* lse_out, float* max_out, int kv_lo, int kv_hi, bool kv_finite) {
@@ -289,42 +327,8 @@ void EmulateChunk(const detail::AttentionView& v, int64_t t0, int64_t t1, float*
     for (; i0 < n; ++i0)
       for (int64_t h0 = 0; h0 < hp; h0 += hv)
         EmuDotTile<1, kEmuHeadVecs, false>(qt.get() + h0, hp, kf.get() + i0 * dpad, dpad, d_qk, sm, P + i0 * hp + h0);
-    // Pass 2, ref's per-head loops with lanes over heads (P is [i][hp]): the max (from -inf, i
-    // ascending, as std::max: m < x ? x : m), then exp(p - m) by the C library's float exp element
-    // by element, the sum (i ascending), and lse and the sink factor per head; p is then rounded to
-    // bf16 in place (what pass 3 multiplies). Padding heads are zeroed (finite, never stored).
-    {
-      float* mx = mbuf.get();
-      float* lv = lbuf.get();
-      for (int64_t h0 = 0; h0 < hp; h0 += N) {
-        VF32 m = hn::Set(df, -std::numeric_limits<float>::infinity());
-        for (int64_t i = 0; i < n; ++i) {
-          const VF32 x = hn::Load(df, P + i * hp + h0);
-          m = hn::IfThenElse(hn::Lt(m, x), x, m);
-        }
-        hn::Store(m, df, mx + h0);
-      }
-      for (int64_t i = 0; i < n; ++i) {
-        float* pi = P + i * hp;
-        for (int64_t h = 0; h < h_q; ++h) pi[h] = std::exp(pi[h] - mx[h]);
-        for (int64_t h = h_q; h < hp; ++h) pi[h] = 0.0f;
-      }
-      for (int64_t h0 = 0; h0 < hp; h0 += N) {
-        VF32 l = hn::Zero(df);
-        for (int64_t i = 0; i < n; ++i) l = hn::Add(l, hn::Load(df, P + i * hp + h0));
-        hn::Store(l, df, lv + h0);
-      }
-      for (int64_t h = 0; h < h_q; ++h) {
-        const float m = mx[h], l = lv[h];
-        const float lse = m + std::log(l);
-        float f = 1.0f / l;
-        if (v.sink) f *= 1.0f / (1.0f + std::exp(v.sink[h] - lse));
-        factor[size_t(h)] = f;
-        lse_out[t * h_q + h] = lse;
-        max_out[t * h_q + h] = m;
-      }
-      for (int64_t e = 0; e < n * hp; e += N) hn::Store(RoundBf16(df, hn::Load(df, P + e)), df, P + e);
-    }
+    // Pass 2: the softmax per head, p rounded to bf16 in place (EmuSoftmax).
+    EmuSoftmax(v, t, P, n, hp, mbuf.get(), lbuf.get(), factor.data(), lse_out, max_out);
     const bool fused3 = RangeOfF32(P, n * hp).exact_with(kvr);
     // Pass 3: acc[h][c] = sum_i bf16(p[i][h]) * V_i[c], a column strip at a time (the strip of V
     // stays in L1 for every head tile).
@@ -473,6 +477,144 @@ constexpr int64_t kBoundABlock = 32;
 constexpr double kBf16U = 0x1p-8, kF32E = 0x1p-24;
 HWY_INLINE double Inflate(double m) { return 1 + 2 * m * kF32E; }
 
+// q of one query row (bf16 codes [h_q][d_qk]) transposed to qt [d][h] (rows of hp floats) in blocks
+// of 16 heads x 32 d, so that reads and writes stay in L1.
+HWY_INLINE void TransposeQRow(const uint16_t* qrow16, int64_t h_q, int64_t d_qk, int64_t hp, float* qt) {
+  for (int64_t hb = 0; hb < h_q; hb += 16)
+    for (int64_t db = 0; db < d_qk; db += 32) {
+      const int64_t he = std::min(h_q, hb + 16), de = std::min(d_qk, db + 32);
+      for (int64_t d = db; d < de; ++d)
+        for (int64_t h = hb; h < he; ++h) qt[size_t(d * hp + h)] = bf16_to_f32(bf16_t{qrow16[h * d_qk + d]});
+    }
+}
+
+// BoundsChunk's pass 2 for one query row, ref's per-head loops with lanes over heads (a vector of
+// heads at a time, i ascending in every sum): Gm over the f32 magnitudes (widening to double is exact and keeps their order,
+// so the maximum, and std::max's choice on NaN, is ref's without a double copy of MA); then per
+// vector of heads the logits p = double(dot) * sm_scale (an exact widening, then ref's product)
+// and m (std::max); z = p - m (the direction's, where ref copies the logits first) and p =
+// exp(z) by exp_portable in lanes (simd/exp-inl.h: ref's bits), summed into l; the weights p / l
+// (IEEE division, the same in a lane), to f32 rounded up to 16 significant bits (ref's
+// round_up_16(float(p / l))), and zbar = sum_i (p_i / l) z_i; u_i = round_16(float((p_i / l)
+// (z_i - zbar))). Padding heads' weights: 0.
+// In: DT, MA (pass 1's dot and mag, [n][hp]). Out: G (the maximum magnitude per head), P (the
+// weights in double with the direction, else exp(z)), MG (z, with the direction), W and U (the
+// f32 weights and u), mv, lv and zb per head (m, l, zbar). gf: scratch of hp floats.
+HWY_INLINE void BoundSoftmax(const float* DT, const float* MA, int64_t n, int64_t hp, int64_t h_q, double scale, bool dir,
+                             float* gf, double* G, double* P, double* MG, float* W, float* U, double* mv, double* lv,
+                             double* zb) {
+  const DF64 d64;
+  const DF32 df;
+  const int64_t N = int64_t(hn::Lanes(d64)), NF = int64_t(hn::Lanes(df));
+  for (int64_t h0 = 0; h0 < hp; h0 += NF) {
+    VF32 g = hn::Zero(df);
+    for (int64_t i = 0; i < n; ++i) {
+      const VF32 x = hn::Load(df, MA + i * hp + h0);
+      g = hn::IfThenElse(hn::Lt(g, x), x, g);
+    }
+    hn::StoreU(g, df, gf + h0);
+  }
+  for (int64_t h = 0; h < hp; ++h) G[h] = double(gf[h]);
+  {
+    const hn::Rebind<float, DF64> dh;
+    const VF64 vscale = hn::Set(d64, scale);
+    for (int64_t h0 = 0; h0 < hp; h0 += N) {
+      const auto real = hn::FirstN(d64, size_t(std::max<int64_t>(0, std::min<int64_t>(N, h_q - h0))));
+      VF64 m = hn::Set(d64, -std::numeric_limits<double>::infinity());
+      for (int64_t i = 0; i < n; ++i) {
+        const VF64 y = hn::Mul(hn::PromoteTo(d64, hn::LoadU(dh, DT + i * hp + h0)), vscale);
+        hn::Store(y, d64, P + i * hp + h0);
+        m = hn::IfThenElse(hn::Lt(m, y), y, m);
+      }
+      hn::StoreU(m, d64, mv + h0);
+      VF64 sum = hn::Zero(d64);
+      for (int64_t i = 0; i < n; ++i) {
+        const VF64 z = hn::Sub(hn::Load(d64, P + i * hp + h0), m);
+        if (dir) hn::Store(z, d64, MG + i * hp + h0);
+        const VF64 e = ExpPortable(d64, z);
+        hn::Store(e, d64, P + i * hp + h0);
+        sum = hn::Add(sum, e);
+      }
+      hn::StoreU(sum, d64, lv + h0);
+      VF64 zs = hn::Zero(d64);
+      for (int64_t i = 0; i < n; ++i) {
+        const VF64 w = hn::IfThenElseZero(real, hn::Div(hn::Load(d64, P + i * hp + h0), sum));
+        hn::StoreU(Round16(dh, hn::DemoteTo(dh, w), 0xFFu), dh, W + i * hp + h0);
+        if (dir) {
+          hn::Store(w, d64, P + i * hp + h0);
+          zs = hn::Add(zs, hn::Mul(w, hn::Load(d64, MG + i * hp + h0)));
+        }
+      }
+      if (!dir) continue;
+      hn::StoreU(zs, d64, zb + h0);
+      for (int64_t i = 0; i < n; ++i) {
+        const VF64 u = hn::Mul(hn::Load(d64, P + i * hp + h0), hn::Sub(hn::Load(d64, MG + i * hp + h0), zs));
+        hn::StoreU(Round16(dh, hn::DemoteTo(dh, u), 0x80u), dh, U + i * hp + h0);
+      }
+    }
+  }
+}
+
+// BoundsChunk's bounds of query row t, ref's expressions element by element: out [h_q, d_v] from
+// A (and the direction's sm_out from Dv), lse and max_logits per head; n: the row's valid keys.
+HWY_INLINE void BoundRow(const detail::AttentionView& v, int64_t t, int64_t n, const double* G, const float* A, const float* Dv,
+                         int64_t dvp, const double* mv, const double* lv, const double* zb, bool dir, const float* exact_out,
+                         const float* exact_lse, const float* exact_max, float* b_out, float* b_lse, float* b_max,
+                         float* sm_out, float* sm_lse) {
+  const DF64 d64;
+  const int64_t N = int64_t(hn::Lanes(d64));
+  const int64_t h_q = v.h_q, d_qk = v.d_qk, d_v = v.d_v;
+  const double sm = std::fabs(v.sm_scale), k = double(n);
+  for (int64_t h = 0; h < h_q; ++h) {
+    const int64_t th = t * h_q + h;
+    const double Gh = sm * G[h] * Inflate(double(d_qk) + 1);
+    const double delta = 2 * (double(d_qk) + 1) * kF32E * Gh;
+    const double logit_err = (double(d_qk) + 2) * kF32E * Gh;
+    const double A_up = std::exp(2 * delta) * Inflate(k + 2);
+    const float* a = A + h * dvp;
+    const double coef = (k + 8) * kF32E + 2 * logit_err;
+    // ref's expression in double lanes (a multiply or an add per step, as ref's: no fusion),
+    // then bound_f32: the demoted value, one ulp up (bits + 1: bounds are >= 0) where it fell below.
+    const hn::Rebind<float, DF64> dh;
+    const hn::Rebind<int32_t, DF64> di32;
+    const VF64 vu = hn::Set(d64, kBf16U), vup = hn::Set(d64, A_up), vcoef = hn::Set(d64, coef),
+               vmul = hn::Set(d64, cmp::kAttentionMultiple);
+    int64_t c = 0;
+    for (; c + N <= d_v; c += N) {
+      const VF64 Ac = hn::Mul(hn::PromoteTo(d64, hn::LoadU(dh, a + c)), vup);
+      const VF64 o = hn::Abs(hn::PromoteTo(d64, hn::LoadU(dh, exact_out + th * d_v + c)));
+      const VF64 r = hn::Mul(vmul, hn::Add(hn::Add(hn::Mul(vu, o), hn::Mul(vu, Ac)), hn::Mul(vcoef, Ac)));
+      const auto f = hn::DemoteTo(dh, r);
+      const auto up = hn::DemoteTo(di32, hn::IfThenElseZero(hn::Lt(hn::PromoteTo(d64, f), r), hn::Set(d64, 1.0)));
+      hn::StoreU(hn::BitCast(dh, hn::Add(hn::BitCast(di32, f), up)), dh, b_out + th * d_v + c);
+    }
+    for (; c < d_v; ++c) {
+      const double Ac = double(a[c]) * A_up;
+      const double o = std::fabs(double(exact_out[th * d_v + c]));
+      const double bound = kBf16U * o + kBf16U * Ac + ((k + 8) * kF32E + 2 * logit_err) * Ac;
+      b_out[th * d_v + c] = cmp::bound_f32(cmp::kAttentionMultiple * bound);
+    }
+    b_lse[th] = cmp::bound_f32(cmp::kAttentionMultiple * (logit_err + (k + 8) * kF32E + 2 * kF32E * std::fabs(double(exact_lse[th]))));
+    b_max[th] = cmp::bound_f32(cmp::kAttentionMultiple * (logit_err + kF32E * std::fabs(double(exact_max[th]))));
+    if (!dir) continue;
+    // ref's direction expressions element by element.
+    const double mh = mv[h], sbar = mh + zb[h], lse = mh + std::log(lv[h]);
+    const double f = v.sink ? 1.0 / (1.0 + std::exp(double(v.sink[h]) - lse)) : 1.0;
+    const float* dd = Dv + h * dvp;
+    // ref's float(f * D + (1 - f) * sbar * out) in double lanes ((1 - f) * sbar first, as there).
+    const double g = (1 - f) * sbar;
+    const VF64 vf = hn::Set(d64, f), vg = hn::Set(d64, g);
+    c = 0;
+    for (; c + N <= d_v; c += N) {
+      const VF64 r = hn::Add(hn::Mul(vf, hn::PromoteTo(d64, hn::LoadU(dh, dd + c))),
+                             hn::Mul(vg, hn::PromoteTo(d64, hn::LoadU(dh, exact_out + th * d_v + c))));
+      hn::StoreU(hn::DemoteTo(dh, r), dh, sm_out + th * d_v + c);
+    }
+    for (; c < d_v; ++c) sm_out[th * d_v + c] = float(f * double(dd[c]) + g * double(exact_out[th * d_v + c]));
+    sm_lse[th] = float(sbar);
+  }
+}
+
 // ref's attention_bounds for query rows [t0, t1): out [s_q, h_q, d_v], lse / max [s_q, h_q]
 // (zero-initialised by the caller: empty rows keep bound 0); with sm_out / sm_lse (else null)
 // attention_bounds_sm's softmax-scale direction too (v.sink: the sink of its factor f). kv_lo,
@@ -494,7 +636,7 @@ void BoundsChunk(const detail::AttentionView& v, const float* exact_out, const f
   const int64_t hp = RoundUp(h_q, std::max<int64_t>({hv, int64_t(kBoundAHeads), N}));
   const int64_t cw = int64_t(kBoundAVecs) * NF;
   const int64_t dpad = RoundUp(d_qk, cw), dvp = RoundUp(d_v, cw);  // V: the first d_v columns of a kv row
-  const double sm = std::fabs(v.sm_scale), scale = v.sm_scale;
+  const double scale = v.sm_scale;
   auto qt = hwy::AllocateAligned<float>(size_t(d_qk * hp));
   auto A = hwy::AllocateAligned<float>(size_t(hp * dvp));
   auto Dv = hwy::AllocateAligned<float>(size_t(dir ? hp * dvp : 1));
@@ -512,7 +654,6 @@ void BoundsChunk(const detail::AttentionView& v, const float* exact_out, const f
     ValidRows(v, t, rows);
     const int64_t n = int64_t(rows.size());
     if (n == 0) continue;  // out 0, lse +inf, max -inf: exact, bound 0
-    const double k = double(n);
     if (n > cap) {
       cap = n;
       if (!kvf) {  // the rows of k, then those of |k|
@@ -530,12 +671,7 @@ void BoundsChunk(const detail::AttentionView& v, const float* exact_out, const f
     // the kv rows in f32 (and |k|), zeros past d_qk. qr: the row's exponent range (ExpRange, on
     // the bf16 bits: the f32 value's bits are bits << 16), in one branch-free pass.
     const uint16_t* qrow16 = v.q + t * h_q * d_qk;
-    for (int64_t hb = 0; hb < h_q; hb += 16)
-      for (int64_t db = 0; db < d_qk; db += 32) {
-        const int64_t he = std::min(h_q, hb + 16), de = std::min(d_qk, db + 32);
-        for (int64_t d = db; d < de; ++d)
-          for (int64_t h = hb; h < he; ++h) qt[size_t(d * hp + h)] = bf16_to_f32(bf16_t{qrow16[h * d_qk + d]});
-      }
+    TransposeQRow(qrow16, h_q, d_qk, hp, qt.get());
     const ExpRange qr = RangeOfBf16(qrow16, h_q * d_qk);
     const bool fused = qr.exact_with(kvr);
     kp.resize(size_t(n));
@@ -568,64 +704,9 @@ void BoundsChunk(const detail::AttentionView& v, const float* exact_out, const f
                                                MA + i0 * hp + h0);
     double* P = pbuf.get();
     double* MG = mbuf.get();
-    // Pass 2, ref's per-head loops with lanes over heads (a vector of heads at a time, i ascending
-    // in every sum): Gm over the f32 magnitudes (widening to double is exact and keeps their order,
-    // so the maximum, and std::max's choice on NaN, is ref's without a double copy of MA); then per
-    // vector of heads the logits p = double(dot) * sm_scale (an exact widening, then ref's product)
-    // and m (std::max); z = p - m (the direction's, where ref copies the logits first) and p =
-    // exp(z) by exp_portable in lanes (simd/exp-inl.h: ref's bits), summed into l; the weights p / l
-    // (IEEE division, the same in a lane), to f32 rounded up to 16 significant bits (ref's
-    // round_up_16(float(p / l))), and zbar = sum_i (p_i / l) z_i; u_i = round_16(float((p_i / l)
-    // (z_i - zbar))). Padding heads' weights: 0.
-    for (int64_t h0 = 0; h0 < hp; h0 += NF) {
-      VF32 g = hn::Zero(df);
-      for (int64_t i = 0; i < n; ++i) {
-        const VF32 x = hn::Load(df, MA + i * hp + h0);
-        g = hn::IfThenElse(hn::Lt(g, x), x, g);
-      }
-      hn::StoreU(g, df, gf.data() + h0);
-    }
-    for (int64_t h = 0; h < hp; ++h) G[size_t(h)] = double(gf[size_t(h)]);
-    {
-      const hn::Rebind<float, DF64> dh;
-      const VF64 vscale = hn::Set(d64, scale);
-      float* W = wbuf.get();
-      float* U = ubuf.get();
-      for (int64_t h0 = 0; h0 < hp; h0 += N) {
-        const auto real = hn::FirstN(d64, size_t(std::max<int64_t>(0, std::min<int64_t>(N, h_q - h0))));
-        VF64 m = hn::Set(d64, -std::numeric_limits<double>::infinity());
-        for (int64_t i = 0; i < n; ++i) {
-          const VF64 y = hn::Mul(hn::PromoteTo(d64, hn::LoadU(dh, DT + i * hp + h0)), vscale);
-          hn::Store(y, d64, P + i * hp + h0);
-          m = hn::IfThenElse(hn::Lt(m, y), y, m);
-        }
-        hn::StoreU(m, d64, mv.data() + h0);
-        VF64 sum = hn::Zero(d64);
-        for (int64_t i = 0; i < n; ++i) {
-          const VF64 z = hn::Sub(hn::Load(d64, P + i * hp + h0), m);
-          if (dir) hn::Store(z, d64, MG + i * hp + h0);
-          const VF64 e = ExpPortable(d64, z);
-          hn::Store(e, d64, P + i * hp + h0);
-          sum = hn::Add(sum, e);
-        }
-        hn::StoreU(sum, d64, lv.data() + h0);
-        VF64 zs = hn::Zero(d64);
-        for (int64_t i = 0; i < n; ++i) {
-          const VF64 w = hn::IfThenElseZero(real, hn::Div(hn::Load(d64, P + i * hp + h0), sum));
-          hn::StoreU(Round16(dh, hn::DemoteTo(dh, w), 0xFFu), dh, W + i * hp + h0);
-          if (dir) {
-            hn::Store(w, d64, P + i * hp + h0);
-            zs = hn::Add(zs, hn::Mul(w, hn::Load(d64, MG + i * hp + h0)));
-          }
-        }
-        if (!dir) continue;
-        hn::StoreU(zs, d64, zb.data() + h0);
-        for (int64_t i = 0; i < n; ++i) {
-          const VF64 u = hn::Mul(hn::Load(d64, P + i * hp + h0), hn::Sub(hn::Load(d64, MG + i * hp + h0), zs));
-          hn::StoreU(Round16(dh, hn::DemoteTo(dh, u), 0x80u), dh, U + i * hp + h0);
-        }
-      }
-    }
+    // Pass 2: the softmax weights per head, in lanes over heads (BoundSoftmax).
+    BoundSoftmax(DT, MA, n, hp, h_q, scale, dir, gf.data(), G.data(), P, MG, wbuf.get(), ubuf.get(), mv.data(), lv.data(),
+                 zb.data());
     // Fused multiply-adds where every product of the weights (and of u) with V is exact.
     const bool fusedA = RangeOfF32(wbuf.get(), n * hp).exact16_with(kvr) && (!dir || RangeOfF32(ubuf.get(), n * hp).exact16_with(kvr));
     // A_c (and the direction's D_c) per head in f32 (|V| taken on load): blocks of kBoundABlock
@@ -651,121 +732,11 @@ void BoundsChunk(const detail::AttentionView& v, const float* exact_out, const f
         }
       }
     }
-    // The bounds, ref's expressions element by element.
-    for (int64_t h = 0; h < h_q; ++h) {
-      const int64_t th = t * h_q + h;
-      const double Gh = sm * G[size_t(h)] * Inflate(double(d_qk) + 1);
-      const double delta = 2 * (double(d_qk) + 1) * kF32E * Gh;
-      const double logit_err = (double(d_qk) + 2) * kF32E * Gh;
-      const double A_up = std::exp(2 * delta) * Inflate(k + 2);
-      const float* a = A.get() + h * dvp;
-      const double coef = (k + 8) * kF32E + 2 * logit_err;
-      // ref's expression in double lanes (a multiply or an add per step, as ref's: no fusion),
-      // then bound_f32: the demoted value, one ulp up (bits + 1: bounds are >= 0) where it fell below.
-      const hn::Rebind<float, DF64> dh;
-      const hn::Rebind<int32_t, DF64> di32;
-      const VF64 vu = hn::Set(d64, kBf16U), vup = hn::Set(d64, A_up), vcoef = hn::Set(d64, coef),
-                 vmul = hn::Set(d64, cmp::kAttentionMultiple);
-      int64_t c = 0;
-      for (; c + N <= d_v; c += N) {
-        const VF64 Ac = hn::Mul(hn::PromoteTo(d64, hn::LoadU(dh, a + c)), vup);
-        const VF64 o = hn::Abs(hn::PromoteTo(d64, hn::LoadU(dh, exact_out + th * d_v + c)));
-        const VF64 r = hn::Mul(vmul, hn::Add(hn::Add(hn::Mul(vu, o), hn::Mul(vu, Ac)), hn::Mul(vcoef, Ac)));
-        const auto f = hn::DemoteTo(dh, r);
-        const auto up = hn::DemoteTo(di32, hn::IfThenElseZero(hn::Lt(hn::PromoteTo(d64, f), r), hn::Set(d64, 1.0)));
-        hn::StoreU(hn::BitCast(dh, hn::Add(hn::BitCast(di32, f), up)), dh, b_out + th * d_v + c);
-      }
-      for (; c < d_v; ++c) {
-        const double Ac = double(a[c]) * A_up;
-        const double o = std::fabs(double(exact_out[th * d_v + c]));
-        const double bound = kBf16U * o + kBf16U * Ac + ((k + 8) * kF32E + 2 * logit_err) * Ac;
-        b_out[th * d_v + c] = cmp::bound_f32(cmp::kAttentionMultiple * bound);
-      }
-      b_lse[th] = cmp::bound_f32(cmp::kAttentionMultiple * (logit_err + (k + 8) * kF32E + 2 * kF32E * std::fabs(double(exact_lse[th]))));
-      b_max[th] = cmp::bound_f32(cmp::kAttentionMultiple * (logit_err + kF32E * std::fabs(double(exact_max[th]))));
-      if (!dir) continue;
-      // ref's direction expressions element by element.
-      const double mh = mv[size_t(h)], sbar = mh + zb[size_t(h)], lse = mh + std::log(lv[size_t(h)]);
-      const double f = v.sink ? 1.0 / (1.0 + std::exp(double(v.sink[h]) - lse)) : 1.0;
-      const float* dd = Dv.get() + h * dvp;
-      // ref's float(f * D + (1 - f) * sbar * out) in double lanes ((1 - f) * sbar first, as there).
-      const double g = (1 - f) * sbar;
-      const VF64 vf = hn::Set(d64, f), vg = hn::Set(d64, g);
-      c = 0;
-      for (; c + N <= d_v; c += N) {
-        const VF64 r = hn::Add(hn::Mul(vf, hn::PromoteTo(d64, hn::LoadU(dh, dd + c))),
-                               hn::Mul(vg, hn::PromoteTo(d64, hn::LoadU(dh, exact_out + th * d_v + c))));
-        hn::StoreU(hn::DemoteTo(dh, r), dh, sm_out + th * d_v + c);
-      }
-      for (; c < d_v; ++c) sm_out[th * d_v + c] = float(f * double(dd[c]) + g * double(exact_out[th * d_v + c]));
-      sm_lse[th] = float(sbar);
-    }
+    // The bounds, ref's expressions element by element (BoundRow).
+    BoundRow(v, t, n, G.data(), A.get(), Dv.get(), dvp, mv.data(), lv.data(), zb.data(), dir, exact_out, exact_lse, exact_max,
+             b_out, b_lse, b_max, sm_out, sm_lse);
   }
 }
-
-// ---- the indexer logits rule (double) ----------------------------------------------------------
-
-// Per lane (key s): mag = sum_d Qt[d] * |k_sd|, d ascending, a multiply then an add (Qt is a full
-// double: the product rounds, as in ref), for kV vectors of keys (kt[d * sp + s], |k| transposed in
-// a tile of keys: sp is the tile's width).
-template <size_t kV>
-HWY_INLINE void LogitMagTile(const double* HWY_RESTRICT qt, int64_t D, const double* HWY_RESTRICT kt, int64_t sp,
-                             double* HWY_RESTRICT mag_out) {
-  const DF64 d64;
-  const size_t N = hn::Lanes(d64);
-  VF64 m[kV];
-  for (size_t u = 0; u < kV; ++u) m[u] = hn::Zero(d64);
-  for (int64_t d = 0; d < D; ++d) {
-    const VF64 q = hn::Set(d64, qt[d]);
-    for (size_t u = 0; u < kV; ++u) m[u] = hn::Add(m[u], hn::Mul(q, hn::LoadU(d64, kt + d * sp + int64_t(u * N))));
-  }
-  for (size_t u = 0; u < kV; ++u) hn::StoreU(m[u], d64, mag_out + int64_t(u * N));
-}
-
-constexpr size_t kMagVecs = 4;  // vectors of keys per tile
-constexpr int64_t kMagTile = 64;  // keys per tile of |k| (indexer_logits_rule's layout)
-static_assert(kMagTile % (kMagVecs * HWY_LANES(double)) == 0, "indexer_logits_rule's tiles are 64 keys");
-
-// Rows [t0, t1) of the logits bound (ref's indexer_logits_rule, without its global sums): q8 codes
-// [s_q, H, D], kt = |k| transposed by tiles of kMagTile keys, [sp / kMagTile][D][kMagTile] (sp =
-// s_kv padded to whole tiles, zeros past s_kv): a tile is contiguous and stays in L1/L2 while the
-// row's Qt sweeps it.
-void LogitsBoundChunk(const uint8_t* q8, const double* kt, int64_t sp, const float* k_scale, const float* weights,
-                      const float* exact, int64_t H, int64_t D, int64_t s_kv, int64_t t0, int64_t t1, float* bound) {
-  const DF64 d64;
-  const int64_t N = int64_t(hn::Lanes(d64));
-  const int64_t sw = int64_t(kMagVecs) * N;
-  const double* e4 = detail::e4m3_table();
-  const int64_t Dp = RoundUp(D, N);
-  auto qt = hwy::AllocateAligned<double>(size_t(Dp));
-  std::vector<double> qa(static_cast<size_t>(Dp));
-  auto mag = hwy::AllocateAligned<double>(size_t(sp));
-  const double C = cmp::logits_bound_coefficient(D, H);
-  for (int64_t t = t0; t < t1; ++t) {
-    // Qt[d] = sum_h |w_h| |q_hd|, h ascending, lanes over d: the product of an f32 and an e4m3
-    // value is exact in double, so ref's multiply-then-add is one fused multiply-add.
-    std::fill(qt.get(), qt.get() + Dp, 0.0);
-    for (int64_t h = 0; h < H; ++h) {
-      const VF64 w = hn::Set(d64, std::fabs(double(weights[t * H + h])));
-      const uint8_t* qh = q8 + (t * H + h) * D;
-      for (int64_t d = 0; d < D; ++d) qa[size_t(d)] = std::fabs(e4[qh[d]]);
-      for (int64_t d = 0; d < Dp; d += N)
-        hn::Store(hn::MulAdd(w, hn::LoadU(d64, qa.data() + d), hn::Load(d64, qt.get() + d)), d64, qt.get() + d);
-    }
-    // Only the tiles holding finite logits (the row's window; ref skips the others, bound 0).
-    int64_t s_lo = 0, s_hi = s_kv;
-    while (s_lo < s_kv && !std::isfinite(exact[t * s_kv + s_lo])) ++s_lo;
-    while (s_hi > s_lo && !std::isfinite(exact[t * s_kv + s_hi - 1])) --s_hi;
-    for (int64_t s0 = s_lo / sw * sw; s0 < s_hi; s0 += sw)
-      LogitMagTile<kMagVecs>(qt.get(), D, kt + s0 / kMagTile * D * kMagTile + s0 % kMagTile, kMagTile, mag.get() + s0);
-    for (int64_t s = 0; s < s_kv; ++s) {
-      const double r = exact[t * s_kv + s];
-      // ref: logits_bound_coefficient(D, H) * k_scale * mag, left to right.
-      bound[t * s_kv + s] = std::isfinite(r) ? cmp::bound_f32(C * double(k_scale[s]) * mag[size_t(s)]) : 0.0f;
-    }
-  }
-}
-
 }  // namespace indexshare::simd::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();
 
@@ -780,18 +751,8 @@ namespace indexshare::simd {
 
 HWY_EXPORT(EmulateChunk);
 HWY_EXPORT(BoundsChunk);
-HWY_EXPORT(LogitsBoundChunk);
 
 namespace {
-
-// fn(t0, t1) over chunks of query rows, spread over the OpenMP threads (independent outputs).
-template <class Fn>
-void over_rows(int64_t s_q, int64_t max_chunk, Fn&& fn) {
-  const int64_t rows = detail::chunk_rows(s_q, max_chunk, omp_get_max_threads());
-  const int64_t chunks = (s_q + rows - 1) / rows;
-#pragma omp parallel for schedule(dynamic, 1)
-  for (int64_t c = 0; c < chunks; ++c) fn(c * rows, std::min(s_q, (c + 1) * rows));
-}
 
 // The exponent range of kv's nonzero values (see ExpRange in the target code): bf16 bits << 16.
 void kv_exp_range(const Tensor<bf16_t>& kv, int& lo, int& hi, bool& finite) {
@@ -820,7 +781,7 @@ AttentionOut emulate_attention_lowp(const Tensor<bf16_t>& q, const Tensor<bf16_t
   int kv_lo, kv_hi;
   bool kv_finite;
   kv_exp_range(kv, kv_lo, kv_hi, kv_finite);
-  over_rows(s_q, 8, [&](int64_t t0, int64_t t1) {
+  detail::over_rows(s_q, 8, [&](int64_t t0, int64_t t1) {
     HWY_DYNAMIC_DISPATCH(EmulateChunk)(v, t0, t1, o.out.ptr(), reinterpret_cast<uint16_t*>(o.out_bf16.ptr()),
                                        o.lse.ptr(), o.max_logits.ptr(), kv_lo, kv_hi, kv_finite);
   });
@@ -889,7 +850,7 @@ cmp::AttentionBounds bounds(const Tensor<bf16_t>& q, const Tensor<bf16_t>& kv, c
   SharedKv own;
   if (!pre) make_shared_kv(kv, q.dim(2), s_q * indices.dim(2) >= kv.dim(0), own);
   const SharedKv& x = pre ? *pre : own;
-  over_rows(s_q, 8, [&](int64_t t0, int64_t t1) {
+  detail::over_rows(s_q, 8, [&](int64_t t0, int64_t t1) {
     HWY_DYNAMIC_DISPATCH(BoundsChunk)(v, exact.out.ptr(), exact.lse.ptr(), exact.max_logits.ptr(), t0, t1,
                                       b.out.data(), b.lse.data(), b.max_logits.data(), dir ? b.sm_out.data() : nullptr,
                                       dir ? b.sm_lse.data() : nullptr, x.lo, x.hi, x.finite, x.kvf.get(), x.kvaoff,
@@ -920,42 +881,6 @@ std::unique_ptr<cmp::BoundsKv> prepare_bounds_kv(const Tensor<bf16_t>& kv, int64
   return x;
 }
 
-cmp::FloatRule indexer_logits_rule(const Tensor<e4m3_t>& q, const Tensor<e4m3_t>& k, const Tensor<float>& k_scale,
-                                   const Tensor<float>& weights, const Tensor<float>& exact_logits) {
-  const int64_t s_q = q.dim(0), H = q.dim(1), D = q.dim(2), s_kv = k.dim(0);
-  cmp::FloatRule rule;
-  rule.bound.assign(size_t(s_q * s_kv), 0.0f);
-  // |k| transposed by tiles of 64 keys, [sp / 64][D][64], sp a multiple of 64 keys, a whole
-  // number of tiles on every target (zeros past s_kv).
-  const int64_t sp = (s_kv + 63) / 64 * 64;
-  auto kt = hwy::AllocateAligned<double>(size_t(D * sp));
-  const double* e4 = detail::e4m3_table();
-  const uint8_t* k8 = reinterpret_cast<const uint8_t*>(k.ptr());
-#pragma omp parallel for schedule(static)
-  for (int64_t tile = 0; tile < sp / 64; ++tile)
-    for (int64_t d = 0; d < D; ++d)
-      for (int64_t j = 0; j < 64; ++j) {
-        const int64_t s = tile * 64 + j;
-        kt[size_t((tile * D + d) * 64 + j)] = s < s_kv ? std::fabs(e4[k8[s * D + d]]) : 0.0;
-      }
-  const uint8_t* q8 = reinterpret_cast<const uint8_t*>(q.ptr());
-  over_rows(s_q, 4, [&](int64_t t0, int64_t t1) {
-    HWY_DYNAMIC_DISPATCH(LogitsBoundChunk)(q8, kt.get(), sp, k_scale.ptr(), weights.ptr(), exact_logits.ptr(), H, D,
-                                           s_kv, t0, t1, rule.bound.data());
-  });
-  // The global sums in ref's order (t, then s ascending).
-  double sum_b2 = 0, sum_r2 = 0;
-  for (int64_t i = 0; i < s_q * s_kv; ++i) {
-    const double r = exact_logits[i];
-    if (!std::isfinite(r)) continue;
-    const double b = rule.bound[size_t(i)];
-    sum_b2 += b * b;
-    sum_r2 += 2 * r * r;
-  }
-  rule.metric_max = sum_r2 > 0 ? sum_b2 / sum_r2 : 0;
-  rule.derivation = cmp::kLogitsDerivation;
-  return rule;
-}
 
 }  // namespace indexshare::simd
 #endif  // HWY_ONCE

@@ -11,7 +11,7 @@
 //   exp_portable                bit-identical
 //   emulate_attention_lowp,     bit-identical (ref/bounds.h: the budget's emulation, the
 //   attention_bounds,           per-element bounds; simd/compare.cc)
-//   indexer_logits_rule
+//   indexer_logits_rule         (simd/compare_logits.cc)
 //   fill_range, fill_range_bf16 bit-identical (the generator's streams in lanes; simd/rng.cc)
 //   quantize_rows, f32_to_e4m3  identical bytes (FP8 codes and scales in lanes; simd/numerics.cc)
 // NaN outputs are NaN at the same positions as in ref; the sign and payload bits of a NaN are
@@ -120,7 +120,7 @@ void set_attention_backward_chunk_rows(int64_t rows);
 // y[i] = ref's exp_portable(x[i]) for i < n, lane by lane (the softmax exponential of attention).
 void exp_portable(const double* x, double* y, int64_t n);
 
-// ---- the oracle's computations (simd/compare.cc) ----------------------------------------------
+// ---- the oracle's computations (simd/compare.cc; indexer_logits_rule: simd/compare_logits.cc) ---
 // cmp::emulate_attention_lowp, cmp::attention_bounds and cmp::indexer_logits_rule (ref/bounds.h),
 // bit-identical (every sequential sum of ref's kept in one lane, in its order; ref's scalar exp /
 // log calls per element). OpenMP over query rows.

@@ -199,6 +199,65 @@ int golden_v4(const GoldenArgs& a, std::chrono::steady_clock::time_point t0) {
   return publish(golden::build_v4(s, replay, *impl), a, replay, t0);
 }
 
+// A module-level set (--model, or a module preset): the toy model with a preset's shapes.
+int golden_module(const GoldenArgs& a, bool module_preset, std::chrono::steady_clock::time_point t0) {
+  require(a.problem.empty() && a.from.empty() && (a.preset.empty() || a.model.empty()),
+          "golden: --model excludes --preset, --problem and --from");
+  require(!a.rows_given, "golden: --rows works with --problem or a kernel-level --preset, not module-level sets");
+  require(!dist_active(), "golden: a module-level set (--model, module presets) is computed by one process: run it "
+                          "without mpirun / srun");
+  reject_given(a.given, {"--kind", "--no-logits"}, "kernel-level sets (--problem, --preset, --from)",
+               "a module-level set has its own tensor list");
+  golden::ModelSpec spec;
+  spec.preset = module_preset ? golden::preset(a.preset).problem : a.model;
+  spec.layers = int(a.layers);
+  spec.seq = a.seq;
+  spec.schedule = a.schedule;
+  spec.seed = a.seed >= 0 ? uint64_t(a.seed) : 1;
+  spec.sim = a.sim;
+  spec.variant = a.variant;
+  spec.impl = resolve_model_impl(a.impl, model_preset(spec.preset), spec.layers, spec.seq);
+  reject_target_on_ref(a.given, spec.impl);
+  ModelConfig cfg = model_preset(spec.preset);
+  if (spec.layers > 0) cfg.n_layers = spec.layers;
+  if (spec.seq > 0) cfg.seq = spec.seq;
+  check_model_memory(cfg, parse_bytes(a.max_memory), true);
+  const std::string replay = golden::model_replay(spec) + " --out " + a.out;
+  std::fprintf(stderr, "golden: computing the %s toy model...\n", spec.preset.c_str());
+  return publish(golden::build_model(spec, replay), a, replay, t0);
+}
+
+// A kernel-level set from per-layer inputs dumped from a real model (--from), on one process or
+// MPI ranks (each reading its own rows).
+int golden_from(const GoldenArgs& a, std::chrono::steady_clock::time_point t0) {
+  require(a.preset.empty(), "golden: --from excludes --preset (use --problem for top-k, dv, sm and sched)");
+  require(!a.rows_given, "golden: --rows works with generated problems, not --from (the dump's rows are given)");
+  reject_given(a.given, {"--layers", "--seq", "--seed", "--schedule", "--sim", "--variant", "--kind"},
+               "generated sets (--problem, --preset, --model)",
+               "--from takes shapes, layers and values from the dump, top-k and sched= from --problem");
+  // The layer count comes from the file; the problem gives top-k, d_v, sm and the schedule. The
+  // shapes come from the file: the replay line carries the problem that was computed.
+#ifdef INDEXSHARE_MPI
+  if (dist::active()) {
+    // Every rank reads the header and the windows first, then the key side and its own rows
+    // only (from their offsets in the file).
+    golden::DumpRows dr;
+    dist::guarded([&] { dr = golden::dump_rows(a.from, a.problem); });
+    const std::string replay = golden::from_replay(a.from, dr.problem, !a.no_logits) + " --out " + a.out;
+    return publish_ranks(
+        a, dr.problem, replay, dr.windows, dr.indexer_layers, [](const golden::RowPart&) {},
+        [&](const golden::RowPart& part) {
+          golden::StackInputs si = golden::load_dump(a.from, a.problem, &part);
+          return golden::build_from(a.from, std::move(si), !a.no_logits, replay, &part);
+        },
+        t0);
+  }
+#endif
+  golden::StackInputs si = golden::load_dump(a.from, a.problem);
+  const std::string replay = golden::from_replay(a.from, si.problem, !a.no_logits) + " --out " + a.out;
+  return publish(golden::build_from(a.from, std::move(si), !a.no_logits, replay), a, replay, t0);
+}
+
 int cmd_golden(const GoldenArgs& a) {
   require(!a.out.empty(), "golden: --out DIR is required");
   apply_target(a.target);
@@ -210,60 +269,8 @@ int cmd_golden(const GoldenArgs& a) {
     require(a.model.empty() && !module_preset && a.from.empty(), "golden: --for works with --problem or a kernel-level --preset");
     require(!a.rows_given, "golden: --for writes whole sets: --rows (sampled query rows) is not a kernel's input layout");
   }
-  if (!a.model.empty() || module_preset) {  // module level: the toy model with a preset's shapes
-    require(a.problem.empty() && a.from.empty() && (a.preset.empty() || a.model.empty()),
-            "golden: --model excludes --preset, --problem and --from");
-    require(!a.rows_given, "golden: --rows works with --problem or a kernel-level --preset, not module-level sets");
-    require(!dist_active(), "golden: a module-level set (--model, module presets) is computed by one process: run it "
-                            "without mpirun / srun");
-    reject_given(a.given, {"--kind", "--no-logits"}, "kernel-level sets (--problem, --preset, --from)",
-                 "a module-level set has its own tensor list");
-    golden::ModelSpec spec;
-    spec.preset = module_preset ? golden::preset(a.preset).problem : a.model;
-    spec.layers = int(a.layers);
-    spec.seq = a.seq;
-    spec.schedule = a.schedule;
-    spec.seed = a.seed >= 0 ? uint64_t(a.seed) : 1;
-    spec.sim = a.sim;
-    spec.variant = a.variant;
-    spec.impl = resolve_model_impl(a.impl, model_preset(spec.preset), spec.layers, spec.seq);
-    reject_target_on_ref(a.given, spec.impl);
-    ModelConfig cfg = model_preset(spec.preset);
-    if (spec.layers > 0) cfg.n_layers = spec.layers;
-    if (spec.seq > 0) cfg.seq = spec.seq;
-    check_model_memory(cfg, parse_bytes(a.max_memory), true);
-    const std::string replay = golden::model_replay(spec) + " --out " + a.out;
-    std::fprintf(stderr, "golden: computing the %s toy model...\n", spec.preset.c_str());
-    return publish(golden::build_model(spec, replay), a, replay, t0);
-  }
-  if (!a.from.empty()) {  // kernel inputs dumped from a real model
-    require(a.preset.empty(), "golden: --from excludes --preset (use --problem for top-k, dv, sm and sched)");
-    require(!a.rows_given, "golden: --rows works with generated problems, not --from (the dump's rows are given)");
-    reject_given(a.given, {"--layers", "--seq", "--seed", "--schedule", "--sim", "--variant", "--kind"},
-                 "generated sets (--problem, --preset, --model)",
-                 "--from takes shapes, layers and values from the dump, top-k and sched= from --problem");
-    // The layer count comes from the file; the problem gives top-k, d_v, sm and the schedule. The
-    // shapes come from the file: the replay line carries the problem that was computed.
-#ifdef INDEXSHARE_MPI
-    if (dist::active()) {
-      // Every rank reads the header and the windows first, then the key side and its own rows
-      // only (from their offsets in the file).
-      golden::DumpRows dr;
-      dist::guarded([&] { dr = golden::dump_rows(a.from, a.problem); });
-      const std::string replay = golden::from_replay(a.from, dr.problem, !a.no_logits) + " --out " + a.out;
-      return publish_ranks(
-          a, dr.problem, replay, dr.windows, dr.indexer_layers, [](const golden::RowPart&) {},
-          [&](const golden::RowPart& part) {
-            golden::StackInputs si = golden::load_dump(a.from, a.problem, &part);
-            return golden::build_from(a.from, std::move(si), !a.no_logits, replay, &part);
-          },
-          t0);
-    }
-#endif
-    golden::StackInputs si = golden::load_dump(a.from, a.problem);
-    const std::string replay = golden::from_replay(a.from, si.problem, !a.no_logits) + " --out " + a.out;
-    return publish(golden::build_from(a.from, std::move(si), !a.no_logits, replay), a, replay, t0);
-  }
+  if (!a.model.empty() || module_preset) return golden_module(a, module_preset, t0);  // module level
+  if (!a.from.empty()) return golden_from(a, t0);  // kernel inputs dumped from a real model
   require(a.preset.empty() != a.problem.empty(), "golden: give exactly one of --preset, --problem, --model and --from");
   reject_given(a.given, {"--schedule", "--sim", "--variant"}, "--model",
                "a kernel-level set takes them from its descriptor: sched=, sim=, the indexer mode");

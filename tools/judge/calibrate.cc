@@ -174,6 +174,78 @@ nlohmann::json summary(const std::vector<Run>& runs) {
 
 // ---- power ---------------------------------------------------------------------------------------
 
+namespace {
+
+// A planted fault of calibrate --power: make(candidate, eps) writes the faulted tensors.
+struct PowerFault {
+  std::string name, tensor;
+  std::function<void(Cand&, double)> make;
+  std::string named;  // a diagnosis naming it contains this (and `where`, when given)
+  std::string where;
+};
+
+// One fault's row of the power table: the smallest eps the judge fails (geometric bisection), the
+// check that caught it there, and the smallest eps a diagnosis names it (with that diagnosis).
+// The unfaulted emulation (eps 0) must pass.
+PowerRow power_row(const PowerFault& f, const golden::Loaded& g, const ref::Kernels& k, const std::string& dir,
+                   const std::string& tmp) {
+  using Fault = PowerFault;
+  auto judge = [&](const Fault& f, double eps, diff::Result* keep) {
+    Cand c;
+    f.make(c, eps);
+    const diff::Result r = diff::judge(g, c.write_read(tmp + "/power.safetensors"), {}, k);
+    if (keep) *keep = r;
+    return r.failed();
+  };
+  auto named = [&](const Fault& f, double eps, diff::Result* keep) {
+    diff::Result r;
+    if (!judge(f, eps, &r)) return false;
+    auto names = [&](const std::string& d) { return d.find(f.named) != std::string::npos && d.find(f.where) != std::string::npos; };
+    const bool ok = std::any_of(r.diagnoses.begin(), r.diagnoses.end(), names);
+    if (keep) *keep = r;
+    return ok;
+  };
+  // The smallest eps in [1e-7, 0.5] for which pred holds (geometric bisection to about 5%), or -1.
+  auto smallest = [&](const std::function<bool(double)>& pred) {
+    double lo = 1e-7, hi = 0.5;
+    if (!pred(hi)) return -1.0;
+    for (int it = 0; it < 14; ++it) {
+      const double mid = std::sqrt(lo * hi);
+      (pred(mid) ? hi : lo) = mid;
+    }
+    return hi;
+  };
+  PowerRow row{f.name, f.tensor, -1, "", -1, ""};
+  require(!judge(f, 0, nullptr), "calibrate --power: the unfaulted emulation fails on " + dir + " (" + f.name + ")");
+  row.smallest = smallest([&](double e) { return judge(f, e, nullptr); });
+  if (row.smallest > 0) {
+    diff::Result r;
+    judge(f, row.smallest, &r);
+    for (const diff::TensorResult& t : r.tensors)
+      if (t.report.verdict == cmp::Verdict::fail && !t.report.reasons.empty()) {
+        const std::string& why = t.report.reasons[0];
+        row.caught_by = why.find("precision") != std::string::npos ? "precision"
+                        : why.find("structure") != std::string::npos ? "structure"
+                        : why.find("calc_diff") != std::string::npos ? "calc_diff"
+                        : why.find("check") != std::string::npos ? "anchor (FlashMLA elementwise)"
+                        : why.find("budget") != std::string::npos ? "budget"
+                        : "per-element bound";
+        break;
+      }
+  }
+  // A precision loss is no bug class: it is detected, not named.
+  if (!f.named.empty()) row.named = smallest([&](double e) { return named(f, e, nullptr); });
+  if (row.named > 0) {
+    diff::Result r;
+    named(f, row.named, &r);
+    for (const std::string& d : r.diagnoses)
+      if (d.find(f.named) != std::string::npos && d.find(f.where) != std::string::npos) { row.diagnosis = d; break; }
+  }
+  return row;
+}
+
+}  // namespace
+
 std::vector<PowerRow> power(const std::string& dir, int layer, const ref::Kernels& k, const std::string& tmp) {
   fs::create_directories(tmp);
   const golden::Loaded g = golden::read(dir);
@@ -196,12 +268,7 @@ std::vector<PowerRow> power(const std::string& dir, int layer, const ref::Kernel
     return r;
   }();
 
-  struct Fault {
-    std::string name, tensor;
-    std::function<void(Cand&, double)> make;
-    std::string named;  // a diagnosis naming it contains this (and `where`, when given)
-    std::string where;
-  };
+  using Fault = PowerFault;
   auto scaled = [](Tensor<float> t, double eps, const std::function<bool(int64_t)>& where) {
     for (int64_t i = 0; i < t.numel(); ++i)
       if (where(i) && std::isfinite(t[i])) t[i] = float(double(t[i]) * (1 + eps));
@@ -262,61 +329,8 @@ std::vector<PowerRow> power(const std::string& dir, int layer, const ref::Kernel
     faults.push_back({"indexer.logits rounded to -log2(eps) bits (precision loss)", "indexer.logits", [&](Cand& c, double e) {
                         c.set(pre + "indexer.logits", coarse(base_logits, e)); }, "", ""});
 
-  auto judge = [&](const Fault& f, double eps, diff::Result* keep) {
-    Cand c;
-    f.make(c, eps);
-    const diff::Result r = diff::judge(g, c.write_read(tmp + "/power.safetensors"), {}, k);
-    if (keep) *keep = r;
-    return r.failed();
-  };
-  auto named = [&](const Fault& f, double eps, diff::Result* keep) {
-    diff::Result r;
-    if (!judge(f, eps, &r)) return false;
-    auto names = [&](const std::string& d) { return d.find(f.named) != std::string::npos && d.find(f.where) != std::string::npos; };
-    const bool ok = std::any_of(r.diagnoses.begin(), r.diagnoses.end(), names);
-    if (keep) *keep = r;
-    return ok;
-  };
-  // The smallest eps in [1e-7, 0.5] for which pred holds (geometric bisection to about 5%), or -1.
-  auto smallest = [&](const std::function<bool(double)>& pred) {
-    double lo = 1e-7, hi = 0.5;
-    if (!pred(hi)) return -1.0;
-    for (int it = 0; it < 14; ++it) {
-      const double mid = std::sqrt(lo * hi);
-      (pred(mid) ? hi : lo) = mid;
-    }
-    return hi;
-  };
   std::vector<PowerRow> rows;
-  for (const Fault& f : faults) {
-    PowerRow row{f.name, f.tensor, -1, "", -1, ""};
-    require(!judge(f, 0, nullptr), "calibrate --power: the unfaulted emulation fails on " + dir + " (" + f.name + ")");
-    row.smallest = smallest([&](double e) { return judge(f, e, nullptr); });
-    if (row.smallest > 0) {
-      diff::Result r;
-      judge(f, row.smallest, &r);
-      for (const diff::TensorResult& t : r.tensors)
-        if (t.report.verdict == cmp::Verdict::fail && !t.report.reasons.empty()) {
-          const std::string& why = t.report.reasons[0];
-          row.caught_by = why.find("precision") != std::string::npos ? "precision"
-                          : why.find("structure") != std::string::npos ? "structure"
-                          : why.find("calc_diff") != std::string::npos ? "calc_diff"
-                          : why.find("check") != std::string::npos ? "anchor (FlashMLA elementwise)"
-                          : why.find("budget") != std::string::npos ? "budget"
-                          : "per-element bound";
-          break;
-        }
-    }
-    // A precision loss is no bug class: it is detected, not named.
-    if (!f.named.empty()) row.named = smallest([&](double e) { return named(f, e, nullptr); });
-    if (row.named > 0) {
-      diff::Result r;
-      named(f, row.named, &r);
-      for (const std::string& d : r.diagnoses)
-        if (d.find(f.named) != std::string::npos && d.find(f.where) != std::string::npos) { row.diagnosis = d; break; }
-    }
-    rows.push_back(row);
-  }
+  for (const Fault& f : faults) rows.push_back(power_row(f, g, k, dir, tmp));
   return rows;
 }
 

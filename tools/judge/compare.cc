@@ -434,6 +434,97 @@ void fold_rows(Report& r, std::vector<RowResult>& rows) {
   }
 }
 
+// What compare_topk judges a row of: the windows, the golden's and the candidate's top-k, the options.
+struct TopkInputs {
+  const Tensor<int32_t>&ks, &ke, &golden_topk, &cand;  // windows [s_q]; top-k [s_q, topk]
+  const TopkOptions& opt;
+  int64_t topk;
+};
+
+// Row t; seen_in[v] == t marks position v taken in row t (a thread's own array); gold and
+// in_window are the thread's scratch.
+RowResult judge_topk_row(const TopkInputs& in, int64_t t, const Tensor<float>* lg, std::vector<int64_t>& seen_in,
+                         std::vector<int32_t>& gold, std::vector<int32_t>& in_window) {
+  const Tensor<int32_t>&ks = in.ks, &ke = in.ke, &golden_topk = in.golden_topk, &cand = in.cand;
+  const TopkOptions& opt = in.opt;
+  const int64_t topk = in.topk;
+  RowResult x;
+  const int64_t len = ke[t] - ks[t], k_eff = std::min(topk, len);
+  x.nontrivial = len > topk;
+  // A row that is the golden's slot for slot needs no sets when it is well formed: its positions
+  // are the golden's (recall 1, the same scores). Any other row, or a malformed one, has them.
+  const bool same = std::equal(cand.ptr() + t * topk, cand.ptr() + (t + 1) * topk, golden_topk.ptr() + t * topk);
+  int64_t common = 0;
+  auto sets = [&] {
+    gold.clear();
+    for (int64_t j = 0; j < topk; ++j) if (golden_topk.at(t, j) >= 0) gold.push_back(golden_topk.at(t, j));
+    sorted_set(gold);
+    // Recall over every row, malformed ones included: the distinct in-window positions it holds.
+    in_window.clear();
+    for (int64_t j = 0; j < topk; ++j)
+      if (cand.at(t, j) >= 0 && cand.at(t, j) < len) in_window.push_back(cand.at(t, j));
+    sorted_set(in_window);
+    for (int32_t v : in_window) common += member(gold, v);
+    x.recall = k_eff ? double(std::min(common, k_eff)) / double(k_eff) : 1.0;
+  };
+  if (!same) sets();
+  // The value a slot holds as the candidate wrote it (a kv row when opt.kv_rows).
+  auto shown = [&](int64_t j) {
+    return opt.kv_rows ? "kv row " + std::to_string(opt.kv_rows->at(t, j)) : std::to_string(cand.at(t, j));
+  };
+  auto window = [&] {
+    return opt.kv_rows ? "the row's window [" + std::to_string(ks[t]) + ", " + std::to_string(ke[t]) + ")"
+                       : "[0, " + std::to_string(len) + ")";
+  };
+  // 1. Structure.
+  int64_t valid = 0, first_pad = -1;
+  for (int64_t j = 0; j < topk; ++j) {
+    const int32_t v = cand.at(t, j);
+    if (v == -1) { if (first_pad < 0) first_pad = j; continue; }
+    if (v < 0 || v >= len) {
+      x.what = "slot " + std::to_string(j) + " holds " + shown(j) + ", outside " + window() + " and not -1";
+      break;
+    }
+    if (seen_in[size_t(v)] == t) {
+      x.what = (opt.kv_rows ? shown(j) : "position " + shown(j)) + " appears twice";
+      break;
+    }
+    seen_in[size_t(v)] = t;
+    if (opt.trailing_padding && first_pad >= 0) { x.what = "valid position after a -1 slot (padding must be trailing)"; break; }
+    ++valid;
+  }
+  if (x.what.empty() && valid != k_eff)
+    x.what = std::to_string(valid) + " valid slots, expected min(topk, length) = " + std::to_string(k_eff);
+  if (!x.what.empty()) {
+    if (same) sets();
+    x.kind = Row::structural;
+    return x;
+  }
+  x.checked = len > 0;
+  if (same) return x;
+  // A well-formed row's positions are its distinct in-window values, ascending.
+  const std::vector<int32_t>& seen = in_window;
+  // 2. Selection: multisets of golden scores. The same positions as the golden's give the same
+  // multiset: nothing to sort.
+  if (size_t(common) == gold.size() && seen.size() == gold.size()) return x;
+  if (!lg) { x.kind = Row::scores; return x; }
+  const Tensor<float>& golden_logits = *lg;
+  std::vector<float> sc, sg;
+  for (int32_t v : seen) sc.push_back(golden_logits.at(t, ks[t] + v));
+  for (int32_t v : gold) sg.push_back(golden_logits.at(t, ks[t] + v));
+  std::sort(sc.begin(), sc.end());
+  std::sort(sg.begin(), sg.end());
+  if (sc == sg) return x;
+  // Near ties explained by the candidate's own logits.
+  x.kind = near_ties(t, seen, gold, golden_logits, ks, opt, x.recall, x.what);
+  if (x.kind != Row::selection) return x;
+  char buf[200];
+  std::snprintf(buf, sizeof buf, "selected scores differ from the golden's (recall %.3f): a true winner is missing",
+                x.recall);
+  x.what = buf;
+  return x;
+}
+
 }  // namespace
 
 Report compare_topk(const std::string& tensor, const std::function<const Tensor<float>&()>& logits_of, const Tensor<int32_t>& ks,
@@ -453,86 +544,9 @@ Report compare_topk(const std::string& tensor, const std::function<const Tensor<
   // that has to compare scores before the logits are at hand (`lg` null) waits for a second sweep.
   int64_t max_len = 0;
   for (int64_t t = 0; t < s_q; ++t) max_len = std::max<int64_t>(max_len, ke[t] - ks[t]);
-  // Row t; seen_in[v] == t marks position v taken in row t (a thread's own array); gold and
-  // in_window are the thread's scratch.
+  const TopkInputs in{ks, ke, golden_topk, cand, opt, topk};
   auto judge_row = [&](int64_t t, const Tensor<float>* lg, std::vector<int64_t>& seen_in, std::vector<int32_t>& gold,
-                       std::vector<int32_t>& in_window) {
-    RowResult x;
-    const int64_t len = ke[t] - ks[t], k_eff = std::min(topk, len);
-    x.nontrivial = len > topk;
-    // A row that is the golden's slot for slot needs no sets when it is well formed: its positions
-    // are the golden's (recall 1, the same scores). Any other row, or a malformed one, has them.
-    const bool same = std::equal(cand.ptr() + t * topk, cand.ptr() + (t + 1) * topk, golden_topk.ptr() + t * topk);
-    int64_t common = 0;
-    auto sets = [&] {
-      gold.clear();
-      for (int64_t j = 0; j < topk; ++j) if (golden_topk.at(t, j) >= 0) gold.push_back(golden_topk.at(t, j));
-      sorted_set(gold);
-      // Recall over every row, malformed ones included: the distinct in-window positions it holds.
-      in_window.clear();
-      for (int64_t j = 0; j < topk; ++j)
-        if (cand.at(t, j) >= 0 && cand.at(t, j) < len) in_window.push_back(cand.at(t, j));
-      sorted_set(in_window);
-      for (int32_t v : in_window) common += member(gold, v);
-      x.recall = k_eff ? double(std::min(common, k_eff)) / double(k_eff) : 1.0;
-    };
-    if (!same) sets();
-    // The value a slot holds as the candidate wrote it (a kv row when opt.kv_rows).
-    auto shown = [&](int64_t j) {
-      return opt.kv_rows ? "kv row " + std::to_string(opt.kv_rows->at(t, j)) : std::to_string(cand.at(t, j));
-    };
-    auto window = [&] {
-      return opt.kv_rows ? "the row's window [" + std::to_string(ks[t]) + ", " + std::to_string(ke[t]) + ")"
-                         : "[0, " + std::to_string(len) + ")";
-    };
-    // 1. Structure.
-    int64_t valid = 0, first_pad = -1;
-    for (int64_t j = 0; j < topk; ++j) {
-      const int32_t v = cand.at(t, j);
-      if (v == -1) { if (first_pad < 0) first_pad = j; continue; }
-      if (v < 0 || v >= len) {
-        x.what = "slot " + std::to_string(j) + " holds " + shown(j) + ", outside " + window() + " and not -1";
-        break;
-      }
-      if (seen_in[size_t(v)] == t) {
-        x.what = (opt.kv_rows ? shown(j) : "position " + shown(j)) + " appears twice";
-        break;
-      }
-      seen_in[size_t(v)] = t;
-      if (opt.trailing_padding && first_pad >= 0) { x.what = "valid position after a -1 slot (padding must be trailing)"; break; }
-      ++valid;
-    }
-    if (x.what.empty() && valid != k_eff)
-      x.what = std::to_string(valid) + " valid slots, expected min(topk, length) = " + std::to_string(k_eff);
-    if (!x.what.empty()) {
-      if (same) sets();
-      x.kind = Row::structural;
-      return x;
-    }
-    x.checked = len > 0;
-    if (same) return x;
-    // A well-formed row's positions are its distinct in-window values, ascending.
-    const std::vector<int32_t>& seen = in_window;
-    // 2. Selection: multisets of golden scores. The same positions as the golden's give the same
-    // multiset: nothing to sort.
-    if (size_t(common) == gold.size() && seen.size() == gold.size()) return x;
-    if (!lg) { x.kind = Row::scores; return x; }
-    const Tensor<float>& golden_logits = *lg;
-    std::vector<float> sc, sg;
-    for (int32_t v : seen) sc.push_back(golden_logits.at(t, ks[t] + v));
-    for (int32_t v : gold) sg.push_back(golden_logits.at(t, ks[t] + v));
-    std::sort(sc.begin(), sc.end());
-    std::sort(sg.begin(), sg.end());
-    if (sc == sg) return x;
-    // Near ties explained by the candidate's own logits.
-    x.kind = near_ties(t, seen, gold, golden_logits, ks, opt, x.recall, x.what);
-    if (x.kind != Row::selection) return x;
-    char buf[200];
-    std::snprintf(buf, sizeof buf, "selected scores differ from the golden's (recall %.3f): a true winner is missing",
-                  x.recall);
-    x.what = buf;
-    return x;
-  };
+                       std::vector<int32_t>& in_window) { return judge_topk_row(in, t, lg, seen_in, gold, in_window); };
   std::vector<RowResult> rows(static_cast<size_t>(s_q));
   constexpr int64_t kTopkBlock = 64;  // rows per block of the parallel loop
   const int64_t blocks = (s_q + kTopkBlock - 1) / kTopkBlock;

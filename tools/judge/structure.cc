@@ -198,6 +198,177 @@ void cluster_bins(const float* x, const float* y, const float* g, int64_t c0, in
   }
 }
 
+// The group kinds tested on a tensor of the spec's shape, in report order: the whole tensor, heads,
+// column classes mod 8..128 (s.lanes), row blocks of 64 and 128, rows mod 2, sequences (row_seq).
+std::vector<Kind> structure_kinds(const StructureSpec& s) {
+  const int64_t R = s.rows, H = s.heads, C = s.cols;
+  std::vector<Kind> kinds = {{"whole", 1}};
+  if (H >= 2) kinds.push_back({"head", H, 0, 0, true});
+  if (s.lanes)
+    for (int64_t m : {8, 16, 32, 64, 128})
+      if (m <= C / 2) kinds.push_back({"mod" + std::to_string(m), m, m});
+  for (int64_t t : {64, 128})
+    if (R > t) kinds.push_back({"rows" + std::to_string(t), (R + t - 1) / t, 0, t});
+  if (R >= 4) kinds.push_back({"rowmod2", 2, 0, 0, false, false, 2});
+  int64_t n_seq = 1;
+  for (int64_t q : s.row_seq) n_seq = std::max(n_seq, q + 1);
+  if (n_seq >= 2) kinds.push_back({"seq", n_seq, 0, 0, false, true});
+  return kinds;
+}
+
+// What a sweep over the clusters reads and writes (structure_tests): the data, the shape and its
+// clusters, the column classes tested [lo, kClasses), every cluster's totals (pass 1 writes them,
+// pass 2 reads them) and the column-class groups' coefficients for pass 2, packed as the classes.
+struct Sweep {
+  const StructureSpec& s;
+  const float *x, *y;
+  int64_t R, H, C, CC, NC, block_rows;
+  bool lanes;
+  int lo;
+  std::vector<Sums>& totals;
+  const std::vector<double>&cb_scale, &cb_off, &cb_sm, &crms;  // pass 2 reads them
+};
+
+// One block of whole rows of pass `pass`: each cluster's sums (into w.totals on pass 1) and, with
+// column classes, the block's part of their sums (pass 1) or squared residuals (pass 2). B: this
+// thread's bins.
+void sweep_block(const Sweep& w, int pass, int64_t blk, Bins* B, LanePart* part) {
+  const StructureSpec& s = w.s;
+  const float *x = w.x, *y = w.y;
+  const int64_t R = w.R, H = w.H, C = w.C, CC = w.CC, NC = w.NC, block_rows = w.block_rows;
+  const bool lanes = w.lanes;
+  const int lo = w.lo;
+  std::vector<Sums>& totals = w.totals;
+  const std::vector<double>&cb_scale = w.cb_scale, &cb_off = w.cb_off, &cb_sm = w.cb_sm, &crms = w.crms;
+  for (int64_t r = blk * block_rows; r < std::min(R, (blk + 1) * block_rows); ++r)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t q = 0; q < NC; ++q) {
+        const int64_t base = (r * H + h) * C, c0 = q * CC, c1 = std::min(C, c0 + CC);
+        const float* g = s.sm_dir ? s.sm_dir + base : nullptr;
+        Sums t;
+        if (lanes) {
+          if (g) cluster_bins<true>(x + base, y + base, g, c0, c1, *B);
+          else cluster_bins<false>(x + base, y + base, g, c0, c1, *B);
+          if (pass == 2) {
+            t = totals[size_t((r * H + h) * NC + q)];  // pass 1's, from the same bins
+          } else if (g) {
+            for (int j = 0; j < 128; ++j) {
+              t.n += B->n[j]; t.sxx += B->sxx[j]; t.sxe += B->sxe[j]; t.se += B->se[j]; t.sgg += B->sgg[j]; t.sge += B->sge[j];
+            }
+          } else {  // sgg and sge are zeros: their sums stay +0
+            for (int j = 0; j < 128; ++j) {
+              t.n += B->n[j]; t.sxx += B->sxx[j]; t.sxe += B->sxe[j]; t.se += B->se[j];
+            }
+          }
+        } else {
+          for (int64_t c = c0; c < c1; ++c) {
+            const int64_t i = base + c;
+            if (!std::isfinite(x[i]) || !std::isfinite(y[i])) continue;
+            const double xv = x[i], e = double(y[i]) - double(x[i]), gv = g ? double(g[c]) : 0.0;
+            t.n += 1; t.sxx += xv * xv; t.sxe += xv * e; t.se += e; t.sgg += gv * gv; t.sge += gv * e;
+          }
+        }
+        if (s.sm_sums) {  // the direction given as its cluster sums (sm_cluster_sums)
+          t.sgg = s.sm_sums[2 * ((r * H + h) * NC + q)];
+          t.sge = s.sm_sums[2 * ((r * H + h) * NC + q) + 1];
+        }
+        if (pass == 1) totals[size_t((r * H + h) * NC + q)] = t;
+        if (!part || t.n == 0) continue;
+        // The column classes of every modulus tested. A class without finite pairs adds
+        // zeros (no change) and is not counted.
+        if (pass == 1) {
+          Bins& S = part->s;
+          for (int j = lo; j < kClasses; ++j) {
+            S.n[j] += B->n[j]; S.sxx[j] += B->sxx[j]; S.sxe[j] += B->sxe[j];
+            S.se[j] += B->se[j]; S.sgg[j] += B->sgg[j]; S.sge[j] += B->sge[j];
+            part->clusters[j] += B->n[j] > 0 ? 1.0 : 0.0;
+          }
+        } else {
+          const double *bs = cb_scale.data(), *bo = cb_off.data(), *bg = cb_sm.data(), *rm = crms.data();
+          for (int j = lo; j < kClasses; ++j) {
+            const double n = B->n[j];
+            const double us = B->sxe[j] - bs[j] * B->sxx[j];
+            const double uo = rm[j] * (B->se[j] - bo[j] * rm[j] * n);
+            const double ug = B->sge[j] - bg[j] * B->sgg[j];
+            const bool has = n > 0;
+            part->v_scale[j] += has ? us * us : 0.0;
+            part->v_off[j] += has ? uo * uo : 0.0;
+            part->v_sm[j] += has ? ug * ug : 0.0;
+          }
+        }
+      }
+}
+
+// The blocks' column-class parts added in block order, then given to the column-class groups:
+// their sums and coefficients (pass 1; packed into cb_* for pass 2) or their variances (pass 2).
+void combine_lane_parts(int pass, const std::vector<LanePart>& parts, int lo, const std::vector<Kind>& kinds,
+                        std::vector<std::vector<GroupAcc>>& acc, std::vector<double>& cb_scale, std::vector<double>& cb_off,
+                        std::vector<double>& cb_sm, std::vector<double>& crms) {
+  // The blocks' column-class parts, in block order.
+  LanePart sum{};
+  for (const LanePart& p : parts)
+    for (int j = lo; j < kClasses; ++j) {
+      if (pass == 1) {
+        sum.s.n[j] += p.s.n[j]; sum.s.sxx[j] += p.s.sxx[j]; sum.s.sxe[j] += p.s.sxe[j];
+        sum.s.se[j] += p.s.se[j]; sum.s.sgg[j] += p.s.sgg[j]; sum.s.sge[j] += p.s.sge[j];
+        sum.clusters[j] += p.clusters[j];
+      } else {
+        sum.v_scale[j] += p.v_scale[j]; sum.v_off[j] += p.v_off[j]; sum.v_sm[j] += p.v_sm[j];
+      }
+    }
+  for (size_t k = 0; k < kinds.size(); ++k) {
+    const Kind& K = kinds[k];
+    if (!K.modulus) continue;
+    const int at = kFoldAt[fold_of(K.modulus)];
+    for (int64_t j = 0; j < K.modulus; ++j) {
+      GroupAcc& a = acc[k][size_t(j)];
+      const size_t i = size_t(at + j);
+      if (pass == 1) {
+        a.s = {sum.s.n[i], sum.s.sxx[i], sum.s.sxe[i], sum.s.se[i], sum.s.sgg[i], sum.s.sge[i]};
+        a.clusters = int64_t(sum.clusters[i]);
+        a.coefficients();
+        cb_scale[i] = a.b_scale; cb_off[i] = a.b_off; cb_sm[i] = a.b_sm; crms[i] = a.rms;
+      } else {
+        a.v_scale = sum.v_scale[i]; a.v_off = sum.v_off[i]; a.v_sm = sum.v_sm[i];
+      }
+    }
+  }
+}
+
+// Every group's scale and offset tests (and the whole tensor's softmax-direction test when the spec
+// gives the direction), in report order, from the groups' sums, coefficients and variances.
+std::vector<GroupTest> group_tests(const StructureSpec& s, const std::vector<Kind>& kinds,
+                                   const std::vector<std::vector<GroupAcc>>& acc) {
+  std::vector<GroupTest> tests;
+  auto test = [&](const std::string& stat, size_t k, size_t g, double b, double sdd, double var) {
+    const GroupAcc& a = acc[k][g];
+    GroupTest t;
+    t.stat = stat;
+    t.kind = kinds[k].name;
+    t.index = int64_t(g);
+    t.label = label(kinds[k], int64_t(g), s);
+    t.n = int64_t(a.s.n);
+    t.clusters = a.clusters;
+    t.b = b;
+    t.explained = b * b * sdd;
+    t.floor = s.floor;
+    t.tested = a.clusters >= kMinClusters && sdd > 0;
+    if (a.clusters >= 2 && sdd > 0) {
+      t.se = std::sqrt(double(a.clusters) / double(a.clusters - 1) * var) / sdd;
+      t.t = t.se > 0 ? t.b / t.se : (t.b == 0 ? 0.0 : std::copysign(std::numeric_limits<double>::infinity(), t.b));
+    }
+    tests.push_back(t);
+  };
+  for (size_t k = 0; k < kinds.size(); ++k)
+    for (size_t g = 0; g < acc[k].size(); ++g) {
+      const GroupAcc& a = acc[k][g];
+      test("scale", k, g, a.b_scale, a.s.sxx, a.v_scale);
+      test("offset", k, g, a.b_off, a.rms * a.rms * a.s.n, a.v_off);
+    }
+  if (s.sm_dir || s.sm_sums) test("sm", 0, 0, acc[0][0].b_sm, acc[0][0].s.sgg, acc[0][0].v_sm);
+  return tests;
+}
+
 }  // namespace
 
 // Pass 1 sweeps over the clusters: each cluster's pairs are summed (with column classes: into 128
@@ -214,17 +385,7 @@ void cluster_bins(const float* x, const float* y, const float* g, int64_t c0, in
 StructureReport structure_tests(const StructureSpec& s, const float* x, const float* y) {
   const int64_t R = s.rows, H = s.heads, C = s.cols, CC = std::max<int64_t>(1, s.cluster_cols);
   require(s.row_seq.empty() || int64_t(s.row_seq.size()) == R, "structure_tests: row_seq size");
-  std::vector<Kind> kinds = {{"whole", 1}};
-  if (H >= 2) kinds.push_back({"head", H, 0, 0, true});
-  if (s.lanes)
-    for (int64_t m : {8, 16, 32, 64, 128})
-      if (m <= C / 2) kinds.push_back({"mod" + std::to_string(m), m, m});
-  for (int64_t t : {64, 128})
-    if (R > t) kinds.push_back({"rows" + std::to_string(t), (R + t - 1) / t, 0, t});
-  if (R >= 4) kinds.push_back({"rowmod2", 2, 0, 0, false, false, 2});
-  int64_t n_seq = 1;
-  for (int64_t q : s.row_seq) n_seq = std::max(n_seq, q + 1);
-  if (n_seq >= 2) kinds.push_back({"seq", n_seq, 0, 0, false, true});
+  std::vector<Kind> kinds = structure_kinds(s);
   const bool lanes = std::any_of(kinds.begin(), kinds.end(), [](const Kind& k) { return k.modulus > 0; });
   // The column classes tested: [kFoldAt[f0], kClasses) covers every modulus from the largest tested down to 8.
   int64_t m_max = 0;
@@ -242,6 +403,7 @@ StructureReport structure_tests(const StructureSpec& s, const float* x, const fl
   std::vector<LanePart> parts(lanes ? size_t(blocks) : 0);      // the column classes, per block
   // The column-class groups' coefficients for pass 2, packed as the classes.
   std::vector<double> cb_scale(kClasses), cb_off(kClasses), cb_sm(kClasses), crms(kClasses);
+  const Sweep w{s, x, y, R, H, C, CC, NC, block_rows, lanes, lo, totals, cb_scale, cb_off, cb_sm, crms};
   for (int pass = 1; pass <= (lanes ? 2 : 1); ++pass) {
 #pragma omp parallel if (blocks > 1)
     {
@@ -250,94 +412,10 @@ StructureReport structure_tests(const StructureSpec& s, const float* x, const fl
       for (int64_t blk = 0; blk < blocks; ++blk) {
         LanePart* part = lanes ? &parts[size_t(blk)] : nullptr;
         if (part) *part = LanePart{};
-        for (int64_t r = blk * block_rows; r < std::min(R, (blk + 1) * block_rows); ++r)
-          for (int64_t h = 0; h < H; ++h)
-            for (int64_t q = 0; q < NC; ++q) {
-              const int64_t base = (r * H + h) * C, c0 = q * CC, c1 = std::min(C, c0 + CC);
-              const float* g = s.sm_dir ? s.sm_dir + base : nullptr;
-              Sums t;
-              if (lanes) {
-                if (g) cluster_bins<true>(x + base, y + base, g, c0, c1, *B);
-                else cluster_bins<false>(x + base, y + base, g, c0, c1, *B);
-                if (pass == 2) {
-                  t = totals[size_t((r * H + h) * NC + q)];  // pass 1's, from the same bins
-                } else if (g) {
-                  for (int j = 0; j < 128; ++j) {
-                    t.n += B->n[j]; t.sxx += B->sxx[j]; t.sxe += B->sxe[j]; t.se += B->se[j]; t.sgg += B->sgg[j]; t.sge += B->sge[j];
-                  }
-                } else {  // sgg and sge are zeros: their sums stay +0
-                  for (int j = 0; j < 128; ++j) {
-                    t.n += B->n[j]; t.sxx += B->sxx[j]; t.sxe += B->sxe[j]; t.se += B->se[j];
-                  }
-                }
-              } else {
-                for (int64_t c = c0; c < c1; ++c) {
-                  const int64_t i = base + c;
-                  if (!std::isfinite(x[i]) || !std::isfinite(y[i])) continue;
-                  const double xv = x[i], e = double(y[i]) - double(x[i]), gv = g ? double(g[c]) : 0.0;
-                  t.n += 1; t.sxx += xv * xv; t.sxe += xv * e; t.se += e; t.sgg += gv * gv; t.sge += gv * e;
-                }
-              }
-              if (s.sm_sums) {  // the direction given as its cluster sums (sm_cluster_sums)
-                t.sgg = s.sm_sums[2 * ((r * H + h) * NC + q)];
-                t.sge = s.sm_sums[2 * ((r * H + h) * NC + q) + 1];
-              }
-              if (pass == 1) totals[size_t((r * H + h) * NC + q)] = t;
-              if (!part || t.n == 0) continue;
-              // The column classes of every modulus tested. A class without finite pairs adds
-              // zeros (no change) and is not counted.
-              if (pass == 1) {
-                Bins& S = part->s;
-                for (int j = lo; j < kClasses; ++j) {
-                  S.n[j] += B->n[j]; S.sxx[j] += B->sxx[j]; S.sxe[j] += B->sxe[j];
-                  S.se[j] += B->se[j]; S.sgg[j] += B->sgg[j]; S.sge[j] += B->sge[j];
-                  part->clusters[j] += B->n[j] > 0 ? 1.0 : 0.0;
-                }
-              } else {
-                const double *bs = cb_scale.data(), *bo = cb_off.data(), *bg = cb_sm.data(), *rm = crms.data();
-                for (int j = lo; j < kClasses; ++j) {
-                  const double n = B->n[j];
-                  const double us = B->sxe[j] - bs[j] * B->sxx[j];
-                  const double uo = rm[j] * (B->se[j] - bo[j] * rm[j] * n);
-                  const double ug = B->sge[j] - bg[j] * B->sgg[j];
-                  const bool has = n > 0;
-                  part->v_scale[j] += has ? us * us : 0.0;
-                  part->v_off[j] += has ? uo * uo : 0.0;
-                  part->v_sm[j] += has ? ug * ug : 0.0;
-                }
-              }
-            }
+        sweep_block(w, pass, blk, B.get(), part);
       }
     }
-    // The blocks' column-class parts, in block order.
-    LanePart sum{};
-    for (const LanePart& p : parts)
-      for (int j = lo; j < kClasses; ++j) {
-        if (pass == 1) {
-          sum.s.n[j] += p.s.n[j]; sum.s.sxx[j] += p.s.sxx[j]; sum.s.sxe[j] += p.s.sxe[j];
-          sum.s.se[j] += p.s.se[j]; sum.s.sgg[j] += p.s.sgg[j]; sum.s.sge[j] += p.s.sge[j];
-          sum.clusters[j] += p.clusters[j];
-        } else {
-          sum.v_scale[j] += p.v_scale[j]; sum.v_off[j] += p.v_off[j]; sum.v_sm[j] += p.v_sm[j];
-        }
-      }
-    for (size_t k = 0; k < kinds.size(); ++k) {
-      const Kind& K = kinds[k];
-      if (!K.modulus) continue;
-      const int at = kFoldAt[fold_of(K.modulus)];
-      for (int64_t j = 0; j < K.modulus; ++j) {
-        GroupAcc& a = acc[k][size_t(j)];
-        const size_t i = size_t(at + j);
-        if (pass == 1) {
-          a.s = {sum.s.n[i], sum.s.sxx[i], sum.s.sxe[i], sum.s.se[i], sum.s.sgg[i], sum.s.sge[i]};
-          a.clusters = int64_t(sum.clusters[i]);
-          a.coefficients();
-          cb_scale[i] = a.b_scale; cb_off[i] = a.b_off; cb_sm[i] = a.b_sm; crms[i] = a.rms;
-        } else {
-          a.v_scale = sum.v_scale[i]; a.v_off = sum.v_off[i]; a.v_sm = sum.v_sm[i];
-        }
-      }
-    }
+    combine_lane_parts(pass, parts, lo, kinds, acc, cb_scale, cb_off, cb_sm, crms);
     if (pass > 1) continue;
     // Every other kind from the cluster totals, cluster by cluster in order.
     for (int64_t r = 0; r < R; ++r)
@@ -368,33 +446,7 @@ StructureReport structure_tests(const StructureSpec& s, const float* x, const fl
       }
   totals = std::vector<Sums>();
 
-  std::vector<GroupTest> tests;
-  auto test = [&](const std::string& stat, size_t k, size_t g, double b, double sdd, double var) {
-    const GroupAcc& a = acc[k][g];
-    GroupTest t;
-    t.stat = stat;
-    t.kind = kinds[k].name;
-    t.index = int64_t(g);
-    t.label = label(kinds[k], int64_t(g), s);
-    t.n = int64_t(a.s.n);
-    t.clusters = a.clusters;
-    t.b = b;
-    t.explained = b * b * sdd;
-    t.floor = s.floor;
-    t.tested = a.clusters >= kMinClusters && sdd > 0;
-    if (a.clusters >= 2 && sdd > 0) {
-      t.se = std::sqrt(double(a.clusters) / double(a.clusters - 1) * var) / sdd;
-      t.t = t.se > 0 ? t.b / t.se : (t.b == 0 ? 0.0 : std::copysign(std::numeric_limits<double>::infinity(), t.b));
-    }
-    tests.push_back(t);
-  };
-  for (size_t k = 0; k < kinds.size(); ++k)
-    for (size_t g = 0; g < acc[k].size(); ++g) {
-      const GroupAcc& a = acc[k][g];
-      test("scale", k, g, a.b_scale, a.s.sxx, a.v_scale);
-      test("offset", k, g, a.b_off, a.rms * a.rms * a.s.n, a.v_off);
-    }
-  if (s.sm_dir || s.sm_sums) test("sm", 0, 0, acc[0][0].b_sm, acc[0][0].s.sgg, acc[0][0].v_sm);
+  std::vector<GroupTest> tests = group_tests(s, kinds, acc);
   rep.tests = std::move(tests);
   std::vector<std::string> kind_names;
   for (const Kind& K : kinds) kind_names.push_back(K.name);

@@ -251,58 +251,30 @@ golden::RowPart my_rows(const std::vector<double>& work, std::vector<int64_t>* b
   return part;
 }
 
-nlohmann::json write_golden(const std::string& dir, golden::GoldenSet part, bool force, WriteStats* stats) {
-  namespace fs = std::filesystem;
-  require(part.shard.active, "write_golden: the set is not a part (build it with a RowPart)");
-  const std::string file_for_errors = dir + "/" + golden::kTensorFile;
-  // 1. The whole set's header and offsets, the same on every rank.
-  std::vector<io::TensorSpec> specs;
-  uint64_t whole_bytes = 0;
-  for (const io::TensorView& v : part.tensors) {
-    const auto it = part.shard.per_row.find(v.name);
-    specs.push_back({v.name, v.dtype, it == part.shard.per_row.end() ? v.shape : it->second});
-    whole_bytes += uint64_t(shape_numel(specs.back().shape)) * io::dtype_size(v.dtype);
+namespace {
+
+// Each layer's budget over every rank's rows: the parts' maxima combined (max over the ranks, a
+// collective) into the manifest's budget_max_abs and emulation_max_abs.
+void combine_budgets(golden::GoldenSet& part) {
+  std::vector<double> local, global;
+  for (const auto& [name, b] : part.shard.budgets) local.insert(local.end(), {b.emul, b.ref_round, b.emu_err});
+  global.resize(local.size());
+  MPI_Allreduce(local.data(), global.data(), int(local.size()), MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  size_t i = 0;
+  for (const auto& [name, b] : part.shard.budgets) {
+    (void)b;
+    cmp::BudgetParts parts{global[i], global[i + 1]};
+    part.manifest["budgets"][name]["budget_max_abs"] = cmp::attention_budget(parts);
+    part.manifest["budgets"][name]["emulation_max_abs"] = global[i + 2];
+    i += 3;
   }
-  std::string header;
-  std::vector<uint64_t> offsets;
-  guarded([&] { header = io::encode_header(file_for_errors, specs, {{"format", "indexshare-golden"}}, &offsets); });
-  const uint64_t data0 = header.size();
+}
 
-  // 2. The budgets: each layer's maxima over every rank's rows.
-  phases::begin("write: budgets, staging");
-  {
-    std::vector<double> local, global;
-    for (const auto& [name, b] : part.shard.budgets) local.insert(local.end(), {b.emul, b.ref_round, b.emu_err});
-    global.resize(local.size());
-    MPI_Allreduce(local.data(), global.data(), int(local.size()), MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-    size_t i = 0;
-    for (const auto& [name, b] : part.shard.budgets) {
-      (void)b;
-      cmp::BudgetParts parts{global[i], global[i + 1]};
-      part.manifest["budgets"][name]["budget_max_abs"] = cmp::attention_budget(parts);
-      part.manifest["budgets"][name]["emulation_max_abs"] = global[i + 2];
-      i += 3;
-    }
-  }
-
-  // 3. Rank 0 stages the temporary folder; every rank learns its name.
-  golden::Staging staged;
-  guarded([&] {
-    if (g_rank == 0) staged = golden::stage(dir, force, "mpi." + std::to_string(::getpid()));
-  });
-  staged.tmp = bcast(staged.tmp);
-  const std::string path = (fs::path(staged.tmp) / golden::kTensorFile).string();
-  auto remove_tmp = [&] {
-    if (g_rank == 0) golden::discard(staged);
-  };
-
-  // 4. The tensor file: rank 0 the header and the key-side tensors, every rank its rows.
-  phases::begin("write (MPI-IO)");
-  const double t_write = now_s();
-  MPI_File fh;
-  const int open_rc = MPI_File_open(MPI_COMM_WORLD, path.c_str(), MPI_MODE_CREATE | MPI_MODE_WRONLY, MPI_INFO_NULL, &fh);
-  guarded([&] { require(open_rc == MPI_SUCCESS, path + ": cannot create the file (MPI-IO): " + mpi_error(open_rc)); },
-          remove_tmp);
+// Writes this rank's share of the tensor file through the open MPI-IO handle fh (rank 0 the header
+// and the key-side tensors, every rank its rows of the per-row ones), then syncs and closes it
+// (collectives: every rank calls them, failed or not). Returns the first error, "" if none.
+std::string write_tensor_file(MPI_File& fh, const std::string& path, const golden::GoldenSet& part, const std::string& header,
+                              const std::vector<uint64_t>& offsets, uint64_t data0) {
   auto write_at = [&](uint64_t offset, const uint8_t* data, uint64_t n) {
     for (uint64_t done = 0; done < n;) {
       const uint64_t piece = std::min(kChunk, n - done);
@@ -338,16 +310,16 @@ nlohmann::json write_golden(const std::string& dir, golden::GoldenSet part, bool
   const int close_rc = MPI_File_close(&fh);
   if (write_error.empty() && sync_rc != MPI_SUCCESS) write_error = path + ": cannot sync (MPI-IO): " + mpi_error(sync_rc);
   if (write_error.empty() && close_rc != MPI_SUCCESS) write_error = path + ": cannot close (MPI-IO): " + mpi_error(close_rc);
-  guarded([&] { require(write_error.empty(), write_error); }, remove_tmp);
-  if (stats) stats->write_s = now_s() - t_write;
+  return write_error;
+}
 
-  // 5. SHA-256 of every tensor, spread over the ranks: per-row tensors read back from the closed
-  // file, key-side ones from memory (every rank holds them).
-  phases::begin("hash (SHA-256 read-back)");
-  const double t_hash = now_s();
-  const size_t n = specs.size();
-  std::vector<uint64_t> sizes(n);
-  for (size_t i = 0; i < n; ++i) sizes[i] = uint64_t(shape_numel(specs[i].shape)) * io::dtype_size(specs[i].dtype);
+// The SHA-256 (hex, 64 bytes each) of every tensor, spread over the ranks by size (largest first to
+// the least loaded rank): per-row tensors read back from the closed file at path, key-side ones
+// from memory (every rank holds them). Rank 0 receives them all (the others' result is unused).
+std::vector<unsigned char> hash_tensors(const golden::GoldenSet& part, const std::string& path, const std::vector<uint64_t>& offsets,
+                                        const std::vector<uint64_t>& sizes, uint64_t data0,
+                                        const std::function<void()>& remove_tmp) {
+  const size_t n = sizes.size();
   std::vector<size_t> order(n);
   for (size_t i = 0; i < n; ++i) order[i] = i;
   std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return sizes[a] > sizes[b]; });
@@ -372,6 +344,62 @@ nlohmann::json write_golden(const std::string& dir, golden::GoldenSet part, bool
       },
       remove_tmp);
   MPI_Reduce(mine.data(), hashes.data(), int(mine.size()), MPI_UNSIGNED_CHAR, MPI_MAX, 0, MPI_COMM_WORLD);
+  return hashes;
+}
+
+}  // namespace
+
+nlohmann::json write_golden(const std::string& dir, golden::GoldenSet part, bool force, WriteStats* stats) {
+  namespace fs = std::filesystem;
+  require(part.shard.active, "write_golden: the set is not a part (build it with a RowPart)");
+  const std::string file_for_errors = dir + "/" + golden::kTensorFile;
+  // 1. The whole set's header and offsets, the same on every rank.
+  std::vector<io::TensorSpec> specs;
+  uint64_t whole_bytes = 0;
+  for (const io::TensorView& v : part.tensors) {
+    const auto it = part.shard.per_row.find(v.name);
+    specs.push_back({v.name, v.dtype, it == part.shard.per_row.end() ? v.shape : it->second});
+    whole_bytes += uint64_t(shape_numel(specs.back().shape)) * io::dtype_size(v.dtype);
+  }
+  std::string header;
+  std::vector<uint64_t> offsets;
+  guarded([&] { header = io::encode_header(file_for_errors, specs, {{"format", "indexshare-golden"}}, &offsets); });
+  const uint64_t data0 = header.size();
+
+  // 2. The budgets: each layer's maxima over every rank's rows.
+  phases::begin("write: budgets, staging");
+  combine_budgets(part);
+
+  // 3. Rank 0 stages the temporary folder; every rank learns its name.
+  golden::Staging staged;
+  guarded([&] {
+    if (g_rank == 0) staged = golden::stage(dir, force, "mpi." + std::to_string(::getpid()));
+  });
+  staged.tmp = bcast(staged.tmp);
+  const std::string path = (fs::path(staged.tmp) / golden::kTensorFile).string();
+  auto remove_tmp = [&] {
+    if (g_rank == 0) golden::discard(staged);
+  };
+
+  // 4. The tensor file: rank 0 the header and the key-side tensors, every rank its rows.
+  phases::begin("write (MPI-IO)");
+  const double t_write = now_s();
+  MPI_File fh;
+  const int open_rc = MPI_File_open(MPI_COMM_WORLD, path.c_str(), MPI_MODE_CREATE | MPI_MODE_WRONLY, MPI_INFO_NULL, &fh);
+  guarded([&] { require(open_rc == MPI_SUCCESS, path + ": cannot create the file (MPI-IO): " + mpi_error(open_rc)); },
+          remove_tmp);
+  const std::string write_error = write_tensor_file(fh, path, part, header, offsets, data0);
+  guarded([&] { require(write_error.empty(), write_error); }, remove_tmp);
+  if (stats) stats->write_s = now_s() - t_write;
+
+  // 5. SHA-256 of every tensor, spread over the ranks: per-row tensors read back from the closed
+  // file, key-side ones from memory (every rank holds them).
+  phases::begin("hash (SHA-256 read-back)");
+  const double t_hash = now_s();
+  const size_t n = specs.size();
+  std::vector<uint64_t> sizes(n);
+  for (size_t i = 0; i < n; ++i) sizes[i] = uint64_t(shape_numel(specs[i].shape)) * io::dtype_size(specs[i].dtype);
+  const std::vector<unsigned char> hashes = hash_tensors(part, path, offsets, sizes, data0, remove_tmp);
   if (stats) {
     stats->hash_s = now_s() - t_hash;
     stats->bytes = whole_bytes;

@@ -239,6 +239,36 @@ void candidate_sets(Ctx& c, const std::string& what, const std::set<int64_t>& go
   dep.push_back({what + " (missing " + ranges(missing) + ")", std::numeric_limits<double>::infinity()});
 }
 
+// The candidate's indexer.logits on the row against the judge's per-element bound (the FP8 rule, or
+// the bf16 indexer's): the largest err / bound and how many keys are over theirs.
+void candidate_logits(Ctx& c, const io::SafetensorsFile& f, const std::string& p, std::vector<Departure>& dep) {
+  const int64_t t = c.o.row;
+  require(c.d.has_indexer, f.source + ": " + p + "indexer.logits: layer " + std::to_string(c.d.l) + " has no indexer in the golden set");
+  const Tensor<float> cl = diff::candidate_float(f, p + "indexer.logits", {c.s_q, c.s_kv});
+  std::vector<float> bound(size_t(c.s_kv), 0.0f);
+  if (c.g.get(p + "indexer.q").dtype == io::DType::F8_E4M3) {
+    bound = cmp::indexer_logits_rule(row_of(c.g.tensor<e4m3_t>(p + "indexer.q"), t), c.g.tensor<e4m3_t>(p + "indexer.k"),
+                                     c.g.tensor<float>(p + "indexer.k_scale"), row_of(c.g.tensor<float>(p + "indexer.weights"), t),
+                                     row_of(c.d.logits, t)).bound;
+  } else {
+    for (int64_t s = 0; s < c.s_kv; ++s)
+      if (std::isfinite(c.d.logits.at(t, s))) bound[size_t(s)] = cmp::bound_f32(4 * std::sqrt(double(c.topk) + 2) * 0x1p-14 * std::fabs(double(c.d.logits.at(t, s))));
+  }
+  double worst = -1;
+  int64_t at = -1, over = 0;
+  for (int64_t s = 0; s < c.s_kv; ++s) {
+    const double e = c.d.logits.at(t, s), x = cl.at(t, s);
+    double r;
+    if (!std::isfinite(e) || !std::isfinite(x)) r = (e == x) ? 0 : std::numeric_limits<double>::infinity();
+    else r = bound[size_t(s)] > 0 ? std::fabs(x - e) / bound[size_t(s)] : (x == e ? 0 : std::numeric_limits<double>::infinity());
+    over += r > 1;
+    if (r > worst) { worst = r; at = s; }
+  }
+  c.os << "  indexer.logits: largest err / bound " << g6(worst) << " at kv row " << at << " (expected " << g6(c.d.logits.at(t, at))
+       << ", got " << g6(cl.at(t, at)) << "); " << over << " of " << c.s_kv << " over their bound\n";
+  dep.push_back({"indexer.logits at kv row " + std::to_string(at), worst});
+}
+
 void candidate_section(Ctx& c, const io::SafetensorsFile& f) {
   const int64_t t = c.o.row;
   const std::string p = "layers." + std::to_string(c.d.l) + ".";
@@ -248,30 +278,7 @@ void candidate_section(Ctx& c, const io::SafetensorsFile& f) {
   bool any = false;
   if (f.find(p + "indexer.logits")) {
     any = true;
-    require(c.d.has_indexer, f.source + ": " + p + "indexer.logits: layer " + std::to_string(c.d.l) + " has no indexer in the golden set");
-    const Tensor<float> cl = diff::candidate_float(f, p + "indexer.logits", {c.s_q, c.s_kv});
-    std::vector<float> bound(size_t(c.s_kv), 0.0f);
-    if (c.g.get(p + "indexer.q").dtype == io::DType::F8_E4M3) {
-      bound = cmp::indexer_logits_rule(row_of(c.g.tensor<e4m3_t>(p + "indexer.q"), t), c.g.tensor<e4m3_t>(p + "indexer.k"),
-                                       c.g.tensor<float>(p + "indexer.k_scale"), row_of(c.g.tensor<float>(p + "indexer.weights"), t),
-                                       row_of(c.d.logits, t)).bound;
-    } else {
-      for (int64_t s = 0; s < c.s_kv; ++s)
-        if (std::isfinite(c.d.logits.at(t, s))) bound[size_t(s)] = cmp::bound_f32(4 * std::sqrt(double(c.topk) + 2) * 0x1p-14 * std::fabs(double(c.d.logits.at(t, s))));
-    }
-    double worst = -1;
-    int64_t at = -1, over = 0;
-    for (int64_t s = 0; s < c.s_kv; ++s) {
-      const double e = c.d.logits.at(t, s), x = cl.at(t, s);
-      double r;
-      if (!std::isfinite(e) || !std::isfinite(x)) r = (e == x) ? 0 : std::numeric_limits<double>::infinity();
-      else r = bound[size_t(s)] > 0 ? std::fabs(x - e) / bound[size_t(s)] : (x == e ? 0 : std::numeric_limits<double>::infinity());
-      over += r > 1;
-      if (r > worst) { worst = r; at = s; }
-    }
-    c.os << "  indexer.logits: largest err / bound " << g6(worst) << " at kv row " << at << " (expected " << g6(c.d.logits.at(t, at))
-         << ", got " << g6(cl.at(t, at)) << "); " << over << " of " << c.s_kv << " over their bound\n";
-    dep.push_back({"indexer.logits at kv row " + std::to_string(at), worst});
+    candidate_logits(c, f, p, dep);
   }
   if (f.find(p + "indexer.topk")) {
     any = true;

@@ -126,6 +126,151 @@ void add_train_kernels(std::vector<Kernel>& v) {
   }
 }
 
+// FlashMLA's sparse decode on the V32 FP8 cache (page 64, 656 bytes a token).
+Kernel flashmla_decode() {
+  Kernel k;
+  k.name = "flashmla-sparse-decode";
+  k.library = "FlashMLA";
+  k.call = "sched_meta, _ = get_mla_metadata(); out, lse = flash_mla_with_kvcache(q, k_cache, None, None, 512, sched_meta, None, "
+           "softmax_scale=softmax_scale, causal=False, is_fp8_kvcache=True, indices=indices, attn_sink=attn_sink)";
+  k.kind = "decode";
+  k.constraints = {{"d_qk", {576}, 0, "", 0, "FlashMLA tests/test_flash_mla_sparse_decoding.py (the V32 FP8 cache, 656 B/token)"},
+                   {"d_v", {512}, 0, "", 0, "FlashMLA tests/test_flash_mla_sparse_decoding.py"},
+                   {"topk", {}, 64, "", 0, "FlashMLA tests/test_flash_mla_sparse_decoding.py (TOPK_BLOCK_SIZE 64 on SM90 and SM100)"}};
+  k.args = {{"q", "layers.{l}.attn.q", "BF16", S{"b", "next_n", "h_q", "d_qk"}, true, false, "attn.q [b * next_n, h_q, d_qk] viewed"},
+            {"k_cache", "layers.{l}.attn.kv_cache_fp8", "U8", S{"num_blocks", "64", "1", "656"}, false, false, "V32_FP8Sparse, page 64"},
+            {"indices", "layers.{l}.attn.indices_physical", "I32", S{"b", "next_n", "topk"}, false, false, "physical slots, -1 padded"},
+            {"attn_sink", "layers.{l}.attn.sink", "F32", S{"h_q"}, false, true, "only in sets with sink="}};
+  k.outputs = {{"out", "layers.{l}.attn.out", "BF16", S{"b", "next_n", "h_q", "d_v"}, true, false, "reshape to [s_q, h_q, d_v]"},
+               {"lse", "layers.{l}.attn.lse", "F32", S{"b", "h_q", "next_n"}, true, false,
+                "the kernel's lse is [b, h_q, next_n]: transpose(1, 2) then reshape to [s_q, h_q]"}};
+  k.kwargs = {{"softmax_scale", "config.sm_scale"}, {"head_dim_v", "512"}, {"is_fp8_kvcache", "True"}, {"causal", "False"}};
+  k.conventions = {"invalid index: FlashMLA's decode reference treats only -1 as invalid (other negative values are clamped to slot "
+                   "0 and attended); we ignore every index outside [0, s_kv): the checked-in decode sets use -1 only",
+                   "topk_length is per batch [b] in the kernel, per query row [s_q] in our sets",
+                   "the reference attention runs on the FP8-dequantized latent (attn.kv), as FlashMLA's tests do"};
+  k.source = "FlashMLA tests/test_flash_mla_sparse_decoding.py, flash_mla/flash_mla_interface.py, csrc/api/sparse_decode.h, tests/quant.py";
+  return k;
+}
+
+// FlashMLA's sparse prefill at MODEL1's shapes: d_qk 512 = d_v 512 with the per-head sink.
+Kernel flashmla_prefill_model1() {
+  Kernel k = flashmla_prefill("flashmla-sparse-prefill-model1",
+                              {{"topk", {}, 128, "", 0, "csrc/sm90/prefill/sparse/phase1.cuh (128; SM100 needs 64 or 128)"}});
+  k.constraints[1] = {"d_qk", {512}, 0, "", 0, "flash_mla/flash_mla_interface.py (MODEL1: d_qk 512 = [NoPE 448 | RoPE 64])"};
+  k.constraints.push_back({"sink", {1}, 0, "", 0, "tests/test_flash_mla_sparse_prefill.py (MODEL1 runs with attn_sink)"});
+  for (Constraint& c : k.constraints)
+    if (c.source.rfind("FlashMLA tests/test_flash_mla_sparse_prefill.py", 0) == 0) c.source = "flash_mla/flash_mla_interface.py, csrc/api/sparse_fwd.h";
+  k.args[3].optional = false;
+  k.args[3].note = "per-head sink [h_q] f32: out *= 1 / (1 + exp(sink - lse))";
+  k.conventions.push_back("d_qk 512 = d_v 512: V is all 512 columns of kv (K = V)");
+  k.conventions.push_back("lse [s_q, h_q] natural log WITHOUT the sink; the sink scales out only");
+  k.source = "flash_mla/flash_mla_interface.py (flash_mla_sparse_fwd), tests/ref.py (ref_sparse_attn_fwd), "
+             "tests/test_flash_mla_sparse_prefill.py";
+  return k;
+}
+
+// FlashMLA's two-scope sparse decode on the MODEL1 FP8 cache (the window and the compressed entries).
+Kernel flashmla_decode_model1() {
+  Kernel k;
+  k.name = "flashmla-sparse-decode-model1";
+  k.library = "FlashMLA";
+  k.call = "sched_meta, _ = get_mla_metadata(); out, lse = flash_mla_with_kvcache(q, k_cache_view, None, None, 512, sched_meta, "
+           "None, softmax_scale=softmax_scale, causal=False, is_fp8_kvcache=True, indices=indices, attn_sink=attn_sink, "
+           "extra_k_cache=extra_k_cache_view, extra_indices_in_kvcache=extra_indices, topk_length=topk_length, "
+           "extra_topk_length=extra_topk_length)";
+  k.kind = "decode-model1";
+  // Checked on the model1 spec (golden::model1_violations: topk = the window, extra_topk).
+  k.constraints = {{"h_q", {64, 128}, 0, "", 0, "csrc/api/sparse_decode.h"},
+                   {"topk", {}, 64, "", 0, "csrc/api/sparse_decode.h (TOPK_BLOCK_SIZE 64 on SM90 and SM100)"},
+                   {"extra_topk", {}, 64, "", 0, "csrc/api/sparse_decode.h (the extra scope's top-k, same blocks)"}};
+  k.args = {{"q", "layers.{l}.attn.q", "BF16", S{"b", "next_n", "h_q", "d_qk"}, true, false, "attn.q [b * next_n, h_q, 512] viewed"},
+            {"k_cache", "layers.{l}.attn.model1.k_cache", "U8", S{"num_blocks", "block_bytes"}, false, false,
+             "the real bytes; the kernel takes the view kernel.views.k_cache: [num_blocks, B, 1, 584] with byte strides "
+             "(block_bytes, 584, 584, 1)"},
+            {"indices", "layers.{l}.attn.model1.indices", "I32", S{"b", "next_n", "topk"}, false, false,
+             "physical slots of k_cache (the sliding window), -1 padded"},
+            {"topk_length", "layers.{l}.attn.model1.topk_length", "I32", S{"b"}, false, false, "per batch: slots j >= it are ignored"},
+            {"extra_k_cache", "layers.{l}.attn.model1.extra_k_cache", "U8", S{"extra_num_blocks", "extra_block_bytes"}, false, false,
+             "the real bytes; the view kernel.views.extra_k_cache (its own block size)"},
+            {"extra_indices_in_kvcache", "layers.{l}.attn.model1.extra_indices", "I32", S{"b", "next_n", "extra_topk"}, false, false,
+             "physical slots of extra_k_cache (the compressed entries), -1 padded"},
+            {"extra_topk_length", "layers.{l}.attn.model1.extra_topk_length", "I32", S{"b"}, false, false, "per batch"},
+            {"attn_sink", "layers.{l}.attn.sink", "F32", S{"h_q"}, false, false, "per-head sink"}};
+  k.outputs = {{"out", "layers.{l}.attn.out", "BF16", S{"b", "next_n", "h_q", "d_v"}, true, false, "reshape to [b * next_n, h_q, 512]"},
+               {"lse", "layers.{l}.attn.lse", "F32", S{"b", "h_q", "next_n"}, true, false,
+                "the kernel's lse is [b, h_q, next_n]: transpose(1, 2) then reshape to [b * next_n, h_q]"}};
+  k.kwargs = {{"softmax_scale", "config.sm_scale"}, {"head_dim_v", "512"}, {"is_fp8_kvcache", "True"}, {"causal", "False"}};
+  k.conventions = {"both scopes join ONE softmax with the per-head sink; lse [b, h_q, s_q] natural log WITHOUT the sink",
+                   "invalid slot: index -1, or slot j >= topk_length[b] (extra: extra_topk_length[b]); NaN in a gathered kv row "
+                   "counts as 0 (FlashMLA's ref)",
+                   "V = all 512 columns (K = V); empty rows: out 0, lse +inf",
+                   "the reference runs on the FP8-dequantized kv (bf16(e4m3) * bf16(e8m0), exact): attn.kv is both caches' "
+                   "dequantized slots, attn.indices the combined index list (tools/lib/paged_model1.h)"};
+  k.source = "flash_mla/flash_mla_interface.py (flash_mla_with_kvcache), tests/quant.py (MODEL1_FP8Sparse quantize_k_cache, "
+             "dequantize_k_cache), tests/ref.py (ref_sparse_attn_decode), tests/test_flash_mla_sparse_decoding.py";
+  return k;
+}
+
+// DeepGEMM's fp8_mqa_logits with the head counts and head dims its tests run (src names them).
+Kernel deepgemm_mqa(const std::string& name, std::vector<int64_t> heads, std::vector<int64_t> dims, const std::string& src) {
+  Kernel k;
+  k.name = name;
+  k.library = "DeepGEMM";
+  k.call = "logits = fp8_mqa_logits(q, (kv, kv_scale), weights, cu_seq_len_k_start, cu_seq_len_k_end, clean_logits=True)";
+  k.kind = "stack";
+  k.per_full_layer = true;
+  k.constraints = {{"index_n_heads", std::move(heads), 0, "", 0, src},
+                   {"index_head_dim", std::move(dims), 0, "", 0, src},
+                   {"indexer_fp8", {1}, 0, "", 0, "DeepGEMM tests/test_attention.py (e4m3 q and k)"}};
+  k.args = {{"q", "layers.{l}.indexer.q", "F8_E4M3", S{"s_q", "H", "D"}, false, false, "no scale: folded into weights"},
+            {"kv", "layers.{l}.indexer.k", "F8_E4M3", S{"s_kv", "D"}, false, false, ""},
+            {"kv_scale", "layers.{l}.indexer.k_scale", "F32", S{"s_kv"}, false, false, ""},
+            {"weights", "layers.{l}.indexer.weights", "F32", S{"s_q", "H"}, false, false, ""},
+            {"cu_seq_len_k_start", "layers.{l}.indexer.ks", "I32", S{"s_q"}, false, false, "half-open window [ks, ke)"},
+            {"cu_seq_len_k_end", "layers.{l}.indexer.ke", "I32", S{"s_q"}, false, false, ""}};
+  k.outputs = {{"logits", "layers.{l}.indexer.logits", "F32", S{"s_q", "s_kv"}, false, true,
+                "the kernel's output has a padded row stride: .contiguous() before saving; not in sets written with "
+                "--no-logits (diff computes them)"}};
+  k.kwargs = {{"clean_logits", "True"}};
+  k.conventions = {"with clean_logits=False the entries outside [ks, ke) are garbage: write -inf there before diff"};
+  k.source = "DeepGEMM tests/test_attention.py, csrc/apis/attention.hpp";
+  return k;
+}
+
+// DeepGEMM's fp8_paged_mqa_logits on the paged indexer cache, with the 2-D context_lens.
+Kernel deepgemm_paged_mqa() {
+  Kernel k;
+  k.name = "deepgemm-fp8-paged-mqa-logits";
+  k.library = "DeepGEMM";
+  k.call = "schedule_meta = get_paged_mqa_logits_metadata(context_lens, 64, get_num_sms()); logits = fp8_paged_mqa_logits(q, "
+           "kv_cache, weights, context_lens, block_table, schedule_meta, max_context_len, clean_logits=False)";
+  k.kind = "decode";
+  k.per_full_layer = true;
+  k.constraints = {{"index_n_heads", {32, 64}, 0, "", 0, "DeepGEMM tests/test_attention.py (SM90)"},
+                   {"index_head_dim", {128}, 0, "", 0, "DeepGEMM tests/test_attention.py"},
+                   {"next_n", {1, 2}, 0, "", 0, "DeepGEMM tests/test_attention.py (SM90 next_n 1 or 2)"},
+                   {"indexer_fp8", {1}, 0, "", 0, "DeepGEMM tests/test_attention.py"}};
+  k.args = {{"q", "layers.{l}.indexer.q", "F8_E4M3", S{"b", "next_n", "H", "D"}, true, false, "indexer.q [b * next_n, H, D] viewed"},
+            {"kv_cache", "layers.{l}.indexer.k_cache", "U8", S{"num_blocks", "64", "1", "D+4"}, false, false,
+             "per block all 64 x D fp8 bytes, then the 64 f32 scales"},
+            {"weights", "layers.{l}.indexer.weights", "F32", S{"s_q", "H"}, false, false, "[b * next_n, H]"},
+            {"context_lens", "context_lens", "I32", S{"b", "next_n"}, false, false,
+             "2-D: context_lens[b, j] = cache_seqlens[b] - next_n + j + 1, row b * next_n + j sees keys [0, context_lens[b, j])"},
+            {"block_table", "block_table", "I32", S{"b", "max_blocks"}, false, false, ""}};
+  k.outputs = {{"logits", "layers.{l}.indexer.logits", "F32", S{"s_q", "s_kv"}, false, true,
+                "the kernel's [b * next_n, max_context_len] over each sequence's own keys: place row r's columns at ks[r] + c, "
+                "-inf elsewhere; not in sets written with --no-logits (diff computes them)"}};
+  k.kwargs = {{"max_context_len", "max_context_len"}, {"clean_logits", "False"}};
+  k.conventions = {"clean_logits=False leaves the values outside each row's window unspecified: diff sets them to -inf itself "
+                   "for a set with this block (mask them before diff against any other set)",
+                   "context_lens is the 2-D [b, next_n] form (tensor context_lens); the 1-D form cache_seqlens [b] means the "
+                   "same windows (cache_seqlens[b] - next_n + j + 1 for row j)",
+                   "schedule_meta = get_paged_mqa_logits_metadata(context_lens, 64, num_sms): scheduling only, not in the set"};
+  k.source = "DeepGEMM tests/test_attention.py; csrc/apis/attention.hpp";
+  return k;
+}
+
 std::vector<Kernel> make() {
   std::vector<Kernel> v;
   v.push_back(flashmla_prefill("flashmla-sparse-prefill-sm90",
@@ -133,145 +278,14 @@ std::vector<Kernel> make() {
   v.push_back(flashmla_prefill("flashmla-sparse-prefill-sm100",
                                {{"topk", {}, 64, "", 0, "FlashMLA tests/test_flash_mla_sparse_prefill.py (head64 and small-topk path)"},
                                 {"topk", {}, 128, "h_q", 128, "FlashMLA tests/test_flash_mla_sparse_prefill.py (head128 regular path)"}}));
-  {
-    Kernel k;
-    k.name = "flashmla-sparse-decode";
-    k.library = "FlashMLA";
-    k.call = "sched_meta, _ = get_mla_metadata(); out, lse = flash_mla_with_kvcache(q, k_cache, None, None, 512, sched_meta, None, "
-             "softmax_scale=softmax_scale, causal=False, is_fp8_kvcache=True, indices=indices, attn_sink=attn_sink)";
-    k.kind = "decode";
-    k.constraints = {{"d_qk", {576}, 0, "", 0, "FlashMLA tests/test_flash_mla_sparse_decoding.py (the V32 FP8 cache, 656 B/token)"},
-                     {"d_v", {512}, 0, "", 0, "FlashMLA tests/test_flash_mla_sparse_decoding.py"},
-                     {"topk", {}, 64, "", 0, "FlashMLA tests/test_flash_mla_sparse_decoding.py (TOPK_BLOCK_SIZE 64 on SM90 and SM100)"}};
-    k.args = {{"q", "layers.{l}.attn.q", "BF16", S{"b", "next_n", "h_q", "d_qk"}, true, false, "attn.q [b * next_n, h_q, d_qk] viewed"},
-              {"k_cache", "layers.{l}.attn.kv_cache_fp8", "U8", S{"num_blocks", "64", "1", "656"}, false, false, "V32_FP8Sparse, page 64"},
-              {"indices", "layers.{l}.attn.indices_physical", "I32", S{"b", "next_n", "topk"}, false, false, "physical slots, -1 padded"},
-              {"attn_sink", "layers.{l}.attn.sink", "F32", S{"h_q"}, false, true, "only in sets with sink="}};
-    k.outputs = {{"out", "layers.{l}.attn.out", "BF16", S{"b", "next_n", "h_q", "d_v"}, true, false, "reshape to [s_q, h_q, d_v]"},
-                 {"lse", "layers.{l}.attn.lse", "F32", S{"b", "h_q", "next_n"}, true, false,
-                  "the kernel's lse is [b, h_q, next_n]: transpose(1, 2) then reshape to [s_q, h_q]"}};
-    k.kwargs = {{"softmax_scale", "config.sm_scale"}, {"head_dim_v", "512"}, {"is_fp8_kvcache", "True"}, {"causal", "False"}};
-    k.conventions = {"invalid index: FlashMLA's decode reference treats only -1 as invalid (other negative values are clamped to slot "
-                     "0 and attended); we ignore every index outside [0, s_kv): the checked-in decode sets use -1 only",
-                     "topk_length is per batch [b] in the kernel, per query row [s_q] in our sets",
-                     "the reference attention runs on the FP8-dequantized latent (attn.kv), as FlashMLA's tests do"};
-    k.source = "FlashMLA tests/test_flash_mla_sparse_decoding.py, flash_mla/flash_mla_interface.py, csrc/api/sparse_decode.h, tests/quant.py";
-    v.push_back(k);
-  }
+  v.push_back(flashmla_decode());
   // MODEL1 (DeepSeek-V4): the prefill at d_qk 512 = d_v 512 with the per-head sink, and the two-scope
   // decode on the MODEL1 FP8 cache (tools/lib/paged_model1.h, tools/lib/golden_model1.h).
-  {
-    Kernel k = flashmla_prefill("flashmla-sparse-prefill-model1",
-                                {{"topk", {}, 128, "", 0, "csrc/sm90/prefill/sparse/phase1.cuh (128; SM100 needs 64 or 128)"}});
-    k.constraints[1] = {"d_qk", {512}, 0, "", 0, "flash_mla/flash_mla_interface.py (MODEL1: d_qk 512 = [NoPE 448 | RoPE 64])"};
-    k.constraints.push_back({"sink", {1}, 0, "", 0, "tests/test_flash_mla_sparse_prefill.py (MODEL1 runs with attn_sink)"});
-    for (Constraint& c : k.constraints)
-      if (c.source.rfind("FlashMLA tests/test_flash_mla_sparse_prefill.py", 0) == 0) c.source = "flash_mla/flash_mla_interface.py, csrc/api/sparse_fwd.h";
-    k.args[3].optional = false;
-    k.args[3].note = "per-head sink [h_q] f32: out *= 1 / (1 + exp(sink - lse))";
-    k.conventions.push_back("d_qk 512 = d_v 512: V is all 512 columns of kv (K = V)");
-    k.conventions.push_back("lse [s_q, h_q] natural log WITHOUT the sink; the sink scales out only");
-    k.source = "flash_mla/flash_mla_interface.py (flash_mla_sparse_fwd), tests/ref.py (ref_sparse_attn_fwd), "
-               "tests/test_flash_mla_sparse_prefill.py";
-    v.push_back(k);
-  }
-  {
-    Kernel k;
-    k.name = "flashmla-sparse-decode-model1";
-    k.library = "FlashMLA";
-    k.call = "sched_meta, _ = get_mla_metadata(); out, lse = flash_mla_with_kvcache(q, k_cache_view, None, None, 512, sched_meta, "
-             "None, softmax_scale=softmax_scale, causal=False, is_fp8_kvcache=True, indices=indices, attn_sink=attn_sink, "
-             "extra_k_cache=extra_k_cache_view, extra_indices_in_kvcache=extra_indices, topk_length=topk_length, "
-             "extra_topk_length=extra_topk_length)";
-    k.kind = "decode-model1";
-    // Checked on the model1 spec (golden::model1_violations: topk = the window, extra_topk).
-    k.constraints = {{"h_q", {64, 128}, 0, "", 0, "csrc/api/sparse_decode.h"},
-                     {"topk", {}, 64, "", 0, "csrc/api/sparse_decode.h (TOPK_BLOCK_SIZE 64 on SM90 and SM100)"},
-                     {"extra_topk", {}, 64, "", 0, "csrc/api/sparse_decode.h (the extra scope's top-k, same blocks)"}};
-    k.args = {{"q", "layers.{l}.attn.q", "BF16", S{"b", "next_n", "h_q", "d_qk"}, true, false, "attn.q [b * next_n, h_q, 512] viewed"},
-              {"k_cache", "layers.{l}.attn.model1.k_cache", "U8", S{"num_blocks", "block_bytes"}, false, false,
-               "the real bytes; the kernel takes the view kernel.views.k_cache: [num_blocks, B, 1, 584] with byte strides "
-               "(block_bytes, 584, 584, 1)"},
-              {"indices", "layers.{l}.attn.model1.indices", "I32", S{"b", "next_n", "topk"}, false, false,
-               "physical slots of k_cache (the sliding window), -1 padded"},
-              {"topk_length", "layers.{l}.attn.model1.topk_length", "I32", S{"b"}, false, false, "per batch: slots j >= it are ignored"},
-              {"extra_k_cache", "layers.{l}.attn.model1.extra_k_cache", "U8", S{"extra_num_blocks", "extra_block_bytes"}, false, false,
-               "the real bytes; the view kernel.views.extra_k_cache (its own block size)"},
-              {"extra_indices_in_kvcache", "layers.{l}.attn.model1.extra_indices", "I32", S{"b", "next_n", "extra_topk"}, false, false,
-               "physical slots of extra_k_cache (the compressed entries), -1 padded"},
-              {"extra_topk_length", "layers.{l}.attn.model1.extra_topk_length", "I32", S{"b"}, false, false, "per batch"},
-              {"attn_sink", "layers.{l}.attn.sink", "F32", S{"h_q"}, false, false, "per-head sink"}};
-    k.outputs = {{"out", "layers.{l}.attn.out", "BF16", S{"b", "next_n", "h_q", "d_v"}, true, false, "reshape to [b * next_n, h_q, 512]"},
-                 {"lse", "layers.{l}.attn.lse", "F32", S{"b", "h_q", "next_n"}, true, false,
-                  "the kernel's lse is [b, h_q, next_n]: transpose(1, 2) then reshape to [b * next_n, h_q]"}};
-    k.kwargs = {{"softmax_scale", "config.sm_scale"}, {"head_dim_v", "512"}, {"is_fp8_kvcache", "True"}, {"causal", "False"}};
-    k.conventions = {"both scopes join ONE softmax with the per-head sink; lse [b, h_q, s_q] natural log WITHOUT the sink",
-                     "invalid slot: index -1, or slot j >= topk_length[b] (extra: extra_topk_length[b]); NaN in a gathered kv row "
-                     "counts as 0 (FlashMLA's ref)",
-                     "V = all 512 columns (K = V); empty rows: out 0, lse +inf",
-                     "the reference runs on the FP8-dequantized kv (bf16(e4m3) * bf16(e8m0), exact): attn.kv is both caches' "
-                     "dequantized slots, attn.indices the combined index list (tools/lib/paged_model1.h)"};
-    k.source = "flash_mla/flash_mla_interface.py (flash_mla_with_kvcache), tests/quant.py (MODEL1_FP8Sparse quantize_k_cache, "
-               "dequantize_k_cache), tests/ref.py (ref_sparse_attn_decode), tests/test_flash_mla_sparse_decoding.py";
-    v.push_back(k);
-  }
-  auto mqa = [](const std::string& name, std::vector<int64_t> heads, std::vector<int64_t> dims, const std::string& src) {
-    Kernel k;
-    k.name = name;
-    k.library = "DeepGEMM";
-    k.call = "logits = fp8_mqa_logits(q, (kv, kv_scale), weights, cu_seq_len_k_start, cu_seq_len_k_end, clean_logits=True)";
-    k.kind = "stack";
-    k.per_full_layer = true;
-    k.constraints = {{"index_n_heads", std::move(heads), 0, "", 0, src},
-                     {"index_head_dim", std::move(dims), 0, "", 0, src},
-                     {"indexer_fp8", {1}, 0, "", 0, "DeepGEMM tests/test_attention.py (e4m3 q and k)"}};
-    k.args = {{"q", "layers.{l}.indexer.q", "F8_E4M3", S{"s_q", "H", "D"}, false, false, "no scale: folded into weights"},
-              {"kv", "layers.{l}.indexer.k", "F8_E4M3", S{"s_kv", "D"}, false, false, ""},
-              {"kv_scale", "layers.{l}.indexer.k_scale", "F32", S{"s_kv"}, false, false, ""},
-              {"weights", "layers.{l}.indexer.weights", "F32", S{"s_q", "H"}, false, false, ""},
-              {"cu_seq_len_k_start", "layers.{l}.indexer.ks", "I32", S{"s_q"}, false, false, "half-open window [ks, ke)"},
-              {"cu_seq_len_k_end", "layers.{l}.indexer.ke", "I32", S{"s_q"}, false, false, ""}};
-    k.outputs = {{"logits", "layers.{l}.indexer.logits", "F32", S{"s_q", "s_kv"}, false, true,
-                  "the kernel's output has a padded row stride: .contiguous() before saving; not in sets written with "
-                  "--no-logits (diff computes them)"}};
-    k.kwargs = {{"clean_logits", "True"}};
-    k.conventions = {"with clean_logits=False the entries outside [ks, ke) are garbage: write -inf there before diff"};
-    k.source = "DeepGEMM tests/test_attention.py, csrc/apis/attention.hpp";
-    return k;
-  };
-  v.push_back(mqa("deepgemm-fp8-mqa-logits-sm90", {32, 64}, {128}, "DeepGEMM tests/test_attention.py (SM90 tests: H 32 or 64, D 128)"));
-  v.push_back(mqa("deepgemm-fp8-mqa-logits-sm100", {8, 16, 32, 64}, {32, 64, 128}, "DeepGEMM tests/test_attention.py (SM100 tests: H 8-64, D 32-128)"));
-  {
-    Kernel k;
-    k.name = "deepgemm-fp8-paged-mqa-logits";
-    k.library = "DeepGEMM";
-    k.call = "schedule_meta = get_paged_mqa_logits_metadata(context_lens, 64, get_num_sms()); logits = fp8_paged_mqa_logits(q, "
-             "kv_cache, weights, context_lens, block_table, schedule_meta, max_context_len, clean_logits=False)";
-    k.kind = "decode";
-    k.per_full_layer = true;
-    k.constraints = {{"index_n_heads", {32, 64}, 0, "", 0, "DeepGEMM tests/test_attention.py (SM90)"},
-                     {"index_head_dim", {128}, 0, "", 0, "DeepGEMM tests/test_attention.py"},
-                     {"next_n", {1, 2}, 0, "", 0, "DeepGEMM tests/test_attention.py (SM90 next_n 1 or 2)"},
-                     {"indexer_fp8", {1}, 0, "", 0, "DeepGEMM tests/test_attention.py"}};
-    k.args = {{"q", "layers.{l}.indexer.q", "F8_E4M3", S{"b", "next_n", "H", "D"}, true, false, "indexer.q [b * next_n, H, D] viewed"},
-              {"kv_cache", "layers.{l}.indexer.k_cache", "U8", S{"num_blocks", "64", "1", "D+4"}, false, false,
-               "per block all 64 x D fp8 bytes, then the 64 f32 scales"},
-              {"weights", "layers.{l}.indexer.weights", "F32", S{"s_q", "H"}, false, false, "[b * next_n, H]"},
-              {"context_lens", "context_lens", "I32", S{"b", "next_n"}, false, false,
-               "2-D: context_lens[b, j] = cache_seqlens[b] - next_n + j + 1, row b * next_n + j sees keys [0, context_lens[b, j])"},
-              {"block_table", "block_table", "I32", S{"b", "max_blocks"}, false, false, ""}};
-    k.outputs = {{"logits", "layers.{l}.indexer.logits", "F32", S{"s_q", "s_kv"}, false, true,
-                  "the kernel's [b * next_n, max_context_len] over each sequence's own keys: place row r's columns at ks[r] + c, "
-                  "-inf elsewhere; not in sets written with --no-logits (diff computes them)"}};
-    k.kwargs = {{"max_context_len", "max_context_len"}, {"clean_logits", "False"}};
-    k.conventions = {"clean_logits=False leaves the values outside each row's window unspecified: diff sets them to -inf itself "
-                     "for a set with this block (mask them before diff against any other set)",
-                     "context_lens is the 2-D [b, next_n] form (tensor context_lens); the 1-D form cache_seqlens [b] means the "
-                     "same windows (cache_seqlens[b] - next_n + j + 1 for row j)",
-                     "schedule_meta = get_paged_mqa_logits_metadata(context_lens, 64, num_sms): scheduling only, not in the set"};
-    k.source = "DeepGEMM tests/test_attention.py; csrc/apis/attention.hpp";
-    v.push_back(k);
-  }
+  v.push_back(flashmla_prefill_model1());
+  v.push_back(flashmla_decode_model1());
+  v.push_back(deepgemm_mqa("deepgemm-fp8-mqa-logits-sm90", {32, 64}, {128}, "DeepGEMM tests/test_attention.py (SM90 tests: H 32 or 64, D 128)"));
+  v.push_back(deepgemm_mqa("deepgemm-fp8-mqa-logits-sm100", {8, 16, 32, 64}, {32, 64, 128}, "DeepGEMM tests/test_attention.py (SM100 tests: H 8-64, D 32-128)"));
+  v.push_back(deepgemm_paged_mqa());
   add_train_kernels(v);
   return v;
 }

@@ -758,6 +758,33 @@ std::vector<std::string> finding_lines(const DiffPanel& p) {
   return lines;
 }
 
+// diff_svg's legend at x: the log colour scale of |err| / bound, failures, no data, the recall bars.
+void diff_legend(Svg& svg, double legend_x, double top) {
+  const double ly = top + 20, lh = 180, lw = 18;
+  std::string grad = "<defs><linearGradient id=\"ratio\" x1=\"0\" y1=\"1\" x2=\"0\" y2=\"0\">\n";
+  for (int i = 0; i <= 16; ++i) grad += "<stop offset=\"" + fmt("%.4f", i / 16.0) + "\" stop-color=\"" + viridis(i / 16.0) + "\"/>\n";
+  grad += "</linearGradient></defs>\n";
+  svg.raw(grad);
+  svg.text(legend_x, ly - 14, "|err| / bound", 11);
+  svg.rect(legend_x, ly, lw, lh, "url(#ratio)", "stroke=\"#444444\" stroke-width=\"1\"");
+  const char* ticks[] = {"0.001", "0.01", "0.1", "1"};
+  for (int i = 0; i <= 3; ++i) {
+    const double y = ly + lh - lh * i / 3.0;
+    svg.line(legend_x + lw, y, legend_x + lw + 4, y, "#444444", 1);
+    svg.text(legend_x + lw + 7, y + 4, i == 0 ? std::string("\u2264 0.001") : std::string(ticks[i]), 11);
+  }
+  svg.rect(legend_x, ly + lh + 12, lw, 12, kFailColour);
+  svg.line(legend_x, ly + lh + 12, legend_x + lw, ly + lh + 24, "#ffffff", 1);
+  svg.line(legend_x + lw, ly + lh + 12, legend_x, ly + lh + 24, "#ffffff", 1);
+  svg.text(legend_x + lw + 6, ly + lh + 22, "> 1: outside the bound", 11);
+  svg.rect(legend_x, ly + lh + 32, lw, 12, kNoData);
+  svg.text(legend_x + lw + 6, ly + lh + 42, "not judged", 11);
+  svg.rect(legend_x, ly + lh + 52, lw, 12, "#1a9850");
+  svg.text(legend_x + lw + 6, ly + lh + 62, "recall 1", 11);
+  svg.rect(legend_x, ly + lh + 72, lw, 12, "#fdae61");
+  svg.text(legend_x + lw + 6, ly + lh + 82, "recall < 1", 11);
+}
+
 }  // namespace
 
 std::string diff_svg(const std::vector<DiffPanel>& panels, const std::vector<std::string>& general, const std::string& title) {
@@ -794,32 +821,7 @@ std::string diff_svg(const std::vector<DiffPanel>& panels, const std::vector<std
            "start", "#444444");
   svg.text(16, 74, "a kernel bug tends to sit at a tile or split boundary, in some heads, or in late rows: look for the shape "
                    "of the red and bright cells", 11, "start", "#444444");
-  // Legend: log colour scale, failures, no data.
-  {
-    const double ly = top + 20, lh = 180, lw = 18;
-    std::string grad = "<defs><linearGradient id=\"ratio\" x1=\"0\" y1=\"1\" x2=\"0\" y2=\"0\">\n";
-    for (int i = 0; i <= 16; ++i) grad += "<stop offset=\"" + fmt("%.4f", i / 16.0) + "\" stop-color=\"" + viridis(i / 16.0) + "\"/>\n";
-    grad += "</linearGradient></defs>\n";
-    svg.raw(grad);
-    svg.text(legend_x, ly - 14, "|err| / bound", 11);
-    svg.rect(legend_x, ly, lw, lh, "url(#ratio)", "stroke=\"#444444\" stroke-width=\"1\"");
-    const char* ticks[] = {"0.001", "0.01", "0.1", "1"};
-    for (int i = 0; i <= 3; ++i) {
-      const double y = ly + lh - lh * i / 3.0;
-      svg.line(legend_x + lw, y, legend_x + lw + 4, y, "#444444", 1);
-      svg.text(legend_x + lw + 7, y + 4, i == 0 ? std::string("\u2264 0.001") : std::string(ticks[i]), 11);
-    }
-    svg.rect(legend_x, ly + lh + 12, lw, 12, kFailColour);
-    svg.line(legend_x, ly + lh + 12, legend_x + lw, ly + lh + 24, "#ffffff", 1);
-    svg.line(legend_x + lw, ly + lh + 12, legend_x, ly + lh + 24, "#ffffff", 1);
-    svg.text(legend_x + lw + 6, ly + lh + 22, "> 1: outside the bound", 11);
-    svg.rect(legend_x, ly + lh + 32, lw, 12, kNoData);
-    svg.text(legend_x + lw + 6, ly + lh + 42, "not judged", 11);
-    svg.rect(legend_x, ly + lh + 52, lw, 12, "#1a9850");
-    svg.text(legend_x + lw + 6, ly + lh + 62, "recall 1", 11);
-    svg.rect(legend_x, ly + lh + 72, lw, 12, "#fdae61");
-    svg.text(legend_x + lw + 6, ly + lh + 82, "recall < 1", 11);
-  }
+  diff_legend(svg, legend_x, top);
   double y = top;
   for (size_t i = 0; i < panels.size(); ++i) {
     const DiffPanel& p = panels[i];

@@ -58,57 +58,14 @@
 #include "tools/lib/safetensors.h"
 #include "tools/lib/svg.h"
 
+#include "tools/python/core.h"
+
 namespace nb = nanobind;
 using namespace indexshare;
+using namespace indexshare::core;
+
 
 namespace {
-
-template <class Raw>
-using In = nb::ndarray<const Raw, nb::c_contig, nb::device::cpu>;
-// The same with its rank fixed: an argument of the Python fast path (indexshare/kernels.py topk), which
-// hands the caller's arrays straight to C++; bound with .noconvert(), nanobind refuses (TypeError)
-// instead of converting anything else, and the Python layer then takes its checked path.
-template <class Raw, size_t N>
-using InN = nb::ndarray<const Raw, nb::ndim<N>, nb::c_contig, nb::device::cpu>;
-
-// A C-contiguous CPU array of Raw elements as a Tensor<T> (T has Raw's size: bf16_t/uint16, ...),
-// without a copy: a read-only view of the array's memory (ref/tensor.h BorrowedTensor). The
-// ndarray argument holds a reference to the Python object for the whole call, so the memory
-// outlives the kernel; the Python layer has made the array C-contiguous (copying a non-contiguous
-// one there, once).
-template <class T, class Array>
-BorrowedTensor<T> borrow(const Array& a) {
-  static_assert(sizeof(T) == sizeof(typename Array::Scalar));
-  Shape shape;
-  for (size_t i = 0; i < a.ndim(); ++i) shape.push_back(int64_t(a.shape(i)));
-  return BorrowedTensor<T>(std::move(shape), reinterpret_cast<const T*>(a.data()));
-}
-
-template <class T, class Raw>
-std::optional<BorrowedTensor<T>> borrow_optional(const std::optional<In<Raw>>& a) {
-  if (!a) return std::nullopt;
-  return borrow<T>(*a);
-}
-
-// The data pointers of the input tensors the last kernel call of this thread handed to its kernel,
-// in argument order (0 for an absent optional one): the zero-copy test (tests/python/test_kernels.py)
-// compares them with the caller's arrays' pointers.
-thread_local std::vector<uintptr_t> last_input_pointers;
-
-template <class... Ts>
-void note_inputs(const Ts*... ts) {
-  last_input_pointers = {(ts ? reinterpret_cast<uintptr_t>(ts->ptr()) : uintptr_t{0})...};
-}
-
-// Moves `t` to the heap and returns a numpy array over its storage (no copy); the capsule frees it.
-template <class Raw, class T>
-nb::object to_numpy(Tensor<T>&& t) {
-  static_assert(sizeof(T) == sizeof(Raw));
-  auto* held = new Tensor<T>(std::move(t));
-  nb::capsule owner(held, [](void* p) noexcept { delete static_cast<Tensor<T>*>(p); });
-  std::vector<size_t> shape(held->shape.begin(), held->shape.end());
-  return nb::cast(nb::ndarray<nb::numpy, Raw>(reinterpret_cast<Raw*>(held->data.data()), shape.size(), shape.data(), owner));
-}
 
 // ---- torch tensors through DLPack's C exchange API (DLPack 1.3; a torch that has it, 2.15 here, puts it on
 // the type as Tensor.__dlpack_c_exchange_api__, a capsule "dlpack_exchange_api"): a tensor's DLTensor is read and a
@@ -248,19 +205,6 @@ struct PyLoaded {
   golden::Loaded loaded;
 };
 
-// Seconds the last kernel call of this thread spent in C++ computing (the GIL released), for the
-// overhead benchmark (tools/python/bench_overhead.py): a Python call's time less this is the binding's.
-thread_local double last_kernel_seconds = 0;
-
-// Runs f with the GIL released and records its time.
-template <class F>
-auto timed(F&& f) {
-  nb::gil_scoped_release release;
-  const auto t0 = std::chrono::steady_clock::now();
-  auto r = f();
-  last_kernel_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  return r;
-}
 
 Problem problem_of(const std::string& text) {
   Problem p = parse_problem(text);
@@ -336,70 +280,8 @@ std::vector<nb::dict> stack_outputs(std::vector<ref::StackLayerOutputs>&& outs) 
   return layers;
 }
 
-// ---- module level (ref/module.h, ref/module_ops.h, ref/numerics.h) ----
-// Weights are copied into the ref:: weight structs (they own Tensors); activations are borrowed.
-
-Tensor<float> copy_of(const In<float>& a) { return Tensor<float>(borrow<float>(a).get()); }
-
-// In the order of the structs' fields (ref/module.h): wq_b, wk, k_norm_w, k_norm_b, weights_proj.
-ref::IndexerWeights indexer_weights_of(const std::vector<In<float>>& w) {
-  require(w.size() == 5, "indexer weights: expected 5 tensors, got " + std::to_string(w.size()));
-  ref::IndexerWeights iw;
-  iw.wq_b = copy_of(w[0]); iw.wk = copy_of(w[1]); iw.k_norm_w = copy_of(w[2]); iw.k_norm_b = copy_of(w[3]);
-  iw.weights_proj = copy_of(w[4]);
-  return iw;
-}
-
-// wq_a, q_norm, wq_b, wkv_a, kv_norm, wkv_b, wo.
-ref::MlaWeights mla_weights_of(const std::vector<In<float>>& w) {
-  require(w.size() == 7, "MLA weights: expected 7 tensors, got " + std::to_string(w.size()));
-  ref::MlaWeights mw;
-  mw.wq_a = copy_of(w[0]); mw.q_norm = copy_of(w[1]); mw.wq_b = copy_of(w[2]); mw.wkv_a = copy_of(w[3]);
-  mw.kv_norm = copy_of(w[4]); mw.wkv_b = copy_of(w[5]); mw.wo = copy_of(w[6]);
-  return mw;
-}
-
-// A vector as a rank-1 tensor (moved, no copy).
-Tensor<float> vector_tensor(std::vector<float> v) {
-  Tensor<float> t;
-  t.shape = {int64_t(v.size())};
-  t.data = std::move(v);
-  return t;
-}
-
-ModelConfig config_of(const std::string& model) {
-  ModelConfig cfg = model_preset(model);
-  cfg.validate();
-  return cfg;
-}
-
-// x viewed as [rows, n] (n = its last dim; rows = the product of the others; rank >= 1).
-std::pair<int64_t, int64_t> rows_cols(const Tensor<float>& x, const std::string& what) {
-  require(x.rank() >= 1, what + ": expected rank >= 1, got a scalar");
-  const int64_t n = x.dim(x.rank() - 1);
-  return {n == 0 ? 0 : x.numel() / n, n};
-}
-
-// An optional per-feature vector of length n (LayerNorm / RMSNorm weight or bias): nullptr if absent.
-const float* vector_of(const std::optional<BorrowedTensor<float>>& v, int64_t n, const std::string& what) {
-  if (!v) return nullptr;
-  require_shape(v->get(), Shape{n}, what);
-  return v->get().ptr();
-}
-
-}  // namespace
-
-NB_MODULE(_core, m) {
-  m.doc() = "indexshare's C++ library (ref/, simd/, tools/lib/); use the indexshare package, not this module";
-  nb::register_exception_translator([](const std::exception_ptr& p, void*) {
-    try {
-      std::rethrow_exception(p);
-    } catch (const Error& e) {
-      PyErr_SetString(PyExc_ValueError, e.what());
-    }
-  });
-  m.attr("version") = INDEXSHARE_VERSION;
-
+// Threads, the SIMD target, the per-thread records, the problem descriptor, Impl, the presets and kernels.
+void bind_runtime(nb::module_& m) {
   m.def("set_num_threads", [](int n) {
     require(n >= 1, "threads: expected >= 1, got " + std::to_string(n));
     omp_set_num_threads(n);
@@ -438,7 +320,10 @@ NB_MODULE(_core, m) {
     for (const kreg::Kernel& k : kreg::kernels()) out.emplace_back(k.name, k.kind);
     return out;
   });
+}
 
+// Golden sets (build, save, load), diff, and writing a safetensors file.
+void bind_golden(nb::module_& m) {
   // ---- golden sets (tools/lib/golden.h) ----
   nb::class_<PyGolden>(m, "GoldenSet")
       .def_prop_ro("manifest_json", [](const PyGolden& g) { return g.set.manifest.dump(); })
@@ -537,7 +422,10 @@ NB_MODULE(_core, m) {
   m.def("write_safetensors", [](const std::string& path, const std::vector<Raw>& tensors) {
     io::write_safetensors(path, to_file(tensors, path).tensors);
   });
+}
 
+// The kernels: indexer logits, top-k (also torch's fast path), the fused indexer top-k, attention.
+void bind_kernels(nb::module_& m) {
   // ---- kernels (ref/indexer.h, ref/topk.h, ref/attention.h, simd/simd.h) ----
   m.def("indexer_logits_fp8", &indexer_logits<e4m3_t, uint8_t>);
   m.def("indexer_logits_f32", &indexer_logits<float, float>);
@@ -589,7 +477,10 @@ NB_MODULE(_core, m) {
     return attention_tuple(std::move(r));
   }, nb::arg("q"), nb::arg("kv"), nb::arg("sm_scale"), nb::arg("d_v"), nb::arg("ks"), nb::arg("ke"), nb::arg("sink").none(),
      nb::arg("impl"));
+}
 
+// Training: the indexer's distillation loss and the sparse attention backward.
+void bind_train(nb::module_& m) {
   // ---- training: the indexer's distillation loss (ref/train/indexer_loss.h) ----
   // Teachers: one (q bf16 codes, kv bf16 codes, scale, non_compressed_lse or None) tuple per layer.
   // Returns a dict of the outputs (scores, p, log_q, kl, loss, n_rows, d_scores, dq, dk, dw).
@@ -651,6 +542,10 @@ NB_MODULE(_core, m) {
                           to_numpy<uint16_t>(std::move(r.dkv_bf16)), to_numpy<float>(std::move(r.d_sink)));
   }, nb::arg("q"), nb::arg("kv"), nb::arg("indices"), nb::arg("sm_scale"), nb::arg("d_v"), nb::arg("d_out"),
      nb::arg("topk_length").none(), nb::arg("sink").none(), nb::arg("impl"), nb::arg("lowp"));
+}
+
+// DeepSeek-V4: the compressor, the indexer over compressed blocks, the attention given the entries.
+void bind_v4(nb::module_& m) {
   // ---- DeepSeek-V4 (ref/v4): the compressor, the indexer over compressed blocks, the attention given the entries.
   // rope: (rope_dim, theta, yarn, factor, original_max_pos, beta_fast, beta_slow) (ref/v4/compressor.h RopeParams).
   using RopeTuple = std::tuple<int, double, bool, double, int, double, double>;
@@ -713,6 +608,10 @@ NB_MODULE(_core, m) {
                           to_numpy<int32_t>(std::move(o.indices)));
   }, nb::arg("q"), nb::arg("kv"), nb::arg("sink"), nb::arg("entries"), nb::arg("blocks").none(), nb::arg("type"),
      nb::arg("window"), nb::arg("hca_ratio"), nb::arg("rope"), nb::arg("impl"));
+}
+
+// GLM-5.3's pooled indexer: one layer's pooled keys, scores and selection, and a whole layer.
+void bind_kpool(nb::module_& m) {
   // ---- GLM-5.3's pooled indexer (ref/kpool/): the pooled keys, scores and selection of one layer on the
   // caller's f32 tensors (the last s_q = q.shape[0] of s_kv = k.shape[0] positions are the query rows).
   m.def("kpool_indexer", [](In<float> q, In<float> k, In<float> g, In<float> ape, In<float> weights, int64_t index_topk,
@@ -779,7 +678,10 @@ NB_MODULE(_core, m) {
      nb::arg("index_topk") = 16, nb::arg("tail") = true, nb::arg("rounding") = "f32", nb::arg("h_q") = 2,
      nb::arg("d_qk") = 512, nb::arg("d_v") = 512, nb::arg("sm_scale") = 0.0625f, nb::arg("seed") = 1,
      nb::arg("dist") = "normal", nb::arg("layer") = 0, nb::arg("impl") = Impl::ref);
+}
 
+// Overlap statistics, the cost model and the stack.
+void bind_analysis(nb::module_& m) {
   // ---- overlap statistics (ref/overlap.h): `indexshare overlap --golden DIR | --problem DESC --json` ----
   m.def("overlap", [](const std::string& golden_dir, const std::string& problem, int buckets, bool shared_stats,
                       const std::string& impl) {
@@ -826,177 +728,27 @@ NB_MODULE(_core, m) {
     }
     return std::make_pair(to_string(p), stack_outputs(std::move(outs)));
   }, nb::arg("problem"), nb::arg("rows").none(), nb::arg("inputs").none(), nb::arg("impl"), nb::arg("keep_logits"));
+}
+}  // namespace
 
-  // ---- module level: the indexer and MLA steps (ref/module.h, ref/module_ops.h, ref/numerics.h) ----
-  m.def("model_config", [](const std::string& model) {
-    const ModelConfig c = config_of(model);
-    nb::dict d;
-    d["name"] = c.name; d["n_layers"] = c.n_layers; d["dim"] = c.dim; d["n_heads"] = c.n_heads;
-    d["q_lora_rank"] = c.q_lora_rank; d["kv_lora_rank"] = c.kv_lora_rank; d["qk_nope_head_dim"] = c.qk_nope_head_dim;
-    d["qk_rope_head_dim"] = c.qk_rope_head_dim; d["v_head_dim"] = c.v_head_dim; d["index_n_heads"] = c.index_n_heads;
-    d["index_head_dim"] = c.index_head_dim; d["index_topk"] = c.index_topk;
-    d["indexer_rope"] = ref::rope_layout_name(c.indexer_rope); d["index_scale_rule"] = scale_rule_name(c.index_scale_rule);
-    d["rope_theta"] = c.rope_theta; d["yarn"] = c.yarn; d["rms_eps"] = c.rms_eps; d["index_norm_eps"] = c.index_norm_eps;
-    d["d_qk"] = c.d_qk(); d["d_v"] = c.d_v(); d["softmax_scale"] = c.softmax_scale(); d["seq"] = c.seq;
-    return d;
-  });
-  m.def("model_rope_inv_freq", [](const std::string& model) {
-    return to_numpy<float>(vector_tensor(config_of(model).rope_inv_freq()));
-  });
-  m.def("rope_inv_freq", [](int rope_dim, double theta) {
-    return to_numpy<float>(vector_tensor(ref::rope_inv_freq(rope_dim, theta)));
-  });
-  // x [S, M, rope_dim] f32: row (t, m) rotated for position pos[t] (ref::apply_rope), into a copy.
-  m.def("apply_rope", [](In<float> x, In<int64_t> pos, In<float> inv_freq, const std::string& layout) {
-    const auto tx = borrow<float>(x);
-    const auto tp = borrow<int64_t>(pos);
-    const auto tf = borrow<float>(inv_freq);
-    const ref::RopeLayout l = ref::parse_rope_layout(layout);
-    require(tx.get().rank() == 3, "x: expected rank 3 [S, M, rope_dim]");
-    const int64_t S = tx.get().dim(0), M = tx.get().dim(1), R = tx.get().dim(2);
-    require_shape(tp.get(), Shape{S}, "positions");
-    require_shape(tf.get(), Shape{R / 2}, "inv_freq");
-    require(R <= INT32_MAX, "x: rope_dim too large");
-    const std::vector<float> freq(tf.get().data.begin(), tf.get().data.end());
-    Tensor<float> out(tx.get());
-    {
-      nb::gil_scoped_release release;
-      for (int64_t t = 0; t < S; ++t) {
-        require(tp.get()[t] >= 0, "positions: expected >= 0, got " + std::to_string(tp.get()[t]) + " at row " + std::to_string(t));
-        for (int64_t j = 0; j < M; ++j) ref::apply_rope(out.ptr() + (t * M + j) * R, int(R), tp.get()[t], freq, l);
-      }
+NB_MODULE(_core, m) {
+  m.doc() = "indexshare's C++ library (ref/, simd/, tools/lib/); use the indexshare package, not this module";
+  nb::register_exception_translator([](const std::exception_ptr& p, void*) {
+    try {
+      std::rethrow_exception(p);
+    } catch (const Error& e) {
+      PyErr_SetString(PyExc_ValueError, e.what());
     }
-    return to_numpy<float>(std::move(out));
   });
-  m.def("hadamard_transform", [](In<float> x) {
-    const auto tx = borrow<float>(x);
-    const auto [rows, n] = rows_cols(tx.get(), "x");
-    require(n <= INT32_MAX, "x: last dim too large");
-    Tensor<float> out(tx.get());
-    {
-      nb::gil_scoped_release release;
-      for (int64_t r = 0; r < rows; ++r) ref::hadamard_transform(out.ptr() + r * n, int(n));
-    }
-    return to_numpy<float>(std::move(out));
-  });
-  m.def("layer_norm", [](In<float> x, std::optional<In<float>> weight, std::optional<In<float>> bias, float eps) {
-    const auto tx = borrow<float>(x);
-    const auto tw = borrow_optional<float>(weight), tb = borrow_optional<float>(bias);
-    const auto [rows, n] = rows_cols(tx.get(), "x");
-    const float* w = vector_of(tw, n, "weight");
-    const float* b = vector_of(tb, n, "bias");
-    require(std::isfinite(eps) && eps >= 0, "eps: expected finite and >= 0");
-    Tensor<float> out(tx.get().shape);
-    {
-      nb::gil_scoped_release release;
-      for (int64_t r = 0; r < rows; ++r) ref::layer_norm(tx.get().ptr() + r * n, out.ptr() + r * n, n, w, b, eps);
-    }
-    return to_numpy<float>(std::move(out));
-  }, nb::arg("x"), nb::arg("weight").none(), nb::arg("bias").none(), nb::arg("eps"));
-  m.def("rms_norm", [](In<float> x, std::optional<In<float>> weight, float eps) {
-    const auto tx = borrow<float>(x);
-    const auto tw = borrow_optional<float>(weight);
-    const auto [rows, n] = rows_cols(tx.get(), "x");
-    const float* w = vector_of(tw, n, "weight");
-    require(std::isfinite(eps) && eps >= 0, "eps: expected finite and >= 0");
-    Tensor<float> out(tx.get().shape);
-    {
-      nb::gil_scoped_release release;
-      for (int64_t r = 0; r < rows; ++r) ref::rms_norm(tx.get().ptr() + r * n, out.ptr() + r * n, n, w, eps);
-    }
-    return to_numpy<float>(std::move(out));
-  }, nb::arg("x"), nb::arg("weight").none(), nb::arg("eps"));
-  m.def("linear", [](In<float> x, In<float> w, bool bf16, Impl impl) {
-    const auto tx = borrow<float>(x), tw = borrow<float>(w);
-    note_inputs(&tx.get(), &tw.get());
-    auto r = timed([&] {
-      Tensor<float> y = kernels_for(impl).linear(tx, tw);
-      if (bf16) ref::round_bf16_inplace(y);
-      return y;
-    });
-    return to_numpy<float>(std::move(r));
-  });
-  m.def("quantize", [](In<float> x, int block, const std::string& rule) {
-    const auto tx = borrow<float>(x);
-    const ScaleRule r = parse_scale_rule(rule);
-    require(block >= 1, "block: expected >= 1, got " + std::to_string(block));
-    Quantized q;
-    {
-      nb::gil_scoped_release release;
-      q = quantize(tx, block, r, "x");
-    }
-    return nb::make_tuple(to_numpy<uint8_t>(std::move(q.codes)), to_numpy<float>(std::move(q.scales)));
-  });
-  m.def("dequantize", [](In<uint8_t> codes, In<float> scales, int block) {
-    require(block >= 1, "block: expected >= 1, got " + std::to_string(block));
-    Quantized q;
-    q.codes = Tensor<e4m3_t>(borrow<e4m3_t>(codes).get());
-    q.scales = Tensor<float>(borrow<float>(scales).get());
-    Tensor<float> out;
-    {
-      nb::gil_scoped_release release;
-      out = dequantize(q, block);
-    }
-    return to_numpy<float>(std::move(out));
-  });
-  m.def("indexer_module", [](const std::string& model, const std::vector<In<float>>& w, In<float> x, In<float> qr,
-                             int64_t start_pos, const std::string& variant, Impl impl) {
-    const ModelConfig cfg = config_of(model);
-    const ref::IndexerWeights iw = indexer_weights_of(w);
-    const auto tx = borrow<float>(x), tq = borrow<float>(qr);
-    const ref::IndexerVariant v = ref::parse_indexer_variant(variant);
-    require(start_pos >= 0, "start_pos: expected >= 0, got " + std::to_string(start_pos));
-    note_inputs(&tx.get(), &tq.get());
-    ref::IndexerModuleOut o = timed([&] {
-      return ref::indexer_module(cfg, iw, tx, tq, start_pos, v, kernels_for(impl).linear);
-    });
-    nb::dict d;
-    const std::pair<const char*, Tensor<float>*> f32s[] = {
-        {"q_proj", &o.q_proj}, {"q_rope", &o.q_rope}, {"q_hadamard", &o.q_hadamard}, {"k_proj", &o.k_proj},
-        {"k_norm", &o.k_norm}, {"k_rope", &o.k_rope}, {"k_hadamard", &o.k_hadamard}, {"q_scale", &o.q_scale},
-        {"k_scale", &o.k_scale}, {"weights", &o.weights}, {"q", &o.q}, {"k", &o.k}};
-    for (const auto& [name, t] : f32s)
-      if (t->numel()) d[name] = to_numpy<float>(std::move(*t));
-    if (o.q8.numel()) d["q8"] = to_numpy<uint8_t>(std::move(o.q8));
-    if (o.k8.numel()) d["k8"] = to_numpy<uint8_t>(std::move(o.k8));
-    return d;
-  });
-  m.def("mla_query", [](const std::string& model, const std::vector<In<float>>& w, In<float> x, int64_t start_pos, Impl impl) {
-    const ModelConfig cfg = config_of(model);
-    const ref::MlaWeights mw = mla_weights_of(w);
-    const auto tx = borrow<float>(x);
-    require(start_pos >= 0, "start_pos: expected >= 0, got " + std::to_string(start_pos));
-    note_inputs(&tx.get());
-    const ref::Kernels kern = kernels_for(impl);
-    ref::MlaQuery q = timed([&] { return ref::mla_query(cfg, mw, tx, start_pos, kern.linear, kern.head_linear); });
-    return nb::make_tuple(to_numpy<float>(std::move(q.qr)), to_numpy<float>(std::move(q.q_nope)),
-                          to_numpy<uint16_t>(std::move(q.q)));
-  });
-  m.def("mla_kv", [](const std::string& model, const std::vector<In<float>>& w, In<float> x, int64_t start_pos,
-                     bool fp8_roundtrip, Impl impl) {
-    const ModelConfig cfg = config_of(model);
-    const ref::MlaWeights mw = mla_weights_of(w);
-    const auto tx = borrow<float>(x);
-    require(start_pos >= 0, "start_pos: expected >= 0, got " + std::to_string(start_pos));
-    note_inputs(&tx.get());
-    auto r = timed([&] { return ref::mla_kv(cfg, mw, tx, start_pos, fp8_roundtrip, kernels_for(impl).linear); });
-    return to_numpy<uint16_t>(std::move(r));
-  });
-  m.def("mla_value_up", [](const std::string& model, const std::vector<In<float>>& w, In<float> o_lat, Impl impl) {
-    const ModelConfig cfg = config_of(model);
-    const ref::MlaWeights mw = mla_weights_of(w);
-    const auto to = borrow<float>(o_lat);
-    note_inputs(&to.get());
-    auto r = timed([&] { return ref::mla_value_up(cfg, mw, to, kernels_for(impl).head_linear); });
-    return to_numpy<float>(std::move(r));
-  });
-  m.def("mla_output", [](const std::string& model, const std::vector<In<float>>& w, In<float> o_lat, Impl impl) {
-    const ModelConfig cfg = config_of(model);
-    const ref::MlaWeights mw = mla_weights_of(w);
-    const auto to = borrow<float>(o_lat);
-    note_inputs(&to.get());
-    const ref::Kernels kern = kernels_for(impl);
-    auto r = timed([&] { return ref::mla_output(cfg, mw, to, kern.linear, kern.head_linear); });
-    return to_numpy<float>(std::move(r));
-  });
+  m.attr("version") = INDEXSHARE_VERSION;
+
+  bind_runtime(m);
+  bind_golden(m);
+  bind_kernels(m);
+  bind_train(m);
+  bind_v4(m);
+  bind_kpool(m);
+  bind_analysis(m);
+  bind_module_ops(m);
+  bind_module_steps(m);
 }
