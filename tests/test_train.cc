@@ -577,3 +577,37 @@ TEST_CASE("train: 200 correct f32 indexer-loss kernels in drawn orders all pass"
   MESSAGE("200 runs: " << failed << " failed, largest err/bound " << worst << " on " << worst_at);
   CHECK(worst > 0.001);  // the bounds are not vacuous
 }
+
+TEST_CASE("train: diff refuses gradients and indices of the wrong shape or dtype, naming the tensor (exit 2)") {
+  const TrainSet s = make_set();
+  const std::string dir = std::filesystem::temp_directory_path() / ("indexshare-train-bad-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const std::string cand = dir + "/c.safetensors";
+  auto judge = [&](const Cand& c) {
+    std::vector<io::TensorView> list;
+    for (const auto& [n, v] : c.t) list.push_back(v);
+    io::write_safetensors(cand, list);
+    return indexshare::testing::run_cli("diff --golden " + s.dir + " --candidate " + cand);
+  };
+  const Tensor<float> dq = s.g.tensor<float>("layers.0.attn_bwd.dq");
+  Cand narrow;  // dq cut to half its columns
+  Tensor<float> x({dq.dim(0), dq.dim(1), dq.dim(2) / 2}, 0.0f);
+  narrow.set("layers.0.attn_bwd.dq", x);
+  indexshare::testing::CliResult r = judge(narrow);
+  CHECK(r.status == 2);
+  CHECK_MESSAGE(r.out.find("'layers.0.attn_bwd.dq': expected shape") != std::string::npos, r.out);
+  Cand ints;  // dq as integers
+  ints.set("layers.0.attn_bwd.dq", Tensor<int32_t>(dq.shape, 0));
+  r = judge(ints);
+  CHECK(r.status == 2);
+  CHECK_MESSAGE(r.out.find("layers.0.attn_bwd.dq") != std::string::npos, r.out);
+  Cand topk;  // the forward's indices with another top-k
+  const Tensor<int32_t> ind = s.g.tensor<int32_t>("layers.0.attn.indices");
+  topk.set("layers.0.attn.indices", Tensor<int32_t>({ind.dim(0), 1, ind.dim(2) - 2}, 0));
+  topk.set("layers.0.attn_bwd.dq", dq);
+  r = judge(topk);
+  CHECK(r.status == 2);
+  CHECK_MESSAGE(r.out.find("'layers.0.attn.indices': expected shape") != std::string::npos, r.out);
+  std::filesystem::remove_all(dir);
+  std::filesystem::remove_all(s.dir);
+}
