@@ -30,7 +30,7 @@ def served():
                              framework="torch")
 
 
-def sparse_mla(q, kv, indices, sm_scale, d_v, topk_length, sink, *, v_part=True):
+def sparse_mla(q, kv, indices, sm_scale, d_v, topk_length, sink, *, v_part=True, dtype=torch.float32):
     """f32 sparse attention: row t attends its valid slots (index in [0, s_kv), slot < topk_length), each
     occurrence of a duplicate one softmax term; the sink is one more logit with a zero value."""
     s_q, h_q, _ = q.shape
@@ -39,21 +39,22 @@ def sparse_mla(q, kv, indices, sm_scale, d_v, topk_length, sink, *, v_part=True)
     valid = (idx >= 0) & (idx < s_kv)
     if topk_length is not None:
         valid &= torch.arange(K)[None, :] < topk_length[:, None].long()
-    g = kv[:, 0, :].float()[torch.where(valid, idx, 0)]  # [s_q, K, d_qk]
-    logits = torch.einsum("thd,tkd->thk", q.float(), g) * sm_scale
+    g = kv[:, 0, :].to(dtype)[torch.where(valid, idx, 0)]  # [s_q, K, d_qk]
+    logits = torch.einsum("thd,tkd->thk", q.to(dtype), g) * sm_scale
     logits = logits.masked_fill(~valid[:, None, :], -1e30)
     if sink is not None:
-        logits = torch.cat([logits, sink[None, :, None].expand(s_q, h_q, 1)], -1)
+        logits = torch.cat([logits, sink.to(dtype)[None, :, None].expand(s_q, h_q, 1)], -1)
     p = torch.softmax(logits, -1)[..., :K] * valid[:, None, :]
     v = g[..., :d_v] if v_part else g[..., :d_v].detach()
     return torch.einsum("thk,tkc->thc", p, v)
 
 
-def indexer_kl(q, k, w, ks, ke, topk, teachers, loss_coeff, *, rows="valid"):
+def indexer_kl(q, k, w, ks, ke, topk, teachers, loss_coeff, *, rows="valid", dtype=torch.float32):
     """Megatron-LM's indexer loss in f32: ReLU head scores weighted and summed, the teacher the summed
     per-head attention softmax L1-normalized (the mean over teachers), KL(p || softmax(I)) per row over
     the support, summed over rows / N (the rows with a valid key)."""
     s_q, s_kv = q.shape[0], k.shape[0]
+    q, k, w = q.to(dtype), k.to(dtype), w.to(dtype)
     I = (torch.relu(torch.einsum("thd,sd->ths", q, k)) * w[:, :, None]).sum(1)
     cols = torch.arange(s_kv)[None, :]
     valid = (cols >= ks[:, None].long()) & (cols < ke[:, None].long())
@@ -67,12 +68,12 @@ def indexer_kl(q, k, w, ks, ke, topk, teachers, loss_coeff, *, rows="valid"):
         support &= sel
     ps = []
     for aq, akv, sm in teachers:
-        lg = torch.einsum("thd,sd->ths", aq.float(), akv[:, 0, :].float()) * sm
+        lg = torch.einsum("thd,sd->ths", aq.to(dtype), akv[:, 0, :].to(dtype)) * sm
         pp = (torch.softmax(lg.masked_fill(~support[:, None, :], -1e30), -1) * support[:, None, :]).sum(1)
         ps.append(pp / pp.sum(-1, keepdim=True).clamp_min(1e-10))
     p = torch.stack(ps).mean(0)
     logq = torch.log_softmax(I.masked_fill(~support, -1e30), -1)
-    term = p * (torch.log(p.clamp_min(1e-38)) - logq)
+    term = p * (torch.log(p.clamp_min(1e-300 if dtype == torch.float64 else 1e-38)) - logq)
     kl = torch.where(support & (p > 0), term, torch.zeros_like(term)).sum(-1)
     n = s_q if rows == "all" else max(int(valid.any(-1).sum()), 1)
     return loss_coeff * kl.sum() / n
@@ -156,3 +157,23 @@ def test_helpers_refuse_bad_functions_and_sets(edges):
         indexshare.golden(problem=PROBLEM, kind="train", train={"loss_layers": 1})
     with pytest.raises(ValueError, match="layer 1 is Shared"):
         indexshare.golden(problem=PROBLEM, kind="train", train={"loss_layers": [1]})
+
+
+@pytest.mark.parametrize("preset", ["tilelang-sparse-mla-bwd", "megatron-dsa-indexer-loss"])
+def test_checked_in_training_sets_equal_torch_float64_autograd(preset):
+    """Every checked-in training set (the kernel presets, regenerated): each gradient within f32 rounding
+    of torch float64 autograd through this file's forward (an element's error at most 2^-24 of the
+    tensor's largest value plus its own f32 half ulp)."""
+    g = indexshare.golden(preset=preset, framework="torch")
+    f64 = torch.float64
+    want = {}
+    want.update({k: v.double() for k, v in T.attention_backward_candidate(
+        lambda *a: sparse_mla(*a, dtype=f64), g, dtype=f64).items()})
+    want.update({k: v.double() for k, v in T.indexer_loss_candidate(
+        lambda *a: indexer_kl(*a, dtype=f64), g, dtype=f64).items()})
+    assert any("attn_bwd.dq" in k for k in want) and any("indexer_loss.dk" in k for k in want)
+    for name, ref in want.items():
+        ours = g.tensors[name].double()
+        tol = 2.0 ** -24 * ref.abs().max().item() + 2.0 ** -24 * ref.abs()
+        err = (ours - ref).abs()
+        assert bool((err <= tol).all()), f"{name}: max err {err.max().item():.3g}, largest value {ref.abs().max().item():.3g}"

@@ -131,21 +131,22 @@ def _grad(name: str, leaf, want_shape) -> object:
     return leaf.grad.detach()
 
 
-def attention_backward_candidate(fn: Callable, golden, *, layers=None) -> dict:
+def attention_backward_candidate(fn: Callable, golden, *, layers=None, dtype=None) -> dict:
     """Runs ``fn(q, kv, indices, sm_scale, d_v, topk_length, sink)`` (a differentiable torch function, e.g.
     ``MyFunction.apply``; q bf16 [s_q, h_q, d_qk] and kv bf16 [s_kv, 1, d_qk] require grad, indices int32
     [s_q, 1, topk], topk_length int32 [s_q] or None, sink f32 [h_q] (requires grad) or None; it returns out
     [s_q, h_q, d_v], or a tuple whose first element is out) on each layer of a training golden set, calls
     ``out.backward(layers.{l}.attn.d_out)`` and returns the candidate {layers.{l}.attn_bwd.dq: q.grad,
-    .dkv: kv.grad, .d_sink: sink.grad} in the gradients' own dtypes."""
+    .dkv: kv.grad, .d_sink: sink.grad} in the gradients' own dtypes. ``dtype`` (e.g. torch.float64, for a
+    reference in higher precision): q, kv and sink are handed to fn in that dtype instead of the set's."""
     torch = _torch()
     t = golden.tensors
     sm, d_v = float(golden.config["sm_scale"]), int(golden.config["d_v"])
     cand = {}
     for l in _layers(golden, layers, "attn.d_out"):
         p = f"layers.{l}."
-        q, kv = _leaf(t[p + "attn.q"]), _leaf(t[p + "attn.kv"])
-        sink = _leaf(t[p + "attn.sink"]) if p + "attn.sink" in t else None
+        q, kv = _leaf(t[p + "attn.q"], dtype), _leaf(t[p + "attn.kv"], dtype)
+        sink = _leaf(t[p + "attn.sink"], dtype) if p + "attn.sink" in t else None
         tl = _const(t[p + "attn.topk_length"]) if p + "attn.topk_length" in t else None
         d_out = _const(t[p + "attn.d_out"])
         with torch.enable_grad():
@@ -170,13 +171,14 @@ def assert_attention_backward(fn: Callable, golden, *, layers=None, impl: str = 
     return assert_matches(golden, attention_backward_candidate(fn, golden, layers=layers), layers=layers, impl=impl)
 
 
-def indexer_loss_candidate(fn: Callable, golden, *, layers=None) -> dict:
+def indexer_loss_candidate(fn: Callable, golden, *, layers=None, dtype=None) -> dict:
     """Runs ``fn(q, k, weights, ks, ke, topk, teachers, loss_coeff)`` on each distilled layer of a training
     golden set and backpropagates the scalar it returns. q [s_q, H, D] and k [s_kv, D] (the indexer's bf16
     values as f32) and weights f32 [s_q, H] require grad; ks, ke int32 [s_q]; topk int32 [s_q, K] (row-local,
     -1 padded) for a sparse loss, None for a dense one; teachers: a list of (q bf16 [s_q, h_q, d_qk], kv bf16
     [s_kv, 1, d_qk], sm_scale), the Full layer's own first (more with the served-layers target, whose rule
-    fn then implements). Returns {layers.{l}.indexer_loss.loss, .dq, .dk, .dw}."""
+    fn then implements). Returns {layers.{l}.indexer_loss.loss, .dq, .dk, .dw}. ``dtype``: q, k and weights
+    in that dtype (default float32)."""
     torch = _torch()
     t = golden.tensors
     tr = golden.manifest["train"]
@@ -185,8 +187,8 @@ def indexer_loss_candidate(fn: Callable, golden, *, layers=None) -> dict:
     cand = {}
     for l in _layers(golden, layers, "indexer_loss.loss"):
         p = f"layers.{l}."
-        q, k = _leaf(t[p + "indexer.q"], torch.float32), _leaf(t[p + "indexer.k"], torch.float32)
-        w = _leaf(t[p + "indexer.weights"])
+        q, k = _leaf(t[p + "indexer.q"], dtype or torch.float32), _leaf(t[p + "indexer.k"], dtype or torch.float32)
+        w = _leaf(t[p + "indexer.weights"], dtype)
         topk = _const(t[p + "indexer.topk"]) if tr["loss"] == "sparse" else None
         teachers = [(_const(t[f"layers.{m}.attn.q"]), _const(t[f"layers.{m}.attn.kv"]), sm) for m in teachers_of[l]]
         with torch.enable_grad():
@@ -194,7 +196,7 @@ def indexer_loss_candidate(fn: Callable, golden, *, layers=None) -> dict:
             if loss.numel() != 1:
                 raise ValueError(f"layer {l}: fn returned a loss of shape {list(loss.shape)}, expected a scalar")
             loss.backward()
-        cand[p + "indexer_loss.loss"] = loss.detach().reshape(1).to(torch.float32)
+        cand[p + "indexer_loss.loss"] = loss.detach().reshape(1).to(dtype or torch.float32)
         cand[p + "indexer_loss.dq"] = _grad(f"layer {l} q", q, q.shape)
         cand[p + "indexer_loss.dk"] = _grad(f"layer {l} k", k, k.shape)
         cand[p + "indexer_loss.dw"] = _grad(f"layer {l} weights", w, w.shape)
