@@ -611,3 +611,52 @@ TEST_CASE("train: diff refuses gradients and indices of the wrong shape or dtype
   std::filesystem::remove_all(dir);
   std::filesystem::remove_all(s.dir);
 }
+
+TEST_CASE("train: --d-out takes the upstream gradients from a file, and refuses a wrong one before writing") {
+  const TrainSet s = make_set();
+  const std::string dir = std::filesystem::temp_directory_path() / ("indexshare-train-dout-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const std::string file = dir + "/d_out.safetensors", out = dir + "/set";
+  // Twice the set's own dO (exact in bf16): every attention gradient doubles exactly (they are linear in dO).
+  std::vector<io::TensorView> twice;
+  for (int l = 0; l < 3; ++l) {
+    const std::string n = "layers." + std::to_string(l) + ".attn.d_out";
+    Tensor<bf16_t> d = s.g.tensor<bf16_t>(n);
+    for (bf16_t& v : d.data) v = f32_to_bf16(2.0f * bf16_to_f32(v));
+    twice.push_back(io::make_view(n, d));
+  }
+  io::write_safetensors(file, twice);
+  const std::string base = std::string("golden --problem '") + kProblem + "' --kind train --d-out " + file + " --out " + out;
+  const indexshare::testing::CliResult ok = indexshare::testing::run_cli(base);
+  REQUIRE_MESSAGE(ok.status == 0, ok.out);
+  const golden::Loaded g2 = golden::read(out);
+  CHECK(g2.manifest["replay"].get<std::string>().find("--d-out " + file) != std::string::npos);
+  for (const char* n : {"layers.0.attn_bwd.dq", "layers.1.attn_bwd.dkv", "layers.2.attn_bwd.delta"}) {
+    const Tensor<float> a = s.g.tensor<float>(n), b = g2.tensor<float>(n);
+    bool exact = true;
+    for (int64_t i = 0; i < a.numel(); ++i) exact = exact && b[i] == 2.0f * a[i];
+    CHECK_MESSAGE(exact, n);
+  }
+  std::filesystem::remove_all(out);
+  // Wrong files: exit 2, the message names the tensor and field, nothing written.
+  auto refused = [&](const std::vector<io::TensorView>& t, const std::string& needle) {
+    io::write_safetensors(file, t);
+    const indexshare::testing::CliResult r = indexshare::testing::run_cli(base);
+    CHECK(r.status == 2);
+    CHECK_MESSAGE(r.out.find(needle) != std::string::npos, r.out);
+    CHECK(!std::filesystem::exists(out));
+  };
+  std::vector<io::TensorView> v = twice;
+  v[1] = io::make_view("layers.1.attn.d_out", Tensor<bf16_t>({24, 4, 40}, bf16_t{}));
+  refused(v, "tensor 'layers.1.attn.d_out': shape [24,4,40], expected [s_q, h_q, d_v] = [24,4,48]");
+  v = twice;
+  v[2] = io::make_view("layers.2.attn.d_out", Tensor<float>({24, 4, 48}, 0.0f));
+  refused(v, "layers.2.attn.d_out");
+  v = {twice[0], twice[2]};
+  refused(v, "holds no tensor 'layers.1.attn.d_out'");
+  v = twice;
+  v.push_back(io::make_view("layers.3.attn.d_out", Tensor<bf16_t>({24, 4, 48}, bf16_t{})));
+  refused(v, "'layers.3.attn.d_out' is not the attn.d_out of one of the stack's 3 layers");
+  std::filesystem::remove_all(dir);
+  std::filesystem::remove_all(s.dir);
+}

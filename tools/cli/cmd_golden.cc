@@ -31,7 +31,7 @@ struct GoldenArgs {
   std::string preset, problem, kind = "stack", out, impl = "ref", model, from, schedule, variant = "deepseek_fp8", target,
       max_memory = "8G", rows, for_kernel;
   // --kind train (tools/lib/golden_train.h)
-  std::string loss = "sparse", train_target = "own-layer", relu = "yes", train_edges = "no", loss_layers;
+  std::string loss = "sparse", train_target = "own-layer", relu = "yes", train_edges = "no", loss_layers, d_out;
   double loss_coeff = 1.0;
   int64_t layers = 0, seq = 0;
   int64_t seed = -1;
@@ -167,6 +167,7 @@ int golden_train(const GoldenArgs& a, std::chrono::steady_clock::time_point t0) 
   require(a.train_edges == "yes" || a.train_edges == "no", "golden: --train-edges must be yes or no, got '" + a.train_edges + "'");
   t.edges = a.train_edges == "yes";
   if (was_given(a.given, "--loss-layers")) t.loss_layers = golden::parse_loss_layers(a.loss_layers);
+  t.d_out_file = a.d_out;
   const kreg::Kernel* kern = for_kernel.empty() ? nullptr : &golden::check_train_kernel(for_kernel, p, t);
   const Impl impl = !a.preset.empty() && !was_given(a.given, "--impl") ? Impl::simd : resolve_impl(a.impl, p, p.s_q);
   reject_target_on_ref(a.given, impl);
@@ -185,7 +186,7 @@ int golden_v4(const GoldenArgs& a, std::chrono::steady_clock::time_point t0) {
   require(a.preset.empty() != a.problem.empty() && a.model.empty() && a.from.empty(),
           "golden --kind v4: give --problem SPEC (a V4 descriptor) or a v4 --preset, not --model / --from");
   reject_given(a.given, {"--rows", "--for", "--no-logits", "--layers", "--seq", "--seed", "--schedule", "--sim", "--variant",
-                         "--loss", "--train-target", "--relu", "--loss-coeff", "--train-edges", "--loss-layers"},
+                         "--loss", "--train-target", "--relu", "--loss-coeff", "--train-edges", "--loss-layers", "--d-out"},
                "other kinds", "a v4 set takes its sizes, layer types, schedule and seed from its descriptor");
   require(!dist_active(), "golden: a v4 set is computed by one process: run it without mpirun / srun");
   const golden::V4Spec s = golden::parse_v4_spec(a.preset.empty() ? a.problem : golden::preset(a.preset).problem);
@@ -281,7 +282,7 @@ int cmd_golden(const GoldenArgs& a) {
           "golden: --for " + a.for_kernel + " writes a train set, not --kind " + a.kind);
   if (a.kind == "train" || train_kernel || (!a.preset.empty() && golden::preset(a.preset).kind == "train"))
     return golden_train(a, t0);
-  reject_given(a.given, {"--loss", "--train-target", "--relu", "--loss-coeff", "--train-edges", "--loss-layers"}, "--kind train",
+  reject_given(a.given, {"--loss", "--train-target", "--relu", "--loss-coeff", "--train-edges", "--loss-layers", "--d-out"}, "--kind train",
                "they shape the training set");
   if (is_model1_request(a)) return golden_model1(a, t0);
   // The preset, the overrides, --for and --rows: the rules the Python package shares (golden.h).
@@ -367,6 +368,10 @@ Action register_golden(CLI::App& app) {
   c->add_option("--loss-layers", a->loss_layers,
                 "Layers whose indexer is distilled, comma-separated (default: every Full layer; a Shared layer needs "
                 "--train-target served-layers, and then stands for its source) (--kind train)")
+      ->group("Training sets (--kind train)");
+  c->add_option("--d-out", a->d_out,
+                "A safetensors file with every layer's layers.{l}.attn.d_out (BF16 [s_q, h_q, d_v]): the upstream "
+                "gradients, instead of drawn ones (--kind train)")
       ->group("Training sets (--kind train)");
   c->add_option("--train-edges", a->train_edges,
                 "yes: the backward's edge cases in every layer (-1 rows, out-of-range and duplicated indices, "

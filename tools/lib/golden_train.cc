@@ -13,6 +13,7 @@
 #include "ref/rng.h"
 #include "ref/train/attention_bwd.h"
 #include "ref/train/indexer_loss.h"
+#include "tools/lib/safetensors.h"
 
 namespace indexshare::golden {
 
@@ -44,8 +45,31 @@ bool has(const GoldenSet& g, const std::string& name) {
   return std::any_of(g.tensors.begin(), g.tensors.end(), [&](const io::TensorView& v) { return v.name == name; });
 }
 
-// The attention's backward of layer l: dO drawn, the gradients added.
-void attention_backward(GoldenSet& g, const Problem& p, const std::string& pre, float sm, const ref::Kernels& k) {
+// The upstream gradients of --d-out FILE, one per layer, checked against the problem's shapes.
+std::vector<Tensor<bf16_t>> read_d_out(const std::string& file, const Problem& p) {
+  const io::SafetensorsFile f = io::read_safetensors(file);
+  const std::vector<int64_t> want = {p.s_q, p.h_q, p.d_v};
+  std::vector<Tensor<bf16_t>> out;
+  for (int l = 0; l < p.n_layers; ++l) {
+    const std::string name = "layers." + std::to_string(l) + ".attn.d_out";
+    const io::TensorView* v = f.find(name);
+    require(v != nullptr, "golden --d-out " + file + ": holds no tensor '" + name + "' (every layer's upstream gradient, BF16 [s_q, h_q, d_v])");
+    require(v->shape == want, "golden --d-out " + file + ": tensor '" + name + "': shape " + shape_str(v->shape) +
+                                  ", expected [s_q, h_q, d_v] = " + shape_str(want) + " (config.s_q/h_q/d_v of the problem)");
+    out.push_back(io::as_tensor<bf16_t>(*v, "golden --d-out " + file));
+  }
+  for (const io::TensorView& v : f.tensors) {
+    bool known = false;
+    for (int l = 0; l < p.n_layers && !known; ++l) known = v.name == "layers." + std::to_string(l) + ".attn.d_out";
+    require(known, "golden --d-out " + file + ": tensor '" + v.name + "' is not the attn.d_out of one of the stack's " +
+                       std::to_string(p.n_layers) + " layers");
+  }
+  return out;
+}
+
+// The attention's backward of layer l: dO given (--d-out) or drawn, the gradients added.
+void attention_backward(GoldenSet& g, const Problem& p, const std::string& pre, float sm, const ref::Kernels& k,
+                        const Tensor<bf16_t>* given) {
   const Tensor<bf16_t> q = get<bf16_t>(g, pre + "attn.q"), kv = get<bf16_t>(g, pre + "attn.kv");
   const Tensor<int32_t> ind = get<int32_t>(g, pre + "attn.indices");
   std::optional<Tensor<float>> sink;
@@ -54,7 +78,8 @@ void attention_backward(GoldenSet& g, const Problem& p, const std::string& pre, 
   if (has(g, pre + "attn.topk_length")) len = get<int32_t>(g, pre + "attn.topk_length");
   const int64_t s_q = q.dim(0), h_q = q.dim(1);
   Tensor<bf16_t> d_out({s_q, h_q, p.d_v});
-  fill_range_bf16(d_out.ptr(), 0, d_out.numel(), Dist::normal, 1.0f, p.seed, stream_tag(pre + "attn.d_out"));
+  if (given) d_out = *given;
+  else fill_range_bf16(d_out.ptr(), 0, d_out.numel(), Dist::normal, 1.0f, p.seed, stream_tag(pre + "attn.d_out"));
   ref::AttentionBackwardOut b = k.sparse_attention_backward(q, kv, ind, sm, p.d_v, d_out, len ? &*len : nullptr, sink ? &*sink : nullptr);
   g.add(pre + "attn.d_out", std::move(d_out), Role::input);
   g.add(pre + "attn_bwd.delta", std::move(b.delta), Role::output);
@@ -150,6 +175,7 @@ std::string train_options_text(const TrainSpec& t) {
   if (t.target != "own-layer") s += " --train-target " + t.target;
   if (!t.relu) s += " --relu no";
   if (t.edges) s += " --train-edges yes";
+  if (!t.d_out_file.empty()) s += " --d-out " + t.d_out_file;
   if (!t.loss_layers.empty()) {
     s += " --loss-layers ";
     for (size_t i = 0; i < t.loss_layers.size(); ++i) {
@@ -176,6 +202,7 @@ GoldenSet build_train(const Problem& p, const TrainSpec& t, const std::string& r
           "golden --kind train --train-edges: the edge rows need sq >= 9 and k >= 3 (rows 0-6 rewrite the attention's "
           "indices, rows 7-8 have no indexer keys)");
   const std::vector<bool> distilled = distilled_layers(p, t);  // refused before computing
+  const std::vector<Tensor<bf16_t>> given = t.d_out_file.empty() ? std::vector<Tensor<bf16_t>>() : read_d_out(t.d_out_file, p);
   const InputEdit no_keys = [](std::vector<ref::LayerInputs>& in) {
     for (ref::LayerInputs& l : in)
       for (int64_t r : kEdgeEmptyRows)
@@ -187,7 +214,8 @@ GoldenSet build_train(const Problem& p, const TrainSpec& t, const std::string& r
   const float sm = g.manifest["config"]["sm_scale"].get<float>();
   const json& layers = g.manifest["layers"];
   const ref::Kernels k = kernels_for(impl);
-  for (int l = 0; l < p.n_layers; ++l) attention_backward(g, p, "layers." + std::to_string(l) + ".", sm, k);
+  for (int l = 0; l < p.n_layers; ++l)
+    attention_backward(g, p, "layers." + std::to_string(l) + ".", sm, k, given.empty() ? nullptr : &given[size_t(l)]);
   json losses = json::array();
   for (int l = 0; l < p.n_layers; ++l) {
     if (layers[size_t(l)]["kind"] != "full" || !distilled[size_t(l)]) continue;
@@ -206,7 +234,8 @@ GoldenSet build_train(const Problem& p, const TrainSpec& t, const std::string& r
       {"grad", 1.0},
       {"rows", "N = the query rows with at least one valid key (Megatron's valid rows), at least 1"},
       {"indexer_losses", losses},
-      {"d_out", "layers.{l}.attn.d_out: bf16 normal draws from the stream named after it"},
+      {"d_out", t.d_out_file.empty() ? "layers.{l}.attn.d_out: bf16 normal draws from the stream named after it"
+                                     : "layers.{l}.attn.d_out: given (--d-out " + t.d_out_file + ")"},
       {"invalid_index", "attention backward: indices outside [0, s_kv) are ignored (no gradient), as in the forward"},
       {"duplicates", "attention backward: each occurrence of a duplicated index is one softmax term and adds its own "
                      "dkv contribution (the forward's rule, TileLang's kernel); the loss's sparse support counts a "

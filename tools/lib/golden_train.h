@@ -51,6 +51,10 @@ struct TrainSpec {
   // is refused with the own-layer target (it has no indexer of its own: its positions are its
   // source's); with served-layers it stands for its source, whose loss it teaches.
   std::vector<int> loss_layers;
+  // The upstream gradients (--d-out FILE): a safetensors file holding layers.{l}.attn.d_out, BF16
+  // [s_q, h_q, d_v], for every layer and nothing else; empty: drawn from the generator. Read and
+  // checked before anything is computed (Error naming the file, the tensor and the field).
+  std::string d_out_file;
 };
 // "0,2" -> {0, 2}; Error naming the token otherwise.
 std::vector<int> parse_loss_layers(const std::string& text);
