@@ -660,3 +660,22 @@ TEST_CASE("train: --d-out takes the upstream gradients from a file, and refuses 
   std::filesystem::remove_all(dir);
   std::filesystem::remove_all(s.dir);
 }
+
+TEST_CASE("train: the gradients' precision test fails a backward accumulating dq and dkv in bf16, by name") {
+  // Long reductions (64 rows x 16 heads into each kv row, top-32): the accumulators' bf16 rounding
+  // grows with them, while the contract's error does not.
+  const TrainSet s = make_set({}, "sq64 skv64 hq16 dqk64 dv48 ih2 id32 k32 seed3 nl1 indexer=bf16 sink=random");
+  const std::string p = "layers.0.";
+  const Tensor<float> sink = s.g.tensor<float>(p + "attn.sink");
+  const ref::AttentionBackwardOut e = cmp::emulate_attention_backward_lowp(
+      s.g.tensor<bf16_t>(p + "attn.q"), s.g.tensor<bf16_t>(p + "attn.kv"), s.g.tensor<int32_t>(p + "attn.indices"),
+      s.g.manifest["config"]["sm_scale"].get<float>(), 48, s.g.tensor<bf16_t>(p + "attn.d_out"), nullptr, &sink, true);
+  Cand c;
+  c.set(p + "attn_bwd.dq", e.dq);
+  c.set(p + "attn_bwd.dkv", e.dkv);
+  const diff::Result r = diff::judge(s.g, c.file(), {});
+  // dkv (1,024 terms per row) fails by name; dq's 32-term sums are too short to tell the classes apart.
+  CHECK(verdict(r, 0, "attn_bwd.dkv") == cmp::Verdict::fail);
+  CHECK_MESSAGE(diagnosed(r, "attn_bwd.dkv carries bf16-acc-level error"), text(r));
+  std::filesystem::remove_all(s.dir);
+}

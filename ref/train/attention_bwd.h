@@ -136,12 +136,13 @@ namespace indexshare::cmp {
 //   d_sink    f32 acc -= (1 - f) * Delta, t ascending
 // ds holds bf16(sm_scale dS) / sm_scale (in f32), so that it compares with the truth's dS; p holds
 // bf16(P). out and lse are the emulated forward's. Same inputs, checks and outputs as
-// ref::sparse_attention_backward.
+// ref::sparse_attention_backward. bf16_acc: a coarser kernel (the judge's precision class
+// "bf16-acc"): every partial sum of dq, of the dkv tile and of dkv rounded to bf16 after each add.
 ref::AttentionBackwardOut emulate_attention_backward_lowp(const Tensor<bf16_t>& q, const Tensor<bf16_t>& kv,
                                                           const Tensor<int32_t>& indices, float sm_scale, int64_t d_v,
                                                           const Tensor<bf16_t>& d_out,
                                                           const Tensor<int32_t>* topk_length = nullptr,
-                                                          const Tensor<float>* attn_sink = nullptr);
+                                                          const Tensor<float>* attn_sink = nullptr, bool bf16_acc = false);
 
 // Per-element bounds on |candidate - truth| for dq and dkv from a kernel of the emulation's class
 // (bf16 q, kv, dO; f32 logits, softmax and GEMM accumulation in any order; P and dS rounded to bf16

@@ -17,7 +17,7 @@ namespace {
 void head_lowp(const Tensor<bf16_t>& q, const Tensor<bf16_t>& kv, const Tensor<bf16_t>& d_out,
                const ref::AttentionOut& fwd, const std::vector<int64_t>& rows, float sm_scale, int64_t d_v,
                const float* sink, int64_t th, std::vector<float>& pb, std::vector<float>& dsb, float& delta,
-               float& omf, float* dq) {
+               float& omf, float* dq, bool bf16_acc) {
   const int64_t d_qk = q.dim(2);
   const size_t n = rows.size();
   pb.assign(n, 0.0f);
@@ -42,7 +42,10 @@ void head_lowp(const Tensor<bf16_t>& q, const Tensor<bf16_t>& kv, const Tensor<b
   }
   for (int64_t d = 0; d < d_qk; ++d) {
     float acc = 0;
-    for (size_t i = 0; i < n; ++i) acc += dsb[i] * bf16_to_f32(kv[rows[i] * d_qk + d]);
+    for (size_t i = 0; i < n; ++i) {
+      acc += dsb[i] * bf16_to_f32(kv[rows[i] * d_qk + d]);
+      if (bf16_acc) acc = round_bf16(acc);
+    }
     dq[d] = acc;
   }
   omf = 1.0f - f;
@@ -53,7 +56,7 @@ void head_lowp(const Tensor<bf16_t>& q, const Tensor<bf16_t>& kv, const Tensor<b
 ref::AttentionBackwardOut emulate_attention_backward_lowp(const Tensor<bf16_t>& q, const Tensor<bf16_t>& kv,
                                                           const Tensor<int32_t>& indices, float sm_scale, int64_t d_v,
                                                           const Tensor<bf16_t>& d_out, const Tensor<int32_t>* topk_length,
-                                                          const Tensor<float>* attn_sink) {
+                                                          const Tensor<float>* attn_sink, bool bf16_acc) {
   ref::check_attention_backward_inputs(q, kv, indices, d_v, d_out, topk_length, attn_sink);
   const int64_t s_q = q.dim(0), h_q = q.dim(1), d_qk = q.dim(2), s_kv = kv.dim(0), topk = indices.dim(2);
   const ref::AttentionOut fwd = emulate_attention_lowp(q, kv, indices, sm_scale, d_v, topk_length, attn_sink);
@@ -69,7 +72,7 @@ ref::AttentionBackwardOut emulate_attention_backward_lowp(const Tensor<bf16_t>& 
       const int64_t th = t * h_q + h;
       float omf = 0;
       head_lowp(q, kv, d_out, fwd, rows, sm_scale, d_v, attn_sink ? &(*attn_sink)[h] : nullptr, th, pb[size_t(h)],
-                dsb[size_t(h)], o.delta[th], omf, o.dq.ptr() + th * d_qk);
+                dsb[size_t(h)], o.delta[th], omf, o.dq.ptr() + th * d_qk, bf16_acc);
       if (!rows.empty()) sink_acc[size_t(h)] -= omf * o.delta[th];
       // P and dS per slot (ds unscaled back to the truth's convention).
       for (int64_t j = 0; j < topk; ++j) {
@@ -89,9 +92,13 @@ ref::AttentionBackwardOut emulate_attention_backward_lowp(const Tensor<bf16_t>& 
         for (int64_t d = 0; d < d_qk; ++d) {
           tile[size_t(d)] += dsb[size_t(h)][i] * bf16_to_f32(qr[d]);
           if (d < d_v) tile[size_t(d)] += pb[size_t(h)][i] * bf16_to_f32(dor[d]);
+          if (bf16_acc) tile[size_t(d)] = round_bf16(tile[size_t(d)]);
         }
       }
-      for (int64_t d = 0; d < d_qk; ++d) o.dkv[rows[i] * d_qk + d] += tile[size_t(d)];
+      for (int64_t d = 0; d < d_qk; ++d) {
+        o.dkv[rows[i] * d_qk + d] += tile[size_t(d)];
+        if (bf16_acc) o.dkv[rows[i] * d_qk + d] = round_bf16(o.dkv[rows[i] * d_qk + d]);
+      }
     }
   }
   if (attn_sink)

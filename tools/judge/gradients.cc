@@ -8,6 +8,7 @@
 #include "ref/indexer.h"
 #include "ref/train/attention_bwd.h"
 #include "tools/judge/grad_bounds.h"
+#include "tools/judge/precision.h"
 #include "tools/judge/walk.h"
 
 namespace indexshare::diff::detail {
@@ -87,7 +88,8 @@ std::optional<Tensor<int32_t>> without_duplicates(const Tensor<int32_t>& ind, in
 
 void Judge::judge_gradient(int l, const std::string& P, const std::string& n, const Tensor<float>& golden, std::vector<float> bound,
                            int64_t rows, int64_t heads, int64_t cols, double floor,
-                           const std::vector<std::pair<std::string, Tensor<float>>>& hypotheses) {
+                           const std::vector<std::pair<std::string, Tensor<float>>>& hypotheses,
+                           const prec::ClassValues* values) {
   const Tensor<float> got = cand_float(name(l, n), golden.shape);
   const bool bf16 = c_.find(name(l, n))->dtype == io::DType::BF16;
   if (bf16)  // the kernel's final cast: half a bf16 ulp more
@@ -130,8 +132,16 @@ void Judge::judge_gradient(int l, const std::string& P, const std::string& n, co
     std::snprintf(note, sizeof note, "TileLang's global similarity 1 - 2xy/(x^2+y^2) = %.3g (its tests pass at <= 1e-4)", sim);
     r.reasons.push_back(note);
   }
-  const bool failed = add(l, n, std::move(r)) == cmp::Verdict::fail;
-  if (!failed) return;
+  add(l, n, std::move(r));
+  if (values) {  // every element: a training set's tensors are small beside the emulation's cost
+    std::vector<double> gv(size_t(golden.numel())), cv(size_t(golden.numel()));
+    for (int64_t i = 0; i < golden.numel(); ++i) {
+      gv[size_t(i)] = golden[i];
+      cv[size_t(i)] = got[i];
+    }
+    precision(P, n, gv, cv, prec::Kind::gradients, *values);
+  }
+  if (res.tensors.back().report.verdict != cmp::Verdict::fail) return;
   const double e_gold = rms_diff(got, golden);
   for (const auto& [what, alt] : hypotheses)
     if (rms_diff(got, alt) * 2 <= e_gold) {
@@ -206,6 +216,25 @@ void Judge::judge_attention_backward(int l, const std::string& P) {
   std::optional<ref::AttentionBackwardOut> once;
   if (const std::optional<Tensor<int32_t>> dd = without_duplicates(ind, s_kv, lp))
     once = ref::sparse_attention_backward(q, kv, *dd, sm_, d_v_, d_out, lp, sink ? &*sink : nullptr);
+  // The precision test's classes (judge/precision.h, kind gradients): the low-precision emulation
+  // (the contract, bf16-p-ds) and its bf16-accumulating variant, in the candidate's dtype, computed
+  // once each when the test asks.
+  std::optional<ref::AttentionBackwardOut> emu[2];
+  const auto emulate = [&](bool acc) -> const ref::AttentionBackwardOut& {
+    if (!emu[acc]) emu[acc] = cmp::emulate_attention_backward_lowp(q, kv, ind, sm_, d_v_, d_out, lp, sink ? &*sink : nullptr, acc);
+    return *emu[acc];
+  };
+  const auto classes_of = [&](bool is_dq) -> prec::ClassValues {
+    const bool bf16 = c_.find(name(l, is_dq ? "attn_bwd.dq" : "attn_bwd.dkv"))->dtype == io::DType::BF16;
+    return [&emulate, is_dq, bf16](const std::string& cls) {
+      const ref::AttentionBackwardOut& e = emulate(cls == "bf16-acc");
+      const Tensor<float>& f = is_dq ? e.dq : e.dkv;
+      const Tensor<bf16_t>& b = is_dq ? e.dq_bf16 : e.dkv_bf16;
+      std::vector<double> v(size_t(f.numel()));
+      for (int64_t i = 0; i < f.numel(); ++i) v[size_t(i)] = bf16 ? double(bf16_to_f32(b[i])) : double(f[i]);
+      return std::vector<std::vector<double>>{std::move(v)};
+    };
+  };
   const std::string kOnce = "the backward with each duplicated index counted once: duplicates counted once (each "
                             "occurrence is one softmax term and adds its own dkv contribution)";
   if (has(l, "attn_bwd.dq")) {
@@ -214,7 +243,8 @@ void Judge::judge_attention_backward(int l, const std::string& P) {
         {"the truth / sm_scale: the softmax scale not applied", scaled(dq, 1 / double(sm_))}};
     if (wr) h.push_back({kWrap, wr->dq});
     if (once) h.push_back({kOnce, once->dq});
-    judge_gradient(l, P, "attn_bwd.dq", dq, std::move(b["dq"]), s_q_, h_q_, d_qk, kFloorGrad, h);
+    const prec::ClassValues cv = classes_of(true);
+    judge_gradient(l, P, "attn_bwd.dq", dq, std::move(b["dq"]), s_q_, h_q_, d_qk, kFloorGrad, h, &cv);
   }
   if (has(l, "attn_bwd.dkv")) {
     std::vector<std::pair<std::string, Tensor<float>>> h = {
@@ -224,7 +254,8 @@ void Judge::judge_attention_backward(int l, const std::string& P) {
         {"the K part without sm_scale: the softmax scale not applied", none}};
     if (wr) h.push_back({kWrap, wr->dkv});
     if (once) h.push_back({kOnce, once->dkv});
-    judge_gradient(l, P, "attn_bwd.dkv", dkv, std::move(b["dkv"]), s_kv, 1, d_qk, kFloorGrad, h);
+    const prec::ClassValues cv = classes_of(false);
+    judge_gradient(l, P, "attn_bwd.dkv", dkv, std::move(b["dkv"]), s_kv, 1, d_qk, kFloorGrad, h, &cv);
   }
   if (has(l, "attn_bwd.delta")) {
     // Delta summed in bf16 (each partial sum rounded), from the bf16 out, c ascending.

@@ -26,10 +26,14 @@ const std::vector<Class>& classes(Kind kind) {
       {"bf16-products", "q.k products rounded to bf16 before the f32 sum"},
       {"bf16-acc", "P.V accumulated in bf16"},
   };
-  return kind == Kind::logits ? logits : attention;
+  static const std::vector<Class> gradients = {
+      {"bf16-p-ds", "f32 softmax, P and dS rounded to bf16 before their GEMMs, f32 accumulation in any order"},
+      {"bf16-acc", "dq and dkv accumulated in bf16"},
+  };
+  return kind == Kind::logits ? logits : kind == Kind::attention ? attention : gradients;
 }
 
-const char* kind_key(Kind kind) { return kind == Kind::logits ? "logits" : "attn"; }
+const char* kind_key(Kind kind) { return kind == Kind::logits ? "logits" : kind == Kind::attention ? "attn" : "grad"; }
 
 namespace {
 

@@ -40,6 +40,11 @@
 //                   bf16-logits    each q.k logit rounded to bf16 before the softmax
 //                   bf16-products  each q_d k_d product rounded to bf16 before the f32 sum
 //                   bf16-acc       P.V accumulated in bf16
+//   gradients       bf16-p-ds  the sparse attention backward of a training set (attn_bwd.dq, dkv):
+//                           f32 softmax, P and dS rounded to bf16 before their GEMMs, f32 accumulation
+//                           (TileLang's sparse_mla_bwd; cmp::emulate_attention_backward_lowp), the
+//                           output in the candidate's dtype
+//                   bf16-acc   the same with every partial sum of dq and dkv rounded to bf16
 // An indexer meant to be low precision declares its contract (`diff --precision logits=bf16`): the
 // precision test and the top-k's near-tie margin then hold it to that class; the declaration is
 // printed in the report and the JSON. The attention's contract is f32 alone: its per-element
@@ -59,7 +64,7 @@
 
 namespace indexshare::prec {
 
-enum class Kind { logits, attention };
+enum class Kind { logits, attention, gradients };
 
 struct Class {
   std::string name;        // "fp8mma"
@@ -71,9 +76,9 @@ const char* kind_key(Kind kind);  // "logits", "attn"
 
 // The declared contract of each kind (the class names); default the anchors'.
 struct Contract {
-  std::string logits = "fp8mma", attention = "f32";
+  std::string logits = "fp8mma", attention = "f32", gradients = "bf16-p-ds";  // gradients: not declarable
   bool logits_declared = false, attention_declared = false;
-  const std::string& of(Kind kind) const { return kind == Kind::logits ? logits : attention; }
+  const std::string& of(Kind kind) const { return kind == Kind::logits ? logits : kind == Kind::attention ? attention : gradients; }
   // "logits=fp8mma (default), attn=f32 (default)"
   std::string text() const;
 };
