@@ -1,6 +1,7 @@
 // indexshare simd/: the sparse attention backward with ref/train/attention_bwd.cc's operations, so the
-// outputs equal ref's bit for bit on every target and thread count. The tiles are in
-// simd/attention_bwd-inl.h.
+// outputs equal ref's bit for bit on every target and thread count. The logits tile, the softmax
+// statistics and the chain tiles are the forward's (simd/attention-inl.h, shared with
+// simd/attention.cc); the dkv tiles (KvTile) are here.
 //
 // The query rows are processed in chunks, ascending (the double P and dS exist for one chunk only):
 //   phase 1  OpenMP over the chunk's rows; per row t, all heads at once:
@@ -11,8 +12,9 @@
 //            softmax lanes over heads: the forward's max, exp_portable and l (i ascending); then per
 //                    head lse and factor as ref; P_i = e_i * factor, Delta = fma chain of P_i dP_i
 //                    and dS_i = P_i (dP_i - Delta), lanes over heads (ref's per-head operations)
-//            dq      ChainTile: lanes over columns, heads x vectors, i ascending, fused (ref's
-//                    chain), kv gathered again a slice of columns at a time
+//            dq      the forward's P.V pass (PVFromRows) with dS for P and k for V: lanes over
+//                    columns, heads x vectors, i ascending, fused (ref's chain), kv gathered again
+//                    a slice of columns at a time
 //   phase 2  OpenMP over blocks of kv rows (no atomics): for each query row t of the chunk,
 //            ascending, the positions of t's sorted list inside the block are one contiguous range;
 //            q[t] and dO[t] are decoded a slice of columns at a time, and KvTile adds sum_h dS_h
@@ -53,7 +55,7 @@ struct BackwardState {
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/highway.h"
 #include "simd/exp-inl.h"
-#include "simd/attention_bwd-inl.h"
+#include "simd/attention-inl.h"
 
 #include <omp.h>
 
@@ -74,6 +76,59 @@ namespace indexshare::simd::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
 namespace bwd {
+
+// KvTile: kv rows x vectors of accumulators.
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+constexpr size_t kKvRows = 6, kKvVecs = 4;
+#else
+constexpr size_t kKvRows = 2, kKvVecs = HWY_LANES(double) >= 2 ? 4 : 8;
+#endif
+static_assert((kKvVecs * HWY_LANES(double)) % kParts == 0, "a kv slice must be whole 8-column groups");
+
+// acc[j][0, kVecs N) = fma(c[pos_j * cs + h], x[h * xs + same columns], acc) for h ascending in [0, h_q):
+// lanes over columns, kv rows x vectors of accumulators; dkv's A_K (c = dS, x = q) and A_V (c = P,
+// x = dO). std::fma per lane on targets without an FMA instruction.
+template <size_t kRows, size_t kVecs>
+HWY_INLINE void KvTile(const double* HWY_RESTRICT c, int64_t cs, const int64_t* HWY_RESTRICT pos,
+                       const double* HWY_RESTRICT x, int64_t xs, int64_t h_q, double* const* HWY_RESTRICT acc) {
+  const DF64 d;
+  const int64_t N = int64_t(hn::Lanes(d));
+#if HWY_NATIVE_FMA
+  VF64 a[kRows][kVecs];
+  const double* HWY_RESTRICT cr[kRows];
+  for (size_t j = 0; j < kRows; ++j) {
+    cr[j] = c + pos[j] * cs;
+    for (size_t u = 0; u < kVecs; ++u) a[j][u] = hn::LoadU(d, acc[j] + int64_t(u) * N);
+  }
+  for (int64_t h = 0; h < h_q; ++h) {
+    VF64 xv[kVecs];
+    for (size_t u = 0; u < kVecs; ++u) xv[u] = hn::Load(d, x + h * xs + int64_t(u) * N);
+    for (size_t j = 0; j < kRows; ++j) {
+      const VF64 cb = hn::Set(d, cr[j][h]);
+      for (size_t u = 0; u < kVecs; ++u) a[j][u] = hn::MulAdd(cb, xv[u], a[j][u]);
+    }
+  }
+  for (size_t j = 0; j < kRows; ++j)
+    for (size_t u = 0; u < kVecs; ++u) hn::StoreU(a[j][u], d, acc[j] + int64_t(u) * N);
+#else
+  for (size_t j = 0; j < kRows; ++j)
+    for (int64_t h = 0; h < h_q; ++h)
+      for (int64_t e = 0; e < int64_t(kVecs) * N; ++e)
+        acc[j][e] = std::fma(c[pos[j] * cs + h], x[h * xs + e], acc[j][e]);
+#endif
+}
+
+// One duplicated kv row (list positions [i0, i0 + count)): acc[0, w) = fma(c[(i0 + o) * cs + h],
+// x[h * xs + col], acc) for h ascending, then o ascending (ref's order), per column.
+HWY_INLINE void KvDuplicate(const double* c, int64_t cs, int64_t i0, int64_t count, const double* x, int64_t xs,
+                            int64_t h_q, int64_t w, double* acc) {
+  for (int64_t e = 0; e < w; ++e) {
+    double a = acc[e];
+    for (int64_t h = 0; h < h_q; ++h)
+      for (int64_t o = 0; o < count; ++o) a = std::fma(c[(i0 + o) * cs + h], x[h * xs + e], a);
+    acc[e] = a;
+  }
+}
 
 // Per head (lanes over heads, hs of them): P_i = e_i * factor in place, Delta = fma(P_i, dP_i,
 // Delta) for i ascending from 0, then dS_i = P_i * (dP_i - Delta) over dP in place.
@@ -114,15 +169,14 @@ struct RowScratch {
   RowScratch(const detail::BackwardState& s)
       : dq_pad(Pad8(s.d_qk)), dv_pad(Pad8(s.d_v)),
         hpad((s.h_q + int64_t(kDotHeads) - 1) / int64_t(kDotHeads) * int64_t(kDotHeads)) {
-    const int64_t cw = int64_t(kChainVecs * hn::Lanes(DF64()));
+    const int64_t cw = int64_t(kPVVecs * hn::Lanes(DF64()));
     qd = hwy::AllocateAligned<double>(size_t(hpad * dq_pad));
     dod = hwy::AllocateAligned<double>(size_t(hpad * dv_pad));
     std::fill(qd.get(), qd.get() + hpad * dq_pad, 0.0);  // padding heads stay zero
     std::fill(dod.get(), dod.get() + hpad * dv_pad, 0.0);
     kbuf = hwy::AllocateAligned<double>(size_t(int64_t(kDotKeys) * dq_pad));
     acc = hwy::AllocateAligned<double>(size_t(s.h_q * dq_pad));
-    slice = hwy::AllocateAligned<double>(
-        size_t(std::max<int64_t>(1, int64_t(kL1Bytes) / (int64_t(sizeof(double)) * (cw + s.hs))) * cw));
+    slice = hwy::AllocateAligned<double>(size_t(PVSubRows(s.hs, cw) * cw));  // PVFromRows' slice
     for (auto* b : {&mx, &l, &factor, &delta}) *b = hwy::AllocateAligned<double>(size_t(s.hs));
   }
 };
@@ -166,6 +220,8 @@ void BackwardRows(detail::BackwardState* sp, int64_t t0, int64_t t1) {
   const int64_t N = int64_t(hn::Lanes(d));
   const int64_t h_q = s.h_q, d_qk = s.d_qk, hs = s.hs, topk = s.topk;
   RowScratch w(s);
+  detail::PhaseClock no_clock;  // off: PVFromRows times nothing here
+  AttentionPhases no_phases;
   for (int64_t t = t0; t < t1; ++t) {
     const int64_t len = s.topk_length ? s.topk_length[t] : topk;
     w.list.clear();
@@ -216,7 +272,7 @@ void BackwardRows(detail::BackwardState* sp, int64_t t0, int64_t t1) {
       }
       // dq = f32(sm_scale * sum_i dS_i k_i).
       std::fill(w.acc.get(), w.acc.get() + h_q * w.dq_pad, 0.0);
-      ChainFromRows(ds, hs, h_q, s.kv, d_qk, d_qk, rows, n, w.dq_pad, w.slice.get(), w.acc.get());
+      PVFromRows(ds, hs, h_q, s.kv, d_qk, d_qk, rows, n, w.dq_pad, w.slice.get(), w.acc.get(), no_clock, no_phases);
       for (int64_t h = 0; h < h_q; ++h)
         for (int64_t c = 0; c < d_qk; ++c) dq[h * d_qk + c] = float(s.sm_scale * w.acc[size_t(h * w.dq_pad + c)]);
     }
