@@ -25,7 +25,7 @@
 // Why a ratio of 4: classes are a factor 10 or more apart where it matters (bf16 logits against
 // Hopper's FP8 accumulation: 14x; bf16 P.V accumulation against f32: > 100x at top-k 64), while
 // correct kernels of one class differ in RMS by less than 2 (order, blocking, exp or exp2); the
-// false-positive rate over `indexshare calibrate` runs is 0 (tools/README.md).
+// false-positive rate over `indexshare calibrate` runs is 0 (tools/judge/README.md).
 //
 // Classes (finest first):
 //   indexer.logits  f32     exact FP8 products, f32 sums over D and heads in any order
