@@ -396,12 +396,18 @@ struct F32Loss {
   std::map<std::string, Tensor<float>> out;
 };
 
+// v in an order drawn from `next` (Fisher-Yates, last position first).
+template <class T, class Next>
+std::vector<T> shuffled(std::vector<T> v, Next& next) {
+  for (size_t i = v.size(); i-- > 1;) std::swap(v[i], v[size_t(next() % uint64_t(i + 1))]);
+  return v;
+}
+// 0 .. n-1 in a drawn order.
 template <class Next>
 std::vector<int64_t> shuffled(int64_t n, Next& next) {
   std::vector<int64_t> v(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) v[size_t(i)] = i;
-  for (int64_t i = n - 1; i > 0; --i) std::swap(v[size_t(i)], v[size_t(next() % uint64_t(i + 1))]);
-  return v;
+  return shuffled(std::move(v), next);
 }
 
 template <class Next>
@@ -433,8 +439,7 @@ F32Loss f32_indexer_loss(const golden::Loaded& g, int l, Next& next) {
         if (top[t * K + j] >= 0 && ks[t] + top[t * K + j] < ke[t]) in[size_t(ks[t] + top[t * K + j])] = true;
     for (int64_t s = ks[t]; s < ke[t]; ++s)
       if (in[size_t(s)]) R[size_t(t)].push_back(s);
-    std::vector<int64_t> r = R[size_t(t)];
-    for (int64_t i = int64_t(r.size()) - 1; i > 0; --i) std::swap(r[size_t(i)], r[size_t(next() % uint64_t(i + 1))]);
+    const std::vector<int64_t> r = shuffled(R[size_t(t)], next);
     if (r.empty()) continue;
     // student scores
     std::vector<float> I(size_t(s_kv), 0.0f);
@@ -494,8 +499,7 @@ F32Loss f32_indexer_loss(const golden::Loaded& g, int l, Next& next) {
   };
   for (int64_t t = 0; t < s_q; ++t)
     for (int64_t h = 0; h < H; ++h) {
-      std::vector<int64_t> r = R[size_t(t)];
-      for (int64_t i = int64_t(r.size()) - 1; i > 0; --i) std::swap(r[size_t(i)], r[size_t(next() % uint64_t(i + 1))]);
+      const std::vector<int64_t> r = shuffled(R[size_t(t)], next);
       float a = 0;
       for (int64_t s : r) a += dI[t * s_kv + s] * (relu ? std::max(S[size_t((t * H + h) * s_kv + s)], 0.0f) : S[size_t((t * H + h) * s_kv + s)]);
       dw[t * H + h] = a;
@@ -510,7 +514,7 @@ F32Loss f32_indexer_loss(const golden::Loaded& g, int l, Next& next) {
     for (int64_t t = 0; t < s_q; ++t)
       if (std::binary_search(R[size_t(t)].begin(), R[size_t(t)].end(), s))
         for (int64_t h = 0; h < H; ++h) terms.push_back({t, h});
-    for (int64_t i = int64_t(terms.size()) - 1; i > 0; --i) std::swap(terms[size_t(i)], terms[size_t(next() % uint64_t(i + 1))]);
+    terms = shuffled(std::move(terms), next);
     for (int64_t d = 0; d < D; ++d) {
       float a = 0;
       for (const auto& [t, h] : terms) a += dS(t, h, s) * bf(q[(t * H + h) * D + d]);

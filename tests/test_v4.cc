@@ -493,29 +493,10 @@ TEST_CASE("v4 V4-Flash shapes: one C4A layer runs at real widths") {
 
 #include <omp.h>
 
-#include "hwy/targets.h"
 #include "simd/simd.h"
+#include "tests/simd_targets.h"
 
 namespace {
-
-template <class Fn>
-void for_each_target_v4(Fn&& fn) {
-  const int saved = omp_get_max_threads();
-  const std::vector<int64_t> targets = hwy::SupportedAndGeneratedTargets();
-  REQUIRE(!targets.empty());
-  for (int64_t target : targets) {
-    hwy::SetSupportedTargetsForTest(target);
-    const std::string name = hwy::TargetName(target);
-    CAPTURE(name);
-    for (int threads : {1, 2}) {
-      CAPTURE(threads);
-      omp_set_num_threads(threads);
-      fn();
-    }
-  }
-  hwy::SetSupportedTargetsForTest(0);
-  omp_set_num_threads(saved);
-}
 
 bool same_bits(const Tensor<float>& a, const Tensor<float>& b) {
   return a.shape == b.shape && (a.numel() == 0 || std::memcmp(a.ptr(), b.ptr(), size_t(a.numel()) * sizeof(float)) == 0);
@@ -542,7 +523,7 @@ TEST_CASE("v4 simd: the compressor is bit-identical to ref (C4A, HCA, odd widths
     CompressorParams p = compressor_params(cfg, k.type);
     p.rounding = rounding;
     const Tensor<float> want = compress(k.in->comp_kv, k.in->comp_gate, k.in->comp_bias, k.in->comp_norm, p);
-    for_each_target_v4([&] {
+    simd_test::for_each_target([&](const std::string&, int) {
       CHECK(same_bits(simd::v4_compress(k.in->comp_kv, k.in->comp_gate, k.in->comp_bias, k.in->comp_norm, p), want));
     });
   }
@@ -557,7 +538,7 @@ TEST_CASE("v4 simd: a stack through simd::kernels() equals ref's, bit for bit") 
   cfg.rotation = IndexerRotation::hadamard;
   const ref::v4::Schedule s = from_freq(parse_layer_types("SCHCHC"), 2, FreqRule::max_minus_one);
   const StackOutputs want = run_stack(cfg, s);
-  for_each_target_v4([&] {
+  simd_test::for_each_target([&](const std::string&, int) {
     const StackOutputs got = run_stack(cfg, s, simd::kernels());
     for (size_t l = 0; l < want.layers.size(); ++l) {
       CAPTURE(l);

@@ -67,18 +67,18 @@ std::optional<Tensor<int32_t>> without_duplicates(const Tensor<int32_t>& ind, in
   Tensor<int32_t> d = ind;
   const int64_t s_q = ind.dim(0), topk = ind.dim(2);
   bool any = false;
+  std::vector<std::pair<int32_t, int64_t>> used;  // (kv row, slot) of a row's valid slots
   for (int64_t t = 0; t < s_q; ++t) {
-    const int64_t n = len ? std::min<int64_t>((*len)[t], topk) : topk;
-    for (int64_t j = 0; j < n; ++j) {
-      const int32_t i = d[t * topk + j];
-      if (i < 0 || i >= s_kv) continue;
-      for (int64_t e = 0; e < j; ++e)
-        if (d[t * topk + e] == i) {
-          d[t * topk + j] = -1;
-          any = true;
-          break;
-        }
-    }
+    const int64_t n = len ? std::clamp<int64_t>((*len)[t], 0, topk) : topk;
+    used.clear();
+    for (int64_t j = 0; j < n; ++j)
+      if (d[t * topk + j] >= 0 && d[t * topk + j] < s_kv) used.push_back({d[t * topk + j], j});
+    std::sort(used.begin(), used.end());  // equal rows adjacent, their first slot first
+    for (size_t e = 1; e < used.size(); ++e)
+      if (used[e].first == used[e - 1].first) {
+        d[t * topk + used[e].second] = -1;
+        any = true;
+      }
   }
   if (!any) return std::nullopt;
   return d;
@@ -133,7 +133,7 @@ void Judge::judge_gradient(int l, const std::string& P, const std::string& n, co
     r.reasons.push_back(note);
   }
   add(l, n, std::move(r));
-  if (values) {  // every element: a training set's tensors are small beside the emulation's cost
+  if (values) {  // every element (the classes' emulations cover the whole set, as the bounds above do)
     std::vector<double> gv(size_t(golden.numel())), cv(size_t(golden.numel()));
     for (int64_t i = 0; i < golden.numel(); ++i) {
       gv[size_t(i)] = golden[i];

@@ -13,6 +13,7 @@
 #include "ref/rng.h"
 #include "ref/train/attention_bwd.h"
 #include "ref/train/indexer_loss.h"
+#include "tools/lib/golden/internal.h"
 #include "tools/lib/safetensors.h"
 
 namespace indexshare::golden {
@@ -32,12 +33,6 @@ Tensor<T> get(const GoldenSet& g, const std::string& name) {
 Tensor<float> widen(const Tensor<bf16_t>& x) {
   Tensor<float> y(x.shape);
   for (int64_t i = 0; i < x.numel(); ++i) y[i] = bf16_to_f32(x[i]);
-  return y;
-}
-
-Tensor<bf16_t> to_bf16(const Tensor<float>& x) {
-  Tensor<bf16_t> y(x.shape);
-  for (int64_t i = 0; i < x.numel(); ++i) y[i] = f32_to_bf16(x[i]);
   return y;
 }
 
@@ -121,9 +116,9 @@ void indexer_loss(GoldenSet& g, const TrainSpec& t, int l, const std::vector<int
   g.add(pre + "indexer_loss.loss", Tensor<float>({1}, float(r.loss)), Role::output);
   g.add(pre + "indexer_loss.d_scores", std::move(r.d_scores), Role::output);
   // bf16 copies (round to nearest even) of the gradients of the bf16 q and k and of the weights.
-  g.add(pre + "indexer_loss.dq_bf16", to_bf16(r.dq), Role::output);
-  g.add(pre + "indexer_loss.dk_bf16", to_bf16(r.dk), Role::output);
-  g.add(pre + "indexer_loss.dw_bf16", to_bf16(r.dw), Role::output);
+  g.add(pre + "indexer_loss.dq_bf16", detail::to_bf16_tensor(r.dq), Role::output);
+  g.add(pre + "indexer_loss.dk_bf16", detail::to_bf16_tensor(r.dk), Role::output);
+  g.add(pre + "indexer_loss.dw_bf16", detail::to_bf16_tensor(r.dw), Role::output);
   g.add(pre + "indexer_loss.dq", std::move(r.dq), Role::output);
   g.add(pre + "indexer_loss.dk", std::move(r.dk), Role::output);
   g.add(pre + "indexer_loss.dw", std::move(r.dw), Role::output);
