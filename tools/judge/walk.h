@@ -363,11 +363,12 @@ class Judge {
   void judge_indexer_loss(int l, const std::string& P);
   // One gradient tensor: per-element bounds (judge/grad_bounds.h), the structure tests over
   // [rows, heads, cols] (heads = 0: no structure tests), the precision test when `values` gives
-  // its arithmetic classes (judge/precision.h, kind gradients) and the bug hypotheses of its family.
+  // its arithmetic classes (judge/precision.h, kind gradients; on the `sample` rows of dim 0 when given, else
+  // on every element) and the bug hypotheses of its family.
   void judge_gradient(int l, const std::string& P, const std::string& n, const Tensor<float>& golden, std::vector<float> bound,
                       int64_t rows, int64_t heads, int64_t cols, double floor,
                       const std::vector<std::pair<std::string, Tensor<float>>>& hypotheses,
-                      const prec::ClassValues* values = nullptr);
+                      const prec::ClassValues* values = nullptr, const std::vector<int64_t>* sample = nullptr);
   // attn.out or attn.lse (`tensor`, the candidate's `got`) against the attention over the indices
   // used less one key per row (each row's last valid slot, then its first): a loop bound off by one.
   void key_dropped_hypothesis(AttnCtx& a, const std::string& tensor, const Tensor<float>& got);
