@@ -643,7 +643,8 @@ TEST_CASE("golden: a partial --problem on a dump writes the bytes of the dump's 
     CHECK(!std::filesystem::exists(tmp.path / "refused"));
   }
   // A plain file records no top-k, dv, sm or schedule (they are --problem's), but its tensors fix the rest.
-  r = run(plain, "k4 dv8 sm=0.25 sched=FSF own=no", "plain");
+  // (nl3 agrees with the file: compared within the whole problem, where dv8 fits the file's dqk16)
+  r = run(plain, "k4 dv8 sm=0.25 nl3 sched=FSF own=no", "plain");
   REQUIRE_MESSAGE(r.status == 0, r.out);
   CHECK(bytes((tmp.path / "plain").string()) == own);
   r = run(plain, "k4 dv8 sched=FSF own=no hq4", "refused");

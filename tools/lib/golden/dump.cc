@@ -80,16 +80,19 @@ Problem dump_text_problem(const io::SafetensorsFile& f, const std::string& file,
   Tokens fixed = from_file;  // the file's fields, then the recorded ones the file does not give
   for (const auto& ft : tokens_of(recorded))
     if (!by_file.count(ft.first)) fixed.push_back(ft);
-  Tokens text = fixed;
-  for (const auto& [field, tok] : tokens_of(problem_text)) {
-    const auto it = std::find_if(fixed.begin(), fixed.end(), [&](const auto& ft) { return ft.first == field; });
-    if (it == fixed.end()) {
-      text.emplace_back(field, tok);
-      continue;
-    }
-    Tokens with = fixed;
-    with[size_t(it - fixed.begin())].second = tok;
-    if (same_problem(text_of(fixed), text_of(with))) continue;
+  // The fields the dump leaves open first, then each given field the dump fixes compared in that
+  // whole problem (alone, "dv32" need not parse under the default dqk).
+  Tokens text = fixed, given_fixed;
+  for (const auto& ft : tokens_of(problem_text)) {
+    const bool is_fixed = std::any_of(fixed.begin(), fixed.end(), [&](const auto& f) { return f.first == ft.first; });
+    (is_fixed ? given_fixed : text).push_back(ft);
+  }
+  (void)parse_problem(text_of(text));  // a bad open field is refused as such
+  for (const auto& [field, tok] : given_fixed) {
+    const auto it = std::find_if(text.begin(), text.end(), [&](const auto& ft) { return ft.first == field; });
+    Tokens with = text;
+    with[size_t(it - text.begin())].second = tok;
+    if (same_problem(text_of(text), text_of(with))) continue;
     const bool file_field = by_file.count(field) > 0;
     throw Error("golden: --problem gives '" + tok + "' but the dump " + file +
                 (file_field ? " has '" + it->second + "' (from its tensors)" : " records '" + it->second + "' (the model's own value)") +
