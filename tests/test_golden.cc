@@ -598,6 +598,61 @@ TEST_CASE("golden: a partial --problem on a dump keeps the dump's fields and ref
   CHECK(!std::filesystem::exists(set + "2"));
 }
 
+// The fields --problem leaves out are the dump's: the set is the one written without --problem, byte
+// for byte (the recorded schedule, softmax scale and indexer mode kept), whichever agreeing fields it
+// gives; a field the tensors fix (shapes, layers, indexer mode) is compared as the recorded ones are,
+// on a model dump and on a plain file of inputs alike.
+TEST_CASE("golden: a partial --problem on a dump writes the bytes of the dump's own problem, and names contradictions") {
+  TmpDir tmp;
+  Dump d;
+  const std::string file = (tmp.path / "dump.safetensors").string(), plain = (tmp.path / "plain.safetensors").string();
+  io::write_safetensors(file, d.views, {{"format", golden::kDumpFormat}, {"problem", "k4 dv8 sm=0.25 sched=FSF own=no"}});
+  io::write_safetensors(plain, d.views);
+  auto bytes = [](const std::string& dir) {
+    std::ifstream in(dir + "/" + golden::kTensorFile, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  auto run = [&](const std::string& from, const std::string& problem, const std::string& out) {
+    return indexshare::testing::run_cli("golden --from " + from + (problem.empty() ? "" : " --problem '" + problem + "'") + " --out " +
+                                        (tmp.path / out).string());
+  };
+  indexshare::testing::CliResult r = run(file, "", "own");
+  REQUIRE_MESSAGE(r.status == 0, r.out);
+  const std::string own = bytes((tmp.path / "own").string());
+  const golden::Loaded g = golden::read((tmp.path / "own").string());
+  CHECK(g.manifest["config"]["sm_scale"].get<double>() == 0.25);
+  CHECK(g.manifest["config"]["indexer"] == "fp8");
+  int n = 0;
+  for (const char* agree : {"k4", "dv8", "sm=0.250000000 sched=FSF", "sq6 skv20 nl3 indexer=fp8"}) {
+    const std::string out = "agree" + std::to_string(n++);
+    r = run(file, agree, out);
+    REQUIRE_MESSAGE(r.status == 0, agree << ": " << r.out);
+    CHECK_MESSAGE(bytes((tmp.path / out).string()) == own, agree);
+  }
+  const std::pair<std::string, std::string> refused[] = {
+      {"k4 sm=0.3", "--problem gives 'sm=0.3' but the dump " + file + " records 'sm=0.25' (the model's own value)"},
+      {"sched=FFF", "--problem gives 'sched=FFF' but the dump " + file + " records 'sched=FSF'"},
+      {"dv16", "--problem gives 'dv16' but the dump " + file + " records 'dv8'"},
+      {"sq8", "--problem gives 'sq8' but the dump " + file + " has 'sq6' (from its tensors)"},
+      {"nl2", "--problem gives 'nl2' but the dump " + file + " has 'nl3' (from its tensors)"},
+      {"indexer=bf16", "--problem gives 'indexer=bf16' but the dump " + file + " has 'indexer=fp8' (from its tensors)"}};
+  for (const auto& [problem, want] : refused) {
+    r = run(file, problem, "refused");
+    CHECK_MESSAGE(r.status == 2, problem);
+    CHECK_MESSAGE(r.out.find(want) != std::string::npos, r.out);
+    CHECK(!std::filesystem::exists(tmp.path / "refused"));
+  }
+  // A plain file records no top-k, dv, sm or schedule (they are --problem's), but its tensors fix the rest.
+  // (nl3 agrees with the file: compared within the whole problem, where dv8 fits the file's dqk16)
+  r = run(plain, "k4 dv8 sm=0.25 nl3 sched=FSF own=no", "plain");
+  REQUIRE_MESSAGE(r.status == 0, r.out);
+  CHECK(bytes((tmp.path / "plain").string()) == own);
+  r = run(plain, "k4 dv8 sched=FSF own=no hq4", "refused");
+  CHECK(r.status == 2);
+  CHECK_MESSAGE(r.out.find("--problem gives 'hq4' but the dump " + plain + " has 'hq2' (from its tensors)") != std::string::npos, r.out);
+  CHECK(!std::filesystem::exists(tmp.path / "refused"));
+}
+
 // A model dump (python -m indexshare.dump, format indexshare-dump) records the problem it was taken
 // with and carries the model's own choices under the names diff judges: --from reads the problem
 // and passes over those names, and diff takes the dump itself as the candidate.

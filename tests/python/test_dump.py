@@ -240,6 +240,31 @@ def test_negative_control_swapped_indexer_rope_fails_with_diagnosis(glm, work, t
     assert "RoPE layout swapped (interleaved)" in r.stdout, r.stdout
 
 
+def test_partial_problem_keeps_the_dumps_schedule_scale_and_dtype(glm, v32, tmp_path):
+    # A partial --problem completes the recorded problem: the set is byte for byte the one written
+    # without --problem (GLM's Shared layers, V3.2's YaRN scale, the bf16 indexer kept).
+    for name, d in (("glm", glm), ("v32", v32)):
+        own = (d["golden"] / "tensors.safetensors").read_bytes()
+        for partial in (f"k{K} dv32", "dv32", f"k{K}"):
+            out = tmp_path / f"{name}-{partial.replace(' ', '-')}"
+            run("golden", "--from", d["dump"], "--problem", partial, "--out", out, expect=0)
+            assert (out / "tensors.safetensors").read_bytes() == own, (name, partial)
+            m = json.loads((out / "manifest.json").read_text())
+            assert m["config"]["indexer"] == "bf16"
+            assert m["config"]["sm_scale"] == f32(float(d["meta"]["problem"].split("sm=")[1].split()[0]))
+        assert json.loads((out / "manifest.json").read_text())["problem"].endswith("sched=" + d["meta"]["schedule"])
+    # A field that contradicts the dump is refused with both values; nothing is written.
+    sm = glm["meta"]["problem"].split("sm=")[1].split()[0]
+    for given, want in (("k32 sm=0.125", f"--problem gives 'k32' but the dump {glm['dump']} records 'k{K}'"),
+                        ("sm=0.125", f"--problem gives 'sm=0.125' but the dump {glm['dump']} records 'sm={sm}'"),
+                        ("sched=FFFFF", "records 'sched=FFSFS'"),
+                        ("indexer=fp8", "has 'indexer=bf16' (from its tensors)"),
+                        (f"sq{S + 1}", f"has 'sq{S}' (from its tensors)")):
+        r = run("golden", "--from", glm["dump"], "--problem", given, "--out", tmp_path / "refused", expect=2)
+        assert want in r.stderr + r.stdout, (given, r.stderr)
+        assert not (tmp_path / "refused").exists()
+
+
 def test_overlap_and_search_run_on_the_dump(glm, v32, tmp_path):
     js = tmp_path / "overlap.json"
     run("overlap", "--from", glm["dump"], "--json", js, expect=0)

@@ -99,6 +99,16 @@ Result judge(const golden::Loaded& golden, const io::SafetensorsIndex& candidate
 Result judge_v4(const golden::Loaded& golden, const io::SafetensorsFile& candidate, const std::set<int>& layers,
                 const ref::Kernels& k = {});
 
+// An MTP draft-step set (kind mtp, tools/lib/golden_mtp.h; judge/mtp.cc): the candidate's layers.{l}
+// names as a stack set's, then the draft steps' mtp.topk / mtp.indices (sets modulo ties over the
+// MTP layer's logits at each request's last accepted row) and mtp.out / mtp.lse / mtp.max_logits
+// (the attention over the rows used), a failure tested against the target layer's top-k and the
+// last padded row. judge() calls it for such a set.
+Result judge_mtp(const golden::Loaded& golden, const io::SafetensorsFile& candidate, const std::set<int>& layers,
+                 const ref::Kernels& k = {}, bool picture = true, const prec::Contract& contract = {});
+// Whether `name` is one of the draft steps' names a candidate may hold (mtp.topk, mtp.indices, ...).
+bool mtp_candidate_name(const std::string& name);
+
 // The registry of named hypotheses: every cause the judge tests a failure against (walk.cc and
 // hypotheses.cc), the tensor it explains, and the planted bug of the diagnosis catalogue
 // (judge/calibrate.h) that proves it names that bug first. The report's "no named hypothesis

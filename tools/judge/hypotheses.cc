@@ -24,6 +24,8 @@ const std::vector<Hypothesis>& hypotheses() {
       {"raw torch.topk output (no -1 padding in short rows)", "indexer.topk, attn.indices", ""},
       {"physical (paged) slots where logical rows were expected, and the reverse", "attn.indices", ""},
       {"the indexer's RoPE layout swapped (module-level sets and model dumps)", "indexer.logits, indexer.topk", ""},
+      {"a draft step using the target's top-k (MTP sets)", "layers.1 indexer.topk / attn.indices, mtp.topk, mtp.indices, mtp.out, mtp.lse", ""},
+      {"the last padded row instead of the last accepted row (MTP sets)", "mtp.topk, mtp.indices, mtp.out, mtp.lse", ""},
   };
   return h;
 }

@@ -52,7 +52,7 @@ std::string Result::text(const std::string& replay) const {
     if (t.layer >= 0) std::snprintf(head, sizeof head, "layer %2d %-16s %-10s", t.layer, t.name.c_str(), v.c_str());
     else std::snprintf(head, sizeof head, "pooled   %-16s %-10s", t.name.c_str(), v.c_str());
     os << head << " " << t.report.stats_line();
-    if (t.name == "indexer.topk" || t.name == "attn.indices")
+    if (t.name == "indexer.topk" || t.name == "attn.indices" || t.name == "mtp.topk" || t.name == "mtp.indices")
       os << " recall_mean=" << t.report.stats.recall_mean << " recall_min=" << t.report.stats.recall_min;
     if (t.report.structure_tests) {
       char st[96];

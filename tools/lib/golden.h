@@ -142,10 +142,11 @@ StackInputs load_stack_inputs(const io::SafetensorsFile& f, const std::string& f
 // part: f's per-row tensors (views of their whole shape) hold only the part's rows (as read by
 // load_dump with a part); the inputs' per-row tensors get those rows.
 StackInputs load_stack_inputs(const io::SafetensorsFile& f, const std::string& file, Problem p, const RowPart* part);
-// The inputs of a dump for --from: `file` read, and the problem `problem_text` ("" = the problem a
-// model dump records (python -m indexshare.dump), else "sq1 skv1"; its
-// shapes are replaced by the file's) with nl set to the file's layer count (layers.{l}.attn.q for
-// l = 0, 1, ...) unless the text gives nl.
+// The inputs of a dump for --from: `file` read, under the problem the dump fixes (its tensors'
+// shapes, layer count (layers.{l}.attn.q for l = 0, 1, ...), sequences and indexer mode; a model
+// dump's recorded top-k, dv, sm and schedule: python -m indexshare.dump) completed by the fields of
+// `problem_text` it leaves open. A field of problem_text that contradicts the dump is refused (Error
+// naming both values); a plain file records no top-k, dv, sm or schedule (the text's, or defaults).
 // part (MPI ranks): only the part's query rows of each per-row tensor are read (from their
 // offsets in the file), the key side whole: a rank never holds the other ranks' rows.
 StackInputs load_dump(const std::string& file, const std::string& problem_text, const RowPart* part = nullptr);

@@ -46,6 +46,7 @@ unsigned kind_bit(const std::string& kind) {
   if (kind == "decode-model1") return kKindModel1;
   if (kind == "train") return kKindTrain;
   if (kind == "v4") return kKindV4;
+  if (kind == "mtp") return kKindMtp;
   return 0;
 }
 
@@ -152,6 +153,17 @@ const std::vector<TensorRule>& tensor_rules() {
       {"indexer_loss.dq_bf16", true, R::output, kKindTrain, Need::distilled},
       {"indexer_loss.dk_bf16", true, R::output, kKindTrain, Need::distilled},
       {"indexer_loss.dw_bf16", true, R::output, kKindTrain, Need::distilled},
+      // mtp: the draft steps (tools/lib/golden_mtp.h)
+      {"mtp.accepted", false, R::input, kKindMtp, Need::always},
+      {"mtp.q", false, R::input, kKindMtp, Need::always},
+      {"mtp.last_rows", false, R::reference, kKindMtp, Need::always},
+      {"mtp.positions", false, R::reference, kKindMtp, Need::always},
+      {"mtp.topk", false, R::output, kKindMtp, Need::always},
+      {"mtp.indices", false, R::output, kKindMtp, Need::always},
+      {"mtp.out", false, R::output, kKindMtp, Need::always},
+      {"mtp.out_bf16", false, R::output, kKindMtp, Need::always},
+      {"mtp.lse", false, R::output, kKindMtp, Need::always},
+      {"mtp.max_logits", false, R::output, kKindMtp, Need::always},
   };
   return rules;
 }
@@ -229,6 +241,15 @@ Layout layout_of(const std::string& rest, const Dims& d) {
   if (rest == "indexer_loss.dq_bf16") return {DType::BF16, {d.s_q, d.H, d.D}, true, "config.s_q/index_n_heads/index_head_dim"};
   if (rest == "indexer_loss.dk_bf16") return {DType::BF16, {d.s_kv, d.D}, true, "config.s_kv/index_head_dim"};
   if (rest == "indexer_loss.dw_bf16") return {DType::BF16, {d.s_q, d.H}, true, "config.s_q/index_n_heads"};
+  // mtp: the draft-step rows ((steps - 1) x requests, golden_mtp.cc checks the count) and the requests
+  if (rest == "mtp.accepted" || rest == "mtp.last_rows") return {DType::I32, {d.n_seqs}, true, "config.n_seqs"};
+  if (rest == "mtp.positions") return {DType::I32, {-1}, true, "mtp"};
+  if (rest == "mtp.q") return {DType::BF16, {-1, d.h_q, d.d_qk}, true, "config.h_q/d_qk"};
+  if (rest == "mtp.topk") return {DType::I32, {-1, d.topk}, true, "config.topk"};
+  if (rest == "mtp.indices") return {DType::I32, {-1, 1, d.topk}, true, "config.topk"};
+  if (rest == "mtp.out") return {DType::F32, {-1, d.h_q, d.d_v}, true, "config.h_q/d_v"};
+  if (rest == "mtp.out_bf16") return {DType::BF16, {-1, d.h_q, d.d_v}, true, "config.h_q/d_v"};
+  if (rest == "mtp.lse" || rest == "mtp.max_logits") return {DType::F32, {-1, d.h_q}, true, "config.h_q"};
   return {DType::BF16, {}, false, "kind"};  // module-level weights, hidden states and intermediates
 }
 

@@ -22,8 +22,6 @@ using namespace detail;
 namespace {
 Problem dump_shapes(const io::SafetensorsFile& f, const std::string& file, Problem p);
 io::SafetensorsFile read_dump(const std::string& file, const RowPart* part, bool header_only = false);
-// The problem a dump is read under: problem_text, else the one the dump records (a model dump),
-// else "sq1 skv1" (the shapes come from the tensors); without an "nl" field, the file's layer count.
 // A problem token's field name: "k32" -> "k", "sched=FS" -> "sched".
 std::string token_field(const std::string& tok) {
   const size_t eq = tok.find('=');
@@ -33,39 +31,74 @@ std::string token_field(const std::string& tok) {
   return tok.substr(0, n);
 }
 
-// The dump's recorded problem completed by the fields of --problem it does not give. A field both
-// give must mean the same (compared as parsed values, so "sm=0.5" equals "sm=0.500000000"); a
-// contradiction is refused with both values, since either silently winning computes a set the
-// model did not run (a dump's softmax scale, schedule and indexer mode are the model's).
-std::string merge_dump_problem(const std::string& recorded, const std::string& given, const std::string& file) {
-  std::map<std::string, std::string> rec;
-  std::istringstream rs(recorded);
-  for (std::string tok; rs >> tok;) rec[token_field(tok)] = tok;
-  std::string text = recorded;
-  std::istringstream gs(given);
-  for (std::string tok; gs >> tok;) {
-    const auto it = rec.find(token_field(tok));
-    if (it == rec.end()) {
-      text += " " + tok;
-      continue;
-    }
-    if (to_string(parse_problem(it->second)) != to_string(parse_problem(tok)))
-      throw Error("golden: --problem gives '" + tok + "' but the dump " + file + " records '" + it->second +
-                  "' (the model's own value): leave the field out of --problem, or dump again with the value wanted");
+// A descriptor's tokens as (field, token), in order.
+using Tokens = std::vector<std::pair<std::string, std::string>>;
+Tokens tokens_of(const std::string& text) {
+  Tokens t;
+  std::istringstream is(text);
+  for (std::string tok; is >> tok;) t.emplace_back(token_field(tok), tok);
+  return t;
+}
+std::string text_of(const Tokens& t) {
+  std::string s;
+  for (const auto& ft : t) s += (s.empty() ? "" : " ") + ft.second;
+  return s;
+}
+// Whether two descriptors compute the same set: parsed, the schedules compared as their resolved
+// F/S patterns ("sched=glm-5.2" equals the pattern it names); false when either does not parse.
+bool same_problem(const std::string& a, const std::string& b) {
+  try {
+    Problem pa = parse_problem(a), pb = parse_problem(b);
+    pa.sched = pa.schedule().pattern();
+    pb.sched = pb.schedule().pattern();
+    return pa == pb;
+  } catch (const Error&) {
+    return false;
   }
-  return text;
 }
 
+// The problem a dump is read under. The dump fixes some fields: its tensors give the shapes, the
+// layer count, the sequences and the indexer mode (dump_shapes), and a model dump
+// (python -m indexshare.dump) records the top-k, dv, sm and schedule it was taken with.
+// problem_text completes them with the fields they leave open; a field it gives that the dump
+// fixes must mean the same (compared parsed: "sm=0.5" equals "sm=0.500000000", "sched=glm-5.2"
+// the pattern it names), else the dump is refused naming both values, since either silently
+// winning computes a set the model did not run. A plain file of inputs records nothing: its
+// top-k, dv, sm and schedule are problem_text's (the defaults where it leaves them out).
 Problem dump_text_problem(const io::SafetensorsFile& f, const std::string& file, const std::string& problem_text) {
   const std::string recorded = dump_problem(f, file);
-  std::string text = recorded.empty() ? (problem_text.empty() ? "sq1 skv1" : problem_text)
-                                      : merge_dump_problem(recorded, problem_text, file);
-  if (text.find("nl") == std::string::npos) {
-    int L = 0;
-    while (f.find("layers." + std::to_string(L) + ".attn.q")) ++L;
-    text += " nl" + std::to_string(std::max(L, 1));
+  int L = 0;
+  while (f.find("layers." + std::to_string(L) + ".attn.q")) ++L;
+  // The file's shapes under the smallest options (any top-k, dv fit them): only the shapes are read.
+  const Problem s = dump_shapes(f, file, parse_problem("dv1 k1 nl" + std::to_string(std::max(L, 1))));
+  const Tokens from_file =
+      tokens_of("sq" + std::to_string(s.s_q) + " skv" + std::to_string(s.s_kv) + " hq" + std::to_string(s.h_q) + " dqk" +
+                std::to_string(s.d_qk) + " ih" + std::to_string(s.index_n_heads) + " id" + std::to_string(s.index_head_dim) +
+                " nl" + std::to_string(s.n_layers) + " nseq" + std::to_string(s.n_seqs) + " indexer=" + indexer_mode_name(s.indexer));
+  std::set<std::string> by_file;
+  for (const auto& ft : from_file) by_file.insert(ft.first);
+  Tokens fixed = from_file;  // the file's fields, then the recorded ones the file does not give
+  for (const auto& ft : tokens_of(recorded))
+    if (!by_file.count(ft.first)) fixed.push_back(ft);
+  // The fields the dump leaves open first, then each given field the dump fixes compared in that
+  // whole problem (alone, "dv32" need not parse under the default dqk).
+  Tokens text = fixed, given_fixed;
+  for (const auto& ft : tokens_of(problem_text)) {
+    const bool is_fixed = std::any_of(fixed.begin(), fixed.end(), [&](const auto& f) { return f.first == ft.first; });
+    (is_fixed ? given_fixed : text).push_back(ft);
   }
-  return parse_problem(text);
+  (void)parse_problem(text_of(text));  // a bad open field is refused as such
+  for (const auto& [field, tok] : given_fixed) {
+    const auto it = std::find_if(text.begin(), text.end(), [&](const auto& ft) { return ft.first == field; });
+    Tokens with = text;
+    with[size_t(it - text.begin())].second = tok;
+    if (same_problem(text_of(text), text_of(with))) continue;
+    const bool file_field = by_file.count(field) > 0;
+    throw Error("golden: --problem gives '" + tok + "' but the dump " + file +
+                (file_field ? " has '" + it->second + "' (from its tensors)" : " records '" + it->second + "' (the model's own value)") +
+                ": leave the field out of --problem" + (file_field ? "" : ", or dump again with the value wanted"));
+  }
+  return parse_problem(text_of(text));
 }
 }  // namespace
 

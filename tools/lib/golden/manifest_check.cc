@@ -12,6 +12,7 @@
 #include "ref/cost.h"
 #include "ref/layer.h"
 #include "tools/lib/golden_model1.h"
+#include "tools/lib/golden_mtp.h"
 #include "tools/lib/golden_v4.h"
 
 namespace indexshare::golden {
@@ -169,7 +170,7 @@ void ManifestCheck::top_fields() {
     if (!m_.contains(f) || !m_[f].is_string()) fail(f, "is missing or not a string");
   kind_ = m_["kind"];
   kbit_ = kind_bit(kind_);
-  if (!kbit_) fail("kind", "is '" + kind_ + "', not a known kind (stack, stack-from-file, attention-edge, decode, module, train, decode-model1, v4)");
+  if (!kbit_) fail("kind", "is '" + kind_ + "', not a known kind (stack, stack-from-file, attention-edge, decode, module, train, decode-model1, v4, mtp)");
   if (!m_.contains("conventions") || !m_["conventions"].is_object()) fail("conventions", "is missing or not an object");
   if (!m_.contains("budgets") || !m_["budgets"].is_object()) fail("budgets", "is missing or not an object");
 }
@@ -311,7 +312,7 @@ void ManifestCheck::tensors_held() {
       int64_t other_l = -1;
       std::string owners;
       if (const TensorRule* o = rule_of(v.name, kAllKinds, other_l))
-        for (const char* k : {"stack", "stack-from-file", "attention-edge", "decode", "module", "train", "decode-model1"})
+        for (const char* k : {"stack", "stack-from-file", "attention-edge", "decode", "module", "train", "decode-model1", "mtp"})
           if (o->kinds & kind_bit(k)) owners += (owners.empty() ? "" : ", ") + std::string(k);
       fail("kind", "is '" + kind_ + "', but the set holds tensor '" + v.name + "', " +
                        (owners.empty() ? "not a golden tensor name" : "which only sets of kind " + owners + " hold"));
@@ -411,6 +412,11 @@ void ManifestCheck::kind_fields() {
       (!conv["indexer_variant"].is_string() || (conv["indexer_variant"] != "deepseek_fp8" && conv["indexer_variant"] != "hf_bf16")))
     fail("conventions.indexer_variant", "is " + conv["indexer_variant"].dump() + ", not \"deepseek_fp8\" or \"hf_bf16\"");
   if (kind_ == "decode-model1") check_model1_set(g_, mpath_);  // tools/lib/golden_model1.h
+  if (kind_ == "mtp") {
+    check_mtp_manifest(g_, mpath_);  // tools/lib/golden_mtp.h
+  } else if (m_.contains("mtp")) {
+    fail("mtp", "is present, but kind is '" + kind_ + "' (mtp sets only)");
+  }
   if (kind_ == "module") {
     module_fields();
   } else if (m_.contains("model_config")) {

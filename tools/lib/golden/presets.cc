@@ -82,6 +82,11 @@ const std::vector<Preset>& presets() {
        "DeepSeek-V4-Flash attention shapes (H 64, D 512, W 128, top-512 over 4:1 blocks, indexer 64 x 128, HCA 128), "
        "2176 tokens (544 blocks: top-512 selects from row 2051 on), layers SCHCC with the C4A layers Full/Shared by freq 2",
        ""},
+      // MTP draft steps (kind mtp, tools/lib/golden_mtp.h): a problem with the draft's steps and accepted lengths.
+      {"mtp-tiny", "sq16 skv128 hq4 dqk64 dv32 ih4 id32 k8 seed61 nseq4 steps=4 accept=4,1,3,2", "mtp",
+       "MTP chain drafting: 4 requests of 32 keys, a draft extend of 4 rows each with 4, 1, 3 and 2 accepted; "
+       "layer 0 the target's DSA layer, layer 1 the MTP layer; 3 draft steps reuse each request's last accepted row (top-8)",
+       ""},
   };
   return p;
 }
@@ -105,6 +110,7 @@ StackPlan plan_stack(const StackRequest& r) {
     const Preset& pr = preset(r.preset);
     require(pr.kind != "module", "golden: preset '" + pr.name + "' is a module-level set (--model), not a kernel-level one");
     require(pr.kind != "v4", "golden: preset '" + pr.name + "' is a DeepSeek-V4 set: write it with the CLI's golden --preset");
+    require(pr.kind != "mtp", "golden: preset '" + pr.name + "' is an MTP draft-step set: write it with the CLI's golden --preset");
     desc = pr.problem;
     plan.kind = pr.kind;
     // A kernel preset is written for its kernel (as --for); another --for is refused.
