@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "ref/draw.h"
 #include "ref/error.h"
 #include "ref/indexer.h"
 #include "ref/module_ops.h"
@@ -50,13 +51,9 @@ Config hy_v4_config(int64_t s_kv) {
 }
 
 namespace {
-// Positions [first, first + shape[0]) of the stream `name`, each row shape[1..] values, times scale.
 Tensor<float> draw(const Config& c, const std::string& name, Shape shape, int64_t first, float scale,
                    const Kernels& kern) {
-  Tensor<float> t(shape);
-  const int64_t row_len = shape[0] > 0 ? t.numel() / shape[0] : 0;
-  kern.fill_range(t.ptr(), first * row_len, t.numel(), c.dist, scale, c.seed, stream_tag(name));
-  return t;
+  return draw_rows(kern, c.dist, c.seed, name, std::move(shape), first, scale);
 }
 
 Tensor<float> bf16_values(Tensor<float> t) {
@@ -65,10 +62,7 @@ Tensor<float> bf16_values(Tensor<float> t) {
 }
 
 Tensor<bf16_t> draw_bf16(const Config& c, const std::string& name, Shape shape, int64_t first, const Kernels& kern) {
-  Tensor<bf16_t> t(shape);
-  const int64_t row_len = shape[0] > 0 ? t.numel() / shape[0] : 0;
-  kern.fill_range_bf16(t.ptr(), first * row_len, t.numel(), c.dist, 1.0f, c.seed, stream_tag(name));
-  return t;
+  return draw_rows_bf16(kern, c.dist, c.seed, name, std::move(shape), first);
 }
 
 float inv_sqrt_f32(int64_t n) { return float(1.0 / std::sqrt(double(n))); }
