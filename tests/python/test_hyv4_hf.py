@@ -20,7 +20,8 @@ transformers expands MLA to per-head keys and values; we run each head h through
 with q' = [0 (v dims) | q_h] and kv' = [v_h | k_h] (V = kv's first v dims, and q'.kv' = q_h.k_h
 exactly), HF's own indices, its sink and its gate: the gated output (o_proj's input) within 2e-6.
 Planted mistakes, each of which must fail: the indexer's RoPE on the leading dims, and the sink
-multiplied by the softmax scale."""
+multiplied by the softmax scale. Last, the schedule: transformers' default indexer_types is our hy-v4
+preset, and its whole tiny model (it runs, Shared layers included) reuses the last Full layer's top-k."""
 import numpy as np
 import pytest
 
@@ -33,8 +34,8 @@ from indexshare._core_loader import core  # noqa: E402
 H, D, ROPE, TOPK, S = 4, 32, 16, 8, 24
 
 
-def config(hidden, q_lora):
-    cfg = HYV4Config(vocab_size=32, hidden_size=hidden, num_hidden_layers=2, num_attention_heads=2, q_lora_rank=q_lora,
+def config(hidden, q_lora, layers=2):
+    cfg = HYV4Config(vocab_size=32, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=2, q_lora_rank=q_lora,
                      kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=ROPE, v_head_dim=16, index_n_heads=H,
                      index_head_dim=D, index_topk=TOPK, intermediate_size=16, moe_intermediate_size=8,
                      n_routed_experts=4, num_experts_per_tok=2, pad_token_id=0, bos_token_id=1, eos_token_id=2)
@@ -207,3 +208,26 @@ def test_generated_layer_binding_is_consistent():
     assert d["gated"].shape == (12, 2, 32) and d["indices"].shape == (12, 6)
     simd = c.hyv4_layer(12, 20, index_topk=6, impl=c.Impl.simd)
     assert (simd["gated"].view(np.uint32) == d["gated"].view(np.uint32)).all()
+
+
+def test_schedule_and_sharing_match_hf():
+    """transformers' default indexer_types is our hy-v4 preset, and its whole model (which runs, Shared
+    layers included) hands a Shared layer the last Full layer's top-k, as run_stack does."""
+    c = core()
+    for n in (6, 34):
+        hf = HYV4Config(num_hidden_layers=n).indexer_types
+        ours = c.problem_fields(f"sq4 skv4 hq1 dqk16 dv8 ih1 id16 k2 nl{n} sched=hy-v4")["schedule"]
+        assert ours == "".join("F" if t == "full" else "S" for t in hf)
+    cfg = config(64, 32, layers=6)
+    torch.manual_seed(0)
+    model = M.HYV4Model(cfg).float().eval()
+    got = {}
+    for i, layer in enumerate(model.layers):
+        layer.self_attn.register_forward_hook(lambda _m, _i, out, i=i: got.__setitem__(i, out[2].clone()))
+    with torch.no_grad():
+        model(torch.randint(3, 32, (1, S)))
+    source = 0
+    for i, kind in enumerate(cfg.indexer_types):
+        source = i if kind == "full" else source
+        assert torch.equal(got[i], got[source]), i
+    assert not torch.equal(got[0], got[1])
