@@ -142,7 +142,7 @@ TEST_CASE("hyv4: indexer scores match the brute-force formula (trailing RoPE, La
   CHECK(score_error(lead, in, wrong, RopeSlice::leading) < 2e-5);
 }
 
-TEST_CASE("hyv4: RoPE touches only the trailing slice; position 0 is the identity") {
+TEST_CASE("hyv4: RoPE touches only the trailing slice, and position 0 is the identity") {
   const Config c = small(8, 4);
   const LayerInputs in = make_layer_inputs(c, 0);
   const IndexerOutputs o = run_indexer(in.q, in.k, in.k_norm_w, in.k_norm_b, in.weights, indexer_params(c));
