@@ -282,3 +282,16 @@ TEST_CASE("hyv4: simd kernels give ref's bits on every target, 1 and 2 threads")
     }
   });
 }
+
+TEST_CASE("hyv4: the released shapes run (16 x 128 indexer, rope 64, top-2048, 32 heads, v 256)") {
+  const Config c = hy_v4_config(48);
+  c.validate();
+  CHECK(c.d_qk() == 576);
+  const LayerOutputs o = run_layer(c, make_layer_inputs(c, 1, true, simd::kernels()), 1, simd::kernels());
+  CHECK(o.attn.gated.shape == Shape{48, 32, 256});
+  REQUIRE(o.indices.shape == Shape{48, 2048});
+  for (int64_t t = 0; t < 48; ++t) {
+    CHECK(o.indices.at(t, t) >= 0);          // every causal key is picked (t + 1 <= 2048)
+    CHECK(o.indices.at(t, t + 1) == -1);     // then -1
+  }
+}
