@@ -20,7 +20,7 @@
 //   sm=<float>           softmax scale (printed with 9 significant digits)          default d_qk^-0.5
 //   sink=none|random|pinf|ninf   attention sink per head                            default none
 //   nl    n_layers       layers of the stack                                        default 1
-//   sched=<schedule>     layer schedule: a preset (all-full, glm-5.2, one-full-three-shared),
+//   sched=<schedule>     layer schedule: a preset (all-full, glm-5.2, one-full-three-shared, hy-v4),
 //                        an F/S pattern, freq:N[,offset:M] or list:full,shared,...  default all-full
 //   sim=<float>          cross-layer similarity of the indexer inputs, in [0, 1]    default 0.8
 //   drift=<float>        layer-to-layer correlation of the layers' own indexer inputs, in

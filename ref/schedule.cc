@@ -184,12 +184,13 @@ Schedule schedule_preset(const std::string& name, int n_layers) {
   if (name == "all-full") return schedule_from_freq(n_layers, 1, 2);
   if (name == "glm-5.2") return schedule_from_freq(n_layers, 4, 3);
   if (name == "one-full-three-shared") return schedule_from_freq(n_layers, 4, 1);
+  if (name == "hy-v4") return schedule_from_freq(n_layers, 4, 2);
   throw Error("schedule preset '" + name + "' is unknown; known presets: " +
               join(schedule_preset_names(), ", "));
 }
 
 std::vector<std::string> schedule_preset_names() {
-  return {"all-full", "glm-5.2", "one-full-three-shared"};
+  return {"all-full", "glm-5.2", "one-full-three-shared", "hy-v4"};
 }
 
 namespace {

@@ -94,7 +94,10 @@ Schedule schedule_from_freq(int n_layers, int freq, int offset);
 //   "glm-5.2"                frequency rule with freq 4, offset 3. GLM-5.2 itself has
 //                            kGlm52Layers = 78 layers, giving the 21 Full layers 0, 1, 2, 6, 10,
 //                            ..., 74; any other n_layers applies the same rule to n_layers;
-//   "one-full-three-shared"  F S S S F S S S ... (frequency rule with freq 4, offset 1).
+//   "one-full-three-shared"  F S S S F S S S ... (frequency rule with freq 4, offset 1);
+//   "hy-v4"                  frequency rule with freq 4, offset 2: F F S S S F S S S F ...,
+//                            transformers' hy_v4 default (Full iff i == 0 or (i - 1) % 4 == 0;
+//                            the released model has 34 layers, Full 0, 1, 5, ..., 33).
 // Throws Error if n_layers < 1 or the name is unknown (naming it and listing the known names).
 Schedule schedule_preset(const std::string& name, int n_layers);
 
@@ -102,7 +105,7 @@ Schedule schedule_preset(const std::string& name, int n_layers);
 std::vector<std::string> schedule_preset_names();
 
 // Parses the command-line form of a schedule for an n_layers model. Accepted forms:
-//   a preset name                 "all-full", "glm-5.2", "one-full-three-shared"
+//   a preset name                 "all-full", "glm-5.2", "one-full-three-shared", "hy-v4"
 //   an F/S pattern                "FFSSFSS" or "pattern:FFSSFSS" (exactly n_layers chars)
 //   the frequency rule            "freq:4,offset:3" ("offset:N" optional, default 2; the two
 //                                 items may come in either order; each at most once)

@@ -116,7 +116,16 @@ TEST_CASE("schedule: all-full and one-full-three-shared presets") {
   CHECK(s.pattern() == "FSSSFSSSF");
   CHECK(s.full_layers() == std::vector<int>{0, 4, 8});
   CHECK(indexshare::schedule_preset_names() ==
-        std::vector<std::string>{"all-full", "glm-5.2", "one-full-three-shared"});
+        std::vector<std::string>{"all-full", "glm-5.2", "one-full-three-shared", "hy-v4"});
+}
+
+TEST_CASE("schedule: hy-v4 preset is transformers' hy_v4 default") {
+  // HYV4Config: "full" if layer_idx == 0 or (layer_idx - 1) % 4 == 0, else "shared" (34 layers).
+  const Schedule s = indexshare::schedule_preset("hy-v4", 34);
+  for (int i = 0; i < 34; ++i) CHECK(s.is_full(i) == (i == 0 || (i - 1) % 4 == 0));
+  CHECK(s.pattern().substr(0, 10) == "FFSSSFSSSF");
+  CHECK(s.n_full() == 10);  // 0, 1, 5, 9, ..., 33
+  CHECK(indexshare::parse_schedule("hy-v4", 6).pattern() == "FFSSSF");
 }
 
 TEST_CASE("schedule: explicit list and pattern rules") {

@@ -3,6 +3,7 @@
 
 #include <cmath>
 
+#include "ref/draw.h"
 #include "ref/error.h"
 #include "ref/numerics.h"
 
@@ -24,14 +25,9 @@ void KpoolConfig::validate() const {
 }
 
 namespace {
-// Positions [first, first + rows) of the stream `name` of a tensor whose rows have `row_len`
-// values: the values of cfg.dist times `scale`, from the kernel table's fill (ref/rng.h).
 Tensor<float> draw_rows(const KpoolConfig& c, const std::string& name, Shape shape, int64_t first, float scale,
                         const Kernels& kern) {
-  Tensor<float> t(shape);
-  const int64_t row_len = shape[0] > 0 ? t.numel() / shape[0] : 0;
-  kern.fill_range(t.ptr(), first * row_len, t.numel(), c.dist, scale, c.seed, stream_tag(name));
-  return t;
+  return ref::draw_rows(kern, c.dist, c.seed, name, std::move(shape), first, scale);
 }
 
 Tensor<float> draw_rows_bf16_values(const KpoolConfig& c, const std::string& name, Shape shape, int64_t first,
@@ -43,10 +39,7 @@ Tensor<float> draw_rows_bf16_values(const KpoolConfig& c, const std::string& nam
 
 Tensor<bf16_t> draw_rows_bf16(const KpoolConfig& c, const std::string& name, Shape shape, int64_t first,
                               const Kernels& kern) {
-  Tensor<bf16_t> t(shape);
-  const int64_t row_len = shape[0] > 0 ? t.numel() / shape[0] : 0;
-  kern.fill_range_bf16(t.ptr(), first * row_len, t.numel(), c.dist, 1.0f, c.seed, stream_tag(name));
-  return t;
+  return ref::draw_rows_bf16(kern, c.dist, c.seed, name, std::move(shape), first);
 }
 }  // namespace
 

@@ -163,7 +163,7 @@ Action register_cost(CLI::App& app) {
   p->excludes(f);
   c->add_option("--context", a->contexts, "Context lengths, comma-separated (4096, 16K, 1M)")->capture_default_str();
   c->add_option("--schedule", a->schedule,
-                "Layer schedule (default: the config's own): all-full, glm-5.2, one-full-three-shared, "
+                "Layer schedule (default: the config's own): all-full, glm-5.2, one-full-three-shared, hy-v4, "
                 "an F/S pattern, freq:4,offset:3 or list:full,shared,...");
   c->add_option("--mode", a->mode, "decode, prefill or both")->capture_default_str();
   c->add_option("--json", a->json_path, "Also write the numbers as JSON to this file");

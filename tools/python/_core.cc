@@ -748,6 +748,7 @@ NB_MODULE(_core, m) {
   bind_train(m);
   bind_v4(m);
   bind_kpool(m);
+  bind_hyv4(m);
   bind_analysis(m);
   bind_module_ops(m);
   bind_module_steps(m);

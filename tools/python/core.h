@@ -85,5 +85,7 @@ auto timed(F&& f) {
 // FP8 quantization steps, then the indexer and MLA steps of a layer.
 void bind_module_ops(nb::module_& m);
 void bind_module_steps(nb::module_& m);
+// Hunyuan HY V4's indexer, gated attention and layer (tools/python/_core_hyv4.cc).
+void bind_hyv4(nb::module_& m);
 
 }  // namespace indexshare::core
