@@ -36,7 +36,9 @@
 #pragma once
 
 #include <cstdint>
+#include <set>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -58,8 +60,10 @@ struct V4Spec {
 V4Spec parse_v4_spec(const std::string& text);
 std::string to_string(const V4Spec& s);  // canonical
 
-// The set; replay: the command recorded in the manifest.
-GoldenSet build_v4(const V4Spec& s, const std::string& replay, Impl impl = Impl::ref);
+// The set; replay: the command recorded in the manifest. given: every layer's inputs (a model
+// dump, load_v4_dump) instead of generated ones; consumed.
+GoldenSet build_v4(const V4Spec& s, const std::string& replay, Impl impl = Impl::ref,
+                   std::vector<ref::v4::LayerInputs>* given = nullptr);
 // "indexshare golden --kind v4 --problem \"SPEC\"" (+ --impl), without --out.
 std::string v4_replay(const V4Spec& s, Impl impl);
 
@@ -67,6 +71,31 @@ std::string v4_replay(const V4Spec& s, Impl impl);
 // schedule, conventions, every tensor's name, role, dtype and shape against the config; Error
 // naming the manifest field.
 void check_v4_manifest(const Loaded& g, const std::string& mpath);
+
+// The shape of tensor `rest` ("attn.q", "indexer.blocks", ...) in a v4 set of config c on a layer of
+// type t (the table of the header).
+Shape v4_tensor_shape(const std::string& rest, const ref::v4::Config& c, ref::v4::LayerType t);
+
+// ---- A deepseek_v4 model dump (python -m indexshare.dump; metadata format "indexshare-dump",
+// kind "v4"): per layer, under the golden names above, the inputs attn.q, attn.kv [T, 1, D] (the
+// token rows only), attn.sink, compressor.* and (C4A) indexer.* inputs, plus the model's own
+// outputs (v4_dump_outputs), which the judge reads and --from does not. The metadata's `problem` is
+// the dumped layers' V4 descriptor; `main_inv_freq` / `compress_inv_freq` the model's RoPE inverse
+// frequencies, which must equal ref's for the descriptor (else the set would rotate by other angles).
+bool is_v4_dump(const std::string& file);  // reads the header only
+struct V4Dump {
+  V4Spec spec;
+  std::vector<ref::v4::LayerInputs> inputs;
+};
+// Error naming the file, tensor and field (a missing, misshapen or non-finite input, an unknown
+// name, a layer outside the descriptor, a RoPE the descriptor does not give).
+V4Dump load_v4_dump(const std::string& file);
+// A v4 golden set's descriptor and inputs (attn.kv cut to its T token rows), as load_v4_dump's.
+V4Dump v4_set_inputs(const Loaded& g);
+const std::set<std::string>& v4_dump_inputs();   // "attn.q", ..., "indexer.weights"
+const std::set<std::string>& v4_dump_outputs();  // "compressor.entries", ..., "attn.out_rotated"
+// "indexshare golden --from FILE" (+ --impl), without --out.
+std::string v4_from_replay(const std::string& file, Impl impl);
 
 // What the judge reads of a v4 manifest.
 struct V4Layout {

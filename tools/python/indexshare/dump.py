@@ -124,21 +124,27 @@ def load_model(spec: str, device: str, seed: int):
         config = transformers.AutoConfig.from_pretrained(path)
         weights = any(path.glob("*.safetensors")) or any(path.glob("*.bin"))
         tok_dir = path
-    from . import _hf
+    from . import _hf, _v4
 
+    v4 = _v4.is_v4(config)
     try:
-        _hf.family_of(config)
+        if not v4:
+            _hf.family_of(config)
     except _hf.BridgeError as e:
-        raise DumpError(f"--model {spec}: {e}") from None
+        raise DumpError(f"--model {spec}: {e} and deepseek_v4") from None
+    dtype = torch.float32 if v4 else torch.bfloat16  # V4: f32 only (_v4.py says why)
     if weights:
-        model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16)
+        model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
         source = "checkpoint"
     else:
         torch.manual_seed(seed)
         # from_config with dtype, like from_pretrained: the rotary inv_freq and the MoE router stay
         # f32 (a blanket .to(bfloat16) would round inv_freq and move every RoPE angle).
-        model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+        model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype)
         source = f"random init, seed {seed}"
+        if v4:  # transformers initialises the sinks and position biases to 0
+            _v4.randomize_attention_extras(model, seed)
+            source += " (sinks and position biases random)"
     return model.to(device).eval(), tok_dir, source
 
 
@@ -379,8 +385,10 @@ def dump(model, input_ids, out: str, layers: list[int] | None = None, with_logit
     self-check fails (unless `indexer_rope` asks for a negative control, which cannot pass it by
     design; its metadata records the layout used).
     """
-    from . import _hf
+    from . import _hf, _v4
 
+    if _v4.is_v4(model.config):
+        return dump_v4(model, input_ids, out, layers, with_logits, indexer_rope, source)
     try:
         schedule = _hf.schedule_of(model.config)
     except _hf.BridgeError as e:
@@ -409,6 +417,23 @@ def dump(model, input_ids, out: str, layers: list[int] | None = None, with_logit
             "captured intermediates differs from the model's own; this transformers version computes something "
             "the bridge does not reproduce (nothing written)"
         )
+    write_atomic(out, tensors, meta)
+    return meta
+
+
+def dump_v4(model, input_ids, out: str, layers, with_logits: bool, indexer_rope, source: str) -> dict[str, str]:
+    """dump() of a deepseek_v4 model (tools/python/indexshare/_v4.py): every C4A layer Full."""
+    from . import _v4
+
+    if indexer_rope is not None:
+        raise DumpError("--indexer-rope is a control for the GLM-5 / DeepSeek-V3.2 indexer; deepseek_v4 has one layout")
+    if input_ids.dim() != 2 or input_ids.shape[0] != 1:
+        raise DumpError(f"input_ids must be [1, S], got {list(input_ids.shape)}")
+    del with_logits  # the model's own scores are [T, n_b], always dumped
+    try:
+        tensors, meta = _v4.dump(model, input_ids, layers, source)
+    except _v4.V4Error as e:
+        raise DumpError(str(e)) from None
     write_atomic(out, tensors, meta)
     return meta
 
@@ -461,7 +486,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(
         f"dump: {meta['model_class']} ({meta['weights']}), {meta['tokens']} tokens, layers {meta['layers']} "
-        f"schedule {meta['schedule']}, self-check {meta['self_check']} -> {args.out}\n"
+        f"schedule {meta['schedule']}, self-check {meta.get('self_check', 'none (v4)')} -> {args.out}\n"
         f"dump: problem \"{meta['problem']}\""
     )
     return 0
