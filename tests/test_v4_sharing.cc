@@ -76,7 +76,7 @@ TEST_CASE("v4 sharing: block overlap over the C4A layers") {
   CHECK(std::fabs(r.overlap_at(0, 1) - mean_overlap(s.cfg, s.b.own[0], s.b.own[1])) < 1e-12);
   CHECK(r.overlap_at(0, 1) < 1.0);
   REQUIRE(r.adjacent.size() == 2);
-  CHECK(r.layers[2].kind == ref::LayerKind::shared);
+  CHECK(r.layers[2].kind == LayerKind::shared);
   CHECK(r.layers[2].source == 1);
   CHECK_THROWS_WITH_AS(block_overlap_report(s.cfg, s.b, "SFF", "spec"), doctest::Contains("starts with S"), Error);
   CHECK_THROWS_WITH_AS(block_overlap_report(s.cfg, s.b, "FF", "spec"), doctest::Contains("3 C4A layers"), Error);

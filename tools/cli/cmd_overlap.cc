@@ -148,14 +148,16 @@ struct OverlapArgs {
   bool no_shared_stats = false;
 };
 
-int emit_overlap(const OverlapArgs& a, const std::string& pattern, const std::string& replay, const ref::OverlapReport& r);
+// c4a_layers: a V4 report's model layer of each C4A rank (JSON "c4a_layers"), else empty.
+int emit_overlap(const OverlapArgs& a, const std::string& pattern, const std::string& replay, const ref::OverlapReport& r,
+                 const std::vector<int>& c4a_layers = {});
 
 int overlap_v4(const OverlapArgs& a) {
   golden::V4Dump d = v4_load(a.src);
   const ref::v4::BlockLayers b = ref::v4::block_layers(d.spec.cfg, d.spec.schedule().types, d.inputs, v4_kernels(a.src));
   const std::string pattern = v4_pattern(d);
   const ref::OverlapReport r = ref::v4::block_overlap_report(d.spec.cfg, b, pattern, golden::to_string(d.spec), a.buckets);
-  return emit_overlap(a, "C4A " + pattern, v4_replay(a.src, d), r);
+  return emit_overlap(a, "C4A " + pattern, v4_replay(a.src, d), r, b.layer);
 }
 
 #ifdef INDEXSHARE_MPI
@@ -322,10 +324,15 @@ int cmd_overlap(const OverlapArgs& a) {
   return emit_overlap(a, p.sched, replay_source(a.src, p), ref::overlap_report(p, si.inputs, outs, opt));
 }
 
-int emit_overlap(const OverlapArgs& a, const std::string& pattern, const std::string& replay, const ref::OverlapReport& r) {
+int emit_overlap(const OverlapArgs& a, const std::string& pattern, const std::string& replay, const ref::OverlapReport& r,
+                 const std::vector<int>& c4a_layers) {
   std::printf("%s", io::overlap_table(r).c_str());
   std::vector<std::pair<std::string, std::string>> files;  // written together: all or none
-  if (!a.json.empty()) files.emplace_back(a.json, io::overlap_to_json(r).dump(2) + "\n");
+  if (!a.json.empty()) {
+    nlohmann::json j = io::overlap_to_json(r);
+    if (!c4a_layers.empty()) j["c4a_layers"] = c4a_layers;  // the report's layers are C4A ranks
+    files.emplace_back(a.json, j.dump(2) + "\n");
+  }
   if (!a.csv.empty()) files.emplace_back(a.csv, io::overlap_csv(r));
   if (!a.svg.empty()) files.emplace_back(a.svg, io::overlap_heatmap_svg(r, {"Top-k overlap between layers: " + pattern, false, 0, 1}));
   if (!a.svg_position.empty())
@@ -349,7 +356,8 @@ void require_indexers(const std::vector<ref::LayerInputs>& in) {
                                    "like GLM-5's, cannot be searched)");
 }
 
-int emit_search(const SearchArgs& a, const std::string& replay, const ref::SearchResult& r);
+// c4a_layers: as emit_overlap's (JSON "c4a_layers": the model layer of each searched C4A rank).
+int emit_search(const SearchArgs& a, const std::string& replay, const ref::SearchResult& r, const std::vector<int>& c4a_layers = {});
 
 int search_v4(const SearchArgs& a) {
   golden::V4Dump d = v4_load(a.src);
@@ -358,7 +366,7 @@ int search_v4(const SearchArgs& a) {
   opt.loss = ref::parse_search_loss(a.loss);
   opt.kernels = v4_kernels(a.src);
   const ref::v4::BlockLayers b = ref::v4::block_layers(d.spec.cfg, d.spec.schedule().types, d.inputs, opt.kernels);
-  return emit_search(a, v4_replay(a.src, d), ref::v4::block_search(d.spec.cfg, d.inputs, b, golden::to_string(d.spec), opt));
+  return emit_search(a, v4_replay(a.src, d), ref::v4::block_search(d.spec.cfg, d.inputs, b, golden::to_string(d.spec), opt), b.layer);
 }
 
 #ifdef INDEXSHARE_MPI
@@ -444,10 +452,14 @@ int cmd_search(const SearchArgs& a) {
   return emit_search(a, replay_source(a.src, si.problem), ref::greedy_search(si.problem, si.inputs, opt));
 }
 
-int emit_search(const SearchArgs& a, const std::string& replay, const ref::SearchResult& r) {
+int emit_search(const SearchArgs& a, const std::string& replay, const ref::SearchResult& r, const std::vector<int>& c4a_layers) {
   std::printf("%s", io::search_table(r).c_str());
   std::vector<std::pair<std::string, std::string>> files;  // written together: all or none
-  if (!a.json.empty()) files.emplace_back(a.json, io::search_to_json(r).dump(2) + "\n");
+  if (!a.json.empty()) {
+    nlohmann::json j = io::search_to_json(r);
+    if (!c4a_layers.empty()) j["c4a_layers"] = c4a_layers;
+    files.emplace_back(a.json, j.dump(2) + "\n");
+  }
   if (!a.csv.empty()) files.emplace_back(a.csv, io::search_csv(r));
   if (!a.svg.empty()) files.emplace_back(a.svg, io::search_loss_svg(r, "Greedy search: " + a.loss + " loss"));
   io::write_text_files(files);
