@@ -124,6 +124,19 @@ def test_dump_holds_the_v4_inputs_and_the_models_own_outputs(v4):
     assert (t["layers.0.attn.sink"] != 0).all() and "sinks" in m["weights"]
 
 
+def test_memory_per_token_and_layer_matches_the_dump(v4):
+    """tools/python/README.md's V4 bytes per token and layer (_v4.bytes_per_token_layer) against the tensors."""
+    from indexshare import _v4
+    t = load_file(str(v4["dump"]))
+    cfg = v4["model"].config
+    for layer, kind in enumerate("SCHCC"):
+        n = sum(x.numel() * x.element_size() for name, x in t.items() if name.startswith(f"layers.{layer}."))
+        assert n == T * _v4.bytes_per_token_layer(cfg, kind, T) + _v4.bytes_per_layer(cfg, kind), layer
+    flash = transformers.DeepseekV4Config()  # V4-Flash's attention shapes
+    assert [_v4.bytes_per_token_layer(flash, kind, 0) for kind in "SHC"] == [328704, 332816, 372608]
+    assert _v4.bytes_per_token_layer(flash, "C", 4096) - _v4.bytes_per_token_layer(flash, "C", 0) == 2048 + 4096
+
+
 def test_model_passes_diff_against_its_golden(v4, tmp_path):
     _, st = diff(v4["golden"], v4["dump"], tmp_path, expect=0)
     for layer, kind in enumerate("SCHCC"):

@@ -231,6 +231,38 @@ def dump(model, input_ids, layers: list[int] | None, source: str):
     return tensors, meta
 
 
+def bytes_per_token_layer(cfg, kind: str, tokens: int) -> int:
+    """What one token costs in one dumped layer of type kind ('S', 'C' or 'H'): the README's memory figure.
+
+    Every layer: attn.q bf16, attn.kv bf16, attn.out and attn.out_rotated f32; C4A / HCA the compressor's
+    kv and gate (f32, width 2D or D) and its entries (one per m tokens); C4A the indexer's kv, gate, q,
+    weights, blocks, entries and its scores (n_b = T / 4 per token: quadratic in T).
+    """
+    H, D, HI, DI, k = cfg.num_attention_heads, cfg.head_dim, cfg.index_n_heads, cfg.index_head_dim, cfg.index_topk
+    n = 2 * H * D + 2 * D + 8 * H * D
+    rates = cfg.compress_rates
+    if kind == "H":
+        n += 8 * D + 4 * D // rates["heavily_compressed_attention"]
+    if kind == "C":
+        m = rates["compressed_sparse_attention"]
+        n += 16 * D + 4 * D // m
+        n += 16 * DI + 4 * HI * DI + 4 * HI + 4 * min(k, tokens // m) + 4 * DI // m + 4 * (tokens // m)
+    return n
+
+
+def bytes_per_layer(cfg, kind: str) -> int:
+    """What one dumped layer costs whatever the token count: the sink, position biases and norm weights."""
+    H, D, DI = cfg.num_attention_heads, cfg.head_dim, cfg.index_head_dim
+    rates = cfg.compress_rates
+    n = 4 * H
+    if kind == "H":
+        n += 4 * rates["heavily_compressed_attention"] * D + 4 * D
+    if kind == "C":
+        m = rates["compressed_sparse_attention"]
+        n += 4 * m * 2 * D + 4 * D + 4 * m * 2 * DI + 4 * DI
+    return n
+
+
 def randomize_attention_extras(model, seed: int) -> None:
     """Random sinks and compressor position biases (transformers' init sets both to 0), seeded."""
     g = torch.Generator().manual_seed(seed + 1)
