@@ -132,15 +132,6 @@ std::string v4_replay(const Source& s, const golden::V4Dump& d) {
   return "--problem \"" + golden::to_string(d.spec) + "\"";
 }
 
-// F / S per C4A layer of the descriptor's schedule.
-std::string v4_pattern(const golden::V4Dump& d) {
-  const ref::v4::Schedule sch = d.spec.schedule();
-  std::string p;
-  for (size_t l = 0; l < sch.types.size(); ++l)
-    if (sch.types[l] == ref::v4::LayerType::csa) p += sch.full(l) ? 'F' : 'S';
-  return p;
-}
-
 struct OverlapArgs {
   Source src;
   std::string json, csv, svg, svg_position;
@@ -155,7 +146,7 @@ int emit_overlap(const OverlapArgs& a, const std::string& pattern, const std::st
 int overlap_v4(const OverlapArgs& a) {
   golden::V4Dump d = v4_load(a.src);
   const ref::v4::BlockLayers b = ref::v4::block_layers(d.spec.cfg, d.spec.schedule().types, d.inputs, v4_kernels(a.src));
-  const std::string pattern = v4_pattern(d);
+  const std::string pattern = golden::csa_pattern(d.spec.schedule());
   const ref::OverlapReport r = ref::v4::block_overlap_report(d.spec.cfg, b, pattern, golden::to_string(d.spec), a.buckets);
   return emit_overlap(a, "C4A " + pattern, v4_replay(a.src, d), r, b.layer);
 }

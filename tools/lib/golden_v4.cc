@@ -41,15 +41,14 @@ int64_t int_value(const std::string& key, const std::string& v, int64_t lo) {
   return x;
 }
 
-// F / S per C4A layer of a schedule (its descriptor's sched=).
+}  // namespace
+
 std::string csa_pattern(const ref::v4::Schedule& s) {
   std::string p;
   for (size_t l = 0; l < s.types.size(); ++l)
     if (s.types[l] == LayerType::csa) p += s.full(l) ? 'F' : 'S';
   return p;
 }
-
-}  // namespace
 
 ref::v4::Schedule V4Spec::schedule() const {
   const std::vector<LayerType> t = ref::v4::parse_layer_types(types);

@@ -56,6 +56,8 @@ struct V4Spec {
   ref::v4::FreqRule rule = ref::v4::FreqRule::modulo;
   ref::v4::Schedule schedule() const;
 };
+// F / S per C4A layer of a schedule (a descriptor's sched=, the V4 overlap report's pattern).
+std::string csa_pattern(const ref::v4::Schedule& s);
 // Parses the descriptor; Error naming the key (e.g. "v4 spec field 'h': ...").
 V4Spec parse_v4_spec(const std::string& text);
 std::string to_string(const V4Spec& s);  // canonical

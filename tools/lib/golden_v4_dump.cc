@@ -87,6 +87,26 @@ Tensor<T> input(const io::SafetensorsFile& f, const std::string& file, const std
   return t;
 }
 
+// The compressor's and (with indexer inputs) the indexer's inputs of a layer of type in.type, each
+// read by f32(name) (the part of the tensor name after "layers.{l}.").
+template <class Get>
+void fill_compressed_inputs(ref::v4::LayerInputs& in, Get&& f32) {
+  if (in.type != LayerType::sliding) {
+    in.comp_kv = f32("compressor.kv");
+    in.comp_gate = f32("compressor.gate");
+    in.comp_bias = f32("compressor.position_bias");
+    in.comp_norm = f32("compressor.norm_weight");
+  }
+  if (in.has_indexer) {
+    in.index_kv = f32("indexer.kv");
+    in.index_gate = f32("indexer.gate");
+    in.index_bias = f32("indexer.position_bias");
+    in.index_norm = f32("indexer.norm_weight");
+    in.index_q = f32("indexer.q");
+    in.index_weights = f32("indexer.weights");
+  }
+}
+
 // Every tensor name is layers.{l}.{an input or a model output} with l among the descriptor's layers.
 void check_names(const io::SafetensorsFile& f, const std::string& file, size_t n_layers) {
   for (const io::TensorView& v : f.tensors) {
@@ -136,21 +156,8 @@ V4Dump load_v4_dump(const std::string& file) {
     in.kv = input<bf16_t>(f, file, pre + "attn.kv", DType::BF16, {c.n_tokens, 1, c.head_dim});
     in.kv.shape = {c.n_tokens, c.head_dim};
     in.sink = f32("attn.sink");
-    if (t != LayerType::sliding) {
-      in.comp_kv = f32("compressor.kv");
-      in.comp_gate = f32("compressor.gate");
-      in.comp_bias = f32("compressor.position_bias");
-      in.comp_norm = f32("compressor.norm_weight");
-    }
     in.has_indexer = t == LayerType::csa && sch.full(l);
-    if (in.has_indexer) {
-      in.index_kv = f32("indexer.kv");
-      in.index_gate = f32("indexer.gate");
-      in.index_bias = f32("indexer.position_bias");
-      in.index_norm = f32("indexer.norm_weight");
-      in.index_q = f32("indexer.q");
-      in.index_weights = f32("indexer.weights");
-    }
+    fill_compressed_inputs(in, f32);
     d.inputs.push_back(std::move(in));
   }
   return d;
@@ -165,7 +172,7 @@ V4Dump v4_set_inputs(const Loaded& g) {
   for (size_t l = 0; l < lay.schedule.types.size(); ++l) {
     const LayerType t = lay.schedule.types[l];
     const std::string pre = "layers." + std::to_string(l) + ".";
-    auto f32 = [&](const char* n) { return g.tensor<float>(pre + n); };
+    auto f32 = [&](const std::string& n) { return g.tensor<float>(pre + n); };
     ref::v4::LayerInputs in;
     in.type = t;
     in.q = g.tensor<bf16_t>(pre + "attn.q");
@@ -173,21 +180,8 @@ V4Dump v4_set_inputs(const Loaded& g) {
     in.kv = Tensor<bf16_t>({c.n_tokens, c.head_dim});
     std::copy(kv_full.data.begin(), kv_full.data.begin() + c.n_tokens * c.head_dim, in.kv.data.begin());
     in.sink = f32("attn.sink");
-    if (t != LayerType::sliding) {
-      in.comp_kv = f32("compressor.kv");
-      in.comp_gate = f32("compressor.gate");
-      in.comp_bias = f32("compressor.position_bias");
-      in.comp_norm = f32("compressor.norm_weight");
-    }
     in.has_indexer = g.find(pre + "indexer.q") != nullptr;
-    if (in.has_indexer) {
-      in.index_kv = f32("indexer.kv");
-      in.index_gate = f32("indexer.gate");
-      in.index_bias = f32("indexer.position_bias");
-      in.index_norm = f32("indexer.norm_weight");
-      in.index_q = f32("indexer.q");
-      in.index_weights = f32("indexer.weights");
-    }
+    fill_compressed_inputs(in, f32);
     d.inputs.push_back(std::move(in));
   }
   return d;
