@@ -7,7 +7,8 @@
 ``--model`` is a checkpoint folder (``config.json`` and weights: ``from_pretrained`` with
 ``dtype=torch.bfloat16``), a folder with only ``config.json``, or a ``config.json`` file (both:
 random weights from ``--seed``, for tests and dry runs). Families: ``glm_moe_dsa`` (GLM-5, with
-cross-layer sharing from ``config.indexer_types``) and ``deepseek_v32``. One prefill of one
+cross-layer sharing from ``config.indexer_types``), ``deepseek_v32``, and ``deepseek_v4`` (an f32
+model, its own tensor list and descriptor: ``_v4.py``; what follows is the first two's). One prefill of one
 sequence (batch 1) runs with forward hooks on every chosen layer's attention and indexer; per
 layer (renumbered 0, 1, ... in the order of ``--layers``) the file holds, under the golden tensor
 names ``indexshare golden --from`` reads:
@@ -457,7 +458,7 @@ def bytes_per_layer(cfg) -> int:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m indexshare.dump",
-        description="Dump a transformers DSA model's kernel inputs and its own top-k for indexshare --from.",
+        description="Dump a transformers DSA model's (GLM-5, DeepSeek-V3.2, DeepSeek-V4) kernel inputs and its own choices for indexshare --from.",
     )
     ap.add_argument("--model", required=True, help="checkpoint folder, folder with config.json, or a config.json")
     ap.add_argument("--prompt-file", help="text to tokenise with the checkpoint's tokenizer")
