@@ -264,9 +264,13 @@ def test_overlap_of_a_dump_counts_the_c4a_layers_blocks(v4, tmp_path):
     assert abs(rep["matrix"]["overlap"][0][1] - mean01) < 1e-12
     assert abs(rep["matrix"]["overlap"][1][2] - mean_overlap(blocks[1], blocks[2])[0]) < 1e-12
     assert f"indexshare overlap --from {v4['dump']}" in r.stdout
-    # the golden set of the dump gives the same figures
+    # the golden set of the dump gives the same figures, and indexshare.overlap the CLI's JSON
     run("overlap", "--golden", v4["golden"], "--json", tmp_path / "g.json", expect=0)
-    assert json.loads((tmp_path / "g.json").read_text())["matrix"] == rep["matrix"]
+    from_set = json.loads((tmp_path / "g.json").read_text())
+    assert from_set["matrix"] == rep["matrix"]
+    import indexshare
+    assert indexshare.overlap(v4["golden"]) == from_set
+    assert indexshare.overlap(str(v4["golden"]), impl="ref") == from_set
 
 
 def test_overlap_of_a_shared_schedule_and_its_refusals(tmp_path):

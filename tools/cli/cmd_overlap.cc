@@ -145,10 +145,9 @@ int emit_overlap(const OverlapArgs& a, const std::string& pattern, const std::st
 
 int overlap_v4(const OverlapArgs& a) {
   golden::V4Dump d = v4_load(a.src);
-  const ref::v4::BlockLayers b = ref::v4::block_layers(d.spec.cfg, d.spec.schedule().types, d.inputs, v4_kernels(a.src));
-  const std::string pattern = golden::csa_pattern(d.spec.schedule());
-  const ref::OverlapReport r = ref::v4::block_overlap_report(d.spec.cfg, b, pattern, golden::to_string(d.spec), a.buckets);
-  return emit_overlap(a, "C4A " + pattern, v4_replay(a.src, d), r, b.layer);
+  std::vector<int> c4a_layers;
+  const ref::OverlapReport r = golden::v4_overlap(d, a.buckets, v4_kernels(a.src), c4a_layers);
+  return emit_overlap(a, "C4A " + golden::csa_pattern(d.spec.schedule()), v4_replay(a.src, d), r, c4a_layers);
 }
 
 #ifdef INDEXSHARE_MPI

@@ -42,6 +42,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "ref/v4/sharing.h"
 #include "ref/v4/stack.h"
 #include "tools/lib/golden.h"
 #include "tools/lib/impl.h"
@@ -94,6 +95,9 @@ struct V4Dump {
 V4Dump load_v4_dump(const std::string& file);
 // A v4 golden set's descriptor and inputs (attn.kv cut to its T token rows), as load_v4_dump's.
 V4Dump v4_set_inputs(const Loaded& g);
+// The overlap report of a V4 stack's C4A block indices (ref/v4/sharing.h) and the model layer of
+// each C4A rank (`c4a_layers`), with kernels kern: what `overlap` and indexshare.overlap report.
+ref::OverlapReport v4_overlap(const V4Dump& d, int n_buckets, const ref::Kernels& kern, std::vector<int>& c4a_layers);
 const std::set<std::string>& v4_dump_inputs();   // "attn.q", ..., "indexer.weights"
 const std::set<std::string>& v4_dump_outputs();  // "compressor.entries", ..., "attn.out_rotated"
 // "indexshare golden --from FILE" (+ --impl), without --out.

@@ -163,6 +163,13 @@ V4Dump load_v4_dump(const std::string& file) {
   return d;
 }
 
+ref::OverlapReport v4_overlap(const V4Dump& d, int n_buckets, const ref::Kernels& kern, std::vector<int>& c4a_layers) {
+  const ref::v4::Schedule sch = d.spec.schedule();
+  const ref::v4::BlockLayers b = ref::v4::block_layers(d.spec.cfg, sch.types, d.inputs, kern);
+  c4a_layers = b.layer;
+  return ref::v4::block_overlap_report(d.spec.cfg, b, csa_pattern(sch), to_string(d.spec), n_buckets);
+}
+
 V4Dump v4_set_inputs(const Loaded& g) {
   V4Dump d;
   d.spec = parse_v4_spec(g.manifest.at("problem").get<std::string>());
