@@ -85,7 +85,7 @@ Shape v4_tensor_shape(const std::string& rest, const ref::v4::Config& c, ref::v4
 // outputs (v4_dump_outputs), which the judge reads and --from does not. The metadata's `problem` is
 // the dumped layers' V4 descriptor; `main_inv_freq` / `compress_inv_freq` the model's RoPE inverse
 // frequencies, which must equal ref's for the descriptor (else the set would rotate by other angles).
-bool is_v4_dump(const std::string& file);  // reads the header only
+bool is_v4_dump(const std::string& file);  // reads the header only; false if it cannot
 struct V4Dump {
   V4Spec spec;
   std::vector<ref::v4::LayerInputs> inputs;

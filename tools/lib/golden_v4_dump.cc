@@ -30,7 +30,12 @@ const std::set<std::string>& v4_dump_outputs() {
 }
 
 bool is_v4_dump(const std::string& file) {
-  const io::SafetensorsIndex idx = io::read_safetensors_index(file, 0);
+  io::SafetensorsIndex idx;
+  try {
+    idx = io::read_safetensors_index(file, 0);
+  } catch (const Error&) {
+    return false;  // not readable: the DSA reader checks the options first, then reports the file
+  }
   const auto& m = idx.file.metadata;
   const auto f = m.find("format"), k = m.find("kind");
   return f != m.end() && f->second == kDumpFormat && k != m.end() && k->second == "v4";
