@@ -492,7 +492,7 @@ double ScheduleEvaluator::row_mean_cost(const std::vector<double>& terms) {
   return terms.empty() ? 0.0 : sum / double(terms.size());
 }
 
-double ScheduleEvaluator::schedule_loss(const Schedule& s) {
+double LayerCosts::schedule_loss(const Schedule& s) {
   s.validate();
   require(s.n_layers() == n_layers(), "search: schedule has " + std::to_string(s.n_layers()) +
                                           " layers, the inputs " + std::to_string(n_layers()));
@@ -507,11 +507,15 @@ SearchResult greedy_search(const Problem& p, const std::vector<LayerInputs>& in,
 }
 
 SearchResult greedy_search(const Problem& p, ScheduleEvaluator& ev, const SearchOptions& opt) {
+  return greedy_search(to_string(p), static_cast<LayerCosts&>(ev), opt);
+}
+
+SearchResult greedy_search(const std::string& problem, LayerCosts& ev, const SearchOptions& opt) {
   const int n = ev.n_layers();
   require(1 <= opt.n_full && opt.n_full <= n, "search: n_full must be in [1, nl=" + std::to_string(n) +
                                                   "], got " + std::to_string(opt.n_full));
   SearchResult r;
-  r.problem = to_string(p);
+  r.problem = problem;
   r.loss = ev.loss();
   r.n_layers = n;
   r.n_full = opt.n_full;

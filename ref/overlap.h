@@ -262,22 +262,30 @@ std::string search_loss_name(SearchLoss loss);             // "output", "mass", 
 SearchLoss parse_search_loss(const std::string& name);     // throws Error naming the bad value
 std::vector<std::string> search_loss_names();
 
+// What the greedy search reads: n layers and the cost c(l, j) of layer l using layer j's top-k.
+// A DeepSeek-V4 stack's C4A layers are searched through this too (ref/v4/sharing.h).
+class LayerCosts {
+ public:
+  virtual ~LayerCosts() = default;
+  virtual int n_layers() const = 0;
+  virtual SearchLoss loss() const = 0;
+  // c(layer, source) for 0 <= source <= layer; c(l, l) = 0.
+  virtual double layer_cost(int layer, int source) = 0;
+  // (1 / n_layers) sum_l c(l, s.source(l)), summed in layer order.
+  double schedule_loss(const Schedule& s);
+};
+
 // Per-layer costs c(l, j) with caching (see the header). Holds references to p and in.
-class ScheduleEvaluator {
+class ScheduleEvaluator : public LayerCosts {
  public:
   // Throws Error unless in.size() == p.n_layers, every layer has indexer inputs and all layers
   // share layer 0's causal windows. Computes every layer's own top-k.
   // k: the kernels of the logits, top-k and attention it recomputes (the same bits either way).
   ScheduleEvaluator(const Problem& p, const std::vector<LayerInputs>& in, SearchLoss loss, const Kernels& k = {});
-  virtual ~ScheduleEvaluator() = default;
-
-  int n_layers() const { return int(own_.size()); }
-  SearchLoss loss() const { return loss_; }
+  int n_layers() const override { return int(own_.size()); }
+  SearchLoss loss() const override { return loss_; }
   const Tensor<int32_t>& own_topk(int layer) const { return own_.at(size_t(layer)); }
-  // c(layer, source) for 0 <= source <= layer; c(l, l) = 0.
-  double layer_cost(int layer, int source);
-  // (1 / n_layers) sum_l c(l, s.source(l)), summed in layer order.
-  double schedule_loss(const Schedule& s);
+  double layer_cost(int layer, int source) override;
 
  protected:
   // How a cost is formed from the evaluator's rows (every row of `in`): the output loss from the
@@ -330,6 +338,8 @@ struct SearchResult {
 SearchResult greedy_search(const Problem& p, const std::vector<LayerInputs>& in, const SearchOptions& opt);
 // The same over an evaluator built by the caller (opt.loss and opt.kernels are the evaluator's).
 SearchResult greedy_search(const Problem& p, ScheduleEvaluator& ev, const SearchOptions& opt);
+// The same over any costs; `problem` is the result's descriptor text.
+SearchResult greedy_search(const std::string& problem, LayerCosts& ev, const SearchOptions& opt);
 
 // Generates p's layers, every one with indexer inputs (p.sched and p.own are ignored), and searches.
 SearchResult greedy_search(const Problem& p, const SearchOptions& opt);

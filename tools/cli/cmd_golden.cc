@@ -247,9 +247,29 @@ int golden_module(const GoldenArgs& a, bool module_preset, std::chrono::steady_c
   return publish(golden::build_model(spec, replay), a, replay, t0);
 }
 
+// A v4 set from a deepseek_v4 model dump (golden_v4.h load_v4_dump): the dump's descriptor, its inputs.
+int golden_v4_from(const GoldenArgs& a, std::chrono::steady_clock::time_point t0) {
+  require(a.preset.empty() && a.problem.empty(), "golden --from: a deepseek_v4 dump carries its V4 descriptor (metadata "
+                                                 "'problem'); give no --preset or --problem");
+  reject_given(a.given, {"--rows", "--for", "--no-logits", "--layers", "--seq", "--seed", "--schedule", "--sim", "--variant", "--kind"},
+               "other sets", "a v4 set from a dump takes its sizes, layer types and values from the dump");
+  require(!dist_active(), "golden: a v4 set is computed by one process: run it without mpirun / srun");
+  golden::V4Dump d = golden::load_v4_dump(a.from);
+  const std::optional<Impl> impl =
+      a.impl == "auto" || !was_given(a.given, "--impl") ? std::optional<Impl>(Impl::simd) : impl_named(a.impl);
+  require(impl.has_value(), "golden: --impl must be ref, simd or auto, got '" + a.impl + "'");
+  reject_target_on_ref(a.given, *impl);
+  const std::string replay = golden::v4_from_replay(a.from, *impl) + " --out " + a.out;
+  std::fprintf(stderr, "golden: computing the V4 stack %s from %s...\n", golden::to_string(d.spec).c_str(), a.from.c_str());
+  golden::GoldenSet set = golden::build_v4(d.spec, replay, *impl, &d.inputs);
+  set.manifest["conventions"]["inputs"] = "from the model dump " + a.from + " (python -m indexshare.dump); the seed is not used";
+  return publish(std::move(set), a, replay, t0);
+}
+
 // A kernel-level set from per-layer inputs dumped from a real model (--from), on one process or
 // MPI ranks (each reading its own rows).
 int golden_from(const GoldenArgs& a, std::chrono::steady_clock::time_point t0) {
+  if (golden::is_v4_dump(a.from)) return golden_v4_from(a, t0);
   require(a.preset.empty(), "golden: --from excludes --preset (use --problem for top-k, dv, sm and sched)");
   require(!a.rows_given, "golden: --rows works with generated problems, not --from (the dump's rows are given)");
   reject_given(a.given, {"--layers", "--seq", "--seed", "--schedule", "--sim", "--variant", "--kind"},

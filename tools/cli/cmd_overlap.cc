@@ -1,7 +1,10 @@
 // indexshare overlap / search: cross-layer top-k overlap statistics and the greedy IndexCache
-// pattern search, on a golden set, a generated problem, or inputs dumped from a model.
+// pattern search, on a golden set, a generated problem, or inputs dumped from a model; on a
+// DeepSeek-V4 stack over its C4A layers' block indices (ref/v4/sharing.h).
 #include <cstdio>
 #include <cstring>
+#include <fstream>
+#include <optional>
 #include <span>
 #include <memory>
 #include <string>
@@ -9,8 +12,10 @@
 #include "ref/error.h"
 #include "ref/overlap.h"
 #include "ref/stack.h"
+#include "ref/v4/sharing.h"
 #include "tools/cli/cli.h"
 #include "tools/lib/golden.h"
+#include "tools/lib/golden_v4.h"
 #include "simd/simd.h"
 #include "tools/lib/svg.h"
 #ifdef INDEXSHARE_MPI
@@ -79,6 +84,54 @@ void add_source(CLI::App* c, Source& s) {
       ->capture_default_str();
 }
 
+// ---- DeepSeek-V4 stacks (ref/v4/sharing.h): overlap and search on the C4A layers' block indices.
+// A v4 golden set (manifest kind v4), a deepseek_v4 model dump, or a V4 descriptor (--problem with
+// types=; every C4A layer generated with indexer inputs).
+bool v4_source(const Source& s) {
+  if (!s.golden.empty()) {
+    std::ifstream f(s.golden + "/manifest.json");
+    nlohmann::json m;
+    try {
+      f >> m;
+    } catch (const std::exception&) {
+      return false;  // golden::read reports what is wrong with it
+    }
+    return m.is_object() && m.value("kind", "") == "v4";
+  }
+  if (!s.from.empty()) return golden::is_v4_dump(s.from);
+  return s.problem.find("types=") != std::string::npos;
+}
+
+ref::Kernels v4_kernels(const Source& s) {
+  const std::optional<Impl> impl = s.impl == "auto" ? std::optional<Impl>(Impl::simd) : impl_named(s.impl);
+  require(impl.has_value(), "--impl must be ref, simd or auto, got '" + s.impl + "'");
+  return indexshare::kernels_for(*impl);
+}
+
+golden::V4Dump v4_load(const Source& s) {
+  const int given = !s.golden.empty() + !s.problem.empty() + !s.from.empty();
+  require(given == 1, "give exactly one of --golden, --problem and --from");
+  reject_given(s.given, {"--from-problem", "--max-memory"}, "DSA stacks", "a V4 source carries its V4 descriptor");
+#ifdef INDEXSHARE_MPI
+  require(!dist::active(), "overlap / search of a V4 stack run on one process: run it without mpirun / srun");
+#endif
+  if (!s.golden.empty()) return golden::v4_set_inputs(golden::read(s.golden));
+  if (!s.from.empty()) return golden::load_v4_dump(s.from);
+  golden::V4Dump d;
+  d.spec = golden::parse_v4_spec(s.problem);
+  const ref::v4::Schedule sch = d.spec.schedule();
+  const ref::Kernels kern = v4_kernels(s);
+  for (size_t l = 0; l < sch.types.size(); ++l)
+    d.inputs.push_back(ref::v4::make_layer_inputs(d.spec.cfg, int(l), sch.types[l], sch.types[l] == ref::v4::LayerType::csa, kern));
+  return d;
+}
+
+std::string v4_replay(const Source& s, const golden::V4Dump& d) {
+  if (!s.golden.empty()) return "--golden " + s.golden;
+  if (!s.from.empty()) return "--from " + s.from;
+  return "--problem \"" + golden::to_string(d.spec) + "\"";
+}
+
 struct OverlapArgs {
   Source src;
   std::string json, csv, svg, svg_position;
@@ -86,7 +139,16 @@ struct OverlapArgs {
   bool no_shared_stats = false;
 };
 
-int emit_overlap(const OverlapArgs& a, const Problem& p, const ref::OverlapReport& r);
+// c4a_layers: a V4 report's model layer of each C4A rank (JSON "c4a_layers"), else empty.
+int emit_overlap(const OverlapArgs& a, const std::string& pattern, const std::string& replay, const ref::OverlapReport& r,
+                 const std::vector<int>& c4a_layers = {});
+
+int overlap_v4(const OverlapArgs& a) {
+  golden::V4Dump d = v4_load(a.src);
+  std::vector<int> c4a_layers;
+  const ref::OverlapReport r = golden::v4_overlap(d, a.buckets, v4_kernels(a.src), c4a_layers);
+  return emit_overlap(a, "C4A " + golden::csa_pattern(d.spec.schedule()), v4_replay(a.src, d), r, c4a_layers);
+}
 
 #ifdef INDEXSHARE_MPI
 // relative_error(got, ref) of the whole tensors, whose rows are spread over the ranks in blocks:
@@ -233,11 +295,12 @@ int overlap_ranks(const OverlapArgs& a) {
   opt.shared_stats = false;
   ref::OverlapReport r = ref::overlap_report(p, in_all, out_all, opt);
   r.shared = std::move(shared);
-  return emit_overlap(a, p, r);
+  return emit_overlap(a, p.sched, replay_source(a.src, p), r);
 }
 #endif
 
 int cmd_overlap(const OverlapArgs& a) {
+  if (v4_source(a.src)) return overlap_v4(a);
 #ifdef INDEXSHARE_MPI
   if (dist::active()) return overlap_ranks(a);
 #endif
@@ -248,19 +311,24 @@ int cmd_overlap(const OverlapArgs& a) {
   const auto outs = ref::run_stack(p, p.schedule(), si.inputs, false, opt.kernels);
   opt.n_buckets = a.buckets;
   opt.shared_stats = !a.no_shared_stats;
-  return emit_overlap(a, p, ref::overlap_report(p, si.inputs, outs, opt));
+  return emit_overlap(a, p.sched, replay_source(a.src, p), ref::overlap_report(p, si.inputs, outs, opt));
 }
 
-int emit_overlap(const OverlapArgs& a, const Problem& p, const ref::OverlapReport& r) {
+int emit_overlap(const OverlapArgs& a, const std::string& pattern, const std::string& replay, const ref::OverlapReport& r,
+                 const std::vector<int>& c4a_layers) {
   std::printf("%s", io::overlap_table(r).c_str());
   std::vector<std::pair<std::string, std::string>> files;  // written together: all or none
-  if (!a.json.empty()) files.emplace_back(a.json, io::overlap_to_json(r).dump(2) + "\n");
+  if (!a.json.empty()) {
+    nlohmann::json j = io::overlap_to_json(r);
+    if (!c4a_layers.empty()) j["c4a_layers"] = c4a_layers;  // the report's layers are C4A ranks
+    files.emplace_back(a.json, j.dump(2) + "\n");
+  }
   if (!a.csv.empty()) files.emplace_back(a.csv, io::overlap_csv(r));
-  if (!a.svg.empty()) files.emplace_back(a.svg, io::overlap_heatmap_svg(r, {"Top-k overlap between layers: " + p.sched, false, 0, 1}));
+  if (!a.svg.empty()) files.emplace_back(a.svg, io::overlap_heatmap_svg(r, {"Top-k overlap between layers: " + pattern, false, 0, 1}));
   if (!a.svg_position.empty())
     files.emplace_back(a.svg_position, io::overlap_by_position_svg(r, "Adjacent-layer overlap by query position"));
   io::write_text_files(files);
-  std::printf("__REPRO: indexshare overlap %s\n", replay_source(a.src, p).c_str());
+  std::printf("__REPRO: indexshare overlap %s\n", replay.c_str());
   return 0;
 }
 
@@ -278,7 +346,18 @@ void require_indexers(const std::vector<ref::LayerInputs>& in) {
                                    "like GLM-5's, cannot be searched)");
 }
 
-int emit_search(const SearchArgs& a, const Problem& p, const ref::SearchResult& r);
+// c4a_layers: as emit_overlap's (JSON "c4a_layers": the model layer of each searched C4A rank).
+int emit_search(const SearchArgs& a, const std::string& replay, const ref::SearchResult& r, const std::vector<int>& c4a_layers = {});
+
+int search_v4(const SearchArgs& a) {
+  golden::V4Dump d = v4_load(a.src);
+  ref::SearchOptions opt;
+  opt.n_full = a.full_layers;
+  opt.loss = ref::parse_search_loss(a.loss);
+  opt.kernels = v4_kernels(a.src);
+  const ref::v4::BlockLayers b = ref::v4::block_layers(d.spec.cfg, d.spec.schedule().types, d.inputs, opt.kernels);
+  return emit_search(a, v4_replay(a.src, d), ref::v4::block_search(d.spec.cfg, d.inputs, b, golden::to_string(d.spec), opt), b.layer);
+}
 
 #ifdef INDEXSHARE_MPI
 // The search's evaluator on one rank: it holds the rank's block of rows (each layer's own top-k
@@ -345,11 +424,12 @@ int search_ranks(const SearchArgs& a) {
   } catch (const std::exception& e) {
     dist::abort_job(e.what());
   }
-  return dist::rank() == 0 ? emit_search(a, p, r) : 0;
+  return dist::rank() == 0 ? emit_search(a, replay_source(a.src, p), r) : 0;
 }
 #endif
 
 int cmd_search(const SearchArgs& a) {
+  if (v4_source(a.src)) return search_v4(a);
 #ifdef INDEXSHARE_MPI
   if (dist::active()) return search_ranks(a);
 #endif
@@ -359,17 +439,21 @@ int cmd_search(const SearchArgs& a) {
   opt.n_full = a.full_layers;
   opt.loss = ref::parse_search_loss(a.loss);
   opt.kernels = kernels_for(a.src, si.problem);
-  return emit_search(a, si.problem, ref::greedy_search(si.problem, si.inputs, opt));
+  return emit_search(a, replay_source(a.src, si.problem), ref::greedy_search(si.problem, si.inputs, opt));
 }
 
-int emit_search(const SearchArgs& a, const Problem& p, const ref::SearchResult& r) {
+int emit_search(const SearchArgs& a, const std::string& replay, const ref::SearchResult& r, const std::vector<int>& c4a_layers) {
   std::printf("%s", io::search_table(r).c_str());
   std::vector<std::pair<std::string, std::string>> files;  // written together: all or none
-  if (!a.json.empty()) files.emplace_back(a.json, io::search_to_json(r).dump(2) + "\n");
+  if (!a.json.empty()) {
+    nlohmann::json j = io::search_to_json(r);
+    if (!c4a_layers.empty()) j["c4a_layers"] = c4a_layers;
+    files.emplace_back(a.json, j.dump(2) + "\n");
+  }
   if (!a.csv.empty()) files.emplace_back(a.csv, io::search_csv(r));
   if (!a.svg.empty()) files.emplace_back(a.svg, io::search_loss_svg(r, "Greedy search: " + a.loss + " loss"));
   io::write_text_files(files);
-  std::printf("__REPRO: indexshare search %s --full-layers %d --loss %s\n", replay_source(a.src, p).c_str(),
+  std::printf("__REPRO: indexshare search %s --full-layers %d --loss %s\n", replay.c_str(),
               a.full_layers, a.loss.c_str());
   return 0;
 }

@@ -41,15 +41,14 @@ int64_t int_value(const std::string& key, const std::string& v, int64_t lo) {
   return x;
 }
 
-// F / S per C4A layer of a schedule (its descriptor's sched=).
+}  // namespace
+
 std::string csa_pattern(const ref::v4::Schedule& s) {
   std::string p;
   for (size_t l = 0; l < s.types.size(); ++l)
     if (s.types[l] == LayerType::csa) p += s.full(l) ? 'F' : 'S';
   return p;
 }
-
-}  // namespace
 
 ref::v4::Schedule V4Spec::schedule() const {
   const std::vector<LayerType> t = ref::v4::parse_layer_types(types);
@@ -195,7 +194,7 @@ std::string v4_replay(const V4Spec& s, Impl impl) {
   return "indexshare golden --kind v4 --problem \"" + to_string(s) + "\"" + (impl == Impl::ref ? "" : " --impl " + impl_name(impl));
 }
 
-GoldenSet build_v4(const V4Spec& s, const std::string& replay, Impl impl) {
+GoldenSet build_v4(const V4Spec& s, const std::string& replay, Impl impl, std::vector<ref::v4::LayerInputs>* given) {
   const ref::v4::Config& cfg = s.cfg;
   cfg.validate();
   const ref::v4::Schedule sch = s.schedule();
@@ -208,7 +207,7 @@ GoldenSet build_v4(const V4Spec& s, const std::string& replay, Impl impl) {
     const LayerType t = sch.types[l];
     const bool own = t == LayerType::csa && sch.full(l);
     const std::string pre = "layers." + std::to_string(l) + ".";
-    ref::v4::LayerInputs in = ref::v4::make_layer_inputs(cfg, int(l), t, own, kern);
+    ref::v4::LayerInputs in = given ? std::move(given->at(l)) : ref::v4::make_layer_inputs(cfg, int(l), t, own, kern);
     Tensor<float> entries, ix_entries, scores;
     if (t != LayerType::sliding)
       entries = kern.v4_compress(in.comp_kv, in.comp_gate, in.comp_bias, in.comp_norm, ref::v4::compressor_params(cfg, t));
@@ -362,6 +361,13 @@ const std::vector<V4Rule>& v4_rules() {
 
 // The shape of `rest` on a layer of type t with n_c entries.
 Shape v4_shape(const std::string& rest, const ref::v4::Config& c, LayerType t, int64_t n_c) {
+  (void)n_c;
+  return v4_tensor_shape(rest, c, t);
+}
+}  // namespace
+
+Shape v4_tensor_shape(const std::string& rest, const ref::v4::Config& c, LayerType t) {
+  const int64_t n_c = n_entries(c, t);
   const int64_t T = c.n_tokens, D = c.head_dim, H = c.n_heads, DI = c.index_head_dim, HI = c.index_n_heads;
   const int64_t n_b = T / c.csa_ratio, k = std::min(c.index_topk, n_b);
   const int64_t width = t == LayerType::csa ? k : t == LayerType::hca ? n_c : 0;
@@ -384,6 +390,8 @@ Shape v4_shape(const std::string& rest, const ref::v4::Config& c, LayerType t, i
   if (rest == "indexer.scores") return {T, n_b};
   return {T, k};  // indexer.blocks
 }
+
+namespace {
 
 bool needed(V4Need n, LayerType t, bool full) {
   switch (n) {

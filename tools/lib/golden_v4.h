@@ -36,10 +36,13 @@
 #pragma once
 
 #include <cstdint>
+#include <set>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "ref/v4/sharing.h"
 #include "ref/v4/stack.h"
 #include "tools/lib/golden.h"
 #include "tools/lib/impl.h"
@@ -54,12 +57,16 @@ struct V4Spec {
   ref::v4::FreqRule rule = ref::v4::FreqRule::modulo;
   ref::v4::Schedule schedule() const;
 };
+// F / S per C4A layer of a schedule (a descriptor's sched=, the V4 overlap report's pattern).
+std::string csa_pattern(const ref::v4::Schedule& s);
 // Parses the descriptor; Error naming the key (e.g. "v4 spec field 'h': ...").
 V4Spec parse_v4_spec(const std::string& text);
 std::string to_string(const V4Spec& s);  // canonical
 
-// The set; replay: the command recorded in the manifest.
-GoldenSet build_v4(const V4Spec& s, const std::string& replay, Impl impl = Impl::ref);
+// The set; replay: the command recorded in the manifest. given: every layer's inputs (a model
+// dump, load_v4_dump) instead of generated ones; consumed.
+GoldenSet build_v4(const V4Spec& s, const std::string& replay, Impl impl = Impl::ref,
+                   std::vector<ref::v4::LayerInputs>* given = nullptr);
 // "indexshare golden --kind v4 --problem \"SPEC\"" (+ --impl), without --out.
 std::string v4_replay(const V4Spec& s, Impl impl);
 
@@ -67,6 +74,34 @@ std::string v4_replay(const V4Spec& s, Impl impl);
 // schedule, conventions, every tensor's name, role, dtype and shape against the config; Error
 // naming the manifest field.
 void check_v4_manifest(const Loaded& g, const std::string& mpath);
+
+// The shape of tensor `rest` ("attn.q", "indexer.blocks", ...) in a v4 set of config c on a layer of
+// type t (the table of the header).
+Shape v4_tensor_shape(const std::string& rest, const ref::v4::Config& c, ref::v4::LayerType t);
+
+// ---- A deepseek_v4 model dump (python -m indexshare.dump; metadata format "indexshare-dump",
+// kind "v4"): per layer, under the golden names above, the inputs attn.q, attn.kv [T, 1, D] (the
+// token rows only), attn.sink, compressor.* and (C4A) indexer.* inputs, plus the model's own
+// outputs (v4_dump_outputs), which the judge reads and --from does not. The metadata's `problem` is
+// the dumped layers' V4 descriptor; `main_inv_freq` / `compress_inv_freq` the model's RoPE inverse
+// frequencies, which must equal ref's for the descriptor (else the set would rotate by other angles).
+bool is_v4_dump(const std::string& file);  // reads the header only; false if it cannot
+struct V4Dump {
+  V4Spec spec;
+  std::vector<ref::v4::LayerInputs> inputs;
+};
+// Error naming the file, tensor and field (a missing, misshapen or non-finite input, an unknown
+// name, a layer outside the descriptor, a RoPE the descriptor does not give).
+V4Dump load_v4_dump(const std::string& file);
+// A v4 golden set's descriptor and inputs (attn.kv cut to its T token rows), as load_v4_dump's.
+V4Dump v4_set_inputs(const Loaded& g);
+// The overlap report of a V4 stack's C4A block indices (ref/v4/sharing.h) and the model layer of
+// each C4A rank (`c4a_layers`), with kernels kern: what `overlap` and indexshare.overlap report.
+ref::OverlapReport v4_overlap(const V4Dump& d, int n_buckets, const ref::Kernels& kern, std::vector<int>& c4a_layers);
+const std::set<std::string>& v4_dump_inputs();   // "attn.q", ..., "indexer.weights"
+const std::set<std::string>& v4_dump_outputs();  // "compressor.entries", ..., "attn.out_rotated"
+// "indexshare golden --from FILE" (+ --impl), without --out.
+std::string v4_from_replay(const std::string& file, Impl impl);
 
 // What the judge reads of a v4 manifest.
 struct V4Layout {

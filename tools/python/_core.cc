@@ -53,6 +53,7 @@
 #include "tools/lib/cost_report.h"
 #include "tools/judge/diff.h"
 #include "tools/lib/golden.h"
+#include "tools/lib/golden_v4.h"
 #include "tools/lib/golden_train.h"
 #include "tools/lib/options.h"
 #include "tools/lib/safetensors.h"
@@ -66,6 +67,7 @@ using namespace indexshare::core;
 
 
 namespace {
+std::string overlap_json(golden::StackInputs si, bool generate, int buckets, bool shared_stats, const std::string& impl);
 
 // ---- torch tensors through DLPack's C exchange API (DLPack 1.3; a torch that has it, 2.15 here, puts it on
 // the type as Tensor.__dlpack_c_exchange_api__, a capsule "dlpack_exchange_api"): a tensor's DLTensor is read and a
@@ -685,17 +687,21 @@ void bind_analysis(nb::module_& m) {
   // ---- overlap statistics (ref/overlap.h): `indexshare overlap --golden DIR | --problem DESC --json` ----
   m.def("overlap", [](const std::string& golden_dir, const std::string& problem, int buckets, bool shared_stats,
                       const std::string& impl) {
-    golden::StackInputs si = golden_dir.empty() ? golden::StackInputs{problem_of(problem), {}}
-                                                : golden::stack_inputs_of(golden::read(golden_dir));
-    const Problem& p = si.problem;
-    ref::OverlapOptions opt;
-    opt.kernels = kernels_for(resolve_impl(impl, p));
-    opt.n_buckets = buckets;
-    opt.shared_stats = shared_stats;
-    nb::gil_scoped_release release;
-    if (golden_dir.empty()) si.inputs = ref::make_stack_inputs(p, p.schedule());
-    const auto outs = ref::run_stack(p, p.schedule(), si.inputs, false, opt.kernels);
-    return io::overlap_to_json(ref::overlap_report(p, si.inputs, outs, opt)).dump(2);
+    if (!golden_dir.empty()) {
+      golden::Loaded g = golden::read(golden_dir);
+      if (g.manifest.value("kind", "") == "v4") {  // the C4A layers' block indices (ref/v4/sharing.h)
+        const golden::V4Dump d = golden::v4_set_inputs(g);
+        const std::optional<Impl> vi = impl == "auto" ? std::optional<Impl>(Impl::simd) : impl_named(impl);
+        require(vi.has_value(), "impl: expected ref, simd or auto, got '" + impl + "'");
+        std::vector<int> c4a;
+        nb::gil_scoped_release release;
+        nlohmann::json j = io::overlap_to_json(golden::v4_overlap(d, buckets, kernels_for(*vi), c4a));
+        j["c4a_layers"] = c4a;
+        return j.dump(2);
+      }
+      return overlap_json(golden::stack_inputs_of(g), false, buckets, shared_stats, impl);
+    }
+    return overlap_json(golden::StackInputs{problem_of(problem), {}}, true, buckets, shared_stats, impl);
   });
 
   // ---- the cost model (ref/cost.h): `indexshare cost --preset NAME --json` ----
@@ -729,6 +735,19 @@ void bind_analysis(nb::module_& m) {
     return std::make_pair(to_string(p), stack_outputs(std::move(outs)));
   }, nb::arg("problem"), nb::arg("rows").none(), nb::arg("inputs").none(), nb::arg("impl"), nb::arg("keep_logits"));
 }
+// indexshare.overlap of a kernel-level stack: its inputs (generate: made from the problem here).
+std::string overlap_json(golden::StackInputs si, bool generate, int buckets, bool shared_stats, const std::string& impl) {
+  const Problem& p = si.problem;
+  ref::OverlapOptions opt;
+  opt.kernels = kernels_for(resolve_impl(impl, p));
+  opt.n_buckets = buckets;
+  opt.shared_stats = shared_stats;
+  nb::gil_scoped_release release;
+  if (generate) si.inputs = ref::make_stack_inputs(p, p.schedule());
+  const auto outs = ref::run_stack(p, p.schedule(), si.inputs, false, opt.kernels);
+  return io::overlap_to_json(ref::overlap_report(p, si.inputs, outs, opt)).dump(2);
+}
+
 }  // namespace
 
 NB_MODULE(_core, m) {

@@ -269,7 +269,9 @@ def overlap(golden=None, *, problem=None, buckets: int = 8, shared_stats: bool =
     as a dict (the same numbers), for a golden set (a folder, a :class:`LoadedGolden` or a
     :class:`GoldenSet`) or a generated ``problem``. Per pair of layers the mean |A ∩ B| / topk and the
     Jaccard index of their own top-k, per Shared layer the recall of its source's positions and (with
-    ``shared_stats``) the attention cost of sharing, by ``buckets`` query-position buckets.
+    ``shared_stats``) the attention cost of sharing, by ``buckets`` query-position buckets. A v4 set
+    (DeepSeek-V4): the same figures over its C4A layers' block indices (ref/v4/sharing.h), with
+    ``c4a_layers`` naming the model layer of each.
     impl: the kernels of the recomputations, "ref", "simd" or "auto" (the same numbers)."""
     import tempfile
     if (golden is None) == (problem is None):

@@ -7,7 +7,8 @@
 ``--model`` is a checkpoint folder (``config.json`` and weights: ``from_pretrained`` with
 ``dtype=torch.bfloat16``), a folder with only ``config.json``, or a ``config.json`` file (both:
 random weights from ``--seed``, for tests and dry runs). Families: ``glm_moe_dsa`` (GLM-5, with
-cross-layer sharing from ``config.indexer_types``) and ``deepseek_v32``. One prefill of one
+cross-layer sharing from ``config.indexer_types``), ``deepseek_v32``, and ``deepseek_v4`` (an f32
+model, its own tensor list and descriptor: ``_v4.py``; what follows is the first two's). One prefill of one
 sequence (batch 1) runs with forward hooks on every chosen layer's attention and indexer; per
 layer (renumbered 0, 1, ... in the order of ``--layers``) the file holds, under the golden tensor
 names ``indexshare golden --from`` reads:
@@ -124,21 +125,27 @@ def load_model(spec: str, device: str, seed: int):
         config = transformers.AutoConfig.from_pretrained(path)
         weights = any(path.glob("*.safetensors")) or any(path.glob("*.bin"))
         tok_dir = path
-    from . import _hf
+    from . import _hf, _v4
 
+    v4 = _v4.is_v4(config)
     try:
-        _hf.family_of(config)
+        if not v4:
+            _hf.family_of(config)
     except _hf.BridgeError as e:
-        raise DumpError(f"--model {spec}: {e}") from None
+        raise DumpError(f"--model {spec}: {e} and deepseek_v4") from None
+    dtype = torch.float32 if v4 else torch.bfloat16  # V4: f32 only (_v4.py says why)
     if weights:
-        model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16)
+        model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
         source = "checkpoint"
     else:
         torch.manual_seed(seed)
         # from_config with dtype, like from_pretrained: the rotary inv_freq and the MoE router stay
         # f32 (a blanket .to(bfloat16) would round inv_freq and move every RoPE angle).
-        model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+        model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype)
         source = f"random init, seed {seed}"
+        if v4:  # transformers initialises the sinks and position biases to 0
+            _v4.randomize_attention_extras(model, seed)
+            source += " (sinks and position biases random)"
     return model.to(device).eval(), tok_dir, source
 
 
@@ -379,8 +386,10 @@ def dump(model, input_ids, out: str, layers: list[int] | None = None, with_logit
     self-check fails (unless `indexer_rope` asks for a negative control, which cannot pass it by
     design; its metadata records the layout used).
     """
-    from . import _hf
+    from . import _hf, _v4
 
+    if _v4.is_v4(model.config):
+        return dump_v4(model, input_ids, out, layers, with_logits, indexer_rope, source)
     try:
         schedule = _hf.schedule_of(model.config)
     except _hf.BridgeError as e:
@@ -413,6 +422,23 @@ def dump(model, input_ids, out: str, layers: list[int] | None = None, with_logit
     return meta
 
 
+def dump_v4(model, input_ids, out: str, layers, with_logits: bool, indexer_rope, source: str) -> dict[str, str]:
+    """dump() of a deepseek_v4 model (tools/python/indexshare/_v4.py): every C4A layer Full."""
+    from . import _v4
+
+    if indexer_rope is not None:
+        raise DumpError("--indexer-rope is a control for the GLM-5 / DeepSeek-V3.2 indexer; deepseek_v4 has one layout")
+    if input_ids.dim() != 2 or input_ids.shape[0] != 1:
+        raise DumpError(f"input_ids must be [1, S], got {list(input_ids.shape)}")
+    del with_logits  # the model's own scores are [T, n_b], always dumped
+    try:
+        tensors, meta = _v4.dump(model, input_ids, layers, source)
+    except _v4.V4Error as e:
+        raise DumpError(str(e)) from None
+    write_atomic(out, tensors, meta)
+    return meta
+
+
 def bytes_per_token_layer(cfg, full: bool, tokens: int, with_logits: bool = True) -> int:
     """What one token costs in one dumped layer (the README's memory figure)."""
     h, d = cfg.num_attention_heads, cfg.kv_lora_rank + cfg.qk_rope_head_dim
@@ -432,7 +458,7 @@ def bytes_per_layer(cfg) -> int:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m indexshare.dump",
-        description="Dump a transformers DSA model's kernel inputs and its own top-k for indexshare --from.",
+        description="Dump a transformers DSA model's (GLM-5, DeepSeek-V3.2, DeepSeek-V4) kernel inputs and its own choices for indexshare --from.",
     )
     ap.add_argument("--model", required=True, help="checkpoint folder, folder with config.json, or a config.json")
     ap.add_argument("--prompt-file", help="text to tokenise with the checkpoint's tokenizer")
@@ -461,7 +487,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(
         f"dump: {meta['model_class']} ({meta['weights']}), {meta['tokens']} tokens, layers {meta['layers']} "
-        f"schedule {meta['schedule']}, self-check {meta['self_check']} -> {args.out}\n"
+        f"schedule {meta['schedule']}, self-check {meta.get('self_check', 'none (v4)')} -> {args.out}\n"
         f"dump: problem \"{meta['problem']}\""
     )
     return 0

@@ -1,0 +1,122 @@
+#include "ref/v4/sharing.h"
+
+#include <map>
+
+#include "ref/error.h"
+
+namespace indexshare::ref::v4 {
+
+namespace {
+
+// k = min(index_topk, n_b): the width of every C4A layer's blocks.
+int64_t block_width(const Config& cfg) { return std::min(cfg.index_topk, cfg.n_tokens / cfg.csa_ratio); }
+
+// The C4A layers' costs c(j, i) (sharing.h): attention outputs over own and borrowed blocks.
+class BlockCosts : public LayerCosts {
+ public:
+  BlockCosts(const Config& cfg, const std::vector<LayerInputs>& in, const BlockLayers& b, const Kernels& k)
+      : cfg_(cfg), in_(in), b_(b), k_(k) {
+    for (size_t j = 0; j < b.layer.size(); ++j) own_out_.push_back(out(j, j));
+  }
+  int n_layers() const override { return int(b_.layer.size()); }
+  SearchLoss loss() const override { return SearchLoss::output; }
+  double layer_cost(int layer, int source) override {
+    require(0 <= source && source <= layer && layer < n_layers(),
+            "search: layer cost needs 0 <= source <= layer < #C4A, got " + std::to_string(layer) + ", " + std::to_string(source));
+    if (source == layer) return 0.0;
+    const auto key = std::make_pair(layer, source);
+    if (const auto it = cache_.find(key); it != cache_.end()) return it->second;
+    return cache_[key] = relative_error(out(size_t(layer), size_t(source)), own_out_[size_t(layer)]);
+  }
+
+ private:
+  // C4A rank j's attention output over rank i's blocks.
+  Tensor<float> out(size_t j, size_t i) const {
+    const LayerInputs& li = in_[size_t(b_.layer[j])];
+    LayerOutputs o;
+    attend(cfg_, LayerType::csa, li.q, li.kv, li.sink, b_.entries[j], &b_.own[i], o, k_);
+    return std::move(o.attn.out);
+  }
+  const Config& cfg_;
+  const std::vector<LayerInputs>& in_;
+  const BlockLayers& b_;
+  Kernels k_;
+  std::vector<Tensor<float>> own_out_;
+  std::map<std::pair<int, int>, double> cache_;
+};
+
+}  // namespace
+
+BlockLayers block_layers(const Config& cfg, const std::vector<LayerType>& types, const std::vector<LayerInputs>& in,
+                         const Kernels& kern) {
+  require(types.size() == in.size(), "v4 block_layers: " + std::to_string(in.size()) + " layer inputs for " +
+                                         std::to_string(types.size()) + " layer types");
+  BlockLayers b;
+  for (size_t l = 0; l < types.size(); ++l) {
+    if (types[l] != LayerType::csa) continue;
+    const LayerInputs& li = in[l];
+    b.layer.push_back(int(l));
+    b.entries.push_back(kern.v4_compress(li.comp_kv, li.comp_gate, li.comp_bias, li.comp_norm, compressor_params(cfg, types[l])));
+    Tensor<int32_t> own;
+    if (li.has_indexer) {
+      const Tensor<float> k = kern.v4_compress(li.index_kv, li.index_gate, li.index_bias, li.index_norm, indexer_compressor_params(cfg));
+      own = select_blocks(index_scores(li.index_q, k, li.index_weights, cfg.csa_ratio, cfg.rotation, kern), cfg.csa_ratio,
+                          cfg.index_topk, kern);
+    }
+    b.own.push_back(std::move(own));
+  }
+  return b;
+}
+
+OverlapReport block_overlap_report(const Config& cfg, const BlockLayers& b, const std::string& pattern,
+                                   const std::string& problem, int n_buckets) {
+  const int n = int(b.layer.size());
+  require(n > 0, "overlap: the V4 stack has no C4A layer (no block indices to compare)");
+  require(int(pattern.size()) == n, "overlap: pattern '" + pattern + "' for " + std::to_string(n) + " C4A layers");
+  const int64_t T = cfg.n_tokens, n_b = T / cfg.csa_ratio;
+  // The overlap of ref/overlap.h over C4A ranks: T query rows, keys = blocks, k = the blocks' width.
+  Problem p;
+  p.s_q = p.s_kv = T;  // start position 0 (a prefill from position 0)
+  p.index_topk = block_width(cfg);
+  p.n_layers = n;
+  ref::LayerInputs rows;  // the DSA layer's: only its causal windows are read
+  rows.has_indexer = true;
+  rows.ks = Tensor<int32_t>({T}, 0);
+  rows.ke = causal_block_end(T, cfg.csa_ratio, n_b);
+  std::vector<ref::LayerInputs> in(size_t(n), rows);
+  std::vector<StackLayerOutputs> out(static_cast<size_t>(n));
+  int src = 0;
+  for (int j = 0; j < n; ++j) {
+    const char c = pattern[size_t(j)];
+    require(c == 'F' || c == 'S', "overlap: pattern '" + pattern + "' character " + std::to_string(j) + " is not F or S");
+    require(j > 0 || c == 'F', "overlap: pattern '" + pattern + "' starts with S (the first C4A layer has no source)");
+    if (c == 'F') src = j;
+    StackLayerOutputs& o = out[size_t(j)];
+    o.layer = j;
+    o.kind = c == 'F' ? LayerKind::full : LayerKind::shared;
+    o.source = src;
+    o.own_topk = b.own[size_t(j)];
+    require(c == 'S' || o.own_topk.numel() > 0, "overlap: Full C4A layer " + std::to_string(b.layer[size_t(j)]) + " has no blocks");
+  }
+  OverlapOptions opt;
+  opt.n_buckets = n_buckets;
+  opt.shared_stats = false;
+  OverlapReport r = overlap_report(p, in, out, opt);
+  r.problem = problem;
+  r.s_kv = n_b;
+  return r;
+}
+
+SearchResult block_search(const Config& cfg, const std::vector<LayerInputs>& in, const BlockLayers& b,
+                          const std::string& problem, const SearchOptions& opt) {
+  require(!b.layer.empty(), "search: the V4 stack has no C4A layer (nothing to share)");
+  require(opt.loss == SearchLoss::output, "search: V4 block indices are searched with --loss output only, got '" +
+                                              search_loss_name(opt.loss) + "'");
+  for (size_t j = 0; j < b.layer.size(); ++j)
+    require(b.own[j].numel() > 0, "search: C4A layer " + std::to_string(b.layer[j]) +
+                                      " has no indexer inputs; every C4A layer needs its own (a set of all Full C4A layers, or a model dump)");
+  BlockCosts costs(cfg, in, b, opt.kernels);
+  return greedy_search(problem, costs, opt);
+}
+
+}  // namespace indexshare::ref::v4
