@@ -84,6 +84,68 @@ std::optional<Tensor<int32_t>> without_duplicates(const Tensor<int32_t>& ind, in
   return d;
 }
 
+// The gradients' precision test's classes (judge/precision.h, kind gradients): the low-precision
+// emulation (the contract, bf16-p-ds) and its bf16-accumulating variant, in the candidate's dtype,
+// each computed once when the test asks. dq's rows are independent: its emulation runs on prec's
+// sample of query rows (as the forward's test does). dkv sums over every query row, so its test
+// emulates the whole set, and the judge runs it only when that costs at most kGradPrecisionWork
+// multiply-adds (a few seconds on one core); above it the report notes the test was not run.
+constexpr int64_t kGradPrecisionWork = int64_t(1) << 30;
+
+struct LowpBackward {
+  const Tensor<bf16_t>& q;
+  const Tensor<bf16_t>& kv;
+  const Tensor<int32_t>& ind;
+  const Tensor<bf16_t>& d_out;
+  const Tensor<float>* sink;
+  const Tensor<int32_t>* len;
+  float sm;
+  int64_t d_v;
+  std::vector<int64_t> rows;                                 // the sampled query rows
+  mutable std::optional<ref::AttentionBackwardOut> emu[2][2];  // [whole set][bf16-acc]
+
+  // The whole emulation's multiply-adds: valid (row, slot) pairs x heads x (d_qk + d_v) x 2.
+  int64_t whole_work(int64_t h_q, int64_t d_qk, int64_t s_kv) const {
+    int64_t slots = 0;
+    for (int64_t t = 0; t < q.dim(0); ++t) slots += int64_t(ref::valid_kv_rows(ind, len, t, s_kv).size());
+    return slots * h_q * 2 * (d_qk + d_v);
+  }
+  // x's sampled rows along dim 0.
+  template <class T>
+  Tensor<T> slice(const Tensor<T>& x) const {
+    Tensor<T> y = x;
+    const int64_t w = x.dim(0) ? x.numel() / x.dim(0) : 0;
+    y.shape[0] = int64_t(rows.size());
+    y.data.resize(rows.size() * size_t(w));
+    for (size_t r = 0; r < rows.size(); ++r)
+      std::copy(x.data.begin() + rows[r] * w, x.data.begin() + (rows[r] + 1) * w, y.data.begin() + int64_t(r) * w);
+    return y;
+  }
+  const ref::AttentionBackwardOut& get(bool whole, bool acc) const {
+    std::optional<ref::AttentionBackwardOut>& e = emu[whole][acc];
+    if (e) return *e;
+    if (whole) {
+      e = cmp::emulate_attention_backward_lowp(q, kv, ind, sm, d_v, d_out, len, sink, acc);
+    } else {
+      const std::optional<Tensor<int32_t>> len_rows = len ? std::optional(slice(*len)) : std::nullopt;
+      e = cmp::emulate_attention_backward_lowp(slice(q), kv, slice(ind), sm, d_v, slice(d_out), len_rows ? &*len_rows : nullptr,
+                                               sink, acc);
+    }
+    return *e;
+  }
+  // dq's classes on the sampled rows, or dkv's on the whole set; `bf16`: the candidate's dtype.
+  prec::ClassValues classes(bool is_dq, bool bf16) const {
+    return [this, is_dq, bf16](const std::string& cls) {
+      const ref::AttentionBackwardOut& e = get(!is_dq, cls == "bf16-acc");
+      const Tensor<float>& f = is_dq ? e.dq : e.dkv;
+      const Tensor<bf16_t>& b = is_dq ? e.dq_bf16 : e.dkv_bf16;
+      std::vector<double> v(size_t(f.numel()));
+      for (int64_t i = 0; i < f.numel(); ++i) v[size_t(i)] = bf16 ? double(bf16_to_f32(b[i])) : double(f[i]);
+      return std::vector<std::vector<double>>{std::move(v)};
+    };
+  }
+};
+
 }  // namespace
 
 void Judge::judge_gradient(int l, const std::string& P, const std::string& n, const Tensor<float>& golden, std::vector<float> bound,
@@ -219,51 +281,10 @@ void Judge::judge_attention_backward(int l, const std::string& P) {
   std::optional<ref::AttentionBackwardOut> once;
   if (const std::optional<Tensor<int32_t>> dd = without_duplicates(ind, s_kv, lp))
     once = ref::sparse_attention_backward(q, kv, *dd, sm_, d_v_, d_out, lp, sink ? &*sink : nullptr);
-  // The precision test's classes (judge/precision.h, kind gradients): the low-precision emulation
-  // (the contract, bf16-p-ds) and its bf16-accumulating variant, in the candidate's dtype, each
-  // computed once when the test asks. dq's rows are independent: the emulation runs on prec's
-  // sample of query rows (as the forward's test does). dkv sums over every query row, so its test
-  // emulates the whole set, and runs only when that costs at most kGradPrecisionWork
-  // multiply-adds (a few seconds on one core); above it the report notes the test was not run.
-  constexpr int64_t kGradPrecisionWork = int64_t(1) << 30;
-  const std::vector<int64_t> rows = prec::sample_rows(ind, lp, s_kv, h_q_, d_qk, d_v_);
-  const auto slice = [&rows](const auto& x) {
-    auto y = x;
-    const int64_t w = x.dim(0) ? x.numel() / x.dim(0) : 0;
-    y.shape[0] = int64_t(rows.size());
-    y.data.resize(rows.size() * size_t(w));
-    for (size_t r = 0; r < rows.size(); ++r)
-      std::copy(x.data.begin() + rows[r] * w, x.data.begin() + (rows[r] + 1) * w, y.data.begin() + int64_t(r) * w);
-    return y;
-  };
-  std::optional<ref::AttentionBackwardOut> emu[2][2];  // [whole set][bf16-acc]
-  const auto emulate = [&](bool whole, bool acc) -> const ref::AttentionBackwardOut& {
-    std::optional<ref::AttentionBackwardOut>& e = emu[whole][acc];
-    const Tensor<float>* sp = sink ? &*sink : nullptr;
-    if (e) return *e;
-    if (whole) e = cmp::emulate_attention_backward_lowp(q, kv, ind, sm_, d_v_, d_out, lp, sp, acc);
-    else if (lp) {
-      const Tensor<int32_t> len_rows = slice(*lp);
-      e = cmp::emulate_attention_backward_lowp(slice(q), kv, slice(ind), sm_, d_v_, slice(d_out), &len_rows, sp, acc);
-    } else {
-      e = cmp::emulate_attention_backward_lowp(slice(q), kv, slice(ind), sm_, d_v_, slice(d_out), nullptr, sp, acc);
-    }
-    return *e;
-  };
-  const auto classes_of = [&](bool is_dq) -> prec::ClassValues {
-    const bool bf16 = c_.find(name(l, is_dq ? "attn_bwd.dq" : "attn_bwd.dkv"))->dtype == io::DType::BF16;
-    return [&emulate, is_dq, bf16](const std::string& cls) {
-      const ref::AttentionBackwardOut& e = emulate(!is_dq, cls == "bf16-acc");
-      const Tensor<float>& f = is_dq ? e.dq : e.dkv;
-      const Tensor<bf16_t>& b = is_dq ? e.dq_bf16 : e.dkv_bf16;
-      std::vector<double> v(size_t(f.numel()));
-      for (int64_t i = 0; i < f.numel(); ++i) v[size_t(i)] = bf16 ? double(bf16_to_f32(b[i])) : double(f[i]);
-      return std::vector<std::vector<double>>{std::move(v)};
-    };
-  };
-  int64_t slots = 0;  // valid (row, slot) pairs: the whole emulation's work per head and column
-  for (int64_t t = 0; t < s_q_; ++t) slots += int64_t(ref::valid_kv_rows(ind, lp, t, s_kv).size());
-  const bool dkv_precision = slots * h_q_ * 2 * (d_qk + d_v_) <= kGradPrecisionWork;
+  const LowpBackward emu{q, kv, ind, d_out, sink ? &*sink : nullptr, lp, sm_, d_v_,
+                         prec::sample_rows(ind, lp, s_kv, h_q_, d_qk, d_v_), {}};
+  const int64_t dkv_work = emu.whole_work(h_q_, d_qk, s_kv);
+  const bool dkv_precision = dkv_work <= kGradPrecisionWork;
   const std::string kOnce = "the backward with each duplicated index counted once: duplicates counted once (each "
                             "occurrence is one softmax term and adds its own dkv contribution)";
   if (has(l, "attn_bwd.dq")) {
@@ -272,8 +293,8 @@ void Judge::judge_attention_backward(int l, const std::string& P) {
         {"the truth / sm_scale: the softmax scale not applied", scaled(dq, 1 / double(sm_))}};
     if (wr) h.push_back({kWrap, wr->dq});
     if (once) h.push_back({kOnce, once->dq});
-    const prec::ClassValues cv = classes_of(true);
-    judge_gradient(l, P, "attn_bwd.dq", dq, std::move(b["dq"]), s_q_, h_q_, d_qk, kFloorGrad, h, &cv, &rows);
+    const prec::ClassValues cv = emu.classes(true, c_.find(name(l, "attn_bwd.dq"))->dtype == io::DType::BF16);
+    judge_gradient(l, P, "attn_bwd.dq", dq, std::move(b["dq"]), s_q_, h_q_, d_qk, kFloorGrad, h, &cv, &emu.rows);
   }
   if (has(l, "attn_bwd.dkv")) {
     std::vector<std::pair<std::string, Tensor<float>>> h = {
@@ -283,11 +304,11 @@ void Judge::judge_attention_backward(int l, const std::string& P) {
         {"the K part without sm_scale: the softmax scale not applied", none}};
     if (wr) h.push_back({kWrap, wr->dkv});
     if (once) h.push_back({kOnce, once->dkv});
-    const prec::ClassValues cv = classes_of(false);
+    const prec::ClassValues cv = emu.classes(false, c_.find(name(l, "attn_bwd.dkv"))->dtype == io::DType::BF16);
     judge_gradient(l, P, "attn_bwd.dkv", dkv, std::move(b["dkv"]), s_kv, 1, d_qk, kFloorGrad, h, dkv_precision ? &cv : nullptr);
     if (!dkv_precision)
       res.notes.push_back(P + ": attn_bwd.dkv: precision test not run (its emulation sums over every query row: " +
-                          std::to_string(slots * h_q_ * 2 * (d_qk + d_v_)) + " multiply-adds, above the judge's 2^30)");
+                          std::to_string(dkv_work) + " multiply-adds, above the judge's 2^30)");
   }
   if (has(l, "attn_bwd.delta")) {
     // Delta summed in bf16 (each partial sum rounded), from the bf16 out, c ascending.
