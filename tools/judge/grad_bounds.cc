@@ -31,43 +31,58 @@ std::vector<std::pair<int64_t, int64_t>> valid_slots(const Tensor<int32_t>& ind,
   return v;
 }
 
-// Per (t, h): the quantities of the header that delta and d_sink read.
-struct RowHead {
-  double eP = 0, E_D = 0, dlse = 0;
+// Row t's quantities of the header that delta and d_sink read, for every head h at once (the
+// loops run slot by slot, so each kv row is converted once for all heads; every sum keeps the
+// header's order per (t, h): d ascending for the logits, slots ascending for sum_i P_i |V_ic|, c
+// ascending for E_D).
+struct RowHeads {
+  std::vector<double> E_D, dlse;  // [h_q]
 };
 
-RowHead row_head(const AttentionBackwardTruth& a, int64_t t, int64_t h, const std::vector<std::pair<int64_t, int64_t>>& slots) {
+RowHeads row_heads(const AttentionBackwardTruth& a, int64_t t, const std::vector<std::pair<int64_t, int64_t>>& slots) {
   const Tensor<bf16_t>& q = *a.q;
   const Tensor<bf16_t>& kv = *a.kv;
   const int64_t h_q = q.dim(1), d_qk = q.dim(2), d_v = a.d_v, topk = a.p->dim(2);
   const double n = double(slots.size());
-  const bf16_t* qr = q.ptr() + (t * h_q + h) * d_qk;
-  const bf16_t* dO = a.d_out->ptr() + (t * h_q + h) * d_v;
-  const float* O = a.out->ptr() + (t * h_q + h) * d_v;
-  const double lse = a.lse->ptr()[t * h_q + h];
-  RowHead r;
-  double E_s = 0;
+  std::vector<double> qT(size_t(d_qk * h_q)), x(static_cast<size_t>(d_qk)), abs_dot(static_cast<size_t>(h_q)), dot(static_cast<size_t>(h_q)), E_s(size_t(h_q), 0.0);
+  std::vector<double> pv(size_t(h_q * d_v), 0.0);  // [h, c]: sum_i P_i |V_ic|
+  for (int64_t h = 0; h < h_q; ++h)
+    for (int64_t d = 0; d < d_qk; ++d) qT[size_t(d * h_q + h)] = bf(q.ptr()[(t * h_q + h) * d_qk + d]);
   for (const auto& [j, i] : slots) {
-    double abs_dot = 0, dot = 0;
+    for (int64_t d = 0; d < d_qk; ++d) x[size_t(d)] = bf(kv[i * d_qk + d]);
+    std::fill(abs_dot.begin(), abs_dot.end(), 0.0);
+    std::fill(dot.begin(), dot.end(), 0.0);
     for (int64_t d = 0; d < d_qk; ++d) {
-      const double x = bf(qr[d]) * bf(kv[i * d_qk + d]);
-      abs_dot += std::fabs(x);
-      dot += x;
+      const double* qd = qT.data() + d * h_q;
+      for (int64_t h = 0; h < h_q; ++h) {
+        const double prod = qd[h] * x[size_t(d)];
+        abs_dot[size_t(h)] += std::fabs(prod);
+        dot[size_t(h)] += prod;
+      }
     }
-    E_s = std::max(E_s, gam(double(d_qk)) * a.sm * abs_dot + kU * std::fabs(a.sm * dot));
+    for (int64_t h = 0; h < h_q; ++h) {
+      E_s[size_t(h)] = std::max(E_s[size_t(h)], gam(double(d_qk)) * a.sm * abs_dot[size_t(h)] + kU * std::fabs(a.sm * dot[size_t(h)]));
+      const double P = a.p->ptr()[(t * h_q + h) * topk + j];
+      double* pvh = pv.data() + h * d_v;
+      for (int64_t c = 0; c < d_v; ++c) pvh[c] += P * std::fabs(x[size_t(c)]);
+    }
   }
-  r.dlse = E_s + gam(n) + 4 * kU + kU * std::fabs(lse);
-  r.eP = 2 * E_s + gam(n) + 8 * kU + kU * std::fabs(lse);
-  if (a.sink) r.eP += r.dlse + 4 * kU;
-  // Delta's error through the kernel's saved bf16 out.
-  double E_D = 0;
-  for (int64_t c = 0; c < d_v; ++c) {
-    double pv = 0;
-    for (const auto& [j, i] : slots) pv += double(a.p->ptr()[(t * h_q + h) * topk + j]) * std::fabs(bf(kv[i * d_qk + c]));
-    const double eO = kB * std::fabs(O[c]) + (r.eP + gam(n) + kB) * pv;
-    E_D += std::fabs(bf(dO[c])) * eO + gam(double(d_v)) * std::fabs(double(O[c]) * bf(dO[c]));
+  RowHeads r{std::vector<double>(size_t(h_q)), std::vector<double>(size_t(h_q))};
+  for (int64_t h = 0; h < h_q; ++h) {
+    const bf16_t* dO = a.d_out->ptr() + (t * h_q + h) * d_v;
+    const float* O = a.out->ptr() + (t * h_q + h) * d_v;
+    const double lse = a.lse->ptr()[t * h_q + h];
+    r.dlse[size_t(h)] = E_s[size_t(h)] + gam(n) + 4 * kU + kU * std::fabs(lse);
+    double eP = 2 * E_s[size_t(h)] + gam(n) + 8 * kU + kU * std::fabs(lse);
+    if (a.sink) eP += r.dlse[size_t(h)] + 4 * kU;
+    // Delta's error through the kernel's saved bf16 out.
+    double E_D = 0;
+    for (int64_t c = 0; c < d_v; ++c) {
+      const double eO = kB * std::fabs(O[c]) + (eP + gam(n) + kB) * pv[size_t(h * d_v + c)];
+      E_D += std::fabs(bf(dO[c])) * eO + gam(double(d_v)) * std::fabs(double(O[c]) * bf(dO[c]));
+    }
+    r.E_D[size_t(h)] = E_D;
   }
-  r.E_D = E_D;
   return r;
 }
 
@@ -77,21 +92,29 @@ std::map<std::string, std::vector<float>> delta_sink_bounds(const AttentionBackw
   const Tensor<bf16_t>& q = *a.q;
   const Tensor<bf16_t>& kv = *a.kv;
   const int64_t s_q = q.dim(0), h_q = q.dim(1), s_kv = kv.dim(0);
-  std::vector<double> delta_b(size_t(s_q * h_q), 0.0), sink_b(size_t(h_q), 0.0), sink_mag(size_t(h_q), 0.0);
+  std::vector<double> delta_b(size_t(s_q * h_q), 0.0), sink_t(a.sink ? size_t(s_q * h_q) : 0), mag_t(sink_t.size());
+  // Rows are independent (OpenMP over t); d_sink's sums over t then run serially, t ascending.
+#pragma omp parallel for schedule(dynamic, 1)
   for (int64_t t = 0; t < s_q; ++t) {
     const auto slots = valid_slots(*a.indices, t, s_kv, a.topk_length);
     if (slots.empty()) continue;
+    const RowHeads r = row_heads(a, t, slots);
     for (int64_t h = 0; h < h_q; ++h) {
-      const RowHead r = row_head(a, t, h, slots);
-      delta_b[size_t(t * h_q + h)] = r.E_D;
+      delta_b[size_t(t * h_q + h)] = r.E_D[size_t(h)];
       if (a.sink) {
         const double lse = a.lse->ptr()[t * h_q + h];
         const double f = 1 / (1 + std::exp(double(a.sink->ptr()[h]) - lse)), Dl = std::fabs(a.delta->ptr()[t * h_q + h]);
-        sink_b[size_t(h)] += (1 - f) * r.E_D + Dl * f * (1 - f) * (r.dlse + 4 * kU);
-        sink_mag[size_t(h)] += (1 - f) * Dl;
+        sink_t[size_t(t * h_q + h)] = (1 - f) * r.E_D[size_t(h)] + Dl * f * (1 - f) * (r.dlse[size_t(h)] + 4 * kU);
+        mag_t[size_t(t * h_q + h)] = (1 - f) * Dl;
       }
     }
   }
+  std::vector<double> sink_b(size_t(h_q), 0.0), sink_mag(size_t(h_q), 0.0);
+  for (int64_t t = 0; t < s_q && a.sink; ++t)
+    for (int64_t h = 0; h < h_q; ++h) {
+      sink_b[size_t(h)] += sink_t[size_t(t * h_q + h)];
+      sink_mag[size_t(h)] += mag_t[size_t(t * h_q + h)];
+    }
   std::map<std::string, std::vector<float>> out;
   std::vector<float>& bd = out["delta"];
   bd.resize(delta_b.size());
