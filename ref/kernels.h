@@ -44,6 +44,12 @@ struct Kernels {
   AttentionBackwardOut (*sparse_attention_backward)(const Tensor<bf16_t>&, const Tensor<bf16_t>&, const Tensor<int32_t>&,
                                                     float, int64_t, const Tensor<bf16_t>&, const Tensor<int32_t>*,
                                                     const Tensor<float>*) = ref::sparse_attention_backward;
+  // Its per-element bounds of dq and dkv (cmp::attention_backward_bounds), which the judge reads;
+  // simd's returns ref's bits.
+  cmp::AttentionBackwardBounds (*attention_backward_bounds)(const Tensor<bf16_t>&, const Tensor<bf16_t>&,
+                                                            const Tensor<int32_t>&, float, int64_t, const Tensor<bf16_t>&,
+                                                            const Tensor<int32_t>*, const AttentionBackwardOut&,
+                                                            bool) = cmp::attention_backward_bounds;
   // Optional fused, streaming FP8 indexer + top-k (the result of topk(logits_fp8(...))) that
   // run_stack uses when the logits are not kept; null: the logits are materialised.
   Tensor<int32_t> (*fused_topk_fp8)(const Tensor<e4m3_t>&, const Tensor<e4m3_t>&, const Tensor<float>&,

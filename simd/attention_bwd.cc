@@ -389,10 +389,11 @@ namespace {
 int64_t pad8(int64_t n) { return (n + 7) / 8 * 8; }
 constexpr int64_t kMaxKeyBlock = 6;
 constexpr int64_t kChunkBytes = int64_t(64) << 20;
-std::atomic<int64_t> g_chunk_rows{0};  // set_attention_backward_chunk_rows  // the largest kDotKeys of any target: padding of a row's keys
+std::atomic<int64_t> g_chunk_rows{0};  // set_attention_backward_chunk_rows
 }  // namespace
 
 void set_attention_backward_chunk_rows(int64_t rows) { g_chunk_rows.store(rows); }
+int64_t attention_backward_chunk_rows() { return g_chunk_rows.load(); }
 
 ref::AttentionBackwardOut sparse_attention_backward(const Tensor<bf16_t>& q, const Tensor<bf16_t>& kv,
                                                     const Tensor<int32_t>& indices, float sm_scale, int64_t d_v,

@@ -210,6 +210,7 @@ ref::Kernels kernels() {
     return simd::dense_attention(q, kv, sm_scale, d_v, ks, ke, attn_sink);
   };
   k.sparse_attention_backward = simd::sparse_attention_backward;
+  k.attention_backward_bounds = simd::attention_backward_bounds;
   k.fused_topk_fp8 = [](const Tensor<e4m3_t>& q, const Tensor<e4m3_t>& kk, const Tensor<float>& k_scale,
                         const Tensor<float>& weights, const Tensor<int32_t>& ks, const Tensor<int32_t>& ke,
                         int64_t topk) { return simd::indexer_topk_fp8(q, kk, k_scale, weights, ks, ke, topk); };

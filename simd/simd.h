@@ -113,9 +113,16 @@ ref::AttentionBackwardOut sparse_attention_backward(const Tensor<bf16_t>& q, con
                                                     const Tensor<int32_t>& indices, float sm_scale, int64_t d_v,
                                                     const Tensor<bf16_t>& d_out, const Tensor<int32_t>* topk_length,
                                                     const Tensor<float>* attn_sink, bool slots);
-// Query rows per chunk of the backward (tests cross chunk boundaries with it): 0, the default,
-// sizes chunks by memory; any value gives the same bits.
+// cmp::attention_backward_bounds (ref/train/attention_bwd.h), bit-identical: OpenMP over query rows
+// (all heads in lanes), then over blocks of dkv columns (simd/attention_bwd_bounds.cc).
+cmp::AttentionBackwardBounds attention_backward_bounds(const Tensor<bf16_t>& q, const Tensor<bf16_t>& kv,
+                                                       const Tensor<int32_t>& indices, float sm_scale, int64_t d_v,
+                                                       const Tensor<bf16_t>& d_out, const Tensor<int32_t>* topk_length,
+                                                       const ref::AttentionBackwardOut& exact, bool delta_from_bf16_out);
+// Query rows per chunk of the backward and of its bounds (tests cross chunk boundaries with it): 0,
+// the default, sizes chunks by memory; any value gives the same bits.
 void set_attention_backward_chunk_rows(int64_t rows);
+int64_t attention_backward_chunk_rows();  // the value set
 
 // y[i] = ref's exp_portable(x[i]) for i < n, lane by lane (the softmax exponential of attention).
 void exp_portable(const double* x, double* y, int64_t n);

@@ -23,6 +23,7 @@
 #include "ref/rng.h"
 #include "ref/train/attention_bwd.h"
 #include "simd/simd.h"
+#include "tests/simd_targets.h"
 
 using namespace indexshare;
 
@@ -462,6 +463,47 @@ TEST_CASE("simd: attention backward bit-identical to ref on every target and thr
   const decltype(ref::Kernels{}.sparse_attention_backward) ref_fn = &ref::sparse_attention_backward;
   const bool ref_table = ref::Kernels{}.sparse_attention_backward == ref_fn;
   CHECK(ref_table);
+}
+
+TEST_CASE("simd: the backward's dq and dkv bounds bit-identical to ref on every target and thread count") {
+  struct Case {
+    int64_t s_q, h_q, s_kv, d_qk, d_v, topk;
+    bool len, from_bf16;
+  };
+  // h_q 3 and 10 not a multiple of the lanes, d_qk 37 / 72 / 130 not of the 64-column blocks, d_v
+  // 19 not of 8; -1, -2 and >= s_kv slots, duplicates, an empty row, topk_length (0 included).
+  for (const Case& c : {Case{5, 3, 40, 37, 19, 12, true, true}, Case{9, 4, 300, 72, 64, 96, false, false},
+                        Case{7, 10, 90, 130, 128, 40, true, false}}) {
+    CAPTURE(c.d_qk);
+    const Data d = make(c.s_q, c.h_q, c.s_kv, c.d_qk, c.d_v, uint64_t(c.topk));
+    Tensor<int32_t> ind({c.s_q, 1, c.topk});
+    for (int64_t t = 0; t < c.s_q; ++t)
+      for (int64_t j = 0; j < c.topk; ++j) {
+        const int64_t v = (t * 131 + j * 7919) % (c.s_kv + 5) - 2;
+        ind[t * c.topk + j] = t == 1 ? -1 : int32_t(v);
+      }
+    Tensor<int32_t> len({c.s_q});
+    for (int64_t t = 0; t < c.s_q; ++t) len[t] = int32_t((t * 5) % (c.topk + 1));
+    const Tensor<int32_t>* ln = c.len ? &len : nullptr;
+    ref::AttentionBackwardOut exact = ref::sparse_attention_backward(d.q, d.kv, ind, 0.125f, c.d_v, d.dO, ln);
+    exact.out = ref::sparse_attention(d.q, d.kv, ind, 0.125f, c.d_v, ln).out;
+    const cmp::AttentionBackwardBounds want =
+        cmp::attention_backward_bounds(d.q, d.kv, ind, 0.125f, c.d_v, d.dO, ln, exact, c.from_bf16);
+    simd_test::for_each_target([&](const std::string&, int) {
+      const cmp::AttentionBackwardBounds got =
+          simd::kernels().attention_backward_bounds(d.q, d.kv, ind, 0.125f, c.d_v, d.dO, ln, exact, c.from_bf16);
+      CHECK(std::memcmp(got.dq.data(), want.dq.data(), want.dq.size() * 4) == 0);
+      CHECK(std::memcmp(got.dkv.data(), want.dkv.data(), want.dkv.size() * 4) == 0);
+      for (int64_t chunk : {1, 3}) {  // query rows per chunk: boundaries inside the problem
+        simd::set_attention_backward_chunk_rows(chunk);
+        const cmp::AttentionBackwardBounds ch =
+            simd::attention_backward_bounds(d.q, d.kv, ind, 0.125f, c.d_v, d.dO, ln, exact, c.from_bf16);
+        simd::set_attention_backward_chunk_rows(0);
+        CHECK(std::memcmp(ch.dq.data(), want.dq.data(), want.dq.size() * 4) == 0);
+        CHECK(std::memcmp(ch.dkv.data(), want.dkv.data(), want.dkv.size() * 4) == 0);
+      }
+    });
+  }
 }
 
 TEST_CASE("attention backward: the derived bounds hold the emulation, are tight enough to catch a dropped key") {

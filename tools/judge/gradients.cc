@@ -47,15 +47,18 @@ Tensor<float> scaled(const Tensor<float>& x, double f) {
 Tensor<float> dkv_v_part(const Tensor<float>& p, const Tensor<bf16_t>& d_out, const Tensor<int32_t>& ind, int64_t s_kv,
                          int64_t d_qk, const Tensor<int32_t>* len) {
   const int64_t s_q = d_out.dim(0), h_q = d_out.dim(1), d_v = d_out.dim(2), topk = ind.dim(2);
-  std::vector<double> acc(size_t(s_kv * d_qk), 0.0);
+  std::vector<double> acc(size_t(s_kv * d_qk), 0.0), dO(static_cast<size_t>(d_v));
   for (int64_t t = 0; t < s_q; ++t)
-    for (int64_t h = 0; h < h_q; ++h)
+    for (int64_t h = 0; h < h_q; ++h) {
+      for (int64_t c = 0; c < d_v; ++c) dO[size_t(c)] = double(bf16_to_f32(d_out[(t * h_q + h) * d_v + c]));
       for (int64_t j = 0; j < (len ? std::min<int64_t>((*len)[t], topk) : topk); ++j) {
         const int64_t i = ind[t * topk + j];
         if (i < 0 || i >= s_kv) continue;
         const double P = p[(t * h_q + h) * topk + j];
-        for (int64_t c = 0; c < d_v; ++c) acc[size_t(i * d_qk + c)] += P * double(bf16_to_f32(d_out[(t * h_q + h) * d_v + c]));
+        double* a = acc.data() + i * d_qk;
+        for (int64_t c = 0; c < d_v; ++c) a[c] += P * dO[size_t(c)];
       }
+    }
   Tensor<float> v({s_kv, 1, d_qk});
   for (int64_t e = 0; e < v.numel(); ++e) v[e] = float(acc[size_t(e)]);
   return v;
@@ -253,7 +256,7 @@ void Judge::judge_attention_backward(int l, const std::string& P) {
     exact.ds = ds;
     exact.dq = dq;
     exact.dkv = dkv;
-    cmp::AttentionBackwardBounds ab = cmp::attention_backward_bounds(q, kv, ind, sm_, d_v_, d_out, lp, exact, true);
+    cmp::AttentionBackwardBounds ab = k_.attention_backward_bounds(q, kv, ind, sm_, d_v_, d_out, lp, exact, true);
     b["dq"] = std::move(ab.dq);
     b["dkv"] = std::move(ab.dkv);
   }
