@@ -48,7 +48,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import struct
 import sys
 import tempfile
 from pathlib import Path
@@ -312,12 +311,22 @@ def config_numbers(cfg) -> dict:
     return {key: getattr(cfg, key) for key in keys if hasattr(cfg, key)}
 
 
+def f32_text(x: float) -> str:
+    """The shortest decimal that reads back as the same f32: what C++'s std::to_chars prints (ref/problem.h
+    float_text), fixed or scientific whichever is shorter, an integral value in fixed form exactly."""
+    import numpy as np
+
+    f = np.float32(x)
+    fixed = str(int(f)) if f == np.trunc(f) else np.format_float_positional(f, unique=True, trim="-")
+    sci = np.format_float_scientific(f, unique=True, trim="-", exp_digits=2)
+    return fixed if len(fixed) <= len(sci) else sci
+
+
 def metadata(model, info, layers: list[int], sched: str, source: str, with_logits: bool) -> dict[str, str]:
     cfg = model.config
     r, rope = cfg.kv_lora_rank, cfg.qk_rope_head_dim
-    # sm as the f32 the kernels use, printed with 9 significant digits (which round-trip an f32)
-    sm32 = struct.unpack("f", struct.pack("f", info["sm"]))[0]
-    problem = f"k{info['k']} dv{r} sm={sm32:.9g} indexer=bf16 sched={sched}"
+    # sm as the f32 the kernels use, in its shortest round-trip form (as the C++ problem strings)
+    problem = f"k{info['k']} dv{r} sm={f32_text(info['sm'])} indexer=bf16 sched={sched}"
     fails = [layer for layer, ok in info["self_check"].items() if not ok]
     notes = {
         "topk": "indexer.topk / attn.indices: HF's raw torch.topk with masked (future) slots turned into -1, "
