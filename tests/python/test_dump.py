@@ -343,7 +343,7 @@ def test_layers_subset_renumbers_and_needs_sources(glm, tmp_path):
     assert not (tmp_path / "x.safetensors").exists()
 
 
-def test_cli_config_file_and_errors(tmp_path):
+def test_cli_config_file_and_errors(tmp_path, capsys):
     cfg = dict(COMMON, model_type="glm_moe_dsa", num_hidden_layers=2, index_topk_pattern="FS")
     path = tmp_path / "config.json"
     path.write_text(json.dumps(cfg))
@@ -356,7 +356,13 @@ def test_cli_config_file_and_errors(tmp_path):
     # bad input: exit 2 and no output
     assert D.main(["--model", str(tmp_path / "none.json"), "--tokens", "4", "--out", str(tmp_path / "n")]) == 2
     assert D.main(["--model", str(path), "--out", str(tmp_path / "n")]) == 2
+    assert D.main(["--model", str(path), "--tokens", "4", "--layer-list", "1", "--out", str(tmp_path / "n")]) == 2
+    capsys.readouterr()
+    # --layers, the old name of --layer-list: the same refusal, after a one-line notice
     assert D.main(["--model", str(path), "--tokens", "4", "--layers", "1", "--out", str(tmp_path / "n")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("indexshare.dump: --layers is now --layer-list; the old name works for this release\n")
+    assert "--layer-list: Shared layer 1" in err
     assert not (tmp_path / "n").exists()
     other = tmp_path / "llama.json"
     other.write_text(json.dumps({"model_type": "llama"}))
