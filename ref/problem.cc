@@ -1,8 +1,8 @@
 #include "ref/problem.h"
 
 #include <cerrno>
+#include <charconv>
 #include <cmath>
-#include <cstdio>
 #include <cstdlib>
 #include <set>
 #include <sstream>
@@ -12,17 +12,6 @@
 namespace indexshare {
 
 namespace {
-// The shortest decimal that reads back as the same float (at most 9 significant digits, which
-// round-trip any float): drift=0.98, not 0.980000019. A problem string written with more digits by
-// an older version parses to the same float, so it replays to the same bytes.
-std::string float_str(float v) {
-  char buf[32];
-  for (int digits = 1; digits <= 9; ++digits) {
-    std::snprintf(buf, sizeof buf, "%.*g", digits, double(v));
-    if (std::strtof(buf, nullptr) == v) break;
-  }
-  return buf;
-}
 float parse_float(const std::string& value) {
   errno = 0;
   char* end = nullptr;
@@ -35,6 +24,17 @@ float parse_float(const std::string& value) {
   return v;
 }
 }  // namespace
+
+// The shortest decimal that reads back as the same float (std::to_chars without a precision:
+// the shortest round-trip form, the nearer one on a tie, fixed or scientific whichever is shorter):
+// drift=0.98, not 0.980000019. Text written with more digits by an older version (9 significant
+// digits, which also round-trip) parses to the same float, so it replays to the same bytes.
+std::string float_text(float v) {
+  char buf[32];
+  const std::to_chars_result r = std::to_chars(buf, buf + sizeof buf, v);
+  require(r.ec == std::errc(), "float_text: no room for a float");  // 32 chars hold any float
+  return std::string(buf, r.ptr);
+}
 
 std::string indexer_mode_name(IndexerMode m) { return m == IndexerMode::fp8 ? "fp8" : "bf16"; }
 
@@ -105,15 +105,15 @@ std::string to_string(const Problem& p) {
   if (p.indexer != d.indexer) os << " indexer=" << indexer_mode_name(p.indexer);
   if (p.scale != d.scale) os << " scale=" << scale_rule_name(p.scale);
   if (p.dist != d.dist) os << " dist=" << dist_name(p.dist);
-  if (p.sm) os << " sm=" << float_str(*p.sm);
+  if (p.sm) os << " sm=" << float_text(*p.sm);
   if (p.sink != d.sink) os << " sink=" << sink_mode_name(p.sink);
   if (p.n_layers != d.n_layers) os << " nl" << p.n_layers;
   if (p.sched != d.sched) os << " sched=" << p.sched;
-  if (p.sim != d.sim) os << " sim=" << float_str(p.sim);
-  if (p.drift != d.drift) os << " drift=" << float_str(p.drift);
-  if (p.jumps != d.jumps) os << " jumps=" << float_str(p.jumps);
-  if (p.jump_rho != d.jump_rho) os << " jumprho=" << float_str(p.jump_rho);
-  if (p.recency != d.recency) os << " recency=" << float_str(p.recency);
+  if (p.sim != d.sim) os << " sim=" << float_text(p.sim);
+  if (p.drift != d.drift) os << " drift=" << float_text(p.drift);
+  if (p.jumps != d.jumps) os << " jumps=" << float_text(p.jumps);
+  if (p.jump_rho != d.jump_rho) os << " jumprho=" << float_text(p.jump_rho);
+  if (p.recency != d.recency) os << " recency=" << float_text(p.recency);
   if (p.sinks != d.sinks) os << " sinks=" << p.sinks;
   if (p.own != d.own) os << " own=" << (p.own ? "yes" : "no");
   if (p.n_seqs != d.n_seqs) os << " nseq" << p.n_seqs;

@@ -17,7 +17,7 @@
 //   indexer=fp8|bf16     FP8 (DeepGEMM, exact) or unquantized (HF transformers)     default fp8
 //   scale=deepseek_ue8m0|flashmla_pow2|fp32_amax   scale rule of the indexer q/k    default deepseek_ue8m0
 //   dist=normal|uniform|int|dyadic|ties|narrow     value distribution               default normal
-//   sm=<float>           softmax scale (printed with 9 significant digits)          default d_qk^-0.5
+//   sm=<float>           softmax scale (exact: see float_text)                      default d_qk^-0.5
 //   sink=none|random|pinf|ninf   attention sink per head                            default none
 //   nl    n_layers       layers of the stack                                        default 1
 //   sched=<schedule>     layer schedule: a preset (all-full, glm-5.2, one-full-three-shared, hy-v4),
@@ -33,6 +33,8 @@
 //   own=yes|no           Shared layers carry their own (unused) indexer inputs      default yes
 //   nseq  n_seqs         sequences flattened into the s_q / s_kv rows (FlashMLA varlen
 //                        style); each holds s_q/nseq queries and s_kv/nseq keys     default 1
+//
+// Floats print in their shortest round-trip form (float_text): sim=0.85, not 0.850000024.
 //
 // Example: "sq1024 skv1024 hq64 dqk576 dv512 ih64 id128 k256 seed7".
 #pragma once
@@ -88,6 +90,10 @@ struct Problem {
 
 std::string to_string(const Problem& p);
 Problem parse_problem(const std::string& text);  // throws Error naming the bad token
+
+// The shortest decimal that strtof reads back as exactly v (std::to_chars' shortest form):
+// problem strings, module-level descriptors and replay lines print their floats with it.
+std::string float_text(float v);
 
 std::string indexer_mode_name(IndexerMode m);
 std::string sink_mode_name(SinkMode m);

@@ -18,13 +18,17 @@ struct Candidate {
   std::map<std::string, io::TensorView> t;
   template <class T>
   void set(const std::string& name, const Tensor<T>& v) { t[name] = io::make_view(name, v); }
+  // The candidate file the CLI's diff reads.
+  void write(const std::string& path) const {
+    std::vector<io::TensorView> list;
+    for (const auto& [name, v] : t) list.push_back(v);
+    io::write_safetensors(path, list);
+  }
   io::SafetensorsFile file() const {
     static std::atomic<int> n{0};
     const std::string path = std::filesystem::temp_directory_path() /
                              ("indexshare-cand-" + std::to_string(::getpid()) + "-" + std::to_string(n++) + ".safetensors");
-    std::vector<io::TensorView> list;
-    for (const auto& [name, v] : t) list.push_back(v);
-    io::write_safetensors(path, list);
+    write(path);
     io::SafetensorsFile f = io::read_safetensors(path);
     std::filesystem::remove(path);
     return f;

@@ -154,7 +154,7 @@ TEST_CASE("cli: overlap and search write their reports, bad sources exit 2") {
 TEST_CASE("cli: bench runs a small problem, checks simd against ref and writes JSON") {
   const std::string json = "/tmp/indexshare-cli-bench-" + std::to_string(::getpid()) + ".json";
   const Result r = cli("bench --problem 'sq8 skv64 hq2 dqk64 dv32 ih4 id32 k8' --repeats 1 --stack-seq 256 "
-                       "--module-preset tiny-deepseek --module-rows 8 --json " + json);
+                       "--model tiny-deepseek --module-rows 8 --json " + json);
   CHECK(r.status == 0);
   CHECK(r.out.find("__REPRO: indexshare bench") != std::string::npos);
   CHECK(r.out.find("module projections    simd") != std::string::npos);
@@ -194,7 +194,7 @@ TEST_CASE("cli: bench runs a small problem, checks simd against ref and writes J
   CHECK(cli("bench --problem 'sq8 skv4'").status == 2);
   CHECK(cli("bench --commands maybe --stack-seq 0").status == 2);
   // Bad module-stage options are refused before any timing.
-  Result bad = cli("bench --module-preset nope --stack-seq 0");
+  Result bad = cli("bench --model nope --stack-seq 0");
   CHECK(bad.status == 2);
   CHECK(bad.out.find("nope") != std::string::npos);
   bad = cli("bench --module-rows 0 --stack-seq 0");
@@ -207,4 +207,23 @@ TEST_CASE("cli: bench runs a small problem, checks simd against ref and writes J
   CHECK(bad.status == 2);
   CHECK(bad.out.find("--impl") != std::string::npos);
   CHECK(cli("search --impl fast " + prob).status == 2);
+}
+
+// One vocabulary: --model names a model preset (golden, run, cost, bench). cost's --preset and
+// bench's --module-preset, its old names there, work for this release after a one-line notice.
+TEST_CASE("cli: cost --preset and bench --module-preset still work, with a one-line notice on stderr") {
+  const Result now = cli("cost --model tiny-glm --context 4096"), old = cli("cost --preset tiny-glm --context 4096");
+  CHECK(now.status == 0);
+  CHECK(old.status == 0);
+  CHECK(now.out.find("is now") == std::string::npos);
+  CHECK(old.out == "indexshare: --preset is now --model; the old name works for this release\n" + now.out);
+  CHECK(cli("cost --preset=tiny-glm --context 4096").out == old.out);
+  // Both spellings at once: one option given twice, refused as usage.
+  CHECK(cli("cost --model tiny-glm --preset tiny-glm").status == 2);
+  const Result bench_now = cli("bench --model nope --stack-seq 0"), bench_old = cli("bench --module-preset nope --stack-seq 0");
+  CHECK(bench_now.status == 2);
+  CHECK(bench_old.status == 2);
+  CHECK(bench_old.out == "indexshare: --module-preset is now --model; the old name works for this release\n" + bench_now.out);
+  // golden's --layers is a layer count, not the old name of anything: no notice.
+  CHECK(cli("golden --model tiny-glm --layers 0 --out /nonexistent/x").out.find("is now") == std::string::npos);
 }

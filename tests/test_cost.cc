@@ -324,7 +324,7 @@ TEST_CASE("cost: JSON config errors name the file and the field") {
 }
 
 TEST_CASE("cost: CLI prints the tables, writes JSON and rejects bad input") {
-  Result r = cli("cost --preset glm-5.2 --context 4K,1M --alternatives");
+  Result r = cli("cost --model glm-5.2 --context 4K,1M --alternatives");
   CHECK(r.status == 0);
   CHECK(r.out.find("schedule  FFFSSSFSSS") != std::string::npos);
   CHECK(r.out.find("decode:") != std::string::npos);
@@ -356,16 +356,16 @@ TEST_CASE("cost: CLI prints the tables, writes JSON and rejects bad input") {
   std::remove(cfg.c_str());
 
   CHECK(cli("cost").status == 2);
-  CHECK(cli("cost --preset glm-5.2 --config x.json").status == 2);
-  r = cli("cost --preset nope");
+  CHECK(cli("cost --model glm-5.2 --config x.json").status == 2);
+  r = cli("cost --model nope");
   CHECK(r.status == 2);
   CHECK(r.out.find("'nope'") != std::string::npos);
-  r = cli("cost --preset glm-5.2 --context 4K,12Q");
+  r = cli("cost --model glm-5.2 --context 4K,12Q");
   CHECK(r.status == 2);
   CHECK(r.out.find("'12Q'") != std::string::npos);
-  r = cli("cost --preset glm-5.2 --schedule FFS");
+  r = cli("cost --model glm-5.2 --schedule FFS");
   CHECK(r.status == 2);
-  r = cli("cost --preset glm-5.2 --mode sideways");
+  r = cli("cost --model glm-5.2 --mode sideways");
   CHECK(r.status == 2);
   CHECK(r.out.find("'sideways'") != std::string::npos);
   r = cli("cost --config /nonexistent/cfg.json");

@@ -522,9 +522,7 @@ TEST_CASE("diff --svg: the CLI writes the picture with the JSON, and a parser re
   c.t.erase("layers.0.attn.indices");  // the recall strip then shows indexer.topk's
   const auto dir = std::filesystem::temp_directory_path() / ("indexshare-diff-svg-" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
-  std::vector<io::TensorView> list;
-  for (const auto& [n, v] : c.t) list.push_back(v);
-  io::write_safetensors((dir / "cand.safetensors").string(), list);
+  c.write((dir / "cand.safetensors").string());
   const std::string cmd = std::string(INDEXSHARE_CLI) + " diff --golden " + golden_dir("deepseek-v3.2") + " --candidate " +
                           (dir / "cand.safetensors").string() + " --svg " + (dir / "d.svg").string() + " --json " +
                           (dir / "d.json").string() + " >/dev/null 2>&1";
@@ -693,5 +691,30 @@ TEST_CASE("diff: a golden set read lazily judges word for word as one read whole
     CHECK(run.out.find("tests:") == std::string::npos);
     std::filesystem::remove(cand);
   }
+  std::filesystem::remove_all(dir);
+}
+
+// --layer-list selects the layers to judge (--layers is a layer count elsewhere); --layers, its old
+// name here, judges the same after a one-line notice on stderr, and the replay line names --layer-list.
+TEST_CASE("diff --layer-list: the old name --layers works for this release, with a one-line notice") {
+  const golden::Loaded g = golden::read(golden_dir("deepseek-v3.2"));
+  const Candidate c = faithful(g);
+  const auto dir = std::filesystem::temp_directory_path() / ("indexshare-diff-layer-list-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  c.write((dir / "cand.safetensors").string());
+  const std::string args = "diff --golden " + golden_dir("deepseek-v3.2") + " --candidate " + (dir / "cand.safetensors").string();
+  const testing::CliResult now = testing::run_cli(args + " --layer-list 1"), old = testing::run_cli(args + " --layers 1");
+  CHECK_MESSAGE(now.status == 0, now.out);
+  CHECK(old.status == 0);
+  const std::string notice = "indexshare: --layers is now --layer-list; the old name works for this release\n";
+  CHECK(now.out.find("is now") == std::string::npos);
+  CHECK(old.out == notice + now.out);
+  CHECK(now.out.find("--layer-list 1") != std::string::npos);
+  CHECK(now.out.find("layer  1 ") != std::string::npos);
+  CHECK(now.out.find("layer  0 ") == std::string::npos);
+  const testing::CliResult bad = testing::run_cli(args + " --layers 1-x");
+  CHECK(bad.status == 2);
+  CHECK(bad.out.find(notice) == 0);
+  CHECK(bad.out.find("--layer-list: bad item '1-x'") != std::string::npos);
   std::filesystem::remove_all(dir);
 }

@@ -247,6 +247,32 @@ size_t tensor_index(const nlohmann::json& m, const std::string& name) {
 }
 }  // namespace
 
+// Manifests written before floats printed in their shortest form spell them with 9 significant
+// digits: those replay lines still regenerate the checked-in tensors bit for bit, and the manifest
+// they write now holds the checked-in (shortest) problem string.
+TEST_CASE("golden: the 9-digit replay lines of older manifests regenerate the checked-in sets") {
+  const std::pair<const char*, std::string> old_replays[] = {
+      {"glm-5.2-drift", "--problem \"sq16 skv96 hq2 dqk576 dv512 ih32 id128 k24 seed8 nl8 sched=glm-5.2 sim=0 drift=0.980000019 "
+                        "jumps=0.150000006 recency=0.25 sinks=2\" --kind stack"},
+      {"glm-5.2", "--problem \"sq16 skv96 hq2 dqk576 dv512 ih32 id128 k24 seed2 nl8 sched=glm-5.2 sim=0.850000024 recency=0.25 "
+                  "sinks=2\" --kind stack"},
+      {"deepseek-v3.2", "--problem \"sq16 skv256 hq4 dqk576 dv512 ih64 id128 k32 seed1 nl3 sim=0.850000024 recency=0.25 sinks=2 "
+                        "nseq2\" --kind stack"},
+      {"module-tiny-glm", "--model tiny-glm --seed 1 --sim 0.800000012 --variant deepseek_fp8"}};
+  TmpDir t;
+  for (const auto& [name, args] : old_replays) {
+    const std::string set = name;
+    CAPTURE(set);
+    const fs::path out = t.path / name;
+    const testing::CliResult r = testing::run_cli("golden " + args + " --out " + out.string());
+    REQUIRE_MESSAGE(r.status == 0, r.out);
+    const nlohmann::json got = load_manifest(out), want = load_manifest(source_golden(name));
+    CHECK(got["tensors"] == want["tensors"]);  // names, dtypes, shapes and SHA-256
+    CHECK(got["problem"] == want["problem"]);
+    CHECK(got["problem"].get<std::string>().find("0000") == std::string::npos);
+  }
+}
+
 TEST_CASE("golden: manifest config, layers, roles, kind and budgets are checked, naming the field") {
   TmpDir tmp;
   const std::string ties = copy_golden("ties", tmp.path / "ties");

@@ -517,8 +517,8 @@ TEST_CASE("hostile: unwritable output folders are refused with exit 2 and nothin
   const std::string cand = tmp / "cand.safetensors";
   io::write_safetensors(cand, faithful_edge());
   refused(cli(diff_cmd(kEdge, cand) + " --json " + file + "/report.json"), {file + "/report.json"});
-  refused(cli("cost --preset tiny-glm --json " + file + "/cost.json"), {file + "/cost.json"});
-  refused(cli("cost --preset tiny-glm --json /proc/indexshare-hostile.json"), {"/proc/indexshare-hostile.json"});
+  refused(cli("cost --model tiny-glm --json " + file + "/cost.json"), {file + "/cost.json"});
+  refused(cli("cost --model tiny-glm --json /proc/indexshare-hostile.json"), {"/proc/indexshare-hostile.json"});
   // Nothing but the regular file and the candidate is left in the folder.
   CHECK(tmp.entries() == std::vector<std::string>{"cand.safetensors", "regular-file"});
   // A refused candidate writes no JSON report at all.

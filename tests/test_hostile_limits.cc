@@ -58,8 +58,8 @@ TEST_CASE("hostile: outputs are written all or none, never over a folder, FIFO o
   fs::create_directories(tmp / "dir");
   for (const std::string& out : {fifo, tmp / "dir"}) {
     refused(cli(src + " --json " + out), {"exists and is not a regular file"});
-    refused(cli("cost --preset glm-5.2 --context 4096 --json " + out), {"exists and is not a regular file"});
-    refused(cli("bench --impl ref --module-preset none --json " + out), {"exists and is not a regular file"});
+    refused(cli("cost --model glm-5.2 --context 4096 --json " + out), {"exists and is not a regular file"});
+    refused(cli("bench --impl ref --model none --json " + out), {"exists and is not a regular file"});
   }
   CHECK(fs::is_fifo(fifo));
   CHECK(fs::is_directory(tmp / "dir"));
@@ -68,7 +68,7 @@ TEST_CASE("hostile: outputs are written all or none, never over a folder, FIFO o
   // of 1e300 printed inf and NaN shares.
   refused(cli("bench --threads 100000 --stack-seq 0"), {"--threads must be in [1, 1024]"});
   refused(cli(src + " --buckets 100000000"), {"--buckets must be in [1, 4096]"});
-  refused(cli("cost --preset glm-5.2 --context 4096 --flops-per-mac 1e300"), {"flops_per_mac", "<= 1e6, got 1e+300"});
+  refused(cli("cost --model glm-5.2 --context 4096 --flops-per-mac 1e300"), {"flops_per_mac", "<= 1e6, got 1e+300"});
 }
 
 TEST_CASE("hostile: an option the chosen mode does not read, or an override out of range, is refused") {
@@ -103,10 +103,10 @@ TEST_CASE("hostile: an option the chosen mode does not read, or an override out 
       {"bench --impl ref --target AVX2", "--target applies to --impl simd only"},
       {"bench --stack-seq 0 --stack-sq 7", "--stack-sq applies to the stack only"},
       {"bench --stack-seq 0 --stack-topk 9", "--stack-topk applies to the stack only"},
-      {"bench --stack-seq 0 --module-preset none --module-rows 5", "--module-rows applies to the module stage only"},
-      {"cost --preset glm-5.2 --print-config --json x.json", "--json applies to the cost tables only"},
-      {"cost --preset glm-5.2 --print-config --context 4096", "--context applies to the cost tables only"},
-      {"cost --preset glm-5.2 --mode decode --prefill-tile 32", "--prefill-tile applies to --mode prefill or both only"},
+      {"bench --stack-seq 0 --model none --module-rows 5", "--module-rows applies to the module stage only"},
+      {"cost --model glm-5.2 --print-config --json x.json", "--json applies to the cost tables only"},
+      {"cost --model glm-5.2 --print-config --context 4096", "--context applies to the cost tables only"},
+      {"cost --model glm-5.2 --mode decode --prefill-tile 32", "--prefill-tile applies to --mode prefill or both only"},
       {"overlap --golden GOLDEN --from-problem k8", "--from-problem applies to --from only"},
       {"overlap --golden GOLDEN --max-memory 1K", "--max-memory applies to --problem only"},
       {"search --golden GOLDEN --max-memory 1K -n 1", "--max-memory applies to --problem only"},
@@ -119,7 +119,7 @@ TEST_CASE("hostile: an option the chosen mode does not read, or an override out 
       // Empty values meant "not given" (--json "" wrote nothing, --problem "" ran the default).
       {"run --problem ''", "--problem: an empty value"},
       {"overlap --golden GOLDEN --json ''", "--json: an empty value"},
-      {"cost --preset glm-5.2 --json ''", "--json: an empty value"},
+      {"cost --model glm-5.2 --json ''", "--json: an empty value"},
   };
   for (const auto& s : skipped) {
     std::string c = s.cmd;
@@ -132,7 +132,7 @@ TEST_CASE("hostile: an option the chosen mode does not read, or an override out 
   // A model config with a duplicated key (the last one won) or that is a folder ("invalid JSON").
   {
     const std::string cfg = tmp / "cfg.json";
-    write_bytes(tmp / "cfg0.json", cli("cost --preset tiny-glm --print-config").out);
+    write_bytes(tmp / "cfg0.json", cli("cost --model tiny-glm --print-config").out);
     std::string text = read_bytes(tmp / "cfg0.json");
     REQUIRE(text.find("\"n_layers\"") != std::string::npos);
     text.replace(text.find("\"n_layers\""), 0, "\"n_layers\": 78, ");
@@ -221,7 +221,7 @@ TEST_CASE("hostile: problems beyond --max-memory are refused before anything is 
   refused(cli(small + " --max-memory 8Q"), {"--max-memory", "'8Q'"});
   CHECK(tmp.entries().empty());
   // bench's stack comparison is estimated too (here at 2^31 - 1 keys).
-  refused(cli("bench --impl simd --module-preset none --stack-seq 2147483647", 20),
+  refused(cli("bench --impl simd --model none --stack-seq 2147483647", 20),
           {"above --max-memory", "for the stack: use a smaller --stack-seq or --stack-sq"});
   // Element counts that overflow int64 are refused as such.
   refused(cli("run --problem 'sq1 skv1 hq1000000000000 dqk1000000000000 dv1' --max-memory 999999999999999"),

@@ -40,7 +40,7 @@ def test_report_equals_the_cli_text_and_json(name, root, cli, tmp_path):
         assert r.data == json.loads(cl.stdout and (tmp_path / "r.json").read_text())
 
 
-def test_pass_with_numpy_torch_and_a_loaded_or_in_memory_golden(root):
+def test_pass_with_numpy_torch_and_a_loaded_or_in_memory_golden(root, capsys):
     g = indexshare.load_golden(root / "golden/glm-5.2")
     c = candidate_of(g)
     assert indexshare.diff(g, c).passed
@@ -50,9 +50,18 @@ def test_pass_with_numpy_torch_and_a_loaded_or_in_memory_golden(root):
     assert set(r.checked) == set(c)
     mem = indexshare.golden(preset="ties")
     assert assert_matches(mem, candidate_of(mem)).passed
-    # layers= judges only those layers.
-    r = indexshare.diff(g, c, layers=[1])
+    # layer_list= (diff --layer-list) judges only those layers; layers=, its old name, still works with a
+    # one-line notice on stderr, and is named in the replay line as --layer-list.
+    r = indexshare.diff(g, c, layer_list=[1])
     assert {t["layer"] for t in r.tensors} == {1}
+    capsys.readouterr()
+    old = indexshare.diff(g, c, layers=[1])
+    assert capsys.readouterr().err == "indexshare: layers= is now layer_list=; the old name works for this release\n"
+    assert old.to_json() == r.to_json() and "--layer-list 1" in str(r)
+    assert assert_matches(g, c, layers="1").passed
+    assert "layers= is now layer_list=" in capsys.readouterr().err
+    with pytest.raises(TypeError, match="give layer_list= only"):
+        indexshare.diff(g, c, layer_list=[1], layers=[1])
 
 
 def test_bf16_out_and_torch_bf16(root):

@@ -153,7 +153,9 @@ def test_glm_dump_metadata(glm):
     assert m["format"] == "indexshare-dump" and m["model_type"] == "glm_moe_dsa"
     assert m["schedule"] == "FFSFS" and m["tokens"] == str(S) and m["self_check"] == "pass"
     # 16 nope + 8 rope: qk_head_dim^-0.5, no YaRN
-    assert m["problem"] == f"k{K} dv32 sm={f32(24 ** -0.5):.9g} indexer=bf16 sched=FFSFS"
+    # sm in its shortest round-trip form: f32(24^-0.5) = 0.204124153..., and 0.20412415 reads back as it
+    assert m["problem"] == f"k{K} dv32 sm=0.20412415 indexer=bf16 sched=FFSFS"
+    assert f32(0.20412415) == f32(24 ** -0.5) and f32(0.2041241) != f32(24 ** -0.5)
     assert m["indexer_rope"] == "interleave"
 
 
@@ -299,7 +301,8 @@ def test_v32_dump_passes_diff_with_yarn_scale(v32, tmp_path):
     m = v32["meta"]
     assert m["model_type"] == "deepseek_v32" and m["schedule"] == "FFF" and m["indexer_rope"] == "half"
     mscale = 0.1 * 1.0 * math.log(40.0) + 1.0
-    assert m["problem"] == f"k{K} dv32 sm={f32(24 ** -0.5 * mscale * mscale):.9g} indexer=bf16 sched=FFF"
+    assert m["problem"] == f"k{K} dv32 sm=0.3824989 indexer=bf16 sched=FFF"  # the shortest form of the f32
+    assert f32(0.3824989) == f32(24 ** -0.5 * mscale * mscale) and f32(0.382499) != f32(24 ** -0.5 * mscale * mscale)
     _, rep = diff_json(v32["golden"], v32["dump"], tmp_path, expect=0)
     st = statuses(rep)
     for layer in range(3):
@@ -340,7 +343,7 @@ def test_layers_subset_renumbers_and_needs_sources(glm, tmp_path):
     assert not (tmp_path / "x.safetensors").exists()
 
 
-def test_cli_config_file_and_errors(tmp_path):
+def test_cli_config_file_and_errors(tmp_path, capsys):
     cfg = dict(COMMON, model_type="glm_moe_dsa", num_hidden_layers=2, index_topk_pattern="FS")
     path = tmp_path / "config.json"
     path.write_text(json.dumps(cfg))
@@ -353,7 +356,13 @@ def test_cli_config_file_and_errors(tmp_path):
     # bad input: exit 2 and no output
     assert D.main(["--model", str(tmp_path / "none.json"), "--tokens", "4", "--out", str(tmp_path / "n")]) == 2
     assert D.main(["--model", str(path), "--out", str(tmp_path / "n")]) == 2
+    assert D.main(["--model", str(path), "--tokens", "4", "--layer-list", "1", "--out", str(tmp_path / "n")]) == 2
+    capsys.readouterr()
+    # --layers, the old name of --layer-list: the same refusal, after a one-line notice
     assert D.main(["--model", str(path), "--tokens", "4", "--layers", "1", "--out", str(tmp_path / "n")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("indexshare.dump: --layers is now --layer-list; the old name works for this release\n")
+    assert "--layer-list: Shared layer 1" in err
     assert not (tmp_path / "n").exists()
     other = tmp_path / "llama.json"
     other.write_text(json.dumps({"model_type": "llama"}))

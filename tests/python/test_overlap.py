@@ -26,10 +26,10 @@ def test_overlap_of_a_problem_equals_the_cli_json(cli, tmp_path):
         indexshare.overlap()
 
 
-def test_cost_equals_the_cli_json(cli, tmp_path):
+def test_cost_equals_the_cli_json(cli, tmp_path, capsys):
     for args, kw in (([], {}), (["--context", "4096,16K,1M", "--schedule", "freq:4", "--mode", "decode"],
                                 dict(contexts="4096,16K,1M", schedule="freq:4", mode="decode"))):
-        cli("cost", "--preset", "glm-5.2", *args, "--json", tmp_path / "c.json")
+        cli("cost", "--model", "glm-5.2", *args, "--json", tmp_path / "c.json")
         assert indexshare.cost("glm-5.2", **kw) == json.loads((tmp_path / "c.json").read_text())
     assert indexshare.cost("glm-5.2", [4096, 16384, 1 << 20], schedule="freq:4", mode="decode") == \
         indexshare.cost("glm-5.2", "4096,16K,1M", schedule="freq:4", mode="decode")
@@ -37,3 +37,7 @@ def test_cost_equals_the_cli_json(cli, tmp_path):
         indexshare.cost("glm-5.2", mode="train")
     with pytest.raises(ValueError, match="context"):
         indexshare.cost("glm-5.2", "4096,abc")
+    # model= is the CLI's --model; preset=, its old name, still works after a one-line notice.
+    capsys.readouterr()
+    assert indexshare.cost(preset="glm-5.2") == indexshare.cost(model="glm-5.2")
+    assert capsys.readouterr().err == "indexshare: preset= is now model=; the old name works for this release\n"

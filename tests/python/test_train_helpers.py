@@ -144,7 +144,7 @@ def test_helpers_refuse_bad_functions_and_sets(edges):
     with pytest.raises(ValueError, match="holds no attn.d_out"):
         T.attention_backward_candidate(sparse_mla, stack)
     with pytest.raises(ValueError, match=r"layers \[1\]: the golden set holds no indexer_loss.loss"):
-        T.indexer_loss_candidate(indexer_kl, edges, layers=[1])
+        T.indexer_loss_candidate(indexer_kl, edges, layer_list=[1])
     with pytest.raises(ValueError, match="d_out"):
         t = edges.tensors
         T.sparse_attention_backward(t["layers.0.attn.q"], t["layers.0.attn.kv"], t["layers.0.attn.indices"], 0.125, 48,

@@ -30,7 +30,7 @@ struct BenchArgs {
   std::string problem, impl = "ref,simd", target = "best", json_path;
   int repeats = 5, threads = 0;
   int64_t stack_seq = 8192, stack_sq = 512, stack_topk = 2048;
-  std::string module_preset = "deepseek-v3.2";
+  std::string model = "deepseek-v3.2";
   int64_t module_rows = 128;
   double budget = 15.0;
   std::string max_memory = "8G";

@@ -50,7 +50,7 @@ void Bench::start_json() {
        {"peak_gflops", {{"threads_1", {{"used", peak1}, {"start", pk.start1}, {"end", pk.end1}}},
                         {"threads_n", {{"threads", threads}, {"used", peakn}, {"start", pk.startn}, {"end", pk.endn}}}}},
        {"flops", {{"indexer", f_index}, {"attention", f_attn}, {"window_keys", window}, {"valid_indices", valid}}},
-       {"module", {{"preset", a.module_preset}, {"rows", a.module_rows}}},
+       {"module", {{"preset", a.model}, {"rows", a.module_rows}}},
        {"agreement", {{"checked", do_ref && do_simd}, {"mismatches", mismatches}}}};
   json stages = json::array();
   for (const StageResult& r : rows) stages.push_back(stage_json(r));
@@ -247,7 +247,7 @@ int Bench::finish() const {
   std::string repro = "indexshare bench --problem \"" + to_string(p) + "\" --impl " + a.impl + " --repeats " +
                       std::to_string(a.repeats) + " --threads " + std::to_string(threads) + " --target " + a.target +
                       " --stack-seq " + std::to_string(a.stack_seq) + " --stack-sq " + std::to_string(a.stack_sq) +
-                      " --stack-topk " + std::to_string(a.stack_topk) + " --module-preset " + a.module_preset +
+                      " --stack-topk " + std::to_string(a.stack_topk) + " --model " + a.model +
                       " --module-rows " + std::to_string(a.module_rows) + " --seconds " + fmt("%g", a.budget) +
                       " --commands " + a.commands + " --backward " + a.backward;
   if (!a.json_path.empty()) {

@@ -80,6 +80,14 @@ bool impl_streams(Impl impl, const Problem& p);
 // not stream yet and streaming would bring the estimate within max_bytes; "" otherwise.
 std::string logits_remedy(const Problem& p, bool keep_logits, bool streams, uint64_t max_bytes, int64_t n_rows,
                           bool golden, bool offers_no_logits);
+// A renamed option: returns "NEW,OLD" for add_option, so CLI11 takes both spellings and reports the
+// new one (given_options, reject_given and the messages name it), and records the pair for
+// old_name_notices. One vocabulary: --model names a model preset (golden, run, cost, bench),
+// --preset a golden preset, --layers a layer count, --layer-list a selection of layers.
+std::string renamed(const std::string& command, const std::string& new_name, const std::string& old_name);
+// The one-line notices for the old spellings given on this command line (argv[1] the command):
+// "indexshare: --layers is now --layer-list; the old name works for this release\n" each.
+std::string old_name_notices(int argc, const char* const* argv);
 // Parses "8G", "512M", "1000000" (bytes); Error naming the text otherwise.
 uint64_t parse_bytes(const std::string& text);
 

@@ -55,6 +55,37 @@ void check_model_memory(const ModelConfig& c, uint64_t max_bytes, bool golden) {
   }
 }
 
+namespace {
+struct Renamed {
+  std::string command, new_name, old_name;
+};
+std::vector<Renamed>& renames() {
+  static std::vector<Renamed> r;
+  return r;
+}
+}  // namespace
+
+std::string renamed(const std::string& command, const std::string& new_name, const std::string& old_name) {
+  renames().push_back({command, new_name, old_name});
+  return new_name + "," + old_name;
+}
+
+std::string old_name_notices(int argc, const char* const* argv) {
+  std::string out;
+  if (argc < 2) return out;
+  for (const Renamed& r : renames()) {
+    if (r.command != argv[1]) continue;
+    for (int i = 2; i < argc; ++i) {
+      const std::string tok = argv[i];
+      if (tok == r.old_name || tok.rfind(r.old_name + "=", 0) == 0) {
+        out += "indexshare: " + r.old_name + " is now " + r.new_name + "; the old name works for this release\n";
+        break;
+      }
+    }
+  }
+  return out;
+}
+
 std::vector<std::string> given_options(const CLI::App& c) {
   std::vector<std::string> given;
   for (const CLI::Option* o : c.get_options())

@@ -32,12 +32,12 @@
 //                       stage and the simd forward alone (no module, indexer, top-k, stack or
 //                       commands); --backward no skips it.
 //   module projections  the three projections of the module-level indexer (ref/module.h) of the
-//                       --module-preset model config for S = --module-rows rows, random bf16-valued
+//                       --model preset's config for S = --module-rows rows, random bf16-valued
 //                       weights and inputs (the problem's seed): wq_b on qr [S, q_lora], wk and
 //                       weights_proj on x [S, dim], through ref::linear / simd::linear.
 //                       FLOPs = 2 * S * (H * D * q_lora + D * dim + H * dim). The rest of the
 //                       module (RoPE, LayerNorm, Hadamard, FP8 quantization: O(S * H * D log D),
-//                       ref's code on both paths) is not timed. --module-preset none skips it.
+//                       ref's code on both paths) is not timed. --model none skips it.
 // ref's kernels are single-threaded; simd/ runs on --threads OpenMP threads. Each GFLOP/s is compared with
 // simd::fma_peak_gflops at the same thread count (1 for ref, --threads for simd) on the best
 // Highway target whatever --target says, probed in this run before the first stage and again
@@ -338,10 +338,10 @@ void Bench::check_options() {
                  "ref's kernels are single-threaded scalar code, and the stack runs on simd");
   else if (a.stack_seq == 0)
     reject_given(a.given, {"--stack-sq", "--stack-topk"}, "the stack", "--stack-seq 0 skips it");
-  if (a.module_preset == "none") reject_given(a.given, {"--module-rows"}, "the module stage", "--module-preset none skips it");
-  do_module = a.module_preset != "none" && a.backward != "only";
+  if (a.model == "none") reject_given(a.given, {"--module-rows"}, "the module stage", "--model none skips it");
+  do_module = a.model != "none" && a.backward != "only";
   require(a.module_rows >= 1, "--module-rows must be >= 1, got " + std::to_string(a.module_rows));
-  if (do_module) (void)model_preset(a.module_preset);  // an unknown name fails before any timing
+  if (do_module) (void)model_preset(a.model);  // an unknown name fails before any timing
   if (do_stack)
     for (int i = 0; i < 2; ++i) sp[i] = stack_problem(p, a, scheds[i]);  // bad shapes fail before any timing
 }
@@ -441,11 +441,11 @@ double Bench::add(const std::string& stage, Impl impl, double flops, double keys
 // Step: time the module projections (see the header), or note them skipped.
 void Bench::time_module_projections() {
   if (!do_module) {
-    rows.push_back({"module projections", "-", 1, {}, 0, 0, 0, 0, "skipped (--module-preset none)"});
+    rows.push_back({"module projections", "-", 1, {}, 0, 0, 0, 0, "skipped (--model none)"});
     return;
   }
-  progress("generating the " + a.module_preset + " indexer weights and " + std::to_string(a.module_rows) + " rows");
-  const ModelConfig mcfg = model_preset(a.module_preset);
+  progress("generating the " + a.model + " indexer weights and " + std::to_string(a.module_rows) + " rows");
+  const ModelConfig mcfg = model_preset(a.model);
   const ref::IndexerWeights iw = ref::random_indexer_weights(mcfg, p.seed, "bench.", 0.0f, "bench.base.");
   Tensor<float> mx({a.module_rows, mcfg.dim}), mqr({a.module_rows, mcfg.q_lora_rank});
   fill(mx.ptr(), mx.numel(), Dist::normal, 1.0f, p.seed, stream_tag("bench.x"));
@@ -454,7 +454,7 @@ void Bench::time_module_projections() {
   ref::round_bf16_inplace(mqr);
   const double H = double(mcfg.index_n_heads), D = double(mcfg.index_head_dim);
   const double f_mod = 2.0 * double(a.module_rows) * (H * D * double(mcfg.q_lora_rank) + D * double(mcfg.dim) + H * double(mcfg.dim));
-  const std::string note = a.module_preset + " indexer, " + std::to_string(a.module_rows) + " rows";
+  const std::string note = a.model + " indexer, " + std::to_string(a.module_rows) + " rows";
   struct Proj {
     Tensor<float> q, k, w;
   } pref, psimd;
@@ -725,7 +725,8 @@ Action register_bench(CLI::App& app) {
   c->add_option("--stack-seq", a->stack_seq, "Keys (s_kv) of the stack comparison; 0 skips it")->capture_default_str();
   c->add_option("--stack-sq", a->stack_sq, "Query rows of the stack comparison (clamped to --stack-seq)")->capture_default_str();
   c->add_option("--stack-topk", a->stack_topk, "Top-k of the stack comparison (clamped to --stack-seq)")->capture_default_str();
-  c->add_option("--module-preset", a->module_preset, "Model config of the module projections stage (none: skip)")->capture_default_str();
+  c->add_option(renamed("bench", "--model", "--module-preset"), a->model,
+                "Model preset of the module projections stage (none: skip it)")->capture_default_str();
   c->add_option("--module-rows", a->module_rows, "Query rows of the module projections stage")->capture_default_str();
   c->add_option("--seconds", a->budget, "Seconds after which a stage stops repeating (stack: 4x)")->capture_default_str();
   c->add_option("--max-memory", a->max_memory, "Refuse problems whose estimated memory exceeds this (e.g. 8G)")->capture_default_str();

@@ -30,7 +30,7 @@ using nlohmann::json;
 constexpr const char* kDefaultContexts = "4096,16384,65536,131072,262144,1048576";
 
 struct CostArgs {
-  std::string preset, config, contexts = kDefaultContexts, schedule, mode = "both", json_path;
+  std::string model, config, contexts = kDefaultContexts, schedule, mode = "both", json_path;
   bool alternatives = false, print_config = false;
   CostOptions options;
   std::vector<std::string> given;  // the options on the command line
@@ -92,16 +92,16 @@ void print_mode(CostMode mode, const ModelConfig& cfg, const Schedule& sched, co
 }
 
 int cmd_cost(const CostArgs& a) {
-  require(a.preset.empty() != a.config.empty(), "cost: give exactly one of --preset NAME or --config FILE");
+  require(a.model.empty() != a.config.empty(), "cost: give exactly one of --model NAME or --config FILE");
   ModelConfig cfg;
-  if (a.preset.empty()) {
+  if (a.model.empty()) {
     // A regular file of strict JSON first (a duplicated key silently took the last value, a folder
     // read as "invalid JSON"), then the config's own fields.
     const std::string text = io::read_text_file(a.config);
     (void)io::parse_json_strict(text, a.config);
     cfg = parse_config_json(text, a.config);
   } else {
-    cfg = model_preset(a.preset);
+    cfg = model_preset(a.model);
   }
   if (a.print_config) {
     reject_given(a.given, {"--context", "--schedule", "--mode", "--json", "--alternatives", "--flops-per-mac",
@@ -158,7 +158,8 @@ Action register_cost(CLI::App& app) {
   auto a = std::make_shared<CostArgs>();
   CLI::App* c = app.add_subcommand(
       "cost", "FLOPs and bytes per decoded token and per prefill, with a schedule and with every layer full");
-  auto* p = c->add_option("--preset", a->preset, "Model preset: deepseek-v3.2, glm-5, glm-5.2, tiny-deepseek, tiny-glm");
+  auto* p = c->add_option(renamed("cost", "--model", "--preset"), a->model,
+                          "Model preset: deepseek-v3.2, glm-5, glm-5.2, tiny-deepseek, tiny-glm");
   auto* f = c->add_option("--config", a->config, "Model config JSON file (ModelConfig field names; see ref/cost.h)");
   p->excludes(f);
   c->add_option("--context", a->contexts, "Context lengths, comma-separated (4096, 16K, 1M)")->capture_default_str();

@@ -45,7 +45,7 @@ int cmd_diff(const DiffArgs& a) {
   g.verify_rest();  // before anything is reported: a tampered set is exit 2 whichever tensor it is
   phases::begin("report");
   std::string replay = "indexshare diff --golden " + a.golden + " --candidate " + a.candidate;
-  if (!a.layers.empty()) replay += " --layers " + a.layers;
+  if (!a.layers.empty()) replay += " --layer-list " + a.layers;
   if (!a.precision.empty()) replay += " --precision " + a.precision;
   std::printf("%s", r.text(replay).c_str());
   std::vector<std::pair<std::string, std::string>> files;  // written together, atomically
@@ -63,7 +63,8 @@ Action register_diff(CLI::App& app) {
   CLI::App* c = app.add_subcommand("diff", "Judge a candidate's outputs (safetensors) against a golden set: exit 0 pass, 1 fail, 2 bad input");
   c->add_option("--golden,-g", a->golden, "Golden set folder")->required();
   c->add_option("--candidate,-c", a->candidate, "Candidate safetensors file with any subset of the golden's output names")->required();
-  c->add_option("--layers", a->layers, "Layers to judge, e.g. 0,3-5 (default: every layer the candidate holds)");
+  c->add_option(renamed("diff", "--layer-list", "--layers"), a->layers,
+                "Layers to judge, e.g. 0,3-5 (default: every layer the candidate holds)");
   c->add_option("--json", a->json, "Also write the report as JSON");
   c->add_option("--svg", a->svg, "Also draw the report: per judged layer a heatmap of |err| / bound of attn.out per (row, head), "
                                  "the per-row recall of the positions, and the findings");

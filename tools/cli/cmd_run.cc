@@ -194,8 +194,8 @@ int run_model(const RunArgs& a) {
     std::fputs(run_report::layer_line(l, s.is_full(l), s.source(l), tr.own_topk, tr.used_topk, tr.attn.out).c_str(), stdout);
   }
   std::printf("time      weights %.3f s, forward %.3f s (impl %s)\n", t_gen, t_run, impl_name(impl).c_str());
-  std::printf("__REPRO: indexshare run --model %s --impl %s --layers %d --seq %lld --seed %lld --sim %.9g --variant %s%s\n",
-              a.model.c_str(), impl_name(impl).c_str(), cfg.n_layers, (long long)cfg.seq, (long long)a.seed, double(a.sim), a.variant.c_str(),
+  std::printf("__REPRO: indexshare run --model %s --impl %s --layers %d --seq %lld --seed %lld --sim %s --variant %s%s\n",
+              a.model.c_str(), impl_name(impl).c_str(), cfg.n_layers, (long long)cfg.seq, (long long)a.seed, float_text(a.sim).c_str(), a.variant.c_str(),
               a.schedule.empty() ? "" : (" --schedule " + a.schedule).c_str());
   return 0;
 }

@@ -54,6 +54,7 @@ int run(int argc, char** argv) {
     if (!quiet_rank()) std::fprintf(stderr, "indexshare: error: unknown command '%s' (commands: %s)\n", argv[1], names.c_str());
     return 2;
   }
+  if (!quiet_rank()) std::fputs(cli::old_name_notices(argc, argv).c_str(), stderr);  // renamed options
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

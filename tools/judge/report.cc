@@ -31,10 +31,10 @@ std::set<int> parse_layers(const std::string& text) {
         for (int v = a; v <= b; ++v) out.insert(v);
       }
     } catch (const std::exception&) {
-      throw Error("--layers: bad item '" + part + "' in '" + text + "' (expected e.g. 0,3-5)");
+      throw Error("--layer-list: bad item '" + part + "' in '" + text + "' (expected e.g. 0,3-5)");
     }
   }
-  if (out.empty()) throw Error("--layers: no layer in '" + text + "'");
+  if (out.empty()) throw Error("--layer-list: no layer in '" + text + "'");
   return out;
 }
 

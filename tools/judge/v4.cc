@@ -105,7 +105,7 @@ std::set<int> V4Judge::layers(const std::set<int>& wanted) const {
     if (wanted.empty() || wanted.count(l)) out.insert(l);
   }
   for (int l : wanted)
-    if (!out.count(l)) throw Error(c_.source + ": --layers asks for layer " + std::to_string(l) + ", which the candidate does not hold");
+    if (!out.count(l)) throw Error(c_.source + ": --layer-list asks for layer " + std::to_string(l) + ", which the candidate does not hold");
   if (out.empty()) throw Error(c_.source + ": no v4 golden output names to judge");
   return out;
 }

@@ -32,7 +32,7 @@ std::set<int> Judge::candidate_layers(const std::set<int>& wanted) const {
     if (wanted.empty() || wanted.count(l)) layers.insert(l);
   }
   for (int l : wanted)
-    if (!layers.count(l)) throw Error(c_.source + ": --layers asks for layer " + std::to_string(l) + ", which the candidate does not hold");
+    if (!layers.count(l)) throw Error(c_.source + ": --layer-list asks for layer " + std::to_string(l) + ", which the candidate does not hold");
   if (layers.empty()) throw Error(c_.source + ": no golden output names to judge");
   return layers;
 }

@@ -704,7 +704,7 @@ void bind_analysis(nb::module_& m) {
     return overlap_json(golden::StackInputs{problem_of(problem), {}}, true, buckets, shared_stats, impl);
   });
 
-  // ---- the cost model (ref/cost.h): `indexshare cost --preset NAME --json` ----
+  // ---- the cost model (ref/cost.h): `indexshare cost --model NAME --json` ----
   m.def("cost", [](const std::string& preset, const std::string& contexts, const std::string& schedule, const std::string& mode) {
     const ModelConfig cfg = model_preset(preset);
     require(mode == "decode" || mode == "prefill" || mode == "both", "mode: expected decode, prefill or both, got '" + mode + "'");

@@ -56,10 +56,8 @@ void add_model_indexer(GoldenSet& g, const ref::ToyLayer& w, const ref::ToyLayer
 // The manifest of a module-level set (without its "tensors" list, which write() adds).
 json model_manifest(const ModelSpec& spec, const ModelConfig& cfg, const Schedule& sched, ref::IndexerVariant variant,
                     const std::string& replay, int64_t S, float sm, json layers, json budgets) {
-  char simbuf[32];
-  std::snprintf(simbuf, sizeof simbuf, "%.9g", double(spec.sim));
   const std::string problem = "model=" + spec.preset + " layers=" + std::to_string(cfg.n_layers) + " seq=" + std::to_string(S) +
-                              " seed=" + std::to_string(spec.seed) + " sim=" + simbuf + " variant=" + spec.variant +
+                              " seed=" + std::to_string(spec.seed) + " sim=" + float_text(spec.sim) + " variant=" + spec.variant +
                               " schedule=" + sched.pattern();
   return {
       {"format", "indexshare-golden"},
@@ -96,9 +94,7 @@ json model_manifest(const ModelSpec& spec, const ModelConfig& cfg, const Schedul
 }  // namespace
 
 std::string model_replay(const ModelSpec& spec) {
-  char sim[32];
-  std::snprintf(sim, sizeof sim, "%.9g", double(spec.sim));
-  std::string replay = "indexshare golden --model " + spec.preset + " --seed " + std::to_string(spec.seed) + " --sim " + sim +
+  std::string replay = "indexshare golden --model " + spec.preset + " --seed " + std::to_string(spec.seed) + " --sim " + float_text(spec.sim) +
                        " --variant " + spec.variant;
   if (spec.layers) replay += " --layers " + std::to_string(spec.layers);
   if (spec.seq) replay += " --seq " + std::to_string(spec.seq);

@@ -7,7 +7,7 @@ import tempfile
 
 from . import _arrays
 from ._core_loader import core
-from ._golden import GoldenSet, LoadedGolden
+from ._golden import GoldenSet, LoadedGolden, _renamed
 
 
 class Report:
@@ -63,7 +63,7 @@ def _diff_impl(impl: str, golden_dir: str) -> str:
     return "simd" if big else "ref"
 
 
-def diff(golden, candidate, layers=None, impl: str = "auto", precision: str = "") -> Report:
+def diff(golden, candidate, layer_list=None, impl: str = "auto", precision: str = "", *, layers=None) -> Report:
     """Judges ``candidate`` against ``golden`` (tools/lib/diff.h ``judge``): exactly ``indexshare diff``.
 
     golden     a golden set folder, a :class:`LoadedGolden` (:func:`load_golden`) or a
@@ -72,13 +72,15 @@ def diff(golden, candidate, layers=None, impl: str = "auto", precision: str = ""
                (layers.{l}.indexer.logits F32 [s_q, s_kv], indexer.topk I32/I64 [s_q, topk],
                attn.indices I32/I64 [s_q, 1, topk], attn.out F32/BF16 [s_q, h_q, d_v], attn.lse and
                attn.max_logits F32 [s_q, h_q]), or a safetensors file
-    layers     None (every layer the candidate covers), a list of layer numbers or "0,3-5"
+    layer_list None (every layer the candidate covers), a list of layer numbers or "0,3-5" (``diff
+               --layer-list``; ``layers=`` is its old name)
     impl       "ref", "simd" or "auto": the kernels of the recomputed expectations (the same results)
     precision  the arithmetic the indexer's logits are held to (``diff --precision``): "" for the
                default (fp8mma: Hopper's FP8 tensor-core accumulation), or "logits=f32", "logits=f16",
                "logits=bf16" (an indexer documented as low precision)
     Bad input (an unknown or mis-shaped tensor, a wrong dtype) raises ValueError naming the tensor.
     """
+    layers = _renamed("layers", "layer_list", layers, layer_list)
     if isinstance(golden, GoldenSet):
         with tempfile.TemporaryDirectory(prefix="indexshare-golden-") as tmp:
             d = golden.save(os.path.join(tmp, "golden"))
@@ -100,7 +102,7 @@ def diff(golden, candidate, layers=None, impl: str = "auto", precision: str = ""
         shown = "CANDIDATE.safetensors"
     else:
         raise TypeError(f"candidate: expected a dict name -> array or a safetensors file, got {type(candidate).__name__}")
-    replay = (f"indexshare diff --golden {gdir} --candidate {shown}" + (f" --layers {layers_text}" if layers_text else "")
+    replay = (f"indexshare diff --golden {gdir} --candidate {shown}" + (f" --layer-list {layers_text}" if layers_text else "")
               + (f" --precision {precision}" if precision else ""))
     failed, text, js = core().diff(handle, raws, path or "candidate", path, layers_text, _diff_impl(impl, gdir), replay, precision)
     r = Report(failed, text, js)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 
 import numpy as np
 
@@ -284,13 +285,27 @@ def overlap(golden=None, *, problem=None, buckets: int = 8, shared_stats: bool =
     return json.loads(text)
 
 
-def cost(preset: str, contexts=(4096, 16384, 65536, 131072, 262144, 1048576), *, schedule: str = "",
-         mode: str = "both") -> dict:
-    """The cost model (ref/cost.h): the JSON of ``indexshare cost --preset NAME --json`` as a dict (the
-    same numbers). FLOPs and bytes per decoded token and per whole prefill of the model ``preset``
-    (deepseek-v3.2, glm-5, glm-5.2, tiny-deepseek, tiny-glm) under ``schedule`` (default: the model's
-    own; an F/S pattern, a preset name, freq:N,offset:M, ...) against every layer Full, at each
-    context length of ``contexts`` (ints, or the CLI's text "4096,16K,1M"); ``mode`` "decode",
-    "prefill" or "both"; the default accounting options."""
+def _renamed(old: str, new: str, old_value, new_value):
+    """A keyword renamed to the CLI's name for the same thing: ``old=`` still works for this release, with
+    a one-line notice on stderr (as the CLI's old option names)."""
+    if old_value is None:
+        return new_value
+    if new_value is not None:
+        raise TypeError(f"give {new}= only ({old}= is its old name)")
+    print(f"indexshare: {old}= is now {new}=; the old name works for this release", file=sys.stderr)
+    return old_value
+
+
+def cost(model: str | None = None, contexts=(4096, 16384, 65536, 131072, 262144, 1048576), *, schedule: str = "",
+         mode: str = "both", preset: str | None = None) -> dict:
+    """The cost model (ref/cost.h): the JSON of ``indexshare cost --model NAME --json`` as a dict (the
+    same numbers). FLOPs and bytes per decoded token and per whole prefill of the model preset ``model``
+    (deepseek-v3.2, glm-5, glm-5.2, tiny-deepseek, tiny-glm; ``preset=`` is its old name) under
+    ``schedule`` (default: the model's own; an F/S pattern, a preset name, freq:N,offset:M, ...)
+    against every layer Full, at each context length of ``contexts`` (ints, or the CLI's text
+    "4096,16K,1M"); ``mode`` "decode", "prefill" or "both"; the default accounting options."""
+    model = _renamed("preset", "model", preset, model)
+    if model is None:
+        raise TypeError("cost: give model= (a model preset: deepseek-v3.2, glm-5, glm-5.2, tiny-deepseek, tiny-glm)")
     text = contexts if isinstance(contexts, str) else ",".join(str(int(c)) for c in contexts)
-    return json.loads(core().cost(preset, text, schedule, mode))
+    return json.loads(core().cost(model, text, schedule, mode))

@@ -1,7 +1,7 @@
 """Dump a transformers DSA model's kernel inputs for ``indexshare golden/overlap/search --from``.
 
     python -m indexshare.dump --model PATH_OR_CONFIG (--prompt-file F | --tokens N)
-                              [--layers 0-3,6] [--device cpu|cuda] [--seed N] [--no-logits]
+                              [--layer-list 0-3,6] [--device cpu|cuda] [--seed N] [--no-logits]
                               --out acts.safetensors
 
 ``--model`` is a checkpoint folder (``config.json`` and weights: ``from_pretrained`` with
@@ -10,7 +10,7 @@ random weights from ``--seed``, for tests and dry runs). Families: ``glm_moe_dsa
 cross-layer sharing from ``config.indexer_types``), ``deepseek_v32``, and ``deepseek_v4`` (an f32
 model, its own tensor list and descriptor: ``_v4.py``; what follows is the first two's). One prefill of one
 sequence (batch 1) runs with forward hooks on every chosen layer's attention and indexer; per
-layer (renumbered 0, 1, ... in the order of ``--layers``) the file holds, under the golden tensor
+layer (renumbered 0, 1, ... in the order of ``--layer-list``) the file holds, under the golden tensor
 names ``indexshare golden --from`` reads:
 
 - Full layers: ``layers.{l}.indexer.q`` bf16 [S, H, D] and ``indexer.k`` bf16 [S, D] (after the
@@ -48,7 +48,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import struct
 import sys
 import tempfile
 from pathlib import Path
@@ -73,15 +72,15 @@ def parse_layers(text: str, n_layers: int) -> list[int]:
             else:
                 lo = hi = int(part)
         except ValueError:
-            raise DumpError(f"--layers: {part!r} is not a layer number or range (e.g. 0-3,6)") from None
+            raise DumpError(f"--layer-list: {part!r} is not a layer number or range (e.g. 0-3,6)") from None
         if lo > hi:
-            raise DumpError(f"--layers: range {part!r} is empty")
+            raise DumpError(f"--layer-list: range {part!r} is empty")
         for layer in range(lo, hi + 1):
             if not 0 <= layer < n_layers:
-                raise DumpError(f"--layers: layer {layer} is outside the model's {n_layers} layers")
+                raise DumpError(f"--layer-list: layer {layer} is outside the model's {n_layers} layers")
             out.append(layer)
     if out != sorted(set(out)):
-        raise DumpError("--layers: layers must be ascending without repeats")
+        raise DumpError("--layer-list: layers must be ascending without repeats")
     return out
 
 
@@ -94,11 +93,11 @@ def select_layers(schedule: list[str], wanted: list[int] | None) -> tuple[list[i
             src = max(i for i in range(layer) if schedule[i] == "F")
             if src not in layers:
                 raise DumpError(
-                    f"--layers: Shared layer {layer} reuses Full layer {src}'s positions; add layer {src}"
+                    f"--layer-list: Shared layer {layer} reuses Full layer {src}'s positions; add layer {src}"
                 )
         sched += schedule[layer]
     if sched[0] == "S":
-        raise DumpError("--layers: the first dumped layer must be a Full layer")
+        raise DumpError("--layer-list: the first dumped layer must be a Full layer")
     return layers, sched
 
 
@@ -312,12 +311,22 @@ def config_numbers(cfg) -> dict:
     return {key: getattr(cfg, key) for key in keys if hasattr(cfg, key)}
 
 
+def f32_text(x: float) -> str:
+    """The shortest decimal that reads back as the same f32: what C++'s std::to_chars prints (ref/problem.h
+    float_text), fixed or scientific whichever is shorter, an integral value in fixed form exactly."""
+    import numpy as np
+
+    f = np.float32(x)
+    fixed = str(int(f)) if f == np.trunc(f) else np.format_float_positional(f, unique=True, trim="-")
+    sci = np.format_float_scientific(f, unique=True, trim="-", exp_digits=2)
+    return fixed if len(fixed) <= len(sci) else sci
+
+
 def metadata(model, info, layers: list[int], sched: str, source: str, with_logits: bool) -> dict[str, str]:
     cfg = model.config
     r, rope = cfg.kv_lora_rank, cfg.qk_rope_head_dim
-    # sm as the f32 the kernels use, printed with 9 significant digits (which round-trip an f32)
-    sm32 = struct.unpack("f", struct.pack("f", info["sm"]))[0]
-    problem = f"k{info['k']} dv{r} sm={sm32:.9g} indexer=bf16 sched={sched}"
+    # sm as the f32 the kernels use, in its shortest round-trip form (as the C++ problem strings)
+    problem = f"k{info['k']} dv{r} sm={f32_text(info['sm'])} indexer=bf16 sched={sched}"
     fails = [layer for layer, ok in info["self_check"].items() if not ok]
     notes = {
         "topk": "indexer.topk / attn.indices: HF's raw torch.topk with masked (future) slots turned into -1, "
@@ -463,7 +472,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", required=True, help="checkpoint folder, folder with config.json, or a config.json")
     ap.add_argument("--prompt-file", help="text to tokenise with the checkpoint's tokenizer")
     ap.add_argument("--tokens", type=int, help="random token ids (seeded); with --prompt-file: keep the first N")
-    ap.add_argument("--layers", help="model layers to dump, e.g. 0-3,6 (default: all); renumbered 0, 1, ...")
+    ap.add_argument("--layer-list", "--layers", dest="layers",
+                    help="model layers to dump, e.g. 0-3,6 (default: all); renumbered 0, 1, ... (--layers: its old name)")
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument("--seed", type=int, default=0, help="random weights (config only) and random tokens")
     ap.add_argument("--no-logits", action="store_true", help="leave out the model's own [S, S] index scores")
@@ -471,6 +481,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="negative control: write the indexer q/k with this RoPE layout instead of the model's")
     ap.add_argument("--out", required=True, help="the dump (.safetensors), written atomically")
     args = ap.parse_args(argv)
+    if any(a == "--layers" or a.startswith("--layers=") for a in (sys.argv[1:] if argv is None else argv)):
+        print("indexshare.dump: --layers is now --layer-list; the old name works for this release", file=sys.stderr)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     try:
         if args.device == "cuda":

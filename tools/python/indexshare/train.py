@@ -22,6 +22,7 @@ import numpy as np
 from . import _arrays as A
 from ._core_loader import core
 from ._diff import Report
+from ._golden import _renamed
 from .kernels import AttentionBackward, _impl, sparse_attention_backward
 from .testing import assert_matches
 
@@ -131,18 +132,20 @@ def _grad(name: str, leaf, want_shape) -> object:
     return leaf.grad.detach()
 
 
-def attention_backward_candidate(fn: Callable, golden, *, layers=None, dtype=None) -> dict:
+def attention_backward_candidate(fn: Callable, golden, *, layer_list=None, dtype=None, layers=None) -> dict:
     """Runs ``fn(q, kv, indices, sm_scale, d_v, topk_length, sink)`` (a differentiable torch function, e.g.
     ``MyFunction.apply``; q bf16 [s_q, h_q, d_qk] and kv bf16 [s_kv, 1, d_qk] require grad, indices int32
     [s_q, 1, topk], topk_length int32 [s_q] or None, sink f32 [h_q] (requires grad) or None; it returns out
     [s_q, h_q, d_v], or a tuple whose first element is out) on each layer of a training golden set, calls
     ``out.backward(layers.{l}.attn.d_out)`` and returns the candidate {layers.{l}.attn_bwd.dq: q.grad,
     .dkv: kv.grad, .d_sink: sink.grad} in the gradients' own dtypes. ``dtype`` (e.g. torch.float64, for a
-    reference in higher precision): q, kv and sink are handed to fn in that dtype instead of the set's."""
+    reference in higher precision): q, kv and sink are handed to fn in that dtype instead of the set's.
+    ``layer_list``: the layers to run (default: every layer holding attn.d_out; ``layers=`` is its old name)."""
     torch = _torch()
     t = golden.tensors
     sm, d_v = float(golden.config["sm_scale"]), int(golden.config["d_v"])
     cand = {}
+    layers = _renamed("layers", "layer_list", layers, layer_list)
     for l in _layers(golden, layers, "attn.d_out"):
         p = f"layers.{l}."
         q, kv = _leaf(t[p + "attn.q"], dtype), _leaf(t[p + "attn.kv"], dtype)
@@ -164,27 +167,30 @@ def attention_backward_candidate(fn: Callable, golden, *, layers=None, dtype=Non
     return cand
 
 
-def assert_attention_backward(fn: Callable, golden, *, layers=None, impl: str = "auto") -> Report:
+def assert_attention_backward(fn: Callable, golden, *, layer_list=None, impl: str = "auto", layers=None) -> Report:
     """:func:`attention_backward_candidate` judged by :func:`indexshare.testing.assert_matches`: raises
     AssertionError with the CLI's report (its diagnoses name the usual backward bugs) when a gradient FAILs;
     returns the :class:`indexshare.Report` otherwise."""
-    return assert_matches(golden, attention_backward_candidate(fn, golden, layers=layers), layers=layers, impl=impl)
+    layers = _renamed("layers", "layer_list", layers, layer_list)
+    return assert_matches(golden, attention_backward_candidate(fn, golden, layer_list=layers), layers, impl=impl)
 
 
-def indexer_loss_candidate(fn: Callable, golden, *, layers=None, dtype=None) -> dict:
+def indexer_loss_candidate(fn: Callable, golden, *, layer_list=None, dtype=None, layers=None) -> dict:
     """Runs ``fn(q, k, weights, ks, ke, topk, teachers, loss_coeff)`` on each distilled layer of a training
     golden set and backpropagates the scalar it returns. q [s_q, H, D] and k [s_kv, D] (the indexer's bf16
     values as f32) and weights f32 [s_q, H] require grad; ks, ke int32 [s_q]; topk int32 [s_q, K] (row-local,
     -1 padded) for a sparse loss, None for a dense one; teachers: a list of (q bf16 [s_q, h_q, d_qk], kv bf16
     [s_kv, 1, d_qk], sm_scale), the Full layer's own first (more with the served-layers target, whose rule
     fn then implements). Returns {layers.{l}.indexer_loss.loss, .dq, .dk, .dw}. ``dtype``: q, k and weights
-    in that dtype (default float32)."""
+    in that dtype (default float32). ``layer_list``: the layers to run (default: every distilled layer;
+    ``layers=`` is its old name)."""
     torch = _torch()
     t = golden.tensors
     tr = golden.manifest["train"]
     sm, coeff = float(golden.config["sm_scale"]), float(tr["loss_coeff"])
     teachers_of = {e["layer"]: e["teachers"] for e in tr["indexer_losses"]}
     cand = {}
+    layers = _renamed("layers", "layer_list", layers, layer_list)
     for l in _layers(golden, layers, "indexer_loss.loss"):
         p = f"layers.{l}."
         q, k = _leaf(t[p + "indexer.q"], dtype or torch.float32), _leaf(t[p + "indexer.k"], dtype or torch.float32)
@@ -205,7 +211,8 @@ def indexer_loss_candidate(fn: Callable, golden, *, layers=None, dtype=None) -> 
     return cand
 
 
-def assert_indexer_loss_backward(fn: Callable, golden, *, layers=None, impl: str = "auto") -> Report:
+def assert_indexer_loss_backward(fn: Callable, golden, *, layer_list=None, impl: str = "auto", layers=None) -> Report:
     """:func:`indexer_loss_candidate` judged by :func:`indexshare.testing.assert_matches` (AssertionError
     with the CLI's report on a FAIL)."""
-    return assert_matches(golden, indexer_loss_candidate(fn, golden, layers=layers), layers=layers, impl=impl)
+    layers = _renamed("layers", "layer_list", layers, layer_list)
+    return assert_matches(golden, indexer_loss_candidate(fn, golden, layer_list=layers), layers, impl=impl)
