@@ -13,6 +13,7 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <span>
 
 #include "ref/attention.h"
 #include "ref/module_ops.h"
@@ -22,6 +23,7 @@
 #include "tests/candidate_util.h"
 #include "tools/judge/diff.h"
 #include "tools/lib/golden_v4.h"
+#include "tools/lib/run_report.h"
 
 using namespace indexshare;
 namespace fs = std::filesystem;
@@ -435,4 +437,36 @@ TEST_CASE("v4 golden: the CLI writes, verifies and judges a set, a bad spec exit
   fs::remove_all(dir);
   fs::remove_all(dir + "-preset");
   fs::remove(cand);
+}
+
+TEST_CASE("v4: run on a V4 descriptor prints golden's attn.out_rotated fingerprints, ref and simd alike") {
+  const std::string spec = "t=48 h=2 d=64 w=8 csa=4 hca=8 ih=4 id=32 k=4 rope=16 ctx=32 types=SCHCC sched=FSF seed=5";
+  const indexshare::testing::CliResult simd = indexshare::testing::run_cli("run --problem '" + spec + "'");
+  const indexshare::testing::CliResult ref = indexshare::testing::run_cli("run --impl ref --problem '" + spec + "'");
+  REQUIRE(simd.status == 0);
+  REQUIRE(ref.status == 0);
+  CHECK(simd.out.find("schedule  .F.sF (2 indexers over 5 layers)") != std::string::npos);
+  CHECK(simd.out.find("layer   3 C4A s source   1") != std::string::npos);
+  // The fingerprint of every layer: golden's attn.out_rotated, folded as run folds it.
+  const golden::GoldenSet g = golden::build_v4(golden::parse_v4_spec(spec), "test", Impl::ref);
+  for (int l = 0; l < 5; ++l) {
+    const io::TensorView* v = nullptr;
+    for (const io::TensorView& t : g.tensors)
+      if (t.name == "layers." + std::to_string(l) + ".attn.out_rotated") v = &t;
+    REQUIRE(v != nullptr);
+    run_report::LayerFold f;
+    f.add_out(std::span<const float>(reinterpret_cast<const float*>(v->bytes.data()), v->bytes.size() / 4));
+    char fp[32];
+    std::snprintf(fp, sizeof fp, "fingerprint %016llx", (unsigned long long)f.fp());
+    CAPTURE(l);
+    CHECK(simd.out.find(fp) != std::string::npos);
+    CHECK(ref.out.find(fp) != std::string::npos);
+  }
+  // A schedule starting with S, and options a V4 descriptor sets itself: exit 2, by name.
+  indexshare::testing::CliResult bad = indexshare::testing::run_cli("run --problem '" + spec.substr(0, spec.find("sched")) + "sched=SSF'");
+  CHECK(bad.status == 2);
+  CHECK(bad.out.find("must start with F") != std::string::npos);
+  bad = indexshare::testing::run_cli("run --layers 3 --problem '" + spec + "'");
+  CHECK(bad.status == 2);
+  CHECK(bad.out.find("--layers applies to kernel-level (DSA) stacks only") != std::string::npos);
 }

@@ -1,6 +1,7 @@
 // indexshare run: compute a DSA layer stack and print a summary.
 //   --problem DESC    kernel-level stack from generated kernel inputs (ref/stack.h)
 //   --model NAME      the toy module-level model with a preset's real shapes (ref/model.h)
+//   --problem "t=... types=..."  a DeepSeek-V4 stack (tools/lib/golden_v4.h), as golden --kind v4 computes it
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -16,7 +17,9 @@
 #include "ref/stack.h"
 #include "simd/simd.h"
 #include "tools/cli/cli.h"
+#include "tools/lib/golden_v4.h"
 #include "tools/lib/phases.h"
+#include "tools/lib/run_report.h"
 #ifdef INDEXSHARE_MPI
 #include "tools/lib/distributed.h"
 #endif
@@ -166,6 +169,46 @@ int run_problem(const RunArgs& a) {
   return 0;
 }
 
+// A DeepSeek-V4 stack (a --problem with types=, the v4 golden descriptor, tools/lib/golden_v4.h):
+// each layer's inputs generated, then golden's computation (compute_v4_layer); one line per layer
+// with the attention output's rms and fingerprint (attn.out_rotated: equal fingerprints, equal
+// bytes), then the time of each part. --impl auto is simd.
+int run_v4(const RunArgs& a) {
+  const golden::V4Spec spec = golden::parse_v4_spec(a.problem);
+  spec.cfg.validate();
+  const ref::v4::Schedule sch = spec.schedule();
+  const std::optional<Impl> named = a.impl == "auto" ? std::optional<Impl>(Impl::simd) : impl_named(a.impl);
+  require(named.has_value(), "--impl must be ref, simd or auto, got '" + a.impl + "'");
+  const Impl impl = *named;
+  reject_target_on_ref(a.given, impl);
+  apply_target(a.target);
+  const ref::v4::Config& cfg = spec.cfg;
+  std::printf("problem   %s\nschedule  %s (%d indexers over %zu layers)\nimpl      %s\n", golden::to_string(spec).c_str(),
+              sch.pattern().c_str(), sch.indexers(), sch.types.size(), impl_line(impl).c_str());
+  const ref::Kernels kern = kernels_for(impl);
+  std::vector<Tensor<int32_t>> blocks(sch.types.size());
+  double t_gen = 0, t_run = 0;
+  for (size_t l = 0; l < sch.types.size(); ++l) {
+    const ref::v4::LayerType t = sch.types[l];
+    auto t0 = std::chrono::steady_clock::now();
+    const ref::v4::LayerInputs in =
+        ref::v4::make_layer_inputs(cfg, int(l), t, t == ref::v4::LayerType::csa && sch.full(l), kern);
+    t_gen += seconds_since(t0);
+    t0 = std::chrono::steady_clock::now();
+    const golden::V4LayerResult r = golden::compute_v4_layer(cfg, sch, l, in, blocks, kern, false);
+    t_run += seconds_since(t0);
+    run_report::LayerFold f;
+    f.add_out(std::span<const float>(r.rotated.data));
+    const char* type = t == ref::v4::LayerType::sliding ? "SWA" : t == ref::v4::LayerType::csa ? "C4A" : "HCA";
+    std::printf("layer %3zu %s %c source %3d  entries %6lld  out rms %.5f  fingerprint %016llx\n", l, type, sch.pattern()[l], sch.source[l],
+                (long long)(r.entries.numel() ? r.entries.dim(0) : 0), std::sqrt(f.ss() / double(std::max<int64_t>(1, f.numel))),
+                (unsigned long long)f.fp());
+  }
+  std::printf("time      inputs %.3f s, stack %.3f s (impl %s)\n", t_gen, t_run, impl_name(impl).c_str());
+  std::printf("__REPRO: indexshare run --impl %s --problem \"%s\"\n", impl_name(impl).c_str(), golden::to_string(spec).c_str());
+  return 0;
+}
+
 int run_model(const RunArgs& a) {
   ModelConfig cfg = model_preset(a.model);
   if (a.layers > 0) cfg.n_layers = int(a.layers);
@@ -208,6 +251,12 @@ int cmd_run(const RunArgs& a) {
   if (a.model.empty())
     reject_given(a.given, {"--seq", "--seed", "--sim", "--variant"}, "--model",
                  "a --problem descriptor sets skv, seed and the rest itself");
+  if (a.problem.find("types=") != std::string::npos) {  // a DeepSeek-V4 descriptor
+    reject_given(a.given, {"--layers", "--schedule", "--rows"}, "kernel-level (DSA) stacks",
+                 "its descriptor sets the layer types (types=) and the C4A schedule (sched= or freq=)");
+    require(!dist_active(), "run on a DeepSeek-V4 --problem runs in one process: run it without mpirun / srun");
+    return run_v4(a);
+  }
   return a.model.empty() ? run_problem(a) : run_model(a);
 }
 

@@ -190,6 +190,41 @@ json conventions(const V4Spec& s) {
 
 }  // namespace
 
+V4LayerResult compute_v4_layer(const ref::v4::Config& cfg, const ref::v4::Schedule& sch, size_t l, const ref::v4::LayerInputs& in,
+                               std::vector<Tensor<int32_t>>& blocks, const ref::Kernels& kern, bool keep_unrotated) {
+  const LayerType t = sch.types[l];
+  const bool own = t == LayerType::csa && sch.full(l);
+  const int64_t T = cfg.n_tokens, D = cfg.head_dim, H = cfg.n_heads;
+  V4LayerResult r;
+  if (t != LayerType::sliding)
+    r.entries = kern.v4_compress(in.comp_kv, in.comp_gate, in.comp_bias, in.comp_norm, ref::v4::compressor_params(cfg, t));
+  const int64_t n_c = r.entries.numel() ? r.entries.dim(0) : 0;
+  if (own) {
+    r.index_entries = kern.v4_compress(in.index_kv, in.index_gate, in.index_bias, in.index_norm, ref::v4::indexer_compressor_params(cfg));
+    r.scores = ref::v4::index_scores(in.index_q, r.index_entries, in.index_weights, cfg.csa_ratio, cfg.rotation, kern);
+    blocks[l] = ref::v4::select_blocks(r.scores, cfg.csa_ratio, cfg.index_topk, kern);
+  } else if (t == LayerType::csa) {
+    blocks[l] = blocks[size_t(sch.source[l])];
+  }
+  r.indices = ref::v4::attention_indices(cfg, t, n_c, t == LayerType::csa ? &blocks[l] : nullptr);
+  r.kv_full = Tensor<bf16_t>({T + n_c, 1, D});
+  std::copy(in.kv.data.begin(), in.kv.data.end(), r.kv_full.data.begin());
+  for (int64_t i = 0; i < n_c * D; ++i) r.kv_full[T * D + i] = f32_to_bf16(r.entries[i]);
+  r.attn = kern.sparse_attention(in.q, r.kv_full, r.indices, cfg.sm_scale(), D, nullptr, &in.sink);
+  if (keep_unrotated) {
+    r.rotated = r.attn.out;
+  } else {  // attn.out becomes attn.out_rotated in place; its bf16 copy goes
+    r.rotated = std::move(r.attn.out);
+    r.attn.out = {};
+    r.attn.out_bf16 = {};
+  }
+  const ref::v4::RopeParams& rope = t == LayerType::sliding ? cfg.main_rope : cfg.compress_rope;
+  const std::vector<float> freq = ref::v4::inv_freq(rope);
+  for (int64_t row = 0; row < T; ++row)
+    for (int64_t h = 0; h < H; ++h) ref::v4::apply_rope_inverse(&r.rotated.at(row, h, D - rope.rope_dim), rope.rope_dim, row, freq);
+  return r;
+}
+
 std::string v4_replay(const V4Spec& s, Impl impl) {
   return "indexshare golden --kind v4 --problem \"" + to_string(s) + "\"" + (impl == Impl::ref ? "" : " --impl " + impl_name(impl));
 }
@@ -208,30 +243,10 @@ GoldenSet build_v4(const V4Spec& s, const std::string& replay, Impl impl, std::v
     const bool own = t == LayerType::csa && sch.full(l);
     const std::string pre = "layers." + std::to_string(l) + ".";
     ref::v4::LayerInputs in = given ? std::move(given->at(l)) : ref::v4::make_layer_inputs(cfg, int(l), t, own, kern);
-    Tensor<float> entries, ix_entries, scores;
-    if (t != LayerType::sliding)
-      entries = kern.v4_compress(in.comp_kv, in.comp_gate, in.comp_bias, in.comp_norm, ref::v4::compressor_params(cfg, t));
-    const int64_t n_c = entries.numel() ? entries.dim(0) : 0;
-    if (own) {
-      ix_entries = kern.v4_compress(in.index_kv, in.index_gate, in.index_bias, in.index_norm,
-                                    ref::v4::indexer_compressor_params(cfg));
-      scores = ref::v4::index_scores(in.index_q, ix_entries, in.index_weights, cfg.csa_ratio, cfg.rotation, kern);
-      blocks[l] = ref::v4::select_blocks(scores, cfg.csa_ratio, cfg.index_topk, kern);
-    } else if (t == LayerType::csa) {
-      blocks[l] = blocks[size_t(sch.source[l])];
-    }
-    Tensor<int32_t> indices = ref::v4::attention_indices(cfg, t, n_c, t == LayerType::csa ? &blocks[l] : nullptr);
-    Tensor<bf16_t> kv_full({T + n_c, 1, D});
-    std::copy(in.kv.data.begin(), in.kv.data.end(), kv_full.data.begin());
-    for (int64_t i = 0; i < n_c * D; ++i) kv_full[T * D + i] = f32_to_bf16(entries[i]);
-    ref::AttentionOut a = kern.sparse_attention(in.q, kv_full, indices, cfg.sm_scale(), D, nullptr, &in.sink);
-    Tensor<float> rotated = a.out;
-    const ref::v4::RopeParams& rope = t == LayerType::sliding ? cfg.main_rope : cfg.compress_rope;
-    const std::vector<float> freq = ref::v4::inv_freq(rope);
-    for (int64_t r = 0; r < T; ++r)
-      for (int64_t h = 0; h < H; ++h) ref::v4::apply_rope_inverse(&rotated.at(r, h, D - rope.rope_dim), rope.rope_dim, r, freq);
+    V4LayerResult r = compute_v4_layer(cfg, sch, l, in, blocks, kern);
+    const int64_t n_c = r.entries.numel() ? r.entries.dim(0) : 0;
     g.add(pre + "attn.q", std::move(in.q), Role::input);
-    g.add(pre + "attn.kv", std::move(kv_full), Role::input);
+    g.add(pre + "attn.kv", std::move(r.kv_full), Role::input);
     g.add(pre + "attn.sink", std::move(in.sink), Role::input);
     if (t != LayerType::sliding) {
       g.add(pre + "compressor.kv", std::move(in.comp_kv), Role::input);
@@ -247,18 +262,18 @@ GoldenSet build_v4(const V4Spec& s, const std::string& replay, Impl impl, std::v
       g.add(pre + "indexer.q", std::move(in.index_q), Role::input);
       g.add(pre + "indexer.weights", std::move(in.index_weights), Role::input);
     }
-    g.add(pre + "attn.indices", std::move(indices), Role::input);
-    if (t != LayerType::sliding) g.add(pre + "compressor.entries", std::move(entries), Role::output);
+    g.add(pre + "attn.indices", std::move(r.indices), Role::input);
+    if (t != LayerType::sliding) g.add(pre + "compressor.entries", std::move(r.entries), Role::output);
     if (own) {
-      g.add(pre + "indexer.entries", std::move(ix_entries), Role::output);
-      g.add(pre + "indexer.scores", std::move(scores), Role::output);
+      g.add(pre + "indexer.entries", std::move(r.index_entries), Role::output);
+      g.add(pre + "indexer.scores", std::move(r.scores), Role::output);
     }
     if (t == LayerType::csa) g.add(pre + "indexer.blocks", Tensor<int32_t>(blocks[l]), Role::output);
-    g.add(pre + "attn.out", std::move(a.out), Role::output);
-    g.add(pre + "attn.out_bf16", std::move(a.out_bf16), Role::output);
-    g.add(pre + "attn.out_rotated", std::move(rotated), Role::output);
-    g.add(pre + "attn.lse", std::move(a.lse), Role::output);
-    g.add(pre + "attn.max_logits", std::move(a.max_logits), Role::output);
+    g.add(pre + "attn.out", std::move(r.attn.out), Role::output);
+    g.add(pre + "attn.out_bf16", std::move(r.attn.out_bf16), Role::output);
+    g.add(pre + "attn.out_rotated", std::move(r.rotated), Role::output);
+    g.add(pre + "attn.lse", std::move(r.attn.lse), Role::output);
+    g.add(pre + "attn.max_logits", std::move(r.attn.max_logits), Role::output);
     layers.push_back({{"index", l}, {"type", std::string(1, ref::v4::layer_type_char(t))}, {"type_name", ref::v4::layer_type_name(t)},
                       {"kind", kind_of(sch, l)}, {"source", sch.source[l]}, {"n_c", n_c}});
   }

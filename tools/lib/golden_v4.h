@@ -67,6 +67,19 @@ std::string to_string(const V4Spec& s);  // canonical
 // dump, load_v4_dump) instead of generated ones; consumed.
 GoldenSet build_v4(const V4Spec& s, const std::string& replay, Impl impl = Impl::ref,
                    std::vector<ref::v4::LayerInputs>* given = nullptr);
+// One layer l of a v4 stack as the set records it (golden's and run's step): the compressor's
+// entries, a Full C4A layer's indexer entries, scores and blocks (stored in blocks[l]; a Shared C4A
+// layer copies blocks[source]), the attention indices, kv_full, the attention and attn.out_rotated
+// (keep_unrotated false: attn.out is rotated in place, and attn.out and out_bf16 are left empty).
+struct V4LayerResult {
+  Tensor<float> entries, index_entries, scores, rotated;
+  Tensor<int32_t> indices;
+  Tensor<bf16_t> kv_full;
+  ref::AttentionOut attn;
+};
+V4LayerResult compute_v4_layer(const ref::v4::Config& cfg, const ref::v4::Schedule& sch, size_t l, const ref::v4::LayerInputs& in,
+                               std::vector<Tensor<int32_t>>& blocks, const ref::Kernels& kern, bool keep_unrotated = true);
+
 // "indexshare golden --kind v4 --problem \"SPEC\"" (+ --impl), without --out.
 std::string v4_replay(const V4Spec& s, Impl impl);
 
