@@ -99,6 +99,13 @@ Result judge(const golden::Loaded& golden, const io::SafetensorsIndex& candidate
 Result judge_v4(const golden::Loaded& golden, const io::SafetensorsFile& candidate, const std::set<int>& layers,
                 const ref::Kernels& k = {});
 
+// A Hunyuan HY V4 set (kind hyv4, tools/lib/golden_hyv4.h; judge/hyv4.cc): per layer the indexer's
+// k_norm, q_rope, k_rope, weights and scores within judge/hyv4_bounds.h's bounds, the top-k as sets
+// (tie rule), attn.indices as the source layer's top-k, the attention (out, lse, max_logits) with the
+// unscaled sink, and o_v / gated through W_uv and the gate. judge() calls it for such a set.
+Result judge_hyv4(const golden::Loaded& golden, const io::SafetensorsFile& candidate, const std::set<int>& layers,
+                  const ref::Kernels& k = {});
+
 // An MTP draft-step set (kind mtp, tools/lib/golden_mtp.h; judge/mtp.cc): the candidate's layers.{l}
 // names as a stack set's, then the draft steps' mtp.topk / mtp.indices (sets modulo ties over the
 // MTP layer's logits at each request's last accepted row) and mtp.out / mtp.lse / mtp.max_logits
