@@ -347,6 +347,13 @@ TEST_CASE("hyv4 golden: the CLI writes, verifies and judges a set, bad input exi
   }
   r = testing::run_cli("diff --golden " + dir + " --candidate " + cand);
   CHECK_MESSAGE(r.status == 0, r.out);
+  // explain and overlap read stack sets: a hyv4 set is refused by name, not misread.
+  r = testing::run_cli("explain --golden " + dir + " --layer 0 --row 3");
+  CHECK(r.status == 2);
+  CHECK_MESSAGE(r.out.find("of kind 'hyv4'") != std::string::npos, r.out);
+  r = testing::run_cli("overlap --golden " + dir);
+  CHECK(r.status == 2);
+  CHECK_MESSAGE(r.out.find("field 'kind' is 'hyv4'") != std::string::npos, r.out);
   const std::pair<std::string, std::string> bad[] = {
       {"sq16 skv16 hq2 dqk48 dv32 ih4 id32 k8 nl6 rope=17", "hyv4 field 'rope'"},
       {"sq16 skv16 hq2 dqk48 dv32 ih4 id32 k8 nl3 sched=SFF", "sched"},

@@ -401,6 +401,8 @@ GoldenSet build_from(const std::string& file, StackInputs si, bool with_logits, 
 StackInputs stack_inputs_of(const Loaded& g) {
   const json& c = g.manifest["config"];
   const std::string where = g.dir + "/manifest.json";
+  require(g.manifest.value("kind", "") != "hyv4", where + ": field 'kind' is 'hyv4': a HY V4 set's indexer is not the stack's "
+                                                          "(tools/lib/golden_hyv4.h); judge it with diff");
   require(!g.manifest.contains("rows"), where + ": field 'rows': the set holds sampled query rows (--rows); overlap "
                                         "statistics and position buckets need every row: use --problem with its problem");
   Problem p;
