@@ -286,8 +286,25 @@ int golden_v4_from(const GoldenArgs& a, std::chrono::steady_clock::time_point t0
 
 // A kernel-level set from per-layer inputs dumped from a real model (--from), on one process or
 // MPI ranks (each reading its own rows).
+// A hyv4 set from a hy_v4 model dump (golden_hyv4.h load_hyv4_dump): the dump's descriptor, its inputs.
+int golden_hyv4_from(const GoldenArgs& a, std::chrono::steady_clock::time_point t0) {
+  require(a.problem.empty() && a.preset.empty() && a.model.empty(),
+          "golden --from: a hy_v4 dump carries its own descriptor (metadata 'problem'): give no --problem / --preset / --model");
+  reject_given(a.given, {"--rows", "--for", "--no-logits", "--layers", "--seq", "--seed", "--schedule", "--sim", "--variant", "--kind"},
+               "other dumps", "a hyv4 set from a dump takes everything from the dump");
+  require(!dist_active(), "golden: a hyv4 set is computed by one process: run it without mpirun / srun");
+  golden::Hyv4Dump d = golden::load_hyv4_dump(a.from);
+  const std::optional<Impl> impl = impl_named(a.impl);
+  require(impl.has_value(), "golden: --impl must be ref or simd, got '" + a.impl + "'");
+  const std::string replay = golden::v4_from_replay(a.from, *impl) + " --out " + a.out;  // the same command line
+  golden::GoldenSet set = golden::build_hyv4(d.spec, replay, *impl, &d.inputs);
+  set.manifest["conventions"]["inputs"] = "from the model dump " + a.from + " (python -m indexshare.dump); the seed is not used";
+  return publish(std::move(set), a, replay, t0);
+}
+
 int golden_from(const GoldenArgs& a, std::chrono::steady_clock::time_point t0) {
   if (golden::is_v4_dump(a.from)) return golden_v4_from(a, t0);
+  if (golden::is_hyv4_dump(a.from)) return golden_hyv4_from(a, t0);
   require(a.preset.empty(), "golden: --from excludes --preset (use --problem for top-k, dv, sm and sched)");
   require(!a.rows_given, "golden: --rows works with generated problems, not --from (the dump's rows are given)");
   reject_given(a.given, {"--layers", "--seq", "--seed", "--schedule", "--sim", "--variant", "--kind"},

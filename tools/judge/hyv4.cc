@@ -33,10 +33,6 @@ using detail::bound_rule;
 using detail::passes;
 namespace hy = ref::hyv4;
 
-const std::vector<std::string> kJudgedHy = {"indexer.k_norm", "indexer.q_rope", "indexer.k_rope", "indexer.weights",
-                                            "indexer.scores", "indexer.topk",   "attn.indices",   "attn.out",
-                                            "attn.lse",       "attn.max_logits", "attn.o_v",      "attn.gated"};
-
 cmp::FloatRule rule_of(std::vector<float> b, const std::string& how) {
   cmp::FloatRule r;
   r.bound = std::move(b);
@@ -90,6 +86,10 @@ class HyJudge {
     return res.tensors.back().report.verdict;
   }
   IndexerData indexer_data(int l, hy::RopeSlice slice) const;
+  // An input stored BF16 (generated) or F32 (a model dump's), as f32 values.
+  Tensor<float> values(const std::string& name) const {
+    return g_.get(name).dtype == io::DType::F32 ? g_.tensor<float>(name) : widen(g_.tensor<bf16_t>(name));
+  }
   hy::IndexerParams params(hy::RopeSlice slice) const {
     hy::IndexerParams p = hy::indexer_params(cfg_);
     p.slice = slice;
@@ -115,11 +115,15 @@ class HyJudge {
 std::set<int> HyJudge::layers(const std::set<int>& wanted) const {
   std::set<int> out;
   const int L = lay_.schedule.n_layers();
+  const auto fmt = c_.metadata.find("format");
+  const bool model_dump = fmt != c_.metadata.end() && fmt->second == golden::kDumpFormat;
   for (const io::TensorView& v : c_.tensors) {
     int l = -1;
     char rest[128] = {0};
     const bool parsed = std::sscanf(v.name.c_str(), "layers.%d.%127s", &l, rest) == 2;
-    if (!parsed || v.name != nm(l, rest) || std::find(kJudgedHy.begin(), kJudgedHy.end(), std::string(rest)) == kJudgedHy.end())
+    // A hy_v4 model dump (golden_hyv4.h) also holds the layer's inputs: not judged.
+    if (model_dump && parsed && v.name == nm(l, rest) && golden::hyv4_dump_inputs().count(rest)) continue;
+    if (!parsed || v.name != nm(l, rest) || !golden::hyv4_outputs().count(rest))
       throw Error(c_.source + ": tensor '" + v.name + "' is not a hyv4 golden output name (expected layers.{l}.indexer.k_norm, "
                   "q_rope, k_rope, weights, scores, topk, attn.indices, out, lse, max_logits, o_v or gated)");
     if (l < 0 || l >= L)
@@ -147,8 +151,8 @@ void HyJudge::layer(int l) {
 IndexerData HyJudge::indexer_data(int l, hy::RopeSlice slice) const {
   IndexerData d;
   const std::string p = nm(l, "indexer.");
-  d.q = widen(g_.tensor<bf16_t>(p + "q"));
-  d.k = widen(g_.tensor<bf16_t>(p + "k"));
+  d.q = values(p + "q");
+  d.k = values(p + "k");
   d.k_norm_w = g_.tensor<float>(p + "k_norm_w");
   d.k_norm_b = g_.tensor<float>(p + "k_norm_b");
   d.raw = g_.tensor<float>(p + "weights_raw");

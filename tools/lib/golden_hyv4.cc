@@ -94,6 +94,14 @@ namespace {
 
 Tensor<bf16_t> bf16_of(const Tensor<float>& x) { return to_bf16_tensor(x); }
 
+// The indexer's q and k as stored: BF16 when every value is a bf16 value (generated inputs: the
+// projections' bf16 outputs), F32 otherwise (a model dump's f32 projections).
+io::TensorView values_of(const Tensor<float>& x) {
+  for (int64_t i = 0; i < x.numel(); ++i)
+    if (bf16_to_f32(f32_to_bf16(x[i])) != x[i]) return io::make_view("", x);
+  return io::make_view("", to_bf16_tensor(x));
+}
+
 json conventions() {
   return {
       {"indexer_rope", "the trailing rope dims of each indexer head ([D - rope pass | rope rot]), interleaved pairs (2j, 2j+1) "
@@ -113,23 +121,36 @@ json conventions() {
 
 }  // namespace
 
-GoldenSet build_hyv4(const Hyv4Spec& s, const std::string& replay, Impl impl) {
+GoldenSet build_hyv4(const Hyv4Spec& s, const std::string& replay, Impl impl, std::vector<ref::hyv4::LayerInputs>* given) {
   const ref::hyv4::Config& c = s.cfg;
   c.validate();
   const Schedule sch = s.problem.schedule();
   const ref::Kernels kern = kernels_for(impl);
-  std::vector<ref::hyv4::LayerOutputs> outs = ref::hyv4::run_stack(c, sch, kern);
+  require(!given || int(given->size()) == sch.n_layers(), "golden hyv4: the given inputs do not hold every layer");
   GoldenSet g;
   json layers = json::array();
+  std::vector<Tensor<int32_t>> topk(size_t(sch.n_layers()));
   for (int l = 0; l < sch.n_layers(); ++l) {
     const bool full = sch.is_full(l);
-    const ref::hyv4::LayerInputs in = ref::hyv4::make_layer_inputs(c, l, full, kern);
-    ref::hyv4::LayerOutputs& o = outs[size_t(l)];
+    const ref::hyv4::LayerInputs in = given ? std::move((*given)[size_t(l)]) : ref::hyv4::make_layer_inputs(c, l, full, kern);
+    // ref::hyv4::run_stack, layer by layer: a Full layer runs its indexer, a Shared layer attends over its source's top-k.
+    ref::hyv4::LayerOutputs o;
+    if (full) {
+      o = ref::hyv4::run_layer(c, in, l, kern);
+    } else {
+      o.indices = topk[size_t(sch.source(l))];
+      o.attn = ref::hyv4::gated_attention(in.attn_q, in.attn_kv, o.indices, in.sink, c.sm_scale, c.kv_lora, &in.w_uv, in.gate, kern);
+    }
+    topk[size_t(l)] = o.indices;
     const std::string pre = "layers." + std::to_string(l) + ".";
     if (full) {
       ref::hyv4::IndexerOutputs& ix = *o.indexer;
-      g.add(pre + "indexer.q", bf16_of(in.q), Role::input);
-      g.add(pre + "indexer.k", bf16_of(in.k), Role::input);
+      for (const auto& [n, t] : {std::pair<const char*, const Tensor<float>*>{"indexer.q", &in.q}, {"indexer.k", &in.k}}) {
+        io::TensorView v = values_of(*t);
+        v.name = pre + n;
+        g.tensors.push_back(std::move(v));
+        g.roles[pre + n] = Role::input;
+      }
       g.add(pre + "indexer.k_norm_w", in.k_norm_w, Role::input);
       g.add(pre + "indexer.k_norm_b", in.k_norm_b, Role::input);
       g.add(pre + "indexer.weights_raw", in.weights, Role::input);
@@ -337,7 +358,9 @@ void Hyv4Check::tensors() {
       const io::TensorView* v = g_.find(name);
       if (!v) fail("tensors", "lacks '" + name + "' (a " + (sch_.is_full(l) ? "Full" : "Shared") + " layer holds it)");
       const Shape want = hyv4_shape(r.name, spec_.cfg);
-      if (v->dtype != r.dtype || v->shape != want)
+      // indexer.q and k: BF16, or F32 (a model dump's f32 projections)
+      const bool either = r.dtype == io::DType::BF16 && (std::string(r.name) == "indexer.q" || std::string(r.name) == "indexer.k");
+      if ((v->dtype != r.dtype && !(either && v->dtype == io::DType::F32)) || v->shape != want)
         fail("tensors", "'" + name + "' is " + io::dtype_name(v->dtype) + " " + shape_str(v->shape) + ", the config gives " +
                             io::dtype_name(r.dtype) + " " + shape_str(want));
       if (roles[name] != role_name(r.role)) fail("tensors", "'" + name + "' has role " + roles[name] + ", not " + role_name(r.role));

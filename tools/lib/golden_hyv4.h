@@ -15,7 +15,8 @@
 // e.g. "sq16 skv16 hq2 dqk48 dv32 ih4 id32 k8 seed71 sink=random nl6 sched=hy-v4 rope=16 vd=16".
 //
 // Tensors, per layer l (prefix "layers.{l}."); roles in brackets. Full layers (their own indexer):
-//   indexer.q [s_q, H, D] BF16 [input]: wq_b(q_resid), before RoPE
+//   indexer.q [s_q, H, D] BF16 [input]: wq_b(q_resid), before RoPE (F32 when its values are not all
+//     bf16 values: a model dump's f32 projections; likewise indexer.k)
 //   indexer.k [s_kv, D] BF16 [input]: wk(x), before the LayerNorm
 //   indexer.k_norm_w, indexer.k_norm_b [D] F32 [input]   indexer.weights_raw [s_q, H] F32 [input]
 //   indexer.ks, indexer.ke [s_q] I32 [reference]: the causal window [0, p + 1) of row t, p = s_kv - s_q + t
@@ -38,7 +39,9 @@
 #pragma once
 
 #include <cstdint>
+#include <set>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -57,8 +60,10 @@ struct Hyv4Spec {
 Hyv4Spec parse_hyv4_spec(const std::string& text);
 std::string to_string(const Hyv4Spec& s);  // canonical
 
-// The set; replay: the command recorded in the manifest.
-GoldenSet build_hyv4(const Hyv4Spec& s, const std::string& replay, Impl impl = Impl::ref);
+// The set; replay: the command recorded in the manifest. given: every layer's inputs (a model dump,
+// load_hyv4_dump) instead of generated ones; consumed.
+GoldenSet build_hyv4(const Hyv4Spec& s, const std::string& replay, Impl impl = Impl::ref,
+                     std::vector<ref::hyv4::LayerInputs>* given = nullptr);
 // "indexshare golden --kind hyv4 --problem \"SPEC\"" (+ --impl), without --out.
 std::string hyv4_replay(const Hyv4Spec& s, Impl impl);
 
@@ -66,6 +71,22 @@ std::string hyv4_replay(const Hyv4Spec& s, Impl impl);
 // against the config, layers and schedule, every tensor's name, role, dtype and shape; Error
 // naming the manifest field.
 void check_hyv4_manifest(const Loaded& g, const std::string& mpath);
+
+// ---- A hy_v4 model dump (python -m indexshare.dump; metadata format "indexshare-dump", kind "hyv4"):
+// per layer, under the golden names above, the inputs (hyv4_dump_inputs: indexer.q, k, k_norm_w,
+// k_norm_b, weights_raw on Full layers, F32 or BF16 for q and k; attn.q, kv, sink, w_uv, gate as the
+// kernel reads them) and the model's own outputs under the names diff judges (hyv4_outputs), which
+// --from passes over. The metadata's `problem` is the dumped layers' hyv4 descriptor.
+bool is_hyv4_dump(const std::string& file);  // reads the header only; false if it cannot
+struct Hyv4Dump {
+  Hyv4Spec spec;
+  std::vector<ref::hyv4::LayerInputs> inputs;
+};
+// Error naming the file, tensor and field (a missing, misshapen or non-finite input, an unknown name,
+// a layer outside the descriptor, a descriptor that does not parse).
+Hyv4Dump load_hyv4_dump(const std::string& file);
+const std::set<std::string>& hyv4_dump_inputs();  // "indexer.q", ..., "attn.gate"
+const std::set<std::string>& hyv4_outputs();      // the names a candidate (or a dump's model) may hold: "indexer.k_norm", ...
 
 // What the judge reads of a hyv4 manifest (its problem, re-parsed, and the schedule).
 struct Hyv4Layout {
