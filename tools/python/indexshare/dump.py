@@ -7,8 +7,8 @@
 ``--model`` is a checkpoint folder (``config.json`` and weights: ``from_pretrained`` with
 ``dtype=torch.bfloat16``), a folder with only ``config.json``, or a ``config.json`` file (both:
 random weights from ``--seed``, for tests and dry runs). Families: ``glm_moe_dsa`` (GLM-5, with
-cross-layer sharing from ``config.indexer_types``), ``deepseek_v32``, and ``deepseek_v4`` (an f32
-model, its own tensor list and descriptor: ``_v4.py``; what follows is the first two's). One prefill of one
+cross-layer sharing from ``config.indexer_types``), ``deepseek_v32``, ``deepseek_v4`` and ``hy_v4`` (f32
+models, each with its own tensor list and descriptor: ``_v4.py``, ``_hyv4.py``; what follows is the first two's). One prefill of one
 sequence (batch 1) runs with forward hooks on every chosen layer's attention and indexer; per
 layer (renumbered 0, 1, ... in the order of ``--layers``) the file holds, under the golden tensor
 names ``indexshare golden --from`` reads:
