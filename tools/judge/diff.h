@@ -30,6 +30,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <functional>
 #include <optional>
 #include <set>
 #include <string>
@@ -167,5 +168,15 @@ void compute_golden_logits(const golden::Loaded& g, GoldenLayer& d, const ref::K
 Tensor<float> candidate_float(const io::SafetensorsFile& c, const std::string& name, const Shape& shape);
 Tensor<int32_t> candidate_int(const io::SafetensorsFile& c, const std::string& name, const Shape& shape,
                               std::vector<std::string>& diagnoses);
+
+// The layers a candidate covers for a set of a kind with its own tensor list (v4, hyv4): every name is
+// layers.{l}.NAME with NAME among `outputs` (a model dump's names among `dump_inputs` are passed
+// over), l below n_layers and the golden holding the name (else Error naming absent(l)); --layers
+// (`wanted`) filters, each wanted layer held. Error (exit 2) naming the file and tensor otherwise;
+// `kind` and `expected` (the names, for the message) name the kind.
+std::set<int> own_list_layers(const golden::Loaded& g, const io::SafetensorsFile& c, int n_layers,
+                              const std::set<std::string>& outputs, const std::set<std::string>& dump_inputs,
+                              const std::string& kind, const std::string& expected,
+                              const std::function<std::string(int)>& absent, const std::set<int>& wanted);
 
 }  // namespace indexshare::diff

@@ -17,7 +17,6 @@
 // out (gated), a Shared layer off its source (attn.indices and the attention on another Full layer's
 // top-k).
 #include <algorithm>
-#include <cstdio>
 #include <map>
 
 #include "ref/numerics.h"
@@ -42,7 +41,7 @@ cmp::FloatRule rule_of(std::vector<float> b, const std::string& how) {
 
 Tensor<float> widen(const Tensor<bf16_t>& x) {
   Tensor<float> y(x.shape);
-  for (int64_t i = 0; i < x.numel(); ++i) y[i] = bf16_to_f32(x[i]);
+  std::transform(x.data.begin(), x.data.end(), y.data.begin(), [](bf16_t b) { return bf16_to_f32(b); });
   return y;
 }
 
@@ -113,30 +112,14 @@ class HyJudge {
 };
 
 std::set<int> HyJudge::layers(const std::set<int>& wanted) const {
-  std::set<int> out;
-  const int L = lay_.schedule.n_layers();
-  const auto fmt = c_.metadata.find("format");
-  const bool model_dump = fmt != c_.metadata.end() && fmt->second == golden::kDumpFormat;
-  for (const io::TensorView& v : c_.tensors) {
-    int l = -1;
-    char rest[128] = {0};
-    const bool parsed = std::sscanf(v.name.c_str(), "layers.%d.%127s", &l, rest) == 2;
-    // A hy_v4 model dump (golden_hyv4.h) also holds the layer's inputs: not judged.
-    if (model_dump && parsed && v.name == nm(l, rest) && golden::hyv4_dump_inputs().count(rest)) continue;
-    if (!parsed || v.name != nm(l, rest) || !golden::hyv4_outputs().count(rest))
-      throw Error(c_.source + ": tensor '" + v.name + "' is not a hyv4 golden output name (expected layers.{l}.indexer.k_norm, "
-                  "q_rope, k_rope, weights, scores, topk, attn.indices, out, lse, max_logits, o_v or gated)");
-    if (l < 0 || l >= L)
-      throw Error(c_.source + ": tensor '" + v.name + "': layer " + std::to_string(l) + " is outside the set's " + std::to_string(L) + " layers");
-    if (!g_.find(v.name))
-      throw Error(c_.source + ": tensor '" + v.name + "': the golden layer " + std::to_string(l) +
-                  " is a Shared layer (no indexer of its own): it holds no such tensor");
-    if (wanted.empty() || wanted.count(l)) out.insert(l);
-  }
-  for (int l : wanted)
-    if (!out.count(l)) throw Error(c_.source + ": --layers asks for layer " + std::to_string(l) + ", which the candidate does not hold");
-  if (out.empty()) throw Error(c_.source + ": no hyv4 golden output names to judge");
-  return out;
+  return own_list_layers(g_, c_, lay_.schedule.n_layers(), golden::hyv4_outputs(), golden::hyv4_dump_inputs(), "hyv4",
+                         "layers.{l}.indexer.k_norm, q_rope, k_rope, weights, scores, topk, attn.indices, out, lse, "
+                         "max_logits, o_v or gated",
+                         [](int l) {
+                           return "the golden layer " + std::to_string(l) + " is a Shared layer (no indexer of its own): it "
+                                  "holds no such tensor";
+                         },
+                         wanted);
 }
 
 void HyJudge::layer(int l) {
@@ -245,16 +228,11 @@ Tensor<int32_t> HyJudge::indices(int l) {
   const Tensor<int32_t> ks = g_.tensor<int32_t>(sp + "ks"), ke = g_.tensor<int32_t>(sp + "ke");
   cmp::Report r = cmp::compare_topk("", scores, ks, ke, as_2d(gold), cand);
   if (passes(r) && cs != cand_topk_.end()) {  // the candidate's own source top-k, as sets per row
-    const int64_t k = cand.dim(1);
-    for (int64_t t = 0; t < cand.dim(0); ++t) {
-      std::vector<int32_t> a(&cand[t * k], &cand[t * k] + k), b(&expected[t * k], &expected[t * k] + k);
-      std::sort(a.begin(), a.end());
-      std::sort(b.begin(), b.end());
-      if (a == b) continue;
+    const detail::RowsAgainst ra = detail::rows_against(cand, expected, cfg_.s_kv);
+    if (!ra.same_sets) {
       r.verdict = cmp::Verdict::fail;
-      ++r.stats.n_fail;
+      r.reasons.push_back("the rows are not the candidate's own top-k of layer " + std::to_string(src) + " as sets");
     }
-    if (r.stats.n_fail) r.reasons.push_back(std::to_string(r.stats.n_fail) + " rows are not the candidate's own top-k of layer " + std::to_string(src));
   }
   const bool ok = add(l, "attn.indices", std::move(r), src == l ? "" : "judged on its source layer " + std::to_string(src) + "'s scores") !=
                   cmp::Verdict::fail;

@@ -23,17 +23,7 @@ const std::set<std::string>& hyv4_outputs() {
   return s;
 }
 
-bool is_hyv4_dump(const std::string& file) {
-  io::SafetensorsIndex idx;
-  try {
-    idx = io::read_safetensors_index(file, 0);
-  } catch (const Error&) {
-    return false;  // not readable: the reader that follows reports the file
-  }
-  const auto& m = idx.file.metadata;
-  const auto f = m.find("format"), k = m.find("kind");
-  return f != m.end() && f->second == kDumpFormat && k != m.end() && k->second == "hyv4";
-}
+bool is_hyv4_dump(const std::string& file) { return dump_kind(file) == "hyv4"; }
 
 namespace {
 

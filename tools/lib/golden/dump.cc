@@ -423,4 +423,16 @@ StackInputs stack_inputs_of(const Loaded& g) {
   return load_stack_inputs(g.data, g.dir + "/" + kTensorFile, p);
 }
 
+std::string dump_kind(const std::string& file) {
+  io::SafetensorsIndex idx;
+  try {
+    idx = io::read_safetensors_index(file, 0);
+  } catch (const Error&) {
+    return "";  // not readable: the reader that follows checks the options first, then reports the file
+  }
+  const auto& m = idx.file.metadata;
+  const auto f = m.find("format"), k = m.find("kind");
+  return f != m.end() && f->second == kDumpFormat && k != m.end() ? k->second : "";
+}
+
 }  // namespace indexshare::golden
