@@ -306,6 +306,14 @@ TEST_CASE("hyv4 diff: planted faults fail on the tensor they break, each named")
     CHECK_MESSAGE(diagnosed(r, "layer 1: the attention matches the sink scaled by sm_scale"), r.text("x"));
     CHECK_MESSAGE(diagnosed(r, "layer 3 (Shared from 1): the attention matches the sink scaled by sm_scale"), r.text("x"));
   }
+  SUBCASE("the sink left out") {
+    Cand c;
+    const hy::AttentionOutputs a = attention_of(g, 5, reshaped(g.tensor<int32_t>(L(5) + "attn.indices"), {16, 8}), Tensor<float>());
+    c.set(L(5) + "attn.o_v", a.o_v);
+    const diff::Result r = judge(c);
+    CHECK(verdict(r, 5, "attn.o_v") == cmp::Verdict::fail);
+    CHECK_MESSAGE(diagnosed(r, "layer 5: the attention matches the sink left out"), r.text("x"));
+  }
   SUBCASE("the gate left out") {
     Cand c;
     c.set(L(2) + "attn.gated", g.tensor<float>(L(2) + "attn.o_v"));
