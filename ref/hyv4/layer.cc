@@ -86,7 +86,7 @@ LayerInputs make_layer_inputs(const Config& c, int layer, bool with_indexer, con
   in.attn_kv = draw_bf16(c, pre + "attn.kv", {c.s_kv, 1, c.d_qk()}, 0, kern);
   in.w_uv = bf16_values(draw(c, pre + "attn.w_uv", {c.h_q, c.v_dim, c.kv_lora}, 0, inv_sqrt_f32(c.kv_lora), kern));
   in.gate = bf16_values(draw(c, pre + "attn.gate", {c.s_q, c.h_q, c.v_dim}, first, 1.0f, kern));
-  in.sink = draw(c, pre + "attn.sink", {c.h_q}, 0, 1.0f, kern);
+  if (c.sink) in.sink = draw(c, pre + "attn.sink", {c.h_q}, 0, 1.0f, kern);
   return in;
 }
 
@@ -164,7 +164,8 @@ AttentionOutputs gated_attention(const Tensor<bf16_t>& q, const Tensor<bf16_t>& 
   idx.shape = {s_q, 1, indices.dim(1)};  // FlashMLA's [s_q, 1, topk]
   AttentionOutputs o;
   // The sink is an unscaled logit, which is what the kernel's attn_sink is (layer.h): unchanged.
-  o.attn = kern.sparse_attention(q, kv, idx, sm_scale, d_v, nullptr, &sink);
+  if (sink.numel()) require_shape(sink, {h_q}, "hyv4 attention sink");
+  o.attn = kern.sparse_attention(q, kv, idx, sm_scale, d_v, nullptr, sink.numel() ? &sink : nullptr);
   if (w_uv) {
     const HeadWeights hw{w_uv->ptr(), h_q, v, d_v, v * d_v, d_v, 1};
     o.o_v = kern.head_linear(o.attn.out, hw);

@@ -52,7 +52,7 @@
 //   attn.kv           [s_kv, 1, kv_lora + attn_rope]    bf16 (latent and roped key)
 //   attn.w_uv         [h_q, v, kv_lora]  bf16 values (in f32): f32(kv_lora^-1/2) * draw, then bf16
 //   attn.gate         [s_q, h_q, v] bf16 values (in f32): linear_gate(x)
-//   attn.sink         [h_q]         f32
+//   attn.sink         [h_q]         f32 (empty when Config::sink is false: attention without a sink)
 #pragma once
 
 #include <cstdint>
@@ -85,6 +85,7 @@ struct Config {
   RopeSlice slice = RopeSlice::trailing;
   int64_t h_q = 2, kv_lora = 64, attn_rope = 16, v_dim = 32;  // HY V4: 32, 512, 64, 256
   float sm_scale = 0.0625f;              // (qk_nope + qk_rope)^-1/2 = 256^-1/2
+  bool sink = true;                      // the per-head sink (HY V4 has one); false: none, attn.sink empty
   uint64_t seed = 1;
   Dist dist = Dist::normal;
   // Error naming the field unless 1 <= s_q <= s_kv; heads, dim, index_topk, h_q, kv_lora, v_dim >= 1;
@@ -147,7 +148,7 @@ struct AttentionOutputs {
   Tensor<bf16_t> gated_bf16;  // bf16(gated)
 };
 // q [s_q, h_q, d_qk] bf16, kv [s_kv, 1, d_qk] bf16, indices [s_q, topk] (kv rows, -1 ignored),
-// sink [h_q] f32 (an unscaled logit, handed to the kernel unchanged), d_v the kernel's value dims,
+// sink [h_q] f32 (an unscaled logit, handed to the kernel unchanged; empty: no sink), d_v the kernel's value dims,
 // w_uv [h_q, v, d_v] or null (then v = d_v), gate [s_q, h_q, v].
 AttentionOutputs gated_attention(const Tensor<bf16_t>& q, const Tensor<bf16_t>& kv, const Tensor<int32_t>& indices,
                                  const Tensor<float>& sink, float sm_scale, int64_t d_v, const Tensor<float>* w_uv,

@@ -41,6 +41,42 @@ def load(path):
     return out
 
 
+def check_hyv4(m, A):
+    """A Hunyuan HY V4 set (tools/lib/golden_hyv4.h): bf16 copies, the top-k against the scores, the
+    causal -inf, Shared layers' indices, the head weights' two scales and the gate, in NumPy."""
+    errors = []
+    cfg = m["config"]
+    H, D = cfg["index_n_heads"], cfg["index_head_dim"]
+    first = cfg["s_kv"] - cfg["s_q"]
+    for layer in m["layers"]:
+        p = f"layers.{layer['index']}."
+        for a, b in (("attn.out", "attn.out_bf16"), ("attn.gated", "attn.gated_bf16")):
+            if not np.array_equal(A(p + a).astype(ml_dtypes.bfloat16).view(np.uint16), A(p + b).view(np.uint16)):
+                errors.append(f"{p}{b} != bf16({a})")
+        sig = (1.0 / (1.0 + np.exp(-A(p + "attn.gate").astype(np.float64)))).astype(np.float32)
+        if not np.allclose(A(p + "attn.o_v") * sig, A(p + "attn.gated"), rtol=3e-7, atol=0):
+            errors.append(f"{p}attn.gated != attn.o_v * sigmoid(attn.gate)")
+        src = f"layers.{layer['source']}."
+        if not np.array_equal(A(src + "indexer.topk"), A(p + "attn.indices")[:, 0, :]):
+            errors.append(f"{p}attn.indices are not the top-k of layer {layer['source']}")
+        if layer["kind"] != "full":
+            continue
+        raw = A(p + "indexer.weights_raw")
+        w = (raw * np.float32(1 / np.sqrt(H))).astype(np.float32) * np.float32(1 / np.sqrt(D))
+        if not np.array_equal(w.astype(np.float32), A(p + "indexer.weights")):
+            errors.append(f"{p}indexer.weights != (raw * f32(H^-1/2)) * f32(D^-1/2)")
+        scores, topk = A(p + "indexer.scores"), A(p + "indexer.topk")
+        for r in range(topk.shape[0]):
+            n = first + r + 1
+            if not np.all(np.isneginf(scores[r, n:])) or np.any(np.isneginf(scores[r, :n])):
+                errors.append(f"{p}indexer.scores row {r}: not -inf exactly past its {n} causal keys")
+            sel = [int(v) for v in topk[r] if v >= 0]
+            want = sorted(range(n), key=lambda s_: (-scores[r, s_], s_))[: len(topk[r])]
+            if sel != want or any(v != -1 for v in topk[r][len(sel):]):
+                errors.append(f"{p}indexer.topk row {r}: {list(topk[r])} is not the score-descending, key-ascending top-k")
+    return errors
+
+
 def check_set(cli, d):
     errors = []
     m = json.load(open(os.path.join(d, "manifest.json")))
@@ -58,8 +94,10 @@ def check_set(cli, d):
             errors.append(f"{name}: sha256 mismatch")
     A = lambda n: t[n][3]
     cfg = m["config"]
-    k = cfg["topk"]
-    for layer in m["layers"]:
+    if m["kind"] == "hyv4":
+        errors += check_hyv4(m, A)
+    k = cfg.get("topk", 0)
+    for layer in m["layers"] if m["kind"] != "hyv4" else []:
         p = f"layers.{layer['index']}."
         out = A(p + "attn.out")
         if not np.array_equal(out.astype(ml_dtypes.bfloat16).view(np.uint16), A(p + "attn.out_bf16").view(np.uint16)):

@@ -16,6 +16,7 @@
 #include "tools/lib/golden.h"
 #include "tools/lib/golden_model1.h"
 #include "tools/lib/golden_train.h"
+#include "tools/lib/golden_hyv4.h"
 #include "tools/lib/golden_mtp.h"
 #include "tools/lib/golden_v4.h"
 #include "tools/lib/kernel_registry.h"
@@ -219,6 +220,23 @@ int golden_mtp(const GoldenArgs& a, std::chrono::steady_clock::time_point t0) {
   return publish(golden::build_mtp(s, replay, *impl), a, replay, t0);
 }
 
+// A Hunyuan HY V4 set (tools/lib/golden_hyv4.h): --kind hyv4 --problem "PROBLEM [rope=R] [vd=V]", or a
+// hyv4 preset; the descriptor and its schedule are checked before anything is computed or written.
+int golden_hyv4(const GoldenArgs& a, std::chrono::steady_clock::time_point t0) {
+  require(a.preset.empty() != a.problem.empty() && a.model.empty() && a.from.empty(),
+          "golden --kind hyv4: give --problem \"PROBLEM [rope=R] [vd=V]\" or a hyv4 --preset, not --model / --from");
+  reject_given(a.given, {"--rows", "--for", "--no-logits", "--layers", "--seq", "--seed", "--schedule", "--sim", "--variant",
+                         "--loss", "--train-target", "--relu", "--loss-coeff", "--train-edges", "--loss-layers", "--d-out"},
+               "other kinds", "a hyv4 set takes its sizes, schedule and seed from its descriptor");
+  require(!dist_active(), "golden: a hyv4 set is computed by one process: run it without mpirun / srun");
+  const golden::Hyv4Spec s = golden::parse_hyv4_spec(a.preset.empty() ? a.problem : golden::preset(a.preset).problem);
+  const std::optional<Impl> impl = impl_named(a.impl);
+  require(impl.has_value(), "golden: --impl must be ref or simd, got '" + a.impl + "'");
+  reject_target_on_ref(a.given, *impl);
+  const std::string replay = golden::hyv4_replay(s, *impl) + " --out " + a.out;
+  return publish(golden::build_hyv4(s, replay, *impl), a, replay, t0);
+}
+
 // A module-level set (--model, or a module preset): the toy model with a preset's shapes.
 int golden_module(const GoldenArgs& a, bool module_preset, std::chrono::steady_clock::time_point t0) {
   require(a.problem.empty() && a.from.empty() && (a.preset.empty() || a.model.empty()),
@@ -268,8 +286,25 @@ int golden_v4_from(const GoldenArgs& a, std::chrono::steady_clock::time_point t0
 
 // A kernel-level set from per-layer inputs dumped from a real model (--from), on one process or
 // MPI ranks (each reading its own rows).
+// A hyv4 set from a hy_v4 model dump (golden_hyv4.h load_hyv4_dump): the dump's descriptor, its inputs.
+int golden_hyv4_from(const GoldenArgs& a, std::chrono::steady_clock::time_point t0) {
+  require(a.problem.empty() && a.preset.empty() && a.model.empty(),
+          "golden --from: a hy_v4 dump carries its own descriptor (metadata 'problem'): give no --problem / --preset / --model");
+  reject_given(a.given, {"--rows", "--for", "--no-logits", "--layers", "--seq", "--seed", "--schedule", "--sim", "--variant", "--kind"},
+               "other dumps", "a hyv4 set from a dump takes everything from the dump");
+  require(!dist_active(), "golden: a hyv4 set is computed by one process: run it without mpirun / srun");
+  golden::Hyv4Dump d = golden::load_hyv4_dump(a.from);
+  const std::optional<Impl> impl = impl_named(a.impl);
+  require(impl.has_value(), "golden: --impl must be ref or simd, got '" + a.impl + "'");
+  const std::string replay = golden::v4_from_replay(a.from, *impl) + " --out " + a.out;  // the same command line
+  golden::GoldenSet set = golden::build_hyv4(d.spec, replay, *impl, &d.inputs);
+  set.manifest["conventions"]["inputs"] = "from the model dump " + a.from + " (python -m indexshare.dump); the seed is not used";
+  return publish(std::move(set), a, replay, t0);
+}
+
 int golden_from(const GoldenArgs& a, std::chrono::steady_clock::time_point t0) {
   if (golden::is_v4_dump(a.from)) return golden_v4_from(a, t0);
+  if (golden::is_hyv4_dump(a.from)) return golden_hyv4_from(a, t0);
   require(a.preset.empty(), "golden: --from excludes --preset (use --problem for top-k, dv, sm and sched)");
   require(!a.rows_given, "golden: --rows works with generated problems, not --from (the dump's rows are given)");
   reject_given(a.given, {"--layers", "--seq", "--seed", "--schedule", "--sim", "--variant", "--kind"},
@@ -306,6 +341,7 @@ int cmd_golden(const GoldenArgs& a) {
   check_overrides(a.given, a.layers, a.seq, a.seed);
   if (a.kind == "v4" || (!a.preset.empty() && golden::preset(a.preset).kind == "v4")) return golden_v4(a, t0);
   if (a.kind == "mtp" || (!a.preset.empty() && golden::preset(a.preset).kind == "mtp")) return golden_mtp(a, t0);
+  if (a.kind == "hyv4" || (!a.preset.empty() && golden::preset(a.preset).kind == "hyv4")) return golden_hyv4(a, t0);
   if (!a.for_kernel.empty()) {
     require(a.model.empty() && !module_preset && a.from.empty(), "golden: --for works with --problem or a kernel-level --preset");
     require(!a.rows_given, "golden: --for writes whole sets: --rows (sampled query rows) is not a kernel's input layout");
@@ -396,7 +432,7 @@ Action register_golden(CLI::App& app) {
   CLI::App* c = app.add_subcommand("golden", "Compute a golden set and write it (safetensors + manifest.json)");
   c->add_option("--preset", a->preset, "Golden preset (see `indexshare presets`; a kernel preset is written --for its kernel)");
   c->add_option("--problem,-p", a->problem, "Problem descriptor");
-  c->add_option("--kind", a->kind, "stack, attention-edge, decode, train, v4 or mtp (with --problem; v4: a V4 descriptor, tools/lib/golden_v4.h; mtp: a problem with steps= accept=, tools/lib/golden_mtp.h)")->capture_default_str();
+  c->add_option("--kind", a->kind, "stack, attention-edge, decode, train, v4, mtp or hyv4 (with --problem; v4: a V4 descriptor, tools/lib/golden_v4.h; mtp: a problem with steps= accept=, tools/lib/golden_mtp.h; hyv4: a problem with rope= vd=, tools/lib/golden_hyv4.h)")->capture_default_str();
   c->add_option("--loss", a->loss, "Indexer loss support: sparse (top-k and valid keys) or dense (--kind train)")
       ->group("Training sets (--kind train)")->capture_default_str();
   c->add_option("--train-target", a->train_target,

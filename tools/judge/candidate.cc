@@ -1,6 +1,8 @@
 // indexshare diff: the candidate's tensors, dtype conversions and shape checks (errors exit 2).
 #include "tools/judge/walk.h"
 
+#include <cstdio>
+
 namespace indexshare::diff {
 
 using namespace detail;
@@ -45,6 +47,33 @@ Tensor<int32_t> candidate_int(const io::SafetensorsFile& c, const std::string& n
     return t;
   }
   return io::as_tensor<int32_t>(v, c.source);
+}
+
+std::set<int> own_list_layers(const golden::Loaded& g, const io::SafetensorsFile& c, int n_layers,
+                              const std::set<std::string>& outputs, const std::set<std::string>& dump_inputs,
+                              const std::string& kind, const std::string& expected,
+                              const std::function<std::string(int)>& absent, const std::set<int>& wanted) {
+  std::set<int> out;
+  const auto fmt = c.metadata.find("format");
+  const bool model_dump = fmt != c.metadata.end() && fmt->second == golden::kDumpFormat;
+  for (const io::TensorView& v : c.tensors) {
+    int l = -1;
+    char rest[128] = {0};
+    const bool parsed = std::sscanf(v.name.c_str(), "layers.%d.%127s", &l, rest) == 2;
+    const bool canonical = parsed && v.name == "layers." + std::to_string(l) + "." + rest;
+    if (model_dump && canonical && dump_inputs.count(rest)) continue;  // a model dump's inputs: not judged
+    if (!canonical || !outputs.count(rest))
+      throw Error(c.source + ": tensor '" + v.name + "' is not a " + kind + " golden output name (expected " + expected + ")");
+    if (l < 0 || l >= n_layers)
+      throw Error(c.source + ": tensor '" + v.name + "': layer " + std::to_string(l) + " is outside the set's " +
+                  std::to_string(n_layers) + " layers");
+    if (!g.find(v.name)) throw Error(c.source + ": tensor '" + v.name + "': " + absent(l));
+    if (wanted.empty() || wanted.count(l)) out.insert(l);
+  }
+  for (int l : wanted)
+    if (!out.count(l)) throw Error(c.source + ": --layer-list asks for layer " + std::to_string(l) + ", which the candidate does not hold");
+  if (out.empty()) throw Error(c.source + ": no " + kind + " golden output names to judge");
+  return out;
 }
 
 }  // namespace indexshare::diff

@@ -30,6 +30,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <functional>
 #include <optional>
 #include <set>
 #include <string>
@@ -99,6 +100,13 @@ Result judge(const golden::Loaded& golden, const io::SafetensorsIndex& candidate
 Result judge_v4(const golden::Loaded& golden, const io::SafetensorsFile& candidate, const std::set<int>& layers,
                 const ref::Kernels& k = {});
 
+// A Hunyuan HY V4 set (kind hyv4, tools/lib/golden_hyv4.h; judge/hyv4.cc): per layer the indexer's
+// k_norm, q_rope, k_rope, weights and scores within judge/hyv4_bounds.h's bounds, the top-k as sets
+// (tie rule), attn.indices as the source layer's top-k, the attention (out, lse, max_logits) with the
+// unscaled sink, and o_v / gated through W_uv and the gate. judge() calls it for such a set.
+Result judge_hyv4(const golden::Loaded& golden, const io::SafetensorsFile& candidate, const std::set<int>& layers,
+                  const ref::Kernels& k = {});
+
 // An MTP draft-step set (kind mtp, tools/lib/golden_mtp.h; judge/mtp.cc): the candidate's layers.{l}
 // names as a stack set's, then the draft steps' mtp.topk / mtp.indices (sets modulo ties over the
 // MTP layer's logits at each request's last accepted row) and mtp.out / mtp.lse / mtp.max_logits
@@ -160,5 +168,15 @@ void compute_golden_logits(const golden::Loaded& g, GoldenLayer& d, const ref::K
 Tensor<float> candidate_float(const io::SafetensorsFile& c, const std::string& name, const Shape& shape);
 Tensor<int32_t> candidate_int(const io::SafetensorsFile& c, const std::string& name, const Shape& shape,
                               std::vector<std::string>& diagnoses);
+
+// The layers a candidate covers for a set of a kind with its own tensor list (v4, hyv4): every name is
+// layers.{l}.NAME with NAME among `outputs` (a model dump's names among `dump_inputs` are passed
+// over), l below n_layers and the golden holding the name (else Error naming absent(l)); --layers
+// (`wanted`) filters, each wanted layer held. Error (exit 2) naming the file and tensor otherwise;
+// `kind` and `expected` (the names, for the message) name the kind.
+std::set<int> own_list_layers(const golden::Loaded& g, const io::SafetensorsFile& c, int n_layers,
+                              const std::set<std::string>& outputs, const std::set<std::string>& dump_inputs,
+                              const std::string& kind, const std::string& expected,
+                              const std::function<std::string(int)>& absent, const std::set<int>& wanted);
 
 }  // namespace indexshare::diff

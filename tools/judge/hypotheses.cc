@@ -24,6 +24,10 @@ const std::vector<Hypothesis>& hypotheses() {
       {"raw torch.topk output (no -1 padding in short rows)", "indexer.topk, attn.indices", ""},
       {"physical (paged) slots where logical rows were expected, and the reverse", "attn.indices", ""},
       {"the indexer's RoPE layout swapped (module-level sets and model dumps)", "indexer.logits, indexer.topk", ""},
+      {"the indexer's RoPE on the leading dims instead of the trailing ones (HY V4 sets)",
+       "indexer.q_rope, indexer.k_rope, indexer.scores, indexer.topk", ""},
+      {"the sink scaled by sm_scale (HY V4 sets: an unscaled logit)", "attn.out, attn.o_v, attn.gated", ""},
+      {"the output gate left out (HY V4 sets)", "attn.gated", ""},
       {"a draft step using the target's top-k (MTP sets)", "layers.1 indexer.topk / attn.indices, mtp.topk, mtp.indices, mtp.out, mtp.lse", ""},
       {"the last padded row instead of the last accepted row (MTP sets)", "mtp.topk, mtp.indices, mtp.out, mtp.lse", ""},
   };

@@ -82,32 +82,16 @@ class V4Judge {
 };
 
 std::set<int> V4Judge::layers(const std::set<int>& wanted) const {
-  std::set<int> out;
-  const int L = int(lay_.schedule.types.size());
-  const auto fmt = c_.metadata.find("format");
-  const bool model_dump = fmt != c_.metadata.end() && fmt->second == golden::kDumpFormat;
-  for (const io::TensorView& v : c_.tensors) {
-    int l = -1;
-    char rest[128] = {0};
-    const bool parsed = std::sscanf(v.name.c_str(), "layers.%d.%127s", &l, rest) == 2;
-    // A deepseek_v4 model dump (golden_v4.h) also holds the layer's inputs: not judged.
-    if (model_dump && parsed && v.name == nm(l, rest) && golden::v4_dump_inputs().count(rest)) continue;
-    if (!parsed || v.name != nm(l, rest) || std::find(kJudgedV4.begin(), kJudgedV4.end(), std::string(rest)) == kJudgedV4.end())
-      throw Error(c_.source + ": tensor '" + v.name + "' is not a v4 golden output name (expected layers.{l}.compressor.entries, "
-                  "indexer.entries, indexer.scores, indexer.blocks, attn.indices, attn.out, attn.out_rotated, attn.lse or "
-                  "attn.max_logits)");
-    if (l < 0 || l >= L)
-      throw Error(c_.source + ": tensor '" + v.name + "': layer " + std::to_string(l) + " is outside the set's " + std::to_string(L) + " layers");
-    if (!g_.find(v.name))
-      throw Error(c_.source + ": tensor '" + v.name + "': the golden layer " + std::to_string(l) + " (" +
-                  ref::v4::layer_type_name(lay_.schedule.types[size_t(l)]) + ", " +
-                  (lay_.schedule.full(size_t(l)) ? "Full" : "no indexer of its own") + ") holds no such tensor");
-    if (wanted.empty() || wanted.count(l)) out.insert(l);
-  }
-  for (int l : wanted)
-    if (!out.count(l)) throw Error(c_.source + ": --layer-list asks for layer " + std::to_string(l) + ", which the candidate does not hold");
-  if (out.empty()) throw Error(c_.source + ": no v4 golden output names to judge");
-  return out;
+  const std::set<std::string> outputs(kJudgedV4.begin(), kJudgedV4.end());
+  return own_list_layers(g_, c_, int(lay_.schedule.types.size()), outputs, golden::v4_dump_inputs(), "v4",
+                         "layers.{l}.compressor.entries, indexer.entries, indexer.scores, indexer.blocks, attn.indices, "
+                         "attn.out, attn.out_rotated, attn.lse or attn.max_logits",
+                         [&](int l) {
+                           return "the golden layer " + std::to_string(l) + " (" +
+                                  ref::v4::layer_type_name(lay_.schedule.types[size_t(l)]) + ", " +
+                                  (lay_.schedule.full(size_t(l)) ? "Full" : "no indexer of its own") + ") holds no such tensor";
+                         },
+                         wanted);
 }
 
 // The compressor's (part "compressor") or the indexer's ("indexer") entry bounds of layer l.

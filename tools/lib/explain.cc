@@ -378,6 +378,8 @@ void candidate_section(Ctx& c, const io::SafetensorsFile& f) {
 std::string explain(const golden::Loaded& g, const Options& o, const io::SafetensorsFile* candidate) {
   const json& m = g.manifest;
   const json& cfg = m["config"];
+  require(m.value("kind", "") != "v4" && m.value("kind", "") != "hyv4",
+          "explain: the golden set is of kind '" + m.value("kind", "") + "', whose layers explain does not read (diff judges it)");
   const int n_layers = int(m["layers"].size());
   require(o.layer >= 0 && o.layer < n_layers, "explain: --layer " + std::to_string(o.layer) + " is outside the golden set's " +
                                                   std::to_string(n_layers) + " layers (0.." + std::to_string(n_layers - 1) + ")");

@@ -125,6 +125,9 @@ GoldenSet build_from(const std::string& file, Problem p, bool with_logits, const
 // inputs above it carries the model's own choices under the names diff judges (kDumpReferences),
 // which --from does not read, and in its metadata the problem it was taken with.
 inline constexpr const char* kDumpFormat = "indexshare-dump";
+// The metadata `kind` of a model dump ("v4", "hyv4", ...; reads the header only); "" for any other file
+// or one it cannot read (the reader that follows reports it).
+std::string dump_kind(const std::string& file);
 // (and the model's own attention with what diff needs to judge it: attn.model_out, attn.q_nope,
 // attn.w_uk, attn.w_uv)
 inline const std::set<std::string> kDumpReferences = {"indexer.topk", "indexer.logits", "attn.indices", "attn.model_out",

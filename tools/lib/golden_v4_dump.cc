@@ -29,17 +29,7 @@ const std::set<std::string>& v4_dump_outputs() {
   return s;
 }
 
-bool is_v4_dump(const std::string& file) {
-  io::SafetensorsIndex idx;
-  try {
-    idx = io::read_safetensors_index(file, 0);
-  } catch (const Error&) {
-    return false;  // not readable: the DSA reader checks the options first, then reports the file
-  }
-  const auto& m = idx.file.metadata;
-  const auto f = m.find("format"), k = m.find("kind");
-  return f != m.end() && f->second == kDumpFormat && k != m.end() && k->second == "v4";
-}
+bool is_v4_dump(const std::string& file) { return dump_kind(file) == "v4"; }
 
 std::string v4_from_replay(const std::string& file, Impl impl) {
   return "indexshare golden --from " + file + (impl == Impl::ref ? "" : " --impl " + impl_name(impl));

@@ -401,6 +401,8 @@ GoldenSet build_from(const std::string& file, StackInputs si, bool with_logits, 
 StackInputs stack_inputs_of(const Loaded& g) {
   const json& c = g.manifest["config"];
   const std::string where = g.dir + "/manifest.json";
+  require(g.manifest.value("kind", "") != "hyv4", where + ": field 'kind' is 'hyv4': a HY V4 set's indexer is not the stack's "
+                                                          "(tools/lib/golden_hyv4.h); judge it with diff");
   require(!g.manifest.contains("rows"), where + ": field 'rows': the set holds sampled query rows (--rows); overlap "
                                         "statistics and position buckets need every row: use --problem with its problem");
   Problem p;
@@ -419,6 +421,18 @@ StackInputs stack_inputs_of(const Loaded& g) {
   }
   p.s_q = p.s_kv = 1;  // replaced from the tensors
   return load_stack_inputs(g.data, g.dir + "/" + kTensorFile, p);
+}
+
+std::string dump_kind(const std::string& file) {
+  io::SafetensorsIndex idx;
+  try {
+    idx = io::read_safetensors_index(file, 0);
+  } catch (const Error&) {
+    return "";  // not readable: the reader that follows checks the options first, then reports the file
+  }
+  const auto& m = idx.file.metadata;
+  const auto f = m.find("format"), k = m.find("kind");
+  return f != m.end() && f->second == kDumpFormat && k != m.end() ? k->second : "";
 }
 
 }  // namespace indexshare::golden

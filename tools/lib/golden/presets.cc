@@ -87,6 +87,11 @@ const std::vector<Preset>& presets() {
        "MTP chain drafting: 4 requests of 32 keys, a draft extend of 4 rows each with 4, 1, 3 and 2 accepted; "
        "layer 0 the target's DSA layer, layer 1 the MTP layer; 3 draft steps reuse each request's last accepted row (top-8)",
        ""},
+      // Hunyuan HY V4 (kind hyv4, tools/lib/golden_hyv4.h): a problem with the indexer's rope dims and vd.
+      {"hy-v4-tiny", "sq16 skv16 hq2 dqk40 dv32 ih4 id16 k8 seed71 sm=0.0625 sink=random nl6 sched=hy-v4 rope=8 vd=16", "hyv4",
+       "Hunyuan HY V4 layers at tiny shapes: 6 layers F F S S S F (hy-v4), indexer 4 x 16 with RoPE on its trailing 8 dims, "
+       "top-8 of 16 keys, 2 heads with the unscaled sink (sm_scale 1/16 as HY V4's), W_uv to 16 dims and the sigmoid gate",
+       ""},
   };
   return p;
 }
@@ -110,6 +115,7 @@ StackPlan plan_stack(const StackRequest& r) {
     const Preset& pr = preset(r.preset);
     require(pr.kind != "module", "golden: preset '" + pr.name + "' is a module-level set (--model), not a kernel-level one");
     require(pr.kind != "v4", "golden: preset '" + pr.name + "' is a DeepSeek-V4 set: write it with the CLI's golden --preset");
+    require(pr.kind != "hyv4", "golden: preset '" + pr.name + "' is a HY V4 set: write it with the CLI's golden --preset");
     require(pr.kind != "mtp", "golden: preset '" + pr.name + "' is an MTP draft-step set: write it with the CLI's golden --preset");
     desc = pr.problem;
     plan.kind = pr.kind;

@@ -7,8 +7,8 @@
 ``--model`` is a checkpoint folder (``config.json`` and weights: ``from_pretrained`` with
 ``dtype=torch.bfloat16``), a folder with only ``config.json``, or a ``config.json`` file (both:
 random weights from ``--seed``, for tests and dry runs). Families: ``glm_moe_dsa`` (GLM-5, with
-cross-layer sharing from ``config.indexer_types``), ``deepseek_v32``, and ``deepseek_v4`` (an f32
-model, its own tensor list and descriptor: ``_v4.py``; what follows is the first two's). One prefill of one
+cross-layer sharing from ``config.indexer_types``), ``deepseek_v32``, ``deepseek_v4`` and ``hy_v4`` (f32
+models, each with its own tensor list and descriptor: ``_v4.py``, ``_hyv4.py``; what follows is the first two's). One prefill of one
 sequence (batch 1) runs with forward hooks on every chosen layer's attention and indexer; per
 layer (renumbered 0, 1, ... in the order of ``--layer-list``) the file holds, under the golden tensor
 names ``indexshare golden --from`` reads:
@@ -124,14 +124,14 @@ def load_model(spec: str, device: str, seed: int):
         config = transformers.AutoConfig.from_pretrained(path)
         weights = any(path.glob("*.safetensors")) or any(path.glob("*.bin"))
         tok_dir = path
-    from . import _hf, _v4
+    from . import _hf, _hyv4, _v4
 
-    v4 = _v4.is_v4(config)
+    v4 = _v4.is_v4(config) or _hyv4.is_hyv4(config)  # both dumped in f32 (_v4.py, _hyv4.py say why)
     try:
         if not v4:
             _hf.family_of(config)
     except _hf.BridgeError as e:
-        raise DumpError(f"--model {spec}: {e} and deepseek_v4") from None
+        raise DumpError(f"--model {spec}: {e}, deepseek_v4 and hy_v4") from None
     dtype = torch.float32 if v4 else torch.bfloat16  # V4: f32 only (_v4.py says why)
     if weights:
         model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
@@ -142,9 +142,12 @@ def load_model(spec: str, device: str, seed: int):
         # f32 (a blanket .to(bfloat16) would round inv_freq and move every RoPE angle).
         model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype)
         source = f"random init, seed {seed}"
-        if v4:  # transformers initialises the sinks and position biases to 0
+        if _v4.is_v4(config):  # transformers initialises the sinks and position biases to 0
             _v4.randomize_attention_extras(model, seed)
             source += " (sinks and position biases random)"
+        elif v4:  # hy_v4: the sinks to learnable_sink_init
+            _hyv4.randomize_sinks(model, seed)
+            source += " (sinks random)"
     return model.to(device).eval(), tok_dir, source
 
 
@@ -395,10 +398,12 @@ def dump(model, input_ids, out: str, layers: list[int] | None = None, with_logit
     self-check fails (unless `indexer_rope` asks for a negative control, which cannot pass it by
     design; its metadata records the layout used).
     """
-    from . import _hf, _v4
+    from . import _hf, _hyv4, _v4
 
     if _v4.is_v4(model.config):
         return dump_v4(model, input_ids, out, layers, with_logits, indexer_rope, source)
+    if _hyv4.is_hyv4(model.config):
+        return dump_hyv4(model, input_ids, out, layers, indexer_rope, source)
     try:
         schedule = _hf.schedule_of(model.config)
     except _hf.BridgeError as e:
@@ -443,6 +448,22 @@ def dump_v4(model, input_ids, out: str, layers, with_logits: bool, indexer_rope,
     try:
         tensors, meta = _v4.dump(model, input_ids, layers, source)
     except _v4.V4Error as e:
+        raise DumpError(str(e)) from None
+    write_atomic(out, tensors, meta)
+    return meta
+
+
+def dump_hyv4(model, input_ids, out: str, layers, indexer_rope, source: str) -> dict[str, str]:
+    """dump() of a hy_v4 model (tools/python/indexshare/_hyv4.py): every layer, in f32."""
+    from . import _hyv4
+
+    if indexer_rope is not None:
+        raise DumpError("--indexer-rope is a control for the GLM-5 / DeepSeek-V3.2 indexer; hy_v4 has one layout")
+    if input_ids.dim() != 2 or input_ids.shape[0] != 1:
+        raise DumpError(f"input_ids must be [1, S], got {list(input_ids.shape)}")
+    try:
+        tensors, meta = _hyv4.dump(model, input_ids, layers, source)
+    except _hyv4.HYV4Error as e:
         raise DumpError(str(e)) from None
     write_atomic(out, tensors, meta)
     return meta
