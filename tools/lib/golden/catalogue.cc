@@ -47,6 +47,7 @@ unsigned kind_bit(const std::string& kind) {
   if (kind == "train") return kKindTrain;
   if (kind == "v4") return kKindV4;
   if (kind == "mtp") return kKindMtp;
+  if (kind == "kpool") return kKindKpool;
   return 0;
 }
 

@@ -87,6 +87,12 @@ const std::vector<Preset>& presets() {
        "MTP chain drafting: 4 requests of 32 keys, a draft extend of 4 rows each with 4, 1, 3 and 2 accepted; "
        "layer 0 the target's DSA layer, layer 1 the MTP layer; 3 draft steps reuse each request's last accepted row (top-8)",
        ""},
+      // GLM-5.3 KPool-DSA (kind kpool, tools/lib/golden_kpool.h): the descriptor is a kpool spec.
+      {"kpool-tiny", "sq=30 skv=30 h=4 d=16 pool=4 k=16 tail=yes rounding=f32 hq=2 dqk=64 dv=32 nl=12 dsa=glm53 sched=FSF seed=71",
+       "kpool",
+       "GLM-5.3 pooled indexer (P 4, top-16 tokens = 4 pools + the tail) over 30 tokens (7 complete pools), DSA layers 3, 7, 11 "
+       "of 12 (KDA elsewhere) Full, Shared, Full; rows 0-14 see fewer than 4 complete pools, every 4th row an empty tail",
+       ""},
   };
   return p;
 }
@@ -111,6 +117,7 @@ StackPlan plan_stack(const StackRequest& r) {
     require(pr.kind != "module", "golden: preset '" + pr.name + "' is a module-level set (--model), not a kernel-level one");
     require(pr.kind != "v4", "golden: preset '" + pr.name + "' is a DeepSeek-V4 set: write it with the CLI's golden --preset");
     require(pr.kind != "mtp", "golden: preset '" + pr.name + "' is an MTP draft-step set: write it with the CLI's golden --preset");
+    require(pr.kind != "kpool", "golden: preset '" + pr.name + "' is a KPool-DSA set: write it with the CLI's golden --preset");
     desc = pr.problem;
     plan.kind = pr.kind;
     // A kernel preset is written for its kernel (as --for); another --for is refused.
