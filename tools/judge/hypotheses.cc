@@ -26,6 +26,8 @@ const std::vector<Hypothesis>& hypotheses() {
       {"the indexer's RoPE layout swapped (module-level sets and model dumps)", "indexer.logits, indexer.topk", ""},
       {"a draft step using the target's top-k (MTP sets)", "layers.1 indexer.topk / attn.indices, mtp.topk, mtp.indices, mtp.out, mtp.lse", ""},
       {"the last padded row instead of the last accepted row (MTP sets)", "mtp.topk, mtp.indices, mtp.out, mtp.lse", ""},
+      {"pools scored with max or mean instead of the softmax weighting (KPool sets)", "indexer.pool_keys, indexer.scores, indexer.pools", ""},
+      {"the tail left out or doubled, a Shared layer off its source's list (KPool sets)", "indexer.indices, attn.indices, attn.out", ""},
   };
   return h;
 }
