@@ -10,11 +10,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 
 #include "ref/kpool/layer.h"
+#include "ref/numerics.h"
 #include "tests/candidate_util.h"
 #include "tests/cli_util.h"
 #include "tools/judge/diff.h"
@@ -25,7 +27,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-const char* kSpec = "sq=30 skv=30 h=4 d=16 pool=4 k=16 tail=yes rounding=f32 hq=2 dqk=64 dv=32 nl=12 dsa=glm53 sched=FSF seed=71";
+const char* kSpec = "sq=30 skv=30 h=4 d=16 pool=4 k=16 tail=yes rounding=f32 hq=2 dqk=64 dv=32 nl=12 dsa=glm53 sched=FSF fp8=amax seed=71";
 
 std::string tmp(const std::string& tag) {
   static int n = 0;
@@ -62,8 +64,23 @@ Cand faithful(const golden::Loaded& g) {
       if (g.find(p + n)) c.set(p + n, g.tensor<float>(p + n));
     for (const char* n : {"indexer.pools", "indexer.history", "indexer.tail", "indexer.indices", "attn.indices"})
       if (g.find(p + n)) c.set(p + n, g.tensor<int32_t>(p + n));
+    if (g.find(p + "indexer.pool_keys_fp8")) c.set(p + "indexer.pool_keys_fp8", g.tensor<uint8_t>(p + "indexer.pool_keys_fp8"));
   }
   return c;
+}
+
+// SGLang's page layout written out by hand: pooled key p in page p / 64, slot p % 64; the page is
+// [64 x D codes][64 f32 scales]. From codes [n, D] and scales [n].
+Tensor<uint8_t> pages_of(const Tensor<e4m3_t>& codes, const Tensor<float>& scale) {
+  const int64_t n = codes.dim(0), D = codes.dim(1);
+  Tensor<uint8_t> out({(n + 63) / 64, 64 * (D + 4)}, 0);
+  for (int64_t p = 0; p < n; ++p) {
+    for (int64_t d = 0; d < D; ++d) out[(p / 64) * 64 * (D + 4) + (p % 64) * D + d] = codes.at(p, d).bits;
+    uint32_t bits;
+    std::memcpy(&bits, &scale[p], 4);
+    for (int b = 0; b < 4; ++b) out[(p / 64) * 64 * (D + 4) + 64 * D + 4 * (p % 64) + b] = uint8_t(bits >> (8 * b));
+  }
+  return out;
 }
 
 diff::Result judge(const Cand& c) { return diff::judge(tiny_set().g, c.file(), {}); }
@@ -118,6 +135,8 @@ TEST_CASE("kpool golden: the descriptor parses, prints canonically and refuses a
       {"sq=8 skv=32 h=2 d=8 pool=4 nl=8", "field 'k': is missing"},
       {"sq=8 skv=32 h=2 d=8 pool=4 k=8 nl=8 P=4", "field 'P': unknown key"},
       {"sq=8 skv=32 h=2 d=8 pool=4 k=8 nl=8 dv=600", "field 'dv': must be <= dqk"},
+      {"sq=8 skv=32 h=2 d=12 pool=4 k=8 nl=8 fp8=amax", "field 'fp8': SGLang's FP8 pages rotate the pooled keys by a Hadamard"},
+      {"sq=8 skv=32 h=2 d=8 pool=4 k=8 nl=8 fp8=e5m2", "field 'fp8': must be none, amax or pow2"},
   };
   for (const auto& [text, want] : bad) {
     CAPTURE(text);
@@ -158,6 +177,19 @@ TEST_CASE("kpool golden: the set holds ref::kpool::run_kpool_stack's tensors; re
   for (int64_t t = 0; t < 30; ++t) {
     const std::vector<int32_t> want = tail_of(t);
     for (int64_t i = 0; i < 3; ++i) CHECK(tail.at(t, i) == (i < int64_t(want.size()) ? want[size_t(i)] : -1));
+  }
+  // SGLang's FP8 pages of the pooled keys: ref::kpool::sglang_pooled_fp8's codes and scales in its layout.
+  for (int l : {3, 11}) {
+    const std::string p = "layers." + std::to_string(l) + ".";
+    const ref::kpool::PooledFp8 f = ref::kpool::sglang_pooled_fp8(g.tensor<float>(p + "indexer.pool_keys"), false);
+    const Tensor<uint8_t> pages = g.tensor<uint8_t>(p + "indexer.pool_keys_fp8");
+    CHECK(pages.shape == Shape{1, 64 * 20});
+    CHECK(pages.data == pages_of(f.codes, f.scale).data);
+    for (int64_t q = 0; q < 7; ++q) {  // the scale rule: max(amax, 1e-4) / 448 of the rotated key
+      float amax = 0;
+      for (int64_t d = 0; d < 16; ++d) amax = std::max(amax, std::fabs(f.rotated.at(q, d)));
+      CHECK(f.scale[q] == std::max(amax, 1e-4f) / 448.0f);
+    }
   }
   // ref and simd: the same bytes.
   const golden::GoldenSet a = golden::build_kpool(s, "r", Impl::ref), b = golden::build_kpool(s, "r", Impl::simd);
@@ -202,7 +234,7 @@ TEST_CASE("kpool diff: the golden's own outputs and legitimate variations pass")
   Cand c = faithful(g);
   diff::Result r = judge(c);
   CHECK_MESSAGE(!r.failed(), report(r));
-  CHECK(r.tensors.size() == 2 * 11 + 4);
+  CHECK(r.tensors.size() == 2 * 12 + 4);
   // Every list's valid slots reversed (sets, not orders), the tail moved to the front (SGLang's
   // placement differs from transformers'), the pools reversed (a top-k as a set).
   for (int l : {3, 7, 11}) {
@@ -228,12 +260,21 @@ TEST_CASE("kpool diff: the golden's own outputs and legitimate variations pass")
     }
   CHECK(kbar.data != g.tensor<float>("layers.11.indexer.pool_keys").data);
   c.set("layers.11.indexer.pool_keys", kbar);
+  // SGLang's cache of keys half a bf16 ulp off (a bf16 rounding may flip in any channel): other bytes, a pass.
+  Tensor<float> nudged = kbar;
+  for (float& x : nudged.data) x *= 1.0f + 0x1p-9f;
+  const ref::kpool::PooledFp8 f = ref::kpool::sglang_pooled_fp8(nudged, false);
+  CHECK(pages_of(f.codes, f.scale).data != g.tensor<uint8_t>("layers.11.indexer.pool_keys_fp8").data);
+  c.set("layers.11.indexer.pool_keys_fp8", pages_of(f.codes, f.scale));
   r = judge(c);
   CHECK_MESSAGE(!r.failed(), report(r));
-  double worst = 0;
-  for (const auto& t : r.tensors)
+  double worst = 0, fp8 = 0;
+  for (const auto& t : r.tensors) {
     if (t.layer == 11 && t.name == "indexer.pool_keys") worst = t.report.stats.max_ratio;
-  MESSAGE("largest err/bound of the f32 pooled keys in another order: " << worst);
+    if (t.layer == 11 && t.name == "indexer.pool_keys_fp8") fp8 = t.report.stats.max_ratio;
+  }
+  MESSAGE("largest err/bound of the f32 pooled keys in another order: " << worst << "; of the nudged keys' FP8 pages: " << fp8);
+  CHECK(fp8 > 0);
   CHECK(worst > 0);
 }
 
@@ -305,6 +346,25 @@ TEST_CASE("kpool diff: planted faults fail on the tensor they break and are name
                                                      s.cfg.sm_scale, 32, nullptr, nullptr).out);
     fails(c, 7, "attn.indices", "a Shared layer off its source's list: it holds layer 11's list");
     fails(c, 7, "attn.out", "attn.out is the attention over layer 11's list");
+  }
+  SUBCASE("FP8 pages without the Hadamard rotation, and two keys' scales swapped") {
+    const Tensor<float> kbar = g.tensor<float>("layers.3.indexer.pool_keys");
+    Tensor<e4m3_t> codes({7, 16});
+    Tensor<float> scale({7});
+    for (int64_t p = 0; p < 7; ++p) {
+      float amax = 0;
+      for (int64_t d = 0; d < 16; ++d) amax = std::max(amax, std::fabs(round_bf16(kbar.at(p, d))));
+      scale[p] = std::max(amax, 1e-4f) / 448.0f;
+      for (int64_t d = 0; d < 16; ++d) codes.at(p, d) = f32_to_e4m3(round_bf16(kbar.at(p, d)) / scale[p]);
+    }
+    Cand a;
+    a.set("layers.3.indexer.pool_keys_fp8", pages_of(codes, scale));
+    CHECK(verdict(judge(a), 3, "indexer.pool_keys_fp8") == cmp::Verdict::fail);
+    Tensor<uint8_t> pages = g.tensor<uint8_t>("layers.3.indexer.pool_keys_fp8");
+    for (int b = 0; b < 4; ++b) std::swap(pages[64 * 16 + b], pages[64 * 16 + 4 + b]);
+    Cand b;
+    b.set("layers.3.indexer.pool_keys_fp8", pages);
+    CHECK(verdict(judge(b), 3, "indexer.pool_keys_fp8") == cmp::Verdict::fail);
   }
   SUBCASE("a tail in the wrong columns' order and a pool's token missing") {
     Cand c;

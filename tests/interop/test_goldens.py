@@ -43,6 +43,10 @@ def load(path):
     return out
 
 
+def m_names(m):
+    return {e["name"] for e in m["tensors"]}
+
+
 def check_kpool(A, m, errors):
     """GLM-5.3 KPool-DSA sets (tools/lib/golden_kpool.h), recomputed here in float64."""
     cfg = m["config"]
@@ -61,6 +65,20 @@ def check_kpool(A, m, errors):
         kbar = (e / e.sum(axis=1, keepdims=True) * kk).sum(axis=1)
         if cfg["rounding"] == "f32" and not np.allclose(A(p + "indexer.pool_keys"), kbar, rtol=2.0**-22, atol=1e-37):
             errors.append(p + "indexer.pool_keys differ from the softmax-weighted pools by more than an f32 rounding")
+        if p + "indexer.pool_keys_fp8" in m_names(m):
+            # SGLang's pages: [64 x D e4m3][64 f32 scales]; dequantized within an e4m3 step of the
+            # Hadamard-rotated bf16 keys (Sylvester matrix times D^-1/2, float64 here).
+            D = kk.shape[2]
+            pages = A(p + "indexer.pool_keys_fp8").reshape(-1, 64 * (D + 4))
+            codes = pages[:, : 64 * D].reshape(-1, D)[:n].view(ml_dtypes.float8_e4m3fn).astype(np.float64)
+            scales = pages[:, 64 * D:].copy().view(np.float32).reshape(-1)[:n].astype(np.float64)
+            H = np.array([[1.0]])
+            while H.shape[0] < D:
+                H = np.block([[H, H], [H, -H]])
+            bf = A(p + "indexer.pool_keys").astype(ml_dtypes.bfloat16).astype(np.float64)
+            rot = bf @ H.T / np.sqrt(D)
+            if np.any(np.abs(codes * scales[:, None] - rot) > 2.0**-3 * np.abs(rot) + scales[:, None] * 2.0**-8):
+                errors.append(p + "indexer.pool_keys_fp8: a dequantized value is not the rotated key within an e4m3 step")
         scores, pools, lst = A(p + "indexer.scores"), A(p + "indexer.pools"), A(p + "indexer.indices")
         for r in range(sq):
             pos = skv - sq + r

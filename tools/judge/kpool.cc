@@ -20,6 +20,14 @@
 //   indexer.indices, attn.indices   per row, as a multiset: history + tail (tail exact: no tie
 //                        freedom); a Shared layer's against its source's pools, and as sets equal
 //                        to the candidate's source list when it holds it
+//   indexer.pool_keys_fp8   SGLang's FP8 pages (golden_kpool.h kpool_fp8_pages), decoded, each value
+//                        code x scale against the golden's: an in-bound Kbar (above) plus one bf16 ulp
+//                        flip, through the Hadamard (|H| = D^-1/2 per entry: D^-1/2 sum_d e_d, and
+//                        twice gamma(log2 D + 1) D^-1/2 sum_d |x_d| for its f32 butterflies), one more
+//                        bf16 ulp (e2); then each side's e4m3 rounding, at most 2^-4 |value| + 2^-10 s
+//                        (half a step, normal or subnormal) with the candidate's scale at most
+//                        (max(amax, 1e-4) + max e2) / 448, doubled for the pow2 rule, and 4u for the
+//                        f32 divide and multiply
 //   attn.out, attn.lse, attn.max_logits   ref::sparse_attention over the list used (recomputed when
 //                        the candidate's list differs from the golden's by ties), within
 //                        cmp::attention_bounds_sm, plus the structure tests
@@ -46,7 +54,9 @@ using detail::passes;
 
 const std::vector<std::string> kJudgedKpool = {"indexer.pool_logits", "indexer.pool_keys", "indexer.scores",   "indexer.pools",
                                                "indexer.history",     "indexer.tail",      "indexer.indices",  "attn.indices",
-                                               "attn.out",            "attn.lse",          "attn.max_logits"};
+                                               "attn.out",            "attn.lse",          "attn.max_logits",  "indexer.pool_keys_fp8"};
+
+double bf16_ulp(double x) { return x > 0 ? std::ldexp(1.0, std::ilogb(x) - 7) : 0x1p-133; }
 
 cmp::FloatRule rule_of(std::vector<float> b, const std::string& how) {
   cmp::FloatRule r;
@@ -103,6 +113,7 @@ class KpoolJudge {
   std::vector<int32_t> expected_row(const Tensor<int32_t>& pools, int64_t t, int tails) const;
   std::vector<float> key_bounds(int l) const;
   void indexer(int l);
+  void fp8_pages(int l, const std::vector<float>& kb);
   void pools_hypotheses(int l, const std::string& what, const std::function<bool(const Tensor<float>& kbar)>& explains);
   cmp::Report list_report(const std::string& what, const Tensor<int32_t>& cand, const Tensor<int32_t>& pools, int tails) const;
   void lists(int l, Tensor<int32_t>& used);
@@ -178,7 +189,7 @@ std::vector<float> KpoolJudge::key_bounds(int l) const {
       double b = 2.0 * v4b::softmax_pool_error(zz.data(), kk.data(), size_t(Pn), &exact);
       if (bf) {
         const double x = std::fabs(double(gold.at(p, d)));
-        b += (x > 0 ? std::ldexp(1.0, std::ilogb(x) - 7) : 0x1p-133) + 0x1p-8 * mag;
+        b += bf16_ulp(x) + 0x1p-8 * mag;
       }
       out[size_t(p * D + d)] = cmp::bound_f32(b);
     }
@@ -208,8 +219,10 @@ void KpoolJudge::indexer(int l) {
                                                       rule_of(std::vector<float>(size_t(gold.numel()), 0.0f),
                                                               "one f32 addition g + ape: the same value in any order")));
   }
-  const bool need_kb = has(l, "indexer.pool_keys") || has(l, "indexer.scores") || has(l, "indexer.pools");
+  const bool need_kb = has(l, "indexer.pool_keys") || has(l, "indexer.scores") || has(l, "indexer.pools") ||
+                       has(l, "indexer.pool_keys_fp8");
   const std::vector<float> kb = need_kb ? key_bounds(l) : std::vector<float>();
+  if (has(l, "indexer.pool_keys_fp8")) fp8_pages(l, kb);
   const Tensor<float> q = g_.tensor<float>(nm(l, "indexer.q")), w = g_.tensor<float>(nm(l, "indexer.weights"));
   const Tensor<int32_t> ke = g_.tensor<int32_t>(nm(l, "indexer.ke")), ks({cfg_.s_q}, 0);
   if (has(l, "indexer.pool_keys")) {
@@ -248,6 +261,49 @@ void KpoolJudge::indexer(int l) {
       });
     }
   }
+}
+
+// SGLang's FP8 pages, decoded, against the golden's (the header's bound).
+void KpoolJudge::fp8_pages(int l, const std::vector<float>& kb) {
+  const int64_t n = cfg_.n_pools(), D = cfg_.dim;
+  const std::string name = nm(l, "indexer.pool_keys_fp8");
+  const io::TensorView* v = c_.find(name);
+  const Shape shape = g_.get(name).shape;
+  if (v->dtype != io::DType::U8 || v->shape != shape)
+    throw Error(c_.source + ": tensor '" + name + "' is " + io::dtype_name(v->dtype) + " " + shape_str(v->shape) + ", expected U8 " +
+                shape_str(shape) + " (SGLang's pages of 64 pooled keys)");
+  Tensor<e4m3_t> gc, cc;
+  Tensor<float> gs, cs;
+  golden::kpool_fp8_unpage(g_.tensor<uint8_t>(name), n, D, gc, gs);
+  golden::kpool_fp8_unpage(io::as_tensor<uint8_t>(*v, c_.source), n, D, cc, cs);
+  const Tensor<float> kbar = g_.tensor<float>(nm(l, "indexer.pool_keys"));
+  const Tensor<float> rot = ref::kpool::sglang_pooled_fp8(kbar, lay_.fp8 == "pow2").rotated;
+  constexpr double u = 0x1p-24;
+  const double g_h = (std::log2(double(D)) + 1) * u / (1 - (std::log2(double(D)) + 1) * u), rs = 1.0 / std::sqrt(double(D));
+  Tensor<float> gold({n, D}), cand({n, D});
+  std::vector<float> bound(size_t(n * D));
+  for (int64_t p = 0; p < n; ++p) {
+    double e1 = 0, mag = 0, amax = 0;
+    for (int64_t d = 0; d < D; ++d) {
+      e1 += double(kb[size_t(p * D + d)]) + bf16_ulp(std::fabs(double(kbar.at(p, d))));
+      mag += std::fabs(double(kbar.at(p, d)));
+      amax = std::max(amax, std::fabs(double(rot.at(p, d))));
+    }
+    const double h = rs * e1 + 2 * g_h * rs * mag;
+    std::vector<double> e2(static_cast<size_t>(D));
+    double E = 0;
+    for (int64_t d = 0; d < D; ++d) E = std::max(E, e2[size_t(d)] = h + bf16_ulp(std::fabs(double(rot.at(p, d)))));
+    const double s_max = (std::max(amax, 1e-4) + E) / 448 * (lay_.fp8 == "pow2" ? 2 : 1) * (1 + u);
+    for (int64_t d = 0; d < D; ++d) {
+      gold.at(p, d) = e4m3_to_f32(gc.at(p, d)) * gs[p];
+      cand.at(p, d) = e4m3_to_f32(cc.at(p, d)) * cs[p];
+      const double r = std::fabs(double(rot.at(p, d))), e = e2[size_t(d)];
+      bound[size_t(p * D + d)] = cmp::bound_f32(e + 0x1p-4 * (2 * r + e) + 0x1p-10 * (double(gs[p]) + s_max) + 4 * u * (r + e));
+    }
+  }
+  add(l, "indexer.pool_keys_fp8", cmp::compare_floats("", gold, cand, rule_of(std::move(bound),
+      "the pooled keys' bound through bf16, the Hadamard, bf16 and e4m3 with its scale (judge/kpool.cc), on code x scale")),
+      "decoded: code x scale per pooled key");
 }
 
 // The known mistakes of the pooling: the slots' max, or their mean, where the softmax weighting belongs.

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <map>
 #include <set>
 #include <sstream>
@@ -34,7 +35,7 @@ int64_t count_of(const std::map<std::string, std::string>& kv, const std::string
   return x;
 }
 
-const char* kKeys[] = {"sq", "skv", "h", "d", "pool", "k", "tail", "rounding", "hq", "dqk", "dv", "nl", "dsa", "sched", "seed"};
+const char* kKeys[] = {"sq", "skv", "h", "d", "pool", "k", "tail", "rounding", "hq", "dqk", "dv", "nl", "dsa", "sched", "fp8", "seed"};
 
 }  // namespace
 
@@ -58,7 +59,7 @@ KpoolSpec parse_kpool_spec(const std::string& text) {
     if (eq == std::string::npos || eq == 0) throw Error("kpool spec: '" + tok + "' is not key=value");
     const std::string key = tok.substr(0, eq);
     if (std::find(std::begin(kKeys), std::end(kKeys), key) == std::end(kKeys))
-      bad(key, "unknown key (sq skv h d pool k tail rounding hq dqk dv nl dsa sched seed)");
+      bad(key, "unknown key (sq skv h d pool k tail rounding hq dqk dv nl dsa sched fp8 seed)");
     if (!kv.emplace(key, tok.substr(eq + 1)).second) bad(key, "given twice");
   }
   for (const char* req : {"sq", "skv", "h", "d", "pool", "k", "nl"})
@@ -101,8 +102,41 @@ KpoolSpec parse_kpool_spec(const std::string& text) {
   if (s.pattern[0] != 'F')
     bad("sched", "the first DSA layer (model layer " + std::to_string(layers[0]) +
                      ") is Shared: a Shared layer needs a Full DSA layer before it");
+  s.fp8 = kv.count("fp8") ? kv["fp8"] : "none";
+  if (s.fp8 != "none" && s.fp8 != "amax" && s.fp8 != "pow2")
+    bad("fp8", "must be none, amax or pow2 (SGLang's scale rules), got '" + s.fp8 + "'");
+  if (s.fp8 != "none" && (c.dim & (c.dim - 1)))
+    bad("fp8", "SGLang's FP8 pages rotate the pooled keys by a Hadamard transform: d must be a power of two, got " + kv["d"]);
   c.validate();
   return s;
+}
+
+Tensor<uint8_t> kpool_fp8_pages(const Tensor<e4m3_t>& codes, const Tensor<float>& scale) {
+  const int64_t n = codes.dim(0), D = codes.dim(1), page = kKpoolFp8Page * (D + 4);
+  require(scale.numel() == n, "kpool fp8 pages: " + std::to_string(scale.numel()) + " scales for " + std::to_string(n) + " keys");
+  Tensor<uint8_t> out({(n + kKpoolFp8Page - 1) / kKpoolFp8Page, page}, 0);
+  for (int64_t p = 0; p < n; ++p) {
+    uint8_t* base = &out[(p / kKpoolFp8Page) * page];
+    const int64_t slot = p % kKpoolFp8Page;
+    for (int64_t d = 0; d < D; ++d) base[slot * D + d] = codes.at(p, d).bits;
+    std::memcpy(base + kKpoolFp8Page * D + 4 * slot, &scale[p], 4);  // little-endian hosts
+  }
+  return out;
+}
+
+void kpool_fp8_unpage(const Tensor<uint8_t>& pages, int64_t n, int64_t D, Tensor<e4m3_t>& codes, Tensor<float>& scale) {
+  const int64_t page = kKpoolFp8Page * (D + 4);
+  require(pages.rank() == 2 && pages.dim(1) == page && pages.dim(0) == (n + kKpoolFp8Page - 1) / kKpoolFp8Page,
+          "kpool fp8 pages: expected [" + std::to_string((n + kKpoolFp8Page - 1) / kKpoolFp8Page) + ", " + std::to_string(page) +
+              "] for " + std::to_string(n) + " pooled keys of " + std::to_string(D) + " dims, got " + shape_str(pages.shape));
+  codes = Tensor<e4m3_t>({n, D});
+  scale = Tensor<float>({n});
+  for (int64_t p = 0; p < n; ++p) {
+    const uint8_t* base = &pages[(p / kKpoolFp8Page) * page];
+    const int64_t slot = p % kKpoolFp8Page;
+    for (int64_t d = 0; d < D; ++d) codes.at(p, d).bits = base[slot * D + d];
+    std::memcpy(&scale[p], base + kKpoolFp8Page * D + 4 * slot, 4);
+  }
 }
 
 std::string to_string(const KpoolSpec& s) {
@@ -111,7 +145,7 @@ std::string to_string(const KpoolSpec& s) {
   os << "sq=" << c.s_q << " skv=" << c.s_kv << " h=" << c.heads << " d=" << c.dim << " pool=" << c.pool << " k=" << c.index_topk
      << " tail=" << (c.tail ? "yes" : "no") << " rounding=" << ref::kpool::rounding_name(c.rounding) << " hq=" << c.h_q
      << " dqk=" << c.d_qk << " dv=" << c.d_v << " nl=" << s.n_layers << " dsa=" << (s.all_dsa ? "all" : "glm53")
-     << " sched=" << s.pattern << " seed=" << c.seed;
+     << " sched=" << s.pattern << (s.fp8 == "none" ? "" : " fp8=" + s.fp8) << " seed=" << c.seed;
   return os.str();
 }
 
@@ -138,8 +172,10 @@ json conventions(const KpoolConfig& c) {
                  "included; KDA layers neither make nor consume a list"},
       {"attention", "NoPE MLA: one latent kv head, K = the d_qk columns, V = the first d_v, sm_scale 256^-1/2; the -1 "
                     "slots ignored; lse natural log; empty row: out 0, lse +inf"},
-      {"sglang_cache", "SGLang's serving cache stores bf16(Kbar), Hadamard-128, bf16, e4m3 with one f32 scale per pooled "
-                       "key (ref/kpool/pool.h sglang_pooled_fp8): not part of this set"},
+      {"sglang_cache", "SGLang's serving cache: bf16(Kbar), Hadamard (Sylvester, times D^-1/2) in f32, bf16, e4m3 with one "
+                       "f32 scale per pooled key, max(amax, 1e-4) / 448 (fp8=pow2: its power-of-two ceiling); "
+                       "indexer.pool_keys_fp8 (with fp8=amax|pow2) holds it in pages of 64 pooled slots, [64 x D e4m3, "
+                       "slot-major][64 f32 scales, little-endian], key p in page p / 64 slot p % 64, unused slots 0"},
   };
 }
 
@@ -162,6 +198,11 @@ GoldenSet build_kpool(const KpoolSpec& s, const std::string& replay, Impl impl) 
     ref::kpool::KpoolLayerInputs in = ref::kpool::make_kpool_layer_inputs(c, l, full, kern);
     if (full) {
       ref::kpool::KpoolIndexerOutputs o = ref::kpool::run_kpool_indexer(c, in, kern);
+      Tensor<uint8_t> pages;  // SGLang's FP8 cache of the pooled keys
+      if (s.fp8 != "none") {
+        const ref::kpool::PooledFp8 f = ref::kpool::sglang_pooled_fp8(o.kbar, s.fp8 == "pow2");
+        pages = kpool_fp8_pages(f.codes, f.scale);
+      }
       current = o.sel.indices;
       source = l;
       select_k = o.sel.select_k;
@@ -178,6 +219,7 @@ GoldenSet build_kpool(const KpoolSpec& s, const std::string& replay, Impl impl) 
       g.add(pre + "indexer.history", std::move(o.sel.history), Role::output);
       if (c.tail) g.add(pre + "indexer.tail", std::move(o.sel.tail), Role::output);
       g.add(pre + "indexer.indices", std::move(o.sel.indices), Role::output);
+      if (s.fp8 != "none") g.add(pre + "indexer.pool_keys_fp8", std::move(pages), Role::output);
     }
     ref::AttentionOut a = ref::kpool::kpool_attention(c, in, current, kern);
     Tensor<int32_t> idx = current;
@@ -202,7 +244,7 @@ GoldenSet build_kpool(const KpoolSpec& s, const std::string& replay, Impl impl) 
        {{"s_q", c.s_q}, {"s_kv", c.s_kv}, {"heads", c.heads}, {"dim", c.dim}, {"pool", c.pool}, {"index_topk", c.index_topk},
         {"tail", c.tail}, {"rounding", ref::kpool::rounding_name(c.rounding)}, {"h_q", c.h_q}, {"d_qk", c.d_qk}, {"d_v", c.d_v},
         {"sm_scale", c.sm_scale}, {"seed", c.seed}, {"n_layers", s.n_layers}, {"dsa", s.all_dsa ? "all" : "glm53"},
-        {"n_pools", c.n_pools()}, {"select_k", select_k}, {"width", c.width()}}},
+        {"n_pools", c.n_pools()}, {"select_k", select_k}, {"width", c.width()}, {"fp8", s.fp8}}},
       {"layers", layers},
       {"schedule", {{"dsa_layers", dsa}, {"pattern", s.pattern}}},
       {"conventions", conventions(c)},
@@ -235,6 +277,7 @@ KpoolLayout kpool_layout(const json& m) {
   c.sm_scale = j.at("sm_scale").get<float>();
   c.seed = j.at("seed").get<uint64_t>();
   v.select_k = std::min(c.index_topk / c.pool, c.n_pools());
+  v.fp8 = j.at("fp8").get<std::string>();
   for (const json& e : m.at("layers"))
     v.layers.push_back({e.at("index").get<int>(), e.at("kind") == "full", e.at("source").get<int>()});
   return v;
@@ -261,6 +304,7 @@ const KpoolRule kRules[] = {
     {"attn.kv", Role::input, io::DType::BF16, false},           {"attn.indices", Role::input, io::DType::I32, false},
     {"attn.out", Role::output, io::DType::F32, false},          {"attn.out_bf16", Role::output, io::DType::BF16, false},
     {"attn.lse", Role::output, io::DType::F32, false},          {"attn.max_logits", Role::output, io::DType::F32, false},
+    {"indexer.pool_keys_fp8", Role::output, io::DType::U8, true},
 };
 
 Shape kpool_shape(const std::string& rest, const KpoolConfig& c, int64_t select_k) {
@@ -281,6 +325,7 @@ Shape kpool_shape(const std::string& rest, const KpoolConfig& c, int64_t select_
   if (rest == "attn.kv") return {c.s_kv, 1, c.d_qk};
   if (rest == "attn.indices") return {c.s_q, 1, c.width()};
   if (rest == "attn.out" || rest == "attn.out_bf16") return {c.s_q, c.h_q, c.d_v};
+  if (rest == "indexer.pool_keys_fp8") return {(n + kKpoolFp8Page - 1) / kKpoolFp8Page, kKpoolFp8Page * (c.dim + 4)};
   return {c.s_q, c.h_q};  // attn.lse, attn.max_logits
 }
 
@@ -339,6 +384,10 @@ void KpoolCheck::config() {
     fail("config.rounding", "is missing or not \"f32\" / \"hf-bf16\"");
   if (!c.contains("dsa") || (c["dsa"] != "glm53" && c["dsa"] != "all")) fail("config.dsa", "is missing or not \"glm53\" / \"all\"");
   spec_.all_dsa = c["dsa"] == "all";
+  if (!c.contains("fp8") || (c["fp8"] != "none" && c["fp8"] != "amax" && c["fp8"] != "pow2"))
+    fail("config.fp8", "is missing or not \"none\" / \"amax\" / \"pow2\"");
+  spec_.fp8 = c["fp8"].get<std::string>();
+  if (spec_.fp8 != "none" && (k.dim & (k.dim - 1))) fail("config.fp8", "is " + spec_.fp8 + ", but config.dim is not a power of two");
   if (!c.contains("sm_scale") || !c["sm_scale"].is_number() || c["sm_scale"].get<float>() != k.sm_scale)
     fail("config.sm_scale", "is missing or not GLM-5.3's 256^-1/2 = 0.0625");
   select_k_ = std::min(k.index_topk / k.pool, k.n_pools());
@@ -381,7 +430,9 @@ void KpoolCheck::tensors() {
   for (size_t i = 0; i < spec_.pattern.size(); ++i) {
     const std::string pre = "layers." + std::to_string(spec_.dsa_layers()[i]) + ".";
     for (const KpoolRule& r : kRules) {
-      if ((r.full_only && spec_.pattern[i] != 'F') || (std::string(r.name) == "indexer.tail" && !spec_.cfg.tail)) continue;
+      if ((r.full_only && spec_.pattern[i] != 'F') || (std::string(r.name) == "indexer.tail" && !spec_.cfg.tail) ||
+          (std::string(r.name) == "indexer.pool_keys_fp8" && spec_.fp8 == "none"))
+        continue;
       const std::string name = pre + r.name;
       expected.insert(name);
       const io::TensorView* v = g_.find(name);

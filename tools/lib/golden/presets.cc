@@ -88,10 +88,11 @@ const std::vector<Preset>& presets() {
        "layer 0 the target's DSA layer, layer 1 the MTP layer; 3 draft steps reuse each request's last accepted row (top-8)",
        ""},
       // GLM-5.3 KPool-DSA (kind kpool, tools/lib/golden_kpool.h): the descriptor is a kpool spec.
-      {"kpool-tiny", "sq=30 skv=30 h=4 d=16 pool=4 k=16 tail=yes rounding=f32 hq=2 dqk=64 dv=32 nl=12 dsa=glm53 sched=FSF seed=71",
+      {"kpool-tiny", "sq=30 skv=30 h=4 d=16 pool=4 k=16 tail=yes rounding=f32 hq=2 dqk=64 dv=32 nl=12 dsa=glm53 sched=FSF fp8=amax seed=71",
        "kpool",
        "GLM-5.3 pooled indexer (P 4, top-16 tokens = 4 pools + the tail) over 30 tokens (7 complete pools), DSA layers 3, 7, 11 "
-       "of 12 (KDA elsewhere) Full, Shared, Full; rows 0-14 see fewer than 4 complete pools, every 4th row an empty tail",
+       "of 12 (KDA elsewhere) Full, Shared, Full; rows 0-14 see fewer than 4 complete pools, every 4th row an empty tail; "
+       "SGLang's FP8 pooled-key pages",
        ""},
   };
   return p;
