@@ -19,6 +19,7 @@
 #include "ref/numerics.h"
 #include "tests/candidate_util.h"
 #include "tests/cli_util.h"
+#include "tests/simd_targets.h"
 #include "tools/judge/diff.h"
 #include "tools/lib/golden_kpool.h"
 
@@ -144,7 +145,7 @@ TEST_CASE("kpool golden: the descriptor parses, prints canonically and refuses a
   }
 }
 
-TEST_CASE("kpool golden: the set holds ref::kpool::run_kpool_stack's tensors; ref and simd write the same bytes") {
+TEST_CASE("kpool golden: the set holds ref::kpool::run_kpool_stack's tensors, and ref and simd write the same bytes") {
   const golden::Loaded& g = tiny_set().g;
   const golden::KpoolSpec s = golden::parse_kpool_spec(kSpec);
   const std::vector<ref::kpool::KpoolLayerOutputs> stack =
@@ -191,13 +192,43 @@ TEST_CASE("kpool golden: the set holds ref::kpool::run_kpool_stack's tensors; re
       CHECK(f.scale[q] == std::max(amax, 1e-4f) / 448.0f);
     }
   }
-  // ref and simd: the same bytes.
-  const golden::GoldenSet a = golden::build_kpool(s, "r", Impl::ref), b = golden::build_kpool(s, "r", Impl::simd);
-  REQUIRE(a.tensors.size() == b.tensors.size());
-  for (size_t i = 0; i < a.tensors.size(); ++i) {
-    CAPTURE(a.tensors[i].name);
-    CHECK(a.tensors[i].bytes == b.tensors[i].bytes);
+  // ref and simd: the same bytes, on every target with 1 and 2 threads.
+  const golden::GoldenSet a = golden::build_kpool(s, "r", Impl::ref);
+  simd_test::for_each_target([&](const std::string&, int) {
+    const golden::GoldenSet b = golden::build_kpool(s, "r", Impl::simd);
+    REQUIRE(a.tensors.size() == b.tensors.size());
+    for (size_t i = 0; i < a.tensors.size(); ++i) {
+      CAPTURE(a.tensors[i].name);
+      CHECK(a.tensors[i].bytes == b.tensors[i].bytes);
+    }
+  });
+}
+
+TEST_CASE("kpool golden: a prefill chunk without the tail, hf-bf16 pooled keys and every layer DSA: read back, judged") {
+  const golden::KpoolSpec s = golden::parse_kpool_spec("sq=8 skv=37 h=2 d=8 pool=4 k=8 tail=no rounding=hf-bf16 hq=2 dqk=32 dv=16 "
+                                                       "nl=3 dsa=all sched=FSF seed=5");
+  const std::string dir = tmp("chunk");
+  golden::write(dir, golden::build_kpool(s, "r", Impl::simd), false);
+  const golden::Loaded g = golden::read(dir);
+  CHECK(g.find("layers.0.indexer.tail") == nullptr);
+  CHECK(g.tensor<int32_t>("layers.2.attn.indices").shape == Shape{8, 1, 8});  // width k without the tail
+  const Tensor<float> kbar = g.tensor<float>("layers.0.indexer.pool_keys");
+  CHECK(kbar.shape == Shape{9, 8});
+  for (float x : kbar.data) CHECK(x == float(round_bf16(x)));  // hf-bf16: bf16 values
+  const Tensor<int32_t> ke = g.tensor<int32_t>("layers.0.indexer.ke");
+  for (int64_t t = 0; t < 8; ++t) CHECK(ke[t] == std::min<int64_t>((37 - 8 + t + 1) / 4, 9));  // row t at position 29 + t
+  Cand c;
+  for (int l : {0, 1, 2}) {
+    const std::string p = "layers." + std::to_string(l) + ".";
+    for (const char* n : {"indexer.pool_keys", "indexer.scores", "attn.out", "attn.lse"})
+      if (g.find(p + n)) c.set(p + n, g.tensor<float>(p + n));
+    for (const char* n : {"indexer.pools", "indexer.indices", "attn.indices"})
+      if (g.find(p + n)) c.set(p + n, g.tensor<int32_t>(p + n));
   }
+  const diff::Result r = diff::judge(g, c.file(), {});
+  CHECK_MESSAGE(!r.failed(), report(r));
+  CHECK(r.tensors.size() == 2 * 7 + 3);
+  fs::remove_all(dir);
 }
 
 TEST_CASE("kpool golden: golden::read refuses a bad manifest naming the field") {
