@@ -447,6 +447,13 @@ TEST_CASE("kpool golden: the CLI writes kpool-tiny as checked in, judges it, and
     CHECK_MESSAGE(r.out.find(msg) != std::string::npos, r.out);
     CHECK(!fs::exists(bad));
   }
+  // explain and overlap read token indexers: a kpool set is refused by name.
+  r = testing::run_cli("explain --golden " + src + " --layer 3 --row 5");
+  CHECK(r.status == 2);
+  CHECK_MESSAGE(r.out.find("is a kpool set") != std::string::npos, r.out);
+  r = testing::run_cli("overlap --golden " + src);
+  CHECK(r.status == 2);
+  CHECK_MESSAGE(r.out.find("a kpool set (GLM-5.3's pooled indexer) has no token top-k") != std::string::npos, r.out);
   r = testing::run_cli("golden --kind kpool --problem \"" + std::string(kSpec) + "\" --rows 0-3 --out " + bad);
   CHECK(r.status == 2);
   CHECK(!fs::exists(bad));

@@ -401,6 +401,8 @@ GoldenSet build_from(const std::string& file, StackInputs si, bool with_logits, 
 StackInputs stack_inputs_of(const Loaded& g) {
   const json& c = g.manifest["config"];
   const std::string where = g.dir + "/manifest.json";
+  require(g.manifest.value("kind", "") != "kpool", where + ": field 'kind': a kpool set (GLM-5.3's pooled indexer) has no "
+                                                  "token top-k to compare across layers: overlap / search read stack and v4 sets");
   require(!g.manifest.contains("rows"), where + ": field 'rows': the set holds sampled query rows (--rows); overlap "
                                         "statistics and position buckets need every row: use --problem with its problem");
   Problem p;
