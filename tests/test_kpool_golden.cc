@@ -309,6 +309,44 @@ TEST_CASE("kpool diff: the golden's own outputs and legitimate variations pass")
   CHECK(worst > 0);
 }
 
+TEST_CASE("kpool diff: a selection that differs by exact ties passes in the pools, the lists and the attention") {
+  // One indexer head: a pool scores exactly 0 (ReLU) half the time, so rows tie at the select_k-th score.
+  const golden::KpoolSpec s = golden::parse_kpool_spec("sq=32 skv=32 h=1 d=8 pool=4 k=8 hq=2 dqk=32 dv=16 nl=4 seed=3");
+  const std::string dir = tmp("ties");
+  golden::write(dir, golden::build_kpool(s, "r"), false);
+  const golden::Loaded g = golden::read(dir);
+  const Tensor<float> sc = g.tensor<float>("layers.3.indexer.scores");
+  Tensor<int32_t> pools = g.tensor<int32_t>("layers.3.indexer.pools"), list = g.tensor<int32_t>("layers.3.indexer.indices");
+  const Tensor<int32_t> ke = g.tensor<int32_t>("layers.3.indexer.ke");
+  int swapped = 0;
+  for (int64_t t = 0; t < 32; ++t) {
+    if (pools.at(t, 1) < 0) continue;
+    for (int32_t q = 0; q < ke[t]; ++q)  // an unselected visible pool tied with the second one: take it instead
+      if (q != pools.at(t, 0) && q != pools.at(t, 1) && sc.at(t, q) == sc.at(t, pools.at(t, 1))) {
+        pools.at(t, 1) = q;
+        for (int64_t j = 0; j < 4; ++j) list.at(t, 4 + j) = q * 4 + int32_t(j);
+        ++swapped;
+        break;
+      }
+  }
+  REQUIRE(swapped >= 3);
+  Tensor<int32_t> attn = list;
+  attn.shape = {32, 1, 11};
+  Cand c;
+  c.set("layers.3.indexer.pools", pools);
+  c.set("layers.3.indexer.indices", list);
+  c.set("layers.3.attn.indices", attn);
+  c.set("layers.3.attn.out", ref::sparse_attention(g.tensor<bf16_t>("layers.3.attn.q"), g.tensor<bf16_t>("layers.3.attn.kv"), attn,
+                                                   s.cfg.sm_scale, 16, nullptr, nullptr).out);
+  CHECK(c.t.at("layers.3.attn.out").bytes != g.get("layers.3.attn.out").bytes);
+  diff::Result r = diff::judge(g, c.file(), {});
+  CHECK_MESSAGE(!r.failed(), report(r));
+  c.t.erase("layers.3.indexer.pools");  // the lists alone: their pools are judged by the tie rule too
+  r = diff::judge(g, c.file(), {});
+  CHECK_MESSAGE(!r.failed(), report(r));
+  fs::remove_all(dir);
+}
+
 TEST_CASE("kpool diff: planted faults fail on the tensor they break and are named") {
   const golden::Loaded& g = tiny_set().g;
   const golden::KpoolSpec s = golden::parse_kpool_spec(kSpec);

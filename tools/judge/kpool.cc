@@ -116,6 +116,7 @@ class KpoolJudge {
   void fp8_pages(int l, const std::vector<float>& kb);
   void pools_hypotheses(int l, const std::string& what, const std::function<bool(const Tensor<float>& kbar)>& explains);
   cmp::Report list_report(const std::string& what, const Tensor<int32_t>& cand, const Tensor<int32_t>& pools, int tails) const;
+  Tensor<int32_t> list_pools(int source, const Tensor<int32_t>& list, const Tensor<int32_t>& pools) const;
   void lists(int l, Tensor<int32_t>& used);
   void attention(int l, const Tensor<int32_t>& used, const std::string& note);
 
@@ -336,6 +337,27 @@ cmp::Report KpoolJudge::list_report(const std::string& what, const Tensor<int32_
   return r;
 }
 
+// The pools a list [s_q, w] (a history or a union list) is judged against: `pools`, or, when the list's complete visible pools
+// (all P tokens present) differ from them and pass compare_topk over the source's golden scores (a
+// selection that differs by exact ties), those.
+Tensor<int32_t> KpoolJudge::list_pools(int source, const Tensor<int32_t>& list, const Tensor<int32_t>& pools) const {
+  const int64_t S = cfg_.s_q, width = list.numel() / S, k = pools.dim(1);
+  const Tensor<int32_t> ke = g_.tensor<int32_t>(nm(source, "indexer.ke"));
+  Tensor<int32_t> found(pools.shape, -1);
+  for (int64_t t = 0; t < S; ++t) {
+    std::map<int32_t, int64_t> count;
+    for (int64_t i = 0; i < width; ++i)
+      if (list[t * width + i] >= 0 && list[t * width + i] / cfg_.pool < ke[t]) ++count[int32_t(list[t * width + i] / cfg_.pool)];
+    int64_t j = 0;
+    for (const auto& [p, c] : count)
+      if (c == cfg_.pool && j < k) found.at(t, j++) = p;
+  }
+  if (found.data == pools.data) return pools;
+  const Tensor<int32_t> ks({S}, 0);
+  const Tensor<float> scores = g_.tensor<float>(nm(source, "indexer.scores"));
+  return passes(cmp::compare_topk("", scores, ks, ke, g_.tensor<int32_t>(nm(source, "indexer.pools")), found)) ? found : pools;
+}
+
 // history, tail, indexer.indices and attn.indices; `used` ([s_q, width]) becomes the candidate's list
 // when it passes.
 void KpoolJudge::lists(int l, Tensor<int32_t>& used) {
@@ -346,7 +368,8 @@ void KpoolJudge::lists(int l, Tensor<int32_t>& used) {
   const int64_t S = cfg_.s_q, width = cfg_.width();
   if (has(l, "indexer.history")) {
     const Shape shape = g_.get(nm(l, "indexer.history")).shape;
-    add(l, "indexer.history", list_report("tokens", candidate_int(c_, nm(l, "indexer.history"), shape, res.diagnoses), pools, 0));
+    const Tensor<int32_t> cand = candidate_int(c_, nm(l, "indexer.history"), shape, res.diagnoses);
+    add(l, "indexer.history", list_report("tokens", cand, list_pools(x.source, cand, pools), 0));
   }
   if (has(l, "indexer.tail")) {
     const Tensor<int32_t> gold = g_.tensor<int32_t>(nm(l, "indexer.tail"));
@@ -372,7 +395,8 @@ void KpoolJudge::lists(int l, Tensor<int32_t>& used) {
     const Shape shape = g_.get(nm(l, n)).shape;
     Tensor<int32_t> cand = candidate_int(c_, nm(l, n), shape, res.diagnoses);
     cand.shape = {S, width};
-    cmp::Report r = list_report("tokens", cand, pools, 1);
+    const Tensor<int32_t> row_pools = list_pools(x.source, cand, pools);
+    cmp::Report r = list_report("tokens", cand, row_pools, 1);
     if (!x.full && cand_list_.count(x.source) && r.verdict != cmp::Verdict::fail)
       for (int64_t t = 0; t < S; ++t)
         if (multiset(&cand[t * width], width) != multiset(&cand_list_[x.source][t * width], width)) {
@@ -393,9 +417,9 @@ void KpoolJudge::lists(int l, Tensor<int32_t>& used) {
       int64_t explained = 0, failing = 0;
       for (int64_t t = 0; t < S; ++t) {
         const std::vector<int32_t> got = multiset(&cand[t * width], width);
-        if (got == expected_row(pools, t, 1)) continue;
+        if (got == expected_row(row_pools, t, 1)) continue;
         ++failing;
-        explained += got == expected_row(pools, t, tails);
+        explained += got == expected_row(row_pools, t, tails);
       }
       if (failing && explained == failing && (named = true))
         res.diagnoses.push_back(P(l) + ": " + n + (tails ? ": the tail doubled (the query's incomplete pool's tokens twice)"
