@@ -253,6 +253,9 @@ TEST_CASE("kpool golden: golden::read refuses a bad manifest naming the field") 
   CHECK(with([](nlohmann::json& m) { m["layers"][1]["source"] = 11; }).find("layers[1].source") != std::string::npos);
   CHECK(with([](nlohmann::json& m) { m["layers"][0]["kind"] = "shared"; }).find("layers[0].kind") != std::string::npos);
   CHECK(with([](nlohmann::json& m) { m["layers"][2]["index"] = 10; }).find("layers[2].index") != std::string::npos);
+  CHECK(with([](nlohmann::json& m) { m["layers"][2]["dsa_rank"] = 1; }).find("layers[2].dsa_rank") != std::string::npos);
+  CHECK(with([](nlohmann::json& m) { m["config"]["fp8"] = "e5m2"; }).find("config.fp8") != std::string::npos);
+  CHECK(with([](nlohmann::json& m) { m["config"]["fp8"] = "none"; }).find("indexer.pool_keys_fp8', which a kpool set of this config does not hold") != std::string::npos);
   CHECK(with([](nlohmann::json& m) { m["schedule"]["pattern"] = "FFF"; }).find("'schedule'") != std::string::npos);
   CHECK(with([](nlohmann::json& m) { m["conventions"].erase("tail"); }).find("conventions.tail") != std::string::npos);
   CHECK(with([](nlohmann::json& m) {

@@ -410,6 +410,7 @@ void KpoolCheck::layers() {
     const json& e = m_["layers"][i];
     if (!e.is_object() || !e.contains("index") || e["index"] != dsa[i])
       fail(f + ".index", "is not the DSA layer " + std::to_string(dsa[i]) + " (config.dsa " + m_["config"]["dsa"].dump() + ")");
+    if (!e.contains("dsa_rank") || e["dsa_rank"] != i) fail(f + ".dsa_rank", "is missing or not " + std::to_string(i));
     if (!e.contains("kind") || (e["kind"] != "full" && e["kind"] != "shared")) fail(f + ".kind", "is missing or not \"full\" / \"shared\"");
     const bool full = e["kind"] == "full";
     if (full) source = dsa[i];
