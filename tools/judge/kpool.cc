@@ -37,7 +37,9 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <iterator>
 #include <map>
+#include <sstream>
 
 #include "ref/kpool/layer.h"
 #include "ref/numerics.h"
@@ -323,12 +325,23 @@ cmp::Report KpoolJudge::list_report(const std::string& what, const Tensor<int32_
   cmp::Report r;
   r.stats.n = cfg_.s_q;
   const int64_t w = cand.numel() / cfg_.s_q;
+  auto text = [](const std::vector<int32_t>& v) {
+    std::ostringstream out;
+    for (size_t i = 0; i < v.size() && i < 8; ++i) out << (i ? " " : "") << v[i];
+    if (v.size() > 8) out << " ...";
+    return out.str();
+  };
   for (int64_t t = 0; t < cfg_.s_q; ++t) {
-    if (multiset(&cand[t * w], w) == expected_row(pools, t, tails)) continue;
+    const std::vector<int32_t> got = multiset(&cand[t * w], w), want = expected_row(pools, t, tails);
+    if (got == want) continue;
     ++r.stats.n_fail;
-    if (r.mismatches.size() < cmp::kMaxMismatches)
-      r.mismatches.push_back({{t}, 0, 0, 0, 0, "row " + std::to_string(t) + ": not the " + what + " of the row's pools" +
-                                                   (tails ? " and its tail" : "")});
+    if (r.mismatches.size() >= cmp::kMaxMismatches) continue;
+    std::vector<int32_t> missing, extra;
+    std::set_difference(want.begin(), want.end(), got.begin(), got.end(), std::back_inserter(missing));
+    std::set_difference(got.begin(), got.end(), want.begin(), want.end(), std::back_inserter(extra));
+    r.mismatches.push_back({{t}, 0, 0, 0, 0, "row " + std::to_string(t) + ": not the " + what + " of the row's pools" +
+                                                 (tails ? " and its tail" : "") + (missing.empty() ? "" : "; lacks " + text(missing)) +
+                                                 (extra.empty() ? "" : "; extra " + text(extra))});
   }
   if (r.stats.n_fail) {
     r.verdict = cmp::Verdict::fail;
