@@ -10,7 +10,9 @@ For every golden set under GOLDEN_ROOT:
   2. Recompute invariants independently in NumPy: indexer logits of a few rows from the FP8 codes
      (exact float64 dot products, the documented head-sum order), -inf outside [ks, ke), top-k
      structure (valid count, range, no duplicates, score order), Shared layers using their source
-     Full layer's positions, out_bf16 == bf16(out), empty rows (out 0, lse +inf).
+     Full layer's positions, out_bf16 == bf16(out), empty rows (out 0, lse +inf); kpool sets: the
+     pooled keys (softmax over the P slots, float64), -inf scores past the visible pools, the pools'
+     score order and count, each union list = the pools' tokens + the tail, Shared layers' lists.
   3. Regenerate the set from the manifest's replay line into a temporary folder and require the
      same SHA-256 for every tensor.
 """
@@ -77,6 +79,58 @@ def check_hyv4(m, A):
     return errors
 
 
+def m_names(m):
+    return {e["name"] for e in m["tensors"]}
+
+
+def check_kpool(A, m, errors):
+    """GLM-5.3 KPool-DSA sets (tools/lib/golden_kpool.h), recomputed here in float64."""
+    cfg = m["config"]
+    P, sq, skv, sel_k = cfg["pool"], cfg["s_q"], cfg["s_kv"], cfg["select_k"]
+    n = skv // P
+    for layer in m["layers"]:
+        p = f"layers.{layer['index']}."
+        ind = A(p + "attn.indices")[:, 0, :]
+        if layer["kind"] == "shared":
+            if not np.array_equal(ind, A(f"layers.{layer['source']}.indexer.indices")):
+                errors.append(f"{p}attn.indices are not the list of source layer {layer['source']}")
+            continue
+        z = A(p + "indexer.pool_logits").astype(np.float64)
+        kk = A(p + "indexer.k")[: n * P].astype(np.float64).reshape(n, P, -1)
+        e = np.exp(z - z.max(axis=1, keepdims=True))
+        kbar = (e / e.sum(axis=1, keepdims=True) * kk).sum(axis=1)
+        if cfg["rounding"] == "f32" and not np.allclose(A(p + "indexer.pool_keys"), kbar, rtol=2.0**-22, atol=1e-37):
+            errors.append(p + "indexer.pool_keys differ from the softmax-weighted pools by more than an f32 rounding")
+        if p + "indexer.pool_keys_fp8" in m_names(m):
+            # SGLang's pages: [64 x D e4m3][64 f32 scales]; dequantized within an e4m3 step of the
+            # Hadamard-rotated bf16 keys (Sylvester matrix times D^-1/2, float64 here).
+            D = kk.shape[2]
+            pages = A(p + "indexer.pool_keys_fp8").reshape(-1, 64 * (D + 4))
+            codes = pages[:, : 64 * D].reshape(-1, D)[:n].view(ml_dtypes.float8_e4m3fn).astype(np.float64)
+            scales = pages[:, 64 * D:].copy().view(np.float32).reshape(-1)[:n].astype(np.float64)
+            H = np.array([[1.0]])
+            while H.shape[0] < D:
+                H = np.block([[H, H], [H, -H]])
+            bf = A(p + "indexer.pool_keys").astype(ml_dtypes.bfloat16).astype(np.float64)
+            rot = bf @ H.T / np.sqrt(D)
+            if np.any(np.abs(codes * scales[:, None] - rot) > 2.0**-3 * np.abs(rot) + scales[:, None] * 2.0**-8):
+                errors.append(p + "indexer.pool_keys_fp8: a dequantized value is not the rotated key within an e4m3 step")
+        scores, pools, lst = A(p + "indexer.scores"), A(p + "indexer.pools"), A(p + "indexer.indices")
+        for r in range(sq):
+            pos = skv - sq + r
+            ke = min((pos + 1) // P, n)
+            if not np.all(np.isneginf(scores[r, ke:])) or not np.all(np.isfinite(scores[r, :ke])):
+                errors.append(f"{p}indexer.scores row {r}: not -inf exactly past the {ke} visible pools")
+            chosen = [int(v) for v in pools[r] if v >= 0]
+            rest = [scores[r, q] for q in range(ke) if q not in chosen]
+            if len(chosen) != min(sel_k, ke) or (rest and max(rest) > min(scores[r, chosen])):
+                errors.append(f"{p}indexer.pools row {r}: not the {min(sel_k, ke)} best visible pools")
+            tail = list(range(pos - (pos + 1) % P + 1, pos + 1)) if cfg["tail"] else []
+            want = sorted([q * P + j for q in chosen for j in range(P)] + tail)
+            if sorted(int(v) for v in lst[r] if v >= 0) != want or not np.array_equal(lst[r], ind[r]):
+                errors.append(f"{p}indexer.indices row {r}: not the pools' tokens and the tail, or not attn.indices")
+
+
 def check_set(cli, d):
     errors = []
     m = json.load(open(os.path.join(d, "manifest.json")))
@@ -97,6 +151,8 @@ def check_set(cli, d):
     if m["kind"] == "hyv4":
         errors += check_hyv4(m, A)
     k = cfg.get("topk", 0)
+    if m["kind"] == "kpool":
+        check_kpool(A, m, errors)
     for layer in m["layers"] if m["kind"] != "hyv4" else []:
         p = f"layers.{layer['index']}."
         out = A(p + "attn.out")

@@ -32,7 +32,7 @@ from indexshare._core_loader import core  # noqa: E402
 H, D = 4, 32
 
 
-def hf_indexer(P, topk, tail=True):
+def hf_indexer(P, topk, tail=True, H=H, D=D):
     cfg = Glm5NextTextConfig(hidden_size=2 * D + H, q_lora_rank=H * D, index_n_heads=H, index_head_dim=D,
                              index_topk=topk, index_kpool=P, index_kpool_always_select_tail=tail,
                              num_hidden_layers=4, num_attention_heads=2, num_key_value_heads=2, vocab_size=16,
@@ -66,7 +66,7 @@ def ours(t, P, topk, tail=True, rounding="f32"):
 def hf_run(ix, t):
     S = t["k"].shape[0]
     hidden = torch.cat([t["k"], t["g"], t["w"]], dim=-1)[None]
-    q_resid = t["q"].reshape(1, S, H * D)
+    q_resid = t["q"].reshape(1, S, -1)
     mask = torch.ones(1, S, dtype=torch.bool)
     with torch.no_grad():
         ix.index_kpool_compress_ape.copy_(t["ape"])
@@ -236,3 +236,48 @@ def test_kpool_indexer_simd_path_gives_ref_bits():
     a, b = core().kpool_indexer(*args, core().Impl.ref), core().kpool_indexer(*args, core().Impl.simd)
     for name in ("z", "kbar", "scores", "pools", "history", "tail", "indices"):
         assert a[name].tobytes() == b[name].tobytes(), name
+
+
+def test_checked_in_kpool_tiny_through_transformers_and_diff():
+    """golden/kpool-tiny's Full layers (H 4, D 16) through transformers' indexer: the set's pooled keys
+    and scores within the tolerances above, its union lists as sets (up to exact ties); transformers'
+    lists (its tail after select_k * P columns) and its eager attention over them, as a candidate,
+    pass `indexshare.diff`; the same lists cut before the tail fail with "the tail left out" named."""
+    import pathlib
+    from types import SimpleNamespace
+
+    import indexshare
+    from transformers.models.glm5_next.modeling_glm5_next import Glm5NextTextAttention, eager_attention_forward
+
+    gdir = pathlib.Path(__file__).resolve().parents[2] / "golden" / "kpool-tiny"
+    g = indexshare.load_golden(gdir)
+    P, topk, S = 4, 16, 30
+    good, cut = {}, {}
+    for l in (3, 11):
+        p = f"layers.{l}.indexer."
+        t = {n: torch.from_numpy(np.array(g[p + m], dtype=np.float32)) for n, m in (("q", "q"), ("k", "k"), ("g", "gate"), ("ape", "ape"))}
+        t["w"] = torch.from_numpy(np.array(g[p + "weights"], dtype=np.float32) * np.float32(2.0))  # H^-1/2 = 0.5: exact
+        idx, kbar_hf, scores_hf = hf_run(hf_indexer(P, topk, H=4, D=16), t)
+        kbar, scores, lst = np.array(g[p + "pool_keys"]), np.array(g[p + "scores"]), np.array(g[p + "indices"])
+        assert np.max(np.abs(kbar - kbar_hf) / np.maximum(np.abs(kbar_hf), 1.0)) < 1e-6
+        vis = np.isfinite(scores)
+        assert np.max(np.abs(scores[vis] - scores_hf[vis]) / np.maximum(np.abs(scores_hf[vis]), 1.0)) < 2e-6
+        for tq in range(S):
+            a, b = set(idx[tq][idx[tq] >= 0]), set(lst[tq][lst[tq] >= 0])
+            assert a == b or tie_only(a, b, scores[tq], P), tq
+        good[p + "indices"] = idx.astype(np.int32)
+        cut[p + "indices"] = np.where(np.arange(idx.shape[1]) < 16, idx, -1).astype(np.int32)
+    # transformers' eager attention of layer 3 over its own list (V: the first d_v = 32 latent dims).
+    q = torch.from_numpy(np.array(g["layers.3.attn.q"]).astype(np.float32)).permute(1, 0, 2)[None]  # [1, h_q, S, 64]
+    kv = torch.from_numpy(np.array(g["layers.3.attn.kv"]).astype(np.float32))[:, 0][None, None]       # [1, 1, S, 64]
+    attn = SimpleNamespace(config=SimpleNamespace(_attn_implementation="eager"))
+    mask = Glm5NextTextAttention.build_attention_mask_from_topk(attn, torch.from_numpy(good["layers.3.indexer.indices"]).long()[None], q, S)
+    with torch.no_grad():
+        out = eager_attention_forward(SimpleNamespace(num_key_value_groups=2, training=False), q, kv, kv, mask, scaling=0.0625)[0][0]
+    good["layers.3.attn.out"] = np.ascontiguousarray(out.numpy()[:, :, :32], dtype=np.float32)
+    r = indexshare.diff(gdir, good)
+    assert r.passed, str(r)
+    assert r.status(3, "attn.out") == "PASS"
+    r = indexshare.diff(gdir, cut)
+    assert not r.passed
+    assert any("the tail left out" in d for d in r.diagnoses), r.diagnoses

@@ -17,6 +17,8 @@ struct ExplainArgs {
 
 int cmd_explain(const ExplainArgs& a) {
   const golden::Loaded g = golden::read(a.golden);
+  require(g.manifest.value("kind", "") != "kpool", "explain: " + a.golden + " is a kpool set (GLM-5.3's pooled indexer): explain "
+                                                   "walks a token indexer's row; judge a kpool set with diff");
   std::optional<io::SafetensorsFile> c;
   if (!a.candidate.empty()) c = io::read_safetensors(a.candidate);
   std::printf("%s", explain::explain(g, a.o, c ? &*c : nullptr).c_str());

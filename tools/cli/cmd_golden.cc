@@ -14,6 +14,7 @@
 #include "ref/problem.h"
 #include "tools/cli/cli.h"
 #include "tools/lib/golden.h"
+#include "tools/lib/golden_kpool.h"
 #include "tools/lib/golden_model1.h"
 #include "tools/lib/golden_train.h"
 #include "tools/lib/golden_hyv4.h"
@@ -237,6 +238,23 @@ int golden_hyv4(const GoldenArgs& a, std::chrono::steady_clock::time_point t0) {
   return publish(golden::build_hyv4(s, replay, *impl), a, replay, t0);
 }
 
+// A GLM-5.3 KPool-DSA set (tools/lib/golden_kpool.h): --kind kpool --problem SPEC, or a kpool preset.
+// The spec is parsed (and refused, naming the field) before anything is computed or written.
+int golden_kpool(const GoldenArgs& a, std::chrono::steady_clock::time_point t0) {
+  require(a.preset.empty() != a.problem.empty() && a.model.empty() && a.from.empty(),
+          "golden --kind kpool: give --problem SPEC (a kpool descriptor) or a kpool --preset, not --model / --from");
+  reject_given(a.given, {"--rows", "--for", "--no-logits", "--layers", "--seq", "--seed", "--schedule", "--sim", "--variant",
+                         "--loss", "--train-target", "--relu", "--loss-coeff", "--train-edges", "--loss-layers", "--d-out"},
+               "other kinds", "a kpool set takes its sizes, layers, schedule and seed from its descriptor");
+  require(!dist_active(), "golden: a kpool set is computed by one process: run it without mpirun / srun");
+  const golden::KpoolSpec s = golden::parse_kpool_spec(a.preset.empty() ? a.problem : golden::preset(a.preset).problem);
+  const std::optional<Impl> impl = impl_named(a.impl);
+  require(impl.has_value(), "golden: --impl must be ref or simd, got '" + a.impl + "'");
+  reject_target_on_ref(a.given, *impl);
+  const std::string replay = golden::kpool_replay(s, *impl) + " --out " + a.out;
+  return publish(golden::build_kpool(s, replay, *impl), a, replay, t0);
+}
+
 // A module-level set (--model, or a module preset): the toy model with a preset's shapes.
 int golden_module(const GoldenArgs& a, bool module_preset, std::chrono::steady_clock::time_point t0) {
   require(a.problem.empty() && a.from.empty() && (a.preset.empty() || a.model.empty()),
@@ -342,6 +360,7 @@ int cmd_golden(const GoldenArgs& a) {
   if (a.kind == "v4" || (!a.preset.empty() && golden::preset(a.preset).kind == "v4")) return golden_v4(a, t0);
   if (a.kind == "mtp" || (!a.preset.empty() && golden::preset(a.preset).kind == "mtp")) return golden_mtp(a, t0);
   if (a.kind == "hyv4" || (!a.preset.empty() && golden::preset(a.preset).kind == "hyv4")) return golden_hyv4(a, t0);
+  if (a.kind == "kpool" || (!a.preset.empty() && golden::preset(a.preset).kind == "kpool")) return golden_kpool(a, t0);
   if (!a.for_kernel.empty()) {
     require(a.model.empty() && !module_preset && a.from.empty(), "golden: --for works with --problem or a kernel-level --preset");
     require(!a.rows_given, "golden: --for writes whole sets: --rows (sampled query rows) is not a kernel's input layout");
@@ -432,7 +451,7 @@ Action register_golden(CLI::App& app) {
   CLI::App* c = app.add_subcommand("golden", "Compute a golden set and write it (safetensors + manifest.json)");
   c->add_option("--preset", a->preset, "Golden preset (see `indexshare presets`; a kernel preset is written --for its kernel)");
   c->add_option("--problem,-p", a->problem, "Problem descriptor");
-  c->add_option("--kind", a->kind, "stack, attention-edge, decode, train, v4, mtp or hyv4 (with --problem; v4: a V4 descriptor, tools/lib/golden_v4.h; mtp: a problem with steps= accept=, tools/lib/golden_mtp.h; hyv4: a problem with rope= vd=, tools/lib/golden_hyv4.h)")->capture_default_str();
+  c->add_option("--kind", a->kind, "stack, attention-edge, decode, train, v4, mtp, hyv4 or kpool (with --problem; v4: a V4 descriptor, tools/lib/golden_v4.h; mtp: a problem with steps= accept=, tools/lib/golden_mtp.h; hyv4: a problem with rope= vd=, tools/lib/golden_hyv4.h; kpool: a kpool descriptor, tools/lib/golden_kpool.h)")->capture_default_str();
   c->add_option("--loss", a->loss, "Indexer loss support: sparse (top-k and valid keys) or dense (--kind train)")
       ->group("Training sets (--kind train)")->capture_default_str();
   c->add_option("--train-target", a->train_target,

@@ -106,6 +106,12 @@ Result judge_v4(const golden::Loaded& golden, const io::SafetensorsFile& candida
 // unscaled sink, and o_v / gated through W_uv and the gate. judge() calls it for such a set.
 Result judge_hyv4(const golden::Loaded& golden, const io::SafetensorsFile& candidate, const std::set<int>& layers,
                   const ref::Kernels& k = {});
+// A GLM-5.3 KPool-DSA set (kind kpool, tools/lib/golden_kpool.h; judge/kpool.cc): per DSA layer the
+// pool logits, pooled keys and scores within derived bounds, the pools as top-k sets (tie rule),
+// the history / union lists as multisets per row (tail exact; a Shared layer's its source's) and the
+// attention over the list used. judge() calls it for such a set.
+Result judge_kpool(const golden::Loaded& golden, const io::SafetensorsFile& candidate, const std::set<int>& layers,
+                   const ref::Kernels& k = {});
 
 // An MTP draft-step set (kind mtp, tools/lib/golden_mtp.h; judge/mtp.cc): the candidate's layers.{l}
 // names as a stack set's, then the draft steps' mtp.topk / mtp.indices (sets modulo ties over the

@@ -30,6 +30,8 @@ const std::vector<Hypothesis>& hypotheses() {
       {"the output gate left out (HY V4 sets)", "attn.gated", ""},
       {"a draft step using the target's top-k (MTP sets)", "layers.1 indexer.topk / attn.indices, mtp.topk, mtp.indices, mtp.out, mtp.lse", ""},
       {"the last padded row instead of the last accepted row (MTP sets)", "mtp.topk, mtp.indices, mtp.out, mtp.lse", ""},
+      {"pools scored with max or mean instead of the softmax weighting (KPool sets)", "indexer.pool_keys, indexer.scores, indexer.pools", ""},
+      {"the tail left out or doubled, a Shared layer off its source's list (KPool sets)", "indexer.indices, attn.indices, attn.out", ""},
   };
   return h;
 }

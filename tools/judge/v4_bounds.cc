@@ -19,6 +19,21 @@ double eps_cs(int64_t pos, float f) { return 8.0 * kU * (double(pos) * std::fabs
 
 }  // namespace
 
+double softmax_pool_error(const double* z, const double* v, size_t n, double* pooled) {
+  const double zmax = *std::max_element(z, z + n), zmin = *std::min_element(z, z + n);
+  double sum = 0;
+  for (size_t j = 0; j < n; ++j) sum += std::exp(z[j] - zmax);
+  double acc = 0, mag = 0;
+  for (size_t j = 0; j < n; ++j) {
+    const double pj = std::exp(z[j] - zmax) / sum;
+    acc += pj * v[j];
+    mag += pj * std::fabs(v[j]);
+  }
+  const double eps_p = gamma(double(n) + 8) + 3.0 * kU * (zmax - zmin);
+  *pooled = acc;
+  return (eps_p + gamma(double(n))) * mag;
+}
+
 std::vector<float> compressor_bounds(const Tensor<float>& kv, const Tensor<float>& gate, const Tensor<float>& bias,
                                      const Tensor<float>& norm_weight, const ref::v4::CompressorParams& p) {
   ref::v4::check_compressor_inputs(kv, gate, bias, norm_weight, p);
@@ -43,19 +58,7 @@ std::vector<float> compressor_bounds(const Tensor<float>& kv, const Tensor<float
         z.push_back(double(float(gate[tok * width + col] + bias[brow * width + col])));
         v.push_back(double(kv[tok * width + col]));
       }
-      const double zmax = *std::max_element(z.begin(), z.end()), zmin = *std::min_element(z.begin(), z.end());
-      double sum = 0;
-      for (double x : z) sum += std::exp(x - zmax);
-      double pooled = 0, mag = 0;
-      for (size_t j = 0; j < z.size(); ++j) {
-        const double pj = std::exp(z[j] - zmax) / sum;
-        pooled += pj * v[j];
-        mag += pj * std::fabs(v[j]);
-      }
-      const double ns = double(z.size());
-      const double eps_p = gamma(ns + 8) + 3.0 * kU * (zmax - zmin);
-      P[size_t(c)] = pooled;
-      eP[size_t(c)] = (eps_p + gamma(ns)) * mag;
+      eP[size_t(c)] = softmax_pool_error(z.data(), v.data(), z.size(), &P[size_t(c)]);
     }
     double ss = 0, sp = 0;
     for (int64_t c = 0; c < D; ++c) ss += P[size_t(c)] * P[size_t(c)], sp += std::fabs(P[size_t(c)]) * eP[size_t(c)];
@@ -79,6 +82,13 @@ std::vector<float> compressor_bounds(const Tensor<float>& kv, const Tensor<float
 
 std::vector<float> index_score_bounds(const Tensor<float>& q, const Tensor<float>& k_comp, const Tensor<float>& weights,
                                       int64_t ratio, const std::vector<float>& k_bound) {
+  Tensor<int32_t> ke({q.dim(0)});
+  for (int64_t t = 0; t < q.dim(0); ++t) ke[t] = int32_t(std::min((t + 1) / ratio, k_comp.dim(0)));
+  return index_score_bounds(q, k_comp, weights, ke, k_bound);
+}
+
+std::vector<float> index_score_bounds(const Tensor<float>& q, const Tensor<float>& k_comp, const Tensor<float>& weights,
+                                      const Tensor<int32_t>& ke_rows, const std::vector<float>& k_bound) {
   const int64_t T = q.dim(0), HI = q.dim(1), DI = q.dim(2), n_b = k_comp.dim(0);
   require(int64_t(k_bound.size()) == n_b * DI, "v4 index_score_bounds: k_bound must hold n_b * D_I values");
   const double scale = 1.0 / std::sqrt(double(DI));
@@ -90,7 +100,7 @@ std::vector<float> index_score_bounds(const Tensor<float>& q, const Tensor<float
   std::vector<float> out(size_t(T * n_b), 0.0f);
 #pragma omp parallel for schedule(static)
   for (int64_t t = 0; t < T; ++t) {
-    const int64_t ke = std::min((t + 1) / ratio, n_b);
+    const int64_t ke = std::min<int64_t>(ke_rows[t], n_b);
     std::vector<double> acc(size_t(ke), 0.0);
     for (int64_t h = 0; h < HI; ++h) {
       const float* qh = &q[(t * HI + h) * DI];

@@ -57,6 +57,15 @@ std::vector<float> compressor_bounds(const Tensor<float>& kv, const Tensor<float
 // [n_b * D_I] (compressor_bounds of the indexer's compressor). 0 on the non-causal positions.
 std::vector<float> index_score_bounds(const Tensor<float>& q, const Tensor<float>& k_comp, const Tensor<float>& weights,
                                       int64_t ratio, const std::vector<float>& k_bound);
+// The same bound with each row's visible entries [0, ke[t]) given (GLM-5.3's pooled scores,
+// judge/kpool.cc: ke the pools visible to the row).
+std::vector<float> index_score_bounds(const Tensor<float>& q, const Tensor<float>& k_comp, const Tensor<float>& weights,
+                                      const Tensor<int32_t>& ke, const std::vector<float>& k_bound);
+
+// One softmax-weighted pool sum_j softmax_j(z) v_j over n slots (z the f32 logits): one
+// computation's error from the exact value, (eps_p + gamma(n)) sum_j p_j |v_j| (the header's
+// "softmax weights" and "pooled" lines); the exact value (double) in *pooled.
+double softmax_pool_error(const double* z, const double* v, size_t n, double* pooled);
 
 // Bounds for the inverse-RoPE'd output [T, H, D] from the kernel output `out` and its bounds.
 std::vector<float> rotated_bounds(const Tensor<float>& out, const std::vector<float>& out_bound,

@@ -571,6 +571,7 @@ using namespace detail;
 Result judge(const golden::Loaded& g, const io::SafetensorsFile& c, const std::set<int>& wanted,
              const ref::Kernels& k, bool picture, const prec::Contract& contract) {
   if (g.manifest.value("kind", "") == "v4") return judge_v4(g, c, wanted, k);  // judge/v4.cc
+  if (g.manifest.value("kind", "") == "kpool") return judge_kpool(g, c, wanted, k);  // judge/kpool.cc
   if (g.manifest.value("kind", "") == "mtp") return judge_mtp(g, c, wanted, k, picture, contract);  // judge/mtp.cc
   if (g.manifest.value("kind", "") == "hyv4") return judge_hyv4(g, c, wanted, k);  // judge/hyv4.cc
   return judge_file(g, c, wanted, k, nullptr, "", picture, contract);
@@ -580,6 +581,7 @@ Result judge(const golden::Loaded& g, const io::SafetensorsIndex& c, const std::
              const ref::Kernels& k, bool picture, const prec::Contract& contract) {
   if (g.manifest.value("kind", "") == "v4") return judge_v4(g, io::read_safetensors(path), wanted, k);  // whole, judge/v4.cc
   if (g.manifest.value("kind", "") == "hyv4") return judge_hyv4(g, io::read_safetensors(path), wanted, k);  // whole, judge/hyv4.cc
+  if (g.manifest.value("kind", "") == "kpool") return judge_kpool(g, io::read_safetensors(path), wanted, k);  // whole, judge/kpool.cc
   if (g.manifest.value("kind", "") == "mtp")  // whole (small sets), judge/mtp.cc
     return judge_mtp(g, io::read_safetensors(path), wanted, k, picture, contract);
   return judge_file(g, c.file, wanted, k, &c, path, picture, contract);

@@ -48,6 +48,7 @@ unsigned kind_bit(const std::string& kind) {
   if (kind == "v4") return kKindV4;
   if (kind == "mtp") return kKindMtp;
   if (kind == "hyv4") return kKindHyv4;
+  if (kind == "kpool") return kKindKpool;
   return 0;
 }
 

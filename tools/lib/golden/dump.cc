@@ -403,6 +403,8 @@ StackInputs stack_inputs_of(const Loaded& g) {
   const std::string where = g.dir + "/manifest.json";
   require(g.manifest.value("kind", "") != "hyv4", where + ": field 'kind' is 'hyv4': a HY V4 set's indexer is not the stack's "
                                                           "(tools/lib/golden_hyv4.h); judge it with diff");
+  require(g.manifest.value("kind", "") != "kpool", where + ": field 'kind': a kpool set (GLM-5.3's pooled indexer) has no "
+                                                  "token top-k to compare across layers: overlap / search read stack and v4 sets");
   require(!g.manifest.contains("rows"), where + ": field 'rows': the set holds sampled query rows (--rows); overlap "
                                         "statistics and position buckets need every row: use --problem with its problem");
   Problem p;

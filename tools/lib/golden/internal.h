@@ -50,6 +50,7 @@ GoldenSet build_stack(const Problem& p, std::vector<ref::LayerInputs> inputs, co
 enum KindBit : unsigned { kKindStack = 1, kKindFromFile = 2, kKindEdge = 4, kKindDecode = 8, kKindModule = 16, kKindModel1 = 32,
                           kKindTrain = 64, kKindV4 = 128,  // v4: its own tensor list and checks (tools/lib/golden_v4.h)
                           kKindMtp = 256,  // a two-layer stack and the draft steps (tools/lib/golden_mtp.h)
+                          kKindKpool = 512,  // kpool: its own tensor list and checks (tools/lib/golden_kpool.h)
                           kKindHyv4 = 1024 };  // Hunyuan HY V4: its own tensor list and checks (tools/lib/golden_hyv4.h)
 constexpr unsigned kKernelKinds = kKindStack | kKindFromFile | kKindEdge | kKindDecode | kKindTrain | kKindMtp;
 constexpr unsigned kAllKinds = kKernelKinds | kKindModule;

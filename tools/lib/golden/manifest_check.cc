@@ -12,6 +12,7 @@
 #include "ref/cost.h"
 #include "ref/layer.h"
 #include "tools/lib/golden_hyv4.h"
+#include "tools/lib/golden_kpool.h"
 #include "tools/lib/golden_model1.h"
 #include "tools/lib/golden_mtp.h"
 #include "tools/lib/golden_v4.h"
@@ -39,6 +40,10 @@ class ManifestCheck {
     }
     if (kbit_ == kKindHyv4) {  // a Hunyuan HY V4 set: likewise (tools/lib/golden_hyv4.h)
       check_hyv4_manifest(g_, mpath_);
+      return;
+    }
+    if (kbit_ == kKindKpool) {  // a GLM-5.3 KPool-DSA set: its own config, layers and tensor list
+      check_kpool_manifest(g_, mpath_);
       return;
     }
     config();
@@ -175,7 +180,7 @@ void ManifestCheck::top_fields() {
     if (!m_.contains(f) || !m_[f].is_string()) fail(f, "is missing or not a string");
   kind_ = m_["kind"];
   kbit_ = kind_bit(kind_);
-  if (!kbit_) fail("kind", "is '" + kind_ + "', not a known kind (stack, stack-from-file, attention-edge, decode, module, train, decode-model1, v4, mtp, hyv4)");
+  if (!kbit_) fail("kind", "is '" + kind_ + "', not a known kind (stack, stack-from-file, attention-edge, decode, module, train, decode-model1, v4, mtp, hyv4, kpool)");
   if (!m_.contains("conventions") || !m_["conventions"].is_object()) fail("conventions", "is missing or not an object");
   if (!m_.contains("budgets") || !m_["budgets"].is_object()) fail("budgets", "is missing or not an object");
 }

@@ -92,6 +92,13 @@ const std::vector<Preset>& presets() {
        "Hunyuan HY V4 layers at tiny shapes: 6 layers F F S S S F (hy-v4), indexer 4 x 16 with RoPE on its trailing 8 dims, "
        "top-8 of 16 keys, 2 heads with the unscaled sink (sm_scale 1/16 as HY V4's), W_uv to 16 dims and the sigmoid gate",
        ""},
+      // GLM-5.3 KPool-DSA (kind kpool, tools/lib/golden_kpool.h): the descriptor is a kpool spec.
+      {"kpool-tiny", "sq=30 skv=30 h=4 d=16 pool=4 k=16 tail=yes rounding=f32 hq=2 dqk=64 dv=32 nl=12 dsa=glm53 sched=FSF fp8=amax seed=71",
+       "kpool",
+       "GLM-5.3 pooled indexer (P 4, top-16 tokens = 4 pools + the tail) over 30 tokens (7 complete pools), DSA layers 3, 7, 11 "
+       "of 12 (KDA elsewhere) Full, Shared, Full; rows 0-14 see fewer than 4 complete pools, every 4th row an empty tail; "
+       "SGLang's FP8 pooled-key pages",
+       ""},
   };
   return p;
 }
@@ -117,6 +124,7 @@ StackPlan plan_stack(const StackRequest& r) {
     require(pr.kind != "v4", "golden: preset '" + pr.name + "' is a DeepSeek-V4 set: write it with the CLI's golden --preset");
     require(pr.kind != "hyv4", "golden: preset '" + pr.name + "' is a HY V4 set: write it with the CLI's golden --preset");
     require(pr.kind != "mtp", "golden: preset '" + pr.name + "' is an MTP draft-step set: write it with the CLI's golden --preset");
+    require(pr.kind != "kpool", "golden: preset '" + pr.name + "' is a KPool-DSA set: write it with the CLI's golden --preset");
     desc = pr.problem;
     plan.kind = pr.kind;
     // A kernel preset is written for its kernel (as --for); another --for is refused.
