@@ -212,13 +212,8 @@ cmp::AttentionBackwardBounds attention_backward_bounds(const Tensor<bf16_t>& q, 
                                                        const Tensor<int32_t>& indices, float sm_scale, int64_t d_v,
                                                        const Tensor<bf16_t>& d_out, const Tensor<int32_t>* topk_length,
                                                        const ref::AttentionBackwardOut& exact, bool delta_from_bf16_out) {
-  ref::check_attention_backward_inputs(q, kv, indices, d_v, d_out, topk_length, nullptr);
+  cmp::check_attention_backward_bounds_inputs(q, kv, indices, d_v, d_out, topk_length, exact);
   const int64_t s_q = q.dim(0), h_q = q.dim(1), d_qk = q.dim(2), s_kv = kv.dim(0), topk = indices.dim(2);
-  require_shape(exact.p, {s_q, h_q, topk}, "attention backward bounds exact.p");
-  require_shape(exact.ds, {s_q, h_q, topk}, "attention backward bounds exact.ds");
-  require_shape(exact.out, {s_q, h_q, d_v}, "attention backward bounds exact.out");
-  require_shape(exact.dq, {s_q, h_q, d_qk}, "attention backward bounds exact.dq");
-  require_shape(exact.dkv, {s_kv, 1, d_qk}, "attention backward bounds exact.dkv");
   cmp::AttentionBackwardBounds b{std::vector<float>(size_t(s_q * h_q * d_qk)), std::vector<float>(size_t(s_kv * d_qk))};
   detail::BackwardBoundsState s;
   s.q = q.ptr();

@@ -172,6 +172,11 @@ AttentionBackwardBounds attention_backward_bounds(const Tensor<bf16_t>& q, const
                                                   const Tensor<int32_t>& indices, float sm_scale, int64_t d_v,
                                                   const Tensor<bf16_t>& d_out, const Tensor<int32_t>* topk_length,
                                                   const ref::AttentionBackwardOut& exact, bool delta_from_bf16_out);
+// Its input checks (the backward's inputs, and exact's p, ds, out, dq and dkv shapes); Error naming
+// the field. simd's mirror runs the same.
+void check_attention_backward_bounds_inputs(const Tensor<bf16_t>& q, const Tensor<bf16_t>& kv, const Tensor<int32_t>& indices,
+                                            int64_t d_v, const Tensor<bf16_t>& d_out, const Tensor<int32_t>* topk_length,
+                                            const ref::AttentionBackwardOut& exact);
 
 // The named hypothesis "Delta formed from the bf16 out" (TileLang's kernel computes Delta = sum
 // bf16(O) dO): the exact gradients such a kernel would produce with every other step exact, from the

@@ -108,10 +108,9 @@ ref::AttentionBackwardOut emulate_attention_backward_lowp(const Tensor<bf16_t>& 
   return o;
 }
 
-AttentionBackwardBounds attention_backward_bounds(const Tensor<bf16_t>& q, const Tensor<bf16_t>& kv,
-                                                  const Tensor<int32_t>& indices, float sm_scale, int64_t d_v,
-                                                  const Tensor<bf16_t>& d_out, const Tensor<int32_t>* topk_length,
-                                                  const ref::AttentionBackwardOut& exact, bool delta_from_bf16_out) {
+void check_attention_backward_bounds_inputs(const Tensor<bf16_t>& q, const Tensor<bf16_t>& kv, const Tensor<int32_t>& indices,
+                                            int64_t d_v, const Tensor<bf16_t>& d_out, const Tensor<int32_t>* topk_length,
+                                            const ref::AttentionBackwardOut& exact) {
   ref::check_attention_backward_inputs(q, kv, indices, d_v, d_out, topk_length, nullptr);
   const int64_t s_q = q.dim(0), h_q = q.dim(1), d_qk = q.dim(2), s_kv = kv.dim(0), topk = indices.dim(2);
   require_shape(exact.p, {s_q, h_q, topk}, "attention backward bounds exact.p");
@@ -119,6 +118,14 @@ AttentionBackwardBounds attention_backward_bounds(const Tensor<bf16_t>& q, const
   require_shape(exact.out, {s_q, h_q, d_v}, "attention backward bounds exact.out");
   require_shape(exact.dq, {s_q, h_q, d_qk}, "attention backward bounds exact.dq");
   require_shape(exact.dkv, {s_kv, 1, d_qk}, "attention backward bounds exact.dkv");
+}
+
+AttentionBackwardBounds attention_backward_bounds(const Tensor<bf16_t>& q, const Tensor<bf16_t>& kv,
+                                                  const Tensor<int32_t>& indices, float sm_scale, int64_t d_v,
+                                                  const Tensor<bf16_t>& d_out, const Tensor<int32_t>* topk_length,
+                                                  const ref::AttentionBackwardOut& exact, bool delta_from_bf16_out) {
+  check_attention_backward_bounds_inputs(q, kv, indices, d_v, d_out, topk_length, exact);
+  const int64_t s_q = q.dim(0), h_q = q.dim(1), d_qk = q.dim(2), s_kv = kv.dim(0), topk = indices.dim(2);
   const double u = std::ldexp(1.0, -8), e = std::ldexp(1.0, -24), sm = double(sm_scale);
   const auto val = [](bf16_t x) { return std::fabs(double(bf16_to_f32(x))); };
   AttentionBackwardBounds b{std::vector<float>(size_t(s_q * h_q * d_qk)), std::vector<float>(size_t(s_kv * d_qk))};
