@@ -151,6 +151,23 @@ TEST_CASE("cli: overlap and search write their reports, bad sources exit 2") {
   std::system(("rm -rf " + dir).c_str());
 }
 
+TEST_CASE("cli: bench --v4 times run, golden and ref's build of a V4 stack, ref = simd, JSON") {
+  const std::string json = "/tmp/indexshare-cli-bench-v4-" + std::to_string(::getpid()) + ".json";
+  const std::string spec = "t=48 h=2 d=64 w=8 csa=4 hca=8 ih=4 id=32 k=4 rope=16 ctx=32 types=SCHCC sched=FSF";
+  const Result r = cli("bench --v4 '" + spec + "' --repeats 1 --json " + json);
+  CHECK(r.status == 0);
+  CHECK(r.out.find("ref = simd: every tensor byte-identical") != std::string::npos);
+  CHECK(r.out.find("goal      golden / run") != std::string::npos);
+  CHECK(std::system(("python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); "
+                     "assert d[\"ref_equals_simd\"] and d[\"run\"][\"wall\"] and d[\"golden_over_run\"] > 0' " + json).c_str()) == 0);
+  std::remove(json.c_str());
+  // A bad descriptor, and the kernel-level stages' options beside --v4: exit 2, named.
+  CHECK(cli("bench --v4 't=48'").status == 2);
+  const Result both = cli("bench --v4 '" + spec + "' --commands no");
+  CHECK(both.status == 2);
+  CHECK(both.out.find("--commands applies to the kernel-level stages (not --v4) only") != std::string::npos);
+}
+
 TEST_CASE("cli: bench runs a small problem, checks simd against ref and writes JSON") {
   const std::string json = "/tmp/indexshare-cli-bench-" + std::to_string(::getpid()) + ".json";
   const Result r = cli("bench --problem 'sq8 skv64 hq2 dqk64 dv32 ih4 id32 k8' --repeats 1 --stack-seq 256 "

@@ -25,6 +25,32 @@ int64_t valid_indices(const Tensor<int32_t>& indices, int64_t s_kv);  // indices
 bool same_floats(const Tensor<float>& a, const Tensor<float>& b);    // bit-identical (NaN = NaN)
 double now_s();                                                       // a steady clock, seconds
 std::vector<double> time_runs(const std::function<void()>& fn, int repeats, double budget);  // the repeat rules
+double cpu_s();  // the process's CPU time (user + system, every thread), seconds
+
+constexpr double kWarmupDiscard = 0.5;  // seconds
+// The repeat rules in cmd_bench.cc's header comment, for one stage or command: the first run is a warm-up
+// (not a sample) when it takes under kWarmupDiscard; then runs until `repeats` samples, or until
+// their total passes `budget` once there is one.
+struct Repeats {
+  Repeats(int repeats_, double budget_) : repeats(repeats_), budget(budget_) {}
+  int repeats;
+  double budget;
+  std::vector<double> samples;  // seconds
+  double total = 0;
+  bool first = true;
+  bool more() const { return first || (int(samples.size()) < repeats && (samples.empty() || total <= budget)); }
+  // One run's time; whether it became a sample.
+  bool add(double t) {
+    const bool keep = !first || t >= kWarmupDiscard;
+    first = false;
+    if (keep) {
+      samples.push_back(t);
+      total += t;
+    }
+    return keep;
+  }
+};
+
 
 struct BenchArgs {
   std::string problem, impl = "ref,simd", target = "best", json_path;
@@ -36,6 +62,7 @@ struct BenchArgs {
   std::string max_memory = "8G";
   std::string commands = "yes";
   std::string backward = "yes";  // the attention backward stage: yes, no, only (skip the other stages)
+  std::string v4;                 // a DeepSeek-V4 descriptor: the V4 stage alone (bench_v4.cc)
   std::vector<std::string> given;  // the options on the command line
 };
 
@@ -150,6 +177,9 @@ struct Bench {
   void report_targets();
   int finish() const;
 };
+
+// The DeepSeek-V4 stage (bench_v4.cc): run, golden and ref's build of a V4 stack; its exit status.
+int bench_v4(const BenchArgs& a);
 
 void print_stage(const StageResult& r);
 json stage_json(const StageResult& r);

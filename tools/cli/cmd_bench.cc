@@ -139,14 +139,12 @@ namespace bench {
 // core (ref: ~4 GFLOP/s indexer, ~1-2 GFLOP/s attention) and the whole default bench, stack
 // included, in a few minutes on 2 cores.
 constexpr const char* kDefaultProblem = "sq128 skv2048 hq16 dqk576 dv512 ih64 id128 k256 seed1";
-constexpr double kWarmupDiscard = 0.5;  // seconds
 
 
 double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-// The process's CPU time (user + system, every thread), seconds.
 double cpu_s() {
   timespec t{};
   clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
@@ -158,29 +156,6 @@ double median(std::vector<double> v) {
   const size_t n = v.size();
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
-
-// The repeat rules in the header comment, for one stage or command: the first run is a warm-up
-// (not a sample) when it takes under kWarmupDiscard; then runs until `repeats` samples, or until
-// their total passes `budget` once there is one.
-struct Repeats {
-  Repeats(int repeats_, double budget_) : repeats(repeats_), budget(budget_) {}
-  int repeats;
-  double budget;
-  std::vector<double> samples;  // seconds
-  double total = 0;
-  bool first = true;
-  bool more() const { return first || (int(samples.size()) < repeats && (samples.empty() || total <= budget)); }
-  // One run's time; whether it became a sample.
-  bool add(double t) {
-    const bool keep = !first || t >= kWarmupDiscard;
-    first = false;
-    if (keep) {
-      samples.push_back(t);
-      total += t;
-    }
-    return keep;
-  }
-};
 
 // Times fn per the repeat rules; returns the samples (seconds).
 std::vector<double> time_runs(const std::function<void()>& fn, int repeats, double budget) {
@@ -669,6 +644,12 @@ namespace {
 using namespace bench;
 
 int cmd_bench(const BenchArgs& a) {
+  if (!a.v4.empty()) {
+    reject_given(a.given, {"--problem", "--impl", "--stack-seq", "--stack-sq", "--stack-topk", "--model", "--module-preset",
+                           "--module-rows", "--max-memory", "--backward", "--commands"},
+                 "the kernel-level stages (not --v4)", "--v4 runs the DeepSeek-V4 stage alone");
+    return bench_v4(a);
+  }
   Bench b(a);
   b.check_options();
   b.check_memory_limits();
@@ -734,6 +715,7 @@ Action register_bench(CLI::App& app) {
                                            "or only (it and the simd forward alone)")->capture_default_str();
   c->add_option("--commands", a->commands, "Time the commands run, golden and diff end to end on --problem (simd): yes or no")
       ->capture_default_str();
+  c->add_option("--v4", a->v4, "A DeepSeek-V4 descriptor (t=... types=...): time run, golden and ref's build of that stack alone");
   return [c, a]() {
     a->given = given_options(*c);
     return *c ? cmd_bench(*a) : -1;

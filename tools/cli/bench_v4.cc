@@ -1,0 +1,128 @@
+// indexshare bench --v4 SPEC: the DeepSeek-V4 stage, alone (SPEC a V4 descriptor,
+// tools/lib/golden_v4.h). Three commands, timed as the commands stage times its own:
+//   run     every layer's inputs generated, then golden's computation (golden::compute_v4_layer) on
+//           simd: what `indexshare run --problem SPEC` computes
+//   golden  golden::build_v4 on simd and golden::write to a new folder: `golden --kind v4 --out NEW`
+//           (the previous round's folder removed untimed)
+//   build   golden::build_v4 on simd alone (golden without the write)
+//   ref     golden::build_v4 on ref (the readable path), once: its tensors must equal simd's byte for
+//           byte (a mismatch fails the bench)
+// run, golden and build run interleaved round by round under the repeat rules (cmd_bench.cc's header), so
+// that a drifting machine slows both alike; wall and process CPU time. Goals: golden within 1.3x of
+// run, and simd's build at least 20x faster than ref's (in CPU time too, for a loaded machine).
+#include <omp.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include "ref/error.h"
+#include "simd/simd.h"
+#include "tools/cli/bench.h"
+#include "tools/lib/golden_v4.h"
+
+namespace indexshare::cli::bench {
+
+namespace {
+
+struct Timed {
+  std::string name;
+  Repeats wall;
+  std::vector<double> cpu;
+};
+
+}  // namespace
+
+int bench_v4(const BenchArgs& a) {
+  const golden::V4Spec spec = golden::parse_v4_spec(a.v4);
+  spec.cfg.validate();
+  const ref::v4::Schedule sch = spec.schedule();
+  if (a.threads > 0) omp_set_num_threads(a.threads);
+  if (a.target != "best") simd::set_target(a.target);
+  std::printf("v4        %s\nschedule  %s (%d indexers over %zu layers)\nmachine   %d OpenMP thread(s) for simd; simd target %s\n",
+              golden::to_string(spec).c_str(), sch.pattern().c_str(), sch.indexers(), sch.types.size(), omp_get_max_threads(),
+              simd::current_target().c_str());
+  const std::string dir = (std::filesystem::temp_directory_path() / ("indexshare-bench-v4-" + std::to_string(getpid()))).string();
+  struct Cleanup {
+    std::string dir;
+    ~Cleanup() {
+      std::error_code ec;
+      std::filesystem::remove_all(dir, ec);
+    }
+  } cleanup{dir};
+  const ref::Kernels kern = simd::kernels();
+  const auto run = [&] {
+    std::vector<Tensor<int32_t>> blocks(sch.types.size());
+    for (size_t l = 0; l < sch.types.size(); ++l) {
+      const ref::v4::LayerType t = sch.types[l];
+      const ref::v4::LayerInputs in =
+          ref::v4::make_layer_inputs(spec.cfg, int(l), t, t == ref::v4::LayerType::csa && sch.full(l), kern);
+      (void)golden::compute_v4_layer(spec.cfg, sch, l, in, blocks, kern, false);
+    }
+  };
+  const std::string replay = golden::v4_replay(spec, Impl::simd);
+  Timed cmds[3] = {{"run", Repeats(a.repeats, a.budget), {}},
+                   {"golden", Repeats(a.repeats, a.budget), {}},
+                   {"build", Repeats(a.repeats, a.budget), {}}};
+  progress("v4: run, golden and golden's build, interleaved (simd)");
+  for (bool more = true; more;) {
+    more = false;
+    for (int c = 0; c < 3; ++c) {
+      if (!cmds[c].wall.more()) continue;
+      std::error_code ec;
+      std::filesystem::remove_all(dir, ec);
+      const double c0 = cpu_s(), t0 = now_s();
+      if (c == 0) run();
+      else if (c == 1) golden::write(dir, golden::build_v4(spec, replay, Impl::simd), false);
+      else (void)golden::build_v4(spec, replay, Impl::simd);
+      const double t = now_s() - t0, cpu = cpu_s() - c0;
+      if (cmds[c].wall.add(t)) cmds[c].cpu.push_back(cpu);
+      more = more || cmds[c].wall.more();
+    }
+  }
+  // ref's build once, timed; simd's once more, untimed, to compare the bytes.
+  progress("v4: the set on ref (once)");
+  const double c0 = cpu_s(), t0 = now_s();
+  const golden::GoldenSet ref_set = golden::build_v4(spec, golden::v4_replay(spec, Impl::ref), Impl::ref);
+  const double ref_wall = now_s() - t0, ref_cpu = cpu_s() - c0;
+  const golden::GoldenSet simd_set = golden::build_v4(spec, replay, Impl::simd);
+  const double build_wall = median(cmds[2].wall.samples), build_cpu = median(cmds[2].cpu);
+  std::vector<std::string> differ;
+  for (size_t i = 0; i < ref_set.tensors.size(); ++i)
+    if (!(ref_set.tensors[i].bytes == simd_set.tensors[i].bytes)) differ.push_back(ref_set.tensors[i].name);
+  const double run_s = median(cmds[0].wall.samples), golden_s = median(cmds[1].wall.samples);
+  const double run_cpu = median(cmds[0].cpu), golden_cpu = median(cmds[1].cpu);
+  std::printf("\n%-8s %10s %10s %8s\n", "command", "wall s", "CPU s", "samples");
+  for (const Timed& c : cmds)
+    std::printf("%-8s %10.3f %10.3f %8zu\n", c.name.c_str(), median(c.wall.samples), median(c.cpu), c.wall.samples.size());
+  std::printf("%-8s %10.3f %10.3f %8d   (golden's build on ref, without the write)\n", "ref", ref_wall, ref_cpu, 1);
+  std::printf("ref = simd: %s\n", differ.empty() ? "every tensor byte-identical" : ("DIFFER: " + differ.front() + " ...").c_str());
+  const double g_run = golden_s / run_s, g_run_cpu = golden_cpu / run_cpu, speedup = ref_wall / build_wall,
+               speedup_cpu = ref_cpu / build_cpu;
+  std::printf("goal      golden / run                 %6.2fx wall, %6.2fx CPU (goal <= 1.3)\n", g_run, g_run_cpu);
+  std::printf("goal      ref / simd (the set's build) %6.1fx wall, %6.1fx CPU (goal >= 20)\n", speedup, speedup_cpu);
+  if (!a.json_path.empty()) {
+    json j = {{"v4", golden::to_string(spec)},
+              {"threads", omp_get_max_threads()},
+              {"target", simd::current_target()},
+              {"run", {{"wall", cmds[0].wall.samples}, {"cpu", cmds[0].cpu}}},
+              {"golden", {{"wall", cmds[1].wall.samples}, {"cpu", cmds[1].cpu}}},
+              {"ref_build", {{"wall", ref_wall}, {"cpu", ref_cpu}}},
+              {"simd_build", {{"wall", build_wall}, {"cpu", build_cpu}}},
+              {"golden_over_run", g_run},
+              {"ref_over_simd", speedup},
+              {"ref_equals_simd", differ.empty()}};
+    const std::string tmp = a.json_path + ".tmp";
+    {
+      std::ofstream f(tmp);
+      f << j.dump(2) << "\n";
+      if (!f) throw Error("--json " + a.json_path + ": cannot write");
+    }
+    std::filesystem::rename(tmp, a.json_path);
+  }
+  std::printf("__REPRO: indexshare bench --v4 \"%s\" --repeats %d\n", golden::to_string(spec).c_str(), a.repeats);
+  return differ.empty() ? 0 : 1;
+}
+
+}  // namespace indexshare::cli::bench
