@@ -326,21 +326,27 @@ double attention_budget(const Tensor<float>& exact_out, const Tensor<float>& emu
 
 // ---- Indexer logits ----------------------------------------------------------------------------
 
-FloatRule indexer_logits_rule(const Tensor<e4m3_t>& q, const Tensor<e4m3_t>& k, const Tensor<float>& k_scale,
-                              const Tensor<float>& weights, const Tensor<float>& exact_logits) {
+namespace {
+
+inline float in_f32(e4m3_t x) { return e4m3_to_f32(x); }
+inline float in_f32(bf16_t x) { return bf16_to_f32(x); }
+
+template <class In>
+FloatRule indexer_logits_rule_impl(const Tensor<In>& q, const Tensor<In>& k, const Tensor<float>& k_scale,
+                                   const Tensor<float>& weights, const Tensor<float>& exact_logits) {
   const int64_t s_q = q.dim(0), H = q.dim(1), D = q.dim(2), s_kv = k.dim(0);
   const double C = logits_bound_coefficient(D, H);  // ref/bounds.h: the worst case, with its margin
   FloatRule rule;
   rule.bound.assign(size_t(s_q * s_kv), 0.0f);
   double sum_b2 = 0, sum_r2 = 0;
   std::vector<double> kd(static_cast<size_t>(s_kv * D)), qt(static_cast<size_t>(D));
-  for (int64_t i = 0; i < s_kv * D; ++i) kd[size_t(i)] = std::fabs(double(e4m3_to_f32(k[i])));
+  for (int64_t i = 0; i < s_kv * D; ++i) kd[size_t(i)] = std::fabs(double(in_f32(k[i])));
   for (int64_t t = 0; t < s_q; ++t) {
     // Qt[d] = sum_h |w[t,h]| |q[t,h,d]|, h ascending (each product exact in double).
     std::fill(qt.begin(), qt.end(), 0.0);
     for (int64_t h = 0; h < H; ++h) {
       const double w = std::fabs(double(weights.at(t, h)));
-      for (int64_t d = 0; d < D; ++d) qt[size_t(d)] += w * std::fabs(double(e4m3_to_f32(q.at(t, h, d))));
+      for (int64_t d = 0; d < D; ++d) qt[size_t(d)] += w * std::fabs(double(in_f32(q.at(t, h, d))));
     }
     for (int64_t s = 0; s < s_kv; ++s) {
       const double r = exact_logits.at(t, s);
@@ -358,6 +364,18 @@ FloatRule indexer_logits_rule(const Tensor<e4m3_t>& q, const Tensor<e4m3_t>& k, 
   rule.metric_max = sum_r2 > 0 ? sum_b2 / sum_r2 : 0;
   rule.derivation = kLogitsDerivation;
   return rule;
+}
+
+}  // namespace
+
+FloatRule indexer_logits_rule(const Tensor<e4m3_t>& q, const Tensor<e4m3_t>& k, const Tensor<float>& k_scale,
+                              const Tensor<float>& weights, const Tensor<float>& exact_logits) {
+  return indexer_logits_rule_impl(q, k, k_scale, weights, exact_logits);
+}
+
+FloatRule indexer_logits_rule(const Tensor<bf16_t>& q, const Tensor<bf16_t>& k, const Tensor<float>& k_scale,
+                              const Tensor<float>& weights, const Tensor<float>& exact_logits) {
+  return indexer_logits_rule_impl(q, k, k_scale, weights, exact_logits);
 }
 
 }  // namespace indexshare::cmp

@@ -205,5 +205,10 @@ inline double logits_bound_coefficient(int64_t D, int64_t H) {
 }
 FloatRule indexer_logits_rule(const Tensor<e4m3_t>& q, const Tensor<e4m3_t>& k, const Tensor<float>& k_scale,
                               const Tensor<float>& weights, const Tensor<float>& exact_logits);
+// The same rule on a bf16 set's indexer (indexer=bf16: bf16 q and k, k_scale 1): the same
+// magnitude M with the bf16 values (their products with |w| exact in double as well), the same
+// coefficient (the default contract's accumulator; an f32 one errs less), the same order.
+FloatRule indexer_logits_rule(const Tensor<bf16_t>& q, const Tensor<bf16_t>& k, const Tensor<float>& k_scale,
+                              const Tensor<float>& weights, const Tensor<float>& exact_logits);
 
 }  // namespace indexshare::cmp

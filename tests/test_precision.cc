@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <limits>
 #include <map>
 #include <string>
 
@@ -207,4 +208,35 @@ TEST_CASE("precision: --precision is parsed strictly, and an exact copy emulates
   CHECK(g.failed);
   CHECK(asked == 4);  // f32, fp8mma (the contract and finer), then f16, bf16 to name one
   CHECK(g.named.empty());
+}
+
+TEST_CASE("precision: a bf16-indexer set (indexer=bf16): f32 kernels in any order pass, bf16 logits fail by name") {
+  const Set s("sq64 skv1024 hq16 dqk576 dv512 ih32 id128 k128 seed9 indexer=bf16");
+  const Tensor<int32_t> ks = s.t<int32_t>("indexer.ks"), ke = s.t<int32_t>("indexer.ke");
+  const int64_t s_q = ks.numel(), s_kv = 1024;
+  std::vector<emul::RowCol> elems;
+  for (int64_t t = 0; t < s_q; ++t)
+    for (int64_t k = ks[t]; k < ke[t]; ++k) elems.push_back({t, k});
+  const auto logits = [&](const emul::LogitsVariant& v) {
+    const std::vector<float> at = emul::logits_at(v, s.t<bf16_t>("indexer.q"), s.t<bf16_t>("indexer.k"), s.t<float>("indexer.k_scale"),
+                                                  s.t<float>("indexer.weights"), elems);
+    Tensor<float> lg({s_q, s_kv}, -std::numeric_limits<float>::infinity());
+    for (size_t i = 0; i < elems.size(); ++i) lg.at(elems[i].first, elems[i].second) = at[i];
+    return lg;
+  };
+  // Every member of the correct-kernel family (f32 in any head order and D blocking, and the 14-bit
+  // accumulator of the default contract) within every bound and the precision test: the bound is
+  // the FP8 sets' magnitude rule on the bf16 inputs (an error relative to |logit| was not sound
+  // where heads cancel).
+  for (const emul::LogitsVariant& v : emul::logits_family()) {
+    CAPTURE(v.name());
+    const diff::Result r = s.judge({{"layers.0.indexer.logits", io::make_view("layers.0.indexer.logits", logits(v))}});
+    CHECK(verdict(r, "indexer.logits") == cmp::Verdict::pass);
+    CHECK(report(r, "indexer.logits")->stats.n_fail == 0);
+    CHECK(report(r, "indexer.logits")->precision_ran);
+  }
+  const diff::Result r = s.judge(
+      {{"layers.0.indexer.logits", io::make_view("layers.0.indexer.logits", rounded_bf16(logits(emul::logits_family()[0])))}});
+  CHECK(verdict(r, "indexer.logits") == cmp::Verdict::fail);
+  CHECK(diagnosed(r, "indexer.logits carries bf16-level error"));
 }

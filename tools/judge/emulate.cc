@@ -274,6 +274,33 @@ std::vector<float> to_f32(const e4m3_t* x, int64_t n) {
   return f;
 }
 
+std::vector<float> to_f32(const bf16_t* x, int64_t n) {
+  std::vector<float> f(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) f[size_t(i)] = bf16_to_f32(x[i]);
+  return f;
+}
+
+// logits_at for FP8 or bf16 inputs (a bf16 set's indexer: exact products in f32 as well).
+template <class In>
+std::vector<float> logits_at_impl(const LogitsVariant& v, const Tensor<In>& q, const Tensor<In>& k, const Tensor<float>& k_scale,
+                                  const Tensor<float>& weights, const std::vector<RowCol>& elems) {
+  const int64_t H = q.dim(1), D = q.dim(2);
+  std::vector<float> out(elems.size());
+#pragma omp parallel
+  {
+    std::vector<float> qf;  // the row's query in f32, converted once per run of elements of one row
+    int64_t row = -1;
+#pragma omp for schedule(dynamic, 64)
+    for (int64_t i = 0; i < int64_t(elems.size()); ++i) {
+      const auto [t, s] = elems[size_t(i)];
+      if (t != row) { qf = to_f32(q.ptr() + t * H * D, H * D); row = t; }
+      const std::vector<float> kr = to_f32(k.ptr() + s * D, D);
+      out[size_t(i)] = logit_one(v, qf.data(), kr.data(), weights, k_scale[s], t, H, D);
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 Tensor<float> logits(const LogitsVariant& v, const Tensor<e4m3_t>& q, const Tensor<e4m3_t>& k,
@@ -293,21 +320,12 @@ Tensor<float> logits(const LogitsVariant& v, const Tensor<e4m3_t>& q, const Tens
 
 std::vector<float> logits_at(const LogitsVariant& v, const Tensor<e4m3_t>& q, const Tensor<e4m3_t>& k,
                              const Tensor<float>& k_scale, const Tensor<float>& weights, const std::vector<RowCol>& elems) {
-  const int64_t H = q.dim(1), D = q.dim(2);
-  std::vector<float> out(elems.size());
-#pragma omp parallel
-  {
-    std::vector<float> qf;  // the row's query in f32, converted once per run of elements of one row
-    int64_t row = -1;
-#pragma omp for schedule(dynamic, 64)
-    for (int64_t i = 0; i < int64_t(elems.size()); ++i) {
-      const auto [t, s] = elems[size_t(i)];
-      if (t != row) { qf = to_f32(q.ptr() + t * H * D, H * D); row = t; }
-      const std::vector<float> kr = to_f32(k.ptr() + s * D, D);
-      out[size_t(i)] = logit_one(v, qf.data(), kr.data(), weights, k_scale[s], t, H, D);
-    }
-  }
-  return out;
+  return logits_at_impl(v, q, k, k_scale, weights, elems);
+}
+
+std::vector<float> logits_at(const LogitsVariant& v, const Tensor<bf16_t>& q, const Tensor<bf16_t>& k,
+                             const Tensor<float>& k_scale, const Tensor<float>& weights, const std::vector<RowCol>& elems) {
+  return logits_at_impl(v, q, k, k_scale, weights, elems);
 }
 
 }  // namespace indexshare::emul

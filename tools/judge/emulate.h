@@ -86,5 +86,8 @@ Tensor<float> logits(const LogitsVariant& v, const Tensor<e4m3_t>& q, const Tens
 // The same values at the given (row, key) elements only (each inside its row's window).
 std::vector<float> logits_at(const LogitsVariant& v, const Tensor<e4m3_t>& q, const Tensor<e4m3_t>& k,
                              const Tensor<float>& k_scale, const Tensor<float>& weights, const std::vector<RowCol>& elems);
+// The same on a bf16 set's indexer inputs (indexer=bf16: bf16 q and k, whose products are exact in f32).
+std::vector<float> logits_at(const LogitsVariant& v, const Tensor<bf16_t>& q, const Tensor<bf16_t>& k,
+                             const Tensor<float>& k_scale, const Tensor<float>& weights, const std::vector<RowCol>& elems);
 
 }  // namespace indexshare::emul

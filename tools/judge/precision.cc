@@ -212,8 +212,11 @@ std::vector<std::pair<int64_t, int64_t>> sample_logits(const Tensor<int32_t>& ks
   return out;
 }
 
-ClassValues logits_classes(const Tensor<e4m3_t>& q, const Tensor<e4m3_t>& k, const Tensor<float>& k_scale,
-                           const Tensor<float>& weights, std::vector<std::pair<int64_t, int64_t>> elems, std::vector<double> golden) {
+namespace {
+
+template <class In>
+ClassValues logits_classes_impl(const Tensor<In>& q, const Tensor<In>& k, const Tensor<float>& k_scale, const Tensor<float>& weights,
+                                std::vector<std::pair<int64_t, int64_t>> elems, std::vector<double> golden) {
   auto cache = std::make_shared<std::map<std::string, std::vector<std::vector<double>>>>();
   return [&q, &k, &k_scale, &weights, elems = std::move(elems), golden = std::move(golden), cache](const std::string& cls) {
     auto it = cache->find(cls);
@@ -230,6 +233,18 @@ ClassValues logits_classes(const Tensor<e4m3_t>& q, const Tensor<e4m3_t>& k, con
     else if (cls == "bf16") rounded(8);
     return (*cache)[cls] = v;
   };
+}
+
+}  // namespace
+
+ClassValues logits_classes(const Tensor<e4m3_t>& q, const Tensor<e4m3_t>& k, const Tensor<float>& k_scale,
+                           const Tensor<float>& weights, std::vector<std::pair<int64_t, int64_t>> elems, std::vector<double> golden) {
+  return logits_classes_impl(q, k, k_scale, weights, std::move(elems), std::move(golden));
+}
+
+ClassValues logits_classes(const Tensor<bf16_t>& q, const Tensor<bf16_t>& k, const Tensor<float>& k_scale,
+                           const Tensor<float>& weights, std::vector<std::pair<int64_t, int64_t>> elems, std::vector<double> golden) {
+  return logits_classes_impl(q, k, k_scale, weights, std::move(elems), std::move(golden));
 }
 
 std::vector<int64_t> sample_rows(const Tensor<int32_t>& indices, const Tensor<int32_t>* topk_length, int64_t s_kv,

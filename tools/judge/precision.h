@@ -7,7 +7,7 @@
 // nearest is unbiased, so the structure tests see no scale or offset either. What tells it apart is
 // the error's size: bf16 arithmetic errs about 10-10^4 times more than the contract's.
 //
-// The test, per judged float tensor (indexer.logits; attn.out, attn.lse, attn.max_logits):
+// The test, per judged float tensor (indexer.logits, FP8 or bf16 inputs; attn.out, attn.lse, attn.max_logits):
 //   1. A deterministic sample (spaced): at most kLogitsSamples logits evenly spaced over the
 //      elements inside the rows' windows, or query rows of the attention (every head) evenly
 //      spaced over the rows with keys, as many as a work budget allows.
@@ -137,6 +137,11 @@ std::vector<std::pair<int64_t, int64_t>> sample_logits(const Tensor<int32_t>& ks
 // (`golden`: its values at the elements). Each class is computed once. The calibration family's
 // other orders are not members, so `calibrate` measures the test on kernels it did not emulate.
 ClassValues logits_classes(const Tensor<e4m3_t>& q, const Tensor<e4m3_t>& k, const Tensor<float>& k_scale,
+                           const Tensor<float>& weights, std::vector<std::pair<int64_t, int64_t>> elems,
+                           std::vector<double> golden);
+// The same on a bf16 set's indexer inputs (indexer=bf16): the classes emulated with its bf16 q and k
+// (exact products in f32); the inputs must outlive the returned function, as above.
+ClassValues logits_classes(const Tensor<bf16_t>& q, const Tensor<bf16_t>& k, const Tensor<float>& k_scale,
                            const Tensor<float>& weights, std::vector<std::pair<int64_t, int64_t>> elems,
                            std::vector<double> golden);
 

@@ -85,14 +85,11 @@ cmp::FloatRule Judge::logits_rule(const LayerData& d) {
   const std::string p = name(d.l, "");
   if (g_.get(p + "indexer.q").dtype == io::DType::F8_E4M3)  // the indexer's inputs as loaded with the layer
     data_[size_t(d.l)].logits_rule = k_.indexer_logits_rule(d.index_q8, d.index_k8, d.index_k_scale, d.index_weights, d.logits);
-  cmp::FloatRule rule = d.logits_rule;
-  if (rule.bound.empty()) {  // bf16-mode sets: the same 14-bit-accumulator rule on f32 data
-    rule.bound.assign(size_t(d.logits.numel()), 0.0f);
-    for (int64_t i = 0; i < d.logits.numel(); ++i)
-      if (std::isfinite(d.logits[i]))
-        rule.bound[size_t(i)] = cmp::bound_f32(4 * std::sqrt(double(topk_) + 2) * 0x1p-14 * std::fabs(double(d.logits[i])));
-  }
-  return rule;
+  else if (d.logits_rule.bound.empty())  // bf16-mode sets: the same rule on their bf16 q and k (ref/bounds.h)
+    data_[size_t(d.l)].logits_rule =
+        cmp::indexer_logits_rule(g_.tensor<bf16_t>(p + "indexer.q"), g_.tensor<bf16_t>(p + "indexer.k"),
+                                 g_.tensor<float>(p + "indexer.k_scale"), g_.tensor<float>(p + "indexer.weights"), d.logits);
+  return d.logits_rule;
 }
 
 Tensor<float> Judge::judge_logits(const LayerData& d, const std::string& P) {
@@ -154,6 +151,19 @@ Tensor<float> Judge::judge_logits(const LayerData& d, const std::string& P) {
     const prec::ClassValues values = prec::logits_classes(d.index_q8, d.index_k8, d.index_k_scale, d.index_weights, elems, gold);
     precision(P, "indexer.logits", gold, cand, prec::Kind::logits, values);
     tie_scale_[l] = prec::max_scaled_deviation(gold, scale, prec::Kind::logits, contract_, values);
+  }
+  else if (g_.get(name(l, "indexer.q")).dtype == io::DType::BF16) {  // bf16 sets: on their bf16 q and k
+    // (the top-k's near-tie margin stays the logits bound's: no contract-scaled margin here yet)
+    const auto elems = prec::sample_logits(d.ks, d.ke, s_kv_);
+    std::vector<double> gold, cand;
+    const Tensor<float>& cl = cand_logits;
+    for (const auto& [t, s] : elems) {
+      gold.push_back(d.logits.at(t, s));
+      cand.push_back(cl.at(t, s));
+    }
+    const Tensor<bf16_t> q = g_.tensor<bf16_t>(name(l, "indexer.q")), k = g_.tensor<bf16_t>(name(l, "indexer.k"));
+    const Tensor<float> k_scale = g_.tensor<float>(name(l, "indexer.k_scale")), w = g_.tensor<float>(name(l, "indexer.weights"));
+    precision(P, "indexer.logits", gold, cand, prec::Kind::logits, prec::logits_classes(q, k, k_scale, w, elems, gold));
   }
   if (lv == cmp::Verdict::fail)
     if (const auto sw = swapped_rope(g_, l, d.ks, d.ke, k_)) {
