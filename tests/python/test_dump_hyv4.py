@@ -12,8 +12,6 @@ tensor, nothing written."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 
 import pytest
 
@@ -23,6 +21,7 @@ from safetensors import safe_open  # noqa: E402
 from safetensors.torch import save_file  # noqa: E402
 
 from indexshare import dump as D  # noqa: E402
+from cli_run import run  # noqa: E402
 from indexshare import _hyv4  # noqa: E402
 
 S = 24
@@ -30,20 +29,6 @@ CONFIG = dict(model_type="hy_v4", vocab_size=64, hidden_size=64, num_hidden_laye
               kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=16, v_head_dim=16, index_n_heads=4, index_head_dim=32,
               index_topk=8, intermediate_size=32, moe_intermediate_size=16, n_routed_experts=4, num_experts_per_tok=2,
               pad_token_id=0, bos_token_id=1, eos_token_id=2)
-
-
-def cli() -> str:
-    path = os.environ.get("INDEXSHARE_CLI")
-    if not path or not os.access(path, os.X_OK):
-        pytest.fail("set INDEXSHARE_CLI to the built indexshare binary (e.g. build/indexshare)")
-    return path
-
-
-def run(*args, expect=None):
-    r = subprocess.run([cli(), *map(str, args)], capture_output=True, text=True)
-    if expect is not None:
-        assert r.returncode == expect, f"{args}: exit {r.returncode}\n{r.stdout}\n{r.stderr}"
-    return r
 
 
 def read(path):

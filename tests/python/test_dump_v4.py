@@ -14,8 +14,6 @@ own tensors.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 
 import numpy as np
 import pytest
@@ -26,6 +24,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from indexshare import dump as D
+from cli_run import run
 
 M = pytest.importorskip("transformers.models.deepseek_v4.modeling_deepseek_v4")
 
@@ -43,20 +42,6 @@ CONFIG = dict(
     max_position_embeddings=512, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=16,
     mlp_layer_types=["moe"] * len(TYPES))
 SPEC = "t=64 h=2 d=64 w=8 csa=4 hca=8 ih=4 id=32 k=4 rope=16 ctx=32 types=SCHCC sched=FFF rot=hf"
-
-
-def cli() -> str:
-    path = os.environ.get("INDEXSHARE_CLI")
-    if not path or not os.access(path, os.X_OK):
-        pytest.fail("set INDEXSHARE_CLI to the built indexshare binary (e.g. build/indexshare)")
-    return path
-
-
-def run(*args, expect=None):
-    r = subprocess.run([cli(), *map(str, args)], capture_output=True, text=True)
-    if expect is not None:
-        assert r.returncode == expect, f"{args}: exit {r.returncode}\n{r.stdout}\n{r.stderr}"
-    return r
 
 
 def diff(golden, candidate, tmp_path, expect):
