@@ -246,16 +246,7 @@ void HyJudge::attention(int l, const Tensor<int32_t>& used2d, const std::string&
   const int64_t sq = cfg_.s_q, hq = cfg_.h_q;
   const Tensor<float> sink = cfg_.sink ? g_.tensor<float>(nm(l, "attn.sink")) : Tensor<float>();
   const Expect e = expect(l, used2d, sink);
-  auto spec = [&](const char* n, int64_t cols, double floor) {
-    cmp::StructureSpec s;
-    s.tensor = n;
-    s.rows = sq;
-    s.heads = hq;
-    s.cols = s.cluster_cols = cols;
-    s.lanes = cols > 1;
-    s.floor = floor;
-    return s;
-  };
+  auto spec = [&](const char* n, int64_t cols, double floor) { return detail::attention_spec(n, sq, hq, cols, floor); };
   const std::string via = "attn.out's bound through W_uv and the gate (judge/hyv4_bounds.h)";
   struct Item {
     const char* name;

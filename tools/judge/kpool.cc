@@ -450,16 +450,7 @@ void KpoolJudge::attention(int l, const Tensor<int32_t>& used, const std::string
     e = k_.sparse_attention(q, kv, used, sm, dv, nullptr, nullptr);
   }
   const cmp::AttentionBounds b = k_.attention_bounds_sm(q, kv, used, sm, dv, nullptr, nullptr, e, nullptr);
-  auto spec = [&](const char* n, int64_t cols, double floor) {
-    cmp::StructureSpec s;
-    s.tensor = n;
-    s.rows = S;
-    s.heads = H;
-    s.cols = s.cluster_cols = cols;
-    s.lanes = cols > 1;
-    s.floor = floor;
-    return s;
-  };
+  auto spec = [&](const char* n, int64_t cols, double floor) { return detail::attention_spec(n, S, H, cols, floor); };
   Tensor<float> co;
   bool failed = false;
   if (has(l, "attn.out")) {

@@ -230,17 +230,7 @@ void V4Judge::attention(int l, const Tensor<int32_t>& used, const std::string& n
     e = k_.sparse_attention(q, kv, used, sm, D, nullptr, &sink);
   }
   const cmp::AttentionBounds b = k_.attention_bounds_sm(q, kv, used, sm, D, nullptr, &sink, e, nullptr);
-  auto spec = [&](const char* n, int64_t cols, double floor) {
-    cmp::StructureSpec s;
-    s.tensor = n;
-    s.rows = T;
-    s.heads = H;
-    s.cols = cols;
-    s.cluster_cols = cols;
-    s.lanes = cols > 1;
-    s.floor = floor;
-    return s;
-  };
+  auto spec = [&](const char* n, int64_t cols, double floor) { return detail::attention_spec(n, T, H, cols, floor); };
   bool failed = false;
   Tensor<float> co, cr, cl;
   if (has(l, "attn.out")) {

@@ -166,6 +166,18 @@ Expected expected_attention(const golden::Loaded& g, const LayerData& d, const T
                             const ref::Kernels& k, bool with_sm = false, const Tensor<float>* co = nullptr);
 
 cmp::FloatRule bound_rule(std::vector<float> b, double budget = -1);
+// The structure tests' spec of attention tensor `name` [rows, heads, cols] (cols 1: lse,
+// max_logits): clusters (row, head), column lanes when cols > 1, `floor`.
+inline cmp::StructureSpec attention_spec(const char* name, int64_t rows, int64_t heads, int64_t cols, double floor) {
+  cmp::StructureSpec s;
+  s.tensor = name;
+  s.rows = rows;
+  s.heads = heads;
+  s.cols = s.cluster_cols = cols;
+  s.lanes = cols > 1;
+  s.floor = floor;
+  return s;
+}
 // Per-element bounds b with the derivation `how` (no budget).
 cmp::FloatRule rule_of(std::vector<float> b, const std::string& how);
 
