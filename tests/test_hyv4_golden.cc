@@ -315,11 +315,7 @@ TEST_CASE("hyv4 golden: the CLI writes, verifies and judges a set, bad input exi
   CHECK(testing::run_cli("verify --golden " + dir).status == 0);
   CHECK(golden::read(dir).manifest["tensors"] == tiny_set().g.manifest["tensors"]);
   const std::string cand = tmp("clicand") + ".safetensors";
-  {
-    std::vector<io::TensorView> list;
-    for (const auto& [n, v] : faithful(tiny_set().g).t) list.push_back(v);
-    io::write_safetensors(cand, list);
-  }
+  faithful(tiny_set().g).write(cand);
   r = testing::run_cli("diff --golden " + dir + " --candidate " + cand);
   CHECK_MESSAGE(r.status == 0, r.out);
   // explain and overlap read stack sets: a hyv4 set is refused by name, not misread.

@@ -435,11 +435,7 @@ TEST_CASE("kpool golden: the CLI writes kpool-tiny as checked in, judges it, and
   REQUIRE_MESSAGE(r.status == 0, r.out);
   CHECK(file_bytes(dir + "-simd/tensors.safetensors") == file_bytes(src + "/tensors.safetensors"));
   const std::string cand = tmp("cand") + ".safetensors";
-  {
-    std::vector<io::TensorView> list;
-    for (const auto& [n, v] : faithful(tiny_set().g).t) list.push_back(v);
-    io::write_safetensors(cand, list);
-  }
+  faithful(tiny_set().g).write(cand);
   r = testing::run_cli("diff --golden " + dir + " --candidate " + cand);
   CHECK_MESSAGE(r.status == 0, r.out);
   const std::string bad = tmp("clibad");

@@ -386,11 +386,7 @@ TEST_CASE("v4 golden: the CLI writes, verifies and judges a set, a bad spec exit
   // The same bytes as the builder's set (the CLI replays the descriptor).
   CHECK(golden::read(dir).manifest["tensors"] == tiny_set().g.manifest["tensors"]);
   const std::string cand = tmp("clicand") + ".safetensors";
-  {
-    std::vector<io::TensorView> list;
-    for (const auto& [n, v] : faithful(tiny_set().g).t) list.push_back(v);
-    io::write_safetensors(cand, list);
-  }
+  faithful(tiny_set().g).write(cand);
   r = testing::run_cli("diff --golden " + dir + " --candidate " + cand);
   CHECK_MESSAGE(r.status == 0, r.out);
   r = testing::run_cli("golden --preset v4-tiny --out " + dir + "-preset");
