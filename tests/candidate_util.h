@@ -1,15 +1,25 @@
 // A candidate under construction for diff's tests: tensors by name, written to a temporary
-// safetensors file and read back as the judge reads a candidate file.
+// safetensors file and read back as the judge reads a candidate file; and what the judge tests
+// read of a result (verdict, diagnosed), the Error a call throws (error_of), temporary paths and a
+// file's bytes.
 #pragma once
 
+#include <doctest/doctest.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <filesystem>
+#include <fstream>
+#include <functional>
+#include <iterator>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "ref/error.h"
+#include "tools/judge/diff.h"
+#include "tools/lib/golden.h"
 #include "tools/lib/safetensors.h"
 
 namespace indexshare::testing {
@@ -34,5 +44,61 @@ struct Candidate {
     return f;
   }
 };
+
+// A fresh path in the temporary folder: indexshare-<prefix>-<pid>-<tag><n>.
+inline std::string temp_path(const std::string& prefix, const std::string& tag) {
+  static std::atomic<int> n{0};
+  return (std::filesystem::temp_directory_path() /
+          ("indexshare-" + prefix + "-" + std::to_string(::getpid()) + "-" + tag + std::to_string(n++)))
+      .string();
+}
+
+// A golden set written to `dir` (replacing it) and read back as the tools read it.
+struct WrittenSet {
+  std::string dir;
+  golden::Loaded g;
+};
+inline WrittenSet written(const std::string& dir, golden::GoldenSet set) {
+  golden::write(dir, std::move(set), true);
+  return WrittenSet{dir, golden::read(dir)};
+}
+
+// The bytes of a file ("" when it cannot be read).
+inline std::string file_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// Calls f and returns the Error message ("" when nothing was thrown).
+inline std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// The verdict r holds for tensor `name` of `layer`; a test failure when it holds none.
+inline cmp::Verdict verdict(const diff::Result& r, int layer, const std::string& name) {
+  for (const auto& t : r.tensors)
+    if (t.layer == layer && t.name == name) return t.report.verdict;
+  FAIL("no result for layer " << layer << " " << name);
+  return cmp::Verdict::fail;
+}
+
+// Whether one of r's diagnoses contains `needle`.
+inline bool diagnosed(const diff::Result& r, const std::string& needle) {
+  for (const std::string& d : r.diagnoses)
+    if (d.find(needle) != std::string::npos) return true;
+  return false;
+}
+
+// r's diagnoses, one a line (for a failing check's message).
+inline std::string diagnoses_text(const diff::Result& r) {
+  std::string s;
+  for (const std::string& d : r.diagnoses) s += d + "\n";
+  return s;
+}
 
 }  // namespace indexshare::testing

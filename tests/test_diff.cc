@@ -29,6 +29,9 @@ using namespace indexshare;
 
 namespace {
 
+using indexshare::testing::verdict;
+using indexshare::testing::diagnosed;
+
 std::string golden_dir(const std::string& name) { return std::string(INDEXSHARE_SOURCE_DIR) + "/golden/" + name; }
 
 using Candidate = indexshare::testing::Candidate;
@@ -55,19 +58,6 @@ Candidate faithful(const golden::Loaded& g, bool with_logits = true) {
 }
 
 diff::Result judge(const golden::Loaded& g, const Candidate& c) { return diff::judge(g, c.file(), {}); }
-
-bool diagnosed(const diff::Result& r, const std::string& needle) {
-  for (const std::string& d : r.diagnoses)
-    if (d.find(needle) != std::string::npos) return true;
-  return false;
-}
-
-cmp::Verdict verdict(const diff::Result& r, int layer, const std::string& name) {
-  for (const auto& t : r.tensors)
-    if (t.layer == layer && t.name == name) return t.report.verdict;
-  FAIL("no result for layer " << layer << " " << name);
-  return cmp::Verdict::fail;
-}
 
 float bf16_ulps(float x, int n) {
   const uint16_t b = f32_to_bf16(x).bits;

@@ -29,29 +29,18 @@ namespace hy = ref::hyv4;
 
 namespace {
 
+using indexshare::testing::file_bytes;
+using indexshare::testing::verdict;
+using indexshare::testing::diagnosed;
+using indexshare::testing::error_of;
+std::string tmp(const std::string& tag) { return indexshare::testing::temp_path("hyg", tag); }
+
 const char* kSpec = "sq16 skv16 hq2 dqk40 dv32 ih4 id16 k8 seed71 sm=0.0625 sink=random nl6 sched=hy-v4 rope=8 vd=16";
 
-std::string tmp(const std::string& tag) {
-  static int n = 0;
-  return (fs::temp_directory_path() / ("indexshare-hyg-" + std::to_string(::getpid()) + "-" + tag + std::to_string(n++))).string();
-}
-
-std::string file_bytes(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  std::ostringstream os;
-  os << f.rdbuf();
-  return os.str();
-}
-
-struct HySet {
-  std::string dir;
-  golden::Loaded g;
-};
+using HySet = testing::WrittenSet;
 
 HySet write_set(const std::string& spec, Impl impl, const std::string& tag) {
-  const std::string dir = tmp(tag);
-  golden::write(dir, golden::build_hyv4(golden::parse_hyv4_spec(spec), "replay", impl), true);
-  return HySet{dir, golden::read(dir)};
+  return testing::written(tmp(tag), golden::build_hyv4(golden::parse_hyv4_spec(spec), "replay", impl));
 }
 
 const HySet& tiny_set() {
@@ -90,28 +79,6 @@ Cand faithful(const golden::Loaded& g) {
 }
 
 diff::Result judge(const Cand& c) { return diff::judge(tiny_set().g, c.file(), {}); }
-
-cmp::Verdict verdict(const diff::Result& r, int layer, const std::string& name) {
-  for (const auto& t : r.tensors)
-    if (t.layer == layer && t.name == name) return t.report.verdict;
-  FAIL("no result for layer " << layer << " " << name);
-  return cmp::Verdict::pass;
-}
-
-bool diagnosed(const diff::Result& r, const std::string& needle) {
-  for (const std::string& d : r.diagnoses)
-    if (d.find(needle) != std::string::npos) return true;
-  return false;
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
 
 // The layer's attention recomputed from the set's inputs on `indices` [s_q, k] with `sink`.
 hy::AttentionOutputs attention_of(const golden::Loaded& g, int l, const Tensor<int32_t>& indices, const Tensor<float>& sink) {
@@ -348,11 +315,7 @@ TEST_CASE("hyv4 golden: the CLI writes, verifies and judges a set, bad input exi
   CHECK(testing::run_cli("verify --golden " + dir).status == 0);
   CHECK(golden::read(dir).manifest["tensors"] == tiny_set().g.manifest["tensors"]);
   const std::string cand = tmp("clicand") + ".safetensors";
-  {
-    std::vector<io::TensorView> list;
-    for (const auto& [n, v] : faithful(tiny_set().g).t) list.push_back(v);
-    io::write_safetensors(cand, list);
-  }
+  faithful(tiny_set().g).write(cand);
   r = testing::run_cli("diff --golden " + dir + " --candidate " + cand);
   CHECK_MESSAGE(r.status == 0, r.out);
   // explain and overlap read stack sets: a hyv4 set is refused by name, not misread.

@@ -28,29 +28,16 @@ namespace fs = std::filesystem;
 
 namespace {
 
+using indexshare::testing::file_bytes;
+using indexshare::testing::verdict;
+using indexshare::testing::diagnosed;
+using indexshare::testing::error_of;
+std::string tmp(const std::string& tag) { return indexshare::testing::temp_path("kpg", tag); }
+
 const char* kSpec = "sq=30 skv=30 h=4 d=16 pool=4 k=16 tail=yes rounding=f32 hq=2 dqk=64 dv=32 nl=12 dsa=glm53 sched=FSF fp8=amax seed=71";
 
-std::string tmp(const std::string& tag) {
-  static int n = 0;
-  return (fs::temp_directory_path() / ("indexshare-kpg-" + std::to_string(::getpid()) + "-" + tag + std::to_string(n++))).string();
-}
-
-std::string file_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
-struct KSet {
-  std::string dir;
-  golden::Loaded g;
-};
-
-const KSet& tiny_set() {
-  static const KSet s = [] {
-    const std::string dir = tmp("set");
-    golden::write(dir, golden::build_kpool(golden::parse_kpool_spec(kSpec), "replay"), true);
-    return KSet{dir, golden::read(dir)};
-  }();
+const testing::WrittenSet& tiny_set() {
+  static const testing::WrittenSet s = testing::written(tmp("set"), golden::build_kpool(golden::parse_kpool_spec(kSpec), "replay"));
   return s;
 }
 
@@ -86,28 +73,6 @@ Tensor<uint8_t> pages_of(const Tensor<e4m3_t>& codes, const Tensor<float>& scale
 
 diff::Result judge(const Cand& c) { return diff::judge(tiny_set().g, c.file(), {}); }
 std::string report(const diff::Result& r) { return r.text("replay"); }
-
-cmp::Verdict verdict(const diff::Result& r, int layer, const std::string& name) {
-  for (const auto& t : r.tensors)
-    if (t.layer == layer && t.name == name) return t.report.verdict;
-  FAIL("no result for layer " << layer << " " << name);
-  return cmp::Verdict::pass;
-}
-
-bool diagnosed(const diff::Result& r, const std::string& needle) {
-  for (const std::string& d : r.diagnoses)
-    if (d.find(needle) != std::string::npos) return true;
-  return false;
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
 
 // Row t's tail, written out by hand: (pos + 1) mod 4 tokens ending at pos = t (s_q = s_kv).
 std::vector<int32_t> tail_of(int64_t t) {
@@ -470,11 +435,7 @@ TEST_CASE("kpool golden: the CLI writes kpool-tiny as checked in, judges it, and
   REQUIRE_MESSAGE(r.status == 0, r.out);
   CHECK(file_bytes(dir + "-simd/tensors.safetensors") == file_bytes(src + "/tensors.safetensors"));
   const std::string cand = tmp("cand") + ".safetensors";
-  {
-    std::vector<io::TensorView> list;
-    for (const auto& [n, v] : faithful(tiny_set().g).t) list.push_back(v);
-    io::write_safetensors(cand, list);
-  }
+  faithful(tiny_set().g).write(cand);
   r = testing::run_cli("diff --golden " + dir + " --candidate " + cand);
   CHECK_MESSAGE(r.status == 0, r.out);
   const std::string bad = tmp("clibad");

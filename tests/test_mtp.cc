@@ -22,17 +22,12 @@ namespace fs = std::filesystem;
 
 namespace {
 
+using indexshare::testing::file_bytes;
+using indexshare::testing::diagnosed;
+using indexshare::testing::diagnoses_text;
+std::string tmp(const std::string& tag) { return indexshare::testing::temp_path("mtp", tag); }
+
 const char* kSpec = "sq16 skv128 hq4 dqk64 dv32 ih4 id32 k8 seed61 nseq4 steps=4 accept=4,1,3,2";
-
-std::string tmp(const std::string& tag) {
-  static int n = 0;
-  return (fs::temp_directory_path() / ("indexshare-mtp-" + std::to_string(::getpid()) + "-" + tag + std::to_string(n++))).string();
-}
-
-std::string file_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
 
 ref::mtp::Draft example() {
   ref::mtp::Draft d;
@@ -205,18 +200,6 @@ std::string verdict(const diff::Result& r, int layer, const std::string& name) {
   return "(not judged)";
 }
 
-bool diagnosed(const diff::Result& r, const std::string& what) {
-  for (const std::string& d : r.diagnoses)
-    if (d.find(what) != std::string::npos) return true;
-  return false;
-}
-
-std::string all_diagnoses(const diff::Result& r) {
-  std::string s;
-  for (const std::string& d : r.diagnoses) s += d + "\n";
-  return s;
-}
-
 }  // namespace
 
 TEST_CASE("mtp diff: the golden's own draft steps and a slot permutation pass, planted mistakes fail with their names") {
@@ -241,31 +224,31 @@ TEST_CASE("mtp diff: the golden's own draft steps and a slot permutation pass, p
   r = diff::judge(g, c.file(), {});
   CHECK(verdict(r, 1, "mtp.indices") == "FAIL");
   CHECK(verdict(r, 1, "mtp.out") == "FAIL");
-  CHECK_MESSAGE(diagnosed(r, "draft steps: " + target + ": mtp.indices"), all_diagnoses(r));
-  CHECK_MESSAGE(diagnosed(r, "draft steps: " + target + ": mtp.out"), all_diagnoses(r));
-  CHECK_MESSAGE(!diagnosed(r, padded), all_diagnoses(r));
+  CHECK_MESSAGE(diagnosed(r, "draft steps: " + target + ": mtp.indices"), diagnoses_text(r));
+  CHECK_MESSAGE(diagnosed(r, "draft steps: " + target + ": mtp.out"), diagnoses_text(r));
+  CHECK_MESSAGE(!diagnosed(r, padded), diagnoses_text(r));
   // ... the attention alone names it too ...
   c.t.erase("mtp.indices");
   r = diff::judge(g, c.file(), {});
   CHECK(verdict(r, 1, "mtp.out") == "FAIL");
-  CHECK_MESSAGE(diagnosed(r, "draft steps: " + target + ": mtp.out"), all_diagnoses(r));
+  CHECK_MESSAGE(diagnosed(r, "draft steps: " + target + ": mtp.out"), diagnoses_text(r));
   // ... and at step 0 (layer 1 running the target's top-k instead of its own indexer).
   c = own(g);
   c.set("layers.1.indexer.topk", g.tensor<int32_t>("layers.0.indexer.topk"));
   c.set("layers.1.attn.indices", g.tensor<int32_t>("layers.0.attn.indices"));
   r = diff::judge(g, c.file(), {});
   CHECK(verdict(r, 1, "indexer.topk") == "FAIL");
-  CHECK_MESSAGE(diagnosed(r, "layer 1: " + target + " at draft step 0: layers.1.indexer.topk"), all_diagnoses(r));
-  CHECK_MESSAGE(diagnosed(r, "layer 1: " + target + " at draft step 0: layers.1.attn.indices"), all_diagnoses(r));
+  CHECK_MESSAGE(diagnosed(r, "layer 1: " + target + " at draft step 0: layers.1.indexer.topk"), diagnoses_text(r));
+  CHECK_MESSAGE(diagnosed(r, "layer 1: " + target + " at draft step 0: layers.1.attn.indices"), diagnoses_text(r));
 
   // Compaction by the last padded row of each request's draft extend.
   c = own(g);
   draft_over(g, c, rows_of(g.tensor<int32_t>("layers.1.attn.indices"), draft_src(kPadded)));
   r = diff::judge(g, c.file(), {});
   CHECK(verdict(r, 1, "mtp.indices") == "FAIL");
-  CHECK_MESSAGE(diagnosed(r, "draft steps: " + padded + ": mtp.indices"), all_diagnoses(r));
-  CHECK_MESSAGE(diagnosed(r, "draft steps: " + padded + ": mtp.out"), all_diagnoses(r));
-  CHECK_MESSAGE(!diagnosed(r, target), all_diagnoses(r));
+  CHECK_MESSAGE(diagnosed(r, "draft steps: " + padded + ": mtp.indices"), diagnoses_text(r));
+  CHECK_MESSAGE(diagnosed(r, "draft steps: " + padded + ": mtp.out"), diagnoses_text(r));
+  CHECK_MESSAGE(!diagnosed(r, target), diagnoses_text(r));
 
   // A row grown by the draft tokens (position p + 1 added) fails without a named mistake.
   c = own(g);

@@ -22,6 +22,10 @@ using namespace indexshare;
 
 namespace {
 
+using indexshare::testing::verdict;
+using indexshare::testing::diagnosed;
+using indexshare::testing::diagnoses_text;
+
 // A small stack with a Shared layer and a sink: rows shorter than top-k carry -1 padding.
 const char* kProblem = "sq24 skv24 hq4 dqk64 dv48 ih2 id32 k8 seed5 nl3 sched=FSF indexer=bf16 sink=random";
 
@@ -56,25 +60,6 @@ Cand faithful(const golden::Loaded& g) {
   return c;
 }
 
-bool diagnosed(const diff::Result& r, const std::string& needle) {
-  for (const std::string& d : r.diagnoses)
-    if (d.find(needle) != std::string::npos) return true;
-  return false;
-}
-
-cmp::Verdict verdict(const diff::Result& r, int layer, const std::string& name) {
-  for (const auto& t : r.tensors)
-    if (t.layer == layer && t.name == name) return t.report.verdict;
-  FAIL("no result for layer " << layer << " " << name);
-  return cmp::Verdict::fail;
-}
-
-std::string text(const diff::Result& r) {
-  std::string s;
-  for (const std::string& d : r.diagnoses) s += d + "\n";
-  return s;
-}
-
 }  // namespace
 
 TEST_CASE("train: the set holds the forward, the backward and the Full layers' indexer losses") {
@@ -105,7 +90,7 @@ TEST_CASE("train: the set holds the forward, the backward and the Full layers' i
 TEST_CASE("train: a faithful candidate and a kernel-like low-precision backward pass") {
   const TrainSet s = make_set();
   const diff::Result r = diff::judge(s.g, faithful(s.g).file(), {});
-  CHECK_MESSAGE(!r.failed(), text(r));
+  CHECK_MESSAGE(!r.failed(), diagnoses_text(r));
   // TileLang-like arithmetic (P and dS in bf16 before the GEMMs, f32 accumulation, Delta from the
   // bf16 out): the soundness of the gradients' bounds.
   Cand c;
@@ -122,7 +107,7 @@ TEST_CASE("train: a faithful candidate and a kernel-like low-precision backward 
     c.set(p + "attn_bwd.d_sink", e.d_sink);
   }
   const diff::Result lowp = diff::judge(s.g, c.file(), {});
-  CHECK_MESSAGE(!lowp.failed(), text(lowp));
+  CHECK_MESSAGE(!lowp.failed(), diagnoses_text(lowp));
   double worst = 0;
   for (const auto& t : lowp.tensors) worst = std::max(worst, t.report.stats.max_ratio);
   MESSAGE("low-precision backward: largest err/bound " << worst);
@@ -163,7 +148,7 @@ TEST_CASE("train: 200 correct low-precision backwards in shuffled orders, shapes
     c.set(p + "attn_bwd.delta", e.delta);
     if (sink) c.set(p + "attn_bwd.d_sink", e.d_sink);
     const diff::Result r = diff::judge(s.g, c.file(), {});
-    if (r.failed()) MESSAGE("run " << run << " failed:\n" << text(r));
+    if (r.failed()) MESSAGE("run " << run << " failed:\n" << diagnoses_text(r));
     failed += r.failed();
     for (const auto& t : r.tensors) worst = std::max(worst, t.report.stats.max_ratio);
     std::filesystem::remove_all(s.dir);
@@ -198,7 +183,7 @@ TEST_CASE("train: the usual backward bugs fail by name, including those TileLang
     c.set(p + "attn_bwd.dq", x);
     const diff::Result r = diff::judge(s.g, c.file(), {});
     CHECK(verdict(r, 0, "attn_bwd.dq") == cmp::Verdict::fail);
-    CHECK_MESSAGE(diagnosed(r, "the softmax scale applied twice"), text(r));
+    CHECK_MESSAGE(diagnosed(r, "the softmax scale applied twice"), diagnoses_text(r));
   }
   SUBCASE("dkv without its V part") {
     const Tensor<float> P = s.g.tensor<float>(p + "attn_bwd.p");
@@ -217,7 +202,7 @@ TEST_CASE("train: the usual backward bugs fail by name, including those TileLang
     c.set(p + "attn_bwd.dkv", x);
     const diff::Result r = diff::judge(s.g, c.file(), {});
     CHECK(verdict(r, 0, "attn_bwd.dkv") == cmp::Verdict::fail);
-    CHECK_MESSAGE(diagnosed(r, "misses the V part"), text(r));
+    CHECK_MESSAGE(diagnosed(r, "misses the V part"), diagnoses_text(r));
   }
   SUBCASE("-1 padding read as a key") {
     Tensor<int32_t> ind = s.g.tensor<int32_t>(p + "attn.indices");
@@ -230,7 +215,7 @@ TEST_CASE("train: the usual backward bugs fail by name, including those TileLang
     c.set(p + "attn_bwd.dq", b.dq);
     const diff::Result r = diff::judge(s.g, c.file(), {});
     CHECK(verdict(r, 0, "attn_bwd.dq") == cmp::Verdict::fail);
-    CHECK_MESSAGE(diagnosed(r, "-1 treated as a key"), text(r));
+    CHECK_MESSAGE(diagnosed(r, "-1 treated as a key"), diagnoses_text(r));
   }
   SUBCASE("the indexer loss's dq 0.5% too large") {
     Tensor<float> x = s.g.tensor<float>(p + "indexer_loss.dq");
@@ -251,14 +236,14 @@ TEST_CASE("train: loss_coeff applied twice is named, served-layers teaches with 
   CHECK(s.g.manifest["train"]["indexer_losses"][0]["teachers"] == nlohmann::json::array({0, 1}));
   CHECK(s.g.manifest["train"]["indexer_losses"][1]["teachers"] == nlohmann::json::array({2}));
   const diff::Result ok = diff::judge(s.g, faithful(s.g).file(), {});
-  CHECK_MESSAGE(!ok.failed(), text(ok));
+  CHECK_MESSAGE(!ok.failed(), diagnoses_text(ok));
   Tensor<float> x = s.g.tensor<float>("layers.0.indexer_loss.dk");
   for (float& v : x.data) v *= 0.5f;
   Cand c;
   c.set("layers.0.indexer_loss.dk", x);
   const diff::Result r = diff::judge(s.g, c.file(), {});
   CHECK(verdict(r, 0, "indexer_loss.dk") == cmp::Verdict::fail);
-  CHECK_MESSAGE(diagnosed(r, "loss_coeff applied twice"), text(r));
+  CHECK_MESSAGE(diagnosed(r, "loss_coeff applied twice"), diagnoses_text(r));
   std::filesystem::remove_all(s.dir);
 }
 
@@ -299,7 +284,7 @@ TEST_CASE("train: --train-edges holds -1 rows, out-of-range and duplicated indic
   for (int64_t r : {0, 6, 7, 8})
     for (int64_t e = 0; e < row; ++e) CHECK(dq[r * row + e] == 0.0f);
   const diff::Result ok = diff::judge(s.g, faithful(s.g).file(), {});
-  CHECK_MESSAGE(!ok.failed(), text(ok));
+  CHECK_MESSAGE(!ok.failed(), diagnoses_text(ok));
   SUBCASE("a low-precision backward that honours topk_length passes") {
     Cand c;
     for (int l = 0; l < 3; ++l) {
@@ -315,7 +300,7 @@ TEST_CASE("train: --train-edges holds -1 rows, out-of-range and duplicated indic
       c.set(q + "attn_bwd.d_sink", e.d_sink);
     }
     const diff::Result r = diff::judge(s.g, c.file(), {});
-    CHECK_MESSAGE(!r.failed(), text(r));
+    CHECK_MESSAGE(!r.failed(), diagnoses_text(r));
   }
   SUBCASE("a duplicate counted once fails, named") {
     Tensor<int32_t> once = ind;
@@ -329,8 +314,8 @@ TEST_CASE("train: --train-edges holds -1 rows, out-of-range and duplicated indic
     const diff::Result r = diff::judge(s.g, c.file(), {});
     CHECK(verdict(r, 0, "attn_bwd.dq") == cmp::Verdict::fail);
     CHECK(verdict(r, 0, "attn_bwd.dkv") == cmp::Verdict::fail);
-    CHECK_MESSAGE(diagnosed(r, "attn_bwd.dq fits the backward with each duplicated index counted once"), text(r));
-    CHECK_MESSAGE(diagnosed(r, "attn_bwd.dkv fits the backward with each duplicated index counted once"), text(r));
+    CHECK_MESSAGE(diagnosed(r, "attn_bwd.dq fits the backward with each duplicated index counted once"), diagnoses_text(r));
+    CHECK_MESSAGE(diagnosed(r, "attn_bwd.dkv fits the backward with each duplicated index counted once"), diagnoses_text(r));
   }
   SUBCASE("slots past topk_length read as keys fail") {
     const Tensor<float> sink = s.g.tensor<float>(p + "attn.sink");
@@ -350,7 +335,7 @@ TEST_CASE("train: --train-edges holds -1 rows, out-of-range and duplicated indic
     const diff::Result r = diff::judge(s.g, c.file(), {});
     CHECK(verdict(r, 0, "indexer_loss.dq") == cmp::Verdict::fail);
     CHECK(verdict(r, 0, "indexer_loss.loss") == cmp::Verdict::fail);
-    CHECK_MESSAGE(diagnosed(r, "indexer_loss.dq fits the loss normalised by all rows"), text(r));
+    CHECK_MESSAGE(diagnosed(r, "indexer_loss.dq fits the loss normalised by all rows"), diagnoses_text(r));
   }
   std::filesystem::remove_all(s.dir);
 }
@@ -568,7 +553,7 @@ TEST_CASE("train: 200 correct f32 indexer-loss kernels in drawn orders all pass"
       }
     }
     const diff::Result r = diff::judge(s.g, c.file(), {});
-    if (r.failed()) MESSAGE("run " << run << " (" << problem << golden::train_options_text(t) << ") failed:\n" << text(r));
+    if (r.failed()) MESSAGE("run " << run << " (" << problem << golden::train_options_text(t) << ") failed:\n" << diagnoses_text(r));
     failed += r.failed();
     for (const auto& e : r.tensors)
       if (e.report.stats.max_ratio > worst) {
@@ -680,6 +665,6 @@ TEST_CASE("train: the gradients' precision test fails a backward accumulating dq
   const diff::Result r = diff::judge(s.g, c.file(), {});
   // dkv (1,024 terms per row) fails by name; dq's 32-term sums are too short to tell the classes apart.
   CHECK(verdict(r, 0, "attn_bwd.dkv") == cmp::Verdict::fail);
-  CHECK_MESSAGE(diagnosed(r, "attn_bwd.dkv carries bf16-acc-level error"), text(r));
+  CHECK_MESSAGE(diagnosed(r, "attn_bwd.dkv carries bf16-acc-level error"), diagnoses_text(r));
   std::filesystem::remove_all(s.dir);
 }

@@ -31,24 +31,15 @@ using ref::v4::LayerType;
 
 namespace {
 
+using indexshare::testing::verdict;
+using indexshare::testing::diagnosed;
+using indexshare::testing::error_of;
+std::string tmp(const std::string& tag) { return indexshare::testing::temp_path("v4g", tag); }
+
 const char* kSpec = "t=48 h=2 d=64 w=8 csa=4 hca=8 ih=4 id=32 k=4 rope=16 ctx=32 types=SCHCC sched=FSF rot=hf seed=31";
 
-std::string tmp(const std::string& tag) {
-  static int n = 0;
-  return (fs::temp_directory_path() / ("indexshare-v4g-" + std::to_string(::getpid()) + "-" + tag + std::to_string(n++))).string();
-}
-
-struct V4Set {
-  std::string dir;
-  golden::Loaded g;
-};
-
-const V4Set& tiny_set() {
-  static const V4Set s = [] {
-    const std::string dir = tmp("set");
-    golden::write(dir, golden::build_v4(golden::parse_v4_spec(kSpec), "replay"), true);
-    return V4Set{dir, golden::read(dir)};
-  }();
+const testing::WrittenSet& tiny_set() {
+  static const testing::WrittenSet s = testing::written(tmp("set"), golden::build_v4(golden::parse_v4_spec(kSpec), "replay"));
   return s;
 }
 
@@ -72,29 +63,7 @@ Cand faithful(const golden::Loaded& g) {
 
 diff::Result judge(const Cand& c) { return diff::judge(tiny_set().g, c.file(), {}); }
 
-cmp::Verdict verdict(const diff::Result& r, int layer, const std::string& name) {
-  for (const auto& t : r.tensors)
-    if (t.layer == layer && t.name == name) return t.report.verdict;
-  FAIL("no result for layer " << layer << " " << name);
-  return cmp::Verdict::pass;
-}
-
 std::string report(const diff::Result& r) { return r.text("replay"); }
-
-bool diagnosed(const diff::Result& r, const std::string& needle) {
-  for (const std::string& d : r.diagnoses)
-    if (d.find(needle) != std::string::npos) return true;
-  return false;
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
 
 // A compressor in plain f32 arithmetic in another order than ref's (softmax and sums in float,
 // slots summed last to first, the norm's sum of squares from the top channel down, cos / sin from
@@ -417,11 +386,7 @@ TEST_CASE("v4 golden: the CLI writes, verifies and judges a set, a bad spec exit
   // The same bytes as the builder's set (the CLI replays the descriptor).
   CHECK(golden::read(dir).manifest["tensors"] == tiny_set().g.manifest["tensors"]);
   const std::string cand = tmp("clicand") + ".safetensors";
-  {
-    std::vector<io::TensorView> list;
-    for (const auto& [n, v] : faithful(tiny_set().g).t) list.push_back(v);
-    io::write_safetensors(cand, list);
-  }
+  faithful(tiny_set().g).write(cand);
   r = testing::run_cli("diff --golden " + dir + " --candidate " + cand);
   CHECK_MESSAGE(r.status == 0, r.out);
   r = testing::run_cli("golden --preset v4-tiny --out " + dir + "-preset");

@@ -13,9 +13,7 @@ from __future__ import annotations
 import json
 import math
 import re
-import os
 import struct
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -26,6 +24,7 @@ from safetensors import safe_open  # noqa: E402
 from safetensors.torch import load_file, save_file  # noqa: E402
 
 from indexshare import dump as D  # noqa: E402
+from cli_run import run  # noqa: E402
 
 S = 48  # tokens: rows 8..47 choose among more keys than top-k
 K = 8
@@ -33,20 +32,6 @@ K = 8
 
 def f32(x: float) -> float:
     return struct.unpack("f", struct.pack("f", x))[0]
-
-
-def cli() -> str:
-    path = os.environ.get("INDEXSHARE_CLI")
-    if not path or not os.access(path, os.X_OK):
-        pytest.fail("set INDEXSHARE_CLI to the built indexshare binary (e.g. build/indexshare)")
-    return path
-
-
-def run(*args, expect=None):
-    r = subprocess.run([cli(), *map(str, args)], capture_output=True, text=True)
-    if expect is not None:
-        assert r.returncode == expect, f"{args}: exit {r.returncode}\n{r.stdout}\n{r.stderr}"
-    return r
 
 
 MLA = dict(num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=32, q_lora_rank=48, qk_rope_head_dim=8,

@@ -11,9 +11,6 @@ tensor, nothing written."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 
 import pytest
 
@@ -23,6 +20,7 @@ from safetensors import safe_open  # noqa: E402
 from safetensors.torch import save_file  # noqa: E402
 
 from indexshare import dump as D  # noqa: E402
+from cli_run import diff_verdicts, model_dump, run  # noqa: E402
 from indexshare import _hyv4  # noqa: E402
 
 S = 24
@@ -32,20 +30,6 @@ CONFIG = dict(model_type="hy_v4", vocab_size=64, hidden_size=64, num_hidden_laye
               pad_token_id=0, bos_token_id=1, eos_token_id=2)
 
 
-def cli() -> str:
-    path = os.environ.get("INDEXSHARE_CLI")
-    if not path or not os.access(path, os.X_OK):
-        pytest.fail("set INDEXSHARE_CLI to the built indexshare binary (e.g. build/indexshare)")
-    return path
-
-
-def run(*args, expect=None):
-    r = subprocess.run([cli(), *map(str, args)], capture_output=True, text=True)
-    if expect is not None:
-        assert r.returncode == expect, f"{args}: exit {r.returncode}\n{r.stdout}\n{r.stderr}"
-    return r
-
-
 def read(path):
     with safe_open(str(path), "pt") as f:
         return {k: f.get_tensor(k) for k in f.keys()}, f.metadata()
@@ -53,24 +37,11 @@ def read(path):
 
 @pytest.fixture(scope="module")
 def hy(tmp_path_factory):
-    work = tmp_path_factory.mktemp("hyv4")
-    cfg = work / "config.json"
-    cfg.write_text(json.dumps(CONFIG))
-    model, _, source = D.load_model(str(cfg), "cpu", 0)
-    model.config._attn_implementation = "eager"
-    ids = torch.randint(0, CONFIG["vocab_size"], (1, S), generator=torch.Generator().manual_seed(0))
-    dump = work / "dump.safetensors"
-    meta = D.dump(model, ids, str(dump), source=source)
-    gold = work / "golden"
-    run("golden", "--from", dump, "--out", gold, expect=0)
-    return dict(model=model, ids=ids, dump=dump, golden=gold, meta=meta, work=work)
+    return model_dump(tmp_path_factory.mktemp("hyv4"), CONFIG, S, eager=True)
 
 
 def diff(hy, candidate, expect):
-    out = hy["work"] / "diff.json"
-    r = run("diff", "--golden", hy["golden"], "--candidate", candidate, "--json", out, expect=expect)
-    rep = json.loads(out.read_text())
-    return r, {(t["layer"], t["tensor"]): t["verdict"] for t in rep["tensors"]}
+    return diff_verdicts(hy["golden"], candidate, hy["work"] / "diff.json", expect)
 
 
 def test_the_models_own_choices_pass(hy):

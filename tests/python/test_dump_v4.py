@@ -14,8 +14,6 @@ own tensors.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 
 import numpy as np
 import pytest
@@ -26,6 +24,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from indexshare import dump as D
+from cli_run import diff_verdicts, model_dump, run
 
 M = pytest.importorskip("transformers.models.deepseek_v4.modeling_deepseek_v4")
 
@@ -45,39 +44,13 @@ CONFIG = dict(
 SPEC = "t=64 h=2 d=64 w=8 csa=4 hca=8 ih=4 id=32 k=4 rope=16 ctx=32 types=SCHCC sched=FFF rot=hf"
 
 
-def cli() -> str:
-    path = os.environ.get("INDEXSHARE_CLI")
-    if not path or not os.access(path, os.X_OK):
-        pytest.fail("set INDEXSHARE_CLI to the built indexshare binary (e.g. build/indexshare)")
-    return path
-
-
-def run(*args, expect=None):
-    r = subprocess.run([cli(), *map(str, args)], capture_output=True, text=True)
-    if expect is not None:
-        assert r.returncode == expect, f"{args}: exit {r.returncode}\n{r.stdout}\n{r.stderr}"
-    return r
-
-
 def diff(golden, candidate, tmp_path, expect):
-    out = tmp_path / "diff.json"
-    r = run("diff", "--golden", golden, "--candidate", candidate, "--json", out, expect=expect)
-    rep = json.loads(out.read_text())
-    return r, {(t["layer"], t["tensor"]): t["verdict"] for t in rep["tensors"]}
+    return diff_verdicts(golden, candidate, tmp_path / "diff.json", expect)
 
 
 @pytest.fixture(scope="module")
 def v4(tmp_path_factory):
-    work = tmp_path_factory.mktemp("v4")
-    cfg = work / "config.json"
-    cfg.write_text(json.dumps(CONFIG))
-    model, _, source = D.load_model(str(cfg), "cpu", 0)
-    ids = torch.randint(0, CONFIG["vocab_size"], (1, T), generator=torch.Generator().manual_seed(0))
-    dump = work / "dump.safetensors"
-    meta = D.dump(model, ids, str(dump), source=source)
-    gold = work / "golden"
-    run("golden", "--from", dump, "--out", gold, expect=0)
-    return dict(model=model, ids=ids, dump=dump, golden=gold, meta=meta, work=work)
+    return model_dump(tmp_path_factory.mktemp("v4"), CONFIG, T)
 
 
 def splice(v4, tmp_path, layer, names, faulty=None, edit=None):

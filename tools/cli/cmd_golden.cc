@@ -183,76 +183,73 @@ int golden_train(const GoldenArgs& a, std::chrono::steady_clock::time_point t0) 
   return publish(std::move(set), a, replay, t0);
 }
 
-// A DeepSeek-V4 set (tools/lib/golden_v4.h): --kind v4 --problem SPEC, or a v4 preset. The spec is
-// parsed (and refused, naming the field) before anything is computed or written.
-int golden_v4(const GoldenArgs& a, std::chrono::steady_clock::time_point t0) {
+// A set of a kind that takes everything from its descriptor (v4, mtp, hyv4, kpool): how the kind is
+// named in the messages, and whether --impl defaults to simd (v4: the same bytes, simd/ being
+// bit-identical to ref/, in seconds at V4-Flash's shapes) or to ref like the other kinds.
+struct DescriptorKind {
+  std::string kind, a_kind;  // "v4", "a v4"
+  std::string form;          // how --problem is written, for the message when neither or both are given
+  std::string takes;         // "its sizes, ..." (why the options of other kinds are refused)
+  bool simd_default;
+};
+
+// The one path of the descriptor kinds: --problem SPEC or a preset of the kind (never --model /
+// --from), no option of another kind, one process; the spec is parsed (and refused, naming the
+// field) before anything is computed or written. parse(text) -> Spec, replay_of(spec, impl) -> the
+// command line, build(spec, replay, impl) -> the set.
+template <class Parse, class Replay, class Build>
+int golden_descriptor(const GoldenArgs& a, std::chrono::steady_clock::time_point t0, const DescriptorKind& k, Parse parse,
+                      Replay replay_of, Build build) {
   require(a.preset.empty() != a.problem.empty() && a.model.empty() && a.from.empty(),
-          "golden --kind v4: give --problem SPEC (a V4 descriptor) or a v4 --preset, not --model / --from");
+          "golden --kind " + k.kind + ": give " + k.form + " or " + k.a_kind + " --preset, not --model / --from");
   reject_given(a.given, {"--rows", "--for", "--no-logits", "--layers", "--seq", "--seed", "--schedule", "--sim", "--variant",
                          "--loss", "--train-target", "--relu", "--loss-coeff", "--train-edges", "--loss-layers", "--d-out"},
-               "other kinds", "a v4 set takes its sizes, layer types, schedule and seed from its descriptor");
-  require(!dist_active(), "golden: a v4 set is computed by one process: run it without mpirun / srun");
-  const golden::V4Spec s = golden::parse_v4_spec(a.preset.empty() ? a.problem : golden::preset(a.preset).problem);
-  // simd unless --impl says otherwise: the same bytes (simd/ is bit-identical to ref/), in seconds at V4-Flash's shapes.
-  const std::optional<Impl> impl =
-      a.impl == "auto" || !was_given(a.given, "--impl") ? std::optional<Impl>(Impl::simd) : impl_named(a.impl);
-  require(impl.has_value(), "golden: --impl must be ref, simd or auto, got '" + a.impl + "'");
+               "other kinds", k.a_kind + " set takes " + k.takes + " from its descriptor");
+  require(!dist_active(), "golden: " + k.a_kind + " set is computed by one process: run it without mpirun / srun");
+  const auto s = parse(a.preset.empty() ? a.problem : golden::preset(a.preset).problem);
+  const std::optional<Impl> impl = k.simd_default && (a.impl == "auto" || !was_given(a.given, "--impl"))
+                                       ? std::optional<Impl>(Impl::simd)
+                                       : impl_named(a.impl);
+  require(impl.has_value(),
+          "golden: --impl must be " + std::string(k.simd_default ? "ref, simd or auto" : "ref or simd") + ", got '" + a.impl + "'");
   reject_target_on_ref(a.given, *impl);
-  const std::string replay = golden::v4_replay(s, *impl) + " --out " + a.out;
-  std::fprintf(stderr, "golden: computing the V4 stack %s...\n", golden::to_string(s).c_str());
-  return publish(golden::build_v4(s, replay, *impl), a, replay, t0);
+  const std::string replay = replay_of(s, *impl) + " --out " + a.out;
+  return publish(build(s, replay, *impl), a, replay, t0);
+}
+
+// A DeepSeek-V4 set (tools/lib/golden_v4.h): --kind v4 --problem SPEC, or a v4 preset.
+int golden_v4(const GoldenArgs& a, std::chrono::steady_clock::time_point t0) {
+  return golden_descriptor(
+      a, t0, {"v4", "a v4", "--problem SPEC (a V4 descriptor)", "its sizes, layer types, schedule and seed", true},
+      golden::parse_v4_spec, golden::v4_replay,
+      [](const golden::V4Spec& s, const std::string& replay, Impl i) {
+        std::fprintf(stderr, "golden: computing the V4 stack %s...\n", golden::to_string(s).c_str());
+        return golden::build_v4(s, replay, i);
+      });
 }
 
 // An MTP draft-step set (tools/lib/golden_mtp.h): --kind mtp --problem "PROBLEM steps=N accept=a,b,..",
-// or an mtp preset. The descriptor is checked (an accepted length beyond the drafted tokens is
-// refused, naming the field) before anything is computed or written.
+// or an mtp preset; an accepted length beyond the drafted tokens is refused, naming the field.
 int golden_mtp(const GoldenArgs& a, std::chrono::steady_clock::time_point t0) {
-  require(a.preset.empty() != a.problem.empty() && a.model.empty() && a.from.empty(),
-          "golden --kind mtp: give --problem \"PROBLEM steps=N accept=a,b,..\" or an mtp --preset, not --model / --from");
-  reject_given(a.given, {"--rows", "--for", "--no-logits", "--layers", "--seq", "--seed", "--schedule", "--sim", "--variant",
-                         "--loss", "--train-target", "--relu", "--loss-coeff", "--train-edges", "--loss-layers", "--d-out"},
-               "other kinds", "an mtp set takes its sizes, seed and draft from its descriptor");
-  require(!dist_active(), "golden: an mtp set is computed by one process: run it without mpirun / srun");
-  const golden::MtpSpec s = golden::parse_mtp_spec(a.preset.empty() ? a.problem : golden::preset(a.preset).problem);
-  const std::optional<Impl> impl = impl_named(a.impl);
-  require(impl.has_value(), "golden: --impl must be ref or simd, got '" + a.impl + "'");
-  reject_target_on_ref(a.given, *impl);
-  const std::string replay = golden::mtp_replay(s, *impl) + " --out " + a.out;
-  return publish(golden::build_mtp(s, replay, *impl), a, replay, t0);
+  return golden_descriptor(
+      a, t0, {"mtp", "an mtp", "--problem \"PROBLEM steps=N accept=a,b,..\"", "its sizes, seed and draft", false},
+      golden::parse_mtp_spec, golden::mtp_replay, golden::build_mtp);
 }
 
 // A Hunyuan HY V4 set (tools/lib/golden_hyv4.h): --kind hyv4 --problem "PROBLEM [rope=R] [vd=V]", or a
 // hyv4 preset; the descriptor and its schedule are checked before anything is computed or written.
 int golden_hyv4(const GoldenArgs& a, std::chrono::steady_clock::time_point t0) {
-  require(a.preset.empty() != a.problem.empty() && a.model.empty() && a.from.empty(),
-          "golden --kind hyv4: give --problem \"PROBLEM [rope=R] [vd=V]\" or a hyv4 --preset, not --model / --from");
-  reject_given(a.given, {"--rows", "--for", "--no-logits", "--layers", "--seq", "--seed", "--schedule", "--sim", "--variant",
-                         "--loss", "--train-target", "--relu", "--loss-coeff", "--train-edges", "--loss-layers", "--d-out"},
-               "other kinds", "a hyv4 set takes its sizes, schedule and seed from its descriptor");
-  require(!dist_active(), "golden: a hyv4 set is computed by one process: run it without mpirun / srun");
-  const golden::Hyv4Spec s = golden::parse_hyv4_spec(a.preset.empty() ? a.problem : golden::preset(a.preset).problem);
-  const std::optional<Impl> impl = impl_named(a.impl);
-  require(impl.has_value(), "golden: --impl must be ref or simd, got '" + a.impl + "'");
-  reject_target_on_ref(a.given, *impl);
-  const std::string replay = golden::hyv4_replay(s, *impl) + " --out " + a.out;
-  return publish(golden::build_hyv4(s, replay, *impl), a, replay, t0);
+  return golden_descriptor(
+      a, t0, {"hyv4", "a hyv4", "--problem \"PROBLEM [rope=R] [vd=V]\"", "its sizes, schedule and seed", false},
+      golden::parse_hyv4_spec, golden::hyv4_replay,
+      [](const golden::Hyv4Spec& s, const std::string& replay, Impl i) { return golden::build_hyv4(s, replay, i); });
 }
 
 // A GLM-5.3 KPool-DSA set (tools/lib/golden_kpool.h): --kind kpool --problem SPEC, or a kpool preset.
-// The spec is parsed (and refused, naming the field) before anything is computed or written.
 int golden_kpool(const GoldenArgs& a, std::chrono::steady_clock::time_point t0) {
-  require(a.preset.empty() != a.problem.empty() && a.model.empty() && a.from.empty(),
-          "golden --kind kpool: give --problem SPEC (a kpool descriptor) or a kpool --preset, not --model / --from");
-  reject_given(a.given, {"--rows", "--for", "--no-logits", "--layers", "--seq", "--seed", "--schedule", "--sim", "--variant",
-                         "--loss", "--train-target", "--relu", "--loss-coeff", "--train-edges", "--loss-layers", "--d-out"},
-               "other kinds", "a kpool set takes its sizes, layers, schedule and seed from its descriptor");
-  require(!dist_active(), "golden: a kpool set is computed by one process: run it without mpirun / srun");
-  const golden::KpoolSpec s = golden::parse_kpool_spec(a.preset.empty() ? a.problem : golden::preset(a.preset).problem);
-  const std::optional<Impl> impl = impl_named(a.impl);
-  require(impl.has_value(), "golden: --impl must be ref or simd, got '" + a.impl + "'");
-  reject_target_on_ref(a.given, *impl);
-  const std::string replay = golden::kpool_replay(s, *impl) + " --out " + a.out;
-  return publish(golden::build_kpool(s, replay, *impl), a, replay, t0);
+  return golden_descriptor(
+      a, t0, {"kpool", "a kpool", "--problem SPEC (a kpool descriptor)", "its sizes, layers, schedule and seed", false},
+      golden::parse_kpool_spec, golden::kpool_replay, golden::build_kpool);
 }
 
 // A module-level set (--model, or a module preset): the toy model with a preset's shapes.

@@ -85,6 +85,20 @@ cmp::FloatRule bound_rule(std::vector<float> b, double budget) {
   return r;
 }
 
+cmp::FloatRule rule_of(std::vector<float> b, const std::string& how) {
+  cmp::FloatRule r;
+  r.bound = std::move(b);
+  r.derivation = how;
+  return r;
+}
+
+cmp::Verdict KindJudge::add(int l, const std::string& n, cmp::Report r, const std::string& note) {
+  r.tensor = nm(l, n);
+  res.checked.push_back(nm(l, n));
+  res.tensors.push_back({l, n, std::move(r), note});
+  return res.tensors.back().report.verdict;
+}
+
 }  // namespace detail
 
 using namespace detail;

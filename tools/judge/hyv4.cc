@@ -30,14 +30,9 @@ namespace {
 
 using detail::bound_rule;
 using detail::passes;
+using detail::rule_of;
+using detail::KindJudge;
 namespace hy = ref::hyv4;
-
-cmp::FloatRule rule_of(std::vector<float> b, const std::string& how) {
-  cmp::FloatRule r;
-  r.bound = std::move(b);
-  r.derivation = how;
-  return r;
-}
 
 Tensor<float> widen(const Tensor<bf16_t>& x) {
   Tensor<float> y(x.shape);
@@ -64,25 +59,16 @@ struct Expect {
   std::vector<float> ov_b, g_b;
 };
 
-class HyJudge {
+class HyJudge : public KindJudge {
  public:
   HyJudge(const golden::Loaded& g, const io::SafetensorsFile& c, const ref::Kernels& k)
-      : g_(g), c_(c), k_(k), lay_(golden::hyv4_layout(g.manifest)), cfg_(lay_.spec.cfg) {}
+      : KindJudge(g, c, k), lay_(golden::hyv4_layout(g.manifest)), cfg_(lay_.spec.cfg) {}
   std::set<int> layers(const std::set<int>& wanted) const;
   void layer(int l);
-  Result res;
 
  private:
-  std::string nm(int l, const std::string& n) const { return "layers." + std::to_string(l) + "." + n; }
-  bool has(int l, const std::string& n) const { return c_.find(nm(l, n)) != nullptr; }
   std::string P(int l) const {
     return "layer " + std::to_string(l) + (lay_.schedule.is_full(l) ? "" : " (Shared from " + std::to_string(lay_.schedule.source(l)) + ")");
-  }
-  cmp::Verdict add(int l, const std::string& n, cmp::Report r, const std::string& note = "") {
-    r.tensor = nm(l, n);
-    res.checked.push_back(nm(l, n));
-    res.tensors.push_back({l, n, std::move(r), note});
-    return res.tensors.back().report.verdict;
   }
   IndexerData indexer_data(int l, hy::RopeSlice slice) const;
   // An input stored BF16 (generated) or F32 (a model dump's), as f32 values.
@@ -103,9 +89,6 @@ class HyJudge {
                             const Expect& gold);
   bool within(const Expect& e, const std::map<std::string, Tensor<float>>& failed) const;
 
-  const golden::Loaded& g_;
-  const io::SafetensorsFile& c_;
-  const ref::Kernels& k_;
   golden::Hyv4Layout lay_;
   const hy::Config& cfg_;
   std::map<int, Tensor<int32_t>> cand_topk_;  // the candidate's passing top-k per Full layer
@@ -263,16 +246,7 @@ void HyJudge::attention(int l, const Tensor<int32_t>& used2d, const std::string&
   const int64_t sq = cfg_.s_q, hq = cfg_.h_q;
   const Tensor<float> sink = cfg_.sink ? g_.tensor<float>(nm(l, "attn.sink")) : Tensor<float>();
   const Expect e = expect(l, used2d, sink);
-  auto spec = [&](const char* n, int64_t cols, double floor) {
-    cmp::StructureSpec s;
-    s.tensor = n;
-    s.rows = sq;
-    s.heads = hq;
-    s.cols = s.cluster_cols = cols;
-    s.lanes = cols > 1;
-    s.floor = floor;
-    return s;
-  };
+  auto spec = [&](const char* n, int64_t cols, double floor) { return detail::attention_spec(n, sq, hq, cols, floor); };
   const std::string via = "attn.out's bound through W_uv and the gate (judge/hyv4_bounds.h)";
   struct Item {
     const char* name;
@@ -335,10 +309,8 @@ void HyJudge::attention_hypotheses(int l, const Tensor<int32_t>& used, const std
 }  // namespace
 
 Result judge_hyv4(const golden::Loaded& g, const io::SafetensorsFile& c, const std::set<int>& wanted, const ref::Kernels& k) {
-  HyJudge j(g, c, k);
   // Layers ascending: a Shared layer's source (a Full layer before it) is judged first.
-  for (int l : j.layers(wanted)) j.layer(l);
-  return std::move(j.res);
+  return detail::judge_layers<HyJudge>(g, c, wanted, k);
 }
 
 }  // namespace indexshare::diff

@@ -53,19 +53,14 @@ namespace {
 
 using detail::bound_rule;
 using detail::passes;
+using detail::rule_of;
+using detail::KindJudge;
 
 const std::vector<std::string> kJudgedKpool = {"indexer.pool_logits", "indexer.pool_keys", "indexer.scores",   "indexer.pools",
                                                "indexer.history",     "indexer.tail",      "indexer.indices",  "attn.indices",
                                                "attn.out",            "attn.lse",          "attn.max_logits",  "indexer.pool_keys_fp8"};
 
 double bf16_ulp(double x) { return x > 0 ? std::ldexp(1.0, std::ilogb(x) - 7) : 0x1p-133; }
-
-cmp::FloatRule rule_of(std::vector<float> b, const std::string& how) {
-  cmp::FloatRule r;
-  r.bound = std::move(b);
-  r.derivation = how;
-  return r;
-}
 
 // The pooled keys of a known mistake: each channel's max over the pool's P slots, or their mean.
 Tensor<float> pooled_by(const Tensor<float>& k, int64_t P, bool max) {
@@ -89,23 +84,14 @@ std::vector<int32_t> multiset(const int32_t* row, int64_t w) {
   return out;
 }
 
-class KpoolJudge {
+class KpoolJudge : public KindJudge {
  public:
   KpoolJudge(const golden::Loaded& g, const io::SafetensorsFile& c, const ref::Kernels& k)
-      : g_(g), c_(c), k_(k), lay_(golden::kpool_layout(g.manifest)), cfg_(lay_.cfg) {}
+      : KindJudge(g, c, k), lay_(golden::kpool_layout(g.manifest)), cfg_(lay_.cfg) {}
   std::set<int> layers(const std::set<int>& wanted) const;
   void layer(int l);
-  Result res;
 
  private:
-  std::string nm(int l, const std::string& n) const { return "layers." + std::to_string(l) + "." + n; }
-  bool has(int l, const std::string& n) const { return c_.find(nm(l, n)) != nullptr; }
-  cmp::Verdict add(int l, const std::string& n, cmp::Report r, const std::string& note = "") {
-    r.tensor = nm(l, n);
-    res.checked.push_back(nm(l, n));
-    res.tensors.push_back({l, n, std::move(r), note});
-    return res.tensors.back().report.verdict;
-  }
   std::string P(int l) const {
     const golden::KpoolLayer* x = lay_.find(l);
     return "layer " + std::to_string(l) + (x->full ? "" : " (Shared from " + std::to_string(x->source) + ")");
@@ -122,9 +108,6 @@ class KpoolJudge {
   void lists(int l, Tensor<int32_t>& used);
   void attention(int l, const Tensor<int32_t>& used, const std::string& note);
 
-  const golden::Loaded& g_;
-  const io::SafetensorsFile& c_;
-  const ref::Kernels& k_;
   golden::KpoolLayout lay_;
   const ref::kpool::KpoolConfig& cfg_;
   std::map<int, Tensor<int32_t>> pools_;      // per Full layer: the pools its list comes from
@@ -467,16 +450,7 @@ void KpoolJudge::attention(int l, const Tensor<int32_t>& used, const std::string
     e = k_.sparse_attention(q, kv, used, sm, dv, nullptr, nullptr);
   }
   const cmp::AttentionBounds b = k_.attention_bounds_sm(q, kv, used, sm, dv, nullptr, nullptr, e, nullptr);
-  auto spec = [&](const char* n, int64_t cols, double floor) {
-    cmp::StructureSpec s;
-    s.tensor = n;
-    s.rows = S;
-    s.heads = H;
-    s.cols = s.cluster_cols = cols;
-    s.lanes = cols > 1;
-    s.floor = floor;
-    return s;
-  };
+  auto spec = [&](const char* n, int64_t cols, double floor) { return detail::attention_spec(n, S, H, cols, floor); };
   Tensor<float> co;
   bool failed = false;
   if (has(l, "attn.out")) {
@@ -526,10 +500,8 @@ void KpoolJudge::attention(int l, const Tensor<int32_t>& used, const std::string
 }  // namespace
 
 Result judge_kpool(const golden::Loaded& g, const io::SafetensorsFile& c, const std::set<int>& wanted, const ref::Kernels& k) {
-  KpoolJudge j(g, c, k);
   // A Shared layer's list is checked against its source's: sources precede (layers ascending).
-  for (int l : j.layers(wanted)) j.layer(l);
-  return std::move(j.res);
+  return detail::judge_layers<KpoolJudge>(g, c, wanted, k);
 }
 
 }  // namespace indexshare::diff

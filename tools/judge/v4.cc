@@ -32,35 +32,21 @@ namespace {
 using ref::v4::LayerType;
 using detail::bound_rule;
 using detail::passes;
+using detail::rule_of;
+using detail::KindJudge;
 
 const std::vector<std::string> kJudgedV4 = {"compressor.entries", "indexer.entries", "indexer.scores",  "indexer.blocks",
                                             "attn.indices",       "attn.out",        "attn.out_rotated", "attn.lse",
                                             "attn.max_logits"};
 
-cmp::FloatRule rule_of(std::vector<float> b, const std::string& how) {
-  cmp::FloatRule r;
-  r.bound = std::move(b);
-  r.derivation = how;
-  return r;
-}
-
-class V4Judge {
+class V4Judge : public KindJudge {
  public:
   V4Judge(const golden::Loaded& g, const io::SafetensorsFile& c, const ref::Kernels& k)
-      : g_(g), c_(c), k_(k), lay_(golden::v4_layout(g.manifest)) {}
+      : KindJudge(g, c, k), lay_(golden::v4_layout(g.manifest)) {}
   std::set<int> layers(const std::set<int>& wanted) const;
   void layer(int l);
-  Result res;
 
  private:
-  std::string nm(int l, const std::string& n) const { return "layers." + std::to_string(l) + "." + n; }
-  bool has(int l, const std::string& n) const { return c_.find(nm(l, n)) != nullptr; }
-  cmp::Verdict add(int l, const std::string& n, cmp::Report r, const std::string& note = "") {
-    r.tensor = nm(l, n);
-    res.checked.push_back(nm(l, n));
-    res.tensors.push_back({l, n, std::move(r), note});
-    return res.tensors.back().report.verdict;
-  }
   std::vector<float> entry_bounds(int l, const std::string& part);
   void blocks(int l, Tensor<int32_t>& used);
   cmp::Report indices(int l, const Tensor<int32_t>& cand, const Tensor<int32_t>& gold, const Tensor<int32_t>* blocks) const;
@@ -74,9 +60,6 @@ class V4Judge {
                             const Tensor<float>* lse, const std::vector<float>& out_bound, const std::vector<float>& lse_bound);
   std::string P(int l) const { return "layer " + std::to_string(l); }
 
-  const golden::Loaded& g_;
-  const io::SafetensorsFile& c_;
-  const ref::Kernels& k_;
   golden::V4Layout lay_;
   std::map<int, Tensor<int32_t>> cand_blocks_;  // the candidate's blocks per C4A layer it holds
 };
@@ -247,17 +230,7 @@ void V4Judge::attention(int l, const Tensor<int32_t>& used, const std::string& n
     e = k_.sparse_attention(q, kv, used, sm, D, nullptr, &sink);
   }
   const cmp::AttentionBounds b = k_.attention_bounds_sm(q, kv, used, sm, D, nullptr, &sink, e, nullptr);
-  auto spec = [&](const char* n, int64_t cols, double floor) {
-    cmp::StructureSpec s;
-    s.tensor = n;
-    s.rows = T;
-    s.heads = H;
-    s.cols = cols;
-    s.cluster_cols = cols;
-    s.lanes = cols > 1;
-    s.floor = floor;
-    return s;
-  };
+  auto spec = [&](const char* n, int64_t cols, double floor) { return detail::attention_spec(n, T, H, cols, floor); };
   bool failed = false;
   Tensor<float> co, cr, cl;
   if (has(l, "attn.out")) {
@@ -380,12 +353,9 @@ void V4Judge::attention_hypotheses(int l, const Tensor<int32_t>& used, const Ten
 }  // namespace
 
 Result judge_v4(const golden::Loaded& g, const io::SafetensorsFile& c, const std::set<int>& wanted, const ref::Kernels& k) {
-  V4Judge j(g, c, k);
-  const std::set<int> layers = j.layers(wanted);
   // The blocks of a Shared layer are checked against its source's: a source the candidate holds is
   // judged first (layers ascending: sources precede).
-  for (int l : layers) j.layer(l);
-  return std::move(j.res);
+  return detail::judge_layers<V4Judge>(g, c, wanted, k);
 }
 
 }  // namespace indexshare::diff

@@ -166,6 +166,48 @@ Expected expected_attention(const golden::Loaded& g, const LayerData& d, const T
                             const ref::Kernels& k, bool with_sm = false, const Tensor<float>* co = nullptr);
 
 cmp::FloatRule bound_rule(std::vector<float> b, double budget = -1);
+// The structure tests' spec of attention tensor `name` [rows, heads, cols] (cols 1: lse,
+// max_logits): clusters (row, head), column lanes when cols > 1, `floor`.
+inline cmp::StructureSpec attention_spec(const char* name, int64_t rows, int64_t heads, int64_t cols, double floor) {
+  cmp::StructureSpec s;
+  s.tensor = name;
+  s.rows = rows;
+  s.heads = heads;
+  s.cols = s.cluster_cols = cols;
+  s.lanes = cols > 1;
+  s.floor = floor;
+  return s;
+}
+// Per-element bounds b with the derivation `how` (no budget).
+cmp::FloatRule rule_of(std::vector<float> b, const std::string& how);
+
+// ---- golden_layer.cc: the base of the judges of the kinds with their own tensor list ----
+
+// V4Judge, HyJudge, KpoolJudge: the golden, the candidate, the kernels, and the result each judged
+// tensor of a layer is added to (in the order judged). A judge J has layers(wanted) (the layers
+// the candidate holds, refused per tensor as the kind's names) and layer(l); judge_layers runs it.
+class KindJudge {
+ public:
+  KindJudge(const golden::Loaded& g, const io::SafetensorsFile& c, const ref::Kernels& k) : g_(g), c_(c), k_(k) {}
+  Result res;
+
+ protected:
+  static std::string nm(int l, const std::string& n) { return "layers." + std::to_string(l) + "." + n; }
+  bool has(int l, const std::string& n) const { return c_.find(nm(l, n)) != nullptr; }
+  cmp::Verdict add(int l, const std::string& n, cmp::Report r, const std::string& note = "");
+
+  const golden::Loaded& g_;
+  const io::SafetensorsFile& c_;
+  const ref::Kernels& k_;
+};
+
+// Judges the layers J::layers(wanted) gives, ascending (a Shared layer's source, before it, first).
+template <class J>
+Result judge_layers(const golden::Loaded& g, const io::SafetensorsFile& c, const std::set<int>& wanted, const ref::Kernels& k) {
+  J j(g, c, k);
+  for (int l : j.layers(wanted)) j.layer(l);
+  return std::move(j.res);
+}
 
 // ---- hypotheses.cc ----
 

@@ -25,12 +25,6 @@ namespace {
   throw Error("hyv4 field '" + key + "': " + what);
 }
 
-int64_t count_value(const std::string& key, const std::string& v) {
-  if (v.empty() || v.size() > 9 || v.find_first_not_of("0123456789") != std::string::npos)
-    bad_field(key, "'" + v + "' is not a non-negative integer");
-  return std::stoll(v);
-}
-
 }  // namespace
 
 Hyv4Spec parse_hyv4_spec(const std::string& text) {
@@ -70,8 +64,8 @@ Hyv4Spec parse_hyv4_spec(const std::string& text) {
   c.h_q = p.h_q, c.kv_lora = p.d_v, c.attn_rope = p.d_qk - p.d_v, c.sm_scale = p.sm_scale();
   c.sink = p.sink == SinkMode::random;
   c.seed = p.seed, c.dist = p.dist;
-  c.rope = rope.empty() ? c.dim / 2 : count_value("rope", rope);
-  c.v_dim = vd.empty() ? c.kv_lora / 2 : count_value("vd", vd);
+  c.rope = rope.empty() ? c.dim / 2 : descriptor_count("hyv4", "rope", rope);
+  c.v_dim = vd.empty() ? c.kv_lora / 2 : descriptor_count("hyv4", "vd", vd);
   if (c.rope < 2 || c.rope % 2 || c.rope > c.dim)
     bad_field("rope", "must be even with 2 <= rope <= id = " + std::to_string(c.dim) + ", got " + std::to_string(c.rope));
   if (c.v_dim < 1) bad_field("vd", "must be >= 1, got " + std::to_string(c.v_dim));
@@ -180,13 +174,8 @@ GoldenSet build_hyv4(const Hyv4Spec& s, const std::string& replay, Impl impl, st
     g.add(pre + "attn.gated_bf16", std::move(o.attn.gated_bf16), Role::output);
     layers.push_back({{"index", l}, {"kind", full ? "full" : "shared"}, {"source", sch.source(l)}, {"has_indexer", full}});
   }
-  g.manifest = {
-      {"format", "indexshare-golden"},
-      {"format_version", kFormatVersion},
-      {"generator", std::string("indexshare ") + INDEXSHARE_VERSION + " (" + impl_name(impl) + ")"},
-      {"kind", "hyv4"},
-      {"problem", to_string(s)},
-      {"replay", replay},
+  g.manifest = manifest_head("hyv4", to_string(s), replay, impl);
+  g.manifest.update(json{
       {"config",
        {{"s_q", c.s_q}, {"s_kv", c.s_kv}, {"index_n_heads", c.heads}, {"index_head_dim", c.dim}, {"index_rope", c.rope},
         {"index_topk", c.index_topk}, {"norm_eps", c.norm_eps}, {"rope_theta", c.rope_theta}, {"h_q", c.h_q},
@@ -196,7 +185,7 @@ GoldenSet build_hyv4(const Hyv4Spec& s, const std::string& replay, Impl impl, st
       {"schedule", {{"spec", s.problem.sched}, {"pattern", sch.pattern()}}},
       {"conventions", conventions()},
       {"budgets", json::object()},
-  };
+  });
   return g;
 }
 
@@ -271,9 +260,9 @@ Shape hyv4_shape(const std::string& rest, const ref::hyv4::Config& c) {
   return {sq, hq, V};  // attn.gate, attn.o_v, attn.gated, attn.gated_bf16
 }
 
-class Hyv4Check {
+class Hyv4Check : KindCheck {
  public:
-  Hyv4Check(const Loaded& g, const std::string& mpath) : g_(g), m_(g.manifest), mpath_(mpath) {}
+  using KindCheck::KindCheck;
   void run() {
     problem();
     config();
@@ -282,9 +271,6 @@ class Hyv4Check {
   }
 
  private:
-  [[noreturn]] void fail(const std::string& field, const std::string& what) const {
-    throw Error(mpath_ + ": field '" + field + "' " + what);
-  }
   void problem() {
     try {
       spec_ = parse_hyv4_spec(m_["problem"].get<std::string>());
@@ -297,9 +283,6 @@ class Hyv4Check {
   void layers();
   void tensors();
 
-  const Loaded& g_;
-  const json& m_;
-  const std::string& mpath_;
   Hyv4Spec spec_;
   Schedule sch_;
 };
@@ -346,28 +329,17 @@ void Hyv4Check::layers() {
 }
 
 void Hyv4Check::tensors() {
-  std::map<std::string, std::string> roles;
-  for (const json& t : m_["tensors"]) roles[t["name"].get<std::string>()] = t["role"].get<std::string>();
-  std::set<std::string> expected;
   for (int l = 0; l < sch_.n_layers(); ++l) {
     const std::string pre = "layers." + std::to_string(l) + ".";
     for (const HyRule& r : hyv4_rules()) {
       if ((r.need == HyNeed::full && !sch_.is_full(l)) || (r.need == HyNeed::sink && !spec_.cfg.sink)) continue;
-      const std::string name = pre + r.name;
-      expected.insert(name);
-      const io::TensorView* v = g_.find(name);
-      if (!v) fail("tensors", "lacks '" + name + "' (a " + (sch_.is_full(l) ? "Full" : "Shared") + " layer holds it)");
-      const Shape want = hyv4_shape(r.name, spec_.cfg);
       // indexer.q and k: BF16, or F32 (a model dump's f32 projections)
       const bool either = r.dtype == io::DType::BF16 && (std::string(r.name) == "indexer.q" || std::string(r.name) == "indexer.k");
-      if ((v->dtype != r.dtype && !(either && v->dtype == io::DType::F32)) || v->shape != want)
-        fail("tensors", "'" + name + "' is " + io::dtype_name(v->dtype) + " " + shape_str(v->shape) + ", the config gives " +
-                            io::dtype_name(r.dtype) + " " + shape_str(want));
-      if (roles[name] != role_name(r.role)) fail("tensors", "'" + name + "' has role " + roles[name] + ", not " + role_name(r.role));
+      expect_tensor(pre + r.name, r.dtype, hyv4_shape(r.name, spec_.cfg), r.role, sch_.is_full(l) ? "Full" : "Shared",
+                    either ? std::optional<io::DType>(io::DType::F32) : std::nullopt);
     }
   }
-  for (const auto& [name, role] : roles)
-    if (!expected.count(name)) fail("tensors", "names '" + name + "', which a hyv4 set of this problem does not hold");
+  no_other_tensors("a hyv4 set of this problem");
 }
 
 }  // namespace

@@ -9,14 +9,13 @@
 #include <sstream>
 
 #include "ref/error.h"
-
-#ifndef INDEXSHARE_VERSION
-#define INDEXSHARE_VERSION "dev"
-#endif
+#include "tools/lib/golden/internal.h"
 
 namespace indexshare::golden {
 
 using nlohmann::json;
+using detail::KindCheck;
+using detail::manifest_head;
 using ref::kpool::KpoolConfig;
 
 namespace {
@@ -233,13 +232,8 @@ GoldenSet build_kpool(const KpoolSpec& s, const std::string& replay, Impl impl) 
     g.add(pre + "attn.max_logits", std::move(a.max_logits), Role::output);
     layers.push_back({{"index", l}, {"dsa_rank", i}, {"kind", full ? "full" : "shared"}, {"source", source}});
   }
-  g.manifest = {
-      {"format", "indexshare-golden"},
-      {"format_version", kFormatVersion},
-      {"generator", std::string("indexshare ") + INDEXSHARE_VERSION + " (" + impl_name(impl) + ")"},
-      {"kind", "kpool"},
-      {"problem", to_string(s)},
-      {"replay", replay},
+  g.manifest = manifest_head("kpool", to_string(s), replay, impl);
+  g.manifest.update(json{
       {"config",
        {{"s_q", c.s_q}, {"s_kv", c.s_kv}, {"heads", c.heads}, {"dim", c.dim}, {"pool", c.pool}, {"index_topk", c.index_topk},
         {"tail", c.tail}, {"rounding", ref::kpool::rounding_name(c.rounding)}, {"h_q", c.h_q}, {"d_qk", c.d_qk}, {"d_v", c.d_v},
@@ -249,7 +243,7 @@ GoldenSet build_kpool(const KpoolSpec& s, const std::string& replay, Impl impl) 
       {"schedule", {{"dsa_layers", dsa}, {"pattern", s.pattern}}},
       {"conventions", conventions(c)},
       {"budgets", json::object()},
-  };
+  });
   return g;
 }
 
@@ -329,9 +323,9 @@ Shape kpool_shape(const std::string& rest, const KpoolConfig& c, int64_t select_
   return {c.s_q, c.h_q};  // attn.lse, attn.max_logits
 }
 
-class KpoolCheck {
+class KpoolCheck : KindCheck {
  public:
-  KpoolCheck(const Loaded& g, const std::string& mpath) : g_(g), m_(g.manifest), mpath_(mpath) {}
+  using KindCheck::KindCheck;
   void run() {
     config();
     layers();
@@ -339,24 +333,10 @@ class KpoolCheck {
   }
 
  private:
-  [[noreturn]] void fail(const std::string& field, const std::string& what) const {
-    throw Error(mpath_ + ": field '" + field + "' " + what);
-  }
-  int64_t num(const json& c, const char* f, int64_t lo, int64_t hi) const {
-    const std::string field = std::string("config.") + f;
-    if (!c.contains(f) || !c[f].is_number_integer()) fail(field, "is missing or not an integer");
-    if (c[f].is_number_unsigned() && c[f].get<uint64_t>() > uint64_t(hi)) fail(field, "must be <= " + std::to_string(hi));
-    const int64_t v = c[f].get<int64_t>();
-    if (v < lo || v > hi) fail(field, "must be in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got " + std::to_string(v));
-    return v;
-  }
   void config();
   void layers();
   void tensors();
 
-  const Loaded& g_;
-  const json& m_;
-  const std::string& mpath_;
   KpoolSpec spec_;
   int64_t select_k_ = 0;
 };
@@ -366,18 +346,18 @@ void KpoolCheck::config() {
   const json& c = m_["config"];
   const int64_t kMax = (int64_t(1) << 31) - 1;
   KpoolConfig& k = spec_.cfg;
-  k.s_q = num(c, "s_q", 1, kMax);
-  k.s_kv = num(c, "s_kv", k.s_q, kMax);
-  k.heads = num(c, "heads", 1, 1 << 16);
-  k.dim = num(c, "dim", 1, 1 << 16);
-  k.pool = num(c, "pool", 1, kMax);
-  k.index_topk = num(c, "index_topk", k.pool, kMax);
+  k.s_q = int_field(c, "s_q", 1, kMax);
+  k.s_kv = int_field(c, "s_kv", k.s_q, kMax);
+  k.heads = int_field(c, "heads", 1, 1 << 16);
+  k.dim = int_field(c, "dim", 1, 1 << 16);
+  k.pool = int_field(c, "pool", 1, kMax);
+  k.index_topk = int_field(c, "index_topk", k.pool, kMax);
   if (k.index_topk % k.pool) fail("config.index_topk", "is not a multiple of config.pool = " + std::to_string(k.pool));
-  k.h_q = num(c, "h_q", 1, 1 << 16);
-  k.d_qk = num(c, "d_qk", 1, 1 << 16);
-  k.d_v = num(c, "d_v", 1, k.d_qk);
-  (void)num(c, "seed", 0, INT64_MAX);
-  spec_.n_layers = int(num(c, "n_layers", 1, 1000000));
+  k.h_q = int_field(c, "h_q", 1, 1 << 16);
+  k.d_qk = int_field(c, "d_qk", 1, 1 << 16);
+  k.d_v = int_field(c, "d_v", 1, k.d_qk);
+  (void)int_field(c, "seed", 0, INT64_MAX);
+  spec_.n_layers = int(int_field(c, "n_layers", 1, 1000000));
   if (!c.contains("tail") || !c["tail"].is_boolean()) fail("config.tail", "is missing or not a boolean");
   k.tail = c["tail"].get<bool>();
   if (!c.contains("rounding") || (c["rounding"] != "f32" && c["rounding"] != "hf-bf16"))
@@ -425,28 +405,17 @@ void KpoolCheck::layers() {
 }
 
 void KpoolCheck::tensors() {
-  std::map<std::string, std::string> roles;
-  for (const json& t : m_["tensors"]) roles[t["name"].get<std::string>()] = t["role"].get<std::string>();
-  std::set<std::string> expected;
   for (size_t i = 0; i < spec_.pattern.size(); ++i) {
     const std::string pre = "layers." + std::to_string(spec_.dsa_layers()[i]) + ".";
     for (const KpoolRule& r : kRules) {
       if ((r.full_only && spec_.pattern[i] != 'F') || (std::string(r.name) == "indexer.tail" && !spec_.cfg.tail) ||
           (std::string(r.name) == "indexer.pool_keys_fp8" && spec_.fp8 == "none"))
         continue;
-      const std::string name = pre + r.name;
-      expected.insert(name);
-      const io::TensorView* v = g_.find(name);
-      if (!v) fail("tensors", "lacks '" + name + "' (a " + (spec_.pattern[i] == 'F' ? "Full" : "Shared") + " DSA layer holds it)");
-      const Shape want = kpool_shape(r.name, spec_.cfg, select_k_);
-      if (v->dtype != r.dtype || v->shape != want)
-        fail("tensors", "'" + name + "' is " + io::dtype_name(v->dtype) + " " + shape_str(v->shape) + ", the config gives " +
-                            io::dtype_name(r.dtype) + " " + shape_str(want));
-      if (roles[name] != role_name(r.role)) fail("tensors", "'" + name + "' has role " + roles[name] + ", not " + role_name(r.role));
+      expect_tensor(pre + r.name, r.dtype, kpool_shape(r.name, spec_.cfg, select_k_), r.role,
+                    spec_.pattern[i] == 'F' ? "Full DSA" : "Shared DSA");
     }
   }
-  for (const auto& [name, role] : roles)
-    if (!expected.count(name)) fail("tensors", "names '" + name + "', which a kpool set of this config does not hold");
+  no_other_tensors("a kpool set of this config");
 }
 
 }  // namespace

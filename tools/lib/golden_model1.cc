@@ -9,11 +9,13 @@
 #include "ref/error.h"
 #include "ref/numerics.h"
 #include "ref/rng.h"
+#include "tools/lib/golden/internal.h"
 #include "tools/lib/paged_model1.h"
 
 namespace indexshare::golden {
 
 using nlohmann::json;
+using detail::manifest_head;
 
 namespace {
 
@@ -184,13 +186,8 @@ GoldenSet build_model1_decode(const Model1DecodeSpec& s, const std::string& repl
   g.add("extra_block_table", extra_l.block_table, Role::reference);
   g.add("extra_cache_seqlens", extra_l.cache_seqlens, Role::reference);
   const double budget = cmp::attention_budget(parts);
-  g.manifest = {
-      {"format", "indexshare-golden"},
-      {"format_version", kFormatVersion},
-      {"generator", std::string("indexshare ") + INDEXSHARE_VERSION + " (" + impl_name(impl) + ")"},
-      {"kind", "decode-model1"},
-      {"problem", to_string(s)},
-      {"replay", replay},
+  g.manifest = manifest_head("decode-model1", to_string(s), replay, impl);
+  g.manifest.update(json{
       {"config",
        {{"s_q", s_q}, {"s_kv", s_kv}, {"topk", topk}, {"index_n_heads", 1}, {"index_head_dim", 1}, {"h_q", s.h_q},
         {"d_qk", paged::kModel1Dqk}, {"d_v", paged::kModel1Dqk}, {"sm_scale", sm}, {"n_layers", 1}, {"seed", s.seed},
@@ -221,7 +218,7 @@ GoldenSet build_model1_decode(const Model1DecodeSpec& s, const std::string& repl
           {"emulation_max_abs", parts.emul},
           {"multiple", cmp::kBudgetMultiple},
           {"emulation", "f32 logits and softmax, P rounded to bf16, f32 accumulation, bf16 out"}}}}},
-  };
+  });
   if (s_q > cmp::kBudgetAllRows) g.manifest["budgets"][pre + "attn.out"]["emulation_rows"] = cmp::budget_rows_text(emulated, s_q);
   return g;
 }

@@ -15,11 +15,6 @@ using nlohmann::json;
 using namespace detail;
 
 namespace {
-int64_t parse_count(const std::string& field, const std::string& text) {
-  require(!text.empty() && text.size() <= 9 && text.find_first_not_of("0123456789") == std::string::npos,
-          "mtp field '" + field + "': '" + text + "' is not a non-negative integer");
-  return std::stoll(text);
-}
 
 const io::TensorView& view_of(const GoldenSet& g, const std::string& name) {
   for (const io::TensorView& v : g.tensors)
@@ -52,9 +47,9 @@ MtpSpec parse_mtp_spec(const std::string& text) {
   require(p.n_layers == 2 && p.schedule().pattern() == "FF",
           "mtp: the set holds 2 Full layers (layer 0 the target model's last DSA layer, layer 1 the MTP layer, always Full), "
           "got nl" + std::to_string(p.n_layers) + " sched=" + p.sched);
-  s.draft.steps = parse_count("steps", steps);
+  s.draft.steps = descriptor_count("mtp", "steps", steps);
   std::istringstream as(accept);
-  for (std::string a; std::getline(as, a, ',');) s.draft.accepted.push_back(parse_count("accept", a));
+  for (std::string a; std::getline(as, a, ',');) s.draft.accepted.push_back(descriptor_count("mtp", "accept", a));
   s.draft.rows = p.seq_q();
   s.draft.start = p.start_pos();
   ref::mtp::check_draft(s.draft, p.n_seqs);

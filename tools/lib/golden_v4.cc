@@ -9,15 +9,14 @@
 #include <sstream>
 
 #include "ref/error.h"
+#include "tools/lib/golden/internal.h"
 #include "ref/numerics.h"
-
-#ifndef INDEXSHARE_VERSION
-#define INDEXSHARE_VERSION "dev"
-#endif
 
 namespace indexshare::golden {
 
 using nlohmann::json;
+using detail::KindCheck;
+using detail::manifest_head;
 using ref::v4::LayerType;
 
 namespace {
@@ -280,13 +279,8 @@ GoldenSet build_v4(const V4Spec& s, const std::string& replay, Impl impl, std::v
   json sched = {{"types", s.types}, {"pattern", sch.pattern()}, {"indexers", sch.indexers()}};
   if (s.freq > 0) sched["freq"] = s.freq, sched["freq_rule"] = ref::v4::freq_rule_name(s.rule);
   else sched["csa_pattern"] = csa_pattern(sch);
-  g.manifest = {
-      {"format", "indexshare-golden"},
-      {"format_version", kFormatVersion},
-      {"generator", std::string("indexshare ") + INDEXSHARE_VERSION + " (" + impl_name(impl) + ")"},
-      {"kind", "v4"},
-      {"problem", to_string(s)},
-      {"replay", replay},
+  g.manifest = manifest_head("v4", to_string(s), replay, impl);
+  g.manifest.update(json{
       {"config",
        {{"n_tokens", T}, {"n_heads", H}, {"head_dim", D}, {"window", cfg.window}, {"csa_ratio", cfg.csa_ratio},
         {"hca_ratio", cfg.hca_ratio}, {"index_n_heads", cfg.index_n_heads}, {"index_head_dim", cfg.index_head_dim},
@@ -297,7 +291,7 @@ GoldenSet build_v4(const V4Spec& s, const std::string& replay, Impl impl, std::v
       {"schedule", sched},
       {"conventions", conventions(s)},
       {"budgets", json::object()},
-  };
+  });
   return g;
 }
 
@@ -418,9 +412,9 @@ bool needed(V4Need n, LayerType t, bool full) {
   return false;
 }
 
-class V4Check {
+class V4Check : KindCheck {
  public:
-  V4Check(const Loaded& g, const std::string& mpath) : g_(g), m_(g.manifest), mpath_(mpath) {}
+  using KindCheck::KindCheck;
   void run() {
     config();
     layers();
@@ -430,17 +424,6 @@ class V4Check {
   }
 
  private:
-  [[noreturn]] void fail(const std::string& field, const std::string& what) const {
-    throw Error(mpath_ + ": field '" + field + "' " + what);
-  }
-  int64_t int_field(const json& c, const std::string& f, int64_t lo, int64_t hi) const {
-    const std::string field = "config." + f;
-    if (!c.contains(f) || !c[f].is_number_integer()) fail(field, "is missing or not an integer");
-    if (c[f].is_number_unsigned() && c[f].get<uint64_t>() > uint64_t(hi)) fail(field, "must be <= " + std::to_string(hi));
-    const int64_t v = c[f].get<int64_t>();
-    if (v < lo || v > hi) fail(field, "must be in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got " + std::to_string(v));
-    return v;
-  }
   void config();
   void rope(const json& c, const std::string& f);
   void layers();
@@ -448,9 +431,6 @@ class V4Check {
   void conventions();
   void tensors();
 
-  const Loaded& g_;
-  const json& m_;
-  const std::string& mpath_;
   ref::v4::Config cfg_;
   std::vector<LayerType> types_;
   std::vector<int> source_;
@@ -557,27 +537,14 @@ void V4Check::conventions() {
 }
 
 void V4Check::tensors() {
-  std::map<std::string, std::string> roles;
-  for (const json& t : m_["tensors"]) roles[t["name"].get<std::string>()] = t["role"].get<std::string>();
-  std::set<std::string> expected;
   for (size_t l = 0; l < types_.size(); ++l) {
     const std::string pre = "layers." + std::to_string(l) + ".";
     const int64_t n_c = n_entries(cfg_, types_[l]);
-    for (const V4Rule& r : v4_rules()) {
-      if (!needed(r.need, types_[l], source_[l] == int(l))) continue;
-      const std::string name = pre + r.name;
-      expected.insert(name);
-      const io::TensorView* v = g_.find(name);
-      if (!v) fail("tensors", "lacks '" + name + "' (a " + ref::v4::layer_type_name(types_[l]) + " layer holds it)");
-      const Shape want = v4_shape(r.name, cfg_, types_[l], n_c);
-      if (v->dtype != r.dtype || v->shape != want)
-        fail("tensors", "'" + name + "' is " + io::dtype_name(v->dtype) + " " + shape_str(v->shape) + ", the config gives " +
-                            io::dtype_name(r.dtype) + " " + shape_str(want));
-      if (roles[name] != role_name(r.role)) fail("tensors", "'" + name + "' has role " + roles[name] + ", not " + role_name(r.role));
-    }
+    for (const V4Rule& r : v4_rules())
+      if (needed(r.need, types_[l], source_[l] == int(l)))
+        expect_tensor(pre + r.name, r.dtype, v4_shape(r.name, cfg_, types_[l], n_c), r.role, ref::v4::layer_type_name(types_[l]));
   }
-  for (const auto& [name, role] : roles)
-    if (!expected.count(name)) fail("tensors", "names '" + name + "', which a v4 set of this config does not hold");
+  no_other_tensors("a v4 set of this config");
 }
 
 }  // namespace

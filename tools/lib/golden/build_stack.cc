@@ -255,13 +255,8 @@ void add_set_tensors(GoldenSet& g, const Problem& p, const std::vector<int64_t>*
 json stack_manifest(const Problem& p, const std::string& kind, Impl impl, const std::string& replay, int64_t s_q_set,
                     json layers, json budgets, const std::vector<int64_t>* rows) {
   const float sm = p.sm_scale();
-  json manifest = {
-      {"format", "indexshare-golden"},
-      {"format_version", kFormatVersion},
-      {"generator", std::string("indexshare ") + INDEXSHARE_VERSION + " (" + impl_name(impl) + ")"},
-      {"kind", kind},
-      {"problem", to_string(p)},
-      {"replay", replay},
+  json manifest = manifest_head(kind, to_string(p), replay, impl);
+  manifest.update(json{
       {"config",
        {{"s_q", s_q_set}, {"s_kv", p.s_kv}, {"topk", p.index_topk}, {"index_n_heads", p.index_n_heads},
         {"index_head_dim", p.index_head_dim}, {"h_q", p.h_q}, {"d_qk", p.d_qk}, {"d_v", p.d_v},
@@ -295,7 +290,7 @@ json stack_manifest(const Problem& p, const std::string& kind, Impl impl, const 
              : "not a decode set"}}},
       {"layers", std::move(layers)},
       {"budgets", std::move(budgets)},
-  };
+  });
   if (rows) {
     manifest["rows"] = {{"count", s_q_set}, {"problem_s_q", p.s_q}, {"list", ref::format_rows(*rows)}, {"tensor", "rows"},
                         {"meaning", "sampled query rows: row r of every per-row tensor (indexer q, q_scale, weights, "

@@ -2,6 +2,9 @@
 // public header: the API is tools/lib/golden.h). Where is what: tools/lib/README.md.
 #pragma once
 
+#include <map>
+#include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -110,5 +113,42 @@ bool per_row_tensor(const std::string& name);
 
 // The manifest fields the tools rely on, against the tensors (read() runs it last).
 void check_manifest(const Loaded& g, const std::string& mpath);
+
+// ---- the kinds with their own tensor list (kind_common.cc: v4, mtp, hyv4, kpool) ---------------
+
+// The manifest's head every set of those kinds (and decode-model1) opens with: format,
+// format_version, generator (naming the impl), kind, problem (the canonical descriptor) and replay.
+nlohmann::json manifest_head(const std::string& kind, const std::string& problem, const std::string& replay, Impl impl);
+
+// Parses a count field of a descriptor: 1 to 9 decimal digits; Error "<what> field '<field>':
+// '<text>' is not a non-negative integer" otherwise (what: "mtp", "hyv4").
+int64_t descriptor_count(const std::string& what, const std::string& field, const std::string& text);
+
+// The base of a kind's manifest check (V4Check, Hyv4Check, KpoolCheck): refusals name the manifest
+// and the field; the tensor-table check of a set with its own tensor list. read() has checked the
+// "tensors" list (names unique, in the file with their dtype, shape and SHA-256, roles known).
+class KindCheck {
+ public:
+  KindCheck(const Loaded& g, const std::string& mpath);
+
+ protected:
+  [[noreturn]] void fail(const std::string& field, const std::string& what) const;
+  // config.<f> of `c`: an integer in [lo, hi].
+  int64_t int_field(const nlohmann::json& c, const std::string& f, int64_t lo, int64_t hi) const;
+  // The set holds `name` with `dtype` (or `also`, when given) and shape `want`, listed with `role`;
+  // `holder` names the layer that holds it in the refusal ("a <holder> layer holds it").
+  void expect_tensor(const std::string& name, io::DType dtype, const Shape& want, Role role, const std::string& holder,
+                     std::optional<io::DType> also = std::nullopt);
+  // Every tensor the manifest lists was expected: "names 'X', which <a_set> does not hold".
+  void no_other_tensors(const std::string& a_set) const;
+
+  const Loaded& g_;
+  const nlohmann::json& m_;
+  const std::string& mpath_;
+
+ private:
+  std::map<std::string, std::string> roles_;  // the manifest's tensors: name -> role
+  std::set<std::string> expected_;
+};
 
 }  // namespace indexshare::golden::detail

@@ -36,6 +36,8 @@ import sys
 
 import torch
 
+from ._bridge import meta_head, prefill
+
 FAMILY = "hy_v4"
 
 
@@ -171,8 +173,7 @@ def capture(model, input_ids):
                 handles.append(attn.indexer.k_norm.register_forward_hook(
                     lambda _m, _i, out, layer=layer: put(layer, "indexer.k_norm", out[0].float())))
         mod.apply_rotary_pos_emb_interleave, torch.Tensor.topk = rope, topk
-        with torch.no_grad():
-            model(input_ids=input_ids.to(next(model.parameters()).device), use_cache=False)
+        prefill(model, input_ids)
     finally:
         mod.apply_rotary_pos_emb_interleave, torch.Tensor.topk = rope_fn, topk_fn
         for hd in handles:
@@ -202,12 +203,7 @@ def dump(model, input_ids, layers: list[int] | None, source: str):
     S = int(input_ids.shape[1])
     tensors, scaling = capture(model, input_ids)
     meta = {
-        "format": "indexshare-dump",
-        "version": "1",
-        "kind": "hyv4",
-        "model_class": type(model).__name__,
-        "model_type": cfg.model_type,
-        "weights": source,
+        **meta_head("hyv4", model, source),
         "problem": spec(cfg, S, scaling),
         "layers": json.dumps(list(range(cfg.num_hidden_layers))),
         "tokens": str(S),

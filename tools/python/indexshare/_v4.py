@@ -43,6 +43,8 @@ import struct
 
 import torch
 
+from ._bridge import Stop, meta_head, prefill
+
 FAMILY = "deepseek_v4"
 TYPE_CHAR = {"sliding_attention": "S", "compressed_sparse_attention": "C", "heavily_compressed_attention": "H"}
 INPUTS = ("attn.q", "attn.kv", "attn.sink", "compressor.kv", "compressor.gate", "compressor.position_bias",
@@ -102,10 +104,6 @@ def _bf16(x):
     return x.to(torch.bfloat16).to(x.dtype)
 
 
-class _Stop(Exception):
-    """Raised after the last dumped layer: later layers need not run."""
-
-
 def capture(model, input_ids, layers: list[int]):
     """One prefill with hooks on `layers`; returns the tensors (renumbered 0, 1, ...) and the RoPE record."""
     import sys
@@ -139,7 +137,7 @@ def capture(model, input_ids, layers: list[int]):
             x = args[0]
             put(layer, "attn.out_rotated", x.reshape(x.shape[1], model.config.num_attention_heads, -1).float())
             if layer == layers[-1]:
-                raise _Stop()
+                raise Stop()
         return hook
 
     original = mod.eager_attention_forward
@@ -181,11 +179,7 @@ def capture(model, input_ids, layers: list[int]):
             handles.append(ix.register_forward_hook(lambda _m, _i, out, layer=layer: put(layer, "indexer.blocks", out[0].to(torch.int32))))
             params(layer, "indexer.", ix)
         mod.eager_attention_forward = bf16_attention
-        try:
-            with torch.no_grad():
-                model(input_ids=input_ids.to(next(model.parameters()).device), use_cache=False)
-        except _Stop:
-            pass
+        prefill(model, input_ids)
     finally:
         mod.eager_attention_forward = original
         for h in handles:
@@ -211,12 +205,7 @@ def dump(model, input_ids, layers: list[int] | None, source: str):
     T = int(input_ids.shape[1])
     tensors, rope = capture(model, input_ids, layers)
     meta = {
-        "format": "indexshare-dump",
-        "version": "1",
-        "kind": "v4",
-        "model_class": type(model).__name__,
-        "model_type": cfg.model_type,
-        "weights": source,
+        **meta_head("v4", model, source),
         "problem": spec(cfg, types, T),
         "schedule": "F" * types.count("C"),
         "model_layer_types": all_types,

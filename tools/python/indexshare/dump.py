@@ -52,8 +52,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-FORMAT = "indexshare-dump"
-VERSION = "1"
+from ._bridge import Stop as _Stop
+from ._bridge import meta_head, prefill
 
 
 class DumpError(Exception):
@@ -176,10 +176,6 @@ def token_ids(args, model, tok_dir):
     return torch.randint(0, model.config.vocab_size, (1, args.tokens), generator=g)
 
 
-class _Stop(Exception):
-    """Raised by the last dumped layer's hook: later layers need not run."""
-
-
 def capture(model, input_ids, layers: list[int], with_logits: bool = True, indexer_rope: str | None = None):
     """Runs one prefill with hooks on `layers`; returns (tensors, info).
 
@@ -286,11 +282,7 @@ def capture(model, input_ids, layers: list[int], with_logits: bool = True, index
                 raise DumpError(f"layer {layer} is Full in the schedule but its attention has no indexer")
             handles.append(attn.o_proj.register_forward_pre_hook(o_proj_hook(layer)))
             handles.append(attn.register_forward_hook(attn_hook(layer), with_kwargs=True))
-        try:
-            with torch.no_grad():
-                model(input_ids=input_ids.to(next(model.parameters()).device), use_cache=False)
-        except _Stop:
-            pass
+        prefill(model, input_ids)
     finally:
         for h in handles:
             h.remove()
@@ -341,11 +333,7 @@ def metadata(model, info, layers: list[int], sched: str, source: str, with_logit
         "[h, nope + v_head_dim, r] split; attn.q_nope = q_b_proj's nope part [S, h, nope]",
     }
     return {
-        "format": FORMAT,
-        "version": VERSION,
-        "model_class": type(model).__name__,
-        "model_type": cfg.model_type,
-        "weights": source,
+        **meta_head(None, model, source),
         "config": json.dumps(config_numbers(cfg), sort_keys=True),
         "schedule": sched,
         "model_schedule": "".join(info["schedule"]),
@@ -436,37 +424,34 @@ def dump(model, input_ids, out: str, layers: list[int] | None = None, with_logit
     return meta
 
 
+def _dump_own(bridge, error, model_type: str, model, input_ids, out: str, layers, indexer_rope, source: str) -> dict[str, str]:
+    """dump() through a model's own bridge (_v4, _hyv4): one layout (no --indexer-rope), input_ids [1, S],
+    bridge.dump's (tensors, meta) written atomically; the bridge's `error` becomes a DumpError."""
+    if indexer_rope is not None:
+        raise DumpError(f"--indexer-rope is a control for the GLM-5 / DeepSeek-V3.2 indexer; {model_type} has one layout")
+    if input_ids.dim() != 2 or input_ids.shape[0] != 1:
+        raise DumpError(f"input_ids must be [1, S], got {list(input_ids.shape)}")
+    try:
+        tensors, meta = bridge.dump(model, input_ids, layers, source)
+    except error as e:
+        raise DumpError(str(e)) from None
+    write_atomic(out, tensors, meta)
+    return meta
+
+
 def dump_v4(model, input_ids, out: str, layers, with_logits: bool, indexer_rope, source: str) -> dict[str, str]:
     """dump() of a deepseek_v4 model (tools/python/indexshare/_v4.py): every C4A layer Full."""
     from . import _v4
 
-    if indexer_rope is not None:
-        raise DumpError("--indexer-rope is a control for the GLM-5 / DeepSeek-V3.2 indexer; deepseek_v4 has one layout")
-    if input_ids.dim() != 2 or input_ids.shape[0] != 1:
-        raise DumpError(f"input_ids must be [1, S], got {list(input_ids.shape)}")
     del with_logits  # the model's own scores are [T, n_b], always dumped
-    try:
-        tensors, meta = _v4.dump(model, input_ids, layers, source)
-    except _v4.V4Error as e:
-        raise DumpError(str(e)) from None
-    write_atomic(out, tensors, meta)
-    return meta
+    return _dump_own(_v4, _v4.V4Error, "deepseek_v4", model, input_ids, out, layers, indexer_rope, source)
 
 
 def dump_hyv4(model, input_ids, out: str, layers, indexer_rope, source: str) -> dict[str, str]:
     """dump() of a hy_v4 model (tools/python/indexshare/_hyv4.py): every layer, in f32."""
     from . import _hyv4
 
-    if indexer_rope is not None:
-        raise DumpError("--indexer-rope is a control for the GLM-5 / DeepSeek-V3.2 indexer; hy_v4 has one layout")
-    if input_ids.dim() != 2 or input_ids.shape[0] != 1:
-        raise DumpError(f"input_ids must be [1, S], got {list(input_ids.shape)}")
-    try:
-        tensors, meta = _hyv4.dump(model, input_ids, layers, source)
-    except _hyv4.HYV4Error as e:
-        raise DumpError(str(e)) from None
-    write_atomic(out, tensors, meta)
-    return meta
+    return _dump_own(_hyv4, _hyv4.HYV4Error, "hy_v4", model, input_ids, out, layers, indexer_rope, source)
 
 
 def bytes_per_token_layer(cfg, full: bool, tokens: int, with_logits: bool = True) -> int:
