@@ -88,7 +88,9 @@ Problem dump_text_problem(const io::SafetensorsFile& f, const std::string& file,
     (is_fixed ? given_fixed : text).push_back(ft);
   }
   (void)parse_problem(text_of(text));  // a bad open field is refused as such
-  for (const auto& [field, tok] : given_fixed) {
+  for (const auto& given : given_fixed) {
+    const std::string& field = given.first;  // a plain name: clang 14 cannot capture a structured binding
+    const std::string& tok = given.second;
     const auto it = std::find_if(text.begin(), text.end(), [&](const auto& ft) { return ft.first == field; });
     Tokens with = text;
     with[size_t(it - text.begin())].second = tok;
