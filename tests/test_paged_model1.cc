@@ -377,6 +377,18 @@ TEST_CASE("model1: reading a set refuses a cache or a mapping that disagrees, na
        "extra_k_cache' block"},
       {"layers.0.attn.indices", [](io::TensorView& v, const golden::GoldenSet&) { v.bytes.mutable_data()[0] ^= 1; }, "tensor 'layers.0.attn.indices'"},
       {"layers.0.attn.kv", [](io::TensorView& v, const golden::GoldenSet&) { v.bytes.mutable_data()[100] ^= 1; }, "tensor 'layers.0.attn.kv'"},
+      {"layers.0.attn.model1.topk_length",
+       [](io::TensorView& v, const golden::GoldenSet&) {
+         const int32_t beyond = 65;  // win64: one past the top-k
+         std::memcpy(v.bytes.mutable_data(), &beyond, 4);
+       },
+       "topk_length[0] = 65 exceeds the top-k 64"},
+      {"layers.0.attn.model1.extra_topk_length",
+       [](io::TensorView& v, const golden::GoldenSet&) {
+         const int32_t beyond = 129;  // ek128
+         std::memcpy(v.bytes.mutable_data() + 4, &beyond, 4);
+       },
+       "extra_topk_length[1] = 129 exceeds the top-k 128"},
   };
   for (const Fault& f : faults) {
     CAPTURE(f.tensor);
@@ -393,7 +405,24 @@ TEST_CASE("model1: reading a set refuses a cache or a mapping that disagrees, na
       CHECK_MESSAGE(std::string(e.what()).find(f.named) != std::string::npos, e.what());
     }
   }
+  // A set written for the kernel records its caches' strided views; a wrong one is refused by field.
+  for (const std::string cache : {"k_cache", "extra_k_cache"})
+    for (const std::string key : {"shape", "strides_bytes"}) {
+      CAPTURE(cache + "." + key);
+      golden::GoldenSet set = golden::build_model1_decode(spec, "test", Impl::simd);
+      golden::for_kernel_model1(set, kreg::kernel("flashmla-sparse-decode-model1"), spec);
+      auto& v = set.manifest["kernel"]["views"][cache][key];
+      v[key == "shape" ? 1 : 0] = v[key == "shape" ? 1 : 0].get<int64_t>() + 1;  // block size + 1, or a block's stride + 1
+      golden::write(dir, std::move(set), true);
+      try {
+        golden::read(dir);
+        FAIL("read accepted a wrong view");
+      } catch (const Error& e) {
+        CHECK_MESSAGE(std::string(e.what()).find("field 'kernel.views." + cache + "." + key + "'") != std::string::npos, e.what());
+      }
+    }
   golden::GoldenSet good = golden::build_model1_decode(spec, "test", Impl::simd);
+  golden::for_kernel_model1(good, kreg::kernel("flashmla-sparse-decode-model1"), spec);
   golden::write(dir, std::move(good), true);
   CHECK_NOTHROW(golden::read(dir));
   std::filesystem::remove_all(dir);

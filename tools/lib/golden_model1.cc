@@ -223,6 +223,29 @@ GoldenSet build_model1_decode(const Model1DecodeSpec& s, const std::string& repl
   return g;
 }
 
+namespace {
+
+// A set written for the kernel (--for) records the strided views [num_blocks, B, 1, 584] a caller
+// passes FlashMLA; their shape and byte strides must be those of the caches it holds.
+void check_model1_views(const json& m, const paged::Model1Scope& main, const paged::Model1Scope& extra, const std::string& mpath) {
+  if (!m.contains("kernel") || !m["kernel"].is_object() || !m["kernel"].contains("views")) return;
+  const json& views = m["kernel"]["views"];
+  for (const paged::Model1Scope* s : {&main, &extra}) {
+    const std::string field = "kernel.views." + s->name;
+    if (!views.is_object() || !views.contains(s->name) || !views[s->name].is_object())
+      throw Error(mpath + ": field '" + field + "' is missing (the set records its caches' views)");
+    const paged::Model1View want = paged::model1_view(s->cache.dim(0), s->block);
+    for (const auto& [key, expect] : {std::pair{"shape", want.shape}, std::pair{"strides_bytes", want.strides}}) {
+      const json& got = views[s->name].contains(key) ? views[s->name][key] : json();
+      if (!got.is_array() || got != json(expect))
+        throw Error(mpath + ": field '" + field + "." + key + "' is " + got.dump() + ", but tensor 'layers.0.attn.model1." + s->name +
+                    "' (block " + std::to_string(s->block) + ") gives " + json(expect).dump());
+    }
+  }
+}
+
+}  // namespace
+
 void check_model1_set(const Loaded& g, const std::string& mpath) {
   const json& m = g.manifest;
   auto num = [&](const char* f) {
@@ -246,6 +269,7 @@ void check_model1_set(const Loaded& g, const std::string& mpath) {
   const paged::Model1Scope main = scope("k_cache", num("block"), "indices", "topk_length", "block_table", "cache_seqlens", "k_cache");
   const paged::Model1Scope extra = scope("extra_k_cache", num("extra_block"), "extra_indices", "extra_topk_length", "extra_block_table",
                                          "extra_cache_seqlens", "extra_k_cache");
+  check_model1_views(m, main, extra, mpath);
   paged::Model1Gathered cat;
   try {
     cat = paged::model1_gather(main, &extra);

@@ -77,7 +77,8 @@ void check_cache_shape(const Tensor<uint8_t>& cache, int64_t B, const std::strin
 }
 
 // Scope indices [b, s_q, topk] -> idx_cat's columns [col0, col0 + topk) of row (b, t), offset by
-// `base`; invalid slots (-1, or j >= topk_length[b]) -> -1.
+// `base`; invalid slots (-1, or j >= topk_length[b]) -> -1. A length beyond topk is refused, not
+// clamped: the kernel would read past the row.
 void map_scope(const Model1Scope& s, int64_t base, int64_t col0, int64_t width, Tensor<int32_t>& out) {
   const int64_t b = s.indices.dim(0), s_q = s.indices.dim(1), topk = s.indices.dim(2);
   const int64_t slots = s.cache.dim(0) * s.block;
@@ -87,7 +88,9 @@ void map_scope(const Model1Scope& s, int64_t base, int64_t col0, int64_t width, 
   if (has_len) require_shape(s.topk_length, {b}, lname);
   for (int64_t i = 0; i < b; ++i) {
     const int64_t len = has_len ? int64_t(s.topk_length[i]) : topk;
-    require(len >= 0, lname + "[" + std::to_string(i) + "] = " + std::to_string(len) + " is negative");
+    require(len >= 0 && len <= topk, lname + "[" + std::to_string(i) + "] = " + std::to_string(len) +
+                                         (len < 0 ? " is negative" : " exceeds the top-k " + std::to_string(topk) + " (" + iname +
+                                                                         "'s last dimension): FlashMLA requires topk_length <= topk"));
     for (int64_t t = 0; t < s_q; ++t)
       for (int64_t j = 0; j < topk; ++j) {
         const int32_t v = s.indices.at(i, t, j);
