@@ -337,6 +337,33 @@ TEST_CASE("v4 diff: planted faults fail on the tensor they break") {
                                            g.tensor<float>(p + "norm_weight"), cp));
     fails(c, 1, "compressor.entries", "bf16 precision");
   }
+  SUBCASE("CSA's overlapping windows taken wrong: halves swapped, or the previous window left out") {
+    const std::string p = "layers.1.compressor.";
+    const ref::v4::CompressorParams cp = ref::v4::compressor_params(s.cfg, LayerType::csa);
+    Tensor<float> kv = g.tensor<float>(p + "kv"), gate = g.tensor<float>(p + "gate"), bias = g.tensor<float>(p + "position_bias");
+    const Tensor<float> w = g.tensor<float>(p + "norm_weight");
+    // A kernel that reads Cb from the previous window and Ca from its own (the column halves exchanged).
+    Tensor<float> skv = kv, sgate = gate, sbias = bias;
+    for (Tensor<float>* x : {&skv, &sgate, &sbias})
+      for (int64_t r = 0; r < x->dim(0); ++r)
+        for (int64_t c = 0; c < D; ++c) std::swap(x->at(r, c), x->at(r, D + c));
+    Cand c;
+    c.set(p + "entries", ref::v4::compress(skv, sgate, sbias, w, cp));
+    fails(c, 1, "compressor.entries", "layer 1: compressor.entries pool the overlapping windows' halves swapped");
+    // A kernel that pools each window's own m tokens only (an HCA-like compressor on CSA's Cb half).
+    ref::v4::CompressorParams hca = cp;
+    hca.overlap = false;
+    Tensor<float> cb({kv.dim(0), D}), cgate({kv.dim(0), D}), cbias({bias.dim(0), D});
+    for (int64_t r = 0; r < kv.dim(0); ++r)
+      for (int64_t ch = 0; ch < D; ++ch) cb.at(r, ch) = kv.at(r, D + ch), cgate.at(r, ch) = gate.at(r, D + ch);
+    for (int64_t r = 0; r < bias.dim(0); ++r)
+      for (int64_t ch = 0; ch < D; ++ch) cbias.at(r, ch) = bias.at(r, D + ch);
+    Cand n;
+    n.set(p + "entries", ref::v4::compress(cb, cgate, cbias, w, hca));
+    fails(n, 1, "compressor.entries", "layer 1: compressor.entries leave out the previous window");
+    const diff::Result r = judge(n);
+    CHECK_MESSAGE(!diagnosed(r, "halves swapped"), report(r));
+  }
   SUBCASE("a Shared layer using its own blocks") {
     // Layer 3 runs an indexer of its own (inputs drawn as a Full layer's would be).
     const ref::v4::LayerInputs in = ref::v4::make_layer_inputs(s.cfg, 3, LayerType::csa, true);
@@ -375,6 +402,43 @@ TEST_CASE("v4 diff: planted faults fail on the tensor they break") {
     c.set("layers.2.attn.indices", ix);
     fails(c, 2, "attn.indices");
   }
+}
+
+TEST_CASE("v4 diff: blocks shared as the freq rule counted over every layer are named so") {
+  // C4A layers 0, 1, 3, 4 (ranks 0-3); freq=2 j%f==0 over ranks: F S F S (layer 1 from 0, layer 4
+  // from 3). Counted over layer indices: layer 0 F, 1 S, 3 S (from 0), 4 F.
+  const golden::V4Spec s = golden::parse_v4_spec(
+      "t=48 h=2 d=64 w=8 csa=4 hca=8 ih=4 id=32 k=4 rope=16 ctx=32 types=CCHCC freq=2 rule=j%f==0 seed=7");
+  const testing::WrittenSet set = testing::written(tmp("freq"), golden::build_v4(s, "replay"));
+  const golden::Loaded& g = set.g;
+  REQUIRE(g.manifest["schedule"]["pattern"] == "Fs.Fs");
+  const ref::v4::LayerInputs in4 = ref::v4::make_layer_inputs(s.cfg, 4, LayerType::csa, true);
+  const Tensor<int32_t> own4 = ref::v4::run_layer(s.cfg, in4).blocks;
+  Cand c;
+  for (int l : {0, 1}) c.set("layers." + std::to_string(l) + ".indexer.blocks", g.tensor<int32_t>("layers.0.indexer.blocks"));
+  c.set("layers.3.indexer.blocks", g.tensor<int32_t>("layers.0.indexer.blocks"));
+  c.set("layers.4.indexer.blocks", own4);
+  const diff::Result r = diff::judge(g, c.file(), {});
+  CHECK(verdict(r, 3, "indexer.blocks") == cmp::Verdict::fail);
+  CHECK(verdict(r, 4, "indexer.blocks") == cmp::Verdict::fail);
+  CHECK_MESSAGE(diagnosed(r, "shared as the C4A schedule Fs.sF"), r.text("replay"));
+  CHECK_MESSAGE(diagnosed(r, "counted over every layer index"), r.text("replay"));
+  // The other rule (max(j-1,0)%2 over ranks: F F S F) groups layers 1 and 3 with nothing else.
+  Cand o;
+  o.set("layers.0.indexer.blocks", g.tensor<int32_t>("layers.0.indexer.blocks"));
+  const ref::v4::LayerInputs in1 = ref::v4::make_layer_inputs(s.cfg, 1, LayerType::csa, true);
+  const Tensor<int32_t> own1 = ref::v4::run_layer(s.cfg, in1).blocks;
+  o.set("layers.1.indexer.blocks", own1);
+  o.set("layers.3.indexer.blocks", own1);
+  o.set("layers.4.indexer.blocks", own4);
+  const diff::Result ro = diff::judge(g, o.file(), {});
+  CHECK_MESSAGE(diagnosed(ro, "max(j-1,0)%f in place of the set's j%f==0"), ro.text("replay"));
+  // The golden's own blocks: no schedule diagnosis.
+  Cand ok;
+  for (int l : {0, 1, 3, 4}) ok.set("layers." + std::to_string(l) + ".indexer.blocks", g.tensor<int32_t>("layers." + std::to_string(l) + ".indexer.blocks"));
+  const diff::Result rk = diff::judge(g, ok.file(), {});
+  CHECK_FALSE(rk.failed());
+  CHECK(rk.diagnoses.empty());
 }
 
 TEST_CASE("v4 golden: the CLI writes, verifies and judges a set, a bad spec exits 2 and writes nothing") {

@@ -32,6 +32,15 @@ const std::vector<Hypothesis>& hypotheses() {
       {"the last padded row instead of the last accepted row (MTP sets)", "mtp.topk, mtp.indices, mtp.out, mtp.lse", ""},
       {"pools scored with max or mean instead of the softmax weighting (KPool sets)", "indexer.pool_keys, indexer.scores, indexer.pools", ""},
       {"the tail left out or doubled, a Shared layer off its source's list (KPool sets)", "indexer.indices, attn.indices, attn.out", ""},
+      {"the compressor's RMSNorm weight ignored, its bf16 rounding points, or entries without their RoPE (V4 sets)",
+       "compressor.entries, indexer.entries", ""},
+      {"CSA's overlapping windows taken wrong: the halves swapped, or the previous window left out (V4 sets)",
+       "compressor.entries, indexer.entries", ""},
+      {"block numbers off by one block (V4 sets)", "indexer.blocks", ""},
+      {"a Shared C4A layer off its source, or blocks shared as the other freq rule or the rule counted over every layer (V4 sets)",
+       "indexer.blocks", ""},
+      {"the sliding window or the compressed entries left out of the one softmax (V4 sets)", "attn.out", ""},
+      {"out_rotated without the inverse RoPE, or with the forward rotation (V4 sets)", "attn.out_rotated", ""},
   };
   return h;
 }

@@ -12,7 +12,9 @@
 //   attn.out_rotated the inverse RoPE of the expected out, within v4b::rotated_bounds
 // A deepseek_v4 model dump (python -m indexshare.dump) is judged as it is: its input tensors are
 // skipped. Named diagnoses of a failure: judge/v4.cc *_hypotheses (entries without the norm weight,
-// at bf16 precision or without RoPE; blocks off by one or not the source's; attention without the
+// at bf16 precision or without RoPE, CSA's window halves swapped or its previous window left out;
+// blocks off by one or not the source's, or shared as another freq rule or one counted over every
+// layer shares them; attention without the
 // sink, without its window or without its compressed entries; lse with the sink; out_rotated
 // without or with the forward rotation).
 #include <algorithm>
@@ -45,6 +47,7 @@ class V4Judge : public KindJudge {
       : KindJudge(g, c, k), lay_(golden::v4_layout(g.manifest)) {}
   std::set<int> layers(const std::set<int>& wanted) const;
   void layer(int l);
+  void finish() { schedule_hypotheses(); }
 
  private:
   std::vector<float> entry_bounds(int l, const std::string& part);
@@ -58,6 +61,9 @@ class V4Judge : public KindJudge {
                          const Tensor<int32_t>& gold, const Tensor<int32_t>& cand);
   void attention_hypotheses(int l, const Tensor<int32_t>& used, const Tensor<float>* out, const Tensor<float>* rot,
                             const Tensor<float>* lse, const std::vector<float>& out_bound, const std::vector<float>& lse_bound);
+  void schedule_hypotheses();
+  template <class Near>
+  void overlap_hypotheses(int l, const std::string& part, const Near& near);
   std::string P(int l) const { return "layer " + std::to_string(l); }
 
   golden::V4Layout lay_;
@@ -285,6 +291,74 @@ void V4Judge::entries_hypotheses(int l, const std::string& part, const Tensor<fl
   const std::vector<float> freq = ref::v4::inv_freq(cp.rope);
   for (int64_t e = 0; e < unrot.dim(0); ++e) ref::v4::apply_rope_inverse(&unrot.at(e, unrot.dim(1) - rd), rd, e * cp.ratio, freq);
   if (near(unrot, 0)) res.diagnoses.push_back(P(l) + ": " + part + ".entries match the entries without their RoPE");
+  if (cp.overlap) overlap_hypotheses(l, part, near);
+}
+
+// CSA's overlapping windows taken wrong: entry w pools the previous window's Ca half (columns
+// [0, D)) with its own window's Cb half ([D, 2D)). Emulated on the golden's inputs: the halves
+// swapped (columns exchanged in kv, gate and position_bias), and the previous window left out (its
+// slots' gates at -1e4, so their softmax weights are exactly 0).
+template <class Near>
+void V4Judge::overlap_hypotheses(int l, const std::string& part, const Near& near) {
+  const std::string p = nm(l, part + ".");
+  const LayerType t = part == "indexer" ? LayerType::csa : lay_.schedule.types[size_t(l)];
+  const ref::v4::CompressorParams cp =
+      part == "indexer" ? ref::v4::indexer_compressor_params(lay_.cfg) : ref::v4::compressor_params(lay_.cfg, t);
+  Tensor<float> kv = g_.tensor<float>(p + "kv"), gate = g_.tensor<float>(p + "gate"), bias = g_.tensor<float>(p + "position_bias");
+  const Tensor<float> w = g_.tensor<float>(p + "norm_weight");
+  const int64_t D = w.dim(0);
+  Tensor<float> swapped[3] = {kv, gate, bias};
+  for (Tensor<float>& x : swapped)
+    for (int64_t r = 0; r < x.dim(0); ++r) std::swap_ranges(&x.at(r, 0), &x.at(r, 0) + D, &x.at(r, D));
+  if (near(ref::v4::compress(swapped[0], swapped[1], swapped[2], w, cp), 0))
+    res.diagnoses.push_back(P(l) + ": " + part + ".entries pool the overlapping windows' halves swapped (the previous window's Cb "
+                            "and this window's Ca; the rule is the previous window's Ca = kv[:, :D] and this window's Cb = kv[:, D:])");
+  for (int64_t r = 0; r < gate.dim(0); ++r) std::fill(&gate.at(r, 0), &gate.at(r, 0) + D, -1e4f);
+  if (near(ref::v4::compress(kv, gate, bias, w, cp), 0))
+    res.diagnoses.push_back(P(l) + ": " + part + ".entries leave out the previous window (no overlap: each entry pools only its own "
+                            "window's Cb half, as an HCA compressor would)");
+}
+
+// After the walk, when the candidate's C4A layers share blocks in another grouping than the
+// golden's: the groups of layers whose candidate blocks are equal (as sets per row) compared with
+// the groups (layers with one source) of two mistaken schedules, for a set built from a freq rule:
+// the rule counted over every layer index l in place of the C4A rank j, and the other freq rule.
+void V4Judge::schedule_hypotheses() {
+  const nlohmann::json& sj = g_.manifest["schedule"];
+  if (!sj.contains("freq") || cand_blocks_.size() < 2 || !res.failed()) return;
+  const int f = sj["freq"].get<int>();
+  const ref::v4::FreqRule rule = ref::v4::parse_freq_rule(sj["freq_rule"].get<std::string>());
+  const ref::v4::FreqRule other = rule == ref::v4::FreqRule::modulo ? ref::v4::FreqRule::max_minus_one : ref::v4::FreqRule::modulo;
+  const std::vector<LayerType>& types = lay_.schedule.types;
+  std::string by_layer;  // the rule over layer indices; the first C4A layer Full regardless
+  for (size_t l = 0; l < types.size(); ++l)
+    if (types[l] == LayerType::csa)
+      by_layer += by_layer.empty() || (rule == ref::v4::FreqRule::modulo ? int(l) : std::max(int(l) - 1, 0)) % f == 0 ? 'F' : 'S';
+  auto same_rows = [](const Tensor<int32_t>& a, const Tensor<int32_t>& b) {
+    for (int64_t t = 0; t < a.dim(0); ++t) {
+      std::vector<int32_t> x(&a[t * a.dim(1)], &a[t * a.dim(1)] + a.dim(1)), y(&b[t * a.dim(1)], &b[t * a.dim(1)] + a.dim(1));
+      std::sort(x.begin(), x.end());
+      std::sort(y.begin(), y.end());
+      if (x != y) return false;
+    }
+    return true;
+  };
+  auto grouped_as = [&](const ref::v4::Schedule& s) {  // over the layers the candidate holds blocks for
+    for (auto a = cand_blocks_.begin(); a != cand_blocks_.end(); ++a)
+      for (auto b = std::next(a); b != cand_blocks_.end(); ++b)
+        if ((s.source[size_t(a->first)] == s.source[size_t(b->first)]) != same_rows(a->second, b->second)) return false;
+    return true;
+  };
+  if (grouped_as(lay_.schedule)) return;
+  const std::string fs = "freq=" + std::to_string(f) + " ";
+  const std::pair<ref::v4::Schedule, std::string> alts[] = {
+      {ref::v4::from_pattern(types, by_layer), fs + ref::v4::freq_rule_name(rule) + " counted over every layer index, not over the C4A "
+                                                                                    "layers' ranks j"},
+      {ref::v4::from_freq(types, f, other), fs + ref::v4::freq_rule_name(other) + " in place of the set's " + ref::v4::freq_rule_name(rule)}};
+  for (const auto& [alt, why] : alts)
+    if (alt.source != lay_.schedule.source && grouped_as(alt))
+      res.diagnoses.push_back("indexer.blocks are shared as the C4A schedule " + alt.pattern() + " shares them (" + why +
+                              "); the set's schedule is " + lay_.schedule.pattern());
 }
 
 void V4Judge::blocks_hypotheses(int l, const Tensor<float>& scores, const Tensor<int32_t>& ks, const Tensor<int32_t>& ke,
