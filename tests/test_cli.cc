@@ -151,6 +151,27 @@ TEST_CASE("cli: overlap and search write their reports, bad sources exit 2") {
   std::system(("rm -rf " + dir).c_str());
 }
 
+TEST_CASE("cli: bench --kpool times the pooled indexer's parts against the peak, run and golden of a KPool stack, JSON") {
+  const std::string json = "/tmp/indexshare-cli-bench-kpool-" + std::to_string(::getpid()) + ".json";
+  const std::string spec = "sq=30 skv=30 h=4 d=16 pool=4 k=16 hq=2 dqk=64 dv=32 nl=8 sched=FS";
+  const Result r = cli("bench --kpool '" + spec + "' --repeats 1 --json " + json);
+  CHECK(r.status == 0);
+  CHECK(r.out.find("goal      score / FMA peak") != std::string::npos);
+  CHECK(r.out.find("goal      golden / run") != std::string::npos);
+  // score's FLOPs: 2 H D per visible pool of each row (rows 0-2 see none, 3-6 one, ..., 27-29 seven: 105 in all).
+  CHECK(std::system(("python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); "
+                     "assert d[\"parts\"][\"score\"][\"flops\"] == 2*4*16*105 and d[\"run\"][\"wall\"] and d[\"peak_gflops\"] > 0' " +
+                     json).c_str()) == 0);
+  std::remove(json.c_str());
+  CHECK(cli("bench --kpool 'sq=30'").status == 2);
+  Result both = cli("bench --kpool '" + spec + "' --commands no");
+  CHECK(both.status == 2);
+  CHECK(both.out.find("--commands applies to the kernel-level stages (not --kpool) only") != std::string::npos);
+  both = cli("bench --kpool '" + spec + "' --v4 't=48'");
+  CHECK(both.status == 2);
+  CHECK(both.out.find("--kpool applies to the kernel-level stages (not --v4) only") != std::string::npos);
+}
+
 TEST_CASE("cli: bench --v4 times run, golden and ref's build of a V4 stack, ref = simd, JSON") {
   const std::string json = "/tmp/indexshare-cli-bench-v4-" + std::to_string(::getpid()) + ".json";
   const std::string spec = "t=48 h=2 d=64 w=8 csa=4 hca=8 ih=4 id=32 k=4 rope=16 ctx=32 types=SCHCC sched=FSF";

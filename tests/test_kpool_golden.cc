@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <span>
 
 #include "ref/kpool/layer.h"
 #include "ref/numerics.h"
@@ -22,6 +23,7 @@
 #include "tests/simd_targets.h"
 #include "tools/judge/diff.h"
 #include "tools/lib/golden_kpool.h"
+#include "tools/lib/run_report.h"
 
 using namespace indexshare;
 namespace fs = std::filesystem;
@@ -462,4 +464,35 @@ TEST_CASE("kpool golden: the CLI writes kpool-tiny as checked in, judges it, and
   fs::remove_all(dir);
   fs::remove_all(dir + "-simd");
   fs::remove(cand);
+}
+
+TEST_CASE("kpool: run on a kpool descriptor prints golden's attn.out fingerprints, ref and simd alike") {
+  const std::string spec = "sq=30 skv=30 h=4 d=16 pool=4 k=16 hq=2 dqk=64 dv=32 nl=12 dsa=glm53 sched=FSF seed=5";
+  const testing::CliResult simd = testing::run_cli("run --problem '" + spec + "'");
+  const testing::CliResult ref = testing::run_cli("run --impl ref --problem '" + spec + "'");
+  REQUIRE(simd.status == 0);
+  REQUIRE(ref.status == 0);
+  CHECK(simd.out.find("layer   7 DSA S source   3") != std::string::npos);
+  // The fingerprint of every DSA layer: golden's attn.out, folded as run folds it.
+  const golden::GoldenSet g = golden::build_kpool(golden::parse_kpool_spec(spec), "test", Impl::ref);
+  for (int l : {3, 7, 11}) {
+    const io::TensorView* v = nullptr;
+    for (const io::TensorView& t : g.tensors)
+      if (t.name == "layers." + std::to_string(l) + ".attn.out") v = &t;
+    REQUIRE(v != nullptr);
+    run_report::LayerFold f;
+    f.add_out(std::span<const float>(reinterpret_cast<const float*>(v->bytes.data()), v->bytes.size() / 4));
+    char fp[32];
+    std::snprintf(fp, sizeof fp, "fingerprint %016llx", (unsigned long long)f.fp());
+    CAPTURE(l);
+    CHECK(simd.out.find(fp) != std::string::npos);
+    CHECK(ref.out.find(fp) != std::string::npos);
+  }
+  // A schedule starting with S, and options the descriptor sets itself: exit 2, by name.
+  testing::CliResult bad = testing::run_cli("run --problem '" + spec.substr(0, spec.find("sched")) + "sched=SFF'");
+  CHECK(bad.status == 2);
+  CHECK_MESSAGE(bad.out.find("sched") != std::string::npos, bad.out);
+  bad = testing::run_cli("run --schedule FSF --problem '" + spec + "'");
+  CHECK(bad.status == 2);
+  CHECK(bad.out.find("--schedule applies to kernel-level (DSA) stacks only") != std::string::npos);
 }

@@ -63,6 +63,7 @@ struct BenchArgs {
   std::string commands = "yes";
   std::string backward = "yes";  // the attention backward stage: yes, no, only (skip the other stages)
   std::string v4;                 // a DeepSeek-V4 descriptor: the V4 stage alone (bench_v4.cc)
+  std::string kpool;              // a kpool descriptor: the KPool stage alone (bench_kpool.cc)
   std::vector<std::string> given;  // the options on the command line
 };
 
@@ -180,6 +181,20 @@ struct Bench {
 
 // The DeepSeek-V4 stage (bench_v4.cc): run, golden and ref's build of a V4 stack; its exit status.
 int bench_v4(const BenchArgs& a);
+// The GLM-5.3 KPool stage (bench_kpool.cc): the pooled indexer's parts against the FMA peak, then
+// run, golden and golden's build of a kpool stack; its exit status.
+int bench_kpool(const BenchArgs& a);
+
+// The descriptor kinds' commands (bench_v4.cc), timed interleaved round by round under the repeat
+// rules (wall and process CPU time); `dir` is removed, untimed, before every run.
+std::vector<CommandRun> interleave_commands(const BenchArgs& a, const std::vector<std::pair<std::string, std::function<void()>>>& cmds,
+                                            const std::string& dir);
+// A scratch folder under the system's temporary one for a kind's golden command, removed at the end.
+std::string bench_temp_dir(const std::string& kind);
+struct TempDir {
+  std::string dir;
+  ~TempDir();
+};
 
 void print_stage(const StageResult& r);
 json stage_json(const StageResult& r);

@@ -21,18 +21,45 @@
 #include "simd/simd.h"
 #include "tools/cli/bench.h"
 #include "tools/lib/golden_v4.h"
+#include "tools/lib/svg.h"
 
 namespace indexshare::cli::bench {
 
-namespace {
+// The commands of a descriptor kind (v4, kpool), timed interleaved round by round under the
+// repeat rules: wall and process CPU time per run. `dir` is removed (untimed) before every run.
+std::vector<CommandRun> interleave_commands(const BenchArgs& a, const std::vector<std::pair<std::string, std::function<void()>>>& cmds,
+                                            const std::string& dir) {
+  std::vector<CommandRun> out;
+  std::vector<Repeats> wall;
+  for (const auto& c : cmds) {
+    out.push_back({c.first, {}, {}});
+    wall.emplace_back(a.repeats, a.budget);
+  }
+  for (bool more = true; more;) {
+    more = false;
+    for (size_t c = 0; c < cmds.size(); ++c) {
+      if (!wall[c].more()) continue;
+      std::error_code ec;
+      std::filesystem::remove_all(dir, ec);
+      const double c0 = cpu_s(), t0 = now_s();
+      cmds[c].second();
+      const double t = now_s() - t0, cpu = cpu_s() - c0;
+      if (wall[c].add(t)) out[c].cpu.push_back(cpu);
+      more = more || wall[c].more();
+    }
+  }
+  for (size_t c = 0; c < cmds.size(); ++c) out[c].samples = wall[c].samples;
+  return out;
+}
 
-struct Timed {
-  std::string name;
-  Repeats wall;
-  std::vector<double> cpu;
-};
+TempDir::~TempDir() {
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
+}
 
-}  // namespace
+std::string bench_temp_dir(const std::string& kind) {
+  return (std::filesystem::temp_directory_path() / ("indexshare-bench-" + kind + "-" + std::to_string(getpid()))).string();
+}
 
 int bench_v4(const BenchArgs& a) {
   const golden::V4Spec spec = golden::parse_v4_spec(a.v4);
@@ -43,14 +70,8 @@ int bench_v4(const BenchArgs& a) {
   std::printf("v4        %s\nschedule  %s (%d indexers over %zu layers)\nmachine   %d OpenMP thread(s) for simd; simd target %s\n",
               golden::to_string(spec).c_str(), sch.pattern().c_str(), sch.indexers(), sch.types.size(), omp_get_max_threads(),
               simd::current_target().c_str());
-  const std::string dir = (std::filesystem::temp_directory_path() / ("indexshare-bench-v4-" + std::to_string(getpid()))).string();
-  struct Cleanup {
-    std::string dir;
-    ~Cleanup() {
-      std::error_code ec;
-      std::filesystem::remove_all(dir, ec);
-    }
-  } cleanup{dir};
+  const TempDir tmp{bench_temp_dir("v4")};
+  const std::string& dir = tmp.dir;
   const ref::Kernels kern = simd::kernels();
   const auto run = [&] {
     std::vector<Tensor<int32_t>> blocks(sch.types.size());
@@ -62,40 +83,27 @@ int bench_v4(const BenchArgs& a) {
     }
   };
   const std::string replay = golden::v4_replay(spec, Impl::simd);
-  Timed cmds[3] = {{"run", Repeats(a.repeats, a.budget), {}},
-                   {"golden", Repeats(a.repeats, a.budget), {}},
-                   {"build", Repeats(a.repeats, a.budget), {}}};
   progress("v4: run, golden and golden's build, interleaved (simd)");
-  for (bool more = true; more;) {
-    more = false;
-    for (int c = 0; c < 3; ++c) {
-      if (!cmds[c].wall.more()) continue;
-      std::error_code ec;
-      std::filesystem::remove_all(dir, ec);
-      const double c0 = cpu_s(), t0 = now_s();
-      if (c == 0) run();
-      else if (c == 1) golden::write(dir, golden::build_v4(spec, replay, Impl::simd), false);
-      else (void)golden::build_v4(spec, replay, Impl::simd);
-      const double t = now_s() - t0, cpu = cpu_s() - c0;
-      if (cmds[c].wall.add(t)) cmds[c].cpu.push_back(cpu);
-      more = more || cmds[c].wall.more();
-    }
-  }
+  const std::vector<CommandRun> cmds =
+      interleave_commands(a, {{"run", run},
+                              {"golden", [&] { golden::write(dir, golden::build_v4(spec, replay, Impl::simd), false); }},
+                              {"build", [&] { (void)golden::build_v4(spec, replay, Impl::simd); }}},
+                          dir);
   // ref's build once, timed; simd's once more, untimed, to compare the bytes.
   progress("v4: the set on ref (once)");
   const double c0 = cpu_s(), t0 = now_s();
   const golden::GoldenSet ref_set = golden::build_v4(spec, golden::v4_replay(spec, Impl::ref), Impl::ref);
   const double ref_wall = now_s() - t0, ref_cpu = cpu_s() - c0;
   const golden::GoldenSet simd_set = golden::build_v4(spec, replay, Impl::simd);
-  const double build_wall = median(cmds[2].wall.samples), build_cpu = median(cmds[2].cpu);
+  const double build_wall = median(cmds[2].samples), build_cpu = median(cmds[2].cpu);
   std::vector<std::string> differ;
   for (size_t i = 0; i < ref_set.tensors.size(); ++i)
     if (!(ref_set.tensors[i].bytes == simd_set.tensors[i].bytes)) differ.push_back(ref_set.tensors[i].name);
-  const double run_s = median(cmds[0].wall.samples), golden_s = median(cmds[1].wall.samples);
+  const double run_s = median(cmds[0].samples), golden_s = median(cmds[1].samples);
   const double run_cpu = median(cmds[0].cpu), golden_cpu = median(cmds[1].cpu);
   std::printf("\n%-8s %10s %10s %8s\n", "command", "wall s", "CPU s", "samples");
-  for (const Timed& c : cmds)
-    std::printf("%-8s %10.3f %10.3f %8zu\n", c.name.c_str(), median(c.wall.samples), median(c.cpu), c.wall.samples.size());
+  for (const CommandRun& c : cmds)
+    std::printf("%-8s %10.3f %10.3f %8zu\n", c.name.c_str(), median(c.samples), median(c.cpu), c.samples.size());
   std::printf("%-8s %10.3f %10.3f %8d   (golden's build on ref, without the write)\n", "ref", ref_wall, ref_cpu, 1);
   std::printf("ref = simd: %s\n", differ.empty() ? "every tensor byte-identical" : ("DIFFER: " + differ.front() + " ...").c_str());
   const double g_run = golden_s / run_s, g_run_cpu = golden_cpu / run_cpu, speedup = ref_wall / build_wall,
@@ -106,20 +114,14 @@ int bench_v4(const BenchArgs& a) {
     json j = {{"v4", golden::to_string(spec)},
               {"threads", omp_get_max_threads()},
               {"target", simd::current_target()},
-              {"run", {{"wall", cmds[0].wall.samples}, {"cpu", cmds[0].cpu}}},
-              {"golden", {{"wall", cmds[1].wall.samples}, {"cpu", cmds[1].cpu}}},
+              {"run", {{"wall", cmds[0].samples}, {"cpu", cmds[0].cpu}}},
+              {"golden", {{"wall", cmds[1].samples}, {"cpu", cmds[1].cpu}}},
               {"ref_build", {{"wall", ref_wall}, {"cpu", ref_cpu}}},
               {"simd_build", {{"wall", build_wall}, {"cpu", build_cpu}}},
               {"golden_over_run", g_run},
               {"ref_over_simd", speedup},
               {"ref_equals_simd", differ.empty()}};
-    const std::string tmp = a.json_path + ".tmp";
-    {
-      std::ofstream f(tmp);
-      f << j.dump(2) << "\n";
-      if (!f) throw Error("--json " + a.json_path + ": cannot write");
-    }
-    std::filesystem::rename(tmp, a.json_path);
+    io::write_text_file(a.json_path, j.dump(2) + "\n");
   }
   std::printf("__REPRO: indexshare bench --v4 \"%s\" --repeats %d\n", golden::to_string(spec).c_str(), a.repeats);
   return differ.empty() ? 0 : 1;

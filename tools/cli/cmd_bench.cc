@@ -646,9 +646,15 @@ using namespace bench;
 int cmd_bench(const BenchArgs& a) {
   if (!a.v4.empty()) {
     reject_given(a.given, {"--problem", "--impl", "--stack-seq", "--stack-sq", "--stack-topk", "--model", "--module-preset",
-                           "--module-rows", "--max-memory", "--backward", "--commands"},
+                           "--module-rows", "--max-memory", "--backward", "--commands", "--kpool"},
                  "the kernel-level stages (not --v4)", "--v4 runs the DeepSeek-V4 stage alone");
     return bench_v4(a);
+  }
+  if (!a.kpool.empty()) {
+    reject_given(a.given, {"--problem", "--impl", "--stack-seq", "--stack-sq", "--stack-topk", "--model", "--module-preset",
+                           "--module-rows", "--max-memory", "--backward", "--commands", "--v4"},
+                 "the kernel-level stages (not --kpool)", "--kpool runs the GLM-5.3 KPool stage alone");
+    return bench_kpool(a);
   }
   Bench b(a);
   b.check_options();
@@ -716,6 +722,8 @@ Action register_bench(CLI::App& app) {
   c->add_option("--commands", a->commands, "Time the commands run, golden and diff end to end on --problem (simd): yes or no")
       ->capture_default_str();
   c->add_option("--v4", a->v4, "A DeepSeek-V4 descriptor (t=... types=...): time run, golden and ref's build of that stack alone");
+  c->add_option("--kpool", a->kpool, "A GLM-5.3 KPool descriptor (sq=... pool=...): the pooled indexer against the FMA peak, "
+                                     "then run and golden of that stack alone");
   return [c, a]() {
     a->given = given_options(*c);
     return *c ? cmd_bench(*a) : -1;

@@ -2,6 +2,7 @@
 //   --problem DESC    kernel-level stack from generated kernel inputs (ref/stack.h)
 //   --model NAME      the toy module-level model with a preset's real shapes (ref/model.h)
 //   --problem "t=... types=..."  a DeepSeek-V4 stack (tools/lib/golden_v4.h), as golden --kind v4 computes it
+//   --problem "sq=... pool=..."  a GLM-5.3 KPool stack (tools/lib/golden_kpool.h), as golden --kind kpool computes it
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -17,6 +18,7 @@
 #include "ref/stack.h"
 #include "simd/simd.h"
 #include "tools/cli/cli.h"
+#include "tools/lib/golden_kpool.h"
 #include "tools/lib/golden_v4.h"
 #include "tools/lib/phases.h"
 #include "tools/lib/run_report.h"
@@ -209,6 +211,35 @@ int run_v4(const RunArgs& a) {
   return 0;
 }
 
+// A GLM-5.3 KPool stack (a --problem with pool=, the kpool golden descriptor, tools/lib/golden_kpool.h):
+// ref::kpool::run_kpool_stack (every DSA layer's inputs generated, the pooled indexer and selection
+// of Full layers, the attention over the union list); one line per DSA layer with the attention
+// output's rms and fingerprint (attn.out: equal fingerprints, equal bytes). --impl auto is simd.
+int run_kpool(const RunArgs& a) {
+  const golden::KpoolSpec spec = golden::parse_kpool_spec(a.problem);
+  spec.cfg.validate();
+  const std::optional<Impl> named = a.impl == "auto" ? std::optional<Impl>(Impl::simd) : impl_named(a.impl);
+  require(named.has_value(), "--impl must be ref, simd or auto, got '" + a.impl + "'");
+  const Impl impl = *named;
+  reject_target_on_ref(a.given, impl);
+  apply_target(a.target);
+  std::printf("problem   %s\nschedule  %s over the DSA layers of %d\nimpl      %s\n", golden::to_string(spec).c_str(),
+              spec.pattern.c_str(), spec.n_layers, impl_line(impl).c_str());
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::vector<ref::kpool::KpoolLayerOutputs> out =
+      ref::kpool::run_kpool_stack(spec.cfg, {spec.dsa(), schedule_from_pattern(spec.pattern)}, kernels_for(impl));
+  const double t_run = seconds_since(t0);
+  for (const ref::kpool::KpoolLayerOutputs& o : out) {
+    run_report::LayerFold f;
+    f.add_out(std::span<const float>(o.attn.out.data));
+    std::printf("layer %3d DSA %c source %3d  out rms %.5f  fingerprint %016llx\n", o.model_layer, o.full ? 'F' : 'S', o.source,
+                std::sqrt(f.ss() / double(std::max<int64_t>(1, f.numel))), (unsigned long long)f.fp());
+  }
+  std::printf("time      stack %.3f s, inputs included (impl %s)\n", t_run, impl_name(impl).c_str());
+  std::printf("__REPRO: indexshare run --impl %s --problem \"%s\"\n", impl_name(impl).c_str(), golden::to_string(spec).c_str());
+  return 0;
+}
+
 int run_model(const RunArgs& a) {
   ModelConfig cfg = model_preset(a.model);
   if (a.layers > 0) cfg.n_layers = int(a.layers);
@@ -256,6 +287,12 @@ int cmd_run(const RunArgs& a) {
                  "its descriptor sets the layer types (types=) and the C4A schedule (sched= or freq=)");
     require(!dist_active(), "run on a DeepSeek-V4 --problem runs in one process: run it without mpirun / srun");
     return run_v4(a);
+  }
+  if (a.model.empty() && a.problem.find("pool=") != std::string::npos) {  // a GLM-5.3 KPool descriptor
+    reject_given(a.given, {"--layers", "--schedule", "--rows"}, "kernel-level (DSA) stacks",
+                 "its descriptor sets the layers (nl=, dsa=) and the schedule over the DSA layers (sched=)");
+    require(!dist_active(), "run on a KPool --problem runs in one process: run it without mpirun / srun");
+    return run_kpool(a);
   }
   return a.model.empty() ? run_problem(a) : run_model(a);
 }
