@@ -1,4 +1,4 @@
-// Tests of query-row sampling (ref/layer.h make_layer_inputs with rows, the CLI's --rows): the
+// Tests of query-row sampling (ref/inputs.h make_layer_inputs with rows, the CLI's --rows): the
 // inputs and every output of a sampled stack equal the corresponding rows of the full problem,
 // bit for bit, on ref and simd. The expected values are the full problem's own rows from the
 // unsampled path, whose bytes are pinned independently by the checked-in golden sets (their
