@@ -16,6 +16,7 @@
 #include <span>
 
 #include "ref/attention.h"
+#include "ref/rng.h"
 #include "ref/module_ops.h"
 #include "ref/numerics.h"
 #include "ref/v4/stack.h"
@@ -363,6 +364,23 @@ TEST_CASE("v4 diff: planted faults fail on the tensor they break") {
     fails(n, 1, "compressor.entries", "layer 1: compressor.entries leave out the previous window");
     const diff::Result r = judge(n);
     CHECK_MESSAGE(!diagnosed(r, "halves swapped"), report(r));
+  }
+  SUBCASE("noise inside every element's bound but beyond FlashMLA's MODEL1 prefill cos_diff_tol") {
+    // 1% relative noise of random sign: each element within its derived bound (f32 attention with
+    // the sink, ~5% at these shapes), calc_diff ~ 5e-5 > 7e-6: FlashMLA's own test fails it, and so must diff.
+    Tensor<float> out = g.tensor<float>("layers.1.attn.out");
+    Xoshiro256 rng(11);
+    for (float& v : out.data) v *= rng.below(2) ? 1.01f : 0.99f;
+    Cand c;
+    c.set("layers.1.attn.out", out);
+    const diff::Result r = judge(c);
+    CHECK(verdict(r, 1, "attn.out") == cmp::Verdict::fail);
+    for (const auto& t : r.tensors)
+      if (t.layer == 1 && t.name == "attn.out") {
+        CHECK(t.report.stats.n_fail == 0);
+        REQUIRE(!t.report.reasons.empty());
+        CHECK_MESSAGE(t.report.reasons[0].find("cos_diff_tol") != std::string::npos, t.report.reasons[0]);
+      }
   }
   SUBCASE("a Shared layer using its own blocks") {
     // Layer 3 runs an indexer of its own (inputs drawn as a Full layer's would be).

@@ -8,7 +8,9 @@
 //                    candidate holds for the layer (else the golden's), HCA / SWA the golden's
 //   attn.out, attn.lse, attn.max_logits   the attention recomputed on (attn.q, attn.kv = kv_full,
 //                    the indices used, attn.sink) when they differ from the golden's, within
-//                    cmp::attention_bounds_sm, plus the structure tests (as the stack judge)
+//                    cmp::attention_bounds_sm and FlashMLA's MODEL1 prefill criteria (judge/anchors.h:
+//                    abs 8e-4 or rel 3.01/128 and cos_diff 7e-6; lse abs 1e-6 or rel 2.01/65536), plus
+//                    the structure tests (as the stack judge)
 //   attn.out_rotated the inverse RoPE of the expected out, within v4b::rotated_bounds
 // A deepseek_v4 model dump (python -m indexshare.dump) is judged as it is: its input tensors are
 // skipped. Named diagnoses of a failure: judge/v4.cc *_hypotheses (entries without the norm weight,
@@ -23,6 +25,7 @@
 #include "ref/module_ops.h"
 #include "ref/numerics.h"
 #include "ref/v4/layer.h"
+#include "tools/judge/anchors.h"
 #include "tools/judge/v4_bounds.h"
 #include "tools/judge/walk.h"
 #include "tools/lib/golden_v4.h"
@@ -237,12 +240,26 @@ void V4Judge::attention(int l, const Tensor<int32_t>& used, const std::string& n
   }
   const cmp::AttentionBounds b = k_.attention_bounds_sm(q, kv, used, sm, D, nullptr, &sink, e, nullptr);
   auto spec = [&](const char* n, int64_t cols, double floor) { return detail::attention_spec(n, T, H, cols, floor); };
+  // FlashMLA's MODEL1 sparse prefill test criteria on top of the derived bounds (judge/anchors.h):
+  // never looser than the kernel's own test on the same data.
+  const double lse_abs = detail::kFlashMlaLseAbs * std::max(1.0, cmp::rms_finite(e.max_logits));
+  auto anchored = [&](cmp::FloatRule r, double abs, double rel, const char* name) {
+    r.anchor_abs = abs;
+    r.anchor_rel = rel;
+    r.anchor_name = name;
+    return r;
+  };
+  cmp::FloatRule out_rule = anchored(bound_rule(b.out, -1),
+                                     detail::kFlashMlaOutAbs * std::max(1.0, detail::rms_v(kv, D) / detail::kFlashMlaDataRms),
+                                     detail::kFlashMlaOutRel, "FlashMLA's prefill check_is_allclose");
+  out_rule.metric_max = detail::kFlashMlaOutCos;
+  out_rule.metric_name = "(FlashMLA's prefill cos_diff_tol)";
   bool failed = false;
   Tensor<float> co, cr, cl;
   if (has(l, "attn.out")) {
     co = candidate_float(c_, nm(l, "attn.out"), {T, H, D});
-    failed |= add(l, "attn.out", cmp::compare_structured("", e.out, co, bound_rule(b.out, -1), spec("attn.out", D, cmp::kFloorOut)),
-                  note) == cmp::Verdict::fail;
+    failed |= add(l, "attn.out", cmp::compare_structured("", e.out, co, out_rule, spec("attn.out", D, cmp::kFloorOut)), note) ==
+              cmp::Verdict::fail;
   }
   if (has(l, "attn.out_rotated")) {
     const ref::v4::RopeParams& rope = lay_.schedule.types[size_t(l)] == LayerType::sliding ? cfg.main_rope : cfg.compress_rope;
@@ -257,12 +274,15 @@ void V4Judge::attention(int l, const Tensor<int32_t>& used, const std::string& n
   }
   if (has(l, "attn.lse")) {
     cl = candidate_float(c_, nm(l, "attn.lse"), {T, H});
-    failed |= add(l, "attn.lse", cmp::compare_structured("", e.lse, cl, bound_rule(b.lse, -1), spec("attn.lse", 1, cmp::kFloorLse)),
-                  note) == cmp::Verdict::fail;
+    const cmp::FloatRule r = anchored(bound_rule(b.lse, -1), lse_abs, detail::kFlashMlaLseRel, "FlashMLA's prefill lse check");
+    failed |= add(l, "attn.lse", cmp::compare_structured("", e.lse, cl, r, spec("attn.lse", 1, cmp::kFloorLse)), note) ==
+              cmp::Verdict::fail;
   }
   if (has(l, "attn.max_logits"))
     add(l, "attn.max_logits", cmp::compare_structured("", e.max_logits, candidate_float(c_, nm(l, "attn.max_logits"), {T, H}),
-                                                      bound_rule(b.max_logits, -1), spec("attn.max_logits", 1, cmp::kFloorLse)), note);
+                                                      anchored(bound_rule(b.max_logits, -1), lse_abs, detail::kFlashMlaLseRel,
+                                                               "FlashMLA's prefill max_logits check"),
+                                                      spec("attn.max_logits", 1, cmp::kFloorLse)), note);
   if (failed)
     attention_hypotheses(l, used, co.numel() ? &co : nullptr, cr.numel() ? &cr : nullptr, cl.numel() ? &cl : nullptr, b.out, b.lse);
 }
