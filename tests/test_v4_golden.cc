@@ -17,6 +17,7 @@
 
 #include "ref/attention.h"
 #include "ref/rng.h"
+#include "tools/judge/emulate.h"
 #include "ref/module_ops.h"
 #include "ref/numerics.h"
 #include "ref/v4/stack.h"
@@ -381,6 +382,42 @@ TEST_CASE("v4 diff: planted faults fail on the tensor they break") {
         REQUIRE(!t.report.reasons.empty());
         CHECK_MESSAGE(t.report.reasons[0].find("cos_diff_tol") != std::string::npos, t.report.reasons[0]);
       }
+  }
+  SUBCASE("the precision test: correct f32 attention kernels pass, bf16 logits or products fail by name") {
+    const std::string p = "layers.1.attn.";
+    const Tensor<bf16_t> q = g.tensor<bf16_t>(p + "q"), kv = g.tensor<bf16_t>(p + "kv");
+    const Tensor<int32_t> ix = g.tensor<int32_t>(p + "indices");
+    const Tensor<float> sink = g.tensor<float>(p + "sink");
+    auto cand = [&](const emul::AttentionVariant& v) {
+      const ref::AttentionOut o = emul::attention(v, q, kv, ix, s.cfg.sm_scale(), D, nullptr, &sink);
+      Cand c;
+      c.set(p + "out", o.out);
+      c.set(p + "lse", o.lse);
+      c.set(p + "max_logits", o.max_logits);
+      return c;
+    };
+    for (const emul::AttentionVariant& v : emul::attention_family()) {
+      CAPTURE(v.name());
+      const diff::Result r = judge(cand(v));
+      CHECK_MESSAGE(!r.failed(), report(r));
+    }
+    // q.k logits or products rounded to bf16: named by the precision test on lse and max_logits.
+    for (const char* cls : {"bf16-logits", "bf16-products"}) {
+      CAPTURE(cls);
+      emul::AttentionVariant x;
+      x.out_bf16 = false;
+      (std::string(cls) == "bf16-logits" ? x.logits_bf16 : x.products_bf16) = true;
+      const diff::Result r = judge(cand(x));
+      CHECK(verdict(r, 1, "attn.lse") == cmp::Verdict::fail);
+      CHECK_MESSAGE(diagnosed(r, std::string("layer 1: attn.lse carries ") + cls + "-level error"), report(r));
+      CHECK_MESSAGE(diagnosed(r, std::string("layer 1: attn.max_logits carries ") + cls + "-level error"), report(r));
+    }
+    // P.V accumulated in bf16 over this set's 12 keys a row errs only 2x a bf16 output's rounding
+    // (too close to name): FlashMLA's cos_diff_tol fails it.
+    emul::AttentionVariant acc;
+    acc.out_bf16 = false;
+    acc.acc_bf16 = true;
+    CHECK(verdict(judge(cand(acc)), 1, "attn.out") == cmp::Verdict::fail);
   }
   SUBCASE("a Shared layer using its own blocks") {
     // Layer 3 runs an indexer of its own (inputs drawn as a Full layer's would be).

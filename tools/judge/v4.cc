@@ -10,7 +10,7 @@
 //                    the indices used, attn.sink) when they differ from the golden's, within
 //                    cmp::attention_bounds_sm and FlashMLA's MODEL1 prefill criteria (judge/anchors.h:
 //                    abs 8e-4 or rel 3.01/128 and cos_diff 7e-6; lse abs 1e-6 or rel 2.01/65536), plus
-//                    the structure tests (as the stack judge)
+//                    the structure tests and the precision test (as the stack judge)
 //   attn.out_rotated the inverse RoPE of the expected out, within v4b::rotated_bounds
 // A deepseek_v4 model dump (python -m indexshare.dump) is judged as it is: its input tensors are
 // skipped. Named diagnoses of a failure: judge/v4.cc *_hypotheses (entries without the norm weight,
@@ -26,6 +26,7 @@
 #include "ref/numerics.h"
 #include "ref/v4/layer.h"
 #include "tools/judge/anchors.h"
+#include "tools/judge/precision.h"
 #include "tools/judge/v4_bounds.h"
 #include "tools/judge/walk.h"
 #include "tools/lib/golden_v4.h"
@@ -254,12 +255,26 @@ void V4Judge::attention(int l, const Tensor<int32_t>& used, const std::string& n
                                      detail::kFlashMlaOutRel, "FlashMLA's prefill check_is_allclose");
   out_rule.metric_max = detail::kFlashMlaOutCos;
   out_rule.metric_name = "(FlashMLA's prefill cos_diff_tol)";
+  // The precision test (judge/precision.h, kind attention: the f32 contract against bf16 logits,
+  // products or P.V accumulation), emulated on sampled query rows of the golden's q and kv_full.
+  const std::vector<int64_t> rows = prec::sample_rows(used, nullptr, kv.dim(0), H, D, D);
+  prec::AttentionClasses classes(rows, [&q, &rows, H, D] {
+    Tensor<bf16_t> out({int64_t(rows.size()), H, D});
+    for (size_t i = 0; i < rows.size(); ++i) std::copy_n(q.ptr() + rows[i] * H * D, H * D, out.ptr() + int64_t(i) * H * D);
+    return out;
+  }, kv, used, nullptr, &sink, sm, D);
+  auto judged = [&](const char* n, const Tensor<float>& gold, const Tensor<float>& cand, const cmp::FloatRule& r, int64_t cols,
+                    double floor, int which) {
+    add(l, n, cmp::compare_structured("", gold, cand, r, spec(n, cols, floor)), note);
+    precision(P(l), n, prec::at_rows(gold, classes.rows()), prec::at_rows(cand, classes.rows()), prec::Kind::attention,
+              classes.values(which));
+    return res.tensors.back().report.verdict == cmp::Verdict::fail;
+  };
   bool failed = false;
   Tensor<float> co, cr, cl;
   if (has(l, "attn.out")) {
     co = candidate_float(c_, nm(l, "attn.out"), {T, H, D});
-    failed |= add(l, "attn.out", cmp::compare_structured("", e.out, co, out_rule, spec("attn.out", D, cmp::kFloorOut)), note) ==
-              cmp::Verdict::fail;
+    failed |= judged("attn.out", e.out, co, out_rule, D, cmp::kFloorOut, 0);
   }
   if (has(l, "attn.out_rotated")) {
     const ref::v4::RopeParams& rope = lay_.schedule.types[size_t(l)] == LayerType::sliding ? cfg.main_rope : cfg.compress_rope;
@@ -274,15 +289,14 @@ void V4Judge::attention(int l, const Tensor<int32_t>& used, const std::string& n
   }
   if (has(l, "attn.lse")) {
     cl = candidate_float(c_, nm(l, "attn.lse"), {T, H});
-    const cmp::FloatRule r = anchored(bound_rule(b.lse, -1), lse_abs, detail::kFlashMlaLseRel, "FlashMLA's prefill lse check");
-    failed |= add(l, "attn.lse", cmp::compare_structured("", e.lse, cl, r, spec("attn.lse", 1, cmp::kFloorLse)), note) ==
-              cmp::Verdict::fail;
+    failed |= judged("attn.lse", e.lse, cl,
+                     anchored(bound_rule(b.lse, -1), lse_abs, detail::kFlashMlaLseRel, "FlashMLA's prefill lse check"), 1,
+                     cmp::kFloorLse, 1);
   }
   if (has(l, "attn.max_logits"))
-    add(l, "attn.max_logits", cmp::compare_structured("", e.max_logits, candidate_float(c_, nm(l, "attn.max_logits"), {T, H}),
-                                                      anchored(bound_rule(b.max_logits, -1), lse_abs, detail::kFlashMlaLseRel,
-                                                               "FlashMLA's prefill max_logits check"),
-                                                      spec("attn.max_logits", 1, cmp::kFloorLse)), note);
+    judged("attn.max_logits", e.max_logits, candidate_float(c_, nm(l, "attn.max_logits"), {T, H}),
+           anchored(bound_rule(b.max_logits, -1), lse_abs, detail::kFlashMlaLseRel, "FlashMLA's prefill max_logits check"), 1,
+           cmp::kFloorLse, 2);
   if (failed)
     attention_hypotheses(l, used, co.numel() ? &co : nullptr, cr.numel() ? &cr : nullptr, cl.numel() ? &cl : nullptr, b.out, b.lse);
 }

@@ -436,8 +436,14 @@ void Judge::judge_max_logits(AttnCtx& a) {
 
 void Judge::precision(const std::string& P, const std::string& tensor, const std::vector<double>& golden,
                       const std::vector<double>& cand, prec::Kind kind, const prec::ClassValues& values) {
+  precision_test(res, contract_, P, tensor, golden, cand, kind, values);
+}
+
+void precision_test(Result& res, const prec::Contract& contract, const std::string& P, const std::string& tensor,
+                    const std::vector<double>& golden, const std::vector<double>& cand, prec::Kind kind,
+                    const prec::ClassValues& values) {
   const phases::Scope s("precision test (sampled emulation of the arithmetic classes)");
-  const prec::Finding f = prec::test(tensor, golden, cand, kind, contract_, values);
+  const prec::Finding f = prec::test(tensor, golden, cand, kind, contract, values);
   cmp::Report& r = res.tensors.back().report;
   r.precision_ran = f.ran;
   r.precision_rms = f.cand;

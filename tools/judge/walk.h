@@ -186,6 +186,12 @@ cmp::FloatRule rule_of(std::vector<float> b, const std::string& how);
 // V4Judge, HyJudge, KpoolJudge: the golden, the candidate, the kernels, and the result each judged
 // tensor of a layer is added to (in the order judged). A judge J has layers(wanted) (the layers
 // the candidate holds, refused per tensor as the kind's names) and layer(l); judge_layers runs it.
+// The precision test (judge/precision.h) of the tensor just added to `res` (res.tensors.back()):
+// a failure fails it, and a named class becomes a diagnosis when the structure tests flagged nothing.
+void precision_test(Result& res, const prec::Contract& contract, const std::string& P, const std::string& tensor,
+                    const std::vector<double>& golden, const std::vector<double>& cand, prec::Kind kind,
+                    const prec::ClassValues& values);
+
 class KindJudge {
  public:
   KindJudge(const golden::Loaded& g, const io::SafetensorsFile& c, const ref::Kernels& k) : g_(g), c_(c), k_(k) {}
@@ -196,6 +202,11 @@ class KindJudge {
   static std::string nm(int l, const std::string& n) { return "layers." + std::to_string(l) + "." + n; }
   bool has(int l, const std::string& n) const { return c_.find(nm(l, n)) != nullptr; }
   cmp::Verdict add(int l, const std::string& n, cmp::Report r, const std::string& note = "");
+  // precision_test with the default contract (the attention's is f32 alone).
+  void precision(const std::string& P, const std::string& tensor, const std::vector<double>& golden, const std::vector<double>& cand,
+                 prec::Kind kind, const prec::ClassValues& values) {
+    precision_test(res, prec::Contract(), P, tensor, golden, cand, kind, values);
+  }
 
   const golden::Loaded& g_;
   const io::SafetensorsFile& c_;
