@@ -21,6 +21,7 @@
 #include "tests/candidate_util.h"
 #include "tests/cli_util.h"
 #include "tools/judge/diff.h"
+#include "tools/judge/emulate.h"
 #include "tools/lib/golden_hyv4.h"
 
 using namespace indexshare;
@@ -258,6 +259,29 @@ TEST_CASE("hyv4 diff: planted faults fail on the tensor they break, each named")
       CHECK(verdict(r, 0, n) == cmp::Verdict::fail);
       CHECK_MESSAGE(diagnosed(r, "layer 0: " + std::string(n) + " match the indexer with its RoPE on the leading 8 dims"), r.text("x"));
     }
+  }
+  SUBCASE("q.k logits rounded to bf16: named by the precision test; a correct f32 kernel passes") {
+    const Tensor<bf16_t> q = g.tensor<bf16_t>(L(0) + "attn.q"), kv = g.tensor<bf16_t>(L(0) + "attn.kv");
+    Tensor<int32_t> ix = g.tensor<int32_t>(L(0) + "attn.indices");
+    ix.shape = {16, 1, ix.numel() / 16};
+    const Tensor<float> sink = g.tensor<float>(L(0) + "attn.sink");
+    auto cand = [&](const emul::AttentionVariant& v) {
+      const ref::AttentionOut o = emul::attention(v, q, kv, ix, 0.0625f, 32, nullptr, &sink);
+      Cand c;
+      c.set(L(0) + "attn.lse", o.lse);
+      c.set(L(0) + "attn.max_logits", o.max_logits);
+      return c;
+    };
+    for (const emul::AttentionVariant& v : emul::attention_family()) {
+      CAPTURE(v.name());
+      const diff::Result r = judge(cand(v));
+      CHECK_MESSAGE(!r.failed(), r.text("x"));
+    }
+    emul::AttentionVariant x;
+    x.logits_bf16 = true;
+    const diff::Result r = judge(cand(x));
+    CHECK(verdict(r, 0, "attn.lse") == cmp::Verdict::fail);
+    CHECK_MESSAGE(diagnosed(r, "layer 0: attn.lse carries bf16-logits-level error"), r.text("x"));
   }
   SUBCASE("the sink scaled by sm_scale") {
     Cand c;

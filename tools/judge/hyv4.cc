@@ -21,6 +21,7 @@
 
 #include "ref/numerics.h"
 #include "tools/judge/hyv4_bounds.h"
+#include "tools/judge/precision.h"
 #include "tools/judge/walk.h"
 #include "tools/lib/golden_hyv4.h"
 
@@ -260,12 +261,24 @@ void HyJudge::attention(int l, const Tensor<int32_t>& used2d, const std::string&
                         {"attn.max_logits", &e.o.attn.max_logits, bound_rule(e.b.max_logits, -1), 1, cmp::kFloorLse},
                         {"attn.o_v", &e.o.o_v, rule_of(e.ov_b, via), cfg_.v_dim, cmp::kFloorOut},
                         {"attn.gated", &e.o.gated, rule_of(e.g_b, via), cfg_.v_dim, cmp::kFloorOut}};
+  // The precision test of attn.out, lse and max_logits (judge/precision.h, kind attention),
+  // emulated on sampled query rows of the golden's q and kv over the indices used.
+  const Tensor<bf16_t> q = g_.tensor<bf16_t>(nm(l, "attn.q")), kv = g_.tensor<bf16_t>(nm(l, "attn.kv"));
+  Tensor<int32_t> idx = used2d;
+  idx.shape = {used2d.dim(0), 1, used2d.dim(1)};
+  const std::vector<int64_t> rows = prec::sample_rows(idx, nullptr, kv.dim(0), hq, kv.dim(2), cfg_.kv_lora);
+  prec::AttentionClasses classes(rows, [&q, &rows] { return detail::q_at_rows(q, rows); }, kv, idx, nullptr,
+                                 sink.numel() ? &sink : nullptr, cfg_.sm_scale, cfg_.kv_lora);
   std::map<std::string, Tensor<float>> failed;
-  for (const Item& it : items) {
+  for (size_t i = 0; i < std::size(items); ++i) {
+    const Item& it = items[i];
     if (!has(l, it.name)) continue;
     Tensor<float> cand = candidate_float(c_, nm(l, it.name), it.want->shape);
-    if (add(l, it.name, cmp::compare_structured("", *it.want, cand, it.rule, spec(it.name, it.cols, it.floor)), note) == cmp::Verdict::fail)
-      failed[it.name] = std::move(cand);
+    add(l, it.name, cmp::compare_structured("", *it.want, cand, it.rule, spec(it.name, it.cols, it.floor)), note);
+    if (i < 3)
+      precision(P(l), it.name, prec::at_rows(*it.want, rows), prec::at_rows(cand, rows), prec::Kind::attention,
+                classes.values(int(i)));
+    if (res.tensors.back().report.verdict == cmp::Verdict::fail) failed[it.name] = std::move(cand);
   }
   if (!failed.empty()) attention_hypotheses(l, used2d, failed, e);
 }

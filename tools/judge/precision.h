@@ -7,7 +7,8 @@
 // nearest is unbiased, so the structure tests see no scale or offset either. What tells it apart is
 // the error's size: bf16 arithmetic errs about 10-10^4 times more than the contract's.
 //
-// The test, per judged float tensor (indexer.logits, FP8 or bf16 inputs; attn.out, attn.lse, attn.max_logits):
+// The test, per judged float tensor (indexer.logits, FP8 or bf16 inputs; attn.out, attn.lse, attn.max_logits of
+// stack, v4 and hyv4 sets):
 //   1. A deterministic sample (spaced): at most kLogitsSamples logits evenly spaced over the
 //      elements inside the rows' windows, or query rows of the attention (every head) evenly
 //      spaced over the rows with keys, as many as a work budget allows.

@@ -1,5 +1,7 @@
 // indexshare diff: row sets, the picture's per-row strips, and the structure tests' layout of each
 // judged tensor (sequences, sampled rows, role pools).
+#include <algorithm>
+
 #include "tools/judge/walk.h"
 
 namespace indexshare::diff {
@@ -168,6 +170,13 @@ double rms_v(const Tensor<bf16_t>& kv, int64_t d_v) {
   for (int64_t i = 0; i < kv.dim(0); ++i)
     for (int64_t c = 0; c < d_v; ++c, ++n) s += double(bf16_to_f32(kv[i * d_qk + c])) * double(bf16_to_f32(kv[i * d_qk + c]));
   return n ? std::sqrt(s / double(n)) : 0.0;
+}
+
+Tensor<bf16_t> q_at_rows(const Tensor<bf16_t>& q, const std::vector<int64_t>& rows) {
+  const int64_t w = q.numel() / std::max<int64_t>(1, q.dim(0));
+  Tensor<bf16_t> out({int64_t(rows.size()), q.dim(1), q.dim(2)});
+  for (size_t i = 0; i < rows.size(); ++i) std::copy_n(q.ptr() + rows[i] * w, w, out.ptr() + int64_t(i) * w);
+  return out;
 }
 
 }  // namespace detail

@@ -258,11 +258,7 @@ void V4Judge::attention(int l, const Tensor<int32_t>& used, const std::string& n
   // The precision test (judge/precision.h, kind attention: the f32 contract against bf16 logits,
   // products or P.V accumulation), emulated on sampled query rows of the golden's q and kv_full.
   const std::vector<int64_t> rows = prec::sample_rows(used, nullptr, kv.dim(0), H, D, D);
-  prec::AttentionClasses classes(rows, [&q, &rows, H, D] {
-    Tensor<bf16_t> out({int64_t(rows.size()), H, D});
-    for (size_t i = 0; i < rows.size(); ++i) std::copy_n(q.ptr() + rows[i] * H * D, H * D, out.ptr() + int64_t(i) * H * D);
-    return out;
-  }, kv, used, nullptr, &sink, sm, D);
+  prec::AttentionClasses classes(rows, [&q, &rows] { return detail::q_at_rows(q, rows); }, kv, used, nullptr, &sink, sm, D);
   auto judged = [&](const char* n, const Tensor<float>& gold, const Tensor<float>& cand, const cmp::FloatRule& r, int64_t cols,
                     double floor, int which) {
     add(l, n, cmp::compare_structured("", gold, cand, r, spec(n, cols, floor)), note);

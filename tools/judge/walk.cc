@@ -331,10 +331,7 @@ void Judge::judge_attention(const LayerData& d, const std::string& P, const Used
     auto q_rows = [this, l, rows]() {
       Tensor<bf16_t> read;  // q from the set, when the layer does not hold it
       const Tensor<bf16_t>& q = data_[size_t(l)].q.numel() ? data_[size_t(l)].q : (read = g_.tensor<bf16_t>(name(l, "attn.q")));
-      const int64_t w = q.numel() / std::max<int64_t>(1, q.dim(0));
-      Tensor<bf16_t> out({int64_t(rows.size()), q.dim(1), q.dim(2)});
-      for (size_t i = 0; i < rows.size(); ++i) std::copy_n(q.ptr() + rows[i] * w, w, out.ptr() + int64_t(i) * w);
-      return out;
+      return q_at_rows(q, rows);
     };
     a.classes = std::make_unique<prec::AttentionClasses>(std::move(rows), q_rows, d.kv, a.use, tl, d.sink ? &*d.sink : nullptr,
                                                          sm_, d_v_);

@@ -141,6 +141,8 @@ void pool(std::map<std::string, std::pair<int, std::vector<cmp::ClusterSums>>>& 
 std::vector<int64_t> row_ids(const golden::Loaded& g);
 
 double rms_v(const Tensor<bf16_t>& kv, int64_t d_v);
+// The rows `rows` of q [s_q, h, d] (the precision test's sample), in that order.
+Tensor<bf16_t> q_at_rows(const Tensor<bf16_t>& q, const std::vector<int64_t>& rows);
 
 // ---- golden_layer.cc ----
 
