@@ -189,6 +189,9 @@ int bench_kpool(const BenchArgs& a);
 // rules (wall and process CPU time); `dir` is removed, untimed, before every run.
 std::vector<CommandRun> interleave_commands(const BenchArgs& a, const std::vector<std::pair<std::string, std::function<void()>>>& cmds,
                                             const std::string& dir);
+// The machine a bench ran on, for its JSON: the CPU's model name and vector extensions (Linux's
+// /proc/cpuinfo), the hardware threads and the simd path's Highway target.
+json machine_json();
 // A scratch folder under the system's temporary one for a kind's golden command, removed at the end.
 std::string bench_temp_dir(const std::string& kind);
 struct TempDir {

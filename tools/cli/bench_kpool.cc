@@ -98,7 +98,7 @@ int bench_kpool(const BenchArgs& a) {
   std::printf("goal      score / FMA peak   %6.0f %%  (goal >= 70 %%)\n", 100 * share);
   std::printf("goal      golden / run       %6.2fx wall, %6.2fx CPU (goal <= 1.3)\n", g_run, g_run_cpu);
   if (!a.json_path.empty()) {
-    json j = {{"kpool", golden::to_string(spec)}, {"threads", threads}, {"target", simd::current_target()}, {"peak_gflops", peak},
+    json j = {{"machine", machine_json()}, {"kpool", golden::to_string(spec)}, {"threads", threads}, {"target", simd::current_target()}, {"peak_gflops", peak},
               {"score_share", share}, {"golden_over_run", g_run}};
     for (const Part& p : parts) j["parts"][p.name] = {{"wall", p.samples}, {"flops", p.flops}};
     for (const CommandRun& c : cmds) j[c.name] = {{"wall", c.samples}, {"cpu", c.cpu}};

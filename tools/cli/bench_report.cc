@@ -3,7 +3,10 @@
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
+#include <set>
+#include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "ref/error.h"
@@ -39,9 +42,34 @@ void Bench::print_summary() const {
   for (const std::string& m : mismatches) std::printf("agreement MISMATCH in %s\n", m.c_str());
 }
 
+json machine_json() {
+  std::string cpu = "unknown";
+  std::vector<std::string> isa;
+  std::ifstream f("/proc/cpuinfo");  // Linux; elsewhere the CPU stays "unknown"
+  for (std::string line; std::getline(f, line);) {
+    std::istringstream in(line);
+    std::string key;
+    in >> key;
+    if (key == "model" && line.find(':') != std::string::npos && cpu == "unknown" && line.rfind("model name", 0) == 0) {
+      cpu = line.substr(line.find(':') + 1);
+      cpu.erase(0, cpu.find_first_not_of(' '));
+    }
+    if (key == "flags" && isa.empty()) {
+      std::set<std::string> flags;
+      for (std::string w; in >> w;) flags.insert(w);
+      for (const char* x : {"avx2", "avx512f", "avx512_bf16", "amx_tile"})
+        if (flags.count(x)) isa.push_back(x);
+    }
+  }
+  std::string isa_text;
+  for (const std::string& x : isa) isa_text += (isa_text.empty() ? "" : " ") + x;
+  return {{"cpu", cpu}, {"isa", isa_text}, {"cores", std::thread::hardware_concurrency()}, {"simd_target", simd::current_target()}};
+}
+
 // Step: start the JSON report with the run's settings, peaks, FLOPs, agreement and stages.
 void Bench::start_json() {
-  j = {{"problem", to_string(p)},
+  j = {{"machine", machine_json()},
+       {"problem", to_string(p)},
        {"threads", threads},
        {"target", target},
        {"probe_target", probe_target},

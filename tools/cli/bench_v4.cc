@@ -111,7 +111,7 @@ int bench_v4(const BenchArgs& a) {
   std::printf("goal      golden / run                 %6.2fx wall, %6.2fx CPU (goal <= 1.3)\n", g_run, g_run_cpu);
   std::printf("goal      ref / simd (the set's build) %6.1fx wall, %6.1fx CPU (goal >= 20)\n", speedup, speedup_cpu);
   if (!a.json_path.empty()) {
-    json j = {{"v4", golden::to_string(spec)},
+    json j = {{"machine", machine_json()}, {"v4", golden::to_string(spec)},
               {"threads", omp_get_max_threads()},
               {"target", simd::current_target()},
               {"run", {{"wall", cmds[0].samples}, {"cpu", cmds[0].cpu}}},
