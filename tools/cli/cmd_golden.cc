@@ -249,7 +249,8 @@ int golden_hyv4(const GoldenArgs& a, std::chrono::steady_clock::time_point t0) {
 int golden_kpool(const GoldenArgs& a, std::chrono::steady_clock::time_point t0) {
   return golden_descriptor(
       a, t0, {"kpool", "a kpool", "--problem SPEC (a kpool descriptor)", "its sizes, layers, schedule and seed", false},
-      golden::parse_kpool_spec, golden::kpool_replay, golden::build_kpool);
+      golden::parse_kpool_spec, golden::kpool_replay,
+      [](const golden::KpoolSpec& s, const std::string& replay, Impl i) { return golden::build_kpool(s, replay, i); });
 }
 
 // A module-level set (--model, or a module preset): the toy model with a preset's shapes.
@@ -317,9 +318,27 @@ int golden_hyv4_from(const GoldenArgs& a, std::chrono::steady_clock::time_point 
   return publish(std::move(set), a, replay, t0);
 }
 
+// A kpool set from a glm5_next model dump (golden_kpool.h load_kpool_dump): the dump's descriptor, its inputs.
+int golden_kpool_from(const GoldenArgs& a, std::chrono::steady_clock::time_point t0) {
+  require(a.problem.empty() && a.preset.empty() && a.model.empty(),
+          "golden --from: a glm5_next dump carries its own descriptor (metadata 'problem'): give no --problem / --preset / --model");
+  reject_given(a.given, {"--rows", "--for", "--no-logits", "--layers", "--seq", "--seed", "--schedule", "--sim", "--variant", "--kind"},
+               "other dumps", "a kpool set from a dump takes everything from the dump");
+  require(!dist_active(), "golden: a kpool set is computed by one process: run it without mpirun / srun");
+  golden::KpoolDump d = golden::load_kpool_dump(a.from);
+  const std::optional<Impl> impl = impl_named(a.impl);
+  require(impl.has_value(), "golden: --impl must be ref or simd, got '" + a.impl + "'");
+  reject_target_on_ref(a.given, *impl);
+  const std::string replay = golden::v4_from_replay(a.from, *impl) + " --out " + a.out;  // the same command line
+  golden::GoldenSet set = golden::build_kpool(d.spec, replay, *impl, &d.inputs);
+  set.manifest["conventions"]["inputs"] = "from the model dump " + a.from + " (python -m indexshare.dump); the seed is not used";
+  return publish(std::move(set), a, replay, t0);
+}
+
 int golden_from(const GoldenArgs& a, std::chrono::steady_clock::time_point t0) {
   if (golden::is_v4_dump(a.from)) return golden_v4_from(a, t0);
   if (golden::is_hyv4_dump(a.from)) return golden_hyv4_from(a, t0);
+  if (golden::is_kpool_dump(a.from)) return golden_kpool_from(a, t0);
   require(a.preset.empty(), "golden: --from excludes --preset (use --problem for top-k, dv, sm and sched)");
   require(!a.rows_given, "golden: --rows works with generated problems, not --from (the dump's rows are given)");
   reject_given(a.given, {"--layers", "--seq", "--seed", "--schedule", "--sim", "--variant", "--kind"},

@@ -56,10 +56,6 @@ using detail::passes;
 using detail::rule_of;
 using detail::KindJudge;
 
-const std::vector<std::string> kJudgedKpool = {"indexer.pool_logits", "indexer.pool_keys", "indexer.scores",   "indexer.pools",
-                                               "indexer.history",     "indexer.tail",      "indexer.indices",  "attn.indices",
-                                               "attn.out",            "attn.lse",          "attn.max_logits",  "indexer.pool_keys_fp8"};
-
 double bf16_ulp(double x) { return x > 0 ? std::ldexp(1.0, std::ilogb(x) - 7) : 0x1p-133; }
 
 // The pooled keys of a known mistake: each channel's max over the pool's P slots, or their mean.
@@ -115,24 +111,19 @@ class KpoolJudge : public KindJudge {
 };
 
 std::set<int> KpoolJudge::layers(const std::set<int>& wanted) const {
-  std::set<int> out;
-  for (const io::TensorView& v : c_.tensors) {
-    int l = -1;
-    char rest[128] = {0};
-    const bool parsed = std::sscanf(v.name.c_str(), "layers.%d.%127s", &l, rest) == 2;
-    if (!parsed || v.name != nm(l, rest) || std::find(kJudgedKpool.begin(), kJudgedKpool.end(), std::string(rest)) == kJudgedKpool.end())
-      throw Error(c_.source + ": tensor '" + v.name + "' is not a kpool golden output name (expected layers.{l}.indexer.pool_logits, "
-                  "pool_keys, scores, pools, history, tail, indices, attn.indices, attn.out, attn.lse or attn.max_logits)");
-    if (!lay_.find(l)) throw Error(c_.source + ": tensor '" + v.name + "': layer " + std::to_string(l) + " is not a DSA layer of the set");
-    if (!g_.find(v.name))
-      throw Error(c_.source + ": tensor '" + v.name + "': the golden layer " + std::to_string(l) + " (" +
-                  (lay_.find(l)->full ? "Full" : "Shared: no indexer of its own") + ") holds no such tensor");
-    if (wanted.empty() || wanted.count(l)) out.insert(l);
-  }
-  for (int l : wanted)
-    if (!out.count(l)) throw Error(c_.source + ": --layers asks for layer " + std::to_string(l) + ", which the candidate does not hold");
-  if (out.empty()) throw Error(c_.source + ": no kpool golden output names to judge");
-  return out;
+  // A glm5_next model dump's inputs (golden_kpool.h kpool_dump_inputs) are passed over.
+  const int n_layers = lay_.layers.empty() ? 0 : lay_.layers.back().layer + 1;
+  return own_list_layers(g_, c_, n_layers, golden::kpool_outputs(), golden::kpool_dump_inputs(), "kpool",
+                         "layers.{l}.indexer.pool_logits, pool_keys, scores, pools, history, tail, indices, attn.indices, "
+                         "attn.out, attn.lse or attn.max_logits",
+                         [this](int l) {
+                           const golden::KpoolLayer* x = lay_.find(l);
+                           if (!x) return "layer " + std::to_string(l) + " is not a DSA layer of the set";
+                           return "the golden layer " + std::to_string(l) + " (" +
+                                  (x->full ? std::string("Full") : std::string("Shared: no indexer of its own")) +
+                                  ") holds no such tensor";
+                         },
+                         wanted);
 }
 
 std::vector<int32_t> KpoolJudge::tail_of(int64_t t) const {

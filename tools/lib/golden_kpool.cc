@@ -180,11 +180,13 @@ json conventions(const KpoolConfig& c) {
 
 }  // namespace
 
-GoldenSet build_kpool(const KpoolSpec& s, const std::string& replay, Impl impl) {
+GoldenSet build_kpool(const KpoolSpec& s, const std::string& replay, Impl impl, std::vector<ref::kpool::KpoolLayerInputs>* given) {
   const KpoolConfig& c = s.cfg;
   c.validate();
   const ref::Kernels kern = kernels_for(impl);
   const std::vector<int> dsa = s.dsa_layers();
+  require(!given || given->size() == dsa.size(), "build_kpool: " + std::to_string(given ? given->size() : 0) +
+                                                    " given layers for " + std::to_string(dsa.size()) + " DSA layers");
   GoldenSet g;
   json layers = json::array();
   Tensor<int32_t> current;  // the union list of the last Full DSA layer
@@ -194,7 +196,7 @@ GoldenSet build_kpool(const KpoolSpec& s, const std::string& replay, Impl impl) 
     const int l = dsa[i];
     const bool full = s.pattern[i] == 'F';
     const std::string pre = "layers." + std::to_string(l) + ".";
-    ref::kpool::KpoolLayerInputs in = ref::kpool::make_kpool_layer_inputs(c, l, full, kern);
+    ref::kpool::KpoolLayerInputs in = given ? std::move((*given)[i]) : ref::kpool::make_kpool_layer_inputs(c, l, full, kern);
     if (full) {
       ref::kpool::KpoolIndexerOutputs o = ref::kpool::run_kpool_indexer(c, in, kern);
       Tensor<uint8_t> pages;  // SGLang's FP8 cache of the pooled keys

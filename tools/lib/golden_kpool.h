@@ -34,6 +34,7 @@
 #pragma once
 
 #include <cstdint>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -66,14 +67,32 @@ void kpool_fp8_unpage(const Tensor<uint8_t>& pages, int64_t n, int64_t D, Tensor
 KpoolSpec parse_kpool_spec(const std::string& text);
 std::string to_string(const KpoolSpec& s);  // canonical
 
-// The set; replay: the command recorded in the manifest.
-GoldenSet build_kpool(const KpoolSpec& s, const std::string& replay, Impl impl = Impl::ref);
+// The set; replay: the command recorded in the manifest. given: one entry per DSA layer (a model dump,
+// load_kpool_dump; a Shared layer's without indexer inputs) instead of generated inputs; consumed.
+GoldenSet build_kpool(const KpoolSpec& s, const std::string& replay, Impl impl = Impl::ref,
+                      std::vector<ref::kpool::KpoolLayerInputs>* given = nullptr);
 // "indexshare golden --kind kpool --problem \"SPEC\"" (+ --impl), without --out.
 std::string kpool_replay(const KpoolSpec& s, Impl impl);
 
 // Checks a kpool set's manifest and tensors (golden::read calls it for kind "kpool"): config,
 // layers, schedule, conventions, every tensor's name, role, dtype and shape; Error naming the field.
 void check_kpool_manifest(const Loaded& g, const std::string& mpath);
+
+// ---- A glm5_next model dump (python -m indexshare.dump; metadata format "indexshare-dump", kind
+// "kpool"): per DSA layer, under the golden names above, the inputs (kpool_dump_inputs: indexer.q, k,
+// gate, ape, weights F32 on Full layers; attn.q, attn.kv BF16 on every layer) and the model's own
+// outputs under the names diff judges (kpool_outputs), which --from passes over. The metadata's
+// `problem` is the model's kpool descriptor (seed unused).
+bool is_kpool_dump(const std::string& file);  // reads the header only; false if it cannot
+struct KpoolDump {
+  KpoolSpec spec;
+  std::vector<ref::kpool::KpoolLayerInputs> inputs;  // one per DSA layer, ascending
+};
+// Error naming the file, tensor and field (a missing, misshapen or non-finite input, an unknown name,
+// a layer that is not a DSA layer of the descriptor, a descriptor that does not parse).
+KpoolDump load_kpool_dump(const std::string& file);
+const std::set<std::string>& kpool_dump_inputs();  // "indexer.q", ..., "attn.kv"
+const std::set<std::string>& kpool_outputs();      // the names a candidate (or a dump's model) may hold
 
 // What the judge reads of a kpool manifest (checked by read).
 struct KpoolLayer {

@@ -232,6 +232,10 @@ void check_boundaries(const io::SafetensorsFile& f, const std::string& file, con
 std::string dump_problem(const io::SafetensorsFile& f, const std::string& file) {
   auto it = f.metadata.find("format");
   if (it == f.metadata.end() || it->second != kDumpFormat) return "";
+  const auto kind = f.metadata.find("kind");
+  require(kind == f.metadata.end() || kind->second != "kpool",
+          file + ": metadata 'kind' is 'kpool': a glm5_next dump (GLM-5.3's pooled indexer) has no token top-k to compare "
+                 "across layers: overlap / search read stack and v4 dumps (golden --from and diff take it)");
   auto p = f.metadata.find("problem");
   require(p != f.metadata.end() && !p->second.empty(),
           file + ": metadata 'problem' is missing: a model dump (format " + kDumpFormat +

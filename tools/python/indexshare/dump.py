@@ -7,8 +7,9 @@
 ``--model`` is a checkpoint folder (``config.json`` and weights: ``from_pretrained`` with
 ``dtype=torch.bfloat16``), a folder with only ``config.json``, or a ``config.json`` file (both:
 random weights from ``--seed``, for tests and dry runs). Families: ``glm_moe_dsa`` (GLM-5, with
-cross-layer sharing from ``config.indexer_types``), ``deepseek_v32``, ``deepseek_v4`` and ``hy_v4`` (f32
-models, each with its own tensor list and descriptor: ``_v4.py``, ``_hyv4.py``; what follows is the first two's). One prefill of one
+cross-layer sharing from ``config.indexer_types``), ``deepseek_v32``, ``deepseek_v4``, ``hy_v4`` and GLM-5.3's
+``glm5_next`` / ``glm5_next_text`` (f32 models, each with its own tensor list and descriptor: ``_v4.py``,
+``_hyv4.py``, ``_kpool.py``; what follows is the first two's). One prefill of one
 sequence (batch 1) runs with forward hooks on every chosen layer's attention and indexer; per
 layer (renumbered 0, 1, ... in the order of ``--layer-list``) the file holds, under the golden tensor
 names ``indexshare golden --from`` reads:
@@ -124,27 +125,34 @@ def load_model(spec: str, device: str, seed: int):
         config = transformers.AutoConfig.from_pretrained(path)
         weights = any(path.glob("*.safetensors")) or any(path.glob("*.bin"))
         tok_dir = path
-    from . import _hf, _hyv4, _v4
+    from . import _hf, _hyv4, _kpool, _v4
 
-    v4 = _v4.is_v4(config) or _hyv4.is_hyv4(config)  # both dumped in f32 (_v4.py, _hyv4.py say why)
+    # dumped in f32 (_v4.py, _hyv4.py, _kpool.py say why)
+    v4 = _v4.is_v4(config) or _hyv4.is_hyv4(config) or _kpool.is_kpool(config)
     try:
         if not v4:
             _hf.family_of(config)
     except _hf.BridgeError as e:
-        raise DumpError(f"--model {spec}: {e}, deepseek_v4 and hy_v4") from None
+        raise DumpError(f"--model {spec}: {e}, deepseek_v4, hy_v4, glm5_next and glm5_next_text") from None
     dtype = torch.float32 if v4 else torch.bfloat16  # V4: f32 only (_v4.py says why)
+    # glm5_next is an image-text-to-text model; glm5_next_text (the text model alone) has no head class: its base model.
+    auto = {"glm5_next": transformers.AutoModelForImageTextToText,
+            "glm5_next_text": transformers.AutoModel}.get(config.model_type, transformers.AutoModelForCausalLM)
     if weights:
-        model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+        model = auto.from_pretrained(path, dtype=dtype)
         source = "checkpoint"
     else:
         torch.manual_seed(seed)
         # from_config with dtype, like from_pretrained: the rotary inv_freq and the MoE router stay
         # f32 (a blanket .to(bfloat16) would round inv_freq and move every RoPE angle).
-        model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype)
+        model = auto.from_config(config, dtype=dtype)
         source = f"random init, seed {seed}"
         if _v4.is_v4(config):  # transformers initialises the sinks and position biases to 0
             _v4.randomize_attention_extras(model, seed)
             source += " (sinks and position biases random)"
+        elif _kpool.is_kpool(config):  # glm5_next: the pooling's slot embedding 0, its gate weights 1
+            _kpool.randomize_indexer(model, seed)
+            source += " (pooling ape and gate random)"
         elif v4:  # hy_v4: the sinks to learnable_sink_init
             _hyv4.randomize_sinks(model, seed)
             source += " (sinks random)"
@@ -173,7 +181,10 @@ def token_ids(args, model, tok_dir):
     if args.tokens is None or args.tokens < 1:
         raise DumpError("give --prompt-file F or --tokens N (N >= 1)")
     g = torch.Generator().manual_seed(args.seed)
-    return torch.randint(0, model.config.vocab_size, (1, args.tokens), generator=g)
+    from . import _kpool
+
+    vocab = _kpool.text_config(model.config).vocab_size  # glm5_next: its text model's
+    return torch.randint(0, vocab, (1, args.tokens), generator=g)
 
 
 def capture(model, input_ids, layers: list[int], with_logits: bool = True, indexer_rope: str | None = None):
@@ -386,12 +397,15 @@ def dump(model, input_ids, out: str, layers: list[int] | None = None, with_logit
     self-check fails (unless `indexer_rope` asks for a negative control, which cannot pass it by
     design; its metadata records the layout used).
     """
-    from . import _hf, _hyv4, _v4
+    from . import _hf, _hyv4, _kpool, _v4
 
     if _v4.is_v4(model.config):
         return dump_v4(model, input_ids, out, layers, with_logits, indexer_rope, source)
     if _hyv4.is_hyv4(model.config):
         return dump_hyv4(model, input_ids, out, layers, indexer_rope, source)
+    if _kpool.is_kpool(model.config):
+        return _dump_own(_kpool, _kpool.KpoolError, model.config.model_type, model, input_ids, out, layers, indexer_rope,
+                         source)
     try:
         schedule = _hf.schedule_of(model.config)
     except _hf.BridgeError as e:
@@ -498,14 +512,18 @@ def main(argv: list[str] | None = None) -> int:
                 raise DumpError("--device cuda: torch sees no CUDA device")
         model, tok_dir, source = load_model(args.model, args.device, args.seed)
         ids = token_ids(args, model, tok_dir)
-        layers = parse_layers(args.layers, model.config.num_hidden_layers) if args.layers else None
+        from . import _kpool
+
+        n_layers = _kpool.text_config(model.config).num_hidden_layers  # glm5_next: its text model's
+        layers = parse_layers(args.layers, n_layers) if args.layers else None
         meta = dump(model, ids, args.out, layers, not args.no_logits, args.indexer_rope, source)
     except DumpError as e:
         print(f"indexshare.dump: error: {e}", file=sys.stderr)
         return 2
     print(
         f"dump: {meta['model_class']} ({meta['weights']}), {meta['tokens']} tokens, layers {meta['layers']} "
-        f"schedule {meta['schedule']}, self-check {meta.get('self_check', 'none (v4)')} -> {args.out}\n"
+        f"schedule {meta.get('schedule', 'in the problem')}, self-check {meta.get('self_check', 'none (v4)')} "
+        f"-> {args.out}\n"
         f"dump: problem \"{meta['problem']}\""
     )
     return 0

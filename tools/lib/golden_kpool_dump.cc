@@ -1,0 +1,99 @@
+// golden kpool sets from a glm5_next model dump (golden_kpool.h: is_kpool_dump, load_kpool_dump): the
+// dump's descriptor, names, dtypes, shapes and values checked, the per-DSA-layer inputs read.
+#include <algorithm>
+#include <cmath>
+
+#include "ref/error.h"
+#include "ref/numerics.h"
+#include "tools/lib/golden/internal.h"
+#include "tools/lib/golden_kpool.h"
+#include "tools/lib/safetensors.h"
+
+namespace indexshare::golden {
+
+const std::set<std::string>& kpool_dump_inputs() {
+  static const std::set<std::string> s = {"indexer.q", "indexer.k", "indexer.gate", "indexer.ape", "indexer.weights",
+                                          "attn.q",    "attn.kv"};
+  return s;
+}
+
+const std::set<std::string>& kpool_outputs() {
+  static const std::set<std::string> s = {"indexer.pool_logits", "indexer.pool_keys", "indexer.scores",  "indexer.pools",
+                                          "indexer.history",     "indexer.tail",      "indexer.indices", "attn.indices",
+                                          "attn.out",            "attn.lse",          "attn.max_logits", "indexer.pool_keys_fp8"};
+  return s;
+}
+
+bool is_kpool_dump(const std::string& file) { return dump_kind(file) == "kpool"; }
+
+namespace {
+
+// Tensor `name` of the dump as f32 values: its dtype `dtype` (F32 or BF16), its shape `shape`, every
+// value finite; Error naming the file, tensor and element otherwise.
+Tensor<float> dumped(const io::SafetensorsFile& f, const std::string& file, const std::string& name, io::DType dtype,
+                     const Shape& shape) {
+  const io::TensorView* v = f.find(name);
+  require(v != nullptr, file + ": tensor '" + name + "' is missing (the layer's kind needs it)");
+  require(v->dtype == dtype && v->shape == shape, file + ": tensor '" + name + "' is " + io::dtype_name(v->dtype) + " " +
+                                                      shape_str(v->shape) + ", expected " + io::dtype_name(dtype) + " " +
+                                                      shape_str(shape));
+  Tensor<float> t(shape);
+  if (dtype == io::DType::F32) {
+    t = io::as_tensor<float>(*v, file);
+  } else {
+    const Tensor<bf16_t> b = io::as_tensor<bf16_t>(*v, file);
+    for (int64_t i = 0; i < b.numel(); ++i) t[i] = bf16_to_f32(b[i]);
+  }
+  for (int64_t i = 0; i < t.numel(); ++i)
+    require(std::isfinite(t[i]), file + ": tensor '" + name + "': element " + shape_str(unflatten(i, t.shape)) +
+                                     " is not finite (inputs must be finite)");
+  return t;
+}
+
+}  // namespace
+
+KpoolDump load_kpool_dump(const std::string& file) {
+  const io::SafetensorsFile f = io::read_safetensors(file);
+  const auto p = f.metadata.find("problem");
+  require(p != f.metadata.end(), file + ": metadata 'problem' is missing (the model's kpool descriptor)");
+  KpoolDump d;
+  try {
+    d.spec = parse_kpool_spec(p->second);
+  } catch (const Error& e) {
+    throw Error(file + ": metadata 'problem': " + e.what());
+  }
+  require(d.spec.fp8 == "none", file + ": metadata 'problem': fp8=" + d.spec.fp8 + ": a model dump holds no FP8 cache pages");
+  const ref::kpool::KpoolConfig& c = d.spec.cfg;
+  const std::vector<int> dsa = d.spec.dsa_layers();
+  for (const io::TensorView& v : f.tensors) {  // layers.{l}.{an input or a model output}, l a DSA layer
+    int64_t l = -1;
+    std::string rest;
+    const bool named = detail::split_layer_name(v.name, l, rest) && (kpool_dump_inputs().count(rest) || kpool_outputs().count(rest));
+    require(named, file + ": tensor '" + v.name + "' is not a kpool dump name (layers.{l}.NAME; golden_kpool.h)");
+    require(std::find(dsa.begin(), dsa.end(), int(l)) != dsa.end(),
+            file + ": tensor '" + v.name + "': layer " + std::to_string(l) + " is not a DSA layer of the descriptor");
+  }
+  using io::DType;
+  for (size_t i = 0; i < dsa.size(); ++i) {
+    const std::string pre = "layers." + std::to_string(dsa[i]) + ".";
+    ref::kpool::KpoolLayerInputs in;
+    in.has_indexer = d.spec.pattern[i] == 'F';
+    if (in.has_indexer) {
+      in.q = dumped(f, file, pre + "indexer.q", DType::F32, {c.s_q, c.heads, c.dim});
+      in.k = dumped(f, file, pre + "indexer.k", DType::F32, {c.s_kv, c.dim});
+      in.g = dumped(f, file, pre + "indexer.gate", DType::F32, {c.s_kv, c.dim});
+      in.ape = dumped(f, file, pre + "indexer.ape", DType::F32, {c.pool, c.dim});
+      in.weights = dumped(f, file, pre + "indexer.weights", DType::F32, {c.s_q, c.heads});
+    } else {
+      for (const char* n : {"indexer.q", "indexer.k", "indexer.gate", "indexer.ape", "indexer.weights"})
+        require(!f.find(pre + n), file + ": tensor '" + pre + n + "': layer " + std::to_string(dsa[i]) +
+                                      " is a Shared DSA layer (no indexer of its own)");
+    }
+    in.attn_q = detail::to_bf16_tensor(dumped(f, file, pre + "attn.q", DType::BF16, {c.s_q, c.h_q, c.d_qk}));
+    in.attn_kv = detail::to_bf16_tensor(dumped(f, file, pre + "attn.kv", DType::BF16, {c.s_kv, 1, c.d_qk}));
+    d.inputs.push_back(std::move(in));
+  }
+  return d;
+}
+
+}  // namespace indexshare::golden
