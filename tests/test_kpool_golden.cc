@@ -22,6 +22,7 @@
 #include "tests/cli_util.h"
 #include "tests/simd_targets.h"
 #include "tools/judge/diff.h"
+#include "tools/judge/emulate.h"
 #include "tools/lib/golden_kpool.h"
 #include "tools/lib/run_report.h"
 
@@ -105,6 +106,7 @@ TEST_CASE("kpool golden: the descriptor parses, prints canonically and refuses a
       {"sq=8 skv=32 h=2 d=8 pool=4 k=8 nl=8 dv=600", "field 'dv': must be <= dqk"},
       {"sq=8 skv=32 h=2 d=12 pool=4 k=8 nl=8 fp8=amax", "field 'fp8': SGLang's FP8 pages rotate the pooled keys by a Hadamard"},
       {"sq=8 skv=32 h=2 d=8 pool=4 k=8 nl=8 fp8=e5m2", "field 'fp8': must be none, amax or pow2"},
+      {"sq=8 skv=36 h=2 d=8 pool=6 k=12 nl=8 fp8=amax", "field 'pool': SGLang's pooled-key pages sit in its token pages of 64"},
   };
   for (const auto& [text, want] : bad) {
     CAPTURE(text);
@@ -350,6 +352,26 @@ TEST_CASE("kpool diff: planted faults fail on the tensor they break and are name
     fails(b, 3, "indexer.scores", name, other);
     c.set("layers.3.indexer.pools", sel.pools);
     fails(c, 3, "indexer.pools", name);
+  }
+  SUBCASE("the attention's q.k logits rounded to bf16: named by the precision test; correct f32 kernels pass") {
+    const Tensor<bf16_t> q = g.tensor<bf16_t>("layers.3.attn.q"), kv = g.tensor<bf16_t>("layers.3.attn.kv");
+    const Tensor<int32_t> ix = g.tensor<int32_t>("layers.3.attn.indices");
+    auto cand = [&](const emul::AttentionVariant& v) {
+      const ref::AttentionOut o = emul::attention(v, q, kv, ix, s.cfg.sm_scale, 32);
+      Cand c;
+      c.set("layers.3.attn.out", o.out);
+      c.set("layers.3.attn.lse", o.lse);
+      c.set("layers.3.attn.max_logits", o.max_logits);
+      return c;
+    };
+    for (const emul::AttentionVariant& v : emul::attention_family()) {
+      CAPTURE(v.name());
+      const diff::Result r = judge(cand(v));
+      CHECK_MESSAGE(!r.failed(), report(r));
+    }
+    emul::AttentionVariant x;
+    x.logits_bf16 = true;
+    fails(cand(x), 3, "attn.max_logits", "attn.max_logits carries bf16-logits-level error");
   }
   SUBCASE("the tail left out / doubled") {
     for (const int tails : {0, 2}) {

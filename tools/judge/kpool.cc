@@ -43,6 +43,7 @@
 
 #include "ref/kpool/layer.h"
 #include "ref/numerics.h"
+#include "tools/judge/precision.h"
 #include "tools/judge/v4_bounds.h"
 #include "tools/judge/walk.h"
 #include "tools/lib/golden_kpool.h"
@@ -442,19 +443,25 @@ void KpoolJudge::attention(int l, const Tensor<int32_t>& used, const std::string
   }
   const cmp::AttentionBounds b = k_.attention_bounds_sm(q, kv, used, sm, dv, nullptr, nullptr, e, nullptr);
   auto spec = [&](const char* n, int64_t cols, double floor) { return detail::attention_spec(n, S, H, cols, floor); };
+  // The precision test (judge/precision.h, kind attention), emulated on sampled query rows of the
+  // golden's q and kv over the list used.
+  const std::vector<int64_t> rows = prec::sample_rows(used, nullptr, kv.dim(0), H, kv.dim(2), dv);
+  prec::AttentionClasses classes(rows, [&q, &rows] { return detail::q_at_rows(q, rows); }, kv, used, nullptr, nullptr, sm, dv);
+  auto judged = [&](const char* n, const Tensor<float>& gold, const Tensor<float>& cand, const std::vector<float>& bound, int64_t cols,
+                    double floor, int which) {
+    add(l, n, cmp::compare_structured("", gold, cand, bound_rule(bound, -1), spec(n, cols, floor)), note);
+    precision(P(l), n, prec::at_rows(gold, rows), prec::at_rows(cand, rows), prec::Kind::attention, classes.values(which));
+    return res.tensors.back().report.verdict == cmp::Verdict::fail;
+  };
   Tensor<float> co;
   bool failed = false;
   if (has(l, "attn.out")) {
     co = candidate_float(c_, nm(l, "attn.out"), {S, H, dv});
-    failed = add(l, "attn.out", cmp::compare_structured("", e.out, co, bound_rule(b.out, -1), spec("attn.out", dv, cmp::kFloorOut)), note) ==
-             cmp::Verdict::fail;
+    failed = judged("attn.out", e.out, co, b.out, dv, cmp::kFloorOut, 0);
   }
-  if (has(l, "attn.lse"))
-    add(l, "attn.lse", cmp::compare_structured("", e.lse, candidate_float(c_, nm(l, "attn.lse"), {S, H}), bound_rule(b.lse, -1),
-                                               spec("attn.lse", 1, cmp::kFloorLse)), note);
+  if (has(l, "attn.lse")) judged("attn.lse", e.lse, candidate_float(c_, nm(l, "attn.lse"), {S, H}), b.lse, 1, cmp::kFloorLse, 1);
   if (has(l, "attn.max_logits"))
-    add(l, "attn.max_logits", cmp::compare_structured("", e.max_logits, candidate_float(c_, nm(l, "attn.max_logits"), {S, H}),
-                                                      bound_rule(b.max_logits, -1), spec("attn.max_logits", 1, cmp::kFloorLse)), note);
+    judged("attn.max_logits", e.max_logits, candidate_float(c_, nm(l, "attn.max_logits"), {S, H}), b.max_logits, 1, cmp::kFloorLse, 2);
   if (!failed) return;
   // The attention over a mistaken list, within the same kind of bound, names the mistake.
   auto over = [&](const Tensor<int32_t>& list) {

@@ -106,6 +106,9 @@ KpoolSpec parse_kpool_spec(const std::string& text) {
     bad("fp8", "must be none, amax or pow2 (SGLang's scale rules), got '" + s.fp8 + "'");
   if (s.fp8 != "none" && (c.dim & (c.dim - 1)))
     bad("fp8", "SGLang's FP8 pages rotate the pooled keys by a Hadamard transform: d must be a power of two, got " + kv["d"]);
+  if (s.fp8 != "none" && kKpoolFp8Page % c.pool != 0)
+    bad("pool", "SGLang's pooled-key pages sit in its token pages of " + std::to_string(kKpoolFp8Page) +
+                    " (pooled entry p in token page (p / 64) P): the pool size must divide the page, got pool=" + kv["pool"]);
   c.validate();
   return s;
 }
