@@ -328,6 +328,45 @@ SharedLayerStats shared_layer_stats(int layer, int source, int64_t s_q, SharedLa
   return st;
 }
 
+OverlapReport own_selection_report(int64_t n_keys, int64_t k, const Tensor<int32_t>& ke, const std::vector<Tensor<int32_t>>& own,
+                                   const std::vector<int>& layer, const std::string& pattern, const std::string& what,
+                                   const std::string& problem, int n_buckets) {
+  const int n = int(own.size());
+  require(n > 0 && layer.size() == own.size(), "overlap: no " + what + " to compare");
+  require(int(pattern.size()) == n, "overlap: pattern '" + pattern + "' for " + std::to_string(n) + " " + what + "s");
+  const int64_t s_q = ke.numel();
+  Problem p;  // the statistics read only the rows' windows and the selections
+  p.s_q = p.s_kv = s_q;
+  p.index_topk = k;
+  p.n_layers = n;
+  LayerInputs rows;
+  rows.has_indexer = true;
+  rows.ks = Tensor<int32_t>({s_q}, 0);
+  rows.ke = ke;
+  std::vector<LayerInputs> in(size_t(n), rows);
+  std::vector<StackLayerOutputs> out(static_cast<size_t>(n));
+  int src = 0;
+  for (int j = 0; j < n; ++j) {
+    const char c = pattern[size_t(j)];
+    require(c == 'F' || c == 'S', "overlap: pattern '" + pattern + "' character " + std::to_string(j) + " is not F or S");
+    require(j > 0 || c == 'F', "overlap: pattern '" + pattern + "' starts with S (the first " + what + " has no source)");
+    if (c == 'F') src = j;
+    StackLayerOutputs& o = out[size_t(j)];
+    o.layer = j;
+    o.kind = c == 'F' ? LayerKind::full : LayerKind::shared;
+    o.source = src;
+    o.own_topk = own[size_t(j)];
+    require(c == 'S' || o.own_topk.numel() > 0, "overlap: Full " + what + " " + std::to_string(layer[size_t(j)]) + " has no selections");
+  }
+  OverlapOptions opt;
+  opt.n_buckets = n_buckets;
+  opt.shared_stats = false;
+  OverlapReport r = overlap_report(p, in, out, opt);
+  r.problem = problem;
+  r.s_kv = n_keys;
+  return r;
+}
+
 OverlapReport overlap_report(const Problem& p, const std::vector<LayerInputs>& in,
                              const std::vector<StackLayerOutputs>& out, const OverlapOptions& opt) {
   require(!out.empty() && in.size() == out.size(),

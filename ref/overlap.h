@@ -249,6 +249,16 @@ SharedLayerStats shared_layer_stats(int layer, int source, int64_t s_q, SharedLa
 OverlapReport overlap_report(const Problem& p, const std::vector<LayerInputs>& in,
                              const std::vector<StackLayerOutputs>& out, const OverlapOptions& opt = {});
 
+// The report of layers known only by their own selections (part 1's statistics; the dense-attention
+// statistics of Shared layers are not computed): own[j] [s_q, k] over keys [0, n_keys), -1 padded,
+// row t's window [0, ke[t]) (rows with ke[t] <= k pick every key: TRIVIAL); pattern one F/S per
+// layer, first F; a Full layer without own selections is an Error naming `what` and layer[j] (its
+// model layer number). DeepSeek-V4's C4A block indices (ref/v4/sharing.h) and GLM-5.3's pools
+// (ref/kpool/sharing.h) are reported through it.
+OverlapReport own_selection_report(int64_t n_keys, int64_t k, const Tensor<int32_t>& ke, const std::vector<Tensor<int32_t>>& own,
+                                   const std::vector<int>& layer, const std::string& pattern, const std::string& what,
+                                   const std::string& problem, int n_buckets = 8);
+
 // Generates p's stack (make_stack_inputs), runs it (without keeping logits) and reports.
 OverlapReport overlap_report(const Problem& p, const OverlapOptions& opt = {});
 

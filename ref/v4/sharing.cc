@@ -70,41 +70,10 @@ BlockLayers block_layers(const Config& cfg, const std::vector<LayerType>& types,
 
 OverlapReport block_overlap_report(const Config& cfg, const BlockLayers& b, const std::string& pattern,
                                    const std::string& problem, int n_buckets) {
-  const int n = int(b.layer.size());
-  require(n > 0, "overlap: the V4 stack has no C4A layer (no block indices to compare)");
-  require(int(pattern.size()) == n, "overlap: pattern '" + pattern + "' for " + std::to_string(n) + " C4A layers");
+  require(!b.layer.empty(), "overlap: the V4 stack has no C4A layer (no block indices to compare)");
   const int64_t T = cfg.n_tokens, n_b = T / cfg.csa_ratio;
-  // The overlap of ref/overlap.h over C4A ranks: T query rows, keys = blocks, k = the blocks' width.
-  Problem p;
-  p.s_q = p.s_kv = T;  // start position 0 (a prefill from position 0)
-  p.index_topk = block_width(cfg);
-  p.n_layers = n;
-  ref::LayerInputs rows;  // the DSA layer's: only its causal windows are read
-  rows.has_indexer = true;
-  rows.ks = Tensor<int32_t>({T}, 0);
-  rows.ke = causal_block_end(T, cfg.csa_ratio, n_b);
-  std::vector<ref::LayerInputs> in(size_t(n), rows);
-  std::vector<StackLayerOutputs> out(static_cast<size_t>(n));
-  int src = 0;
-  for (int j = 0; j < n; ++j) {
-    const char c = pattern[size_t(j)];
-    require(c == 'F' || c == 'S', "overlap: pattern '" + pattern + "' character " + std::to_string(j) + " is not F or S");
-    require(j > 0 || c == 'F', "overlap: pattern '" + pattern + "' starts with S (the first C4A layer has no source)");
-    if (c == 'F') src = j;
-    StackLayerOutputs& o = out[size_t(j)];
-    o.layer = j;
-    o.kind = c == 'F' ? LayerKind::full : LayerKind::shared;
-    o.source = src;
-    o.own_topk = b.own[size_t(j)];
-    require(c == 'S' || o.own_topk.numel() > 0, "overlap: Full C4A layer " + std::to_string(b.layer[size_t(j)]) + " has no blocks");
-  }
-  OverlapOptions opt;
-  opt.n_buckets = n_buckets;
-  opt.shared_stats = false;
-  OverlapReport r = overlap_report(p, in, out, opt);
-  r.problem = problem;
-  r.s_kv = n_b;
-  return r;
+  return own_selection_report(n_b, block_width(cfg), causal_block_end(T, cfg.csa_ratio, n_b), b.own, b.layer, pattern, "C4A layer",
+                              problem, n_buckets);
 }
 
 SearchResult block_search(const Config& cfg, const std::vector<LayerInputs>& in, const BlockLayers& b,
