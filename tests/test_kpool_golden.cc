@@ -16,6 +16,8 @@
 #include <functional>
 #include <span>
 
+#include <nlohmann/json.hpp>
+
 #include "ref/kpool/layer.h"
 #include "ref/numerics.h"
 #include "tests/candidate_util.h"
@@ -473,13 +475,13 @@ TEST_CASE("kpool golden: the CLI writes kpool-tiny as checked in, judges it, and
     CHECK_MESSAGE(r.out.find(msg) != std::string::npos, r.out);
     CHECK(!fs::exists(bad));
   }
-  // explain and overlap read token indexers: a kpool set is refused by name.
+  // explain reads token indexers, search does not search pools yet: a kpool set is refused by name.
   r = testing::run_cli("explain --golden " + src + " --layer 3 --row 5");
   CHECK(r.status == 2);
   CHECK_MESSAGE(r.out.find("is a kpool set") != std::string::npos, r.out);
-  r = testing::run_cli("overlap --golden " + src);
+  r = testing::run_cli("search --golden " + src);
   CHECK(r.status == 2);
-  CHECK_MESSAGE(r.out.find("a kpool set (GLM-5.3's pooled indexer) has no token top-k") != std::string::npos, r.out);
+  CHECK_MESSAGE(r.out.find("a KPool source (GLM-5.3's pooled indexer) is not searched yet") != std::string::npos, r.out);
   r = testing::run_cli("golden --kind kpool --problem \"" + std::string(kSpec) + "\" --rows 0-3 --out " + bad);
   CHECK(r.status == 2);
   CHECK(!fs::exists(bad));
@@ -517,4 +519,39 @@ TEST_CASE("kpool: run on a kpool descriptor prints golden's attn.out fingerprint
   bad = testing::run_cli("run --schedule FSF --problem '" + spec + "'");
   CHECK(bad.status == 2);
   CHECK(bad.out.find("--schedule applies to kernel-level (DSA) stacks only") != std::string::npos);
+}
+
+TEST_CASE("kpool: overlap compares the DSA layers' own pools (sets, descriptors), as counted here by hand") {
+  const std::string spec = "sq=64 skv=256 h=4 d=32 pool=4 k=32 nl=12 sched=FSF seed=9";
+  const std::string json = testing::temp_path("kpool-overlap", "json");
+  const testing::CliResult r = testing::run_cli("overlap --problem '" + spec + "' --json " + json);
+  REQUIRE(r.status == 0);
+  std::ifstream f(json);
+  const nlohmann::json j = nlohmann::json::parse(f);
+  CHECK(j["dsa_layers"] == std::vector<int>{3, 7, 11});
+  // Every DSA layer's own pools (a descriptor generates each layer's indexer inputs), the mean
+  // |A n B| / select_k of layers 3 and 7 over the rows that see more than select_k pools.
+  const golden::KpoolSpec s = golden::parse_kpool_spec(spec);
+  auto pools = [&](int l) { return ref::kpool::run_kpool_indexer(s.cfg, ref::kpool::make_kpool_layer_inputs(s.cfg, l, true)).sel.pools; };
+  const Tensor<int32_t> a = pools(3), b = pools(7), ke = ref::kpool::visible_pools(64, 256, 4);
+  double sum = 0;
+  int n = 0;
+  for (int64_t t = 0; t < 64; ++t) {
+    if (ke[t] <= 8) continue;
+    int common = 0;
+    for (int64_t i = 0; i < 8; ++i)
+      for (int64_t m = 0; m < 8; ++m) common += a.at(t, i) == b.at(t, m) && a.at(t, i) >= 0;
+    sum += common / 8.0;
+    ++n;
+  }
+  REQUIRE(n > 0);
+  bool found = false;
+  for (const auto& p : j["adjacent"]["pairs"])
+    if (p["a"] == 0 && p["b"] == 1) {
+      found = true;
+      CHECK(p["overlap"]["count"].get<int>() == n);
+      CHECK(p["overlap"]["mean"].get<double>() == doctest::Approx(sum / n).epsilon(1e-12));
+    }
+  CHECK_MESSAGE(found, j["adjacent"].dump());
+  std::remove(json.c_str());
 }

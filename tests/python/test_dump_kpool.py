@@ -216,10 +216,18 @@ def test_bad_dumps_exit_2_and_write_nothing(kp):
     assert "carries its own descriptor" in r.stderr + r.stdout and not out.exists()
 
 
-def test_overlap_and_search_refuse_kpool_by_name(kp):
-    """A kpool set or dump has pools, not a token top-k per layer: overlap / search say so (exit 2)."""
-    for cmd in ("overlap", "search"):
-        r = run(cmd, "--from", kp["dump"], expect=2)
-        assert "metadata 'kind' is 'kpool': a glm5_next dump (GLM-5.3's pooled indexer) has no token top-k" in r.stderr
-        r = run(cmd, "--golden", kp["golden"], expect=2)
-        assert "a kpool set (GLM-5.3's pooled indexer) has no token top-k" in r.stderr
+def test_overlap_compares_pools_search_refuses(kp, tmp_path):
+    """overlap compares the DSA layers' own pools of a glm5_next dump and of its set (the same pools: the
+    same inputs); search does not search pools yet and says so (exit 2)."""
+    import json
+
+    out = {}
+    for src, flag in ((kp["dump"], "--from"), (kp["golden"], "--golden")):
+        j = tmp_path / "o.json"
+        run("overlap", flag, src, "--json", j, expect=0)
+        out[flag] = json.loads(j.read_text())
+        assert out[flag]["dsa_layers"] == [3, 7]
+    assert out["--from"]["matrix"] == out["--golden"]["matrix"]
+    for flag, src in (("--from", kp["dump"]), ("--golden", kp["golden"])):
+        r = run("search", flag, src, expect=2)
+        assert "a KPool source (GLM-5.3's pooled indexer) is not searched yet" in r.stderr + r.stdout

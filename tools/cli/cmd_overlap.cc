@@ -12,9 +12,11 @@
 #include "ref/error.h"
 #include "ref/overlap.h"
 #include "ref/stack.h"
+#include "ref/kpool/sharing.h"
 #include "ref/v4/sharing.h"
 #include "tools/cli/cli.h"
 #include "tools/lib/golden.h"
+#include "tools/lib/golden_kpool.h"
 #include "tools/lib/golden_v4.h"
 #include "simd/simd.h"
 #include "tools/lib/svg.h"
@@ -85,21 +87,32 @@ void add_source(CLI::App* c, Source& s) {
 }
 
 // ---- DeepSeek-V4 stacks (ref/v4/sharing.h): overlap and search on the C4A layers' block indices.
+// The golden set's manifest kind ("" when it cannot be read: golden::read reports what is wrong).
+std::string set_kind(const std::string& dir) {
+  std::ifstream f(dir + "/manifest.json");
+  nlohmann::json m;
+  try {
+    f >> m;
+  } catch (const std::exception&) {
+    return "";
+  }
+  return m.is_object() ? m.value("kind", "") : "";
+}
+
 // A v4 golden set (manifest kind v4), a deepseek_v4 model dump, or a V4 descriptor (--problem with
 // types=; every C4A layer generated with indexer inputs).
 bool v4_source(const Source& s) {
-  if (!s.golden.empty()) {
-    std::ifstream f(s.golden + "/manifest.json");
-    nlohmann::json m;
-    try {
-      f >> m;
-    } catch (const std::exception&) {
-      return false;  // golden::read reports what is wrong with it
-    }
-    return m.is_object() && m.value("kind", "") == "v4";
-  }
+  if (!s.golden.empty()) return set_kind(s.golden) == "v4";
   if (!s.from.empty()) return golden::is_v4_dump(s.from);
   return s.problem.find("types=") != std::string::npos;
+}
+
+// A kpool golden set, a glm5_next model dump, or a kpool descriptor (--problem with pool=; every DSA
+// layer generated with indexer inputs, whatever its sched=).
+bool kpool_source(const Source& s) {
+  if (!s.golden.empty()) return set_kind(s.golden) == "kpool";
+  if (!s.from.empty()) return golden::is_kpool_dump(s.from);
+  return s.problem.find("pool=") != std::string::npos;
 }
 
 ref::Kernels v4_kernels(const Source& s) {
@@ -139,9 +152,36 @@ struct OverlapArgs {
   bool no_shared_stats = false;
 };
 
-// c4a_layers: a V4 report's model layer of each C4A rank (JSON "c4a_layers"), else empty.
+// layers: a V4 (KPool) report's model layer of each C4A (DSA) rank, in the JSON under `layers_key`;
+// else empty.
 int emit_overlap(const OverlapArgs& a, const std::string& pattern, const std::string& replay, const ref::OverlapReport& r,
-                 const std::vector<int>& c4a_layers = {});
+                 const std::vector<int>& layers = {}, const std::string& layers_key = "c4a_layers");
+
+// overlap of GLM-5.3's pools over the DSA layers (ref/kpool/sharing.h); JSON "dsa_layers" maps the
+// report's DSA ranks to model layers.
+int overlap_kpool(const OverlapArgs& a) {
+  const Source& s = a.src;
+  require(!s.golden.empty() + !s.problem.empty() + !s.from.empty() == 1, "give exactly one of --golden, --problem and --from");
+  reject_given(s.given, {"--from-problem", "--max-memory"}, "DSA stacks", "a KPool source carries its kpool descriptor");
+#ifdef INDEXSHARE_MPI
+  require(!dist::active(), "overlap of a KPool stack runs on one process: run it without mpirun / srun");
+#endif
+  const ref::Kernels kern = v4_kernels(s);
+  golden::KpoolDump d;
+  if (!s.golden.empty()) d = golden::kpool_set_inputs(golden::read(s.golden));
+  else if (!s.from.empty()) d = golden::load_kpool_dump(s.from);
+  else {
+    d.spec = golden::parse_kpool_spec(s.problem);
+    d.spec.cfg.validate();
+    for (int l : d.spec.dsa_layers()) d.inputs.push_back(ref::kpool::make_kpool_layer_inputs(d.spec.cfg, l, true, kern));
+  }
+  std::vector<int> dsa;
+  const ref::OverlapReport r = golden::kpool_overlap(d, a.buckets, kern, dsa);
+  const std::string replay = !s.golden.empty() ? "--golden " + s.golden
+                             : !s.from.empty() ? "--from " + s.from
+                                               : "--problem \"" + golden::to_string(d.spec) + "\"";
+  return emit_overlap(a, "DSA " + d.spec.pattern, replay, r, dsa, "dsa_layers");
+}
 
 int overlap_v4(const OverlapArgs& a) {
   golden::V4Dump d = v4_load(a.src);
@@ -301,6 +341,7 @@ int overlap_ranks(const OverlapArgs& a) {
 
 int cmd_overlap(const OverlapArgs& a) {
   if (v4_source(a.src)) return overlap_v4(a);
+  if (kpool_source(a.src)) return overlap_kpool(a);
 #ifdef INDEXSHARE_MPI
   if (dist::active()) return overlap_ranks(a);
 #endif
@@ -315,12 +356,12 @@ int cmd_overlap(const OverlapArgs& a) {
 }
 
 int emit_overlap(const OverlapArgs& a, const std::string& pattern, const std::string& replay, const ref::OverlapReport& r,
-                 const std::vector<int>& c4a_layers) {
+                 const std::vector<int>& layers, const std::string& layers_key) {
   std::printf("%s", io::overlap_table(r).c_str());
   std::vector<std::pair<std::string, std::string>> files;  // written together: all or none
   if (!a.json.empty()) {
     nlohmann::json j = io::overlap_to_json(r);
-    if (!c4a_layers.empty()) j["c4a_layers"] = c4a_layers;  // the report's layers are C4A ranks
+    if (!layers.empty()) j[layers_key] = layers;  // the report's layers are C4A / DSA ranks
     files.emplace_back(a.json, j.dump(2) + "\n");
   }
   if (!a.csv.empty()) files.emplace_back(a.csv, io::overlap_csv(r));
@@ -430,6 +471,8 @@ int search_ranks(const SearchArgs& a) {
 
 int cmd_search(const SearchArgs& a) {
   if (v4_source(a.src)) return search_v4(a);
+  require(!kpool_source(a.src), "search: a KPool source (GLM-5.3's pooled indexer) is not searched yet; its pools' cross-layer "
+                                "overlap is `indexshare overlap` on it");
 #ifdef INDEXSHARE_MPI
   if (dist::active()) return search_ranks(a);
 #endif

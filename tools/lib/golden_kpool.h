@@ -41,6 +41,7 @@
 #include <nlohmann/json.hpp>
 
 #include "ref/kpool/layer.h"
+#include "ref/overlap.h"
 #include "tools/lib/golden.h"
 #include "tools/lib/impl.h"
 
@@ -91,6 +92,11 @@ struct KpoolDump {
 // Error naming the file, tensor and field (a missing, misshapen or non-finite input, an unknown name,
 // a layer that is not a DSA layer of the descriptor, a descriptor that does not parse).
 KpoolDump load_kpool_dump(const std::string& file);
+// The same inputs read from a kpool golden set (its problem, its Full layers' indexer inputs).
+KpoolDump kpool_set_inputs(const Loaded& g);
+// overlap over a stack's DSA layers' own pools (ref/kpool/sharing.h); dsa_layers receives their model
+// layer numbers. Every Full DSA layer needs its indexer inputs (a set's or a dump's have them).
+ref::OverlapReport kpool_overlap(const KpoolDump& d, int n_buckets, const ref::Kernels& kern, std::vector<int>& dsa_layers);
 const std::set<std::string>& kpool_dump_inputs();  // "indexer.q", ..., "attn.kv"
 const std::set<std::string>& kpool_outputs();      // the names a candidate (or a dump's model) may hold
 

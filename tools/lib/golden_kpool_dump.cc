@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "ref/error.h"
+#include "ref/kpool/sharing.h"
 #include "ref/numerics.h"
 #include "tools/lib/golden/internal.h"
 #include "tools/lib/golden_kpool.h"
@@ -94,6 +95,32 @@ KpoolDump load_kpool_dump(const std::string& file) {
     d.inputs.push_back(std::move(in));
   }
   return d;
+}
+
+KpoolDump kpool_set_inputs(const Loaded& g) {
+  KpoolDump d;
+  d.spec = parse_kpool_spec(g.manifest.at("problem").get<std::string>());
+  const std::vector<int> dsa = d.spec.dsa_layers();
+  for (size_t i = 0; i < dsa.size(); ++i) {
+    const std::string pre = "layers." + std::to_string(dsa[i]) + ".";
+    ref::kpool::KpoolLayerInputs in;
+    in.has_indexer = d.spec.pattern[i] == 'F';
+    if (in.has_indexer) {
+      in.q = g.tensor<float>(pre + "indexer.q");
+      in.k = g.tensor<float>(pre + "indexer.k");
+      in.g = g.tensor<float>(pre + "indexer.gate");
+      in.ape = g.tensor<float>(pre + "indexer.ape");
+      in.weights = g.tensor<float>(pre + "indexer.weights");
+    }
+    d.inputs.push_back(std::move(in));  // the attention's inputs are not read by overlap
+  }
+  return d;
+}
+
+ref::OverlapReport kpool_overlap(const KpoolDump& d, int n_buckets, const ref::Kernels& kern, std::vector<int>& dsa_layers) {
+  const ref::kpool::PoolLayers p = ref::kpool::pool_layers(d.spec.cfg, d.spec.dsa_layers(), d.inputs, kern);
+  dsa_layers = p.layer;
+  return ref::kpool::pool_overlap_report(d.spec.cfg, p, d.spec.pattern, to_string(d.spec), n_buckets);
 }
 
 }  // namespace indexshare::golden
