@@ -479,9 +479,10 @@ TEST_CASE("kpool golden: the CLI writes kpool-tiny as checked in, judges it, and
   r = testing::run_cli("explain --golden " + src + " --layer 3 --row 5");
   CHECK(r.status == 2);
   CHECK_MESSAGE(r.out.find("is a kpool set") != std::string::npos, r.out);
-  r = testing::run_cli("search --golden " + src);
+  // search needs every DSA layer's own indexer: kpool-tiny's Shared layer 7 has none.
+  r = testing::run_cli("search --golden " + src + " --full-layers 1");
   CHECK(r.status == 2);
-  CHECK_MESSAGE(r.out.find("a KPool source (GLM-5.3's pooled indexer) is not searched yet") != std::string::npos, r.out);
+  CHECK_MESSAGE(r.out.find("DSA layer 7 has no indexer inputs") != std::string::npos, r.out);
   r = testing::run_cli("golden --kind kpool --problem \"" + std::string(kSpec) + "\" --rows 0-3 --out " + bad);
   CHECK(r.status == 2);
   CHECK(!fs::exists(bad));
@@ -553,5 +554,36 @@ TEST_CASE("kpool: overlap compares the DSA layers' own pools (sets, descriptors)
       CHECK(p["overlap"]["mean"].get<double>() == doctest::Approx(sum / n).epsilon(1e-12));
     }
   CHECK_MESSAGE(found, j["adjacent"].dump());
+  std::remove(json.c_str());
+}
+
+TEST_CASE("kpool: search's greedy steps cost each Shared layer its attention over the source's union list, as computed here") {
+  const std::string spec = "sq=64 skv=256 h=4 d=32 pool=4 k=32 hq=2 dqk=64 dv=32 nl=16 sched=FFFF seed=3";
+  const std::string json = testing::temp_path("kpool-search", "json");
+  const testing::CliResult r = testing::run_cli("search --problem '" + spec + "' --full-layers 2 --json " + json);
+  REQUIRE(r.status == 0);
+  std::ifstream f(json);
+  const nlohmann::json j = nlohmann::json::parse(f);
+  CHECK(j["dsa_layers"] == std::vector<int>{3, 7, 11, 15});
+  CHECK(j["pattern"].get<std::string>().size() == 4);
+  CHECK(j["pattern"].get<std::string>()[0] == 'F');
+  // Step 1's candidate "layer 1 Shared" costs c(1, 0) / 4: layer 7's attention over layer 3's union
+  // list against its own, ||a - b|| / ||b|| in double.
+  const golden::KpoolSpec s = golden::parse_kpool_spec(spec);
+  const ref::kpool::KpoolLayerInputs in3 = ref::kpool::make_kpool_layer_inputs(s.cfg, 3, true),
+                                     in7 = ref::kpool::make_kpool_layer_inputs(s.cfg, 7, true);
+  const Tensor<int32_t> list3 = ref::kpool::run_kpool_indexer(s.cfg, in3).sel.indices, list7 = ref::kpool::run_kpool_indexer(s.cfg, in7).sel.indices;
+  const Tensor<float> a = ref::kpool::kpool_attention(s.cfg, in7, list3).out, b = ref::kpool::kpool_attention(s.cfg, in7, list7).out;
+  double num = 0, den = 0;
+  for (int64_t i = 0; i < a.numel(); ++i) num += (double(a[i]) - b[i]) * (double(a[i]) - b[i]), den += double(b[i]) * b[i];
+  const double c10 = std::sqrt(num / den);
+  REQUIRE(c10 > 0);
+  bool found = false;
+  for (const auto& c : j["steps"][0]["candidates"])
+    if (c["layer"] == 1) {
+      found = true;
+      CHECK(c["loss"].get<double>() * 4 == doctest::Approx(c10).epsilon(1e-9));
+    }
+  CHECK(found);
   std::remove(json.c_str());
 }

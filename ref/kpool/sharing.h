@@ -11,6 +11,12 @@
 // pool_overlap_report: ref::own_selection_report over the DSA ranks (ref/overlap.h part 1: per-row
 // overlap and Jaccard, adjacent pairs, the all-pairs matrix, query-position buckets); the
 // dense-attention statistics of Shared layers are not computed.
+//
+// pool_search: IndexCache's greedy Algorithm 1 (ref/overlap.h part 3) over the DSA ranks (rank 0
+// stays Full), every DSA layer needing indexer inputs. Loss "output" only: c(j, i) =
+// ||out(L_i) - out(L_j)||_F / ||out(L_j)||_F (ref::relative_error), out the layer's attention
+// (kpool_attention, ref's sparse attention over its own q and kv) over DSA rank i's union list L_i
+// (pools expanded, tail included) resp. its own; a pattern's loss is the mean of c(j, source(j)).
 #pragma once
 
 #include <string>
@@ -24,6 +30,7 @@ namespace indexshare::ref::kpool {
 struct PoolLayers {
   std::vector<int> layer;             // the DSA layers' model layer numbers, in order
   std::vector<Tensor<int32_t>> own;   // their own pools [s_q, select_k] (empty without indexer inputs)
+  std::vector<Tensor<int32_t>> lists; // their union lists [s_q, width] (history | tail | -1; likewise)
 };
 // From the DSA layers' inputs (in[j] of model layer dsa[j]): each pooled indexer run with kern.
 PoolLayers pool_layers(const KpoolConfig& c, const std::vector<int>& dsa, const std::vector<KpoolLayerInputs>& in,
@@ -33,5 +40,10 @@ PoolLayers pool_layers(const KpoolConfig& c, const std::vector<int>& dsa, const 
 // descriptor text. A Full DSA layer without own pools is an Error naming it.
 OverlapReport pool_overlap_report(const KpoolConfig& c, const PoolLayers& p, const std::string& pattern, const std::string& problem,
                                   int n_buckets = 8);
+
+// The greedy search (header) on the DSA layers' inputs `in` (in[j] of rank j) and p = pool_layers(...).
+// Error naming the layer without indexer inputs, a loss other than output, or n_full outside [1, #DSA].
+SearchResult pool_search(const KpoolConfig& c, const std::vector<KpoolLayerInputs>& in, const PoolLayers& p, const std::string& problem,
+                         const SearchOptions& opt);
 
 }  // namespace indexshare::ref::kpool

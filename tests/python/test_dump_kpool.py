@@ -216,9 +216,10 @@ def test_bad_dumps_exit_2_and_write_nothing(kp):
     assert "carries its own descriptor" in r.stderr + r.stdout and not out.exists()
 
 
-def test_overlap_compares_pools_search_refuses(kp, tmp_path):
+def test_overlap_and_search_on_pools(kp, tmp_path):
     """overlap compares the DSA layers' own pools of a glm5_next dump and of its set (the same pools: the
-    same inputs); search does not search pools yet and says so (exit 2)."""
+    same inputs); search runs the greedy IndexCache search over them (an all-Full model: every layer has
+    its indexer)."""
     import json
 
     out = {}
@@ -228,6 +229,7 @@ def test_overlap_compares_pools_search_refuses(kp, tmp_path):
         out[flag] = json.loads(j.read_text())
         assert out[flag]["dsa_layers"] == [3, 7]
     assert out["--from"]["matrix"] == out["--golden"]["matrix"]
-    for flag, src in (("--from", kp["dump"]), ("--golden", kp["golden"])):
-        r = run("search", flag, src, expect=2)
-        assert "a KPool source (GLM-5.3's pooled indexer) is not searched yet" in r.stderr + r.stdout
+    j = tmp_path / "s.json"
+    run("search", "--from", kp["dump"], "--full-layers", "1", "--json", j, expect=0)
+    s = json.loads(j.read_text())
+    assert s["dsa_layers"] == [3, 7] and s["pattern"] == "FS" and s["loss"] == "output" and s["losses"][-1] > 0

@@ -157,29 +157,31 @@ struct OverlapArgs {
 int emit_overlap(const OverlapArgs& a, const std::string& pattern, const std::string& replay, const ref::OverlapReport& r,
                  const std::vector<int>& layers = {}, const std::string& layers_key = "c4a_layers");
 
-// overlap of GLM-5.3's pools over the DSA layers (ref/kpool/sharing.h); JSON "dsa_layers" maps the
-// report's DSA ranks to model layers.
-int overlap_kpool(const OverlapArgs& a) {
-  const Source& s = a.src;
+// A KPool source's descriptor and DSA layers' inputs (a descriptor generates every layer's indexer
+// inputs, whatever its sched=), and its replay option.
+std::pair<golden::KpoolDump, std::string> kpool_load(const Source& s, const ref::Kernels& kern) {
   require(!s.golden.empty() + !s.problem.empty() + !s.from.empty() == 1, "give exactly one of --golden, --problem and --from");
   reject_given(s.given, {"--from-problem", "--max-memory"}, "DSA stacks", "a KPool source carries its kpool descriptor");
 #ifdef INDEXSHARE_MPI
-  require(!dist::active(), "overlap of a KPool stack runs on one process: run it without mpirun / srun");
+  require(!dist::active(), "overlap / search of a KPool stack run on one process: run it without mpirun / srun");
 #endif
-  const ref::Kernels kern = v4_kernels(s);
+  if (!s.golden.empty()) return {golden::kpool_set_inputs(golden::read(s.golden)), "--golden " + s.golden};
+  if (!s.from.empty()) return {golden::load_kpool_dump(s.from), "--from " + s.from};
   golden::KpoolDump d;
-  if (!s.golden.empty()) d = golden::kpool_set_inputs(golden::read(s.golden));
-  else if (!s.from.empty()) d = golden::load_kpool_dump(s.from);
-  else {
-    d.spec = golden::parse_kpool_spec(s.problem);
-    d.spec.cfg.validate();
-    for (int l : d.spec.dsa_layers()) d.inputs.push_back(ref::kpool::make_kpool_layer_inputs(d.spec.cfg, l, true, kern));
-  }
+  d.spec = golden::parse_kpool_spec(s.problem);
+  d.spec.cfg.validate();
+  for (int l : d.spec.dsa_layers()) d.inputs.push_back(ref::kpool::make_kpool_layer_inputs(d.spec.cfg, l, true, kern));
+  std::string replay = "--problem \"" + golden::to_string(d.spec) + "\"";
+  return {std::move(d), std::move(replay)};
+}
+
+// overlap of GLM-5.3's pools over the DSA layers (ref/kpool/sharing.h); JSON "dsa_layers" maps the
+// report's DSA ranks to model layers.
+int overlap_kpool(const OverlapArgs& a) {
+  const ref::Kernels kern = v4_kernels(a.src);
+  const auto [d, replay] = kpool_load(a.src, kern);
   std::vector<int> dsa;
   const ref::OverlapReport r = golden::kpool_overlap(d, a.buckets, kern, dsa);
-  const std::string replay = !s.golden.empty() ? "--golden " + s.golden
-                             : !s.from.empty() ? "--from " + s.from
-                                               : "--problem \"" + golden::to_string(d.spec) + "\"";
   return emit_overlap(a, "DSA " + d.spec.pattern, replay, r, dsa, "dsa_layers");
 }
 
@@ -387,8 +389,19 @@ void require_indexers(const std::vector<ref::LayerInputs>& in) {
                                    "like GLM-5's, cannot be searched)");
 }
 
-// c4a_layers: as emit_overlap's (JSON "c4a_layers": the model layer of each searched C4A rank).
-int emit_search(const SearchArgs& a, const std::string& replay, const ref::SearchResult& r, const std::vector<int>& c4a_layers = {});
+// layers, layers_key: as emit_overlap's (the model layer of each searched C4A / DSA rank).
+int emit_search(const SearchArgs& a, const std::string& replay, const ref::SearchResult& r, const std::vector<int>& layers = {},
+                const std::string& layers_key = "c4a_layers");
+
+int search_kpool(const SearchArgs& a) {
+  ref::SearchOptions opt;
+  opt.n_full = a.full_layers;
+  opt.loss = ref::parse_search_loss(a.loss);
+  opt.kernels = v4_kernels(a.src);
+  const auto [d, replay] = kpool_load(a.src, opt.kernels);
+  const ref::kpool::PoolLayers p = ref::kpool::pool_layers(d.spec.cfg, d.spec.dsa_layers(), d.inputs, opt.kernels);
+  return emit_search(a, replay, ref::kpool::pool_search(d.spec.cfg, d.inputs, p, golden::to_string(d.spec), opt), p.layer, "dsa_layers");
+}
 
 int search_v4(const SearchArgs& a) {
   golden::V4Dump d = v4_load(a.src);
@@ -471,8 +484,7 @@ int search_ranks(const SearchArgs& a) {
 
 int cmd_search(const SearchArgs& a) {
   if (v4_source(a.src)) return search_v4(a);
-  require(!kpool_source(a.src), "search: a KPool source (GLM-5.3's pooled indexer) is not searched yet; its pools' cross-layer "
-                                "overlap is `indexshare overlap` on it");
+  if (kpool_source(a.src)) return search_kpool(a);
 #ifdef INDEXSHARE_MPI
   if (dist::active()) return search_ranks(a);
 #endif
@@ -485,12 +497,13 @@ int cmd_search(const SearchArgs& a) {
   return emit_search(a, replay_source(a.src, si.problem), ref::greedy_search(si.problem, si.inputs, opt));
 }
 
-int emit_search(const SearchArgs& a, const std::string& replay, const ref::SearchResult& r, const std::vector<int>& c4a_layers) {
+int emit_search(const SearchArgs& a, const std::string& replay, const ref::SearchResult& r, const std::vector<int>& layers,
+                const std::string& layers_key) {
   std::printf("%s", io::search_table(r).c_str());
   std::vector<std::pair<std::string, std::string>> files;  // written together: all or none
   if (!a.json.empty()) {
     nlohmann::json j = io::search_to_json(r);
-    if (!c4a_layers.empty()) j["c4a_layers"] = c4a_layers;
+    if (!layers.empty()) j[layers_key] = layers;
     files.emplace_back(a.json, j.dump(2) + "\n");
   }
   if (!a.csv.empty()) files.emplace_back(a.csv, io::search_csv(r));

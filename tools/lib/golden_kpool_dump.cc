@@ -112,7 +112,9 @@ KpoolDump kpool_set_inputs(const Loaded& g) {
       in.ape = g.tensor<float>(pre + "indexer.ape");
       in.weights = g.tensor<float>(pre + "indexer.weights");
     }
-    d.inputs.push_back(std::move(in));  // the attention's inputs are not read by overlap
+    in.attn_q = g.tensor<bf16_t>(pre + "attn.q");
+    in.attn_kv = g.tensor<bf16_t>(pre + "attn.kv");
+    d.inputs.push_back(std::move(in));
   }
   return d;
 }

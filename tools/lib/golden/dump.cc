@@ -235,7 +235,7 @@ std::string dump_problem(const io::SafetensorsFile& f, const std::string& file) 
   const auto kind = f.metadata.find("kind");
   require(kind == f.metadata.end() || kind->second != "kpool",
           file + ": metadata 'kind' is 'kpool': a glm5_next dump (GLM-5.3's pooled indexer) has no token top-k (golden --from, "
-                 "diff and overlap take it)");
+                 "diff, overlap and search take it)");
   auto p = f.metadata.find("problem");
   require(p != f.metadata.end() && !p->second.empty(),
           file + ": metadata 'problem' is missing: a model dump (format " + kDumpFormat +
@@ -410,7 +410,7 @@ StackInputs stack_inputs_of(const Loaded& g) {
   require(g.manifest.value("kind", "") != "hyv4", where + ": field 'kind' is 'hyv4': a HY V4 set's indexer is not the stack's "
                                                           "(tools/lib/golden_hyv4.h); judge it with diff");
   require(g.manifest.value("kind", "") != "kpool", where + ": field 'kind': a kpool set (GLM-5.3's pooled indexer) has no "
-                                                  "token top-k (diff judges it, overlap compares its pools)");
+                                                  "token top-k (diff judges it, overlap and search read its pools)");
   require(!g.manifest.contains("rows"), where + ": field 'rows': the set holds sampled query rows (--rows); overlap "
                                         "statistics and position buckets need every row: use --problem with its problem");
   Problem p;
