@@ -328,6 +328,20 @@ SharedLayerStats shared_layer_stats(int layer, int source, int64_t s_q, SharedLa
   return st;
 }
 
+OutputCosts::OutputCosts(int n_layers, std::function<Tensor<float>(size_t, size_t)> out, std::string what)
+    : out_(std::move(out)), what_(std::move(what)) {
+  for (int j = 0; j < n_layers; ++j) own_out_.push_back(out_(size_t(j), size_t(j)));
+}
+
+double OutputCosts::layer_cost(int layer, int source) {
+  require(0 <= source && source <= layer && layer < n_layers(), "search: layer cost needs 0 <= source <= layer < #" + what_ + "s, got " +
+                                                                    std::to_string(layer) + ", " + std::to_string(source));
+  if (source == layer) return 0.0;
+  const auto key = std::make_pair(layer, source);
+  if (const auto it = cache_.find(key); it != cache_.end()) return it->second;
+  return cache_[key] = relative_error(out_(size_t(layer), size_t(source)), own_out_[size_t(layer)]);
+}
+
 OverlapReport own_selection_report(int64_t n_keys, int64_t k, const Tensor<int32_t>& ke, const std::vector<Tensor<int32_t>>& own,
                                    const std::vector<int>& layer, const std::string& pattern, const std::string& what,
                                    const std::string& problem, int n_buckets) {

@@ -65,6 +65,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <map>
 #include <string>
@@ -283,6 +284,24 @@ class LayerCosts {
   virtual double layer_cost(int layer, int source) = 0;
   // (1 / n_layers) sum_l c(l, s.source(l)), summed in layer order.
   double schedule_loss(const Schedule& s);
+};
+
+// The output loss's costs from out(j, i), layer j's output over layer i's selections:
+// c(j, i) = relative_error(out(j, i), out(j, j)), each computed once (c(j, j) = 0). The kinds whose
+// layers are known by their own selections use it (DeepSeek-V4's C4A layers, GLM-5.3's DSA layers,
+// HY V4's layers); `what` names a layer in errors ("C4A layer").
+class OutputCosts : public LayerCosts {
+ public:
+  OutputCosts(int n_layers, std::function<Tensor<float>(size_t, size_t)> out, std::string what);
+  int n_layers() const override { return int(own_out_.size()); }
+  SearchLoss loss() const override { return SearchLoss::output; }
+  double layer_cost(int layer, int source) override;
+
+ private:
+  std::function<Tensor<float>(size_t, size_t)> out_;
+  std::string what_;
+  std::vector<Tensor<float>> own_out_;
+  std::map<std::pair<int, int>, double> cache_;
 };
 
 // Per-layer costs c(l, j) with caching (see the header). Holds references to p and in.

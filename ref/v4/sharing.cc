@@ -11,40 +11,6 @@ namespace {
 // k = min(index_topk, n_b): the width of every C4A layer's blocks.
 int64_t block_width(const Config& cfg) { return std::min(cfg.index_topk, cfg.n_tokens / cfg.csa_ratio); }
 
-// The C4A layers' costs c(j, i) (sharing.h): attention outputs over own and borrowed blocks.
-class BlockCosts : public LayerCosts {
- public:
-  BlockCosts(const Config& cfg, const std::vector<LayerInputs>& in, const BlockLayers& b, const Kernels& k)
-      : cfg_(cfg), in_(in), b_(b), k_(k) {
-    for (size_t j = 0; j < b.layer.size(); ++j) own_out_.push_back(out(j, j));
-  }
-  int n_layers() const override { return int(b_.layer.size()); }
-  SearchLoss loss() const override { return SearchLoss::output; }
-  double layer_cost(int layer, int source) override {
-    require(0 <= source && source <= layer && layer < n_layers(),
-            "search: layer cost needs 0 <= source <= layer < #C4A, got " + std::to_string(layer) + ", " + std::to_string(source));
-    if (source == layer) return 0.0;
-    const auto key = std::make_pair(layer, source);
-    if (const auto it = cache_.find(key); it != cache_.end()) return it->second;
-    return cache_[key] = relative_error(out(size_t(layer), size_t(source)), own_out_[size_t(layer)]);
-  }
-
- private:
-  // C4A rank j's attention output over rank i's blocks.
-  Tensor<float> out(size_t j, size_t i) const {
-    const LayerInputs& li = in_[size_t(b_.layer[j])];
-    LayerOutputs o;
-    attend(cfg_, LayerType::csa, li.q, li.kv, li.sink, b_.entries[j], &b_.own[i], o, k_);
-    return std::move(o.attn.out);
-  }
-  const Config& cfg_;
-  const std::vector<LayerInputs>& in_;
-  const BlockLayers& b_;
-  Kernels k_;
-  std::vector<Tensor<float>> own_out_;
-  std::map<std::pair<int, int>, double> cache_;
-};
-
 }  // namespace
 
 BlockLayers block_layers(const Config& cfg, const std::vector<LayerType>& types, const std::vector<LayerInputs>& in,
@@ -84,7 +50,13 @@ SearchResult block_search(const Config& cfg, const std::vector<LayerInputs>& in,
   for (size_t j = 0; j < b.layer.size(); ++j)
     require(b.own[j].numel() > 0, "search: C4A layer " + std::to_string(b.layer[j]) +
                                       " has no indexer inputs; every C4A layer needs its own (a set of all Full C4A layers, or a model dump)");
-  BlockCosts costs(cfg, in, b, opt.kernels);
+  const Kernels k = opt.kernels;
+  OutputCosts costs(int(b.layer.size()), [&](size_t j, size_t i) {  // C4A rank j's attention output over rank i's blocks
+    const LayerInputs& li = in[size_t(b.layer[j])];
+    LayerOutputs o;
+    attend(cfg, LayerType::csa, li.q, li.kv, li.sink, b.entries[j], &b.own[i], o, k);
+    return std::move(o.attn.out);
+  }, "C4A layer");
   return greedy_search(problem, costs, opt);
 }
 
