@@ -15,6 +15,8 @@
 #include <functional>
 #include <sstream>
 
+#include <nlohmann/json.hpp>
+
 #include "ref/attention.h"
 #include "ref/hyv4/layer.h"
 #include "ref/numerics.h"
@@ -342,13 +344,14 @@ TEST_CASE("hyv4 golden: the CLI writes, verifies and judges a set, bad input exi
   faithful(tiny_set().g).write(cand);
   r = testing::run_cli("diff --golden " + dir + " --candidate " + cand);
   CHECK_MESSAGE(r.status == 0, r.out);
-  // explain and overlap read stack sets: a hyv4 set is refused by name, not misread.
+  // explain reads stack sets: a hyv4 set is refused by name, not misread. search needs every
+  // layer's indexer: the hy-v4 schedule's Shared layer 2 has none.
   r = testing::run_cli("explain --golden " + dir + " --layer 0 --row 3");
   CHECK(r.status == 2);
   CHECK_MESSAGE(r.out.find("of kind 'hyv4'") != std::string::npos, r.out);
-  r = testing::run_cli("overlap --golden " + dir);
+  r = testing::run_cli("search --golden " + dir + " --full-layers 2");
   CHECK(r.status == 2);
-  CHECK_MESSAGE(r.out.find("field 'kind' is 'hyv4'") != std::string::npos, r.out);
+  CHECK_MESSAGE(r.out.find("layer 2 has no indexer inputs") != std::string::npos, r.out);
   const std::pair<std::string, std::string> bad[] = {
       {"sq16 skv16 hq2 dqk48 dv32 ih4 id32 k8 nl6 rope=17", "hyv4 field 'rope'"},
       {"sq16 skv16 hq2 dqk48 dv32 ih4 id32 k8 nl3 sched=SFF", "sched"},
@@ -380,4 +383,55 @@ TEST_CASE("hyv4 golden: the CLI writes, verifies and judges a set, bad input exi
   fs::remove_all(dir);
   fs::remove_all(dir + "-preset");
   fs::remove(cand);
+}
+
+TEST_CASE("hyv4: overlap compares the layers' own top-k, search costs a Shared layer its gated output, as computed here") {
+  // Every layer Full, so that every layer has its own top-k.
+  const std::string spec = "sq16 skv16 hq2 dqk40 dv32 ih4 id16 k8 seed5 sm=0.0625 sink=random nl4 sched=FFFF rope=8 vd=16";
+  const HySet set = write_set(spec, Impl::simd, "allfull");
+  const golden::Hyv4Spec s = golden::parse_hyv4_spec(spec);
+  std::vector<ref::hyv4::LayerInputs> in;
+  std::vector<Tensor<int32_t>> own;
+  for (int l = 0; l < 4; ++l) {
+    in.push_back(ref::hyv4::make_layer_inputs(s.cfg, l, true));
+    own.push_back(set.g.tensor<int32_t>(L(l) + "indexer.topk"));
+  }
+  const std::string json = tmp("ov") + ".json";
+  testing::CliResult r = testing::run_cli("overlap --golden " + set.dir + " --json " + json);
+  REQUIRE(r.status == 0);
+  nlohmann::json j = nlohmann::json::parse(std::ifstream(json));
+  // Layers 0 and 1: the mean |A n B| / k over the rows that see more than k = 8 keys.
+  double sum = 0;
+  int n = 0;
+  for (int64_t t = 8; t < 16; ++t, ++n) {
+    int common = 0;
+    for (int64_t a = 0; a < 8; ++a)
+      for (int64_t b = 0; b < 8; ++b) common += own[0].at(t, a) == own[1].at(t, b);
+    sum += common / 8.0;
+  }
+  const auto& p01 = j["adjacent"]["pairs"][0];
+  CHECK(p01["a"] == 0);
+  CHECK(p01["b"] == 1);
+  CHECK(p01["overlap"]["count"].get<int>() == n);
+  CHECK(p01["overlap"]["mean"].get<double>() == doctest::Approx(sum / n).epsilon(1e-12));
+  // search: step 1's candidate "layer 1 Shared" costs c(1, 0) / 4, layer 1's gated output over
+  // layer 0's top-k against its own, ||a - b|| / ||b|| in double.
+  r = testing::run_cli("search --golden " + set.dir + " --full-layers 2 --json " + json);
+  REQUIRE(r.status == 0);
+  j = nlohmann::json::parse(std::ifstream(json));
+  auto gated = [&](const Tensor<int32_t>& topk) {
+    const ref::hyv4::LayerInputs& x = in[1];
+    return ref::hyv4::gated_attention(x.attn_q, x.attn_kv, topk, x.sink, s.cfg.sm_scale, s.cfg.kv_lora, &x.w_uv, x.gate).gated;
+  };
+  const Tensor<float> a = gated(own[0]), b = gated(own[1]);
+  double num = 0, den = 0;
+  for (int64_t i = 0; i < a.numel(); ++i) num += (double(a[i]) - b[i]) * (double(a[i]) - b[i]), den += double(b[i]) * b[i];
+  bool found = false;
+  for (const auto& c : j["steps"][0]["candidates"])
+    if (c["layer"] == 1) {
+      found = true;
+      CHECK(c["loss"].get<double>() * 4 == doctest::Approx(std::sqrt(num / den)).epsilon(1e-9));
+    }
+  CHECK(found);
+  CHECK(j["pattern"].get<std::string>().substr(0, 1) == "F");
 }

@@ -28,7 +28,7 @@ SearchResult hyv4_search(const Config& c, const std::vector<LayerInputs>& in, co
   require(opt.loss == SearchLoss::output, "search: HY V4 layers are searched with --loss output only, got '" + search_loss_name(opt.loss) + "'");
   for (size_t l = 0; l < own.size(); ++l)
     require(own[l].numel() > 0, "search: layer " + std::to_string(l) +
-                                    " has no indexer inputs; every layer needs its own (an all-Full set, a model dump, or a descriptor)");
+                                    " has no indexer inputs; every layer needs its own (an all-Full set, or a dump of an all-Full model)");
   const Kernels k = opt.kernels;
   OutputCosts costs(int(own.size()), [&](size_t j, size_t i) {  // layer j's gated output over layer i's top-k
     const LayerInputs& x = in[j];

@@ -103,3 +103,20 @@ def test_bad_dumps_exit_2_and_write_nothing(hy):
     assert not out.exists()
     with pytest.raises(D.DumpError, match="every layer"):
         D.dump(hy["model"], hy["ids"], str(hy["work"] / "x.safetensors"), layers=[0, 1])
+
+
+def test_overlap_of_dump_and_set(hy, tmp_path):
+    """overlap compares the Full layers' own top-k of a hy_v4 dump and of its set (the same inputs, so the
+    same matrix); search needs every layer's indexer, which a model with Shared layers does not run."""
+    import json
+
+    out = {}
+    for flag, src in (("--from", hy["dump"]), ("--golden", hy["golden"])):
+        j = tmp_path / "o.json"
+        run("overlap", flag, src, "--json", j, expect=0)
+        out[flag] = json.loads(j.read_text())
+    assert out["--from"]["matrix"] == out["--golden"]["matrix"]
+    assert out["--from"]["n_layers"] == len(out["--from"]["schedule"])
+    if "S" in out["--from"]["schedule"]:
+        r = run("search", "--from", hy["dump"], "--full-layers", "1", expect=2)
+        assert "has no indexer inputs" in r.stderr + r.stdout

@@ -12,10 +12,12 @@
 #include "ref/error.h"
 #include "ref/overlap.h"
 #include "ref/stack.h"
+#include "ref/hyv4/sharing.h"
 #include "ref/kpool/sharing.h"
 #include "ref/v4/sharing.h"
 #include "tools/cli/cli.h"
 #include "tools/lib/golden.h"
+#include "tools/lib/golden_hyv4.h"
 #include "tools/lib/golden_kpool.h"
 #include "tools/lib/golden_v4.h"
 #include "simd/simd.h"
@@ -156,6 +158,33 @@ struct OverlapArgs {
 // else empty.
 int emit_overlap(const OverlapArgs& a, const std::string& pattern, const std::string& replay, const ref::OverlapReport& r,
                  const std::vector<int>& layers = {}, const std::string& layers_key = "c4a_layers");
+
+// A hyv4 golden set or a hy_v4 model dump (a hyv4 descriptor reads as a stack problem: write its
+// set with golden --kind hyv4 first).
+bool hyv4_source(const Source& s) {
+  if (!s.golden.empty()) return set_kind(s.golden) == "hyv4";
+  if (!s.from.empty()) return golden::is_hyv4_dump(s.from);
+  return false;
+}
+
+// A HY V4 source's descriptor and every layer's inputs, and its replay option.
+std::pair<golden::Hyv4Dump, std::string> hyv4_load(const Source& s) {
+  reject_given(s.given, {"--from-problem", "--max-memory"}, "DSA stacks", "a HY V4 source carries its hyv4 descriptor");
+#ifdef INDEXSHARE_MPI
+  require(!dist::active(), "overlap / search of a HY V4 stack run on one process: run it without mpirun / srun");
+#endif
+  if (!s.golden.empty()) return {golden::hyv4_set_inputs(golden::read(s.golden)), "--golden " + s.golden};
+  return {golden::load_hyv4_dump(s.from), "--from " + s.from};
+}
+
+// overlap of HY V4 layers' own top-k (ref/hyv4/sharing.h).
+int overlap_hyv4(const OverlapArgs& a) {
+  const ref::Kernels kern = v4_kernels(a.src);
+  const auto [d, replay] = hyv4_load(a.src);
+  const ref::OverlapReport r = ref::hyv4::hyv4_overlap_report(d.spec.cfg, ref::hyv4::own_topk(d.spec.cfg, d.inputs, kern),
+                                                              d.spec.problem.schedule().pattern(), golden::to_string(d.spec), a.buckets);
+  return emit_overlap(a, d.spec.problem.schedule().pattern(), replay, r);
+}
 
 // A KPool source's descriptor and DSA layers' inputs (a descriptor generates every layer's indexer
 // inputs, whatever its sched=), and its replay option.
@@ -344,6 +373,7 @@ int overlap_ranks(const OverlapArgs& a) {
 int cmd_overlap(const OverlapArgs& a) {
   if (v4_source(a.src)) return overlap_v4(a);
   if (kpool_source(a.src)) return overlap_kpool(a);
+  if (hyv4_source(a.src)) return overlap_hyv4(a);
 #ifdef INDEXSHARE_MPI
   if (dist::active()) return overlap_ranks(a);
 #endif
@@ -392,6 +422,16 @@ void require_indexers(const std::vector<ref::LayerInputs>& in) {
 // layers, layers_key: as emit_overlap's (the model layer of each searched C4A / DSA rank).
 int emit_search(const SearchArgs& a, const std::string& replay, const ref::SearchResult& r, const std::vector<int>& layers = {},
                 const std::string& layers_key = "c4a_layers");
+
+int search_hyv4(const SearchArgs& a) {
+  ref::SearchOptions opt;
+  opt.n_full = a.full_layers;
+  opt.loss = ref::parse_search_loss(a.loss);
+  opt.kernels = v4_kernels(a.src);
+  const auto [d, replay] = hyv4_load(a.src);
+  const std::vector<Tensor<int32_t>> own = ref::hyv4::own_topk(d.spec.cfg, d.inputs, opt.kernels);
+  return emit_search(a, replay, ref::hyv4::hyv4_search(d.spec.cfg, d.inputs, own, golden::to_string(d.spec), opt));
+}
 
 int search_kpool(const SearchArgs& a) {
   ref::SearchOptions opt;
@@ -485,6 +525,7 @@ int search_ranks(const SearchArgs& a) {
 int cmd_search(const SearchArgs& a) {
   if (v4_source(a.src)) return search_v4(a);
   if (kpool_source(a.src)) return search_kpool(a);
+  if (hyv4_source(a.src)) return search_hyv4(a);
 #ifdef INDEXSHARE_MPI
   if (dist::active()) return search_ranks(a);
 #endif

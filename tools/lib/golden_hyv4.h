@@ -85,6 +85,9 @@ struct Hyv4Dump {
 // Error naming the file, tensor and field (a missing, misshapen or non-finite input, an unknown name,
 // a layer outside the descriptor, a descriptor that does not parse).
 Hyv4Dump load_hyv4_dump(const std::string& file);
+// The same inputs read from a hyv4 golden set (its problem, every layer's attention inputs, its
+// Full layers' indexer inputs).
+Hyv4Dump hyv4_set_inputs(const Loaded& g);
 const std::set<std::string>& hyv4_dump_inputs();  // "indexer.q", ..., "attn.gate"
 const std::set<std::string>& hyv4_outputs();      // the names a candidate (or a dump's model) may hold: "indexer.k_norm", ...
 

@@ -94,4 +94,36 @@ Hyv4Dump load_hyv4_dump(const std::string& file) {
   return d;
 }
 
+Hyv4Dump hyv4_set_inputs(const Loaded& g) {
+  Hyv4Dump d;
+  d.spec = parse_hyv4_spec(g.manifest.at("problem").get<std::string>());
+  const Schedule sch = d.spec.problem.schedule();
+  auto f32 = [&](const std::string& n) {  // F32, or BF16 widened (a set stores bf16-exact values as BF16)
+    if (g.get(n).dtype == io::DType::F32) return g.tensor<float>(n);
+    const Tensor<bf16_t> b = g.tensor<bf16_t>(n);
+    Tensor<float> t(b.shape);
+    for (int64_t i = 0; i < b.numel(); ++i) t[i] = bf16_to_f32(b[i]);
+    return t;
+  };
+  for (int l = 0; l < sch.n_layers(); ++l) {
+    const std::string pre = "layers." + std::to_string(l) + ".";
+    ref::hyv4::LayerInputs in;
+    in.has_indexer = sch.is_full(l);
+    if (in.has_indexer) {
+      in.q = f32(pre + "indexer.q");
+      in.k = f32(pre + "indexer.k");
+      in.k_norm_w = f32(pre + "indexer.k_norm_w");
+      in.k_norm_b = f32(pre + "indexer.k_norm_b");
+      in.weights = f32(pre + "indexer.weights_raw");
+    }
+    in.attn_q = g.tensor<bf16_t>(pre + "attn.q");
+    in.attn_kv = g.tensor<bf16_t>(pre + "attn.kv");
+    if (d.spec.cfg.sink) in.sink = f32(pre + "attn.sink");
+    in.w_uv = f32(pre + "attn.w_uv");
+    in.gate = f32(pre + "attn.gate");
+    d.inputs.push_back(std::move(in));
+  }
+  return d;
+}
+
 }  // namespace indexshare::golden

@@ -408,7 +408,7 @@ StackInputs stack_inputs_of(const Loaded& g) {
   const json& c = g.manifest["config"];
   const std::string where = g.dir + "/manifest.json";
   require(g.manifest.value("kind", "") != "hyv4", where + ": field 'kind' is 'hyv4': a HY V4 set's indexer is not the stack's "
-                                                          "(tools/lib/golden_hyv4.h); judge it with diff");
+                                                          "(tools/lib/golden_hyv4.h): diff judges it, overlap and search read it");
   require(g.manifest.value("kind", "") != "kpool", where + ": field 'kind': a kpool set (GLM-5.3's pooled indexer) has no "
                                                   "token top-k (diff judges it, overlap and search read its pools)");
   require(!g.manifest.contains("rows"), where + ": field 'rows': the set holds sampled query rows (--rows); overlap "
