@@ -8,11 +8,13 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <iterator>
 #include <map>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -20,6 +22,7 @@
 #include "ref/error.h"
 #include "tools/judge/diff.h"
 #include "tools/lib/golden.h"
+#include "tools/lib/run_report.h"
 #include "tools/lib/safetensors.h"
 
 namespace indexshare::testing {
@@ -99,6 +102,20 @@ inline std::string diagnoses_text(const diff::Result& r) {
   std::string s;
   for (const std::string& d : r.diagnoses) s += d + "\n";
   return s;
+}
+
+// run's "fingerprint %016llx" text of f32 tensor `name` of a built set (tools/lib/run_report.h
+// LayerFold, as run folds a layer's output); "" when the set has no such tensor.
+inline std::string fingerprint_text(const golden::GoldenSet& g, const std::string& name) {
+  for (const io::TensorView& t : g.tensors)
+    if (t.name == name) {
+      run_report::LayerFold f;
+      f.add_out(std::span<const float>(reinterpret_cast<const float*>(t.bytes.data()), t.bytes.size() / 4));
+      char fp[32];
+      std::snprintf(fp, sizeof fp, "fingerprint %016llx", (unsigned long long)f.fp());
+      return fp;
+    }
+  return "";
 }
 
 }  // namespace indexshare::testing

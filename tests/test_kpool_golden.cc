@@ -501,14 +501,8 @@ TEST_CASE("kpool: run on a kpool descriptor prints golden's attn.out fingerprint
   // The fingerprint of every DSA layer: golden's attn.out, folded as run folds it.
   const golden::GoldenSet g = golden::build_kpool(golden::parse_kpool_spec(spec), "test", Impl::ref);
   for (int l : {3, 7, 11}) {
-    const io::TensorView* v = nullptr;
-    for (const io::TensorView& t : g.tensors)
-      if (t.name == "layers." + std::to_string(l) + ".attn.out") v = &t;
-    REQUIRE(v != nullptr);
-    run_report::LayerFold f;
-    f.add_out(std::span<const float>(reinterpret_cast<const float*>(v->bytes.data()), v->bytes.size() / 4));
-    char fp[32];
-    std::snprintf(fp, sizeof fp, "fingerprint %016llx", (unsigned long long)f.fp());
+    const std::string fp = testing::fingerprint_text(g, "layers." + std::to_string(l) + ".attn.out");
+    REQUIRE(!fp.empty());
     CAPTURE(l);
     CHECK(simd.out.find(fp) != std::string::npos);
     CHECK(ref.out.find(fp) != std::string::npos);

@@ -534,14 +534,8 @@ TEST_CASE("v4: run on a V4 descriptor prints golden's attn.out_rotated fingerpri
   // The fingerprint of every layer: golden's attn.out_rotated, folded as run folds it.
   const golden::GoldenSet g = golden::build_v4(golden::parse_v4_spec(spec), "test", Impl::ref);
   for (int l = 0; l < 5; ++l) {
-    const io::TensorView* v = nullptr;
-    for (const io::TensorView& t : g.tensors)
-      if (t.name == "layers." + std::to_string(l) + ".attn.out_rotated") v = &t;
-    REQUIRE(v != nullptr);
-    run_report::LayerFold f;
-    f.add_out(std::span<const float>(reinterpret_cast<const float*>(v->bytes.data()), v->bytes.size() / 4));
-    char fp[32];
-    std::snprintf(fp, sizeof fp, "fingerprint %016llx", (unsigned long long)f.fp());
+    const std::string fp = testing::fingerprint_text(g, "layers." + std::to_string(l) + ".attn.out_rotated");
+    REQUIRE(!fp.empty());
     CAPTURE(l);
     CHECK(simd.out.find(fp) != std::string::npos);
     CHECK(ref.out.find(fp) != std::string::npos);

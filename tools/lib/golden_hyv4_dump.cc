@@ -25,32 +25,6 @@ const std::set<std::string>& hyv4_outputs() {
 
 bool is_hyv4_dump(const std::string& file) { return dump_kind(file) == "hyv4"; }
 
-namespace {
-
-// Tensor `name` of the dump as f32 values: its dtype one of `dtypes` (F32 or BF16), its shape
-// `shape`, every value finite; Error naming the file, tensor and element otherwise.
-Tensor<float> dumped(const io::SafetensorsFile& f, const std::string& file, const std::string& name,
-                     std::initializer_list<io::DType> dtypes, const Shape& shape) {
-  const io::TensorView* v = f.find(name);
-  require(v != nullptr, file + ": tensor '" + name + "' is missing (the layer's kind needs it)");
-  bool dtype_ok = false;
-  for (io::DType d : dtypes) dtype_ok = dtype_ok || v->dtype == d;
-  require(dtype_ok && v->shape == shape, file + ": tensor '" + name + "' is " + io::dtype_name(v->dtype) + " " + shape_str(v->shape) +
-                                             ", expected " + io::dtype_name(*dtypes.begin()) + " " + shape_str(shape));
-  Tensor<float> t(shape);
-  if (v->dtype == io::DType::F32) {
-    t = io::as_tensor<float>(*v, file);
-  } else {
-    const Tensor<bf16_t> b = io::as_tensor<bf16_t>(*v, file);
-    for (int64_t i = 0; i < b.numel(); ++i) t[i] = bf16_to_f32(b[i]);
-  }
-  for (int64_t i = 0; i < t.numel(); ++i)
-    require(std::isfinite(t[i]), file + ": tensor '" + name + "': element " + shape_str(unflatten(i, t.shape)) + " is not finite "
-                                                                                                                  "(inputs must be finite)");
-  return t;
-}
-
-}  // namespace
 
 Hyv4Dump load_hyv4_dump(const std::string& file) {
   const io::SafetensorsFile f = io::read_safetensors(file);
@@ -78,17 +52,17 @@ Hyv4Dump load_hyv4_dump(const std::string& file) {
     ref::hyv4::LayerInputs in;
     in.has_indexer = sch.is_full(l);
     if (in.has_indexer) {
-      in.q = dumped(f, file, pre + "indexer.q", {DType::F32, DType::BF16}, {c.s_q, c.heads, c.dim});
-      in.k = dumped(f, file, pre + "indexer.k", {DType::F32, DType::BF16}, {c.s_kv, c.dim});
-      in.k_norm_w = dumped(f, file, pre + "indexer.k_norm_w", {DType::F32}, {c.dim});
-      in.k_norm_b = dumped(f, file, pre + "indexer.k_norm_b", {DType::F32}, {c.dim});
-      in.weights = dumped(f, file, pre + "indexer.weights_raw", {DType::F32}, {c.s_q, c.heads});
+      in.q = detail::dumped_values(f, file, pre + "indexer.q", {DType::F32, DType::BF16}, {c.s_q, c.heads, c.dim});
+      in.k = detail::dumped_values(f, file, pre + "indexer.k", {DType::F32, DType::BF16}, {c.s_kv, c.dim});
+      in.k_norm_w = detail::dumped_values(f, file, pre + "indexer.k_norm_w", {DType::F32}, {c.dim});
+      in.k_norm_b = detail::dumped_values(f, file, pre + "indexer.k_norm_b", {DType::F32}, {c.dim});
+      in.weights = detail::dumped_values(f, file, pre + "indexer.weights_raw", {DType::F32}, {c.s_q, c.heads});
     }
-    in.attn_q = detail::to_bf16_tensor(dumped(f, file, pre + "attn.q", {DType::BF16}, {c.s_q, c.h_q, c.d_qk()}));
-    in.attn_kv = detail::to_bf16_tensor(dumped(f, file, pre + "attn.kv", {DType::BF16}, {c.s_kv, 1, c.d_qk()}));
-    if (c.sink) in.sink = dumped(f, file, pre + "attn.sink", {DType::F32}, {c.h_q});
-    in.w_uv = dumped(f, file, pre + "attn.w_uv", {DType::BF16}, {c.h_q, c.v_dim, c.kv_lora});
-    in.gate = dumped(f, file, pre + "attn.gate", {DType::BF16}, {c.s_q, c.h_q, c.v_dim});
+    in.attn_q = detail::to_bf16_tensor(detail::dumped_values(f, file, pre + "attn.q", {DType::BF16}, {c.s_q, c.h_q, c.d_qk()}));
+    in.attn_kv = detail::to_bf16_tensor(detail::dumped_values(f, file, pre + "attn.kv", {DType::BF16}, {c.s_kv, 1, c.d_qk()}));
+    if (c.sink) in.sink = detail::dumped_values(f, file, pre + "attn.sink", {DType::F32}, {c.h_q});
+    in.w_uv = detail::dumped_values(f, file, pre + "attn.w_uv", {DType::BF16}, {c.h_q, c.v_dim, c.kv_lora});
+    in.gate = detail::dumped_values(f, file, pre + "attn.gate", {DType::BF16}, {c.s_q, c.h_q, c.v_dim});
     d.inputs.push_back(std::move(in));
   }
   return d;

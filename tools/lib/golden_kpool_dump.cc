@@ -27,31 +27,6 @@ const std::set<std::string>& kpool_outputs() {
 
 bool is_kpool_dump(const std::string& file) { return dump_kind(file) == "kpool"; }
 
-namespace {
-
-// Tensor `name` of the dump as f32 values: its dtype `dtype` (F32 or BF16), its shape `shape`, every
-// value finite; Error naming the file, tensor and element otherwise.
-Tensor<float> dumped(const io::SafetensorsFile& f, const std::string& file, const std::string& name, io::DType dtype,
-                     const Shape& shape) {
-  const io::TensorView* v = f.find(name);
-  require(v != nullptr, file + ": tensor '" + name + "' is missing (the layer's kind needs it)");
-  require(v->dtype == dtype && v->shape == shape, file + ": tensor '" + name + "' is " + io::dtype_name(v->dtype) + " " +
-                                                      shape_str(v->shape) + ", expected " + io::dtype_name(dtype) + " " +
-                                                      shape_str(shape));
-  Tensor<float> t(shape);
-  if (dtype == io::DType::F32) {
-    t = io::as_tensor<float>(*v, file);
-  } else {
-    const Tensor<bf16_t> b = io::as_tensor<bf16_t>(*v, file);
-    for (int64_t i = 0; i < b.numel(); ++i) t[i] = bf16_to_f32(b[i]);
-  }
-  for (int64_t i = 0; i < t.numel(); ++i)
-    require(std::isfinite(t[i]), file + ": tensor '" + name + "': element " + shape_str(unflatten(i, t.shape)) +
-                                     " is not finite (inputs must be finite)");
-  return t;
-}
-
-}  // namespace
 
 KpoolDump load_kpool_dump(const std::string& file) {
   const io::SafetensorsFile f = io::read_safetensors(file);
@@ -80,18 +55,18 @@ KpoolDump load_kpool_dump(const std::string& file) {
     ref::kpool::KpoolLayerInputs in;
     in.has_indexer = d.spec.pattern[i] == 'F';
     if (in.has_indexer) {
-      in.q = dumped(f, file, pre + "indexer.q", DType::F32, {c.s_q, c.heads, c.dim});
-      in.k = dumped(f, file, pre + "indexer.k", DType::F32, {c.s_kv, c.dim});
-      in.g = dumped(f, file, pre + "indexer.gate", DType::F32, {c.s_kv, c.dim});
-      in.ape = dumped(f, file, pre + "indexer.ape", DType::F32, {c.pool, c.dim});
-      in.weights = dumped(f, file, pre + "indexer.weights", DType::F32, {c.s_q, c.heads});
+      in.q = detail::dumped_values(f, file, pre + "indexer.q", {DType::F32}, {c.s_q, c.heads, c.dim});
+      in.k = detail::dumped_values(f, file, pre + "indexer.k", {DType::F32}, {c.s_kv, c.dim});
+      in.g = detail::dumped_values(f, file, pre + "indexer.gate", {DType::F32}, {c.s_kv, c.dim});
+      in.ape = detail::dumped_values(f, file, pre + "indexer.ape", {DType::F32}, {c.pool, c.dim});
+      in.weights = detail::dumped_values(f, file, pre + "indexer.weights", {DType::F32}, {c.s_q, c.heads});
     } else {
       for (const char* n : {"indexer.q", "indexer.k", "indexer.gate", "indexer.ape", "indexer.weights"})
         require(!f.find(pre + n), file + ": tensor '" + pre + n + "': layer " + std::to_string(dsa[i]) +
                                       " is a Shared DSA layer (no indexer of its own)");
     }
-    in.attn_q = detail::to_bf16_tensor(dumped(f, file, pre + "attn.q", DType::BF16, {c.s_q, c.h_q, c.d_qk}));
-    in.attn_kv = detail::to_bf16_tensor(dumped(f, file, pre + "attn.kv", DType::BF16, {c.s_kv, 1, c.d_qk}));
+    in.attn_q = detail::to_bf16_tensor(detail::dumped_values(f, file, pre + "attn.q", {DType::BF16}, {c.s_q, c.h_q, c.d_qk}));
+    in.attn_kv = detail::to_bf16_tensor(detail::dumped_values(f, file, pre + "attn.kv", {DType::BF16}, {c.s_kv, 1, c.d_qk}));
     d.inputs.push_back(std::move(in));
   }
   return d;

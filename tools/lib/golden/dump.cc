@@ -443,4 +443,29 @@ std::string dump_kind(const std::string& file) {
   return f != m.end() && f->second == kDumpFormat && k != m.end() ? k->second : "";
 }
 
+namespace detail {
+
+Tensor<float> dumped_values(const io::SafetensorsFile& f, const std::string& file, const std::string& name,
+                            std::initializer_list<io::DType> dtypes, const Shape& shape) {
+  const io::TensorView* v = f.find(name);
+  require(v != nullptr, file + ": tensor '" + name + "' is missing (the layer's kind needs it)");
+  bool dtype_ok = false;
+  for (io::DType d : dtypes) dtype_ok = dtype_ok || v->dtype == d;
+  require(dtype_ok && v->shape == shape, file + ": tensor '" + name + "' is " + io::dtype_name(v->dtype) + " " + shape_str(v->shape) +
+                                             ", expected " + io::dtype_name(*dtypes.begin()) + " " + shape_str(shape));
+  Tensor<float> t(shape);
+  if (v->dtype == io::DType::F32) {
+    t = io::as_tensor<float>(*v, file);
+  } else {
+    const Tensor<bf16_t> b = io::as_tensor<bf16_t>(*v, file);
+    for (int64_t i = 0; i < b.numel(); ++i) t[i] = bf16_to_f32(b[i]);
+  }
+  for (int64_t i = 0; i < t.numel(); ++i)
+    require(std::isfinite(t[i]), file + ": tensor '" + name + "': element " + shape_str(unflatten(i, t.shape)) + " is not finite "
+                                                                                                                  "(inputs must be finite)");
+  return t;
+}
+
+}  // namespace detail
+
 }  // namespace indexshare::golden

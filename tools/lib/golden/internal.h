@@ -82,6 +82,10 @@ const std::vector<TensorRule>& tensor_rules();
 
 // Splits "layers.{l}.{rest}" (l written canonically: no sign, no leading zero); false otherwise.
 bool split_layer_name(const std::string& name, int64_t& layer, std::string& rest);
+// Tensor `name` of a model dump `f` (read from `file`) as f32 values: its dtype one of `dtypes` (F32
+// or BF16), its shape `shape`, every value finite; Error naming the file, tensor and element otherwise.
+Tensor<float> dumped_values(const io::SafetensorsFile& f, const std::string& file, const std::string& name,
+                            std::initializer_list<io::DType> dtypes, const Shape& shape);
 
 // The rule of `name` among those of `kinds`, with its layer (-1 for set-wide names); nullptr when
 // no rule of those kinds names it. Layers are not bounded here.
