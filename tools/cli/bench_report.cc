@@ -47,13 +47,14 @@ json machine_json() {
   std::vector<std::string> isa;
   std::ifstream f("/proc/cpuinfo");  // Linux; elsewhere the CPU stays "unknown"
   for (std::string line; std::getline(f, line);) {
+    const size_t colon = line.find(':');
+    if (cpu == "unknown" && line.rfind("model name", 0) == 0 && colon != std::string::npos) {
+      cpu = line.substr(colon + 1);
+      cpu.erase(0, cpu.find_first_not_of(' '));
+    }
     std::istringstream in(line);
     std::string key;
     in >> key;
-    if (key == "model" && line.find(':') != std::string::npos && cpu == "unknown" && line.rfind("model name", 0) == 0) {
-      cpu = line.substr(line.find(':') + 1);
-      cpu.erase(0, cpu.find_first_not_of(' '));
-    }
     if (key == "flags" && isa.empty()) {
       std::set<std::string> flags;
       for (std::string w; in >> w;) flags.insert(w);

@@ -117,7 +117,8 @@ bool kpool_source(const Source& s) {
   return s.problem.find("pool=") != std::string::npos;
 }
 
-ref::Kernels v4_kernels(const Source& s) {
+// The kernels of a descriptor kind's source (v4, kpool, hyv4): --impl ref or simd, auto meaning simd.
+ref::Kernels kind_kernels(const Source& s) {
   const std::optional<Impl> impl = s.impl == "auto" ? std::optional<Impl>(Impl::simd) : impl_named(s.impl);
   require(impl.has_value(), "--impl must be ref, simd or auto, got '" + s.impl + "'");
   return indexshare::kernels_for(*impl);
@@ -135,7 +136,7 @@ golden::V4Dump v4_load(const Source& s) {
   golden::V4Dump d;
   d.spec = golden::parse_v4_spec(s.problem);
   const ref::v4::Schedule sch = d.spec.schedule();
-  const ref::Kernels kern = v4_kernels(s);
+  const ref::Kernels kern = kind_kernels(s);
   for (size_t l = 0; l < sch.types.size(); ++l)
     d.inputs.push_back(ref::v4::make_layer_inputs(d.spec.cfg, int(l), sch.types[l], sch.types[l] == ref::v4::LayerType::csa, kern));
   return d;
@@ -179,7 +180,7 @@ std::pair<golden::Hyv4Dump, std::string> hyv4_load(const Source& s) {
 
 // overlap of HY V4 layers' own top-k (ref/hyv4/sharing.h).
 int overlap_hyv4(const OverlapArgs& a) {
-  const ref::Kernels kern = v4_kernels(a.src);
+  const ref::Kernels kern = kind_kernels(a.src);
   const auto [d, replay] = hyv4_load(a.src);
   const ref::OverlapReport r = ref::hyv4::hyv4_overlap_report(d.spec.cfg, ref::hyv4::own_topk(d.spec.cfg, d.inputs, kern),
                                                               d.spec.problem.schedule().pattern(), golden::to_string(d.spec), a.buckets);
@@ -207,7 +208,7 @@ std::pair<golden::KpoolDump, std::string> kpool_load(const Source& s, const ref:
 // overlap of GLM-5.3's pools over the DSA layers (ref/kpool/sharing.h); JSON "dsa_layers" maps the
 // report's DSA ranks to model layers.
 int overlap_kpool(const OverlapArgs& a) {
-  const ref::Kernels kern = v4_kernels(a.src);
+  const ref::Kernels kern = kind_kernels(a.src);
   const auto [d, replay] = kpool_load(a.src, kern);
   std::vector<int> dsa;
   const ref::OverlapReport r = golden::kpool_overlap(d, a.buckets, kern, dsa);
@@ -217,7 +218,7 @@ int overlap_kpool(const OverlapArgs& a) {
 int overlap_v4(const OverlapArgs& a) {
   golden::V4Dump d = v4_load(a.src);
   std::vector<int> c4a_layers;
-  const ref::OverlapReport r = golden::v4_overlap(d, a.buckets, v4_kernels(a.src), c4a_layers);
+  const ref::OverlapReport r = golden::v4_overlap(d, a.buckets, kind_kernels(a.src), c4a_layers);
   return emit_overlap(a, "C4A " + golden::csa_pattern(d.spec.schedule()), v4_replay(a.src, d), r, c4a_layers);
 }
 
@@ -427,7 +428,7 @@ int search_hyv4(const SearchArgs& a) {
   ref::SearchOptions opt;
   opt.n_full = a.full_layers;
   opt.loss = ref::parse_search_loss(a.loss);
-  opt.kernels = v4_kernels(a.src);
+  opt.kernels = kind_kernels(a.src);
   const auto [d, replay] = hyv4_load(a.src);
   const std::vector<Tensor<int32_t>> own = ref::hyv4::own_topk(d.spec.cfg, d.inputs, opt.kernels);
   return emit_search(a, replay, ref::hyv4::hyv4_search(d.spec.cfg, d.inputs, own, golden::to_string(d.spec), opt));
@@ -437,7 +438,7 @@ int search_kpool(const SearchArgs& a) {
   ref::SearchOptions opt;
   opt.n_full = a.full_layers;
   opt.loss = ref::parse_search_loss(a.loss);
-  opt.kernels = v4_kernels(a.src);
+  opt.kernels = kind_kernels(a.src);
   const auto [d, replay] = kpool_load(a.src, opt.kernels);
   const ref::kpool::PoolLayers p = ref::kpool::pool_layers(d.spec.cfg, d.spec.dsa_layers(), d.inputs, opt.kernels);
   return emit_search(a, replay, ref::kpool::pool_search(d.spec.cfg, d.inputs, p, golden::to_string(d.spec), opt), p.layer, "dsa_layers");
@@ -448,7 +449,7 @@ int search_v4(const SearchArgs& a) {
   ref::SearchOptions opt;
   opt.n_full = a.full_layers;
   opt.loss = ref::parse_search_loss(a.loss);
-  opt.kernels = v4_kernels(a.src);
+  opt.kernels = kind_kernels(a.src);
   const ref::v4::BlockLayers b = ref::v4::block_layers(d.spec.cfg, d.spec.schedule().types, d.inputs, opt.kernels);
   return emit_search(a, v4_replay(a.src, d), ref::v4::block_search(d.spec.cfg, d.inputs, b, golden::to_string(d.spec), opt), b.layer);
 }

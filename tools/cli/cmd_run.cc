@@ -171,6 +171,15 @@ int run_problem(const RunArgs& a) {
   return 0;
 }
 
+// The path of a descriptor kind's run (v4, kpool): --impl ref or simd, auto meaning simd; --target applied.
+Impl descriptor_impl(const RunArgs& a) {
+  const std::optional<Impl> named = a.impl == "auto" ? std::optional<Impl>(Impl::simd) : impl_named(a.impl);
+  require(named.has_value(), "--impl must be ref, simd or auto, got '" + a.impl + "'");
+  reject_target_on_ref(a.given, *named);
+  apply_target(a.target);
+  return *named;
+}
+
 // A DeepSeek-V4 stack (a --problem with types=, the v4 golden descriptor, tools/lib/golden_v4.h):
 // each layer's inputs generated, then golden's computation (compute_v4_layer); one line per layer
 // with the attention output's rms and fingerprint (attn.out_rotated: equal fingerprints, equal
@@ -179,11 +188,7 @@ int run_v4(const RunArgs& a) {
   const golden::V4Spec spec = golden::parse_v4_spec(a.problem);
   spec.cfg.validate();
   const ref::v4::Schedule sch = spec.schedule();
-  const std::optional<Impl> named = a.impl == "auto" ? std::optional<Impl>(Impl::simd) : impl_named(a.impl);
-  require(named.has_value(), "--impl must be ref, simd or auto, got '" + a.impl + "'");
-  const Impl impl = *named;
-  reject_target_on_ref(a.given, impl);
-  apply_target(a.target);
+  const Impl impl = descriptor_impl(a);
   const ref::v4::Config& cfg = spec.cfg;
   std::printf("problem   %s\nschedule  %s (%d indexers over %zu layers)\nimpl      %s\n", golden::to_string(spec).c_str(),
               sch.pattern().c_str(), sch.indexers(), sch.types.size(), impl_line(impl).c_str());
@@ -218,11 +223,7 @@ int run_v4(const RunArgs& a) {
 int run_kpool(const RunArgs& a) {
   const golden::KpoolSpec spec = golden::parse_kpool_spec(a.problem);
   spec.cfg.validate();
-  const std::optional<Impl> named = a.impl == "auto" ? std::optional<Impl>(Impl::simd) : impl_named(a.impl);
-  require(named.has_value(), "--impl must be ref, simd or auto, got '" + a.impl + "'");
-  const Impl impl = *named;
-  reject_target_on_ref(a.given, impl);
-  apply_target(a.target);
+  const Impl impl = descriptor_impl(a);
   std::printf("problem   %s\nschedule  %s over the DSA layers of %d\nimpl      %s\n", golden::to_string(spec).c_str(),
               spec.pattern.c_str(), spec.n_layers, impl_line(impl).c_str());
   const auto t0 = std::chrono::steady_clock::now();

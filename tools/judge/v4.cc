@@ -41,6 +41,15 @@ using detail::passes;
 using detail::rule_of;
 using detail::KindJudge;
 
+// Whether row t of a and b [rows, k] hold the same entries (as multisets).
+bool same_row_set(const Tensor<int32_t>& a, const Tensor<int32_t>& b, int64_t t) {
+  const int64_t k = a.dim(1);
+  std::vector<int32_t> x(&a[t * k], &a[t * k] + k), y(&b[t * k], &b[t * k] + k);
+  std::sort(x.begin(), x.end());
+  std::sort(y.begin(), y.end());
+  return x == y;
+}
+
 const std::vector<std::string> kJudgedV4 = {"compressor.entries", "indexer.entries", "indexer.scores",  "indexer.blocks",
                                             "attn.indices",       "attn.out",        "attn.out_rotated", "attn.lse",
                                             "attn.max_logits"};
@@ -54,6 +63,12 @@ class V4Judge : public KindJudge {
   void finish() { schedule_hypotheses(); }
 
  private:
+  // The golden's inputs of layer l's compressor (part "compressor") or indexer's ("indexer"), and its parameters.
+  struct Compressor {
+    Tensor<float> kv, gate, bias, norm;
+    ref::v4::CompressorParams cp;
+  };
+  Compressor compressor(int l, const std::string& part) const;
   std::vector<float> entry_bounds(int l, const std::string& part);
   void blocks(int l, Tensor<int32_t>& used);
   cmp::Report indices(int l, const Tensor<int32_t>& cand, const Tensor<int32_t>& gold, const Tensor<int32_t>* blocks) const;
@@ -67,7 +82,7 @@ class V4Judge : public KindJudge {
                             const Tensor<float>* lse, const std::vector<float>& out_bound, const std::vector<float>& lse_bound);
   void schedule_hypotheses();
   template <class Near>
-  void overlap_hypotheses(int l, const std::string& part, const Near& near);
+  void overlap_hypotheses(int l, const std::string& part, const Compressor& c, const Near& near);
   std::string P(int l) const { return "layer " + std::to_string(l); }
 
   golden::V4Layout lay_;
@@ -87,14 +102,18 @@ std::set<int> V4Judge::layers(const std::set<int>& wanted) const {
                          wanted);
 }
 
+V4Judge::Compressor V4Judge::compressor(int l, const std::string& part) const {
+  const std::string p = nm(l, part + ".");
+  const LayerType t = part == "indexer" ? LayerType::csa : lay_.schedule.types[size_t(l)];
+  return {g_.tensor<float>(p + "kv"), g_.tensor<float>(p + "gate"), g_.tensor<float>(p + "position_bias"),
+          g_.tensor<float>(p + "norm_weight"),
+          part == "indexer" ? ref::v4::indexer_compressor_params(lay_.cfg) : ref::v4::compressor_params(lay_.cfg, t)};
+}
+
 // The compressor's (part "compressor") or the indexer's ("indexer") entry bounds of layer l.
 std::vector<float> V4Judge::entry_bounds(int l, const std::string& part) {
-  const std::string p = "layers." + std::to_string(l) + "." + part + ".";
-  const LayerType t = part == "indexer" ? LayerType::csa : lay_.schedule.types[size_t(l)];
-  const ref::v4::CompressorParams cp =
-      part == "indexer" ? ref::v4::indexer_compressor_params(lay_.cfg) : ref::v4::compressor_params(lay_.cfg, t);
-  return v4b::compressor_bounds(g_.tensor<float>(p + "kv"), g_.tensor<float>(p + "gate"), g_.tensor<float>(p + "position_bias"),
-                                g_.tensor<float>(p + "norm_weight"), cp);
+  const Compressor c = compressor(l, part);
+  return v4b::compressor_bounds(c.kv, c.gate, c.bias, c.norm, c.cp);
 }
 
 void V4Judge::layer(int l) {
@@ -170,10 +189,7 @@ void V4Judge::blocks(int l, Tensor<int32_t>& used) {
     cmp::Report r;
     r.stats.n = T;
     for (int64_t t = 0; t < T; ++t) {
-      std::vector<int32_t> a(&cand[t * cand.dim(1)], &cand[t * cand.dim(1)] + cand.dim(1)), b(&(*sb)[t * cand.dim(1)], &(*sb)[t * cand.dim(1)] + cand.dim(1));
-      std::sort(a.begin(), a.end());
-      std::sort(b.begin(), b.end());
-      if (a == b) continue;
+      if (same_row_set(cand, *sb, t)) continue;
       ++r.stats.n_fail;
       if (r.mismatches.size() < cmp::kMaxMismatches)
         r.mismatches.push_back({{t}, 0, 0, 0, 0, "row " + std::to_string(t) + ": not the source layer " + std::to_string(src) + "'s blocks"});
@@ -298,12 +314,9 @@ void V4Judge::attention(int l, const Tensor<int32_t>& used, const std::string& n
 }
 
 void V4Judge::entries_hypotheses(int l, const std::string& part, const Tensor<float>& cand, const std::vector<float>& bound) {
-  const std::string p = nm(l, part + ".");
-  const LayerType t = part == "indexer" ? LayerType::csa : lay_.schedule.types[size_t(l)];
-  ref::v4::CompressorParams cp =
-      part == "indexer" ? ref::v4::indexer_compressor_params(lay_.cfg) : ref::v4::compressor_params(lay_.cfg, t);
-  const Tensor<float> kv = g_.tensor<float>(p + "kv"), gate = g_.tensor<float>(p + "gate"), bias = g_.tensor<float>(p + "position_bias");
-  const Tensor<float> w = g_.tensor<float>(p + "norm_weight");
+  const Compressor c = compressor(l, part);
+  const Tensor<float>&kv = c.kv, &gate = c.gate, &bias = c.bias, &w = c.norm;
+  const ref::v4::CompressorParams& cp = c.cp;
   auto near = [&](const Tensor<float>& x, double rel) {
     std::vector<float> b = bound;
     for (size_t i = 0; i < b.size(); ++i) b[i] = cmp::bound_f32(double(b[i]) + rel * std::fabs(double(x[int64_t(i)])));
@@ -321,7 +334,7 @@ void V4Judge::entries_hypotheses(int l, const std::string& part, const Tensor<fl
   const std::vector<float> freq = ref::v4::inv_freq(cp.rope);
   for (int64_t e = 0; e < unrot.dim(0); ++e) ref::v4::apply_rope_inverse(&unrot.at(e, unrot.dim(1) - rd), rd, e * cp.ratio, freq);
   if (near(unrot, 0)) res.diagnoses.push_back(P(l) + ": " + part + ".entries match the entries without their RoPE");
-  if (cp.overlap) overlap_hypotheses(l, part, near);
+  if (cp.overlap) overlap_hypotheses(l, part, c, near);
 }
 
 // CSA's overlapping windows taken wrong: entry w pools the previous window's Ca half (columns
@@ -329,13 +342,10 @@ void V4Judge::entries_hypotheses(int l, const std::string& part, const Tensor<fl
 // swapped (columns exchanged in kv, gate and position_bias), and the previous window left out (its
 // slots' gates at -1e4, so their softmax weights are exactly 0).
 template <class Near>
-void V4Judge::overlap_hypotheses(int l, const std::string& part, const Near& near) {
-  const std::string p = nm(l, part + ".");
-  const LayerType t = part == "indexer" ? LayerType::csa : lay_.schedule.types[size_t(l)];
-  const ref::v4::CompressorParams cp =
-      part == "indexer" ? ref::v4::indexer_compressor_params(lay_.cfg) : ref::v4::compressor_params(lay_.cfg, t);
-  Tensor<float> kv = g_.tensor<float>(p + "kv"), gate = g_.tensor<float>(p + "gate"), bias = g_.tensor<float>(p + "position_bias");
-  const Tensor<float> w = g_.tensor<float>(p + "norm_weight");
+void V4Judge::overlap_hypotheses(int l, const std::string& part, const Compressor& c, const Near& near) {
+  const Tensor<float>&kv = c.kv, &bias = c.bias, &w = c.norm;
+  const ref::v4::CompressorParams& cp = c.cp;
+  Tensor<float> gate = c.gate;
   const int64_t D = w.dim(0);
   Tensor<float> swapped[3] = {kv, gate, bias};
   for (Tensor<float>& x : swapped)
@@ -365,12 +375,8 @@ void V4Judge::schedule_hypotheses() {
     if (types[l] == LayerType::csa)
       by_layer += by_layer.empty() || (rule == ref::v4::FreqRule::modulo ? int(l) : std::max(int(l) - 1, 0)) % f == 0 ? 'F' : 'S';
   auto same_rows = [](const Tensor<int32_t>& a, const Tensor<int32_t>& b) {
-    for (int64_t t = 0; t < a.dim(0); ++t) {
-      std::vector<int32_t> x(&a[t * a.dim(1)], &a[t * a.dim(1)] + a.dim(1)), y(&b[t * a.dim(1)], &b[t * a.dim(1)] + a.dim(1));
-      std::sort(x.begin(), x.end());
-      std::sort(y.begin(), y.end());
-      if (x != y) return false;
-    }
+    for (int64_t t = 0; t < a.dim(0); ++t)
+      if (!same_row_set(a, b, t)) return false;
     return true;
   };
   auto grouped_as = [&](const ref::v4::Schedule& s) {  // over the layers the candidate holds blocks for
