@@ -25,6 +25,7 @@
 #include "tests/simd_targets.h"
 #include "tools/judge/diff.h"
 #include "tools/judge/emulate.h"
+#include "tools/judge/precision.h"
 #include "tools/lib/golden_kpool.h"
 #include "tools/lib/run_report.h"
 
@@ -580,4 +581,53 @@ TEST_CASE("kpool: search's greedy steps cost each Shared layer its attention ove
     }
   CHECK(found);
   std::remove(json.c_str());
+}
+
+TEST_CASE("kpool diff: the precision test passes f32 scores in another order and fails f16 / bf16 scores and keys, by name") {
+  const golden::Loaded& g = tiny_set().g;
+  const Tensor<float> q = g.tensor<float>("layers.3.indexer.q"), w = g.tensor<float>("layers.3.indexer.weights");
+  const Tensor<float> kbar = g.tensor<float>("layers.3.indexer.pool_keys"), gold = g.tensor<float>("layers.3.indexer.scores");
+  // A correct f32 kernel in another order, written out here: heads descending, each dot product's
+  // dims descending, f32 throughout, times D^-1/2 = 0.25 (scores [30, 7], q [30, 4, 16], kbar [7, 16]).
+  Tensor<float> other = gold;
+  for (int64_t t = 0; t < 30; ++t)
+    for (int64_t p = 0; p < 7; ++p) {
+      if (!std::isfinite(gold.at(t, p))) continue;
+      float acc = 0;
+      for (int64_t h = 3; h >= 0; --h) {
+        float dot = 0;
+        for (int64_t d = 15; d >= 0; --d) dot += q.at(t, h, d) * kbar.at(p, d);
+        acc += w.at(t, h) * std::max(dot, 0.0f);
+      }
+      other.at(t, p) = acc * 0.25f;
+    }
+  CHECK(other.data != gold.data);  // the order changed some bits
+  Cand c = faithful(g);
+  c.set("layers.3.indexer.scores", other);
+  diff::Result r = judge(c);
+  CHECK_MESSAGE(!r.failed(), report(r));
+  bool ran = false;
+  for (const auto& t : r.tensors)
+    if (t.layer == 3 && t.name == "indexer.scores") ran = t.report.precision_ran;
+  CHECK(ran);
+  // Scores rounded to f16 / bf16 stay inside the per-element bound's reach less and less, but the
+  // precision test names the class; pooled keys rounded to bf16 likewise.
+  for (const int bits : {11, 8}) {
+    CAPTURE(bits);
+    const std::string cls = bits == 11 ? "f16" : "bf16";
+    Tensor<float> low = gold;
+    for (float& v : low.data) v = float(prec::round_bits(v, bits));
+    Cand s = faithful(g);
+    s.set("layers.3.indexer.scores", low);
+    r = judge(s);
+    CHECK_MESSAGE(verdict(r, 3, "indexer.scores") == cmp::Verdict::fail, report(r));
+    CHECK_MESSAGE(diagnosed(r, "indexer.scores carries " + cls + "-level error"), report(r));
+  }
+  Tensor<float> low_keys = kbar;
+  for (float& v : low_keys.data) v = float(prec::round_bits(v, 8));
+  Cand k = faithful(g);
+  k.set("layers.3.indexer.pool_keys", low_keys);
+  r = judge(k);
+  CHECK_MESSAGE(verdict(r, 3, "indexer.pool_keys") == cmp::Verdict::fail, report(r));
+  CHECK_MESSAGE(diagnosed(r, "indexer.pool_keys carries bf16-level error"), report(r));
 }

@@ -158,7 +158,15 @@ void HyJudge::indexer(int l) {
     const Tensor<float> gold = g_.tensor<float>(nm(l, n));
     Tensor<float> cand = candidate_float(c_, nm(l, n), gold.shape);
     if (add(l, n, cmp::compare_floats("", gold, cand, rule_of(*b, how))) == cmp::Verdict::fail) failed[n] = cand;
-    if (std::string(n) == "indexer.scores") cand_scores = std::move(cand);
+    if (std::string(n) == "indexer.scores") {
+      // The precision test: the whole indexer (LayerNorm, RoPE, weights, scores) on moved inputs.
+      values_precision(P(l), n, gold, cand, cfg_.heads * cfg_.dim, [&](const prec::Moved& m) {
+        return hy::run_indexer(m(d.q, "q"), m(d.k, "k"), d.k_norm_w, d.k_norm_b, m(d.raw, "weights_raw"), params(hy::RopeSlice::trailing), k_)
+            .scores;
+      });
+      if (res.tensors.back().report.verdict == cmp::Verdict::fail) failed[n] = cand;
+      cand_scores = std::move(cand);
+    }
   }
   Tensor<int32_t> cand_topk;
   if (has(l, "indexer.topk")) {

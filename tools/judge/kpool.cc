@@ -206,7 +206,14 @@ void KpoolJudge::indexer(int l) {
   if (has(l, "indexer.pool_keys")) {
     const Tensor<float> gold = g_.tensor<float>(nm(l, "indexer.pool_keys"));
     const Tensor<float> cand = candidate_float(c_, nm(l, "indexer.pool_keys"), gold.shape);
-    if (add(l, "indexer.pool_keys", cmp::compare_floats("", gold, cand, rule_of(kb, how))) == cmp::Verdict::fail)
+    const bool failed = add(l, "indexer.pool_keys", cmp::compare_floats("", gold, cand, rule_of(kb, how))) == cmp::Verdict::fail;
+    // The precision test where the contract is f32 (rounding hf-bf16 rounds the keys to bf16 by contract).
+    if (cfg_.rounding == ref::kpool::PoolRounding::f32)
+      values_precision(P(l), "indexer.pool_keys", gold, cand, cfg_.pool, [&](const prec::Moved& m) {
+        return ref::kpool::pool_keys(m(g_.tensor<float>(nm(l, "indexer.k")), "k"), m(g_.tensor<float>(nm(l, "indexer.pool_logits")), "z"),
+                                     cfg_.rounding);
+      });
+    if (failed)
       pools_hypotheses(l, "indexer.pool_keys", [&](const Tensor<float>& kbar) {
         return passes(cmp::compare_floats("", kbar, cand, rule_of(kb, "")));
       });
@@ -216,8 +223,14 @@ void KpoolJudge::indexer(int l) {
     const Tensor<float> gold = g_.tensor<float>(nm(l, "indexer.scores"));
     cand_scores = candidate_float(c_, nm(l, "indexer.scores"), gold.shape);
     const Tensor<float> kbar = g_.tensor<float>(nm(l, "indexer.pool_keys"));
-    if (add(l, "indexer.scores", cmp::compare_floats("", gold, cand_scores, rule_of(v4b::index_score_bounds(q, kbar, w, ke, kb), how))) ==
-        cmp::Verdict::fail)
+    const bool failed =
+        add(l, "indexer.scores", cmp::compare_floats("", gold, cand_scores, rule_of(v4b::index_score_bounds(q, kbar, w, ke, kb), how))) ==
+        cmp::Verdict::fail;
+    if (cfg_.rounding == ref::kpool::PoolRounding::f32)  // hf-bf16 keys: a bf16 rounding flip moves a score far more
+      values_precision(P(l), "indexer.scores", gold, cand_scores, cfg_.heads * cfg_.dim, [&](const prec::Moved& m) {
+        return ref::kpool::pool_scores(m(q, "q"), m(kbar, "kbar"), m(w, "w"), cfg_.s_kv, cfg_.pool, k_);
+      });
+    if (failed)
       pools_hypotheses(l, "indexer.scores", [&](const Tensor<float>& kv) {
         const Tensor<float> s = ref::kpool::pool_scores(q, kv, w, cfg_.s_kv, cfg_.pool, k_);
         return passes(cmp::compare_floats("", s, cand_scores, rule_of(v4b::index_score_bounds(q, kv, w, ke, kb), "")));

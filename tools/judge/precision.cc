@@ -9,6 +9,7 @@
 
 #include "ref/error.h"
 #include "ref/numerics.h"
+#include "ref/rng.h"
 #include "tools/judge/emulate.h"
 
 namespace indexshare::prec {
@@ -26,14 +27,21 @@ const std::vector<Class>& classes(Kind kind) {
       {"bf16-products", "q.k products rounded to bf16 before the f32 sum"},
       {"bf16-acc", "P.V accumulated in bf16"},
   };
+  static const std::vector<Class> values = {
+      {"f32", "f32 arithmetic in any order"},
+      {"f16", "values rounded to f16"},
+      {"bf16", "values rounded to bf16"},
+  };
   static const std::vector<Class> gradients = {
       {"bf16-p-ds", "f32 softmax, P and dS rounded to bf16 before their GEMMs, f32 accumulation in any order"},
       {"bf16-acc", "dq and dkv accumulated in bf16"},
   };
-  return kind == Kind::logits ? logits : kind == Kind::attention ? attention : gradients;
+  return kind == Kind::logits ? logits : kind == Kind::attention ? attention : kind == Kind::gradients ? gradients : values;
 }
 
-const char* kind_key(Kind kind) { return kind == Kind::logits ? "logits" : kind == Kind::attention ? "attn" : "grad"; }
+const char* kind_key(Kind kind) {
+  return kind == Kind::logits ? "logits" : kind == Kind::attention ? "attn" : kind == Kind::gradients ? "grad" : "values";
+}
 
 namespace {
 
@@ -245,6 +253,36 @@ ClassValues logits_classes(const Tensor<e4m3_t>& q, const Tensor<e4m3_t>& k, con
 ClassValues logits_classes(const Tensor<bf16_t>& q, const Tensor<bf16_t>& k, const Tensor<float>& k_scale,
                            const Tensor<float>& weights, std::vector<std::pair<int64_t, int64_t>> elems, std::vector<double> golden) {
   return logits_classes_impl(q, k, k_scale, weights, std::move(elems), std::move(golden));
+}
+
+Tensor<float> Moved::operator()(const Tensor<float>& x, const std::string& name) const {
+  Tensor<float> out = x;
+  const double u = ulps * 0x1p-24;
+  const uint64_t tag = stream_tag(name);
+  for (int64_t c = 0; c * kChunk < x.numel(); ++c) {
+    Xoshiro256 g = chunk_generator(seed, tag, c);
+    for (int64_t i = c * kChunk; i < std::min(x.numel(), (c + 1) * kChunk); ++i)
+      out[i] = float(double(x[i]) * (1.0 + u * double(draw(g, Dist::uniform))));
+  }
+  return out;
+}
+
+ClassValues recomputed_classes(std::function<std::vector<double>(const Moved&)> recompute, int64_t n_reduction,
+                               std::vector<double> golden) {
+  auto cache = std::make_shared<std::map<std::string, std::vector<std::vector<double>>>>();
+  const double ulps = kValuesSlack * std::sqrt(double(std::max<int64_t>(n_reduction, 1)));
+  return [recompute = std::move(recompute), golden = std::move(golden), cache, ulps](const std::string& cls) {
+    auto it = cache->find(cls);
+    if (it != cache->end()) return it->second;
+    std::vector<std::vector<double>> v;
+    if (cls == "f32")
+      for (uint64_t seed : {1, 2}) v.push_back(recompute(Moved{ulps, seed}));
+    else if (cls == "f16" || cls == "bf16") {
+      v.emplace_back();
+      for (double g : golden) v.back().push_back(round_bits(g, cls == "f16" ? 11 : 8));
+    }
+    return (*cache)[cls] = v;
+  };
 }
 
 std::vector<int64_t> sample_rows(const Tensor<int32_t>& indices, const Tensor<int32_t>* topk_length, int64_t s_kv,

@@ -46,6 +46,11 @@
 //                           (TileLang's sparse_mla_bwd; cmp::emulate_attention_backward_lowp), the
 //                           output in the candidate's dtype
 //                   bf16-acc   the same with every partial sum of dq and dkv rounded to bf16
+//   values          f32     an f32 tensor computed in f32 from f32 inputs (the V4, HY V4 and KPool
+//                           indexer scores, KPool's pooled keys): f32 arithmetic in any order, whose
+//                           members are the golden's own computation on inputs moved by f32 rounding
+//                           (recomputed_classes below)
+//                   f16, bf16  the values rounded to f16 / bf16
 // An indexer meant to be low precision declares its contract (`diff --precision logits=bf16`): the
 // precision test and the top-k's near-tie margin then hold it to that class; the declaration is
 // printed in the report and the JSON. The attention's contract is f32 alone: its per-element
@@ -65,7 +70,7 @@
 
 namespace indexshare::prec {
 
-enum class Kind { logits, attention, gradients };
+enum class Kind { logits, attention, gradients, values };
 
 struct Class {
   std::string name;        // "fp8mma"
@@ -77,9 +82,11 @@ const char* kind_key(Kind kind);  // "logits", "attn"
 
 // The declared contract of each kind (the class names); default the anchors'.
 struct Contract {
-  std::string logits = "fp8mma", attention = "f32", gradients = "bf16-p-ds";  // gradients: not declarable
+  std::string logits = "fp8mma", attention = "f32", gradients = "bf16-p-ds", values = "f32";  // gradients, values: not declarable
   bool logits_declared = false, attention_declared = false;
-  const std::string& of(Kind kind) const { return kind == Kind::logits ? logits : kind == Kind::attention ? attention : gradients; }
+  const std::string& of(Kind kind) const {
+    return kind == Kind::logits ? logits : kind == Kind::attention ? attention : kind == Kind::gradients ? gradients : values;
+  }
   // "logits=fp8mma (default), attn=f32 (default)"
   std::string text() const;
 };
@@ -130,6 +137,27 @@ double max_scaled_deviation(const std::vector<double>& golden, const std::vector
 double round_bits(double x, int bits);
 
 // ---- The classes' values, emulated on the golden's own inputs ----------------------------------
+// A tensor's inputs moved by f32 rounding: each element x becomes f32(x * (1 + u r)), r uniform in
+// [-1, 1) from the project's generator (stream: seed and the tensor's name), u = ulps * 2^-24.
+struct Moved {
+  double ulps = 0;
+  uint64_t seed = 0;
+  Tensor<float> operator()(const Tensor<float>& x, const std::string& name) const;
+};
+// The values kind's classes of a tensor the caller can recompute from moved inputs. f32: two
+// members, recompute(Moved) at two seeds with ulps = kValuesSlack * sqrt(n_reduction), n_reduction
+// the longest sum behind one value (H * D for indexer scores). Why that is the f32 class: a correct
+// f32 kernel, in any order, computes the exact result of its inputs moved by about sqrt(n) rounding
+// errors of 2^-24 in the typical case (backward error; Higham, ch. 3), so its error against the
+// golden is of the size of the moved recomputation's; kValuesSlack (8) covers the orders whose
+// partial sums grow (a sum of n terms of one sign rounds at up to n times its first term) and the
+// kernel's own upstream rounding (a norm, a softmax, a RoPE before the sum). The coarser classes
+// stay far: f16 rounding is 2^-12 relative, 80x the f32 class at n = 8192, bf16 2^-9.
+// f16, bf16: `golden` rounded. `recompute` must return the values at the sampled elements, in the
+// order of `golden`; it is called at most twice.
+constexpr double kValuesSlack = 8.0;
+ClassValues recomputed_classes(std::function<std::vector<double>(const Moved&)> recompute, int64_t n_reduction,
+                               std::vector<double> golden);
 // The logits' sample: up to kLogitsSamples (row, key) elements evenly spaced over the elements
 // inside the rows' windows [ks, ke), rows ascending, keys ascending.
 std::vector<std::pair<int64_t, int64_t>> sample_logits(const Tensor<int32_t>& ks, const Tensor<int32_t>& ke, int64_t s_kv);

@@ -142,7 +142,13 @@ void V4Judge::layer(int l) {
     const Tensor<float> gold = g_.tensor<float>(p + "scores");
     std::vector<float> b = v4b::index_score_bounds(g_.tensor<float>(p + "q"), g_.tensor<float>(p + "entries"),
                                                    g_.tensor<float>(p + "weights"), lay_.cfg.csa_ratio, kb);
-    add(l, "indexer.scores", cmp::compare_floats("", gold, candidate_float(c_, p + "scores", gold.shape), rule_of(std::move(b), how)));
+    const Tensor<float> cand = candidate_float(c_, p + "scores", gold.shape);
+    add(l, "indexer.scores", cmp::compare_floats("", gold, cand, rule_of(std::move(b), how)));
+    const Tensor<float> q = g_.tensor<float>(p + "q");
+    values_precision(V4Judge::P(l), "indexer.scores", gold, cand, q.dim(1) * q.dim(2), [&](const prec::Moved& m) {
+      return ref::v4::index_scores(m(q, "q"), m(g_.tensor<float>(p + "entries"), "entries"), m(g_.tensor<float>(p + "weights"), "weights"),
+                                   lay_.cfg.csa_ratio, lay_.cfg.rotation, k_);
+    });
   }
   Tensor<int32_t> used = g_.tensor<int32_t>(nm(l, "attn.indices"));
   std::string note;

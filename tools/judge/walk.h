@@ -209,6 +209,20 @@ class KindJudge {
                  prec::Kind kind, const prec::ClassValues& values) {
     precision_test(res, prec::Contract(), P, tensor, golden, cand, kind, values);
   }
+  // The precision test of an f32 tensor computed in f32 from f32 inputs (prec::Kind::values), just
+  // added: golden and candidate whole (non-finite pairs are left out), the f32 class `recompute`d
+  // from moved inputs (prec::recomputed_classes; n_reduction its longest sum).
+  void values_precision(const std::string& P, const std::string& tensor, const Tensor<float>& golden, const Tensor<float>& cand,
+                        int64_t n_reduction, const std::function<Tensor<float>(const prec::Moved&)>& recompute) {
+    std::vector<double> g(golden.data.begin(), golden.data.end());
+    const auto values = prec::recomputed_classes(
+        [recompute](const prec::Moved& m) {
+          const Tensor<float> t = recompute(m);
+          return std::vector<double>(t.data.begin(), t.data.end());
+        },
+        n_reduction, g);
+    precision(P, tensor, g, std::vector<double>(cand.data.begin(), cand.data.end()), prec::Kind::values, values);
+  }
 
   const golden::Loaded& g_;
   const io::SafetensorsFile& c_;
