@@ -24,6 +24,7 @@
 #include "tests/cli_util.h"
 #include "tools/judge/diff.h"
 #include "tools/judge/emulate.h"
+#include "tools/judge/precision.h"
 #include "tools/lib/golden_hyv4.h"
 
 using namespace indexshare;
@@ -434,4 +435,40 @@ TEST_CASE("hyv4: overlap compares the layers' own top-k, search costs a Shared l
     }
   CHECK(found);
   CHECK(j["pattern"].get<std::string>().substr(0, 1) == "F");
+}
+
+TEST_CASE("hyv4 diff: the precision test passes f32 scores in another order and fails f16 / bf16 scores, by name") {
+  const golden::Loaded& g = tiny_set().g;
+  const Tensor<float> q = g.tensor<float>(L(0) + "indexer.q_rope"), k = g.tensor<float>(L(0) + "indexer.k_rope");
+  const Tensor<float> w = g.tensor<float>(L(0) + "indexer.weights"), gold = g.tensor<float>(L(0) + "indexer.scores");
+  // A correct f32 kernel in another order, written out here: heads descending, dims descending
+  // (scores [16, 16] = sum_h w[t, h] ReLU(q_rope[t, h] . k_rope[s]), -inf outside the window).
+  Tensor<float> other = gold;
+  for (int64_t t = 0; t < 16; ++t)
+    for (int64_t s = 0; s < 16; ++s) {
+      if (!std::isfinite(gold.at(t, s))) continue;
+      float acc = 0;
+      for (int64_t h = 3; h >= 0; --h) {
+        float dot = 0;
+        for (int64_t d = 15; d >= 0; --d) dot += q.at(t, h, d) * k.at(s, d);
+        acc += w.at(t, h) * std::max(dot, 0.0f);
+      }
+      other.at(t, s) = acc;
+    }
+  CHECK(other.data != gold.data);
+  Cand c = faithful(g);
+  c.set(L(0) + "indexer.scores", other);
+  diff::Result r = judge(c);
+  CHECK_MESSAGE(!r.failed(), r.text("replay"));
+  for (const int bits : {11, 8}) {
+    CAPTURE(bits);
+    Tensor<float> low = gold;
+    for (float& v : low.data) v = float(prec::round_bits(v, bits));
+    Cand s = faithful(g);
+    s.set(L(0) + "indexer.scores", low);
+    r = judge(s);
+    CHECK_MESSAGE(testing::verdict(r, 0, "indexer.scores") == cmp::Verdict::fail, r.text("replay"));
+    CHECK_MESSAGE(testing::diagnosed(r, std::string("indexer.scores carries ") + (bits == 11 ? "f16" : "bf16") + "-level error"),
+                  r.text("replay"));
+  }
 }

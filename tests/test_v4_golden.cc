@@ -18,6 +18,7 @@
 #include "ref/attention.h"
 #include "ref/rng.h"
 #include "tools/judge/emulate.h"
+#include "tools/judge/precision.h"
 #include "ref/module_ops.h"
 #include "ref/numerics.h"
 #include "ref/v4/stack.h"
@@ -547,4 +548,20 @@ TEST_CASE("v4: run on a V4 descriptor prints golden's attn.out_rotated fingerpri
   bad = indexshare::testing::run_cli("run --layers 3 --problem '" + spec + "'");
   CHECK(bad.status == 2);
   CHECK(bad.out.find("--layers applies to kernel-level (DSA) stacks only") != std::string::npos);
+}
+
+TEST_CASE("v4 diff: the precision test fails indexer scores rounded to f16 / bf16, by name") {
+  const golden::Loaded& g = tiny_set().g;
+  const Tensor<float> gold = g.tensor<float>("layers.1.indexer.scores");  // layer 1: the first Full C4A layer
+  for (const int bits : {11, 8}) {
+    CAPTURE(bits);
+    Tensor<float> low = gold;
+    for (float& v : low.data) v = float(prec::round_bits(v, bits));
+    CHECK(low.data != gold.data);
+    Cand c = faithful(g);
+    c.set("layers.1.indexer.scores", low);
+    const diff::Result r = judge(c);
+    CHECK_MESSAGE(verdict(r, 1, "indexer.scores") == cmp::Verdict::fail, r.text("replay"));
+    CHECK_MESSAGE(diagnosed(r, std::string("indexer.scores carries ") + (bits == 11 ? "f16" : "bf16") + "-level error"), r.text("replay"));
+  }
 }
