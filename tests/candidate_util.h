@@ -7,6 +7,7 @@
 #include <doctest/doctest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <filesystem>
@@ -21,6 +22,8 @@
 
 #include "ref/error.h"
 #include "tools/judge/diff.h"
+#include "tools/judge/emulate.h"
+#include "tools/judge/precision.h"
 #include "tools/lib/golden.h"
 #include "tools/lib/run_report.h"
 #include "tools/lib/safetensors.h"
@@ -116,6 +119,67 @@ inline std::string fingerprint_text(const golden::GoldenSet& g, const std::strin
       return fp;
     }
   return "";
+}
+
+// A top-k over f32 scores (V4's blocks, HY V4's top-k, KPool's pools) held to the f32 contract, on a
+// set whose rows have near ties: for every correct f32 kernel of emul::scores_family (its scores by
+// `scores_of`, its positions by `select` of them) the candidate {scores, positions} passes; the
+// positions selected from the golden scores rounded to f16 or bf16 fail, named, alone and with
+// those scores. Returns how many of the f32 kernels' and the rounded scores' selections moved as
+// sets (the caller checks that the set exercises the near ties at all).
+struct ValuesTopk {
+  const golden::Loaded& g;
+  int layer;
+  std::string scores, positions;  // "indexer.scores", "indexer.blocks"
+  std::function<Tensor<float>(const emul::LogitsVariant&)> scores_of;
+  std::function<Tensor<int32_t>(const Tensor<float>&)> select;
+};
+// Whether some row of a and b [rows, k] holds other positions (as sets: slot order aside).
+inline bool rows_differ(const Tensor<int32_t>& a, const Tensor<int32_t>& b) {
+  const int64_t k = a.dim(1);
+  for (int64_t t = 0; t < a.dim(0); ++t) {
+    std::vector<int32_t> x(&a[t * k], &a[t * k] + k), y(&b[t * k], &b[t * k] + k);
+    std::sort(x.begin(), x.end());
+    std::sort(y.begin(), y.end());
+    if (x != y) return true;
+  }
+  return false;
+}
+inline std::pair<int, int> check_values_topk(const ValuesTopk& c) {
+  const std::string P = "layers." + std::to_string(c.layer) + ".";
+  const Tensor<float> gold = c.g.tensor<float>(P + c.scores);
+  const Tensor<int32_t> gold_pos = c.g.tensor<int32_t>(P + c.positions);
+  REQUIRE(c.select(gold).data == gold_pos.data);
+  std::pair<int, int> moved{0, 0};
+  for (const emul::LogitsVariant& v : emul::scores_family()) {
+    CAPTURE(v.name());
+    const Tensor<float> s = c.scores_of(v);
+    Candidate cand;
+    cand.set(P + c.scores, s);
+    cand.set(P + c.positions, c.select(s));
+    moved.first += rows_differ(c.select(s), gold_pos);
+    const diff::Result r = diff::judge(c.g, cand.file(), {});
+    CHECK_MESSAGE(!r.failed(), r.text("replay"));
+  }
+  for (const int bits : {11, 8}) {
+    const std::string cls = bits == 11 ? "f16" : "bf16";
+    CAPTURE(cls);
+    Tensor<float> low = gold;
+    for (float& x : low.data) x = float(prec::round_bits(double(x), bits));
+    const Tensor<int32_t> pos = c.select(low);
+    if (!rows_differ(pos, gold_pos)) continue;  // the rounding reordered tied slots at most
+    ++moved.second;
+    for (const bool with_scores : {false, true}) {
+      CAPTURE(with_scores);
+      Candidate cand;
+      cand.set(P + c.positions, pos);
+      if (with_scores) cand.set(P + c.scores, low);
+      const diff::Result r = diff::judge(c.g, cand.file(), {});
+      CHECK_MESSAGE(verdict(r, c.layer, c.positions) == cmp::Verdict::fail, r.text("replay"));
+      CHECK_MESSAGE(diagnosed(r, c.positions + " is the top-k of the scores rounded to"), r.text("replay"));
+    }
+  }
+  return moved;
 }
 
 }  // namespace indexshare::testing

@@ -587,29 +587,25 @@ TEST_CASE("kpool diff: the precision test passes f32 scores in another order and
   const golden::Loaded& g = tiny_set().g;
   const Tensor<float> q = g.tensor<float>("layers.3.indexer.q"), w = g.tensor<float>("layers.3.indexer.weights");
   const Tensor<float> kbar = g.tensor<float>("layers.3.indexer.pool_keys"), gold = g.tensor<float>("layers.3.indexer.scores");
-  // A correct f32 kernel in another order, written out here: heads descending, each dot product's
-  // dims descending, f32 throughout, times D^-1/2 = 0.25 (scores [30, 7], q [30, 4, 16], kbar [7, 16]).
-  Tensor<float> other = gold;
-  for (int64_t t = 0; t < 30; ++t)
-    for (int64_t p = 0; p < 7; ++p) {
-      if (!std::isfinite(gold.at(t, p))) continue;
-      float acc = 0;
-      for (int64_t h = 3; h >= 0; --h) {
-        float dot = 0;
-        for (int64_t d = 15; d >= 0; --d) dot += q.at(t, h, d) * kbar.at(p, d);
-        acc += w.at(t, h) * std::max(dot, 0.0f);
-      }
-      other.at(t, p) = acc * 0.25f;
-    }
-  CHECK(other.data != gold.data);  // the order changed some bits
-  Cand c = faithful(g);
-  c.set("layers.3.indexer.scores", other);
-  diff::Result r = judge(c);
-  CHECK_MESSAGE(!r.failed(), report(r));
-  bool ran = false;
-  for (const auto& t : r.tensors)
-    if (t.layer == 3 && t.name == "indexer.scores") ran = t.report.precision_ran;
-  CHECK(ran);
+  const Tensor<int32_t> ks({30}, 0), ke = g.tensor<int32_t>("layers.3.indexer.ke");
+  // Correct f32 kernels in other orders (judge/emulate.h: heads either way, the dot in blocks), times
+  // D^-1/2 = 0.25, each with the pools of its own scores (scores [30, 7], q [30, 4, 16], kbar [7, 16]).
+  bool differs = false;
+  diff::Result r;
+  for (const emul::LogitsVariant& v : emul::scores_family()) {
+    CAPTURE(v.name());
+    const Tensor<float> other = emul::scores_f32(v, q, kbar, w, 0.25f, ks, ke);
+    differs = differs || other.data != gold.data;
+    Cand c = faithful(g);
+    c.set("layers.3.indexer.scores", other);
+    r = judge(c);
+    CHECK_MESSAGE(!r.failed(), report(r));
+    bool ran = false;
+    for (const auto& t : r.tensors)
+      if (t.layer == 3 && t.name == "indexer.scores") ran = t.report.precision_ran;
+    CHECK(ran);
+  }
+  CHECK(differs);  // some order changed some bits
   // Scores rounded to f16 / bf16 stay inside the per-element bound's reach less and less, but the
   // precision test names the class; pooled keys rounded to bf16 likewise.
   for (const int bits : {11, 8}) {
@@ -630,4 +626,19 @@ TEST_CASE("kpool diff: the precision test passes f32 scores in another order and
   r = judge(k);
   CHECK_MESSAGE(verdict(r, 3, "indexer.pool_keys") == cmp::Verdict::fail, report(r));
   CHECK_MESSAGE(diagnosed(r, "indexer.pool_keys carries bf16-level error"), report(r));
+}
+
+TEST_CASE("kpool diff: pools from f32 scores in other orders pass, pools from f16 / bf16 scores fail by name") {
+  // 256 rows over 64 pools, 16 tokens (4 pools) a row: rows with near ties that the rounding moves.
+  const testing::WrittenSet m = testing::written(
+      tmp("topk"), golden::build_kpool(golden::parse_kpool_spec("sq=256 skv=256 h=4 d=16 pool=4 k=16 tail=yes rounding=f32 hq=2 dqk=64 "
+                                                                "dv=32 nl=4 dsa=glm53 sched=F fp8=amax seed=71"), "replay"));
+  const Tensor<float> q = m.g.tensor<float>("layers.3.indexer.q"), w = m.g.tensor<float>("layers.3.indexer.weights");
+  const Tensor<float> kbar = m.g.tensor<float>("layers.3.indexer.pool_keys");
+  const Tensor<int32_t> ks({256}, 0), ke = m.g.tensor<int32_t>("layers.3.indexer.ke");
+  const auto [f32_moved, low_moved] = testing::check_values_topk(
+      {m.g, 3, "indexer.scores", "indexer.pools", [&](const emul::LogitsVariant& v) { return emul::scores_f32(v, q, kbar, w, 0.25f, ks, ke); },
+       [&](const Tensor<float>& s) { return ref::kpool::select_tokens(s, 256, 4, 16, true).pools; }});
+  MESSAGE("f32 kernels whose pools moved: " << f32_moved << "; rounded scores whose pools moved: " << low_moved);
+  CHECK(low_moved >= 1);  // bf16 at least
 }

@@ -550,18 +550,64 @@ TEST_CASE("v4: run on a V4 descriptor prints golden's attn.out_rotated fingerpri
   CHECK(bad.out.find("--layers applies to kernel-level (DSA) stacks only") != std::string::npos);
 }
 
-TEST_CASE("v4 diff: the precision test fails indexer scores rounded to f16 / bf16, by name") {
+TEST_CASE("v4 diff: the precision test passes f32 scores in other orders and fails f16 / bf16 scores and entries, by name") {
   const golden::Loaded& g = tiny_set().g;
+  const golden::V4Spec s = golden::parse_v4_spec(kSpec);
   const Tensor<float> gold = g.tensor<float>("layers.1.indexer.scores");  // layer 1: the first Full C4A layer
+  const Tensor<float> q = g.tensor<float>("layers.1.indexer.q"), e = g.tensor<float>("layers.1.indexer.entries");
+  const Tensor<float> w = g.tensor<float>("layers.1.indexer.weights");
+  const int64_t T = q.dim(0), D = q.dim(2), n_b = e.dim(0);
+  const Tensor<int32_t> ks({T}, 0), ke = ref::v4::causal_block_end(T, s.cfg.csa_ratio, n_b);
+  // Correct f32 kernels in other orders (judge/emulate.h; the set is rot=hf: no rotation), times the
+  // f32 D^-1/2 after the head sum, each with the blocks of its own scores.
+  bool differs = false;
+  for (const emul::LogitsVariant& v : emul::scores_family()) {
+    CAPTURE(v.name());
+    const Tensor<float> other = emul::scores_f32(v, q, e, w, float(1.0 / std::sqrt(double(D))), ks, ke);
+    differs = differs || other.data != gold.data;
+    Cand c = faithful(g);
+    c.set("layers.1.indexer.scores", other);
+    const diff::Result r = judge(c);
+    CHECK_MESSAGE(!r.failed(), r.text("replay"));
+  }
+  CHECK(differs);
   for (const int bits : {11, 8}) {
     CAPTURE(bits);
+    const std::string cls = bits == 11 ? "f16" : "bf16";
     Tensor<float> low = gold;
     for (float& v : low.data) v = float(prec::round_bits(v, bits));
     CHECK(low.data != gold.data);
     Cand c = faithful(g);
     c.set("layers.1.indexer.scores", low);
-    const diff::Result r = judge(c);
+    diff::Result r = judge(c);
     CHECK_MESSAGE(verdict(r, 1, "indexer.scores") == cmp::Verdict::fail, r.text("replay"));
-    CHECK_MESSAGE(diagnosed(r, std::string("indexer.scores carries ") + (bits == 11 ? "f16" : "bf16") + "-level error"), r.text("replay"));
+    CHECK_MESSAGE(diagnosed(r, "indexer.scores carries " + cls + "-level error"), r.text("replay"));
+    // The compressors' entries rounded likewise.
+    Cand en = faithful(g);
+    for (const char* part : {"compressor", "indexer"}) {
+      Tensor<float> x = g.tensor<float>(std::string("layers.1.") + part + ".entries");
+      for (float& v : x.data) v = float(prec::round_bits(v, bits));
+      en.set(std::string("layers.1.") + part + ".entries", x);
+    }
+    r = judge(en);
+    for (const char* part : {"compressor", "indexer"}) {
+      CHECK_MESSAGE(verdict(r, 1, std::string(part) + ".entries") == cmp::Verdict::fail, r.text("replay"));
+      CHECK_MESSAGE(diagnosed(r, std::string(part) + ".entries carries " + cls + "-level error"), r.text("replay"));
+    }
   }
+}
+
+TEST_CASE("v4 diff: blocks from f32 scores in other orders pass, blocks from f16 / bf16 scores fail by name") {
+  // 512 rows over up to 128 blocks, 16 a row: rows with near ties that the rounding moves.
+  const golden::V4Spec s = golden::parse_v4_spec("t=512 h=2 d=64 w=8 csa=4 hca=8 ih=4 id=32 k=16 rope=16 ctx=32 types=SC sched=F rot=hf seed=31");
+  const testing::WrittenSet m = testing::written(tmp("topk"), golden::build_v4(s, "replay"));
+  const Tensor<float> q = m.g.tensor<float>("layers.1.indexer.q"), e = m.g.tensor<float>("layers.1.indexer.entries");
+  const Tensor<float> w = m.g.tensor<float>("layers.1.indexer.weights");
+  const Tensor<int32_t> ks({512}, 0), ke = ref::v4::causal_block_end(512, 4, e.dim(0));
+  const auto [f32_moved, low_moved] = testing::check_values_topk(
+      {m.g, 1, "indexer.scores", "indexer.blocks",
+       [&](const emul::LogitsVariant& v) { return emul::scores_f32(v, q, e, w, float(1.0 / std::sqrt(32.0)), ks, ke); },
+       [&](const Tensor<float>& x) { return ref::v4::select_blocks(x, 4, 16); }});
+  MESSAGE("f32 kernels whose blocks moved: " << f32_moved << "; rounded scores whose blocks moved: " << low_moved);
+  CHECK(low_moved >= 1);  // bf16 at least
 }

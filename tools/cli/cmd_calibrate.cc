@@ -21,8 +21,8 @@ struct CalibrateArgs {
   int runs = 200, first = 0;
   int64_t seed = 1;
   std::string power, json;
-  bool catalogue = false;
-  int layer = 0;
+  bool catalogue = false, values = false;
+  int layer = -1;
   int64_t max_work = calib::kDefaultWork;
   std::vector<std::string> given;  // the options on the command line
 };
@@ -38,7 +38,7 @@ int cmd_calibrate(const CalibrateArgs& a) {
   int rc = 0;
   // Options of the other mode are refused, never silently ignored.
   if (a.catalogue) {
-    reject_given(a.given, {"--runs", "--first", "--seed", "--max-work", "--power", "--layer"}, "--catalogue",
+    reject_given(a.given, {"--runs", "--first", "--seed", "--max-work", "--power", "--layer", "--values"}, "--catalogue",
                  "the catalogue plants its bugs into its own golden set");
     std::printf("diagnosis accuracy: planted kernel bugs on %s, each named right when the first diagnosis names it\n",
                 calib::kCatalogueProblem);
@@ -57,11 +57,11 @@ int cmd_calibrate(const CalibrateArgs& a) {
     std::printf("named right first: %d of %d\n", right, n);
     j = {{"problem", calib::kCatalogueProblem}, {"named_first", right}, {"bugs", n}, {"catalogue", rows}};
   } else if (!a.power.empty()) {
-    reject_given(a.given, {"--runs", "--first", "--seed", "--max-work"}, "calibration runs (without --power)",
-                 "--power measures faults on the given golden set");
+    reject_given(a.given, {"--runs", "--first", "--seed", "--max-work", "--values"}, "calibration runs (without --power)",
+                 "--power measures faults on the given golden set (a v4, hyv4 or kpool set: the values kind's)");
     const std::vector<calib::PowerRow> power = calib::power(a.power, a.layer, simd::kernels(), tmp);  // bad input: nothing printed
-    std::printf("power of the judge on %s, layer %d (faults on the naive correct emulation; smallest failing eps, to ~5%%)\n",
-                a.power.c_str(), a.layer);
+    std::printf("power of the judge on %s, layer %s (faults on a correct emulation; smallest failing eps, to ~5%%)\n",
+                a.power.c_str(), a.layer < 0 ? "default" : std::to_string(a.layer).c_str());
     std::printf("%-55s %-10s %-10s %s\n", "fault", "detected", "named", "caught by / diagnosis at the named size");
     nlohmann::json rows = nlohmann::json::array();
     for (const calib::PowerRow& r : power) {
@@ -73,23 +73,31 @@ int cmd_calibrate(const CalibrateArgs& a) {
     j = {{"golden", a.power}, {"layer", a.layer}, {"power", rows}};
   } else {
     reject_given(a.given, {"--layer"}, "--power", "it picks the layer the faults go into");
+    if (a.values) reject_given(a.given, {"--max-work"}, "--values", "its runs draw their own shapes");
     require(a.runs >= 1 && a.runs <= 100000, "--runs: expected 1..100000, got " + std::to_string(a.runs));
     require(a.first >= 0 && a.first <= 1000000000, "--first: expected 0..10^9, got " + std::to_string(a.first));
-    std::printf("calibration: %d runs of the correct-kernel family from run %d, seed %lld\n", a.runs, a.first, (long long)a.seed);
+    std::printf("calibration: %d runs of the correct-kernel family%s from run %d, seed %lld\n", a.runs,
+                a.values ? " (f32 indexer scores of v4, hyv4 and kpool sets)" : "", a.first, (long long)a.seed);
     nlohmann::json runs = nlohmann::json::array();
-    const auto list = calib::calibrate(a.first, a.runs, uint64_t(a.seed), simd::kernels(), tmp, [&](const calib::Run& r) {
-      double worst = -cmp::kRatioCap;
-      for (const calib::TensorMargin& m : r.tensors) worst = std::max(worst, m.structure_ratio);
-      std::printf("run %4d %-4s %5.1fs structure<=%.3g  %s (%s) | %s | %s\n", r.index, r.passed ? "PASS" : "FAIL", r.seconds, worst,
-                  r.problem.c_str(), r.kind.c_str(), r.attention_variant.c_str(), r.logits_variant.c_str());
+    const auto progress = [&](const calib::Run& r) {
+      double worst = -cmp::kRatioCap, precision = 0;
+      for (const calib::TensorMargin& m : r.tensors) worst = std::max(worst, m.structure_ratio), precision = std::max(precision, m.precision_ratio);
+      if (a.values)
+        std::printf("run %4d %-4s %5.1fs precision<=%.3g  %s (%s) | %s\n", r.index, r.passed ? "PASS" : "FAIL", r.seconds, precision,
+                    r.problem.c_str(), r.kind.c_str(), r.logits_variant.c_str());
+      else
+        std::printf("run %4d %-4s %5.1fs structure<=%.3g  %s (%s) | %s | %s\n", r.index, r.passed ? "PASS" : "FAIL", r.seconds, worst,
+                    r.problem.c_str(), r.kind.c_str(), r.attention_variant.c_str(), r.logits_variant.c_str());
       for (const std::string& why : r.reasons) std::printf("         %s\n", why.c_str());
       std::fflush(stdout);
-    }, a.max_work);
+    };
+    const auto list = a.values ? calib::calibrate_values(a.first, a.runs, uint64_t(a.seed), simd::kernels(), tmp, progress)
+                               : calib::calibrate(a.first, a.runs, uint64_t(a.seed), simd::kernels(), tmp, progress, a.max_work);
     for (const calib::Run& r : list) {
       nlohmann::json t = nlohmann::json::array();
       for (const calib::TensorMargin& m : r.tensors)
         t.push_back({{"tensor", m.tensor}, {"verdict", m.verdict}, {"structure_ratio", m.structure_ratio}, {"err_over_bound", m.bound_ratio},
-                     {"calc_diff", m.calc_diff}, {"precision_ratio", m.precision_ratio}});
+                     {"calc_diff", m.calc_diff}, {"precision_ratio", m.precision_ratio}, {"near_ties", m.near_ties}});
       runs.push_back({{"run", r.index}, {"problem", r.problem}, {"kind", r.kind}, {"attention_variant", r.attention_variant},
                       {"logits_variant", r.logits_variant}, {"passed", r.passed}, {"reasons", r.reasons}, {"tensors", t}});
     }
@@ -113,8 +121,9 @@ Action register_calibrate(CLI::App& app) {
   c->add_option("--max-work", a->max_work, "Calibration: at most this many (query row, head, key) triples per layer (sets the rows)")
       ->capture_default_str()->check(CLI::Range(int64_t(1), int64_t(1) << 30));
   c->add_option("--power", a->power, "Measure the smallest systematic faults the judge catches on this golden set");
-  c->add_option("--layer", a->layer, "With --power: the layer to inject faults into")->capture_default_str();
+  c->add_option("--layer", a->layer, "With --power: the layer to inject faults into (default 0; on a v4, hyv4 or kpool set its first Full layer)");
   c->add_flag("--catalogue", a->catalogue, "Measure the diagnosis accuracy on a catalogue of planted kernel bugs");
+  c->add_flag("--values", a->values, "Calibration runs of the values kind: f32 indexer scores (and their top-k) of v4, hyv4 and kpool sets");
   c->add_option("--json", a->json, "Also write the results as JSON");
   return [c, a]() {
     if (!*c) return -1;

@@ -9,6 +9,8 @@
 #include <map>
 
 #include "ref/error.h"
+#include "ref/kpool/select.h"
+#include "ref/v4/indexer.h"
 #include "ref/numerics.h"
 #include "ref/problem.h"
 #include "ref/rng.h"
@@ -17,6 +19,9 @@
 #include "tools/judge/diff.h"
 #include "tools/judge/emulate.h"
 #include "tools/lib/golden.h"
+#include "tools/lib/golden_hyv4.h"
+#include "tools/lib/golden_kpool.h"
+#include "tools/lib/golden_v4.h"
 
 namespace indexshare::calib {
 
@@ -122,8 +127,16 @@ std::vector<Run> calibrate(int first, int runs, uint64_t seed, const ref::Kernel
                                              g.manifest["config"]["topk"].get<int64_t>()));
       }
     }
-    const io::SafetensorsFile cf = c.write_read(tmp + "/candidate.safetensors");
-    const diff::Result res = diff::judge(g, cf, {}, k);
+    record(r, diff::judge(g, c.write_read(tmp + "/candidate.safetensors"), {}, k));
+    r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (progress) progress(r);
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+void record(Run& r, const diff::Result& res) {
+  {
     r.passed = !res.failed();
     for (const diff::TensorResult& t : res.tensors) {
       TensorMargin m;
@@ -135,16 +148,13 @@ std::vector<Run> calibrate(int first, int runs, uint64_t seed, const ref::Kernel
       m.calc_diff = t.report.stats.metric;
       if (t.report.precision_ran && t.report.precision_contract > 0)
         m.precision_ratio = t.report.precision_rms / t.report.precision_contract;
+      m.near_ties = t.report.stats.near_ties;
       r.tensors.push_back(m);
       if (t.report.verdict == cmp::Verdict::fail)
         for (const std::string& why : t.report.reasons) r.reasons.push_back(m.tensor + ": " + why);
     }
     for (const std::string& d : res.diagnoses) r.reasons.push_back(d);
-    r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (progress) progress(r);
-    out.push_back(std::move(r));
   }
-  return out;
 }
 
 nlohmann::json summary(const std::vector<Run>& runs) {
@@ -152,6 +162,7 @@ nlohmann::json summary(const std::vector<Run>& runs) {
   int fp = 0;
   std::map<std::string, std::array<double, 5>> worst;  // per tensor kind: structure, bound, metric, b/floor, precision
   std::map<std::string, std::string> worst_run;
+  std::map<std::string, int64_t> near_ties;  // per top-k tensor kind: rows accepted as near ties, over every run
   for (const Run& r : runs) {
     fp += !r.passed;
     for (const TensorMargin& m : r.tensors) {
@@ -162,13 +173,15 @@ nlohmann::json summary(const std::vector<Run>& runs) {
       w[2] = std::max(w[2], m.calc_diff);
       w[3] = std::max(w[3], m.b_over_floor);
       w[4] = std::max(w[4], m.precision_ratio);
+      near_ties[kind] += m.near_ties;
     }
   }
   j["runs"] = runs.size();
   j["false_positives"] = fp;
   for (const auto& [kind, w] : worst)
     j["worst"][kind] = {{"structure_ratio", w[0]}, {"err_over_bound", w[1]}, {"calc_diff", w[2]},
-                         {"b_over_floor", w[3]}, {"precision_ratio", w[4]}, {"structure_worst_run", worst_run[kind]}};
+                         {"b_over_floor", w[3]}, {"precision_ratio", w[4]}, {"structure_worst_run", worst_run[kind]},
+                         {"near_tie_rows", near_ties[kind]}};
   return j;
 }
 
@@ -183,6 +196,15 @@ struct PowerFault {
   std::string named;  // a diagnosis naming it contains this (and `where`, when given)
   std::string where;
 };
+
+// Precision loss: every element rounded to b significant bits, eps = 2^-b (b from 23 down to 1, as
+// bisection on eps does: a coarser rounding is a larger eps).
+Tensor<float> coarsened(Tensor<float> t, double eps) {
+  if (eps <= 0) return t;
+  const int bits = std::clamp(int(std::lround(-std::log2(eps))), 1, 23);
+  for (float& v : t.data) v = float(prec::round_bits(double(v), bits));
+  return t;
+}
 
 // One fault's row of the power table: the smallest eps the judge fails (geometric bisection), the
 // check that caught it there, and the smallest eps a diagnosis names it (with that diagnosis).
@@ -249,6 +271,9 @@ PowerRow power_row(const PowerFault& f, const golden::Loaded& g, const ref::Kern
 std::vector<PowerRow> power(const std::string& dir, int layer, const ref::Kernels& k, const std::string& tmp) {
   fs::create_directories(tmp);
   const golden::Loaded g = golden::read(dir);
+  if (const std::string kind = g.manifest["kind"].get<std::string>(); kind == "v4" || kind == "hyv4" || kind == "kpool")
+    return values_power(dir, layer, k, tmp);
+  layer = std::max(layer, 0);
   const int n_layers = int(g.manifest["layers"].size());
   require(layer >= 0 && layer < n_layers, "calibrate --power: --layer " + std::to_string(layer) + " is outside " + dir + "'s " +
                                               std::to_string(n_layers) + " layers");
@@ -313,24 +338,168 @@ std::vector<PowerRow> power(const std::string& dir, int layer, const ref::Kernel
                         c.set(pre + "indexer.logits", scaled(base_logits, e, [&](int64_t i) { return (i % s_kv) % 8 == 0; })); }, "columns = 0 mod 8 only", ""});
   }
 
-  // Precision loss: every element rounded to b significant bits, eps = 2^-b (b from 23 down to 2,
-  // as bisection on eps does: a coarser rounding is a larger eps).
-  auto coarse = [](Tensor<float> t, double eps) {
-    if (eps <= 0) return t;
-    const int bits = std::clamp(int(std::lround(-std::log2(eps))), 1, 23);
-    for (float& v : t.data) v = float(prec::round_bits(double(v), bits));
-    return t;
-  };
+  // Precision loss: every element rounded to -log2(eps) bits (coarsened).
   faults.push_back({"attn.out rounded to -log2(eps) bits (precision loss)", "attn.out", [&](Cand& c, double e) {
-                      c.set(pre + "attn.out", coarse(base.out, e)); }, "", ""});
+                      c.set(pre + "attn.out", coarsened(base.out, e)); }, "", ""});
   faults.push_back({"attn.lse rounded to -log2(eps) bits (precision loss)", "attn.lse", [&](Cand& c, double e) {
-                      c.set(pre + "attn.lse", coarse(base.lse, e)); }, "", ""});
+                      c.set(pre + "attn.lse", coarsened(base.lse, e)); }, "", ""});
   if (logits)
     faults.push_back({"indexer.logits rounded to -log2(eps) bits (precision loss)", "indexer.logits", [&](Cand& c, double e) {
-                        c.set(pre + "indexer.logits", coarse(base_logits, e)); }, "", ""});
+                        c.set(pre + "indexer.logits", coarsened(base_logits, e)); }, "", ""});
 
   std::vector<PowerRow> rows;
   for (const Fault& f : faults) rows.push_back(power_row(f, g, k, dir, tmp));
+  return rows;
+}
+
+}  // namespace indexshare::calib
+
+// ---- the values kind: calibration and power (--values) ----------------------------------------
+
+namespace indexshare::calib {
+
+namespace {
+
+// What a values run judges: the Full layer's f32 scores (inputs q [T, H, D], keys [S, D], weights
+// [T, H], times `scale` after the head sum, windows [ks, ke)) and the positions the kind selects
+// from scores.
+struct ScoresLayer {
+  int layer = -1;
+  std::string positions;  // "indexer.blocks", "indexer.topk", "indexer.pools"
+  Tensor<float> q, k, w;
+  float scale = 1;
+  Tensor<int32_t> ks, ke;
+  std::function<Tensor<int32_t>(const Tensor<float>&)> select;
+};
+
+template <size_t N>
+int64_t pick(Xoshiro256& g, const std::array<int64_t, N>& a) { return a[g.below(N)]; }
+
+// The set's first Full layer with scores, and how its inputs and positions are read (by kind).
+ScoresLayer scores_layer(const golden::Loaded& g, const ref::Kernels& kern, int want = -1) {
+  const std::string kind = g.manifest["kind"].get<std::string>();
+  // The layers' numbers: a kpool manifest lists its DSA layers with their index; v4 and hyv4 every layer.
+  std::vector<int> layers;
+  for (const auto& e : g.manifest["layers"]) layers.push_back(e.contains("index") ? e["index"].get<int>() : int(layers.size()));
+  ScoresLayer s;
+  for (int l : layers)
+    if (s.layer < 0 && (want < 0 || l == want) && g.find("layers." + std::to_string(l) + ".indexer.scores")) s.layer = l;
+  require(s.layer >= 0, "calibrate: the " + kind + " set holds no indexer.scores" +
+                            (want >= 0 ? " in layer " + std::to_string(want) : std::string()) + " (a Full layer's)");
+  const std::string p = "layers." + std::to_string(s.layer) + ".indexer.";
+  const Tensor<float> scores = g.tensor<float>(p + "scores");
+  const int64_t T = scores.dim(0), S = scores.dim(1);
+  if (kind == "v4") {
+    s.positions = "indexer.blocks";
+    s.q = g.tensor<float>(p + "q"), s.k = g.tensor<float>(p + "entries"), s.w = g.tensor<float>(p + "weights");
+    const int64_t ratio = g.manifest["config"]["csa_ratio"].get<int64_t>(), topk = g.tensor<int32_t>(p + "blocks").dim(1);
+    s.scale = float(1.0 / std::sqrt(double(s.q.dim(2))));
+    s.ks = Tensor<int32_t>({T}, 0), s.ke = ref::v4::causal_block_end(T, ratio, S);
+    s.select = [ratio, topk, &kern](const Tensor<float>& x) { return ref::v4::select_blocks(x, ratio, topk, kern); };
+  } else if (kind == "hyv4") {
+    s.positions = "indexer.topk";
+    s.q = g.tensor<float>(p + "q_rope"), s.k = g.tensor<float>(p + "k_rope"), s.w = g.tensor<float>(p + "weights");
+    s.ks = g.tensor<int32_t>(p + "ks"), s.ke = g.tensor<int32_t>(p + "ke");
+    const int64_t topk = g.tensor<int32_t>(p + "topk").dim(1);
+    s.select = [ks = s.ks, ke = s.ke, topk, &kern](const Tensor<float>& x) { return kern.topk(x, ks, ke, topk); };
+  } else if (kind == "kpool") {
+    s.positions = "indexer.pools";
+    s.q = g.tensor<float>(p + "q"), s.k = g.tensor<float>(p + "pool_keys"), s.w = g.tensor<float>(p + "weights");
+    s.scale = float(1.0 / std::sqrt(double(s.q.dim(2))));
+    s.ks = Tensor<int32_t>({T}, 0), s.ke = g.tensor<int32_t>(p + "ke");
+    const auto& c = g.manifest["config"];
+    const int64_t s_kv = c["s_kv"], pool = c["pool"], topk = c["index_topk"];
+    const bool tail = c["tail"];
+    s.select = [=, &kern](const Tensor<float>& x) { return ref::kpool::select_tokens(x, s_kv, pool, topk, tail, kern).pools; };
+  } else {
+    throw Error("calibrate: a values run needs a v4, hyv4 or kpool set, not kind '" + kind + "'");
+  }
+  return s;
+}
+
+
+}  // namespace
+
+std::string values_problem(int i, uint64_t seed, std::string& kind) {
+  Xoshiro256 g(seed * 2000003u + uint64_t(i));
+  const uint64_t s = seed * 1000 + uint64_t(i) + 1;
+  const int64_t rows = pick(g, std::array<int64_t, 3>{128, 256, 512});
+  switch (i % 3) {
+    case 0: {
+      kind = "v4";
+      return "t=" + std::to_string(rows) + " h=2 d=64 w=8 csa=4 hca=8 ih=" + std::to_string(pick(g, std::array<int64_t, 3>{4, 8, 16})) +
+             " id=" + std::to_string(pick(g, std::array<int64_t, 3>{32, 64, 128})) + " k=" + std::to_string(pick(g, std::array<int64_t, 3>{4, 8, 16})) +
+             " rope=16 ctx=32 types=SC sched=F rot=" + (g.below(2) ? "megatron" : "hf") + " seed=" + std::to_string(s);
+    }
+    case 1: {
+      kind = "hyv4";
+      const std::string r = std::to_string(rows / 2);
+      return "sq" + r + " skv" + r + " hq2 dqk40 dv32 ih" + std::to_string(pick(g, std::array<int64_t, 3>{2, 4, 8})) + " id" +
+             std::to_string(pick(g, std::array<int64_t, 3>{16, 32, 64})) + " k" + std::to_string(pick(g, std::array<int64_t, 3>{8, 16, 32})) +
+             " seed" + std::to_string(s) + " sm=0.0625 sink=random nl2 sched=hy-v4 rope=8 vd=16";
+    }
+    default: {
+      kind = "kpool";
+      const int64_t pool = pick(g, std::array<int64_t, 2>{4, 8});
+      return "sq=" + std::to_string(rows) + " skv=" + std::to_string(rows) + " h=" + std::to_string(pick(g, std::array<int64_t, 3>{2, 4, 8})) +
+             " d=" + std::to_string(pick(g, std::array<int64_t, 3>{16, 32, 64})) + " pool=" + std::to_string(pool) +
+             " k=" + std::to_string(pool * pick(g, std::array<int64_t, 3>{2, 4, 8})) + " tail=" + (g.below(2) ? "yes" : "no") +
+             " rounding=f32 hq=2 dqk=64 dv=32 nl=4 dsa=glm53 sched=F fp8=amax seed=" + std::to_string(s);
+    }
+  }
+}
+
+std::vector<Run> calibrate_values(int first, int runs, uint64_t seed, const ref::Kernels& k, const std::string& tmp,
+                                  const std::function<void(const Run&)>& progress) {
+  fs::create_directories(tmp);
+  const auto fam = emul::scores_family();
+  std::vector<Run> out;
+  for (int i = first; i < first + runs; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    Run r;
+    r.index = i;
+    r.problem = values_problem(i, seed, r.kind);
+    const std::string dir = tmp + "/golden";
+    golden::GoldenSet set = r.kind == "v4"     ? golden::build_v4(golden::parse_v4_spec(r.problem), "indexshare calibrate --values", Impl::simd)
+                            : r.kind == "hyv4" ? golden::build_hyv4(golden::parse_hyv4_spec(r.problem), "indexshare calibrate --values", Impl::simd)
+                                               : golden::build_kpool(golden::parse_kpool_spec(r.problem), "indexshare calibrate --values", Impl::simd);
+    golden::write(dir, std::move(set), true);
+    const golden::Loaded g = golden::read(dir);
+    const emul::LogitsVariant v = fam[size_t(i / 3) % fam.size()];
+    r.logits_variant = v.name();
+    const ScoresLayer s = scores_layer(g, k);
+    const Tensor<float> scores = emul::scores_f32(v, s.q, s.k, s.w, s.scale, s.ks, s.ke);
+    const std::string p = "layers." + std::to_string(s.layer) + ".";
+    Cand c;
+    c.set(p + "indexer.scores", scores);
+    c.set(p + s.positions, s.select(scores));  // the kernel's positions from its own scores: its near ties
+    record(r, diff::judge(g, c.write_read(tmp + "/candidate.safetensors"), {}, k));
+    r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (progress) progress(r);
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+std::vector<PowerRow> values_power(const std::string& dir, int layer, const ref::Kernels& k, const std::string& tmp) {
+  fs::create_directories(tmp);
+  const golden::Loaded g = golden::read(dir);
+  const ScoresLayer s = scores_layer(g, k, layer);
+  const std::string p = "layers." + std::to_string(s.layer) + ".";
+  const Tensor<float> base = emul::scores_f32(emul::scores_family()[0], s.q, s.k, s.w, s.scale, s.ks, s.ke);
+  std::vector<PowerFault> faults;
+  auto with = [&](Cand& c, const Tensor<float>& x) {
+    c.set(p + "indexer.scores", x);
+    c.set(p + s.positions, s.select(x));
+  };
+  faults.push_back({"indexer.scores scale, every element", "indexer.scores", [&](Cand& c, double e) {
+                      Tensor<float> x = base;
+                      for (float& v : x.data) if (std::isfinite(v)) v = float(double(v) * (1 + e));
+                      with(c, x); }, "", ""});
+  faults.push_back({"indexer.scores rounded to -log2(eps) bits (precision loss)", "indexer.scores", [&](Cand& c, double e) {
+                      with(c, coarsened(base, e)); }, "", ""});
+  std::vector<PowerRow> rows;
+  for (const PowerFault& f : faults) rows.push_back(power_row(f, g, k, dir, tmp));
   return rows;
 }
 

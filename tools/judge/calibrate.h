@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "ref/kernels.h"
+#include "tools/judge/diff.h"
 
 namespace indexshare::calib {
 
@@ -33,6 +34,7 @@ struct TensorMargin {
   // The precision test's E_cand / E_contract (judge/precision.h; it fails above
   // kPrecisionRatio), 0 where it did not run.
   double precision_ratio = 0;
+  int64_t near_ties = 0;  // a top-k's rows accepted as near ties
 };
 
 struct Run {
@@ -56,6 +58,21 @@ std::string run_problem(int i, uint64_t seed, int64_t max_work = kDefaultWork);
 std::vector<Run> calibrate(int first, int runs, uint64_t seed, const ref::Kernels& k, const std::string& tmp,
                            const std::function<void(const Run&)>& progress = {}, int64_t max_work = kDefaultWork);
 
+// Fills r's verdict, margins and reasons from a diff result.
+void record(Run& r, const diff::Result& res);
+
+// Calibration of the values kind (`calibrate --values`): the f32 indexer scores of the 2026
+// families, judged by the precision test's values kind (judge/precision.h) and their top-k held to
+// it. Run i draws a set of one family in turn (v4, hyv4, kpool; 128-512 rows, indexer heads 2-16,
+// head dims 16-128, top-k 4-64, V4 with or without the Hadamard rotation, KPool pools of 4 or 8 with
+// or without the tail), scores its first Full layer with one member of the f32 scores family
+// (emul::scores_f32, in turn) and takes the kind's top-k of those scores (its near ties are its
+// own); the candidate holds those two tensors. A false positive is any FAIL. `kind` receives the
+// family.
+std::string values_problem(int i, uint64_t seed, std::string& kind);
+std::vector<Run> calibrate_values(int first, int runs, uint64_t seed, const ref::Kernels& k, const std::string& tmp,
+                                  const std::function<void(const Run&)>& progress = {});
+
 // Summary: runs, false positives, and per tensor kind (out, lse, max_logits, logits, topk) the
 // largest of each margin over the runs.
 nlohmann::json summary(const std::vector<Run>& runs);
@@ -70,7 +87,13 @@ struct PowerRow {
 };
 // The power of the judge on the golden set at `dir` (a stack with at least one layer), faults
 // injected into layer `layer` on top of the naive correct emulation.
+// layer -1: layer 0. On a v4, hyv4 or kpool set it measures values_power instead.
 std::vector<PowerRow> power(const std::string& dir, int layer, const ref::Kernels& k, const std::string& tmp);
+// The power on a v4, hyv4 or kpool set's layer `layer` (a Full layer with indexer scores; -1: the
+// first such layer): faults on the f32 scores family's first member, each candidate holding the
+// faulted scores and the kind's top-k of them: a scale over every score, and a precision loss
+// (scores rounded to -log2(eps) bits).
+std::vector<PowerRow> values_power(const std::string& dir, int layer, const ref::Kernels& k, const std::string& tmp);
 
 // Diagnosis accuracy: a catalogue of planted kernel bugs (attention, indexer, top-k and the stack:
 // scales over groups and row patterns, offsets, the softmax scale, LSE units and the sink, one key

@@ -421,6 +421,7 @@ void fold_rows(Report& r, std::vector<RowResult>& rows) {
   }
   r.stats.recall_mean = s_q ? recall_sum / double(s_q) : 1.0;
   r.stats.wide_ties = wide_ties;
+  r.stats.near_ties = near_ties;
   if (structural) r.reasons.push_back(std::to_string(structural) + " row(s) with malformed positions");
   if (selection) r.reasons.push_back(std::to_string(selection) + " row(s) whose selected scores differ from the golden's");
   if (near_ties) r.reasons.push_back(std::to_string(near_ties) + " row(s) differ only by near ties explained by the candidate's logits (accepted)");

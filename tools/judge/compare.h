@@ -55,6 +55,7 @@ struct Stats {
   double max_ratio = 0;   // max |got - exp| / bound over elements (how close to the bound)
   double recall_mean = 1, recall_min = 1;  // top-k only
   int64_t wide_ties = 0;  // top-k only: rows whose near ties the contract's arithmetic does not explain
+  int64_t near_ties = 0;  // top-k only: rows accepted as near ties (the candidate's own scores explain them)
 };
 
 // A flagged structure test (judge/structure.h), as the report carries it.

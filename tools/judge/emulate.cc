@@ -6,6 +6,7 @@
 #include <vector>
 #include <numbers>
 
+#include "ref/error.h"
 #include "ref/numerics.h"
 
 namespace indexshare::emul {
@@ -326,6 +327,25 @@ std::vector<float> logits_at(const LogitsVariant& v, const Tensor<e4m3_t>& q, co
 std::vector<float> logits_at(const LogitsVariant& v, const Tensor<bf16_t>& q, const Tensor<bf16_t>& k,
                              const Tensor<float>& k_scale, const Tensor<float>& weights, const std::vector<RowCol>& elems) {
   return logits_at_impl(v, q, k, k_scale, weights, elems);
+}
+
+std::vector<LogitsVariant> scores_family() {
+  return {{false, false, 0}, {false, true, 0}, {false, false, 8}, {false, true, 32}};
+}
+
+Tensor<float> scores_f32(const LogitsVariant& v, const Tensor<float>& q, const Tensor<float>& k, const Tensor<float>& weights,
+                         float scale, const Tensor<int32_t>& ks, const Tensor<int32_t>& ke) {
+  require(!v.fp8_14, "emul::scores_f32: the f32 scores have no FP8 accumulation variant");
+  require(q.rank() == 3 && k.rank() == 2 && k.dim(1) == q.dim(2), "emul::scores_f32: expected q [T, H, D] and k [S, D], got " +
+                                                                      shape_str(q.shape) + " and " + shape_str(k.shape));
+  const int64_t T = q.dim(0), H = q.dim(1), D = q.dim(2), S = k.dim(0);
+  require_shape(weights, Shape{T, H}, "emul::scores_f32 weights");
+  Tensor<float> out({T, S}, -kInf);
+#pragma omp parallel for schedule(dynamic)
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t s = std::max<int64_t>(0, ks[t]); s < std::min<int64_t>(S, ke[t]); ++s)
+      out.at(t, s) = logit_one(v, q.ptr() + t * H * D, k.ptr() + s * D, weights, scale, t, H, D);
+  return out;
 }
 
 }  // namespace indexshare::emul

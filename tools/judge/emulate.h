@@ -90,4 +90,15 @@ std::vector<float> logits_at(const LogitsVariant& v, const Tensor<e4m3_t>& q, co
 std::vector<float> logits_at(const LogitsVariant& v, const Tensor<bf16_t>& q, const Tensor<bf16_t>& k,
                              const Tensor<float>& k_scale, const Tensor<float>& weights, const std::vector<RowCol>& elems);
 
+// f32 indexer scores (the V4, HY V4 and KPool indexers: f32 q [T, H, D], keys [S, D], weights [T, H]):
+//   I[t, s] = f32(sum_h w[t, h] ReLU(q[t, h] . k[s])) * scale     for s in [ks[t], ke[t]), -inf elsewhere
+// every operation in f32, in the variant's order (heads ascending or descending, the dot over D in
+// blocks of d_block), the scale one f32 multiply after the head sum. The family: f32 variants only
+// (fp8_14 is refused), the orders a GPU kernel or torch's reductions use. The judge's values class
+// (judge/precision.h) is emulated differently (the golden's own computation on moved inputs), so
+// calibrate measures it on kernels it did not emulate.
+std::vector<LogitsVariant> scores_family();
+Tensor<float> scores_f32(const LogitsVariant& v, const Tensor<float>& q, const Tensor<float>& k, const Tensor<float>& weights,
+                         float scale, const Tensor<int32_t>& ks, const Tensor<int32_t>& ke);
+
 }  // namespace indexshare::emul

@@ -1,5 +1,6 @@
 // indexshare diff: a golden layer as the judge reads it, and the expected attention with its bounds.
 #include "tools/judge/walk.h"
+#include "tools/judge/precision.h"
 
 namespace indexshare::diff {
 
@@ -97,6 +98,41 @@ cmp::Verdict KindJudge::add(int l, const std::string& n, cmp::Report r, const st
   res.checked.push_back(nm(l, n));
   res.tensors.push_back({l, n, std::move(r), note});
   return res.tensors.back().report.verdict;
+}
+
+cmp::Verdict KindJudge::values_topk(int l, const std::string& P, const std::string& tensor, const Tensor<float>& scores,
+                                    const Tensor<int32_t>& ks, const Tensor<int32_t>& ke, const Tensor<int32_t>& gold,
+                                    const Tensor<int32_t>& cand, const Tensor<float>* cand_scores, const std::vector<float>& bound,
+                                    const prec::ClassValues* values,
+                                    const std::function<Tensor<int32_t>(const Tensor<float>&)>& select, const std::string& note) {
+  const cmp::FloatRule rule = rule_of(bound, "");
+  cmp::TopkOptions opt;
+  if (cand_scores) {
+    opt.candidate_logits = cand_scores;
+    opt.logits_rule = &rule;
+    // The margin is measured only when some position differs (it recomputes the scores twice).
+    if (values && cand.data != gold.data) {
+      const std::vector<double> g(scores.data.begin(), scores.data.end()), b(bound.begin(), bound.end());
+      opt.contract_tie = 2 * prec::max_scaled_deviation(g, b, prec::Kind::values, prec::Contract(), *values);
+    }
+  }
+  const cmp::Verdict v = add(l, tensor, cmp::compare_topk("", scores, ks, ke, gold, cand, opt), note);
+  const bool wide = res.tensors.back().report.stats.wide_ties > 0;
+  if (wide)
+    res.diagnoses.push_back(P + ": " + tensor + " is the top-k of scores computed at a lower precision than the contract's (f32): its "
+                            "near ties are wider than f32 arithmetic moves a score");
+  if (v != cmp::Verdict::fail) return v;
+  // The top-k of the golden scores rounded to f16 or bf16 (a kernel that scores, or sorts, at that precision).
+  std::string fits;
+  for (const auto& [cls, bits] : {std::pair<const char*, int>{"f16", 11}, {"bf16", 8}}) {
+    Tensor<float> low = scores;
+    for (float& x : low.data) x = float(prec::round_bits(double(x), bits));
+    if (passes(cmp::compare_topk("", low, ks, ke, select(low), cand))) fits += std::string(fits.empty() ? "" : " or ") + cls;
+  }
+  if (!fits.empty())
+    res.diagnoses.push_back(P + ": " + tensor + " is the top-k of the scores rounded to " + fits +
+                            " (top-k from low-precision scores; the contract's scores are f32)");
+  return v;
 }
 
 }  // namespace detail

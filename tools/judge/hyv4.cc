@@ -153,6 +153,7 @@ void HyJudge::indexer(int l) {
                                                                       {"indexer.k_rope", &d.k_b},  {"indexer.weights", &d.w_b},
                                                                       {"indexer.scores", &d.s_b}};
   Tensor<float> cand_scores;
+  prec::ClassValues score_values;
   for (const auto& [n, b] : floats) {
     if (!has(l, n)) continue;
     const Tensor<float> gold = g_.tensor<float>(nm(l, n));
@@ -160,7 +161,7 @@ void HyJudge::indexer(int l) {
     if (add(l, n, cmp::compare_floats("", gold, cand, rule_of(*b, how))) == cmp::Verdict::fail) failed[n] = cand;
     if (std::string(n) == "indexer.scores") {
       // The precision test: the whole indexer (LayerNorm, RoPE, weights, scores) on moved inputs.
-      values_precision(P(l), n, gold, cand, cfg_.heads * cfg_.dim, [&](const prec::Moved& m) {
+      score_values = values_precision(P(l), n, gold, cand, cfg_.heads * cfg_.dim, [&](const prec::Moved& m) {
         return hy::run_indexer(m(d.q, "q"), m(d.k, "k"), d.k_norm_w, d.k_norm_b, m(d.raw, "weights_raw"), params(hy::RopeSlice::trailing), k_)
             .scores;
       });
@@ -172,11 +173,11 @@ void HyJudge::indexer(int l) {
   if (has(l, "indexer.topk")) {
     const Tensor<int32_t> gold = g_.tensor<int32_t>(nm(l, "indexer.topk"));
     cand_topk = candidate_int(c_, nm(l, "indexer.topk"), gold.shape, res.diagnoses);
-    const cmp::FloatRule sr = rule_of(d.s_b, how);
-    cmp::TopkOptions opt;
-    if (cand_scores.numel()) opt.candidate_logits = &cand_scores, opt.logits_rule = &sr;
-    if (add(l, "indexer.topk", cmp::compare_topk("", g_.tensor<float>(nm(l, "indexer.scores")), d.ks, d.ke, gold, cand_topk, opt)) ==
-        cmp::Verdict::fail) {
+    // Near ties within the scores' bound and the f32 contract (values_topk).
+    const bool with = cand_scores.numel() > 0;
+    if (values_topk(l, P(l), "indexer.topk", g_.tensor<float>(nm(l, "indexer.scores")), d.ks, d.ke, gold, cand_topk,
+                    with ? &cand_scores : nullptr, d.s_b, with ? &score_values : nullptr,
+                    [&](const Tensor<float>& s) { return k_.topk(s, d.ks, d.ke, gold.dim(1)); }) == cmp::Verdict::fail) {
       failed["indexer.topk"] = Tensor<float>();
     } else {
       cand_topk_[l] = cand_topk;

@@ -219,15 +219,16 @@ void KpoolJudge::indexer(int l) {
       });
   }
   Tensor<float> cand_scores;
+  const Tensor<float> kbar = g_.tensor<float>(nm(l, "indexer.pool_keys"));
+  std::vector<float> score_bound;
+  std::optional<prec::ClassValues> score_values;  // the f32 contract's classes (rounding=f32 only)
   if (has(l, "indexer.scores")) {
     const Tensor<float> gold = g_.tensor<float>(nm(l, "indexer.scores"));
     cand_scores = candidate_float(c_, nm(l, "indexer.scores"), gold.shape);
-    const Tensor<float> kbar = g_.tensor<float>(nm(l, "indexer.pool_keys"));
-    const bool failed =
-        add(l, "indexer.scores", cmp::compare_floats("", gold, cand_scores, rule_of(v4b::index_score_bounds(q, kbar, w, ke, kb), how))) ==
-        cmp::Verdict::fail;
+    score_bound = v4b::index_score_bounds(q, kbar, w, ke, kb);
+    const bool failed = add(l, "indexer.scores", cmp::compare_floats("", gold, cand_scores, rule_of(score_bound, how))) == cmp::Verdict::fail;
     if (cfg_.rounding == ref::kpool::PoolRounding::f32)  // hf-bf16 keys: a bf16 rounding flip moves a score far more
-      values_precision(P(l), "indexer.scores", gold, cand_scores, cfg_.heads * cfg_.dim, [&](const prec::Moved& m) {
+      score_values = values_precision(P(l), "indexer.scores", gold, cand_scores, cfg_.heads * cfg_.dim, [&](const prec::Moved& m) {
         return ref::kpool::pool_scores(m(q, "q"), m(kbar, "kbar"), m(w, "w"), cfg_.s_kv, cfg_.pool, k_);
       });
     if (failed)
@@ -240,9 +241,13 @@ void KpoolJudge::indexer(int l) {
     const Tensor<float> scores = g_.tensor<float>(nm(l, "indexer.scores"));
     const Tensor<int32_t> gold = pools_[l];
     const Tensor<int32_t> cand = candidate_int(c_, nm(l, "indexer.pools"), gold.shape, res.diagnoses);
-    cmp::TopkOptions opt;
-    if (cand_scores.numel()) opt.candidate_logits = &cand_scores;
-    if (add(l, "indexer.pools", cmp::compare_topk("", scores, ks, ke, gold, cand, opt)) != cmp::Verdict::fail) {
+    // Near ties within the scores' bound and, with rounding f32, the f32 contract (values_topk).
+    const bool with = cand_scores.numel() > 0;
+    auto select = [&](const Tensor<float>& s) {
+      return ref::kpool::select_tokens(s, cfg_.s_kv, cfg_.pool, cfg_.index_topk, cfg_.tail, k_).pools;
+    };
+    if (values_topk(l, P(l), "indexer.pools", scores, ks, ke, gold, cand, with ? &cand_scores : nullptr, score_bound,
+                    with && score_values ? &*score_values : nullptr, select) != cmp::Verdict::fail) {
       pools_[l] = cand;
     } else {
       pools_hypotheses(l, "indexer.pools", [&](const Tensor<float>& kv) {

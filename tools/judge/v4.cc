@@ -75,6 +75,7 @@ class V4Judge : public KindJudge {
   void attention(int l, const Tensor<int32_t>& used_indices, const std::string& note);
   // Hypotheses on a failure: each emulates a known bug on the golden's inputs and names it when
   // the candidate is within the tensor's bound of that emulation.
+  void entries_precision(int l, const std::string& part, const Tensor<float>& gold, const Tensor<float>& cand);
   void entries_hypotheses(int l, const std::string& part, const Tensor<float>& cand, const std::vector<float>& bound);
   void blocks_hypotheses(int l, const Tensor<float>& scores, const Tensor<int32_t>& ks, const Tensor<int32_t>& ke,
                          const Tensor<int32_t>& gold, const Tensor<int32_t>& cand);
@@ -87,6 +88,12 @@ class V4Judge : public KindJudge {
 
   golden::V4Layout lay_;
   std::map<int, Tensor<int32_t>> cand_blocks_;  // the candidate's blocks per C4A layer it holds
+  struct Scores {
+    Tensor<float> cand;
+    std::vector<float> bound;
+    prec::ClassValues values;
+  };
+  std::map<int, Scores> scores_;  // per Full C4A layer whose scores the candidate holds
 };
 
 std::set<int> V4Judge::layers(const std::set<int>& wanted) const {
@@ -126,29 +133,34 @@ void V4Judge::layer(int l) {
     const Tensor<float> gold = g_.tensor<float>(nm(l, "compressor.entries"));
     const Tensor<float> cand = candidate_float(c_, nm(l, "compressor.entries"), gold.shape);
     std::vector<float> b = entry_bounds(l, "compressor");
-    if (add(l, "compressor.entries", cmp::compare_floats("", gold, cand, rule_of(b, how))) == cmp::Verdict::fail)
-      entries_hypotheses(l, "compressor", cand, b);
+    const bool failed = add(l, "compressor.entries", cmp::compare_floats("", gold, cand, rule_of(b, how))) == cmp::Verdict::fail;
+    entries_precision(l, "compressor", gold, cand);
+    if (failed) entries_hypotheses(l, "compressor", cand, b);
   }
   std::vector<float> kb;
   if (has(l, "indexer.entries") || has(l, "indexer.scores")) kb = entry_bounds(l, "indexer");
   if (has(l, "indexer.entries")) {
     const Tensor<float> gold = g_.tensor<float>(nm(l, "indexer.entries"));
     const Tensor<float> cand = candidate_float(c_, nm(l, "indexer.entries"), gold.shape);
-    if (add(l, "indexer.entries", cmp::compare_floats("", gold, cand, rule_of(kb, how))) == cmp::Verdict::fail)
-      entries_hypotheses(l, "indexer", cand, kb);
+    const bool failed = add(l, "indexer.entries", cmp::compare_floats("", gold, cand, rule_of(kb, how))) == cmp::Verdict::fail;
+    entries_precision(l, "indexer", gold, cand);
+    if (failed) entries_hypotheses(l, "indexer", cand, kb);
   }
   if (has(l, "indexer.scores")) {
     const std::string p = "layers." + std::to_string(l) + ".indexer.";
     const Tensor<float> gold = g_.tensor<float>(p + "scores");
     std::vector<float> b = v4b::index_score_bounds(g_.tensor<float>(p + "q"), g_.tensor<float>(p + "entries"),
                                                    g_.tensor<float>(p + "weights"), lay_.cfg.csa_ratio, kb);
-    const Tensor<float> cand = candidate_float(c_, p + "scores", gold.shape);
-    add(l, "indexer.scores", cmp::compare_floats("", gold, cand, rule_of(std::move(b), how)));
+    Tensor<float> cand = candidate_float(c_, p + "scores", gold.shape);
+    add(l, "indexer.scores", cmp::compare_floats("", gold, cand, rule_of(b, how)));
     const Tensor<float> q = g_.tensor<float>(p + "q");
-    values_precision(V4Judge::P(l), "indexer.scores", gold, cand, q.dim(1) * q.dim(2), [&](const prec::Moved& m) {
-      return ref::v4::index_scores(m(q, "q"), m(g_.tensor<float>(p + "entries"), "entries"), m(g_.tensor<float>(p + "weights"), "weights"),
-                                   lay_.cfg.csa_ratio, lay_.cfg.rotation, k_);
-    });
+    // The blocks' near ties are held to the same arithmetic (blocks()): the classes outlive this call.
+    prec::ClassValues values =
+        values_precision(V4Judge::P(l), "indexer.scores", gold, cand, q.dim(1) * q.dim(2), [this, q, p](const prec::Moved& m) {
+          return ref::v4::index_scores(m(q, "q"), m(g_.tensor<float>(p + "entries"), "entries"), m(g_.tensor<float>(p + "weights"), "weights"),
+                                       lay_.cfg.csa_ratio, lay_.cfg.rotation, k_);
+        });
+    scores_[l] = {std::move(cand), std::move(b), std::move(values)};
   }
   Tensor<int32_t> used = g_.tensor<int32_t>(nm(l, "attn.indices"));
   std::string note;
@@ -180,14 +192,14 @@ void V4Judge::blocks(int l, Tensor<int32_t>& used) {
   const int64_t T = lay_.cfg.n_tokens, n_b = T / lay_.cfg.csa_ratio;
   const Tensor<float> scores = g_.tensor<float>(nm(src, "indexer.scores"));
   const Tensor<int32_t> ks({T}, 0), ke = ref::v4::causal_block_end(T, lay_.cfg.csa_ratio, n_b);
-  cmp::TopkOptions opt;
-  Tensor<float> cs;
-  if (src == l && has(l, "indexer.scores")) {
-    cs = candidate_float(c_, nm(l, "indexer.scores"), scores.shape);
-    opt.candidate_logits = &cs;
-  }
-  bool ok = add(l, "indexer.blocks", cmp::compare_topk("", scores, ks, ke, gold, cand, opt),
-                src == l ? "" : "judged on its source layer " + std::to_string(src) + "'s scores") != cmp::Verdict::fail;
+  // The candidate's own scores (a Full layer's, when it holds them) explain near ties within their
+  // bound and the f32 contract (values_topk); a Shared layer's blocks are its source's, judged on its scores.
+  const auto own = src == l ? scores_.find(l) : scores_.end();
+  const bool with = own != scores_.end();
+  bool ok = values_topk(l, P(l), "indexer.blocks", scores, ks, ke, gold, cand, with ? &own->second.cand : nullptr,
+                        with ? own->second.bound : std::vector<float>(), with ? &own->second.values : nullptr,
+                        [&](const Tensor<float>& s) { return ref::v4::select_blocks(s, lay_.cfg.csa_ratio, lay_.cfg.index_topk, k_); },
+                        src == l ? "" : "judged on its source layer " + std::to_string(src) + "'s scores") != cmp::Verdict::fail;
   if (!ok) blocks_hypotheses(l, scores, ks, ke, gold, cand);
   if (src != l && has(src, "indexer.blocks")) {  // Shared: the candidate's source blocks, as sets per row
     const Tensor<int32_t> sbt = candidate_int(c_, nm(src, "indexer.blocks"), gold.shape, res.diagnoses);
@@ -317,6 +329,19 @@ void V4Judge::attention(int l, const Tensor<int32_t>& used, const std::string& n
            cmp::kFloorLse, 2);
   if (failed)
     attention_hypotheses(l, used, co.numel() ? &co : nullptr, cr.numel() ? &cr : nullptr, cl.numel() ? &cl : nullptr, b.out, b.lse);
+}
+
+// The precision test of a compressor's entries (judge/precision.h, kind values), where the set's
+// compressor rounds in f32 (hf_bf16 rounds to bf16 by contract, as transformers' bf16 model): the
+// compressor recomputed on moved kv, gate, position bias and norm weight. The longest sum behind an
+// entry is the norm's over D (the softmax pools 2m or m slots, fewer than D in every V4 config).
+void V4Judge::entries_precision(int l, const std::string& part, const Tensor<float>& gold, const Tensor<float>& cand) {
+  const Compressor c = compressor(l, part);
+  if (c.cp.rounding != ref::v4::CompressorRounding::f32) return;
+  const int64_t n = std::max<int64_t>(c.norm.numel(), c.cp.overlap ? 2 * c.cp.ratio : c.cp.ratio);
+  values_precision(P(l), part + ".entries", gold, cand, n, [&](const prec::Moved& m) {
+    return ref::v4::compress(m(c.kv, "kv"), m(c.gate, "gate"), m(c.bias, "position_bias"), m(c.norm, "norm_weight"), c.cp);
+  });
 }
 
 void V4Judge::entries_hypotheses(int l, const std::string& part, const Tensor<float>& cand, const std::vector<float>& bound) {

@@ -211,18 +211,34 @@ class KindJudge {
   }
   // The precision test of an f32 tensor computed in f32 from f32 inputs (prec::Kind::values), just
   // added: golden and candidate whole (non-finite pairs are left out), the f32 class `recompute`d
-  // from moved inputs (prec::recomputed_classes; n_reduction its longest sum).
-  void values_precision(const std::string& P, const std::string& tensor, const Tensor<float>& golden, const Tensor<float>& cand,
-                        int64_t n_reduction, const std::function<Tensor<float>(const prec::Moved&)>& recompute) {
+  // from moved inputs (prec::recomputed_classes; n_reduction its longest sum). Returns the classes
+  // (their recomputations cached) for a top-k's near-tie margin over the same values (values_tie).
+  // `recompute` may be called after this returns: what it captures must outlive the classes.
+  prec::ClassValues values_precision(const std::string& P, const std::string& tensor, const Tensor<float>& golden,
+                                     const Tensor<float>& cand, int64_t n_reduction,
+                                     std::function<Tensor<float>(const prec::Moved&)> recompute) {
     std::vector<double> g(golden.data.begin(), golden.data.end());
     const auto values = prec::recomputed_classes(
-        [recompute](const prec::Moved& m) {
+        [recompute = std::move(recompute)](const prec::Moved& m) {
           const Tensor<float> t = recompute(m);
           return std::vector<double>(t.data.begin(), t.data.end());
         },
         n_reduction, g);
     precision(P, tensor, g, std::vector<double>(cand.data.begin(), cand.data.end()), prec::Kind::values, values);
+    return values;
   }
+  // A top-k over f32 scores of the values kind, held to the contract's arithmetic: compare_topk with
+  // the candidate's scores (when it holds them) for near ties within `bound` and, when `values`
+  // is given and the candidate's positions are not the golden's bytes, only as wide as twice the
+  // most the f32 class moved a score in units of its bound (prec::max_scaled_deviation over every
+  // finite score: the anchors' rule, TopkOptions::contract_tie). A row whose swaps are wider fails as
+  // "top-k from low-precision scores", however the candidate's scores moved. On a failure the
+  // hypotheses that the positions are the top-k of the golden scores rounded to f16 or bf16
+  // (`select`: the kind's top-k of given scores) are tried, and a fit is named. Returns the verdict.
+  cmp::Verdict values_topk(int l, const std::string& P, const std::string& tensor, const Tensor<float>& scores, const Tensor<int32_t>& ks,
+                           const Tensor<int32_t>& ke, const Tensor<int32_t>& gold, const Tensor<int32_t>& cand,
+                           const Tensor<float>* cand_scores, const std::vector<float>& bound, const prec::ClassValues* values,
+                           const std::function<Tensor<int32_t>(const Tensor<float>&)>& select, const std::string& note = "");
 
   const golden::Loaded& g_;
   const io::SafetensorsFile& c_;
