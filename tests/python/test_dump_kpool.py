@@ -124,9 +124,11 @@ def test_pools_scored_by_max_or_mean_fail_and_are_named(kp, reduce):
     assert verdicts[(7, "indexer.pool_keys")] == "PASS"
     assert f"layer 3: indexer.pool_keys: pools scored with {reduce}" in res.stdout, res.stdout
     assert f"layer 3: indexer.scores: pools scored with {reduce}" in res.stdout, res.stdout
-    # With its own scores in the candidate, its pools are judged against them (consistent: PASS); its
-    # lists alone are judged against the golden's scores: they fail, and the mistake is named there.
-    assert verdicts[(3, "indexer.pools")] == "PASS"
+    # Its pools fail too: its own scores sit outside their bound, so they explain no near tie (the one
+    # top-k rule of every family), and the same hypothesis names the mistake on the pools.
+    assert verdicts[(3, "indexer.pools")] == "FAIL"
+    assert f"layer 3: indexer.pools: pools scored with {reduce}" in res.stdout, res.stdout
+    # Its lists alone are judged against the golden's scores: they fail, and the mistake is named there.
     t, meta = read(path)
     del t["layers.3.indexer.pool_keys"], t["layers.3.indexer.scores"]
     lists = kp["work"] / f"{reduce}-lists.safetensors"
