@@ -264,7 +264,7 @@ TEST_CASE("hyv4 diff: planted faults fail on the tensor they break, each named")
       CHECK_MESSAGE(diagnosed(r, "layer 0: " + std::string(n) + " match the indexer with its RoPE on the leading 8 dims"), r.text("x"));
     }
   }
-  SUBCASE("q.k logits rounded to bf16: named by the precision test; a correct f32 kernel passes") {
+  SUBCASE("q.k logits rounded to bf16: named by the precision test; a correct f32 kernel passes, o_v and gated too") {
     const Tensor<bf16_t> q = g.tensor<bf16_t>(L(0) + "attn.q"), kv = g.tensor<bf16_t>(L(0) + "attn.kv");
     Tensor<int32_t> ix = g.tensor<int32_t>(L(0) + "attn.indices");
     ix.shape = {16, 1, ix.numel() / 16};
@@ -274,12 +274,28 @@ TEST_CASE("hyv4 diff: planted faults fail on the tensor they break, each named")
       Cand c;
       c.set(L(0) + "attn.lse", o.lse);
       c.set(L(0) + "attn.max_logits", o.max_logits);
+      // o_v and gated from the kernel's own out: W_uv summed in f32 from the top dim down.
+      const Tensor<float> w_uv = widen(g.tensor<bf16_t>(L(0) + "attn.w_uv")), gate = widen(g.tensor<bf16_t>(L(0) + "attn.gate"));
+      Tensor<float> o_v(gate.shape), gated(gate.shape);
+      for (int64_t t = 0; t < gate.dim(0); ++t)
+        for (int64_t h = 0; h < gate.dim(1); ++h)
+          for (int64_t i = 0; i < gate.dim(2); ++i) {
+            float acc = 0;
+            for (int64_t d = 31; d >= 0; --d) acc += w_uv.at(h, i, d) * o.out.at(t, h, d);
+            o_v.at(t, h, i) = acc;
+            gated.at(t, h, i) = acc / (1.0f + std::exp(-gate.at(t, h, i)));
+          }
+      c.set(L(0) + "attn.o_v", o_v);
+      c.set(L(0) + "attn.gated", gated);
       return c;
     };
     for (const emul::AttentionVariant& v : emul::attention_family()) {
       CAPTURE(v.name());
       const diff::Result r = judge(cand(v));
       CHECK_MESSAGE(!r.failed(), r.text("x"));
+      int tested = 0;  // o_v and gated get the precision test too (the classes carried through W_uv)
+      for (const auto& t : r.tensors) tested += t.layer == 0 && (t.name == "attn.o_v" || t.name == "attn.gated") && t.report.precision_ran;
+      CHECK(tested == 2);
     }
     emul::AttentionVariant x;
     x.logits_bf16 = true;
@@ -438,7 +454,7 @@ TEST_CASE("hyv4: overlap compares the layers' own top-k, search costs a Shared l
   CHECK(j["pattern"].get<std::string>().substr(0, 1) == "F");
 }
 
-TEST_CASE("hyv4 diff: the precision test passes f32 scores in other orders and fails f16 / bf16 scores, by name") {
+TEST_CASE("hyv4 diff: the precision test passes f32 scores in other orders and fails f16 / bf16 scores and intermediates, by name") {
   const golden::Loaded& g = tiny_set().g;
   const Tensor<float> q = g.tensor<float>(L(0) + "indexer.q_rope"), k = g.tensor<float>(L(0) + "indexer.k_rope");
   const Tensor<float> w = g.tensor<float>(L(0) + "indexer.weights"), gold = g.tensor<float>(L(0) + "indexer.scores");
@@ -458,17 +474,20 @@ TEST_CASE("hyv4 diff: the precision test passes f32 scores in other orders and f
     CHECK_MESSAGE(!r.failed(), r.text("replay"));
   }
   CHECK(differs);  // some order changed some bits
-  for (const int bits : {11, 8}) {
-    CAPTURE(bits);
-    const std::string cls = bits == 11 ? "f16" : "bf16";
-    Tensor<float> low = gold;
-    for (float& v : low.data) v = float(prec::round_bits(v, bits));
-    Cand s = faithful(g);
-    s.set(L(0) + "indexer.scores", low);
-    diff::Result r = judge(s);
-    CHECK_MESSAGE(testing::verdict(r, 0, "indexer.scores") == cmp::Verdict::fail, r.text("replay"));
-    CHECK_MESSAGE(testing::diagnosed(r, "indexer.scores carries " + cls + "-level error"), r.text("replay"));
-  }
+  // The scores and every step before them (LayerNorm, RoPE, head weights) rounded to f16 / bf16.
+  for (const char* n : {"indexer.scores", "indexer.k_norm", "indexer.q_rope", "indexer.k_rope", "indexer.weights"})
+    for (const int bits : {11, 8}) {
+      const std::string cls = bits == 11 ? "f16" : "bf16";
+      CAPTURE(n);
+      CAPTURE(cls);
+      Tensor<float> low = g.tensor<float>(L(0) + n);
+      for (float& v : low.data) v = float(prec::round_bits(v, bits));
+      Cand s = faithful(g);
+      s.set(L(0) + n, low);
+      diff::Result r = judge(s);
+      CHECK_MESSAGE(testing::verdict(r, 0, n) == cmp::Verdict::fail, r.text("replay"));
+      CHECK_MESSAGE(testing::diagnosed(r, std::string(n) + " carries " + cls + "-level error"), r.text("replay"));
+    }
 }
 
 TEST_CASE("hyv4 diff: a top-k from f32 scores in other orders passes, one from f16 / bf16 scores fails by name") {

@@ -414,7 +414,7 @@ TEST_CASE("v4 diff: planted faults fail on the tensor they break") {
       CHECK_MESSAGE(diagnosed(r, std::string("layer 1: attn.max_logits carries ") + cls + "-level error"), report(r));
     }
     // P.V accumulated in bf16 over this set's 12 keys a row errs only 2x a bf16 output's rounding
-    // (too close to name): FlashMLA's cos_diff_tol fails it.
+    // (too close to name; the 192-key test below names it): FlashMLA's cos_diff_tol fails it.
     emul::AttentionVariant acc;
     acc.out_bf16 = false;
     acc.acc_bf16 = true;
@@ -610,4 +610,42 @@ TEST_CASE("v4 diff: blocks from f32 scores in other orders pass, blocks from f16
        [&](const Tensor<float>& x) { return ref::v4::select_blocks(x, 4, 16); }});
   MESSAGE("f32 kernels whose blocks moved: " << f32_moved << "; rounded scores whose blocks moved: " << low_moved);
   CHECK(low_moved >= 1);  // bf16 at least
+}
+
+TEST_CASE("v4 diff: attention accumulating P.V in bf16 is named on out and out_rotated, with up to 192 keys a row") {
+  // An HCA layer over 128 compressed entries plus a 64-token window: long enough rows for bf16
+  // accumulation to stand far above a bf16 output's rounding (the tiny set's 12 keys a row do not).
+  const golden::V4Spec s = golden::parse_v4_spec("t=512 h=4 d=64 w=64 csa=4 hca=4 ih=4 id=32 k=16 rope=16 ctx=32 types=SH rot=hf seed=37");
+  const testing::WrittenSet m = testing::written(tmp("pv"), golden::build_v4(s, "replay"));
+  const std::string p = "layers.1.attn.";
+  const Tensor<bf16_t> q = m.g.tensor<bf16_t>(p + "q"), kv = m.g.tensor<bf16_t>(p + "kv");
+  const Tensor<int32_t> ix = m.g.tensor<int32_t>(p + "indices");
+  const Tensor<float> sink = m.g.tensor<float>(p + "sink");
+  auto judged = [&](const emul::AttentionVariant& v) {
+    const ref::AttentionOut o = emul::attention(v, q, kv, ix, s.cfg.sm_scale(), 64, nullptr, &sink);
+    testing::Candidate c;
+    c.set(p + "out", o.out);
+    c.set(p + "lse", o.lse);
+    c.set(p + "max_logits", o.max_logits);
+    Tensor<float> rot = o.out;  // out_rotated: the kernel's own out through the inverse RoPE
+    const std::vector<float> freq = ref::v4::inv_freq(s.cfg.compress_rope);
+    for (int64_t t = 0; t < 512; ++t)
+      for (int64_t h = 0; h < 4; ++h) ref::v4::apply_rope_inverse(&rot.at(t, h, 64 - 16), 16, t, freq);
+    c.set(p + "out_rotated", rot);
+    return diff::judge(m.g, c.file(), {});
+  };
+  for (const emul::AttentionVariant& v : emul::attention_family()) {
+    CAPTURE(v.name());
+    const diff::Result r = judged(v);
+    CHECK_MESSAGE(!r.failed(), report(r));
+  }
+  emul::AttentionVariant acc;
+  acc.out_bf16 = false;
+  acc.acc_bf16 = true;
+  const diff::Result r = judged(acc);
+  for (const char* n : {"attn.out", "attn.out_rotated"}) {
+    CAPTURE(n);
+    CHECK(verdict(r, 1, n) == cmp::Verdict::fail);
+    CHECK_MESSAGE(diagnosed(r, "layer 1: " + std::string(n) + " carries bf16-acc-level error"), report(r));
+  }
 }

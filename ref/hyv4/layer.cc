@@ -117,9 +117,8 @@ void rope_slice(Tensor<float>& x, int64_t first_pos, const IndexerParams& p) {
       apply_rope(x.ptr() + r * per_row + h * D + off, int(p.rope), first_pos + r, inv_freq, RopeLayout::interleaved);
 }
 
-IndexerOutputs run_indexer(const Tensor<float>& q, const Tensor<float>& k, const Tensor<float>& k_norm_w,
-                           const Tensor<float>& k_norm_b, const Tensor<float>& weights_raw, const IndexerParams& p,
-                           const Kernels& kern) {
+IndexerOutputs indexer_front(const Tensor<float>& q, const Tensor<float>& k, const Tensor<float>& k_norm_w,
+                             const Tensor<float>& k_norm_b, const Tensor<float>& weights_raw, const IndexerParams& p) {
   require(q.rank() == 3, "hyv4 indexer q: expected [s_q, H, D], got " + shape_str(q.shape));
   require(k.rank() == 2, "hyv4 indexer k: expected [s_kv, D], got " + shape_str(k.shape));
   const int64_t s_q = q.dim(0), H = q.dim(1), D = q.dim(2), s_kv = k.dim(0);
@@ -144,7 +143,14 @@ IndexerOutputs run_indexer(const Tensor<float>& q, const Tensor<float>& k, const
   o.ks = Tensor<int32_t>({s_q}, 0);
   o.ke = Tensor<int32_t>({s_q});
   for (int64_t t = 0; t < s_q; ++t) o.ke[t] = int32_t(first + t + 1);
-  const Tensor<float> ones({s_kv}, 1.0f);
+  return o;
+}
+
+IndexerOutputs run_indexer(const Tensor<float>& q, const Tensor<float>& k, const Tensor<float>& k_norm_w,
+                           const Tensor<float>& k_norm_b, const Tensor<float>& weights_raw, const IndexerParams& p,
+                           const Kernels& kern) {
+  IndexerOutputs o = indexer_front(q, k, k_norm_w, k_norm_b, weights_raw, p);
+  const Tensor<float> ones({k.dim(0)}, 1.0f);
   o.scores = kern.logits_f32(o.q_rope, o.k_rope, ones, o.weights, o.ks, o.ke);
   o.indices = kern.topk(o.scores, o.ks, o.ke, p.index_topk);
   return o;

@@ -135,7 +135,10 @@ Tensor<float> indexer_weights(const Tensor<float>& raw, int64_t head_dim);
 void rope_slice(Tensor<float>& x, int64_t first_pos, const IndexerParams& p);
 // The indexer on the caller's tensors: q [s_q, H, D], k [s_kv, D] (before the LayerNorm),
 // k_norm_w / k_norm_b [D], weights_raw [s_q, H]; the query rows are the last s_q of s_kv positions.
-// Error naming the tensor on a shape mismatch.
+// Error naming the tensor on a shape mismatch. indexer_front: its steps before the scores (k_norm,
+// q_rope, k_rope, weights, ks, ke; scores and indices left empty); run_indexer: the whole indexer.
+IndexerOutputs indexer_front(const Tensor<float>& q, const Tensor<float>& k, const Tensor<float>& k_norm_w,
+                             const Tensor<float>& k_norm_b, const Tensor<float>& weights_raw, const IndexerParams& p);
 IndexerOutputs run_indexer(const Tensor<float>& q, const Tensor<float>& k, const Tensor<float>& k_norm_w,
                            const Tensor<float>& k_norm_b, const Tensor<float>& weights_raw, const IndexerParams& p,
                            const Kernels& kern = {});

@@ -18,6 +18,7 @@
 // top-k).
 #include <algorithm>
 #include <map>
+#include <memory>
 
 #include "ref/numerics.h"
 #include "tools/judge/hyv4_bounds.h"
@@ -85,6 +86,7 @@ class HyJudge : public KindJudge {
   void rope_hypothesis(int l, const std::map<std::string, Tensor<float>>& cand, const Tensor<int32_t>* topk);
   Tensor<int32_t> indices(int l);
   Expect expect(int l, const Tensor<int32_t>& indices2d, const Tensor<float>& sink) const;
+  prec::ClassValues through_w_uv(prec::ClassValues out, int l, const std::vector<int64_t>& rows, bool gated) const;
   void attention(int l, const Tensor<int32_t>& used2d, const std::string& note);
   void attention_hypotheses(int l, const Tensor<int32_t>& used2d, const std::map<std::string, Tensor<float>>& failed,
                             const Expect& gold);
@@ -159,7 +161,18 @@ void HyJudge::indexer(int l) {
     const Tensor<float> gold = g_.tensor<float>(nm(l, n));
     Tensor<float> cand = candidate_float(c_, nm(l, n), gold.shape);
     if (add(l, n, cmp::compare_floats("", gold, cand, rule_of(*b, how))) == cmp::Verdict::fail) failed[n] = cand;
-    if (std::string(n) == "indexer.scores") {
+    if (std::string(n) != "indexer.scores") {
+      // The precision test of the steps before the scores (LayerNorm over D, RoPE, two products).
+      const std::string name = n;
+      values_precision(P(l), n, gold, cand, name == "indexer.q_rope" || name == "indexer.weights" ? 2 : cfg_.dim,
+                       [&d, name, this](const prec::Moved& m) {
+                         hy::IndexerOutputs o = hy::indexer_front(m(d.q, "q"), m(d.k, "k"), d.k_norm_w, d.k_norm_b,
+                                                                  m(d.raw, "weights_raw"), params(hy::RopeSlice::trailing));
+                         return name == "indexer.k_norm" ? o.k_norm : name == "indexer.q_rope" ? o.q_rope
+                                : name == "indexer.k_rope" ? o.k_rope : o.weights;
+                       });
+      if (res.tensors.back().report.verdict == cmp::Verdict::fail) failed[n] = cand;
+    } else {
       // The precision test: the whole indexer (LayerNorm, RoPE, weights, scores) on moved inputs.
       score_values = values_precision(P(l), n, gold, cand, cfg_.heads * cfg_.dim, [&](const prec::Moved& m) {
         return hy::run_indexer(m(d.q, "q"), m(d.k, "k"), d.k_norm_w, d.k_norm_b, m(d.raw, "weights_raw"), params(hy::RopeSlice::trailing), k_)
@@ -252,6 +265,32 @@ Expect HyJudge::expect(int l, const Tensor<int32_t>& indices2d, const Tensor<flo
   return e;
 }
 
+// The attention classes' out (at the sampled rows) carried through W_uv, and with `gated` the
+// sigmoid gate, as gated_attention does: the classes of attn.o_v and attn.gated (each member's
+// o_v summed over d_v in double, rounded to f32; the gate's own f32 steps are far below a class).
+prec::ClassValues HyJudge::through_w_uv(prec::ClassValues out, int l, const std::vector<int64_t>& rows, bool gated) const {
+  const int64_t hq = cfg_.h_q, dv = cfg_.kv_lora, v = cfg_.v_dim;
+  auto w_uv = std::make_shared<Tensor<float>>(widen(g_.tensor<bf16_t>(nm(l, "attn.w_uv"))));
+  auto gate = std::make_shared<Tensor<float>>(widen(g_.tensor<bf16_t>(nm(l, "attn.gate"))));
+  return [out = std::move(out), w_uv, gate, rows, hq, dv, v, gated](const std::string& cls) {
+    std::vector<std::vector<double>> members;
+    for (const std::vector<double>& o : out(cls)) {
+      std::vector<double> x(rows.size() * size_t(hq * v));
+      for (size_t r = 0; r < rows.size(); ++r)
+        for (int64_t h = 0; h < hq; ++h)
+          for (int64_t i = 0; i < v; ++i) {
+            double acc = 0;
+            for (int64_t d = 0; d < dv; ++d) acc += double(w_uv->at(h, i, d)) * o[(r * size_t(hq) + size_t(h)) * size_t(dv) + size_t(d)];
+            float y = float(acc);
+            if (gated) y *= float(1.0 / (1.0 + exp_portable(-double(gate->at(rows[r], h, i)))));
+            x[(r * size_t(hq) + size_t(h)) * size_t(v) + size_t(i)] = double(y);
+          }
+      members.push_back(std::move(x));
+    }
+    return members;
+  };
+}
+
 void HyJudge::attention(int l, const Tensor<int32_t>& used2d, const std::string& note) {
   const int64_t sq = cfg_.s_q, hq = cfg_.h_q;
   const Tensor<float> sink = cfg_.sink ? g_.tensor<float>(nm(l, "attn.sink")) : Tensor<float>();
@@ -284,9 +323,8 @@ void HyJudge::attention(int l, const Tensor<int32_t>& used2d, const std::string&
     if (!has(l, it.name)) continue;
     Tensor<float> cand = candidate_float(c_, nm(l, it.name), it.want->shape);
     add(l, it.name, cmp::compare_structured("", *it.want, cand, it.rule, spec(it.name, it.cols, it.floor)), note);
-    if (i < 3)
-      precision(P(l), it.name, prec::at_rows(*it.want, rows), prec::at_rows(cand, rows), prec::Kind::attention,
-                classes.values(int(i)));
+    precision(P(l), it.name, prec::at_rows(*it.want, rows), prec::at_rows(cand, rows), prec::Kind::attention,
+              i < 3 ? classes.values(int(i)) : through_w_uv(classes.values(0), l, rows, i == 4));
     if (res.tensors.back().report.verdict == cmp::Verdict::fail) failed[it.name] = std::move(cand);
   }
   if (!failed.empty()) attention_hypotheses(l, used2d, failed, e);

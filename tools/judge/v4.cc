@@ -314,8 +314,27 @@ void V4Judge::attention(int l, const Tensor<int32_t>& used, const std::string& n
       for (int64_t h = 0; h < H; ++h) ref::v4::apply_rope_inverse(&rot.at(t, h, D - rope.rope_dim), rope.rope_dim, t, freq);
     cmp::FloatRule r = rule_of(v4b::rotated_bounds(e.out, b.out, rope), "attn.out's bound through the inverse RoPE (judge/v4_bounds.h)");
     cr = candidate_float(c_, nm(l, "attn.out_rotated"), {T, H, D});
-    failed |= add(l, "attn.out_rotated", cmp::compare_structured("", rot, cr, r, spec("attn.out_rotated", D, cmp::kFloorOut)), note) ==
-              cmp::Verdict::fail;
+    add(l, "attn.out_rotated", cmp::compare_structured("", rot, cr, r, spec("attn.out_rotated", D, cmp::kFloorOut)), note);
+    // The precision test: out's classes through the same inverse RoPE (f32, as above).
+    const std::vector<int64_t> at = classes.rows();
+    precision(P(l), "attn.out_rotated", prec::at_rows(rot, at), prec::at_rows(cr, at), prec::Kind::attention,
+              [out = classes.values(0), at, freq, H, D, rd = rope.rope_dim](const std::string& cls) {
+                std::vector<std::vector<double>> members;
+                for (const std::vector<double>& o : out(cls)) {
+                  std::vector<double> x = o;
+                  std::vector<float> head(static_cast<size_t>(rd));
+                  for (size_t r = 0; r < at.size(); ++r)
+                    for (int64_t h = 0; h < H; ++h) {
+                      const size_t base = (r * size_t(H) + size_t(h)) * size_t(D) + size_t(D - rd);
+                      for (int i = 0; i < rd; ++i) head[size_t(i)] = float(x[base + size_t(i)]);
+                      ref::v4::apply_rope_inverse(head.data(), rd, at[r], freq);
+                      for (int i = 0; i < rd; ++i) x[base + size_t(i)] = double(head[size_t(i)]);
+                    }
+                  members.push_back(std::move(x));
+                }
+                return members;
+              });
+    failed |= res.tensors.back().report.verdict == cmp::Verdict::fail;
   }
   if (has(l, "attn.lse")) {
     cl = candidate_float(c_, nm(l, "attn.lse"), {T, H});
