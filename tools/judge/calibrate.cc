@@ -179,7 +179,9 @@ nlohmann::json summary(const std::vector<Run>& runs) {
   j["runs"] = runs.size();
   j["false_positives"] = fp;
   for (const auto& [kind, w] : worst)
-    j["worst"][kind] = {{"structure_ratio", w[0]}, {"err_over_bound", w[1]}, {"calc_diff", w[2]},
+    // No structure test ran on the kind (a top-k): no margin, null.
+    j["worst"][kind] = {{"structure_ratio", w[0] > -cmp::kRatioCap ? nlohmann::json(w[0]) : nlohmann::json(nullptr)},
+                        {"err_over_bound", w[1]}, {"calc_diff", w[2]},
                          {"b_over_floor", w[3]}, {"precision_ratio", w[4]}, {"structure_worst_run", worst_run[kind]},
                          {"near_tie_rows", near_ties[kind]}};
   return j;
