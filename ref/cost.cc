@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "ref/error.h"
+#include "ref/problem.h"
 
 namespace indexshare {
 
@@ -485,8 +486,8 @@ std::string config_json_text(const ModelConfig& c) {
   j["yarn_beta_fast"] = c.yarn_beta_fast;
   j["yarn_beta_slow"] = c.yarn_beta_slow;
   j["yarn_mscale"] = c.yarn_mscale;
-  j["rms_eps"] = double(c.rms_eps);
-  j["index_norm_eps"] = double(c.index_norm_eps);
+  j["rms_eps"] = f32_json(c.rms_eps);
+  j["index_norm_eps"] = f32_json(c.index_norm_eps);
   j["n_routed_experts"] = c.n_routed_experts;
   j["n_shared_experts"] = c.n_shared_experts;
   j["n_activated_experts"] = c.n_activated_experts;

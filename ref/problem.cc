@@ -36,6 +36,12 @@ std::string float_text(float v) {
   return std::string(buf, r.ptr);
 }
 
+double f32_json(double x) {
+  if (!std::isfinite(x) || double(float(x)) != x) return x;
+  const double y = std::strtod(float_text(float(x)).c_str(), nullptr);
+  return float(y) == float(x) ? y : x;  // (a shortest text at the edge of the f32's interval: kept as is)
+}
+
 std::string indexer_mode_name(IndexerMode m) { return m == IndexerMode::fp8 ? "fp8" : "bf16"; }
 
 std::string sink_mode_name(SinkMode m) {

@@ -94,6 +94,10 @@ Problem parse_problem(const std::string& text);  // throws Error naming the bad 
 // The shortest decimal that strtof reads back as exactly v (std::to_chars' shortest form):
 // problem strings, module-level descriptors and replay lines print their floats with it.
 std::string float_text(float v);
+// x itself, unless x is exactly an f32 value: then the double nearest float_text(float(x)), which a
+// JSON writer prints as that shortest text (0.041666668, not 0.0416666679084301) and which reads
+// back as the same f32. Manifests and reports write their f32 fields through it.
+double f32_json(double x);
 
 std::string indexer_mode_name(IndexerMode m);
 std::string sink_mode_name(SinkMode m);

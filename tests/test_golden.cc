@@ -273,6 +273,35 @@ TEST_CASE("golden: the 9-digit replay lines of older manifests regenerate the ch
   }
 }
 
+TEST_CASE("golden: manifests write f32 fields in their shortest text, and older manifests' long texts still read and replay") {
+  // f32_json: an f32 value's shortest text; a double that is not an f32 (a budget) is left alone.
+  CHECK(f32_json(double(1.0f / 24.0f)) == 0.041666668);
+  CHECK(float(f32_json(double(1.0f / 24.0f))) == 1.0f / 24.0f);
+  CHECK(f32_json(0.1) == 0.1);
+  for (uint32_t bits = 0x3a000000u; bits < 0x3a000000u + 200000u; bits += 7) {  // f32 values round trip
+    float v;
+    std::memcpy(&v, &bits, 4);
+    REQUIRE(float(f32_json(double(v))) == v);
+  }
+  TmpDir t;
+  const fs::path out = t.path / "ties";
+  const testing::CliResult r = testing::run_cli("golden --preset ties --out " + out.string());
+  REQUIRE_MESSAGE(r.status == 0, r.out);
+  std::ifstream in(out / "manifest.json");
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  in.close();
+  CHECK(text.find("\"sm_scale\": 0.041666668,") != std::string::npos);
+  CHECK(text.find("0.0416666679084301") == std::string::npos);
+  // The text an older version wrote (every digit of the widened f32) reads back as the same f32,
+  // and the set still reads, every tensor verified.
+  const size_t at = text.find("0.041666668,");
+  text.replace(at, 12, "0.0416666679084301,");
+  std::ofstream(out / "manifest.json") << text;
+  const golden::Loaded g = golden::read(out.string());
+  CHECK(g.manifest["config"]["sm_scale"].get<float>() == 1.0f / 24.0f);
+  g.verify_rest();
+}
+
 TEST_CASE("golden: manifest config, layers, roles, kind and budgets are checked, naming the field") {
   TmpDir tmp;
   const std::string ties = copy_golden("ties", tmp.path / "ties");

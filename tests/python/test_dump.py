@@ -238,7 +238,7 @@ def test_partial_problem_keeps_the_dumps_schedule_scale_and_dtype(glm, v32, tmp_
             assert (out / "tensors.safetensors").read_bytes() == own, (name, partial)
             m = json.loads((out / "manifest.json").read_text())
             assert m["config"]["indexer"] == "bf16"
-            assert m["config"]["sm_scale"] == f32(float(d["meta"]["problem"].split("sm=")[1].split()[0]))
+            assert f32(m["config"]["sm_scale"]) == f32(float(d["meta"]["problem"].split("sm=")[1].split()[0]))
         assert json.loads((out / "manifest.json").read_text())["problem"].endswith("sched=" + d["meta"]["schedule"])
     # A field that contradicts the dump is refused with both values; nothing is written.
     sm = glm["meta"]["problem"].split("sm=")[1].split()[0]

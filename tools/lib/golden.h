@@ -228,7 +228,8 @@ nlohmann::json write(const std::string& dir, GoldenSet set, bool force);
 // after removing the `<dir>.tmp.*` folders whose recorded owner, a process of this host, has ended
 // (a run killed outright; a note on stderr names each) and noting on stderr those it cannot prove
 // stale (another host's, or without a record);
-// publish writes manifest.json there and renames the folder into place; discard removes it.
+// publish writes manifest.json there (through shortest_floats) and renames the folder into place;
+// discard removes it.
 struct Staging {
   std::string dir, target, parent, tmp;
   bool exists = false, replace = false;
@@ -236,6 +237,10 @@ struct Staging {
 Staging stage(const std::string& dir, bool force, const std::string& tag);
 nlohmann::json publish(const Staging& s, nlohmann::json manifest);
 void discard(const Staging& s) noexcept;
+// The manifest with its f32 fields (sm_scale, softmax_scale, eps, *_eps, at any depth) in their
+// shortest round-trip text (f32_json, ref/problem.h): what publish writes, and what an in-memory
+// set shows.
+nlohmann::json shortest_floats(nlohmann::json manifest);
 // The manifest's "tensors" list: one entry per tensor, in order, with its SHA-256 and role.
 nlohmann::json tensor_list(const std::vector<io::TensorSpec>& specs, const std::vector<std::string>& hashes,
                            const std::map<std::string, Role>& roles);

@@ -328,7 +328,7 @@ void bind_runtime(nb::module_& m) {
 void bind_golden(nb::module_& m) {
   // ---- golden sets (tools/lib/golden.h) ----
   nb::class_<PyGolden>(m, "GoldenSet")
-      .def_prop_ro("manifest_json", [](const PyGolden& g) { return g.set.manifest.dump(); })
+      .def_prop_ro("manifest_json", [](const PyGolden& g) { return golden::shortest_floats(g.set.manifest).dump(); })
       .def_prop_ro("replay", [](const PyGolden& g) { return g.replay; })
       .def("tensors", [](nb::handle self) { return views_of(nb::cast<PyGolden&>(self).set.tensors, self); })
       .def("roles", [](const PyGolden& g) {

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <exception>
 #include <filesystem>
+#include <utility>
 #include <fstream>
 #include <map>
 #include <numeric>
@@ -178,9 +179,29 @@ json tensor_list(const std::vector<io::TensorSpec>& specs, const std::vector<std
   return list;
 }
 
+namespace {
+bool f32_field(const std::string& key) {
+  return key == "sm_scale" || key == "softmax_scale" || key == "eps" || key.ends_with("_eps");
+}
+void shorten(json& j) {
+  if (!j.is_structured()) return;
+  if (j.is_object())
+    for (auto it = j.begin(); it != j.end(); ++it)
+      if (it->is_number_float() && f32_field(it.key())) *it = f32_json(it->get<double>());
+  for (json& x : j) shorten(x);
+}
+}  // namespace
+
+// Double fields (the budgets) keep the shortest text of their double.
+json shortest_floats(json manifest) {
+  shorten(manifest);
+  return manifest;
+}
+
 json publish(const Staging& s, json manifest) {
   const fs::path target(s.target), parent(s.parent), tmp(s.tmp);
   std::error_code ec;
+  manifest = shortest_floats(std::move(manifest));
   try {
     write_text((tmp / "manifest.json").string(), manifest.dump(2) + "\n");
     fs::remove(tmp / kOwnerFile, ec);  // the set holds its two files only
