@@ -104,15 +104,15 @@ TEST_CASE("hostile: an option the chosen mode does not read, or an override out 
       {"bench --stack-seq 0 --stack-sq 7", "--stack-sq applies to the stack only"},
       {"bench --stack-seq 0 --stack-topk 9", "--stack-topk applies to the stack only"},
       {"bench --stack-seq 0 --model none --module-rows 5", "--module-rows applies to the module stage only"},
-      {"cost --model glm-5.2 --print-config --json x.json", "--json applies to the cost tables only"},
-      {"cost --model glm-5.2 --print-config --context 4096", "--context applies to the cost tables only"},
+      {"cost --model glm-5.2 --print-config --json x.json", "--json excludes --print-config"},
+      {"cost --model glm-5.2 --print-config --context 4096", "--context excludes --print-config"},
       {"cost --model glm-5.2 --mode decode --prefill-tile 32", "--prefill-tile applies to --mode prefill or both only"},
-      {"overlap --golden GOLDEN --from-problem k8", "--from-problem applies to --from only"},
-      {"overlap --golden GOLDEN --max-memory 1K", "--max-memory applies to --problem only"},
-      {"search --golden GOLDEN --max-memory 1K -n 1", "--max-memory applies to --problem only"},
+      {"overlap --golden GOLDEN --from-problem k8", "--from-problem requires --from"},
+      {"overlap --golden GOLDEN --max-memory 1K", "--max-memory requires --problem"},
+      {"search --golden GOLDEN --max-memory 1K -n 1", "--max-memory requires --problem"},
       {"search --problem 'sq8 skv24 hq2 dqk16 dv8 ih4 id16 k4 nl2 sched=FS' -n 1", "sched=FS is not read"},
       {"search --problem 'sq8 skv24 hq2 dqk16 dv8 ih4 id16 k4 nl2 own=no' -n 1", "own=no is not read"},
-      {"golden --preset ties --kind attention-edge OUT", "--kind applies to --problem only"},
+      {"golden --preset ties --kind attention-edge OUT", "--preset excludes --kind"},
       {"golden --problem 'sq4 skv12 hq2 dqk16 dv8 ih2 id16 k4' --impl ref --target AVX2 OUT", "--target applies to the simd path"},
       {"run --problem 'sq4 skv12 hq2 dqk16 dv8 ih2 id16 k4' --impl ref --target AVX2", "--target applies to the simd path"},
       {"run --model tiny-glm --seq 16 --impl ref --target AVX2", "--target applies to the simd path"},
@@ -150,8 +150,8 @@ TEST_CASE("hostile: an option the chosen mode does not read, or an override out 
   refused(cli("verify"), {"--golden is required"});
   // Options of another mode: before, each of these ran the default and ignored the option.
   for (const char* o : {"--seq 100", "--seed 5", "--sim 0.5", "--variant hf_bf16"}) {
-    refused(cli(std::string("run ") + o), {std::string(o).substr(0, std::string(o).find(' ')) + " applies to --model only"});
-    refused(cli(std::string("run --problem 'sq4 skv12 hq2 dqk16 dv8 ih2 id16 k4' ") + o), {"applies to --model only"});
+    refused(cli(std::string("run ") + o), {std::string(o).substr(0, std::string(o).find(' ')) + " requires --model"});
+    refused(cli(std::string("run --problem 'sq4 skv12 hq2 dqk16 dv8 ih2 id16 k4' ") + o), {"requires --model"});
   }
   for (const char* o : {"--schedule FS", "--sim 0.5", "--variant hf_bf16"})
     refused(cli(std::string("golden --preset ties ") + o + out), {"applies to --model only", "sched="});

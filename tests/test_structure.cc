@@ -417,8 +417,9 @@ TEST_CASE("structure: calibrate refuses bad input with a clear message, exit 2 a
       {"calibrate --runs 0", "--runs: expected 1..100000, got 0"},
       {"calibrate --first -3 --runs 1", "--first: expected 0..10^9, got -3"},
       {"calibrate --max-work 0", "--max-work"},
-      {"calibrate --runs 1 --layer 2", "--layer applies to --power only"},
-      {"calibrate --power " + glm + " --runs 3", "--runs applies to calibration runs (without --power) only"},
+      {"calibrate --runs 1 --layer 2", "--layer requires --power"},
+      {"calibrate --power " + glm + " --runs 3", "--runs excludes --power"},
+      {"calibrate --catalogue --values", "--catalogue excludes --values"},
       {"calibrate --power /nonexistent-golden", "/nonexistent-golden: not a golden set folder"},
       {"calibrate --power " + glm + " --layer 9", "--layer 9 is outside " + glm + "'s 8 layers"},
   };

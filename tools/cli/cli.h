@@ -63,6 +63,12 @@ bool was_given(const std::vector<std::string>& given, const std::string& name);
 // that an option the chosen mode does not read is never silently ignored.
 void reject_given(const std::vector<std::string>& given, std::initializer_list<const char*> names,
                   const std::string& applies_to, const std::string& why);
+// The rules that hang on which options are given, not on their values, declared to CLI11 (after
+// the options are added): `opt` excludes each of `others` (both ways), or needs `other`. --help
+// lists them; a breach is a usage error naming both options, exit 2. reject_given keeps the rules
+// that hang on a value (--impl ref, --mode decode) or on what a file holds (a V4 dump).
+void excludes(CLI::App& c, const std::string& opt, std::initializer_list<const char*> others);
+void needs(CLI::App& c, const std::string& opt, const std::string& other);
 // --target where the computation resolved to ref (it would be read by nothing).
 void reject_target_on_ref(const std::vector<std::string>& given, Impl impl);
 // --layers, --seq and --seed overrides, when given: layers in [1, 10^6], seq in [1, 2^31 - 1],

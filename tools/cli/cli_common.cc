@@ -103,6 +103,13 @@ void reject_given(const std::vector<std::string>& given, std::initializer_list<c
     require(!was_given(given, n), std::string(n) + " applies to " + applies_to + " only (" + why + ")");
 }
 
+void excludes(CLI::App& c, const std::string& opt, std::initializer_list<const char*> others) {
+  CLI::Option* o = c.get_option(opt);
+  for (const char* n : others) o->excludes(c.get_option(n));
+}
+
+void needs(CLI::App& c, const std::string& opt, const std::string& other) { c.get_option(opt)->needs(c.get_option(other)); }
+
 void reject_target_on_ref(const std::vector<std::string>& given, Impl impl) {
   if (impl == Impl::ref) reject_given(given, {"--target"}, "the simd path", "this computation runs on ref; add --impl simd");
 }

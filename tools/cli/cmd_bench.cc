@@ -645,15 +645,9 @@ using namespace bench;
 
 int cmd_bench(const BenchArgs& a) {
   if (!a.v4.empty()) {
-    reject_given(a.given, {"--problem", "--impl", "--stack-seq", "--stack-sq", "--stack-topk", "--model", "--module-preset",
-                           "--module-rows", "--max-memory", "--backward", "--commands", "--kpool"},
-                 "the kernel-level stages (not --v4)", "--v4 runs the DeepSeek-V4 stage alone");
     return bench_v4(a);
   }
   if (!a.kpool.empty()) {
-    reject_given(a.given, {"--problem", "--impl", "--stack-seq", "--stack-sq", "--stack-topk", "--model", "--module-preset",
-                           "--module-rows", "--max-memory", "--backward", "--commands", "--v4"},
-                 "the kernel-level stages (not --kpool)", "--kpool runs the GLM-5.3 KPool stage alone");
     return bench_kpool(a);
   }
   Bench b(a);
@@ -724,6 +718,11 @@ Action register_bench(CLI::App& app) {
   c->add_option("--v4", a->v4, "A DeepSeek-V4 descriptor (t=... types=...): time run, golden and ref's build of that stack alone");
   c->add_option("--kpool", a->kpool, "A GLM-5.3 KPool descriptor (sq=... pool=...): the pooled indexer against the FMA peak, "
                                      "then run and golden of that stack alone");
+  // --v4 and --kpool each run their stage alone, without the kernel-level stages' options.
+  for (const char* alone : {"--v4", "--kpool"})
+    excludes(*c, alone, {"--problem", "--impl", "--stack-seq", "--stack-sq", "--stack-topk", "--model", "--module-rows",
+                         "--max-memory", "--backward", "--commands"});
+  excludes(*c, "--v4", {"--kpool"});
   return [c, a]() {
     a->given = given_options(*c);
     return *c ? cmd_bench(*a) : -1;

@@ -24,7 +24,6 @@ struct CalibrateArgs {
   bool catalogue = false, values = false;
   int layer = -1;
   int64_t max_work = calib::kDefaultWork;
-  std::vector<std::string> given;  // the options on the command line
 };
 
 std::string scratch() {
@@ -36,10 +35,7 @@ int cmd_calibrate(const CalibrateArgs& a) {
   struct Cleanup { std::string d; ~Cleanup() { std::error_code ec; std::filesystem::remove_all(d, ec); } } cleanup{tmp};
   nlohmann::json j;
   int rc = 0;
-  // Options of the other mode are refused, never silently ignored.
   if (a.catalogue) {
-    reject_given(a.given, {"--runs", "--first", "--seed", "--max-work", "--power", "--layer", "--values"}, "--catalogue",
-                 "the catalogue plants its bugs into its own golden set");
     std::printf("diagnosis accuracy: planted kernel bugs on %s, each named right when the first diagnosis names it\n",
                 calib::kCatalogueProblem);
     std::printf("%-50s %-6s %s\n", "bug", "named", "first diagnosis");
@@ -57,8 +53,6 @@ int cmd_calibrate(const CalibrateArgs& a) {
     std::printf("named right first: %d of %d\n", right, n);
     j = {{"problem", calib::kCatalogueProblem}, {"named_first", right}, {"bugs", n}, {"catalogue", rows}};
   } else if (!a.power.empty()) {
-    reject_given(a.given, {"--runs", "--first", "--seed", "--max-work", "--values"}, "calibration runs (without --power)",
-                 "--power measures faults on the given golden set (a v4, hyv4 or kpool set: the values kind's)");
     const std::vector<calib::PowerRow> power = calib::power(a.power, a.layer, simd::kernels(), tmp);  // bad input: nothing printed
     std::printf("power of the judge on %s, layer %s (faults on a correct emulation; smallest failing eps, to ~5%%)\n",
                 a.power.c_str(), a.layer < 0 ? "default" : std::to_string(a.layer).c_str());
@@ -72,8 +66,6 @@ int cmd_calibrate(const CalibrateArgs& a) {
     }
     j = {{"golden", a.power}, {"layer", a.layer}, {"power", rows}};
   } else {
-    reject_given(a.given, {"--layer"}, "--power", "it picks the layer the faults go into");
-    if (a.values) reject_given(a.given, {"--max-work"}, "--values", "its runs draw their own shapes");
     require(a.runs >= 1 && a.runs <= 100000, "--runs: expected 1..100000, got " + std::to_string(a.runs));
     require(a.first >= 0 && a.first <= 1000000000, "--first: expected 0..10^9, got " + std::to_string(a.first));
     std::printf("calibration: %d runs of the correct-kernel family%s from run %d, seed %lld\n", a.runs,
@@ -125,9 +117,14 @@ Action register_calibrate(CLI::App& app) {
   c->add_flag("--catalogue", a->catalogue, "Measure the diagnosis accuracy on a catalogue of planted kernel bugs");
   c->add_flag("--values", a->values, "Calibration runs of the values kind: f32 indexer scores (and their top-k) of v4, hyv4 and kpool sets");
   c->add_option("--json", a->json, "Also write the results as JSON");
+  // The three modes take their own options (the catalogue plants its bugs into its own set, --power
+  // measures faults on the given set, --values runs draw their own shapes).
+  excludes(*c, "--catalogue", {"--runs", "--first", "--seed", "--max-work", "--power", "--layer", "--values"});
+  excludes(*c, "--power", {"--runs", "--first", "--seed", "--max-work", "--values"});
+  excludes(*c, "--values", {"--max-work"});
+  needs(*c, "--layer", "--power");
   return [c, a]() {
     if (!*c) return -1;
-    a->given = given_options(*c);
     return cmd_calibrate(*a);
   };
 }

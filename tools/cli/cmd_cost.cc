@@ -104,9 +104,6 @@ int cmd_cost(const CostArgs& a) {
     cfg = model_preset(a.model);
   }
   if (a.print_config) {
-    reject_given(a.given, {"--context", "--schedule", "--mode", "--json", "--alternatives", "--flops-per-mac",
-                           "--fp8-score-weight", "--topk-ops-per-key", "--mtp-layers", "--weight-bytes", "--prefill-tile"},
-                 "the cost tables", "--print-config prints the model config and exits");
     std::printf("%s", config_json_text(cfg).c_str());
     return 0;
   }
@@ -180,6 +177,9 @@ Action register_cost(CLI::App& app) {
       ->capture_default_str();
   c->add_option("--prefill-tile", a->options.prefill_query_tile,
                 "Prefill queries sharing one read of the indexer k cache")->capture_default_str();
+  // --print-config prints the model config and exits: the cost tables' options are refused.
+  excludes(*c, "--print-config", {"--context", "--schedule", "--mode", "--json", "--alternatives", "--flops-per-mac",
+                                  "--fp8-score-weight", "--topk-ops-per-key", "--mtp-layers", "--weight-bytes", "--prefill-tile"});
   return [c, a]() {
     a->given = given_options(*c);
     return *c ? cmd_cost(*a) : -1;

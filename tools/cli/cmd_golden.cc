@@ -386,7 +386,6 @@ int cmd_golden(const GoldenArgs& a) {
   require(a.preset.empty() != a.problem.empty(), "golden: give exactly one of --preset, --problem, --model and --from");
   reject_given(a.given, {"--schedule", "--sim", "--variant"}, "--model",
                "a kernel-level set takes them from its descriptor: sched=, sim=, the indexer mode");
-  if (!a.preset.empty()) reject_given(a.given, {"--kind"}, "--problem", "a preset has its own kind");
   // Train sets: --kind train, a train preset, or --for a training kernel (which implies the kind).
   const bool train_kernel = !a.for_kernel.empty() && kreg::kernel(a.for_kernel).kind == "train";
   require(!train_kernel || !was_given(a.given, "--kind") || a.kind == "train",
@@ -505,6 +504,7 @@ Action register_golden(CLI::App& app) {
   c->add_option("--out,-o", a->out, "Output folder (written atomically)");
   c->add_option("--for", a->for_kernel,
                 "Check the problem against a GPU kernel's constraints and write its call in the manifest (see `indexshare kernels`)");
+  excludes(*c, "--preset", {"--kind"});  // a preset has its own kind
   return [c, a]() {
     a->given = given_options(*c);
     a->rows_given = was_given(a->given, "--rows");

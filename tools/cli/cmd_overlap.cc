@@ -57,9 +57,6 @@ void check_search_problem(const Problem& p) {
 golden::StackInputs load(const Source& s, bool all_indexers) {
   const int given = !s.golden.empty() + !s.problem.empty() + !s.from.empty();
   require(given == 1, "give exactly one of --golden, --problem and --from");
-  if (s.from.empty()) reject_given(s.given, {"--from-problem"}, "--from", "the other sources carry their own problem");
-  if (s.problem.empty())
-    reject_given(s.given, {"--max-memory"}, "--problem", "it estimates generated problems; --golden and --from read existing files");
   if (!s.golden.empty()) return golden::stack_inputs_of(golden::read(s.golden));
   if (!s.from.empty()) return golden::load_dump(s.from, s.from_problem);
   Problem p = parse_problem(s.problem);
@@ -86,6 +83,9 @@ void add_source(CLI::App* c, Source& s) {
   c->add_option("--impl", s.impl, "Kernels of the recomputations: ref, simd or auto (the same results)")->capture_default_str();
   c->add_option("--max-memory", s.max_memory, "With --problem: refuse stacks whose estimated memory exceeds this (e.g. 8G)")
       ->capture_default_str();
+  // The other sources carry their own problem; --max-memory estimates generated problems.
+  needs(*c, "--from-problem", "--from");
+  needs(*c, "--max-memory", "--problem");
 }
 
 // ---- DeepSeek-V4 stacks (ref/v4/sharing.h): overlap and search on the C4A layers' block indices.
@@ -271,7 +271,6 @@ RankSource rank_source(const Source& src, bool all_indexers) {
   r.generated = !src.problem.empty();
   if (r.generated) {
     require(src.golden.empty() && src.from.empty(), "give exactly one of --golden, --problem and --from");
-    reject_given(src.given, {"--from-problem"}, "--from", "the other sources carry their own problem");
     r.si.problem = parse_problem(src.problem);
     r.windows = dist::causal_windows(r.si.problem, ref::all_rows(r.si.problem));
   } else {

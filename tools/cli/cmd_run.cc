@@ -280,9 +280,6 @@ int cmd_run(const RunArgs& a) {
   require(a.model.empty() || !a.rows_given, "--rows: only with --problem (kernel-level stacks), not --model");
   require(a.model.empty() || !dist_active(), "run --model (the toy model) runs in one process: run it without mpirun / srun");
   check_overrides(a.given, a.layers, a.seq, a.seed);
-  if (a.model.empty())
-    reject_given(a.given, {"--seq", "--seed", "--sim", "--variant"}, "--model",
-                 "a --problem descriptor sets skv, seed and the rest itself");
   if (a.problem.find("types=") != std::string::npos) {  // a DeepSeek-V4 descriptor
     reject_given(a.given, {"--layers", "--schedule", "--rows"}, "kernel-level (DSA) stacks",
                  "its descriptor sets the layer types (types=) and the C4A schedule (sched= or freq=)");
@@ -315,6 +312,8 @@ Action register_run(CLI::App& app) {
   c->add_option("--target", a->target, "Highway target for simd: best, AVX3, AVX2, SSE4, ... (default best)");
   c->add_option("--rows", a->rows, "Only these query rows, e.g. 0,17,100-131,last:64,every:1024 (outputs equal the full problem's rows)");
   c->add_option("--max-memory", a->max_memory, "Refuse problems whose estimated memory exceeds this (e.g. 8G)")->capture_default_str();
+  // A --problem descriptor sets skv, seed and the rest itself.
+  for (const char* o : {"--seq", "--seed", "--sim", "--variant"}) needs(*c, o, "--model");
   return [c, a]() {
     a->given = given_options(*c);
     a->rows_given = was_given(a->given, "--rows");
