@@ -676,6 +676,7 @@ std::vector<CatalogueRow> catalogue(const ref::Kernels& k, const std::string& tm
     if (progress) progress(row);
     out.push_back(std::move(row));
   }
+  for (CatalogueRow& row : family_catalogue(k, tmp, progress)) out.push_back(std::move(row));
   return out;
 }
 

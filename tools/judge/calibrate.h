@@ -109,5 +109,9 @@ struct CatalogueRow {
 };
 std::vector<CatalogueRow> catalogue(const ref::Kernels& k, const std::string& tmp,
                                     const std::function<void(const CatalogueRow&)>& progress = {});
+// The kind-specific hypotheses' bugs (V4, HY V4, KPool, MTP), each planted into the golden's own
+// tensors of its family's tiny preset (catalogue_families.cc); catalogue() ends with them.
+std::vector<CatalogueRow> family_catalogue(const ref::Kernels& k, const std::string& tmp,
+                                           const std::function<void(const CatalogueRow&)>& progress = {});
 
 }  // namespace indexshare::calib

@@ -25,22 +25,25 @@ const std::vector<Hypothesis>& hypotheses() {
       {"physical (paged) slots where logical rows were expected, and the reverse", "attn.indices", ""},
       {"the indexer's RoPE layout swapped (module-level sets and model dumps)", "indexer.logits, indexer.topk", ""},
       {"the indexer's RoPE on the leading dims instead of the trailing ones (HY V4 sets)",
-       "indexer.q_rope, indexer.k_rope, indexer.scores, indexer.topk", ""},
-      {"the sink scaled by sm_scale (HY V4 sets: an unscaled logit)", "attn.out, attn.o_v, attn.gated", ""},
-      {"the output gate left out (HY V4 sets)", "attn.gated", ""},
-      {"a draft step using the target's top-k (MTP sets)", "layers.1 indexer.topk / attn.indices, mtp.topk, mtp.indices, mtp.out, mtp.lse", ""},
+       "indexer.q_rope, indexer.k_rope, indexer.scores, indexer.topk", "HY V4: the indexer's RoPE on the leading dims"},
+      {"the sink scaled by sm_scale (HY V4 sets: an unscaled logit)", "attn.out, attn.o_v, attn.gated", "HY V4: the sink scaled by sm_scale"},
+      {"the output gate left out (HY V4 sets)", "attn.gated", "HY V4: attn.gated without the output gate"},
+      {"a draft step using the target's top-k (MTP sets)", "layers.1 indexer.topk / attn.indices, mtp.topk, mtp.indices, mtp.out, mtp.lse",
+       "MTP: draft step 0 with the target's top-k"},
       {"the last padded row instead of the last accepted row (MTP sets)", "mtp.topk, mtp.indices, mtp.out, mtp.lse", ""},
-      {"pools scored with max or mean instead of the softmax weighting (KPool sets)", "indexer.pool_keys, indexer.scores, indexer.pools", ""},
-      {"the tail left out or doubled, a Shared layer off its source's list (KPool sets)", "indexer.indices, attn.indices, attn.out", ""},
+      {"pools scored with max or mean instead of the softmax weighting (KPool sets)", "indexer.pool_keys, indexer.scores, indexer.pools",
+       "KPool: pooled keys by max"},
+      {"the tail left out or doubled, a Shared layer off its source's list (KPool sets)", "indexer.indices, attn.indices, attn.out",
+       "KPool: a Shared layer off its source's list"},
       {"the compressor's RMSNorm weight ignored, its bf16 rounding points, or entries without their RoPE (V4 sets)",
-       "compressor.entries, indexer.entries", ""},
+       "compressor.entries, indexer.entries", "V4: compressor without its RMSNorm weight"},
       {"CSA's overlapping windows taken wrong: the halves swapped, or the previous window left out (V4 sets)",
-       "compressor.entries, indexer.entries", ""},
-      {"block numbers off by one block (V4 sets)", "indexer.blocks", ""},
+       "compressor.entries, indexer.entries", "V4: CSA windows' halves swapped"},
+      {"block numbers off by one block (V4 sets)", "indexer.blocks", "V4: blocks off by one block"},
       {"a Shared C4A layer off its source, or blocks shared as the other freq rule or the rule counted over every layer (V4 sets)",
-       "indexer.blocks", ""},
+       "indexer.blocks", "V4: a Shared C4A layer running its own indexer"},
       {"the sliding window or the compressed entries left out of the one softmax (V4 sets)", "attn.out", ""},
-      {"out_rotated without the inverse RoPE, or with the forward rotation (V4 sets)", "attn.out_rotated", ""},
+      {"out_rotated without the inverse RoPE, or with the forward rotation (V4 sets)", "attn.out_rotated", "V4: out_rotated without the inverse RoPE"},
   };
   return h;
 }
@@ -224,7 +227,10 @@ void Judge::indices_hypotheses(const LayerData& d, const std::string& P, const T
   if (!d.full && d.has_indexer && cs == row_sets(ref::local_to_kv_rows(d.topk, d.ks), s_kv_))
     res.diagnoses.push_back(P + ": attn.indices are the layer's own fresh top-k, not its source layer " +
                             std::to_string(d.source) + "'s positions (a Shared layer that recomputes)");
-  for (int j = 0; j < n_layers_; ++j) {
+  // On an MTP set layer 0 is the target and layer 1 the MTP layer, in no schedule: its mistake of
+  // taking the target's positions is the MTP judge's to name (judge/mtp.cc, step 0).
+  const bool mtp = g_.manifest.value("kind", "") == "mtp";
+  for (int j = 0; j < n_layers_ && !mtp; ++j) {
     if (j == d.source || j == l) continue;
     const LayerData& o = layer(j);
     if (o.full && cs == row_sets(o.indices, s_kv_))
