@@ -71,8 +71,10 @@ void excludes(CLI::App& c, const std::string& opt, std::initializer_list<const c
 void needs(CLI::App& c, const std::string& opt, const std::string& other);
 // --target where the computation resolved to ref (it would be read by nothing).
 void reject_target_on_ref(const std::vector<std::string>& given, Impl impl);
-// --layers, --seq and --seed overrides, when given: layers in [1, 10^6], seq in [1, 2^31 - 1],
-// seed >= 0 (a negative seed was taken as "not given").
+// An option's --help text from the table the Python package shares (option_table, tools/lib/options.h).
+inline std::string help(const char* command, const char* cli) { return option_spec(command, cli).meaning; }
+// --layers, --seq and --seed overrides, when given: in their option_table ranges (layers [1, 10^6],
+// seq [1, 2^31 - 1], seed >= 0: a negative seed was taken as "not given").
 void check_overrides(const std::vector<std::string>& given, int64_t layers, int64_t seq, int64_t seed);
 // Adds checks to the options of `app`'s subcommands: an integer must fit in int64 (CLI11 2.1
 // saturates 99999999999999999999 to 2^63 - 1 without a word); a text value must not be empty

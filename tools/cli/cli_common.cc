@@ -116,10 +116,8 @@ void reject_target_on_ref(const std::vector<std::string>& given, Impl impl) {
 
 void check_overrides(const std::vector<std::string>& given, int64_t layers, int64_t seq, int64_t seed) {
   if (was_given(given, "--seed")) require(seed >= 0, "--seed must be >= 0, got " + std::to_string(seed));
-  if (was_given(given, "--layers"))
-    require(1 <= layers && layers <= 1000000, "--layers must be in [1, 10^6], got " + std::to_string(layers));
-  if (was_given(given, "--seq"))
-    require(1 <= seq && seq <= int64_t(INT32_MAX), "--seq must be in [1, 2^31 - 1], got " + std::to_string(seq));
+  if (was_given(given, "--layers")) check_range(option_spec("golden", "--layers"), layers);
+  if (was_given(given, "--seq")) check_range(option_spec("golden", "--seq"), seq);
 }
 
 void strict_values(CLI::App& app) {

@@ -61,18 +61,16 @@ int cmd_diff(const DiffArgs& a) {
 Action register_diff(CLI::App& app) {
   auto a = std::make_shared<DiffArgs>();
   CLI::App* c = app.add_subcommand("diff", "Judge a candidate's outputs (safetensors) against a golden set: exit 0 pass, 1 fail, 2 bad input");
-  c->add_option("--golden,-g", a->golden, "Golden set folder")->required();
-  c->add_option("--candidate,-c", a->candidate, "Candidate safetensors file with any subset of the golden's output names")->required();
+  c->add_option("--golden,-g", a->golden, help("diff", "--golden"))->required();
+  c->add_option("--candidate,-c", a->candidate, help("diff", "--candidate"))->required();
   c->add_option(renamed("diff", "--layer-list", "--layers"), a->layers,
-                "Layers to judge, e.g. 0,3-5 (default: every layer the candidate holds)");
+                help("diff", "--layer-list"));
   c->add_option("--json", a->json, "Also write the report as JSON");
   c->add_option("--svg", a->svg, "Also draw the report: per judged layer a heatmap of |err| / bound of attn.out per (row, head), "
                                  "the per-row recall of the positions, and the findings");
   c->add_option("--precision", a->precision,
-                 "The arithmetic the indexer's logits are held to by the precision test and the top-k's near ties: "
-                 "logits=CLASS with CLASS f32, fp8mma (the default: Hopper's FP8 tensor-core accumulation), f16 or bf16 "
-                 "(a kernel documented as low precision). The attention is held to f32 (attn=f32)");
-  c->add_option("--impl", a->impl, "Kernels of the recomputed expectations: ref, simd or auto (the same results)")->capture_default_str();
+                 help("diff", "--precision"));
+  c->add_option("--impl", a->impl, help("diff", "--impl"))->capture_default_str();
   return [c, a]() { return *c ? cmd_diff(*a) : -1; };
 }
 

@@ -464,46 +464,44 @@ int cmd_golden(const GoldenArgs& a) {
 Action register_golden(CLI::App& app) {
   auto a = std::make_shared<GoldenArgs>();
   CLI::App* c = app.add_subcommand("golden", "Compute a golden set and write it (safetensors + manifest.json)");
-  c->add_option("--preset", a->preset, "Golden preset (see `indexshare presets`; a kernel preset is written --for its kernel)");
-  c->add_option("--problem,-p", a->problem, "Problem descriptor");
-  c->add_option("--kind", a->kind, "stack, attention-edge, decode, train, v4, mtp, hyv4 or kpool (with --problem; v4: a V4 descriptor, tools/lib/golden_v4.h; mtp: a problem with steps= accept=, tools/lib/golden_mtp.h; hyv4: a problem with rope= vd=, tools/lib/golden_hyv4.h; kpool: a kpool descriptor, tools/lib/golden_kpool.h)")->capture_default_str();
-  c->add_option("--loss", a->loss, "Indexer loss support: sparse (top-k and valid keys) or dense (--kind train)")
+  c->add_option("--preset", a->preset, help("golden", "--preset"));
+  c->add_option("--problem,-p", a->problem, help("golden", "--problem"));
+  c->add_option("--kind", a->kind, help("golden", "--kind"))->capture_default_str();
+  c->add_option("--loss", a->loss, help("golden", "--loss"))
       ->group("Training sets (--kind train)")->capture_default_str();
   c->add_option("--train-target", a->train_target,
-                "Teacher of a Full layer's indexer: own-layer (Megatron) or served-layers (IndexCache) (--kind train)")
+                help("golden", "--train-target"))
       ->group("Training sets (--kind train)")->capture_default_str();
-  c->add_option("--relu", a->relu, "ReLU on the indexer's head scores: yes, or no (GLM-5) (--kind train)")
+  c->add_option("--relu", a->relu, help("golden", "--relu"))
       ->group("Training sets (--kind train)")->capture_default_str();
-  c->add_option("--loss-coeff", a->loss_coeff, "The loss coefficient (--kind train)")->group("Training sets (--kind train)")->capture_default_str();
+  c->add_option("--loss-coeff", a->loss_coeff, help("golden", "--loss-coeff"))->group("Training sets (--kind train)")->capture_default_str();
   c->add_option("--loss-layers", a->loss_layers,
-                "Layers whose indexer is distilled, comma-separated (default: every Full layer; a Shared layer needs "
-                "--train-target served-layers, and then stands for its source) (--kind train)")
+                help("golden", "--loss-layers"))
       ->group("Training sets (--kind train)");
   c->add_option("--d-out", a->d_out,
                 "A safetensors file with every layer's layers.{l}.attn.d_out (BF16 [s_q, h_q, d_v]): the upstream "
                 "gradients, instead of drawn ones (--kind train)")
       ->group("Training sets (--kind train)");
   c->add_option("--train-edges", a->train_edges,
-                "yes: the backward's edge cases in every layer (-1 rows, out-of-range and duplicated indices, "
-                "topk_length, rows without keys) (--kind train)")
+                help("golden", "--train-edges"))
       ->group("Training sets (--kind train)")->capture_default_str();
-  c->add_option("--model", a->model, "Module-level set from the toy model with a preset's shapes (tiny-glm, tiny-deepseek, glm-5.2, ...)");
-  c->add_option("--from", a->from, "Kernel-level stack from per-layer inputs dumped from a real model (golden tensor names)");
-  c->add_option("--layers", a->layers, "Override the number of layers");
-  c->add_option("--seq", a->seq, "Override the sequence length (kernel sets: s_kv, s_q capped at it)");
-  c->add_option("--seed", a->seed, "Override the seed");
-  c->add_option("--schedule", a->schedule, "Layer schedule (--model)");
-  c->add_option("--sim", a->sim, "Cross-layer weight similarity (--model)")->capture_default_str();
-  c->add_option("--variant", a->variant, "Indexer variant deepseek_fp8 or hf_bf16 (--model)")->capture_default_str();
-  c->add_option("--impl", a->impl, "Implementation: ref, simd or auto (the same bytes; auto takes simd for large problems)")->capture_default_str();
+  c->add_option("--model", a->model, help("golden", "--model"));
+  c->add_option("--from", a->from, help("golden", "--from"));
+  c->add_option("--layers", a->layers, help("golden", "--layers"));
+  c->add_option("--seq", a->seq, help("golden", "--seq"));
+  c->add_option("--seed", a->seed, help("golden", "--seed"));
+  c->add_option("--schedule", a->schedule, help("golden", "--schedule"));
+  c->add_option("--sim", a->sim, help("golden", "--sim"))->capture_default_str();
+  c->add_option("--variant", a->variant, help("golden", "--variant"))->capture_default_str();
+  c->add_option("--impl", a->impl, help("golden", "--impl"))->capture_default_str();
   c->add_option("--target", a->target, "Highway target for simd (default best)");
   c->add_option("--max-memory", a->max_memory, "Refuse problems whose estimated memory exceeds this (e.g. 8G)")->capture_default_str();
-  c->add_option("--rows", a->rows, "Sampled set of these query rows, e.g. 0,17,100-131,last:64,every:1024 (kind stack)");
-  c->add_flag("--no-logits", a->no_logits, "Leave out the [s_q, s_kv] indexer logits");
+  c->add_option("--rows", a->rows, help("golden", "--rows"));
+  c->add_flag("--no-logits", a->no_logits, help("golden", "--no-logits"));
   c->add_flag("--force", a->force, "Replace an existing golden set in --out");
   c->add_option("--out,-o", a->out, "Output folder (written atomically)");
   c->add_option("--for", a->for_kernel,
-                "Check the problem against a GPU kernel's constraints and write its call in the manifest (see `indexshare kernels`)");
+                help("golden", "--for"));
   excludes(*c, "--preset", {"--kind"});  // a preset has its own kind
   return [c, a]() {
     a->given = given_options(*c);

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <vector>
@@ -87,6 +88,61 @@ std::vector<int64_t> parse_rows(const std::string& text, const Problem& p) {
     }
   }
   return rows;
+}
+
+const std::vector<OptionSpec>& option_table() {
+  static const std::vector<OptionSpec> t = {
+      {"golden", "--preset", "preset", "Golden preset (see `indexshare presets`; a kernel preset is written --for its kernel)"},
+      {"golden", "--problem", "problem", "Problem descriptor"},
+      {"golden", "--kind", "kind",
+       "stack, attention-edge, decode, train, v4, mtp, hyv4 or kpool (with --problem; v4: a V4 descriptor, tools/lib/golden_v4.h; "
+       "mtp: a problem with steps= accept=, tools/lib/golden_mtp.h; hyv4: a problem with rope= vd=, tools/lib/golden_hyv4.h; "
+       "kpool: a kpool descriptor, tools/lib/golden_kpool.h)"},
+      {"golden", "--model", "model", "Module-level set from the toy model with a preset's shapes (tiny-glm, tiny-deepseek, glm-5.2, ...)"},
+      {"golden", "--from", "from_dump", "Kernel-level stack from per-layer inputs dumped from a real model (golden tensor names)"},
+      {"golden", "--for", "for_kernel",
+       "Check the problem against a GPU kernel's constraints and write its call in the manifest (see `indexshare kernels`)"},
+      {"golden", "--rows", "rows", "Sampled set of these query rows, e.g. 0,17,100-131,last:64,every:1024 (kind stack)"},
+      {"golden", "--impl", "impl", "Implementation: ref, simd or auto (the same bytes; auto takes simd for large problems)"},
+      {"golden", "--no-logits", "logits", "Leave out the [s_q, s_kv] indexer logits (Python: logits=False)"},
+      {"golden", "--layers", "layers", "Override the number of layers", 1, 1000000, "10^6"},
+      {"golden", "--seq", "seq", "Override the sequence length (kernel sets: s_kv, s_q capped at it)", 1, INT32_MAX, "2^31 - 1"},
+      {"golden", "--seed", "seed", "Override the seed", 0, INT64_MAX, "2^63 - 1"},
+      {"golden", "--schedule", "schedule", "Layer schedule (--model)"},
+      {"golden", "--sim", "sim", "Cross-layer weight similarity (--model)"},
+      {"golden", "--variant", "variant", "Indexer variant deepseek_fp8 or hf_bf16 (--model)"},
+      {"golden", "--loss", "train.loss", "Indexer loss support: sparse (top-k and valid keys) or dense (--kind train)"},
+      {"golden", "--train-target", "train.target",
+       "Teacher of a Full layer's indexer: own-layer (Megatron) or served-layers (IndexCache) (--kind train)"},
+      {"golden", "--relu", "train.relu", "ReLU on the indexer's head scores: yes, or no (GLM-5) (--kind train)"},
+      {"golden", "--loss-coeff", "train.loss_coeff", "The loss coefficient (--kind train)"},
+      {"golden", "--loss-layers", "train.loss_layers",
+       "Layers whose indexer is distilled, comma-separated (default: every Full layer; a Shared layer needs "
+       "--train-target served-layers, and then stands for its source) (--kind train)"},
+      {"golden", "--train-edges", "train.edges",
+       "yes: the backward's edge cases in every layer (-1 rows, out-of-range and duplicated indices, topk_length, rows "
+       "without keys) (--kind train)"},
+      {"diff", "--golden", "golden", "Golden set folder"},
+      {"diff", "--candidate", "candidate", "Candidate safetensors file with any subset of the golden's output names"},
+      {"diff", "--layer-list", "layer_list", "Layers to judge, e.g. 0,3-5 (default: every layer the candidate holds)"},
+      {"diff", "--precision", "precision",
+       "The arithmetic the indexer's logits are held to by the precision test and the top-k's near ties: logits=CLASS with "
+       "CLASS f32, fp8mma (the default: Hopper's FP8 tensor-core accumulation), f16 or bf16 (a kernel documented as low "
+       "precision). The attention is held to f32 (attn=f32)"},
+      {"diff", "--impl", "impl", "Kernels of the recomputed expectations: ref, simd or auto (the same results)"},
+  };
+  return t;
+}
+
+const OptionSpec& option_spec(const std::string& command, const std::string& cli) {
+  for (const OptionSpec& o : option_table())
+    if (o.command == command && o.cli == cli) return o;
+  throw Error("option table: " + command + " has no option " + cli);
+}
+
+void check_range(const OptionSpec& o, int64_t v) {
+  require(o.lo <= v && v <= o.hi,
+          o.cli + " must be in [" + std::to_string(o.lo) + ", " + o.range + "], got " + std::to_string(v));
 }
 
 }  // namespace indexshare

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ref/config.h"
@@ -29,4 +30,21 @@ Impl resolve_model_impl(const std::string& impl, const ModelConfig& cfg, int64_t
 // item otherwise (an empty list too). ref::format_rows prints the canonical text:
 // parse_rows(ref::format_rows(r), p) == r.
 std::vector<int64_t> parse_rows(const std::string& text, const Problem& p);
+
+// The one vocabulary of the options `golden` and `diff` share with the Python package
+// (indexshare.golden / indexshare.diff; indexshare.options() lists this table): per option its
+// CLI name, its Python keyword ("train.loss": a key of golden's train= dict), what it means (the
+// CLI's --help text) and, for the integer overrides, the range both front ends enforce.
+struct OptionSpec {
+  std::string command, cli, python, meaning;
+  int64_t lo = 0, hi = 0;  // lo < hi: the accepted range (inclusive)
+  std::string range;       // the range's upper bound as the messages print it ("10^6")
+  OptionSpec(std::string cmd, std::string c, std::string py, std::string m, int64_t l = 0, int64_t h = 0, std::string r = "")
+      : command(std::move(cmd)), cli(std::move(c)), python(std::move(py)), meaning(std::move(m)), lo(l), hi(h), range(std::move(r)) {}
+};
+const std::vector<OptionSpec>& option_table();
+// The row of `cli` in `command`; Error naming both when there is none.
+const OptionSpec& option_spec(const std::string& command, const std::string& cli);
+// Error "--layers must be in [1, 10^6], got 0" (the CLI's name) unless lo <= v <= hi.
+void check_range(const OptionSpec& o, int64_t v);
 }  // namespace indexshare

@@ -316,6 +316,12 @@ void bind_runtime(nb::module_& m) {
     for (const golden::Preset& p : golden::presets()) out.emplace_back(p.name, p.problem, p.kind, p.description, p.kernel);
     return out;
   });
+  // The options golden and diff share with the CLI (option_table, tools/lib/options.h).
+  m.def("options", [] {
+    std::vector<std::tuple<std::string, std::string, std::string, std::string, int64_t, int64_t, std::string>> out;
+    for (const OptionSpec& o : option_table()) out.emplace_back(o.command, o.cli, o.python, o.meaning, o.lo, o.hi, o.range);
+    return out;
+  });
   // The registered GPU kernels (tools/lib/kernel_registry.h): name and the golden kind of their sets.
   m.def("kernel_kinds", [] {
     std::vector<std::pair<std::string, std::string>> out;

@@ -12,7 +12,7 @@ index sharing, as a Python package (the C++ library the ``indexshare`` CLI stand
 See README.md "Python" and tools/README.md "Validate your kernel".
 """
 from ._core_loader import core as _load_core
-from ._golden import GoldenSet, LoadedGolden, Problem, cost, golden, load_golden, overlap, presets
+from ._golden import GoldenSet, LoadedGolden, Problem, cost, golden, load_golden, options, overlap, presets
 from ._diff import Report, diff, save_candidate
 from .kernels import (Attention, dense_attention, get_num_threads, indexer_logits, indexer_topk, run_stack,
                       set_num_threads, sparse_attention, topk)
@@ -21,7 +21,7 @@ from .kernels import AttentionBackward, sparse_attention_backward
 
 __version__ = _load_core().version
 
-__all__ = ["Problem", "GoldenSet", "LoadedGolden", "golden", "load_golden", "overlap", "cost", "presets", "Report", "diff",
+__all__ = ["Problem", "GoldenSet", "LoadedGolden", "golden", "load_golden", "options", "overlap", "cost", "presets", "Report", "diff",
            "save_candidate", "Attention", "indexer_logits", "topk", "indexer_topk", "sparse_attention",
            "dense_attention", "run_stack", "set_num_threads", "get_num_threads", "module", "testing"]
 __all__ += ["AttentionBackward", "sparse_attention_backward", "train"]

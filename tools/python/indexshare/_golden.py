@@ -50,6 +50,14 @@ def presets() -> list[dict]:
     return [dict(name=n, problem=p, kind=k, description=d, kernel=kn) for n, p, k, d, kn in core().presets()]
 
 
+def options(command: str | None = None) -> list[dict]:
+    """The options ``golden`` and ``diff`` share with the CLI (one table, tools/lib/options.h): per option
+    its command, ``cli`` name, ``python`` keyword ("train.loss": a key of golden's ``train=`` dict),
+    ``meaning`` (the CLI's --help text) and, for the integer overrides, the range ``lo`` .. ``hi``."""
+    rows = [dict(command=c, cli=cl, python=p, meaning=m, lo=lo, hi=hi, range=r) for c, cl, p, m, lo, hi, r in core().options()]
+    return [r for r in rows if command is None or r["command"] == command]
+
+
 def _kernels() -> list[dict]:
     """The registered GPU kernels (``indexshare kernels``): name and the kind of set they take."""
     return [dict(name=n, kind=k) for n, k in core().kernel_kinds()]
@@ -136,12 +144,14 @@ def _rows_text(rows) -> str | None:
     return ",".join(str(int(r)) for r in rows)
 
 
-def _override(name: str, value, lo: int, hi: int, hi_text: str) -> int:
-    """A layers= / seq= / seed= override checked as the CLI checks --layers / --seq / --seed."""
+def _override(name: str, value) -> int:
+    """A layers= / seq= / seed= override checked as the CLI checks --layers / --seq / --seed (the range
+    of the shared option table)."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise TypeError(f"{name}: expected an int, got {type(value).__name__}")
-    if not lo <= int(value) <= hi:
-        raise ValueError(f"{name}: must be in [{lo}, {hi_text}], got {int(value)}")
+    o = next(r for r in options("golden") if r["python"] == name)
+    if not o["lo"] <= int(value) <= o["hi"]:
+        raise ValueError(f"{name}: must be in [{o['lo']}, {o['range']}], got {int(value)}")
     return int(value)
 
 
@@ -194,11 +204,11 @@ def golden(problem=None, *, preset: str | None = None, model: str | None = None,
     An option the CLI refuses for that kind of set is a ValueError naming it.
     """
     if layers is not None:
-        layers = _override("layers", layers, 1, 10 ** 6, "10^6")
+        layers = _override("layers", layers)
     if seq is not None:
-        seq = _override("seq", seq, 1, 2 ** 31 - 1, "2^31 - 1")
+        seq = _override("seq", seq)
     if seed is not None:
-        seed = _override("seed", seed, 0, 2 ** 63 - 1, "2^63 - 1")
+        seed = _override("seed", seed)
     if from_dump is not None:
         if preset is not None or model is not None or rows is not None:
             raise ValueError("from_dump: excludes preset=, model= and rows= (problem= may give top-k, dv, sm, sched=)")
