@@ -1,4 +1,4 @@
-"""One vocabulary: the options golden and diff share between the CLI and the Python package come from
+"""One vocabulary: the options golden, diff, overlap and cost share between the CLI and the Python package come from
 one table (tools/lib/options.h, indexshare.options()). Each row's Python keyword is a parameter of the
 Python function (or a key of golden's train= dict), its meaning is the CLI's --help text, and the
 integer overrides are refused with the same range by both."""
@@ -12,8 +12,9 @@ import indexshare
 
 def test_every_shared_option_is_a_python_keyword_of_its_function():
     rows = indexshare.options()
-    assert {r["command"] for r in rows} == {"golden", "diff"}
-    for command, fn in (("golden", indexshare.golden), ("diff", indexshare.diff)):
+    assert {r["command"] for r in rows} == {"golden", "diff", "overlap", "cost"}
+    for command, fn in (("golden", indexshare.golden), ("diff", indexshare.diff), ("overlap", indexshare.overlap),
+                        ("cost", indexshare.cost)):
         params = set(inspect.signature(fn).parameters)
         for r in indexshare.options(command):
             if r["python"].startswith("train."):
@@ -27,7 +28,7 @@ def test_every_shared_option_is_a_python_keyword_of_its_function():
 
 
 def test_the_cli_help_is_the_tables_meaning(cli):
-    for command in ("golden", "diff"):
+    for command in ("golden", "diff", "overlap", "cost"):
         text = " ".join(cli(command, "--help").stdout.split())
         for r in indexshare.options(command):
             assert r["cli"] in text, r

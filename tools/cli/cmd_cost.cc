@@ -155,15 +155,12 @@ Action register_cost(CLI::App& app) {
   auto a = std::make_shared<CostArgs>();
   CLI::App* c = app.add_subcommand(
       "cost", "FLOPs and bytes per decoded token and per prefill, with a schedule and with every layer full");
-  auto* p = c->add_option(renamed("cost", "--model", "--preset"), a->model,
-                          "Model preset: deepseek-v3.2, glm-5, glm-5.2, tiny-deepseek, tiny-glm");
+  auto* p = c->add_option(renamed("cost", "--model", "--preset"), a->model, help("cost", "--model"));
   auto* f = c->add_option("--config", a->config, "Model config JSON file (ModelConfig field names; see ref/cost.h)");
   p->excludes(f);
-  c->add_option("--context", a->contexts, "Context lengths, comma-separated (4096, 16K, 1M)")->capture_default_str();
-  c->add_option("--schedule", a->schedule,
-                "Layer schedule (default: the config's own): all-full, glm-5.2, one-full-three-shared, hy-v4, "
-                "an F/S pattern, freq:4,offset:3 or list:full,shared,...");
-  c->add_option("--mode", a->mode, "decode, prefill or both")->capture_default_str();
+  c->add_option("--context", a->contexts, help("cost", "--context"))->capture_default_str();
+  c->add_option("--schedule", a->schedule, help("cost", "--schedule"));
+  c->add_option("--mode", a->mode, help("cost", "--mode"))->capture_default_str();
   c->add_option("--json", a->json_path, "Also write the numbers as JSON to this file");
   c->add_flag("--alternatives", a->alternatives, "Also print the FLOPs ratio under the other accountings");
   c->add_flag("--print-config", a->print_config, "Print the model config as JSON (a --config template) and exit");

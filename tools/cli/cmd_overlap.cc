@@ -76,11 +76,11 @@ std::string replay_source(const Source& s, const Problem& p) {
 }
 
 void add_source(CLI::App* c, Source& s) {
-  c->add_option("--golden,-g", s.golden, "A golden set folder");
-  c->add_option("--problem,-p", s.problem, "A generated kernel-level stack (problem descriptor)");
+  c->add_option("--golden,-g", s.golden, help("overlap", "--golden"));
+  c->add_option("--problem,-p", s.problem, help("overlap", "--problem"));
   c->add_option("--from", s.from, "Per-layer inputs dumped from a model (golden tensor names)");
   c->add_option("--from-problem", s.from_problem, "With --from: top-k, dv, sm and the schedule, e.g. \"k2048 dv512 sched=glm-5.2\"");
-  c->add_option("--impl", s.impl, "Kernels of the recomputations: ref, simd or auto (the same results)")->capture_default_str();
+  c->add_option("--impl", s.impl, help("overlap", "--impl"))->capture_default_str();
   c->add_option("--max-memory", s.max_memory, "With --problem: refuse stacks whose estimated memory exceeds this (e.g. 8G)")
       ->capture_default_str();
   // The other sources carry their own problem; --max-memory estimates generated problems.
@@ -565,8 +565,8 @@ Action register_overlap(CLI::App& app) {
   c->add_option("--csv", a->csv, "Write the statistics as CSV");
   c->add_option("--svg", a->svg, "Write the layers x layers overlap heatmap (SVG)");
   c->add_option("--svg-position", a->svg_position, "Write overlap vs query position (SVG)");
-  c->add_option("--buckets", a->buckets, "Query-position buckets")->capture_default_str();
-  c->add_flag("--no-shared-stats", a->no_shared_stats, "Skip the dense-attention statistics of Shared layers");
+  c->add_option("--buckets", a->buckets, help("overlap", "--buckets"))->capture_default_str();
+  c->add_flag("--no-shared-stats", a->no_shared_stats, help("overlap", "--no-shared-stats"));
   return [c, a]() {
     a->src.given = given_options(*c);
     return *c ? cmd_overlap(*a) : -1;

@@ -130,6 +130,17 @@ const std::vector<OptionSpec>& option_table() {
        "CLASS f32, fp8mma (the default: Hopper's FP8 tensor-core accumulation), f16 or bf16 (a kernel documented as low "
        "precision). The attention is held to f32 (attn=f32)"},
       {"diff", "--impl", "impl", "Kernels of the recomputed expectations: ref, simd or auto (the same results)"},
+      {"overlap", "--golden", "golden", "A golden set folder"},
+      {"overlap", "--problem", "problem", "A generated kernel-level stack (problem descriptor)"},
+      {"overlap", "--impl", "impl", "Kernels of the recomputations: ref, simd or auto (the same results)"},
+      {"overlap", "--buckets", "buckets", "Query-position buckets"},
+      {"overlap", "--no-shared-stats", "shared_stats", "Skip the dense-attention statistics of Shared layers (Python: shared_stats=False)"},
+      {"cost", "--model", "model", "Model preset: deepseek-v3.2, glm-5, glm-5.2, tiny-deepseek, tiny-glm"},
+      {"cost", "--context", "contexts", "Context lengths, comma-separated (4096, 16K, 1M)"},
+      {"cost", "--schedule", "schedule",
+       "Layer schedule (default: the config's own): all-full, glm-5.2, one-full-three-shared, hy-v4, an F/S pattern, "
+       "freq:4,offset:3 or list:full,shared,..."},
+      {"cost", "--mode", "mode", "decode, prefill or both"},
   };
   return t;
 }

@@ -31,8 +31,8 @@ Impl resolve_model_impl(const std::string& impl, const ModelConfig& cfg, int64_t
 // parse_rows(ref::format_rows(r), p) == r.
 std::vector<int64_t> parse_rows(const std::string& text, const Problem& p);
 
-// The one vocabulary of the options `golden` and `diff` share with the Python package
-// (indexshare.golden / indexshare.diff; indexshare.options() lists this table): per option its
+// The one vocabulary of the options `golden`, `diff`, `overlap` and `cost` share with the Python
+// package (indexshare.golden / diff / overlap / cost; indexshare.options() lists this table): per option its
 // CLI name, its Python keyword ("train.loss": a key of golden's train= dict), what it means (the
 // CLI's --help text) and, for the integer overrides, the range both front ends enforce.
 struct OptionSpec {
