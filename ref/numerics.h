@@ -56,6 +56,12 @@ inline float bf16_to_f32(bf16_t x) {
 }
 // x rounded to the nearest bf16 value, returned as f32.
 inline float round_bf16(float x) { return bf16_to_f32(f32_to_bf16(x)); }
+// A bf16 tensor's values as f32 (exact), element by element.
+inline Tensor<float> bf16_to_f32(const Tensor<bf16_t>& x) {
+  Tensor<float> y(x.shape);
+  for (int64_t i = 0; i < x.numel(); ++i) y[i] = bf16_to_f32(x[i]);
+  return y;
+}
 
 // ---- float8 e4m3fn --------------------------------------------------------------------------
 e4m3_t f32_to_e4m3(float x);

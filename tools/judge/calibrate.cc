@@ -90,16 +90,32 @@ bool has_fp8_logits(const golden::Loaded& g, int l) {
 
 }  // namespace
 
-std::vector<Run> calibrate(int first, int runs, uint64_t seed, const ref::Kernels& k, const std::string& tmp,
-                           const std::function<void(const Run&)>& progress, int64_t max_work) {
-  fs::create_directories(tmp);
-  const auto fam = emul::attention_family();
-  const auto lfam = emul::logits_family();
+namespace {
+// Runs first .. first + runs - 1, each filled by `body` (index set before, wall time after), then
+// reported to `progress`.
+std::vector<Run> each_run(int first, int runs, const std::function<void(const Run&)>& progress,
+                          const std::function<void(Run&)>& body) {
   std::vector<Run> out;
   for (int i = first; i < first + runs; ++i) {
     const auto t0 = std::chrono::steady_clock::now();
     Run r;
     r.index = i;
+    body(r);
+    r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (progress) progress(r);
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+}  // namespace
+
+std::vector<Run> calibrate(int first, int runs, uint64_t seed, const ref::Kernels& k, const std::string& tmp,
+                           const std::function<void(const Run&)>& progress, int64_t max_work) {
+  fs::create_directories(tmp);
+  const auto fam = emul::attention_family();
+  const auto lfam = emul::logits_family();
+  return each_run(first, runs, progress, [&](Run& r) {
+    const int i = r.index;
     r.problem = run_problem(i, seed, max_work);
     const Problem p = parse_problem(r.problem);
     const std::string dir = tmp + "/golden";
@@ -128,33 +144,27 @@ std::vector<Run> calibrate(int first, int runs, uint64_t seed, const ref::Kernel
       }
     }
     record(r, diff::judge(g, c.write_read(tmp + "/candidate.safetensors"), {}, k));
-    r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (progress) progress(r);
-    out.push_back(std::move(r));
-  }
-  return out;
+  });
 }
 
 void record(Run& r, const diff::Result& res) {
-  {
-    r.passed = !res.failed();
-    for (const diff::TensorResult& t : res.tensors) {
-      TensorMargin m;
-      m.tensor = t.layer >= 0 ? "layers." + std::to_string(t.layer) + "." + t.name : t.name;
-      m.verdict = cmp::verdict_name(t.report.verdict);
-      m.structure_ratio = t.report.structure_tests ? t.report.structure_max_ratio : -cmp::kRatioCap;  // no tests: no margin
-      m.b_over_floor = t.report.structure_max_b_over_floor;
-      m.bound_ratio = t.report.stats.max_ratio;
-      m.calc_diff = t.report.stats.metric;
-      if (t.report.precision_ran && t.report.precision_contract > 0)
-        m.precision_ratio = t.report.precision_rms / t.report.precision_contract;
-      m.near_ties = t.report.stats.near_ties;
-      r.tensors.push_back(m);
-      if (t.report.verdict == cmp::Verdict::fail)
-        for (const std::string& why : t.report.reasons) r.reasons.push_back(m.tensor + ": " + why);
-    }
-    for (const std::string& d : res.diagnoses) r.reasons.push_back(d);
+  r.passed = !res.failed();
+  for (const diff::TensorResult& t : res.tensors) {
+    TensorMargin m;
+    m.tensor = t.layer >= 0 ? "layers." + std::to_string(t.layer) + "." + t.name : t.name;
+    m.verdict = cmp::verdict_name(t.report.verdict);
+    m.structure_ratio = t.report.structure_tests ? t.report.structure_max_ratio : -cmp::kRatioCap;  // no tests: no margin
+    m.b_over_floor = t.report.structure_max_b_over_floor;
+    m.bound_ratio = t.report.stats.max_ratio;
+    m.calc_diff = t.report.stats.metric;
+    if (t.report.precision_ran && t.report.precision_contract > 0)
+      m.precision_ratio = t.report.precision_rms / t.report.precision_contract;
+    m.near_ties = t.report.stats.near_ties;
+    r.tensors.push_back(m);
+    if (t.report.verdict == cmp::Verdict::fail)
+      for (const std::string& why : t.report.reasons) r.reasons.push_back(m.tensor + ": " + why);
   }
+  for (const std::string& d : res.diagnoses) r.reasons.push_back(d);
 }
 
 nlohmann::json summary(const std::vector<Run>& runs) {
@@ -178,12 +188,14 @@ nlohmann::json summary(const std::vector<Run>& runs) {
   }
   j["runs"] = runs.size();
   j["false_positives"] = fp;
-  for (const auto& [kind, w] : worst)
-    // No structure test ran on the kind (a top-k): no margin, null.
+  for (const auto& [kind, w] : worst)  // structure_ratio null: no structure test ran on the kind (a top-k)
     j["worst"][kind] = {{"structure_ratio", w[0] > -cmp::kRatioCap ? nlohmann::json(w[0]) : nlohmann::json(nullptr)},
-                        {"err_over_bound", w[1]}, {"calc_diff", w[2]},
-                         {"b_over_floor", w[3]}, {"precision_ratio", w[4]}, {"structure_worst_run", worst_run[kind]},
-                         {"near_tie_rows", near_ties[kind]}};
+                        {"err_over_bound", w[1]},
+                        {"calc_diff", w[2]},
+                        {"b_over_floor", w[3]},
+                        {"precision_ratio", w[4]},
+                        {"structure_worst_run", worst_run[kind]},
+                        {"near_tie_rows", near_ties[kind]}};
   return j;
 }
 
@@ -455,11 +467,8 @@ std::vector<Run> calibrate_values(int first, int runs, uint64_t seed, const ref:
                                   const std::function<void(const Run&)>& progress) {
   fs::create_directories(tmp);
   const auto fam = emul::scores_family();
-  std::vector<Run> out;
-  for (int i = first; i < first + runs; ++i) {
-    const auto t0 = std::chrono::steady_clock::now();
-    Run r;
-    r.index = i;
+  return each_run(first, runs, progress, [&](Run& r) {
+    const int i = r.index;
     r.problem = values_problem(i, seed, r.kind);
     const std::string dir = tmp + "/golden";
     golden::GoldenSet set = r.kind == "v4"     ? golden::build_v4(golden::parse_v4_spec(r.problem), "indexshare calibrate --values", Impl::simd)
@@ -476,11 +485,7 @@ std::vector<Run> calibrate_values(int first, int runs, uint64_t seed, const ref:
     c.set(p + "indexer.scores", scores);
     c.set(p + s.positions, s.select(scores));  // the kernel's positions from its own scores: its near ties
     record(r, diff::judge(g, c.write_read(tmp + "/candidate.safetensors"), {}, k));
-    r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (progress) progress(r);
-    out.push_back(std::move(r));
-  }
-  return out;
+  });
 }
 
 std::vector<PowerRow> values_power(const std::string& dir, int layer, const ref::Kernels& k, const std::string& tmp) {
@@ -657,6 +662,16 @@ std::vector<Bug> indexer_bugs(const Planter& p) {
 
 }  // namespace
 
+CatalogueRow judge_bug(const golden::Loaded& g, const std::vector<io::TensorView>& candidate, const std::string& bug,
+                       const std::string& expect, const ref::Kernels& k, const std::string& path) {
+  io::write_safetensors(path, candidate);
+  const diff::Result r = diff::judge(g, io::read_safetensors(path), {}, k, false);
+  CatalogueRow row{bug, expect, r.diagnoses.empty() ? "" : r.diagnoses[0], r.failed(), false, false};
+  row.named_first = row.failed && row.first.find(expect) != std::string::npos;
+  for (const std::string& d : r.diagnoses) row.named = row.named || d.find(expect) != std::string::npos;
+  return row;
+}
+
 std::vector<CatalogueRow> catalogue(const ref::Kernels& k, const std::string& tmp, const std::function<void(const CatalogueRow&)>& progress) {
   fs::create_directories(tmp);
   const std::string dir = tmp + "/golden";
@@ -669,12 +684,8 @@ std::vector<CatalogueRow> catalogue(const ref::Kernels& k, const std::string& tm
   for (const Bug& b : bugs) {
     Cand c;
     b.plant(c);
-    const diff::Result r = diff::judge(g, c.write_read(tmp + "/catalogue.safetensors"), {}, k, false);
-    CatalogueRow row{b.name, b.expect, r.diagnoses.empty() ? "" : r.diagnoses[0], r.failed(), false, false};
-    row.named_first = row.failed && row.first.find(b.expect) != std::string::npos;
-    for (const std::string& d : r.diagnoses) row.named = row.named || d.find(b.expect) != std::string::npos;
-    if (progress) progress(row);
-    out.push_back(std::move(row));
+    out.push_back(judge_bug(g, c.views, b.name, b.expect, k, tmp + "/catalogue.safetensors"));
+    if (progress) progress(out.back());
   }
   for (CatalogueRow& row : family_catalogue(k, tmp, progress)) out.push_back(std::move(row));
   return out;

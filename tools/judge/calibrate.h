@@ -109,6 +109,10 @@ struct CatalogueRow {
 };
 std::vector<CatalogueRow> catalogue(const ref::Kernels& k, const std::string& tmp,
                                     const std::function<void(const CatalogueRow&)>& progress = {});
+// One planted bug judged: `candidate` written to `path` and read back as a kernel team's file,
+// judged against g; named right first when the first diagnosis holds `expect`.
+CatalogueRow judge_bug(const golden::Loaded& g, const std::vector<io::TensorView>& candidate, const std::string& bug,
+                       const std::string& expect, const ref::Kernels& k, const std::string& path);
 // The kind-specific hypotheses' bugs (V4, HY V4, KPool, MTP), each planted into the golden's own
 // tensors of its family's tiny preset (catalogue_families.cc); catalogue() ends with them.
 std::vector<CatalogueRow> family_catalogue(const ref::Kernels& k, const std::string& tmp,

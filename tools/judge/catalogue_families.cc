@@ -10,6 +10,7 @@
 
 #include "ref/hyv4/layer.h"
 #include "ref/kpool/select.h"
+#include "ref/numerics.h"
 #include "ref/v4/compressor.h"
 #include "ref/v4/layer.h"
 #include "tools/judge/calibrate.h"
@@ -35,12 +36,6 @@ struct FamilyBug {
   std::string name, expect;  // expect: what the first diagnosis must say
   std::function<void(Tensors&)> plant;
 };
-
-Tensor<float> widened(const Tensor<bf16_t>& b) {
-  Tensor<float> f(b.shape);
-  for (int64_t i = 0; i < b.numel(); ++i) f[i] = bf16_to_f32(b[i]);
-  return f;
-}
 
 std::string L(int l) { return "layers." + std::to_string(l) + "."; }
 
@@ -83,7 +78,7 @@ std::vector<FamilyBug> hyv4_bugs(const golden::Loaded& g, const golden::Hyv4Spec
       {"HY V4: the indexer's RoPE on the leading dims", "RoPE on the leading", [&g, cfg](Tensors& c) {
          hy::IndexerParams p = hy::indexer_params(cfg);
          p.slice = hy::RopeSlice::leading;
-         const hy::IndexerOutputs o = hy::run_indexer(widened(g.tensor<bf16_t>(L(0) + "indexer.q")), widened(g.tensor<bf16_t>(L(0) + "indexer.k")),
+         const hy::IndexerOutputs o = hy::run_indexer(bf16_to_f32(g.tensor<bf16_t>(L(0) + "indexer.q")), bf16_to_f32(g.tensor<bf16_t>(L(0) + "indexer.k")),
                                                       g.tensor<float>(L(0) + "indexer.k_norm_w"), g.tensor<float>(L(0) + "indexer.k_norm_b"),
                                                       g.tensor<float>(L(0) + "indexer.weights_raw"), p);
          c.set(L(0) + "indexer.scores", o.scores); }},
@@ -92,9 +87,9 @@ std::vector<FamilyBug> hyv4_bugs(const golden::Loaded& g, const golden::Hyv4Spec
          for (float& x : sink.data) x *= cfg.sm_scale;
          Tensor<int32_t> idx = g.tensor<int32_t>(L(1) + "attn.indices");
          idx.shape = {idx.dim(0), idx.numel() / idx.dim(0)};
-         const Tensor<float> w_uv = widened(g.tensor<bf16_t>(L(1) + "attn.w_uv"));
+         const Tensor<float> w_uv = bf16_to_f32(g.tensor<bf16_t>(L(1) + "attn.w_uv"));
          c.set(L(1) + "attn.out", hy::gated_attention(g.tensor<bf16_t>(L(1) + "attn.q"), g.tensor<bf16_t>(L(1) + "attn.kv"), idx, sink,
-                                                      cfg.sm_scale, cfg.kv_lora, &w_uv, widened(g.tensor<bf16_t>(L(1) + "attn.gate")))
+                                                      cfg.sm_scale, cfg.kv_lora, &w_uv, bf16_to_f32(g.tensor<bf16_t>(L(1) + "attn.gate")))
                                       .attn.out); }},
       {"HY V4: attn.gated without the output gate", "without the output gate", [&g](Tensors& c) {
          c.set(L(2) + "attn.gated", g.tensor<float>(L(2) + "attn.o_v")); }},
@@ -143,14 +138,8 @@ std::vector<CatalogueRow> family_catalogue(const ref::Kernels& k, const std::str
     for (const FamilyBug& b : bugs_of(g)) {
       Tensors c;
       b.plant(c);
-      const std::string path = tmp + "/family-candidate.safetensors";
-      io::write_safetensors(path, c.views);
-      const diff::Result r = diff::judge(g, io::read_safetensors(path), {}, k, false);
-      CatalogueRow row{b.name, b.expect, r.diagnoses.empty() ? "" : r.diagnoses[0], r.failed(), false, false};
-      row.named_first = row.failed && row.first.find(b.expect) != std::string::npos;
-      for (const std::string& d : r.diagnoses) row.named = row.named || d.find(b.expect) != std::string::npos;
-      if (progress) progress(row);
-      out.push_back(std::move(row));
+      out.push_back(judge_bug(g, c.views, b.name, b.expect, k, tmp + "/family-candidate.safetensors"));
+      if (progress) progress(out.back());
     }
   };
   const std::string replay = "indexshare calibrate --catalogue";

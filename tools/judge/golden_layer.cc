@@ -148,8 +148,7 @@ void compute_golden_logits(const golden::Loaded& g, GoldenLayer& d, const ref::K
     d.logits = k.logits_fp8(g.tensor<e4m3_t>(p + "indexer.q"), g.tensor<e4m3_t>(p + "indexer.k"), read_f32("indexer.k_scale"),
                             read_f32("indexer.weights"), d.ks, d.ke);
   } else {
-    auto widen = [](const Tensor<bf16_t>& b) { Tensor<float> f(b.shape); for (int64_t i = 0; i < b.numel(); ++i) f[i] = bf16_to_f32(b[i]); return f; };
-    d.logits = k.logits_f32(widen(g.tensor<bf16_t>(p + "indexer.q")), widen(g.tensor<bf16_t>(p + "indexer.k")),
+    d.logits = k.logits_f32(bf16_to_f32(g.tensor<bf16_t>(p + "indexer.q")), bf16_to_f32(g.tensor<bf16_t>(p + "indexer.k")),
                             read_f32("indexer.k_scale"), read_f32("indexer.weights"), d.ks, d.ke);
   }
   d.logits_deferred = false;

@@ -30,12 +30,6 @@ double rms_diff(const Tensor<float>& a, const Tensor<float>& b) {
   return n ? std::sqrt(s / double(n)) : 0.0;
 }
 
-Tensor<float> to_f32(const Tensor<bf16_t>& x) {
-  Tensor<float> y(x.shape);
-  for (int64_t i = 0; i < x.numel(); ++i) y[i] = bf16_to_f32(x[i]);
-  return y;
-}
-
 Tensor<float> scaled(const Tensor<float>& x, double f) {
   Tensor<float> y(x.shape);
   for (int64_t i = 0; i < x.numel(); ++i) y[i] = float(double(x[i]) * f);
@@ -353,7 +347,7 @@ void Judge::judge_indexer_loss(int l, const std::string& P) {
   for (const char* n : {"p", "log_q", "kl", "loss", "d_scores", "dq", "dk", "dw"})
     gold[n] = g_.tensor<float>(name(l, std::string("indexer_loss.") + n));
   const Tensor<float> scores = g_.find(name(l, "indexer.logits")) ? g_.tensor<float>(name(l, "indexer.logits"))
-                                                                  : ref::indexer_logits_f32(to_f32(iq), to_f32(ik), Tensor<float>({ik.dim(0)}, 1.0f), w, ks, ke);
+                                                                  : ref::indexer_logits_f32(bf16_to_f32(iq), bf16_to_f32(ik), Tensor<float>({ik.dim(0)}, 1.0f), w, ks, ke);
   int64_t valid = 0;
   for (int64_t t = 0; t < ks.numel(); ++t) valid += ke[t] > ks[t];
   const double coeff = tr["loss_coeff"].get<double>(), N = double(std::max<int64_t>(valid, 1));

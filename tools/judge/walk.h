@@ -212,7 +212,7 @@ class KindJudge {
   // The precision test of an f32 tensor computed in f32 from f32 inputs (prec::Kind::values), just
   // added: golden and candidate whole (non-finite pairs are left out), the f32 class `recompute`d
   // from moved inputs (prec::recomputed_classes; n_reduction its longest sum). Returns the classes
-  // (their recomputations cached) for a top-k's near-tie margin over the same values (values_tie).
+  // (their recomputations cached) for a top-k's near-tie margin over the same values (values_topk).
   // `recompute` may be called after this returns: what it captures must outlive the classes.
   prec::ClassValues values_precision(const std::string& P, const std::string& tensor, const Tensor<float>& golden,
                                      const Tensor<float>& cand, int64_t n_reduction,

@@ -30,12 +30,6 @@ Tensor<T> get(const GoldenSet& g, const std::string& name) {
   throw Error("golden --kind train: internal: the stack set holds no tensor '" + name + "'");
 }
 
-Tensor<float> widen(const Tensor<bf16_t>& x) {
-  Tensor<float> y(x.shape);
-  for (int64_t i = 0; i < x.numel(); ++i) y[i] = bf16_to_f32(x[i]);
-  return y;
-}
-
 bool has(const GoldenSet& g, const std::string& name) {
   return std::any_of(g.tensors.begin(), g.tensors.end(), [&](const io::TensorView& v) { return v.name == name; });
 }
@@ -109,7 +103,7 @@ void indexer_loss(GoldenSet& g, const TrainSpec& t, int l, const std::vector<int
   o.sparse = t.sparse;
   o.loss_coeff = t.loss_coeff;
   o.target = ref::train::parse_target(t.target);
-  ref::train::IndexerLossOut r = k.indexer_loss(widen(iq), widen(ik), w, ks, ke, &topk, tl, o);
+  ref::train::IndexerLossOut r = k.indexer_loss(bf16_to_f32(iq), bf16_to_f32(ik), w, ks, ke, &topk, tl, o);
   g.add(pre + "indexer_loss.p", std::move(r.p), Role::output);
   g.add(pre + "indexer_loss.log_q", std::move(r.log_q), Role::output);
   g.add(pre + "indexer_loss.kl", std::move(r.kl), Role::output);

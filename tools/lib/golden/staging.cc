@@ -13,12 +13,12 @@
 #include <cstring>
 #include <exception>
 #include <filesystem>
-#include <utility>
 #include <fstream>
 #include <map>
 #include <numeric>
 #include <sstream>
 #include <thread>
+#include <utility>
 
 #include "tools/lib/json_io.h"
 #include "tools/lib/phases.h"
