@@ -615,6 +615,55 @@ TEST_CASE("safetensors: the writer leaves no temporary file and never a partial 
   }
 }
 
+TEST_CASE("safetensors: SafetensorsWriter appends tensors in header order, and refuses any other before writing a byte") {
+  TempDir dir;
+  const std::string path = (dir.path / "s.safetensors").string();
+  const Tensor<float> a({2, 3}, 1.25f);
+  const Tensor<int32_t> b({4}, 7);
+  const std::vector<TensorSpec> specs = {{"a", DType::F32, {2, 3}}, {"b", DType::I32, {4}}};
+  {
+    SafetensorsWriter w(path, specs, {{"k", "v"}});
+    CHECK(!fs::exists(path));  // the temporary file until finish()
+    w.append(make_view("a", a));
+    w.append(make_view("b", b));
+    w.finish();
+  }
+  const std::string whole = (dir.path / "w.safetensors").string();
+  write_safetensors(whole, {make_view("a", a), make_view("b", b)}, {{"k", "v"}});
+  CHECK(sha256_file(path) == sha256_file(whole));  // the same bytes as the one-call writer
+  fs::remove(whole);
+
+  const std::string other = (dir.path / "o.safetensors").string();
+  std::string msg = error_of([&] {
+    SafetensorsWriter w(other, specs);
+    w.append(make_view("b", b));
+  });
+  CHECK(msg == other + ": tensor 'b': expected 'a' F32 [2,3] next, got I32 [4]");
+  msg = error_of([&] {
+    SafetensorsWriter w(other, specs);
+    w.append(make_view("a", Tensor<float>({3, 2}, 0.f)));
+  });
+  CHECK(msg == other + ": tensor 'a': expected 'a' F32 [2,3] next, got F32 [3,2]");
+  msg = error_of([&] {
+    SafetensorsWriter w(other, specs);
+    w.append(make_view("a", a));
+    w.finish();
+  });
+  CHECK(msg == other + ": tensor 'b' of the header was never written");
+  msg = error_of([&] {
+    SafetensorsWriter w(other, specs);
+    w.append(make_view("a", a));
+    w.append(make_view("b", b));
+    w.append(make_view("b", b));
+  });
+  CHECK(msg == other + ": tensor 'b': every tensor of the header is already written");
+  {
+    SafetensorsWriter w(other, specs);  // destroyed unfinished (a builder's exception): nothing stays
+    w.append(make_view("a", a));
+  }
+  CHECK(dir.entries() == std::vector<std::string>{"s.safetensors"});
+}
+
 TEST_CASE("safetensors: a large file (written past the page cache) holds exactly the bytes, on disk and on tmpfs") {
   // kDirectWriteMin bytes and more: write_safetensors takes O_DIRECT through its staging buffer
   // where the filesystem allows it (the last chunk padded, then the file truncated), the buffered

@@ -649,3 +649,74 @@ TEST_CASE("v4 diff: attention accumulating P.V in bf16 is named on out and out_r
     CHECK_MESSAGE(diagnosed(r, "layer 1: " + std::string(n) + " carries bf16-acc-level error"), report(r));
   }
 }
+
+TEST_CASE("v4 golden: the streamed writer (write_v4) writes build_v4's set byte for byte, and nothing when a layer fails") {
+  for (const char* spec : {kSpec, "t=64 h=2 d=64 w=8 csa=4 hca=16 ih=4 id=32 k=8 rope=16 ctx=32 types=CHSC sched=FS seed=3"}) {
+    CAPTURE(spec);
+    const golden::V4Spec s = golden::parse_v4_spec(spec);
+    const golden::GoldenSet whole = golden::build_v4(s, "replay", Impl::simd);
+    // The plan is the built set's tensor list: names, dtypes, shapes and roles, in file order.
+    const std::vector<golden::SetWriter::Planned> plan = golden::v4_plan(s);
+    REQUIRE(plan.size() == whole.tensors.size());
+    for (size_t i = 0; i < plan.size(); ++i) {
+      CAPTURE(whole.tensors[i].name);
+      CHECK(plan[i].spec.name == whole.tensors[i].name);
+      CHECK(plan[i].spec.dtype == whole.tensors[i].dtype);
+      CHECK(plan[i].spec.shape == whole.tensors[i].shape);
+      CHECK(plan[i].role == whole.roles.at(whole.tensors[i].name));
+    }
+    const std::string a = tmp("whole"), b = tmp("streamed");
+    golden::write(a, golden::GoldenSet(whole), true);
+    golden::write_v4(b, true, s, "replay", Impl::simd);
+    CHECK(testing::file_bytes(a + "/tensors.safetensors") == testing::file_bytes(b + "/tensors.safetensors"));
+    CHECK(testing::file_bytes(a + "/manifest.json") == testing::file_bytes(b + "/manifest.json"));
+    CHECK(golden::read(b).manifest == golden::read(a).manifest);  // and it reads back, every hash checked
+    fs::remove_all(a);
+    fs::remove_all(b);
+  }
+  // A layer that fails after earlier layers were handed over (here layer 3's inputs, cut short):
+  // the error reaches the caller and neither the set nor its temporary folder stays.
+  const golden::V4Spec s = golden::parse_v4_spec(kSpec);
+  const ref::v4::Schedule sch = s.schedule();
+  const ref::Kernels kern = kernels_for(Impl::simd);
+  std::vector<ref::v4::LayerInputs> in;
+  for (size_t l = 0; l < sch.types.size(); ++l)
+    in.push_back(ref::v4::make_layer_inputs(s.cfg, int(l), sch.types[l], sch.types[l] == LayerType::csa && sch.full(l), kern));
+  in[3].comp_kv = Tensor<float>({3, in[3].comp_kv.dim(1)}, 0.f);
+  const std::string dir = tmp("failed");
+  const fs::path parent = fs::path(dir).parent_path();
+  const std::string msg = error_of([&] { golden::write_v4(dir, true, s, "replay", Impl::simd, &in); });
+  CHECK(!msg.empty());
+  CHECK(!fs::exists(dir));
+  for (const fs::directory_entry& e : fs::directory_iterator(parent))
+    CHECK(e.path().filename().string().rfind(fs::path(dir).filename().string() + ".tmp.", 0) != 0);
+}
+
+TEST_CASE("golden: SetWriter refuses a tensor that is not its plan's next, and one never handed over, naming both") {
+  const std::string dir = tmp("plan");
+  const std::vector<golden::SetWriter::Planned> plan = {{{"a", io::DType::F32, {2}}, golden::Role::input},
+                                                        {{"b", io::DType::F32, {3}}, golden::Role::output}};
+  std::string msg = error_of([&] {
+    golden::SetWriter w(dir, true, plan);
+    w.add("a", Tensor<float>({2}, 1.f), golden::Role::input);
+    w.add("b", Tensor<float>({4}, 1.f), golden::Role::output);
+  });
+  CHECK(msg.find("tensor 'b': F32 [4] output where the plan has 'b' F32 [3] output") != std::string::npos);
+  msg = error_of([&] {
+    golden::SetWriter w(dir, true, plan);
+    w.add("a", Tensor<float>({2}, 1.f), golden::Role::input);
+    (void)w.finish(nlohmann::json::object());
+  });
+  CHECK(msg.find("tensor 'b' was never handed over") != std::string::npos);
+  CHECK(!fs::exists(dir));
+  // In plan order, with a bound on the bytes in flight: the set, as write() would write it.
+  {
+    golden::SetWriter w(dir, true, plan, 8);
+    w.add("a", Tensor<float>({2}, 1.f), golden::Role::input);
+    w.add("b", Tensor<float>({3}, 2.f), golden::Role::output);
+    (void)w.finish(nlohmann::json{{"format_version", golden::kFormatVersion}});
+  }
+  const io::SafetensorsFile f = io::read_safetensors(dir + "/tensors.safetensors");
+  CHECK(io::as_tensor<float>(f.get("b"), dir).data == Tensor<float>({3}, 2.f).data);
+  fs::remove_all(dir);
+}

@@ -63,6 +63,7 @@ struct BenchArgs {
   std::string commands = "yes";
   std::string backward = "yes";  // the attention backward stage: yes, no, only (skip the other stages)
   std::string v4;                 // a DeepSeek-V4 descriptor: the V4 stage alone (bench_v4.cc)
+  std::string v4_ref = "yes";     // the V4 stage's ref build: yes or no
   std::string kpool;              // a kpool descriptor: the KPool stage alone (bench_kpool.cc)
   std::vector<std::string> given;  // the options on the command line
 };

@@ -10,8 +10,9 @@
 //              P tokens a pool and the tail
 //   Then three commands, interleaved round by round (bench_v4.cc's interleave_commands):
 //     run      ref::kpool::run_kpool_stack on simd: what `indexshare run --problem SPEC` computes
-//     golden   golden::build_kpool on simd and golden::write to a new folder
-//     build    golden::build_kpool on simd alone (golden without the write)
+//     golden   golden::write_kpool on simd to a new folder (each layer written and hashed on two
+//              threads while the next computes)
+//     build    golden::emit_kpool on simd, each tensor dropped as it comes (golden without the write)
 // Goals: score >= 70 % of the FMA peak; golden within 1.3x of run. ref = simd is not re-checked
 // here (a ref build at GLM-5.3's shapes takes minutes): the kpool tests hold it on every target.
 #include <omp.h>
@@ -79,8 +80,8 @@ int bench_kpool(const BenchArgs& a) {
   const std::vector<CommandRun> cmds = interleave_commands(
       a,
       {{"run", [&] { (void)ref::kpool::run_kpool_stack(spec.cfg, stack, kern); }},
-       {"golden", [&] { golden::write(tmp.dir, golden::build_kpool(spec, replay, Impl::simd), false); }},
-       {"build", [&] { (void)golden::build_kpool(spec, replay, Impl::simd); }}},
+       {"golden", [&] { golden::write_kpool(tmp.dir, false, spec, replay, Impl::simd); }},
+       {"build", [&] { (void)golden::emit_kpool(spec, replay, Impl::simd, nullptr, [](io::TensorView, golden::Role) {}); }}},
       tmp.dir);
   const double peak = std::max(peak0, simd::fma_peak_gflops(threads));
   std::printf("\n%-8s %10s %10s %8s %s\n", "part", "wall s", "GFLOP/s", "samples", "share of the FMA peak");

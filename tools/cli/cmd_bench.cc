@@ -716,6 +716,9 @@ Action register_bench(CLI::App& app) {
   c->add_option("--commands", a->commands, "Time the commands run, golden and diff end to end on --problem (simd): yes or no")
       ->capture_default_str();
   c->add_option("--v4", a->v4, "A DeepSeek-V4 descriptor (t=... types=...): time run, golden and ref's build of that stack alone");
+  c->add_option("--v4-ref", a->v4_ref, "With --v4: time ref's build once and compare its tensors with simd's (yes), or not (no)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"yes", "no"}));
   c->add_option("--kpool", a->kpool, "A GLM-5.3 KPool descriptor (sq=... pool=...): the pooled indexer against the FMA peak, "
                                      "then run and golden of that stack alone");
   // --v4 and --kpool each run their stage alone, without the kernel-level stages' options.
@@ -723,6 +726,7 @@ Action register_bench(CLI::App& app) {
     excludes(*c, alone, {"--problem", "--impl", "--stack-seq", "--stack-sq", "--stack-topk", "--model", "--module-rows",
                          "--max-memory", "--backward", "--commands"});
   excludes(*c, "--v4", {"--kpool"});
+  needs(*c, "--v4-ref", "--v4");
   return [c, a]() {
     a->given = given_options(*c);
     return *c ? cmd_bench(*a) : -1;

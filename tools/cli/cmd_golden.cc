@@ -6,6 +6,7 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "ref/bounds.h"
@@ -52,18 +53,25 @@ bool dist_active() { return false; }
 int dist_rank() { return 0; }
 #endif
 
-int publish(golden::GoldenSet set, const GoldenArgs& a, const std::string& replay,
-            std::chrono::steady_clock::time_point t0) {
+// The summary of a set just written, from the manifest written: reading the set back would hold
+// it in memory a second time and hash it again (`golden verify` does that on request).
+int report(const nlohmann::json& manifest, const GoldenArgs& a, const std::string& replay, std::chrono::steady_clock::time_point t0) {
   uint64_t bytes = 0;
-  for (const io::TensorView& v : set.tensors) bytes += v.bytes.size();
-  // The summary comes from the manifest just written: reading the set back would hold it in
-  // memory a second time and hash it again (`golden verify` does that on request).
-  const nlohmann::json manifest = golden::write(a.out, std::move(set), a.force);
+  for (const nlohmann::json& t : manifest.at("tensors")) {
+    uint64_t n = io::dtype_size(io::parse_dtype(t.at("dtype").get<std::string>()));
+    for (const nlohmann::json& d : t.at("shape")) n *= d.get<uint64_t>();
+    bytes += n;
+  }
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::printf("%s", golden::summary(a.out, manifest, bytes, false).c_str());
   if (phases::requested()) std::printf("%s", phases::table().c_str());
   std::printf("time      %.2f s\n__REPRO: %s\n", secs, replay.c_str());
   return 0;
+}
+
+int publish(golden::GoldenSet set, const GoldenArgs& a, const std::string& replay,
+            std::chrono::steady_clock::time_point t0) {
+  return report(golden::write(a.out, std::move(set), a.force), a, replay, t0);
 }
 
 #ifdef INDEXSHARE_MPI
@@ -214,7 +222,10 @@ int golden_descriptor(const GoldenArgs& a, std::chrono::steady_clock::time_point
           "golden: --impl must be " + std::string(k.simd_default ? "ref, simd or auto" : "ref or simd") + ", got '" + a.impl + "'");
   reject_target_on_ref(a.given, *impl);
   const std::string replay = replay_of(s, *impl) + " --out " + a.out;
-  return publish(build(s, replay, *impl), a, replay, t0);
+  if constexpr (std::is_same_v<decltype(build(s, replay, *impl)), nlohmann::json>)
+    return report(build(s, replay, *impl), a, replay, t0);  // written as it was computed
+  else
+    return publish(build(s, replay, *impl), a, replay, t0);
 }
 
 // A DeepSeek-V4 set (tools/lib/golden_v4.h): --kind v4 --problem SPEC, or a v4 preset.
@@ -222,9 +233,9 @@ int golden_v4(const GoldenArgs& a, std::chrono::steady_clock::time_point t0) {
   return golden_descriptor(
       a, t0, {"v4", "a v4", "--problem SPEC (a V4 descriptor)", "its sizes, layer types, schedule and seed", true},
       golden::parse_v4_spec, golden::v4_replay,
-      [](const golden::V4Spec& s, const std::string& replay, Impl i) {
+      [&a](const golden::V4Spec& s, const std::string& replay, Impl i) {
         std::fprintf(stderr, "golden: computing the V4 stack %s...\n", golden::to_string(s).c_str());
-        return golden::build_v4(s, replay, i);
+        return golden::write_v4(a.out, a.force, s, replay, i);
       });
 }
 
@@ -250,7 +261,7 @@ int golden_kpool(const GoldenArgs& a, std::chrono::steady_clock::time_point t0) 
   return golden_descriptor(
       a, t0, {"kpool", "a kpool", "--problem SPEC (a kpool descriptor)", "its sizes, layers, schedule and seed", false},
       golden::parse_kpool_spec, golden::kpool_replay,
-      [](const golden::KpoolSpec& s, const std::string& replay, Impl i) { return golden::build_kpool(s, replay, i); });
+      [&a](const golden::KpoolSpec& s, const std::string& replay, Impl i) { return golden::write_kpool(a.out, a.force, s, replay, i); });
 }
 
 // A module-level set (--model, or a module preset): the toy model with a preset's shapes.
@@ -295,9 +306,9 @@ int golden_v4_from(const GoldenArgs& a, std::chrono::steady_clock::time_point t0
   reject_target_on_ref(a.given, *impl);
   const std::string replay = golden::v4_from_replay(a.from, *impl) + " --out " + a.out;
   std::fprintf(stderr, "golden: computing the V4 stack %s from %s...\n", golden::to_string(d.spec).c_str(), a.from.c_str());
-  golden::GoldenSet set = golden::build_v4(d.spec, replay, *impl, &d.inputs);
-  set.manifest["conventions"]["inputs"] = "from the model dump " + a.from + " (python -m indexshare.dump); the seed is not used";
-  return publish(std::move(set), a, replay, t0);
+  return report(golden::write_v4(a.out, a.force, d.spec, replay, *impl, &d.inputs,
+                                 "from the model dump " + a.from + " (python -m indexshare.dump); the seed is not used"),
+                a, replay, t0);
 }
 
 // A kernel-level set from per-layer inputs dumped from a real model (--from), on one process or
@@ -330,9 +341,9 @@ int golden_kpool_from(const GoldenArgs& a, std::chrono::steady_clock::time_point
   require(impl.has_value(), "golden: --impl must be ref or simd, got '" + a.impl + "'");
   reject_target_on_ref(a.given, *impl);
   const std::string replay = golden::v4_from_replay(a.from, *impl) + " --out " + a.out;  // the same command line
-  golden::GoldenSet set = golden::build_kpool(d.spec, replay, *impl, &d.inputs);
-  set.manifest["conventions"]["inputs"] = "from the model dump " + a.from + " (python -m indexshare.dump); the seed is not used";
-  return publish(std::move(set), a, replay, t0);
+  return report(golden::write_kpool(a.out, a.force, d.spec, replay, *impl, &d.inputs,
+                                    "from the model dump " + a.from + " (python -m indexshare.dump); the seed is not used"),
+                a, replay, t0);
 }
 
 int golden_from(const GoldenArgs& a, std::chrono::steady_clock::time_point t0) {

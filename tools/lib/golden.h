@@ -11,6 +11,7 @@
 
 #include <functional>
 #include <map>
+#include <memory>
 #include <set>
 #include <string>
 #include <vector>
@@ -221,6 +222,47 @@ std::string model_replay(const ModelSpec& spec);
 // (then an existing golden set there is replaced in one rename).
 // Returns the manifest as written (with its "tensors" list).
 nlohmann::json write(const std::string& dir, GoldenSet set, bool force);
+
+// A golden set written while it is computed (write() is one): the plan (every tensor's name, dtype,
+// shape and role, in file order) first, so the tensor file's header goes first; then each tensor
+// handed over with add(), in plan order, while the caller computes the next; then finish(manifest).
+// Each tensor is written on a background thread and hashed on another (finish()'s caller hashes
+// too), and its bytes are freed once both are done: memory holds what is in flight, not the set.
+// add() waits while more than max_pending bytes are in flight (0: never). finish() adds the
+// manifest's "tensors" list and publishes (the rules of write; the same bytes as write() of the
+// same tensors). Errors: write's, the tensor file's (io::SafetensorsWriter), a tensor that is not
+// the plan's next (a builder out of step with its plan: both named), one never handed over; a
+// writer destroyed unfinished (an exception) removes its staging: nothing is published.
+class SetWriter {
+ public:
+  struct Planned {
+    io::TensorSpec spec;
+    Role role = Role::output;
+  };
+  SetWriter(const std::string& dir, bool force, std::vector<Planned> plan, uint64_t max_pending = 0);
+  ~SetWriter();
+  SetWriter(const SetWriter&) = delete;
+  SetWriter& operator=(const SetWriter&) = delete;
+  void add(io::TensorView v, Role role);
+  template <class T>
+  void add(const std::string& name, Tensor<T> t, Role role) {
+    add(io::make_view(name, std::move(t)), role);
+  }
+  nlohmann::json finish(nlohmann::json manifest);
+
+ private:
+  struct State;
+  std::unique_ptr<State> s_;
+};
+// The plan of a set's tensors, in its order.
+std::vector<SetWriter::Planned> plan_of(const GoldenSet& set);
+// The bytes of the plan's largest layer (its tensors named layers.{l}.*): the max_pending of a
+// writer fed layer by layer, so that the next layer computes while one is written and hashed,
+// and memory holds at most two layers' tensors.
+uint64_t layer_bytes(const std::vector<SetWriter::Planned>& plan);
+// Where a builder hands each tensor as soon as it is final: a GoldenSet collecting them, or a
+// SetWriter writing them (build_v4 / write_v4, build_kpool / write_kpool).
+using PutTensor = std::function<void(io::TensorView, Role)>;
 
 // write() in its steps, for writers that fill the tensor file themselves (tools/lib/distributed.cc):
 // stage checks `dir` (the rules of write) and creates the temporary folder `<dir>.tmp.<tag>`

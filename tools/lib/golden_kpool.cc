@@ -183,14 +183,25 @@ json conventions(const KpoolConfig& c) {
 
 }  // namespace
 
-GoldenSet build_kpool(const KpoolSpec& s, const std::string& replay, Impl impl, std::vector<ref::kpool::KpoolLayerInputs>* given) {
+namespace {
+struct TensorSink {
+  const PutTensor& put;
+  template <class E>
+  void add(const std::string& name, Tensor<E> t, Role role) const {
+    put(io::make_view(name, std::move(t)), role);
+  }
+};
+}  // namespace
+
+json emit_kpool(const KpoolSpec& s, const std::string& replay, Impl impl, std::vector<ref::kpool::KpoolLayerInputs>* given,
+                const PutTensor& put) {
   const KpoolConfig& c = s.cfg;
   c.validate();
   const ref::Kernels kern = kernels_for(impl);
   const std::vector<int> dsa = s.dsa_layers();
   require(!given || given->size() == dsa.size(), "build_kpool: " + std::to_string(given ? given->size() : 0) +
                                                     " given layers for " + std::to_string(dsa.size()) + " DSA layers");
-  GoldenSet g;
+  const TensorSink g{put};
   json layers = json::array();
   Tensor<int32_t> current;  // the union list of the last Full DSA layer
   int source = -1;
@@ -237,8 +248,8 @@ GoldenSet build_kpool(const KpoolSpec& s, const std::string& replay, Impl impl, 
     g.add(pre + "attn.max_logits", std::move(a.max_logits), Role::output);
     layers.push_back({{"index", l}, {"dsa_rank", i}, {"kind", full ? "full" : "shared"}, {"source", source}});
   }
-  g.manifest = manifest_head("kpool", to_string(s), replay, impl);
-  g.manifest.update(json{
+  json manifest = manifest_head("kpool", to_string(s), replay, impl);
+  manifest.update(json{
       {"config",
        {{"s_q", c.s_q}, {"s_kv", c.s_kv}, {"heads", c.heads}, {"dim", c.dim}, {"pool", c.pool}, {"index_topk", c.index_topk},
         {"tail", c.tail}, {"rounding", ref::kpool::rounding_name(c.rounding)}, {"h_q", c.h_q}, {"d_qk", c.d_qk}, {"d_v", c.d_v},
@@ -248,6 +259,15 @@ GoldenSet build_kpool(const KpoolSpec& s, const std::string& replay, Impl impl, 
       {"schedule", {{"dsa_layers", dsa}, {"pattern", s.pattern}}},
       {"conventions", conventions(c)},
       {"budgets", json::object()},
+  });
+  return manifest;
+}
+
+GoldenSet build_kpool(const KpoolSpec& s, const std::string& replay, Impl impl, std::vector<ref::kpool::KpoolLayerInputs>* given) {
+  GoldenSet g;
+  g.manifest = emit_kpool(s, replay, impl, given, [&g](io::TensorView v, Role r) {
+    g.roles[v.name] = r;
+    g.tensors.push_back(std::move(v));
   });
   return g;
 }
@@ -286,6 +306,7 @@ KpoolLayout kpool_layout(const json& m) {
 
 namespace {
 
+// A DSA layer's tensors, in the order emit_kpool hands them over (kpool_plan: the streamed writer's plan).
 struct KpoolRule {
   const char* name;
   Role role;
@@ -299,11 +320,11 @@ const KpoolRule kRules[] = {
     {"indexer.pool_logits", Role::output, io::DType::F32, true}, {"indexer.pool_keys", Role::output, io::DType::F32, true},
     {"indexer.scores", Role::output, io::DType::F32, true},     {"indexer.pools", Role::output, io::DType::I32, true},
     {"indexer.history", Role::output, io::DType::I32, true},    {"indexer.tail", Role::output, io::DType::I32, true},
-    {"indexer.indices", Role::output, io::DType::I32, true},    {"attn.q", Role::input, io::DType::BF16, false},
+    {"indexer.indices", Role::output, io::DType::I32, true},    {"indexer.pool_keys_fp8", Role::output, io::DType::U8, true},
+    {"attn.q", Role::input, io::DType::BF16, false},
     {"attn.kv", Role::input, io::DType::BF16, false},           {"attn.indices", Role::input, io::DType::I32, false},
     {"attn.out", Role::output, io::DType::F32, false},          {"attn.out_bf16", Role::output, io::DType::BF16, false},
     {"attn.lse", Role::output, io::DType::F32, false},          {"attn.max_logits", Role::output, io::DType::F32, false},
-    {"indexer.pool_keys_fp8", Role::output, io::DType::U8, true},
 };
 
 Shape kpool_shape(const std::string& rest, const KpoolConfig& c, int64_t select_k) {
@@ -409,16 +430,19 @@ void KpoolCheck::layers() {
     fail("schedule", "is missing or not {dsa_layers, pattern} of the layers (" + spec_.pattern + ")");
 }
 
+// Whether DSA layer `full` (or Shared) of a set of spec s holds the tensor of rule r.
+bool holds(const KpoolRule& r, const KpoolSpec& s, bool full) {
+  return !(r.full_only && !full) && !(std::string(r.name) == "indexer.tail" && !s.cfg.tail) &&
+         !(std::string(r.name) == "indexer.pool_keys_fp8" && s.fp8 == "none");
+}
+
 void KpoolCheck::tensors() {
   for (size_t i = 0; i < spec_.pattern.size(); ++i) {
     const std::string pre = "layers." + std::to_string(spec_.dsa_layers()[i]) + ".";
-    for (const KpoolRule& r : kRules) {
-      if ((r.full_only && spec_.pattern[i] != 'F') || (std::string(r.name) == "indexer.tail" && !spec_.cfg.tail) ||
-          (std::string(r.name) == "indexer.pool_keys_fp8" && spec_.fp8 == "none"))
-        continue;
-      expect_tensor(pre + r.name, r.dtype, kpool_shape(r.name, spec_.cfg, select_k_), r.role,
-                    spec_.pattern[i] == 'F' ? "Full DSA" : "Shared DSA");
-    }
+    for (const KpoolRule& r : kRules)
+      if (holds(r, spec_, spec_.pattern[i] == 'F'))
+        expect_tensor(pre + r.name, r.dtype, kpool_shape(r.name, spec_.cfg, select_k_), r.role,
+                      spec_.pattern[i] == 'F' ? "Full DSA" : "Shared DSA");
   }
   no_other_tensors("a kpool set of this config");
 }
@@ -426,5 +450,26 @@ void KpoolCheck::tensors() {
 }  // namespace
 
 void check_kpool_manifest(const Loaded& g, const std::string& mpath) { KpoolCheck(g, mpath).run(); }
+
+std::vector<SetWriter::Planned> kpool_plan(const KpoolSpec& s) {
+  const int64_t select_k = std::min(s.cfg.index_topk / s.cfg.pool, s.cfg.n_pools());
+  const std::vector<int> dsa = s.dsa_layers();
+  std::vector<SetWriter::Planned> plan;
+  for (size_t i = 0; i < dsa.size(); ++i)
+    for (const KpoolRule& r : kRules)
+      if (holds(r, s, s.pattern[i] == 'F'))
+        plan.push_back({{"layers." + std::to_string(dsa[i]) + "." + r.name, r.dtype, kpool_shape(r.name, s.cfg, select_k)}, r.role});
+  return plan;
+}
+
+json write_kpool(const std::string& dir, bool force, const KpoolSpec& s, const std::string& replay, Impl impl,
+                 std::vector<ref::kpool::KpoolLayerInputs>* given, const std::string& inputs_note) {
+  s.cfg.validate();
+  const std::vector<SetWriter::Planned> plan = kpool_plan(s);
+  SetWriter w(dir, force, plan, layer_bytes(plan));
+  json manifest = emit_kpool(s, replay, impl, given, [&w](io::TensorView v, Role r) { w.add(std::move(v), r); });
+  if (!inputs_note.empty()) manifest["conventions"]["inputs"] = inputs_note;
+  return w.finish(std::move(manifest));
+}
 
 }  // namespace indexshare::golden

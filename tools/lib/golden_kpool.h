@@ -72,6 +72,17 @@ std::string to_string(const KpoolSpec& s);  // canonical
 // load_kpool_dump; a Shared layer's without indexer inputs) instead of generated inputs; consumed.
 GoldenSet build_kpool(const KpoolSpec& s, const std::string& replay, Impl impl = Impl::ref,
                       std::vector<ref::kpool::KpoolLayerInputs>* given = nullptr);
+// The set computed DSA layer by DSA layer, each tensor handed to `put` as soon as it is final (in
+// kpool_plan's order); returns the manifest without its tensor list. build_kpool and write_kpool
+// are this with a collecting and a writing `put` (the types of golden_v4.h's emit_v4).
+nlohmann::json emit_kpool(const KpoolSpec& s, const std::string& replay, Impl impl,
+                          std::vector<ref::kpool::KpoolLayerInputs>* given, const PutTensor& put);
+// build_kpool's set written to `dir` as it is computed (write_v4's scheme and rules; the same bytes
+// as golden::write of build_kpool's set); inputs_note, when given, is conventions.inputs.
+nlohmann::json write_kpool(const std::string& dir, bool force, const KpoolSpec& s, const std::string& replay, Impl impl = Impl::ref,
+                           std::vector<ref::kpool::KpoolLayerInputs>* given = nullptr, const std::string& inputs_note = "");
+// The set's tensors in file order (names, dtypes, shapes from the config, roles): write_kpool's plan.
+std::vector<SetWriter::Planned> kpool_plan(const KpoolSpec& s);
 // "indexshare golden --kind kpool --problem \"SPEC\"" (+ --impl), without --out.
 std::string kpool_replay(const KpoolSpec& s, Impl impl);
 

@@ -228,13 +228,22 @@ std::string v4_replay(const V4Spec& s, Impl impl) {
   return "indexshare golden --kind v4 --problem \"" + to_string(s) + "\"" + (impl == Impl::ref ? "" : " --impl " + impl_name(impl));
 }
 
-GoldenSet build_v4(const V4Spec& s, const std::string& replay, Impl impl, std::vector<ref::v4::LayerInputs>* given) {
+namespace {
+struct TensorSink {
+  const PutTensor& put;
+  template <class E>
+  void add(const std::string& name, Tensor<E> t, Role role) const {
+    put(io::make_view(name, std::move(t)), role);
+  }
+};
+}  // namespace
+
+json emit_v4(const V4Spec& s, const std::string& replay, Impl impl, std::vector<ref::v4::LayerInputs>* given, const PutTensor& put) {
   const ref::v4::Config& cfg = s.cfg;
-  cfg.validate();
   const ref::v4::Schedule sch = s.schedule();
   const ref::Kernels kern = kernels_for(impl);
   const int64_t T = cfg.n_tokens, D = cfg.head_dim, H = cfg.n_heads;
-  GoldenSet g;
+  const TensorSink g{put};
   std::vector<Tensor<int32_t>> blocks(sch.types.size());
   json layers = json::array();
   for (size_t l = 0; l < sch.types.size(); ++l) {
@@ -279,8 +288,8 @@ GoldenSet build_v4(const V4Spec& s, const std::string& replay, Impl impl, std::v
   json sched = {{"types", s.types}, {"pattern", sch.pattern()}, {"indexers", sch.indexers()}};
   if (s.freq > 0) sched["freq"] = s.freq, sched["freq_rule"] = ref::v4::freq_rule_name(s.rule);
   else sched["csa_pattern"] = csa_pattern(sch);
-  g.manifest = manifest_head("v4", to_string(s), replay, impl);
-  g.manifest.update(json{
+  json manifest = manifest_head("v4", to_string(s), replay, impl);
+  manifest.update(json{
       {"config",
        {{"n_tokens", T}, {"n_heads", H}, {"head_dim", D}, {"window", cfg.window}, {"csa_ratio", cfg.csa_ratio},
         {"hca_ratio", cfg.hca_ratio}, {"index_n_heads", cfg.index_n_heads}, {"index_head_dim", cfg.index_head_dim},
@@ -291,6 +300,16 @@ GoldenSet build_v4(const V4Spec& s, const std::string& replay, Impl impl, std::v
       {"schedule", sched},
       {"conventions", conventions(s)},
       {"budgets", json::object()},
+  });
+  return manifest;
+}
+
+GoldenSet build_v4(const V4Spec& s, const std::string& replay, Impl impl, std::vector<ref::v4::LayerInputs>* given) {
+  s.cfg.validate();
+  GoldenSet g;
+  g.manifest = emit_v4(s, replay, impl, given, [&g](io::TensorView v, Role r) {
+    g.roles[v.name] = r;
+    g.tensors.push_back(std::move(v));
   });
   return g;
 }
@@ -330,7 +349,8 @@ V4Layout v4_layout(const json& m) {
 namespace {
 
 // When a layer holds a tensor: every layer, layers with a compressor (C4A, HCA), Full C4A layers,
-// C4A layers (Full or Shared).
+// C4A layers (Full or Shared). v4_rules lists a layer's tensors in the order emit_v4 writes them
+// (v4_plan: the streamed writer's plan).
 enum class V4Need { always, compressed, full, csa };
 struct V4Rule {
   const char* name;
@@ -344,26 +364,26 @@ const std::vector<V4Rule>& v4_rules() {
       {"attn.q", Role::input, DType::BF16, V4Need::always},
       {"attn.kv", Role::input, DType::BF16, V4Need::always},
       {"attn.sink", Role::input, DType::F32, V4Need::always},
-      {"attn.indices", Role::input, DType::I32, V4Need::always},
-      {"attn.out", Role::output, DType::F32, V4Need::always},
-      {"attn.out_bf16", Role::output, DType::BF16, V4Need::always},
-      {"attn.out_rotated", Role::output, DType::F32, V4Need::always},
-      {"attn.lse", Role::output, DType::F32, V4Need::always},
-      {"attn.max_logits", Role::output, DType::F32, V4Need::always},
       {"compressor.kv", Role::input, DType::F32, V4Need::compressed},
       {"compressor.gate", Role::input, DType::F32, V4Need::compressed},
       {"compressor.position_bias", Role::input, DType::F32, V4Need::compressed},
       {"compressor.norm_weight", Role::input, DType::F32, V4Need::compressed},
-      {"compressor.entries", Role::output, DType::F32, V4Need::compressed},
       {"indexer.kv", Role::input, DType::F32, V4Need::full},
       {"indexer.gate", Role::input, DType::F32, V4Need::full},
       {"indexer.position_bias", Role::input, DType::F32, V4Need::full},
       {"indexer.norm_weight", Role::input, DType::F32, V4Need::full},
       {"indexer.q", Role::input, DType::F32, V4Need::full},
       {"indexer.weights", Role::input, DType::F32, V4Need::full},
+      {"attn.indices", Role::input, DType::I32, V4Need::always},
+      {"compressor.entries", Role::output, DType::F32, V4Need::compressed},
       {"indexer.entries", Role::output, DType::F32, V4Need::full},
       {"indexer.scores", Role::output, DType::F32, V4Need::full},
       {"indexer.blocks", Role::output, DType::I32, V4Need::csa},
+      {"attn.out", Role::output, DType::F32, V4Need::always},
+      {"attn.out_bf16", Role::output, DType::BF16, V4Need::always},
+      {"attn.out_rotated", Role::output, DType::F32, V4Need::always},
+      {"attn.lse", Role::output, DType::F32, V4Need::always},
+      {"attn.max_logits", Role::output, DType::F32, V4Need::always},
   };
   return r;
 }
@@ -550,5 +570,27 @@ void V4Check::tensors() {
 }  // namespace
 
 void check_v4_manifest(const Loaded& g, const std::string& mpath) { V4Check(g, mpath).run(); }
+
+std::vector<SetWriter::Planned> v4_plan(const V4Spec& s) {
+  const ref::v4::Schedule sch = s.schedule();
+  std::vector<SetWriter::Planned> plan;
+  for (size_t l = 0; l < sch.types.size(); ++l) {
+    const std::string pre = "layers." + std::to_string(l) + ".";
+    for (const V4Rule& r : v4_rules())
+      if (needed(r.need, sch.types[l], sch.full(l)))
+        plan.push_back({{pre + r.name, r.dtype, v4_tensor_shape(r.name, s.cfg, sch.types[l])}, r.role});
+  }
+  return plan;
+}
+
+json write_v4(const std::string& dir, bool force, const V4Spec& s, const std::string& replay, Impl impl,
+              std::vector<ref::v4::LayerInputs>* given, const std::string& inputs_note) {
+  s.cfg.validate();
+  const std::vector<SetWriter::Planned> plan = v4_plan(s);
+  SetWriter w(dir, force, plan, layer_bytes(plan));
+  json manifest = emit_v4(s, replay, impl, given, [&w](io::TensorView v, Role r) { w.add(std::move(v), r); });
+  if (!inputs_note.empty()) manifest["conventions"]["inputs"] = inputs_note;
+  return w.finish(std::move(manifest));
+}
 
 }  // namespace indexshare::golden

@@ -37,6 +37,7 @@
 
 #include <cstdint>
 #include <set>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -67,6 +68,19 @@ std::string to_string(const V4Spec& s);  // canonical
 // dump, load_v4_dump) instead of generated ones; consumed.
 GoldenSet build_v4(const V4Spec& s, const std::string& replay, Impl impl = Impl::ref,
                    std::vector<ref::v4::LayerInputs>* given = nullptr);
+// The set computed layer by layer, each tensor handed to `put` as soon as it is final (a layer's
+// inputs and outputs after the layer, in v4_plan's order); returns the manifest without its tensor
+// list. build_v4 and write_v4 are this with a collecting and a writing `put`.
+nlohmann::json emit_v4(const V4Spec& s, const std::string& replay, Impl impl, std::vector<ref::v4::LayerInputs>* given,
+                       const PutTensor& put);
+// build_v4's set written to `dir` as it is computed (golden::write's rules and bytes): each layer's
+// tensors are written and hashed on two threads while the next layer computes, and then freed, so
+// memory holds about two layers' tensors instead of the set (golden --kind v4). inputs_note, when
+// given, is the manifest's conventions.inputs (where given inputs came from).
+nlohmann::json write_v4(const std::string& dir, bool force, const V4Spec& s, const std::string& replay, Impl impl = Impl::ref,
+                        std::vector<ref::v4::LayerInputs>* given = nullptr, const std::string& inputs_note = "");
+// The set's tensors in file order (names, dtypes, shapes from the config, roles): write_v4's plan.
+std::vector<SetWriter::Planned> v4_plan(const V4Spec& s);
 // One layer l of a v4 stack as the set records it (golden's and run's step): the compressor's
 // entries, a Full C4A layer's indexer entries, scores and blocks (stored in blocks[l]; a Shared C4A
 // layer copies blocks[source]), the attention indices, kv_full, the attention and attn.out_rotated

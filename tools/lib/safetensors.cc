@@ -278,59 +278,6 @@ int write_all(int fd, const void* data, size_t n) {
 // buffered, 0.61-0.78 s direct (alternating, no fsync either way). The file's bytes are the same;
 // only the route differs. A filesystem without O_DIRECT (tmpfs) takes the buffered route.
 constexpr size_t kDirectAlign = 4096, kDirectChunk = size_t(8) << 20;
-constexpr int kDirectUnsupported = -1;
-
-// Writes the concatenation of `parts` (total bytes) to fd, an open, empty file: switches fd to
-// O_DIRECT, writes whole staging chunks (the last one zero-padded to the alignment), truncates the
-// file to `total` and switches O_DIRECT off again. Returns 0, an errno value, or
-// kDirectUnsupported when the filesystem refuses direct I/O before a byte was written (the caller
-// then writes buffered from the start).
-int write_direct(int fd, const std::vector<std::pair<const uint8_t*, size_t>>& parts, uint64_t total) {
-  const int flags = ::fcntl(fd, F_GETFL);
-  if (flags < 0 || ::fcntl(fd, F_SETFL, flags | O_DIRECT) != 0) return kDirectUnsupported;
-  struct Restore {
-    int fd, flags;
-    ~Restore() { ::fcntl(fd, F_SETFL, flags); }
-  } restore{fd, flags};
-  std::unique_ptr<uint8_t, decltype(&std::free)> stage(static_cast<uint8_t*>(std::aligned_alloc(kDirectAlign, kDirectChunk)),
-                                                      &std::free);
-  if (!stage) return ENOMEM;
-  size_t fill = 0;
-  bool wrote = false;
-  auto flush = [&](size_t n) -> int {  // n: a multiple of kDirectAlign
-    size_t done = 0;
-    while (done < n) {
-      const ssize_t w = ::write(fd, stage.get() + done, n - done);
-      if (w < 0) {
-        if (errno == EINTR) continue;
-        return !wrote && errno == EINVAL ? kDirectUnsupported : errno;
-      }
-      wrote = true;
-      done += size_t(w);
-    }
-    return 0;
-  };
-  for (const auto& [p, n] : parts) {
-    size_t used = 0;
-    while (used < n) {
-      const size_t take = std::min(n - used, kDirectChunk - fill);
-      std::memcpy(stage.get() + fill, p + used, take);
-      fill += take;
-      used += take;
-      if (fill == kDirectChunk) {
-        if (const int e = flush(fill)) return e;
-        fill = 0;
-      }
-    }
-  }
-  if (fill > 0) {
-    const size_t padded = (fill + kDirectAlign - 1) / kDirectAlign * kDirectAlign;
-    std::memset(stage.get() + fill, 0, padded - fill);
-    if (const int e = flush(padded)) return e;
-  }
-  if (::ftruncate(fd, off_t(total)) != 0) return errno;
-  return 0;
-}
 
 }  // namespace
 
@@ -609,53 +556,123 @@ void write_safetensors(const std::string& path, const std::vector<TensorView>& t
                        const std::map<std::string, std::string>& metadata) {
   std::vector<TensorSpec> specs;
   specs.reserve(tensors.size());
-  std::set<std::string> names;
-  for (const TensorView& t : tensors) {
-    const std::string where = path + ": tensor '" + t.name + "': ";
-    if (t.name == kMetadataKey) throw Error(where + "the name is reserved for metadata");
-    if (!names.insert(t.name).second) throw Error(where + "duplicate name");
-    const int64_t numel = numel_of(t.shape, where);
-    uint64_t nbytes = 0;
-    if (__builtin_mul_overflow(uint64_t(numel), uint64_t(dtype_size(t.dtype)), &nbytes) ||
-        nbytes != t.bytes.size())
-      throw Error(where + std::to_string(t.bytes.size()) + " bytes do not match dtype " +
-                  dtype_name(t.dtype) + " and shape " + short_shape(t.shape));
-    specs.push_back({t.name, t.dtype, t.shape});
-  }
-  const std::string prefix = encode_header(path, specs, metadata);
+  for (const TensorView& t : tensors) specs.push_back({t.name, t.dtype, t.shape});
+  SafetensorsWriter w(path, std::move(specs), metadata);
+  for (const TensorView& t : tensors) w.append(t);
+  w.finish();
+}
 
-  check_output_path(path);  // never replace a folder, a FIFO or a device
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) throw Error(path + ": cannot create temporary file " + tmp + ": " + os_error(errno));
-  auto fail = [&](const char* what, int err, bool close_fd) {
-    if (close_fd) ::close(fd);
-    ::unlink(tmp.c_str());
-    throw Error(path + ": " + what + " " + tmp + ": " + os_error(err));
-  };
-  uint64_t total = prefix.size();
-  for (const TensorView& t : tensors) total += t.bytes.size();
-  std::vector<std::pair<const uint8_t*, size_t>> parts{{reinterpret_cast<const uint8_t*>(prefix.data()), prefix.size()}};
-  for (const TensorView& t : tensors) parts.emplace_back(t.bytes.data(), t.bytes.size());
-  int err = total >= kDirectWriteMin ? write_direct(fd, parts, total) : kDirectUnsupported;
-  if (err == kDirectUnsupported) {  // buffered, from the start
-    err = ::ftruncate(fd, 0) == 0 && ::lseek(fd, 0, SEEK_SET) == 0 ? 0 : errno;
-    for (const auto& [p, n] : parts)
-      if (!err) err = write_all(fd, p, n);
+// ---- SafetensorsWriter -----------------------------------------------------------------------------
+
+SafetensorsWriter::SafetensorsWriter(std::string path, std::vector<TensorSpec> specs, const std::map<std::string, std::string>& metadata)
+    : path_(std::move(path)), specs_(std::move(specs)) {
+  const std::string prefix = encode_header(path_, specs_, metadata);
+  total_ = prefix.size();
+  for (const TensorSpec& t : specs_) total_ += uint64_t(numel_of(t.shape, path_)) * dtype_size(t.dtype);
+  check_output_path(path_);  // never replace a folder, a FIFO or a device
+  tmp_ = path_ + ".tmp." + std::to_string(::getpid());
+  fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd_ < 0) throw Error(path_ + ": cannot create temporary file " + tmp_ + ": " + os_error(errno));
+  if (total_ >= kDirectWriteMin) {
+    const int flags = ::fcntl(fd_, F_GETFL);
+    direct_ = flags >= 0 && ::fcntl(fd_, F_SETFL, flags | O_DIRECT) == 0;
+    if (direct_) {
+      stage_.reset(static_cast<uint8_t*>(std::aligned_alloc(kDirectAlign, kDirectChunk)));
+      if (!stage_) fail("cannot allocate the staging buffer of " + tmp_, ENOMEM);
+    }
   }
-  if (err) fail("cannot write", err, true);
+  put(reinterpret_cast<const uint8_t*>(prefix.data()), prefix.size());
+}
+
+SafetensorsWriter::~SafetensorsWriter() {
+  if (fd_ >= 0) ::close(fd_);
+  if (!finished_) ::unlink(tmp_.c_str());
+}
+
+void SafetensorsWriter::fail(const std::string& what, int err) {
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
+  ::unlink(tmp_.c_str());
+  finished_ = true;  // nothing left to remove
+  throw Error(path_ + ": " + what + ": " + os_error(err));
+}
+
+// Whole staging chunks go out direct. The first write that the filesystem refuses with EINVAL (no
+// O_DIRECT on it, found before a byte was written) switches the file to the buffered route, the
+// staged bytes first: the file's bytes are the same on either route.
+void SafetensorsWriter::flush_stage(size_t n) {
+  size_t done = 0;
+  while (done < n) {
+    const ssize_t w = ::write(fd_, stage_.get() + done, n - done);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EINVAL && !wrote_) {
+        const int flags = ::fcntl(fd_, F_GETFL);
+        if (flags < 0 || ::fcntl(fd_, F_SETFL, flags & ~O_DIRECT) != 0) fail("cannot write " + tmp_, errno);
+        direct_ = false;
+        if (const int e = write_all(fd_, stage_.get(), fill_)) fail("cannot write " + tmp_, e);
+        fill_ = 0;
+        return;
+      }
+      fail("cannot write " + tmp_, errno);
+    }
+    wrote_ = true;
+    done += size_t(w);
+  }
+  fill_ = 0;
+}
+
+void SafetensorsWriter::put(const uint8_t* p, size_t n) {
+  if (!direct_) {
+    if (const int e = write_all(fd_, p, n)) fail("cannot write " + tmp_, e);
+    return;
+  }
+  while (n > 0 && direct_) {
+    const size_t take = std::min(n, kDirectChunk - fill_);
+    std::memcpy(stage_.get() + fill_, p, take);
+    fill_ += take;
+    p += take;
+    n -= take;
+    if (fill_ == kDirectChunk) flush_stage(fill_);
+  }
+  if (n > 0) put(p, n);  // switched to the buffered route
+}
+
+void SafetensorsWriter::append(const TensorView& t) {
+  if (next_ >= specs_.size()) throw Error(path_ + ": tensor '" + t.name + "': every tensor of the header is already written");
+  const TensorSpec& s = specs_[next_];
+  const std::string where = path_ + ": tensor '" + t.name + "': ";
+  if (t.name != s.name || t.dtype != s.dtype || t.shape != s.shape)
+    throw Error(where + "expected '" + s.name + "' " + dtype_name(s.dtype) + " " + short_shape(s.shape) + " next, got " +
+                dtype_name(t.dtype) + " " + short_shape(t.shape));
+  const uint64_t nbytes = uint64_t(numel_of(s.shape, where)) * dtype_size(s.dtype);
+  if (nbytes != t.bytes.size())
+    throw Error(where + std::to_string(t.bytes.size()) + " bytes do not match dtype " + dtype_name(t.dtype) + " and shape " +
+                short_shape(t.shape));
+  put(t.bytes.data(), t.bytes.size());
+  ++next_;
+}
+
+void SafetensorsWriter::finish() {
+  if (next_ != specs_.size())
+    throw Error(path_ + ": tensor '" + specs_[next_].name + "' of the header was never written");
+  if (direct_ && fill_ > 0) {  // the last chunk zero-padded to the alignment, the file then cut to its size
+    const size_t padded = (fill_ + kDirectAlign - 1) / kDirectAlign * kDirectAlign;
+    std::memset(stage_.get() + fill_, 0, padded - fill_);
+    flush_stage(padded);
+  }
+  if (direct_ && ::ftruncate(fd_, off_t(total_)) != 0) fail("cannot write " + tmp_, errno);
   // No fsync: the rename below is what makes a file appear whole or not at all to every reader
   // (no partial output), and a golden set's tensors are named with their SHA-256 in its manifest,
   // so a file torn by a power loss is refused on reading, never trusted (the command that wrote it
   // regenerates the same bytes). What fsync would add, the device flushing its cache before the
   // command returns, cost 0.13-0.17 s per 85 MB set on the 2-core EPYC VM (virtio disk, 350 MB/s):
   // a sixth of `golden`'s time at sq1024 hq16.
-  if (::close(fd) != 0) fail("cannot close", errno, false);
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    const int e = errno;
-    ::unlink(tmp.c_str());
-    throw Error(path + ": cannot rename " + tmp + " to it: " + os_error(e));
-  }
+  const int fd = fd_;
+  fd_ = -1;
+  if (::close(fd) != 0) fail("cannot close " + tmp_, errno);
+  if (::rename(tmp_.c_str(), path_.c_str()) != 0) fail("cannot rename " + tmp_ + " to it", errno);
+  finished_ = true;
 }
 
 // ---- hashes ------------------------------------------------------------------------------------

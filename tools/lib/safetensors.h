@@ -30,6 +30,7 @@
 #include <bit>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -198,6 +199,38 @@ constexpr uint64_t kDirectWriteMin = uint64_t(256) << 20;
 // valid UTF-8) and on any OS error (with strerror); the temporary file is removed on failure.
 void write_safetensors(const std::string& path, const std::vector<TensorView>& tensors,
                        const std::map<std::string, std::string>& metadata = {});
+
+// A safetensors file written as its tensors come: the header (every tensor's name, dtype and shape,
+// in file order) first, then each tensor appended in that order, then finish(). The bytes are
+// write_safetensors's for the same tensors, on the same route (direct past kDirectWriteMin). The file
+// is PATH.tmp.PID until finish() renames it; a writer destroyed unfinished (an exception) removes it.
+// Errors name `path`: the header's (encode_header), a tensor that is not the next one of the header
+// (name, dtype, shape) or whose bytes do not match them, one never appended, and any OS error.
+class SafetensorsWriter {
+ public:
+  SafetensorsWriter(std::string path, std::vector<TensorSpec> specs, const std::map<std::string, std::string>& metadata = {});
+  ~SafetensorsWriter();
+  SafetensorsWriter(const SafetensorsWriter&) = delete;
+  SafetensorsWriter& operator=(const SafetensorsWriter&) = delete;
+  void append(const TensorView& t);
+  void finish();
+
+ private:
+  struct Free {
+    void operator()(uint8_t* p) const { std::free(p); }
+  };
+  [[noreturn]] void fail(const std::string& what, int err);
+  void put(const uint8_t* p, size_t n);
+  void flush_stage(size_t n);
+  std::string path_, tmp_;
+  std::vector<TensorSpec> specs_;
+  uint64_t total_ = 0;      // the file's bytes
+  size_t next_ = 0;         // the next spec to append
+  int fd_ = -1;
+  bool direct_ = false, wrote_ = false, finished_ = false;
+  std::unique_ptr<uint8_t, Free> stage_;  // direct route: the aligned staging chunk
+  size_t fill_ = 0;
+};
 
 // SHA-256 fed piece by piece (OpenSSL EVP): update() in order, then hex() once.
 class Sha256 {

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <condition_variable>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -15,6 +16,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <mutex>
 #include <numeric>
 #include <sstream>
 #include <thread>
@@ -224,56 +226,205 @@ json publish(const Staging& s, json manifest) {
   }
 }
 
-json write(const std::string& dir, GoldenSet set, bool force) {
-  const Staging s = stage(dir, force, std::to_string(::getpid()));
-  try {
-    // 1. Tensors, then the manifest naming each with its SHA-256. The hashes (of the bytes in
-    // memory) are computed on a second thread while this one writes: the write is the kernel
-    // copying into the page cache, and the hashes would otherwise wait for it. The tensors are
-    // taken largest first from a shared counter, and this thread takes what is left once its write
-    // is done (at hq16 the write took 45 ms and the hashes 62 ms on the Zen 3 VM: the hasher
-    // alone finished last). Each tensor is hashed once, by either thread: the same hashes.
-    phases::begin("write (file; SHA-256 on a second thread)");
-    std::vector<std::string> hashes(set.tensors.size());
-    std::exception_ptr hash_error;
-    const std::vector<io::TensorView>& tensors = set.tensors;  // read only, by both threads
-    std::vector<size_t> order(tensors.size());
-    std::iota(order.begin(), order.end(), size_t{0});
-    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return tensors[a].bytes.size() > tensors[b].bytes.size(); });
-    std::atomic<size_t> next{0};
-    auto hash_rest = [&] {
-      for (size_t k; (k = next.fetch_add(1)) < order.size();)
-        hashes[order[k]] = io::sha256_hex(tensors[order[k]].bytes.data(), tensors[order[k]].bytes.size());
-    };
-    std::thread hasher([&] {
-      try {
-        hash_rest();
-      } catch (...) {
-        hash_error = std::current_exception();
-      }
-    });
+// ---- SetWriter -------------------------------------------------------------------------------------
+// Tensor i is handed over by add() (added), written by the writer thread (in order: the file is
+// sequential) and hashed by the hasher thread, or by the caller in finish(); its bytes are freed
+// once it is both written and hashed. Every field below is guarded by `m`, except that a view's
+// bytes are read (never written) outside it by the threads working on it.
+struct SetWriter::State {
+  Staging staging;
+  std::vector<Planned> plan;
+  uint64_t max_pending = 0;
+  std::unique_ptr<io::SafetensorsWriter> file;
+  std::mutex m;
+  std::condition_variable cv;
+  std::vector<io::TensorView> views;
+  std::vector<std::string> hashes;
+  std::vector<char> written, hashed;
+  size_t added = 0, next_write = 0, next_hash = 0;
+  uint64_t pending = 0;  // bytes added and not yet both written and hashed
+  bool closing = false, stop = false, finished = false;
+  std::exception_ptr error;
+  std::thread writer, hasher;
+
+  void done_with(size_t i) {  // under m
+    if (!written[i] || !hashed[i]) return;
+    pending -= views[i].bytes.size();
+    views[i].bytes = io::TensorBytes{};
+  }
+  void failed() {
+    std::lock_guard<std::mutex> lk(m);
+    if (!error) error = std::current_exception();
+    stop = true;
+    cv.notify_all();
+  }
+  void write_loop() {
     try {
-      io::write_safetensors((fs::path(s.tmp) / kTensorFile).string(), tensors, {{"format", "indexshare-golden"}});
-      hash_rest();
+      for (;;) {
+        size_t i;
+        {
+          std::unique_lock<std::mutex> lk(m);
+          cv.wait(lk, [&] { return stop || next_write < added || next_write == plan.size(); });
+          if (stop || next_write == plan.size()) return;
+          i = next_write;
+        }
+        file->append(views[i]);
+        std::lock_guard<std::mutex> lk(m);
+        written[i] = 1;
+        ++next_write;
+        done_with(i);
+        cv.notify_all();
+      }
     } catch (...) {
-      hasher.join();
-      throw;
+      failed();
     }
-    hasher.join();
-    if (hash_error) std::rethrow_exception(hash_error);
+  }
+  // Hashes the added tensors no one has taken; returns when stopped, or when every tensor is
+  // taken and `closing` (the hasher thread: until then it waits for more).
+  void hash_loop() {
+    try {
+      for (;;) {
+        size_t i;
+        {
+          std::unique_lock<std::mutex> lk(m);
+          cv.wait(lk, [&] { return stop || next_hash < added || closing; });
+          if (stop || next_hash >= added) return;
+          i = next_hash++;
+        }
+        std::string h = io::sha256_hex(views[i].bytes.data(), views[i].bytes.size());
+        std::lock_guard<std::mutex> lk(m);
+        hashes[i] = std::move(h);
+        hashed[i] = 1;
+        done_with(i);
+        cv.notify_all();
+      }
+    } catch (...) {
+      failed();
+    }
+  }
+  void halt() noexcept {
+    {
+      std::lock_guard<std::mutex> lk(m);
+      stop = true;
+      cv.notify_all();
+    }
+    if (writer.joinable()) writer.join();
+    if (hasher.joinable()) hasher.join();
+  }
+};
+
+SetWriter::SetWriter(const std::string& dir, bool force, std::vector<Planned> plan, uint64_t max_pending)
+    : s_(std::make_unique<State>()) {
+  State& s = *s_;
+  s.plan = std::move(plan);
+  s.max_pending = max_pending;
+  s.views.resize(s.plan.size());
+  s.hashes.resize(s.plan.size());
+  s.written.assign(s.plan.size(), 0);
+  s.hashed.assign(s.plan.size(), 0);
+  s.staging = stage(dir, force, std::to_string(::getpid()));
+  try {
     std::vector<io::TensorSpec> specs;
-    for (const io::TensorView& v : set.tensors) specs.push_back({v.name, v.dtype, v.shape});
-    set.manifest["tensors"] = tensor_list(specs, hashes, set.roles);
-  } catch (const fs::filesystem_error& e) {
-    discard(s);
-    throw Error(dir + ": cannot publish the golden set: " + e.what());
+    for (const Planned& p : s.plan) specs.push_back(p.spec);
+    s.file = std::make_unique<io::SafetensorsWriter>((fs::path(s.staging.tmp) / kTensorFile).string(), std::move(specs),
+                                                     std::map<std::string, std::string>{{"format", "indexshare-golden"}});
+    s.writer = std::thread([&s] { s.write_loop(); });
+    s.hasher = std::thread([&s] { s.hash_loop(); });
   } catch (...) {
-    discard(s);
+    s.halt();
+    s.file.reset();
+    discard(s.staging);
     throw;
   }
-  // 2. The manifest and one rename.
+}
+
+SetWriter::~SetWriter() {
+  if (!s_ || s_->finished) return;
+  s_->halt();
+  s_->file.reset();  // removes its temporary file
+  discard(s_->staging);
+}
+
+void SetWriter::add(io::TensorView v, Role role) {
+  State& s = *s_;
+  std::unique_lock<std::mutex> lk(s.m);
+  if (s.error) std::rethrow_exception(s.error);
+  require(!s.closing, "golden: tensor '" + v.name + "' handed over after finish()");
+  const size_t i = s.added;
+  const std::string where = s.staging.dir + ": tensor '" + v.name + "': ";
+  require(i < s.plan.size(), where + "beyond the " + std::to_string(s.plan.size()) + " planned tensors");
+  const Planned& p = s.plan[i];
+  require(v.name == p.spec.name && v.dtype == p.spec.dtype && v.shape == p.spec.shape && role == p.role,
+          where + io::dtype_name(v.dtype) + " " + shape_str(v.shape) + " " + role_name(role) + " where the plan has '" +
+              p.spec.name + "' " + io::dtype_name(p.spec.dtype) + " " + shape_str(p.spec.shape) + " " + role_name(p.role));
+  s.cv.wait(lk, [&] { return s.stop || s.max_pending == 0 || s.pending == 0 || s.pending + v.bytes.size() <= s.max_pending; });
+  if (s.error) std::rethrow_exception(s.error);
+  s.pending += v.bytes.size();
+  s.views[i] = std::move(v);
+  ++s.added;
+  s.cv.notify_all();
+}
+
+json SetWriter::finish(json manifest) {
+  State& s = *s_;
+  try {
+    phases::begin("write (file; SHA-256 on two more threads)");
+    {
+      std::lock_guard<std::mutex> lk(s.m);
+      if (s.error) std::rethrow_exception(s.error);
+      require(s.added == s.plan.size(), s.staging.dir + ": tensor '" + s.plan[std::min(s.added, s.plan.size() - 1)].spec.name +
+                                            "' was never handed over");
+      s.closing = true;
+      s.cv.notify_all();
+    }
+    s.hash_loop();  // this thread hashes beside the hasher
+    if (s.writer.joinable()) s.writer.join();
+    if (s.hasher.joinable()) s.hasher.join();
+    if (s.error) std::rethrow_exception(s.error);
+    s.file->finish();
+    std::vector<io::TensorSpec> specs;
+    std::map<std::string, Role> roles;
+    for (const Planned& p : s.plan) specs.push_back(p.spec), roles[p.spec.name] = p.role;
+    manifest["tensors"] = tensor_list(specs, s.hashes, roles);
+  } catch (const fs::filesystem_error& e) {
+    throw Error(s.staging.dir + ": cannot publish the golden set: " + e.what());
+  }
+  s.finished = true;  // publish discards the staging itself on failure
   phases::begin("publish (manifest, rename)");
-  return publish(s, std::move(set.manifest));
+  return publish(s.staging, std::move(manifest));
+}
+
+std::vector<SetWriter::Planned> plan_of(const GoldenSet& set) {
+  std::vector<SetWriter::Planned> plan;
+  plan.reserve(set.tensors.size());
+  for (const io::TensorView& v : set.tensors) plan.push_back({{v.name, v.dtype, v.shape}, set.roles.at(v.name)});
+  return plan;
+}
+
+uint64_t layer_bytes(const std::vector<SetWriter::Planned>& plan) {
+  std::map<std::string, uint64_t> layers;
+  for (const SetWriter::Planned& p : plan) {
+    const std::string& n = p.spec.name;
+    const size_t dot = n.rfind("layers.", 0) == 0 ? n.find('.', 7) : std::string::npos;
+    if (dot != std::string::npos)
+      layers[n.substr(0, dot)] += uint64_t(shape_numel(p.spec.shape)) * io::dtype_size(p.spec.dtype);
+  }
+  uint64_t most = 0;
+  for (const auto& [name, bytes] : layers) most = std::max(most, bytes);
+  return most;
+}
+
+json write(const std::string& dir, GoldenSet set, bool force) {
+  // The tensors are all in memory: handed over at once, written on one thread and hashed on two
+  // (the writer's hasher and this one), so the hashes do not wait for the kernel's copy into the
+  // page cache (at hq16 the write took 45 ms and the hashes 62 ms on the Zen 3 VM).
+  SetWriter w(dir, force, plan_of(set));
+  for (io::TensorView& v : set.tensors) {
+    const Role r = set.roles.at(v.name);
+    w.add(std::move(v), r);
+  }
+  set.tensors.clear();
+  return w.finish(std::move(set.manifest));
 }
 
 }  // namespace indexshare::golden
