@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -719,4 +720,34 @@ TEST_CASE("golden: SetWriter refuses a tensor that is not its plan's next, and o
   const io::SafetensorsFile f = io::read_safetensors(dir + "/tensors.safetensors");
   CHECK(io::as_tensor<float>(f.get("b"), dir).data == Tensor<float>({3}, 2.f).data);
   fs::remove_all(dir);
+
+  // A tensor made by its fill, over more than one 8 MiB piece (300 rows of 32 KiB: 256 + 44 rows):
+  // the bytes and the manifest's hash are those of the same tensor handed whole.
+  Tensor<float> whole({300, 8192});
+  for (int64_t i = 0; i < whole.numel(); ++i) whole[i] = float(i % 9973) * 0.5f;
+  const std::vector<golden::SetWriter::Planned> made_plan = {{{"a", io::DType::F32, {2}}, golden::Role::input},
+                                                             {{"m", io::DType::F32, {300, 8192}}, golden::Role::output}};
+  int calls = 0;
+  {
+    golden::SetWriter w(dir, true, made_plan, 8);
+    w.add("a", Tensor<float>({2}, 1.f), golden::Role::input);
+    w.add(golden::Handed{io::TensorView{"m", io::DType::F32, {300, 8192}, {}}, golden::Role::output,
+                         [&](int64_t first, int64_t n, uint8_t* dst) {
+                           ++calls;
+                           std::memcpy(dst, whole.ptr() + first * 8192, size_t(n) * 8192 * sizeof(float));
+                         }});
+    (void)w.finish(nlohmann::json{{"format_version", golden::kFormatVersion}});
+  }
+  CHECK(calls == 2);
+  const std::string plain = tmp("plan-whole");
+  {
+    golden::SetWriter w(plain, true, made_plan);
+    w.add("a", Tensor<float>({2}, 1.f), golden::Role::input);
+    w.add("m", Tensor<float>(whole), golden::Role::output);
+    (void)w.finish(nlohmann::json{{"format_version", golden::kFormatVersion}});
+  }
+  CHECK(testing::file_bytes(dir + "/tensors.safetensors") == testing::file_bytes(plain + "/tensors.safetensors"));
+  CHECK(testing::file_bytes(dir + "/manifest.json") == testing::file_bytes(plain + "/manifest.json"));
+  fs::remove_all(dir);
+  fs::remove_all(plain);
 }

@@ -27,19 +27,31 @@ std::vector<float> inv_freq(const RopeParams& r) {
                 : rope_inv_freq(r.rope_dim, r.theta);
 }
 
+void rope_cos_sin(int64_t pos, const std::vector<float>& inv_freq, float* c, float* s) {
+  require(pos >= 0, "rope_cos_sin: pos must be >= 0, got " + std::to_string(pos));
+  const float pos_f = float(pos);
+  for (size_t j = 0; j < inv_freq.size(); ++j) {
+    const float angle = pos_f * inv_freq[j];
+    c[j] = float(std::cos(double(angle)));
+    s[j] = float(std::sin(double(angle)));
+  }
+}
+
+void apply_rope_inverse(float* x, int rope_dim, const float* c, const float* s) {
+  for (int j = 0; j < rope_dim / 2; ++j) {
+    const float a = x[2 * j], b = x[2 * j + 1];
+    x[2 * j] = a * c[j] + b * s[j];
+    x[2 * j + 1] = b * c[j] - a * s[j];
+  }
+}
+
 void apply_rope_inverse(float* x, int rope_dim, int64_t pos, const std::vector<float>& inv_freq) {
   require(rope_dim >= 2 && rope_dim % 2 == 0, "apply_rope_inverse: rope_dim must be even and >= 2");
   require(int64_t(inv_freq.size()) == rope_dim / 2, "apply_rope_inverse: inv_freq must have rope_dim/2 entries");
   require(pos >= 0, "apply_rope_inverse: pos must be >= 0, got " + std::to_string(pos));
-  const float pos_f = float(pos);
-  for (int j = 0; j < rope_dim / 2; ++j) {
-    const float angle = pos_f * inv_freq[size_t(j)];
-    const float c = float(std::cos(double(angle)));
-    const float s = float(std::sin(double(angle)));
-    const float a = x[2 * j], b = x[2 * j + 1];
-    x[2 * j] = a * c + b * s;
-    x[2 * j + 1] = b * c - a * s;
-  }
+  std::vector<float> c(inv_freq.size()), s(inv_freq.size());
+  rope_cos_sin(pos, inv_freq, c.data(), s.data());
+  apply_rope_inverse(x, rope_dim, c.data(), s.data());
 }
 
 std::string rounding_name(CompressorRounding r) { return r == CompressorRounding::f32 ? "f32" : "hf_bf16"; }

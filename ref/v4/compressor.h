@@ -82,6 +82,10 @@ std::vector<float> inv_freq(const RopeParams& r);
 //   a' = a * c + b * s ;  b' = b * c - a * s         (f32 products and sums, no FMA)
 // apply_rope then apply_rope_inverse at the same position is the identity up to rounding.
 void apply_rope_inverse(float* x, int rope_dim, int64_t pos, const std::vector<float>& inv_freq);
+// The same rotation in two steps, for many vectors at one position (every head of a row): c[j] and
+// s[j] (inv_freq.size() each) as above, then the rotation with them; the bits are the one-call form's.
+void rope_cos_sin(int64_t pos, const std::vector<float>& inv_freq, float* c, float* s);
+void apply_rope_inverse(float* x, int rope_dim, const float* c, const float* s);
 
 enum class CompressorRounding { f32, hf_bf16 };
 std::string rounding_name(CompressorRounding r);            // "f32" / "hf_bf16"

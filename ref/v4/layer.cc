@@ -219,9 +219,11 @@ void attend(const Config& cfg, LayerType type, const Tensor<bf16_t>& q, const Te
   // 4. The inverse RoPE at the query position on the output's trailing rope_dim channels (f32).
   const RopeParams& rope = type == LayerType::sliding ? cfg.main_rope : cfg.compress_rope;
   const std::vector<float> freq = inv_freq(rope);
-  for (int64_t t = 0; t < T; ++t)
-    for (int64_t h = 0; h < cfg.n_heads; ++h)
-      apply_rope_inverse(&out.attn.out.at(t, h, D - rope.rope_dim), rope.rope_dim, t, freq);
+  std::vector<float> c(freq.size()), s(freq.size());
+  for (int64_t t = 0; t < T; ++t) {
+    rope_cos_sin(t, freq, c.data(), s.data());  // one row's angles, for all its heads
+    for (int64_t h = 0; h < cfg.n_heads; ++h) apply_rope_inverse(&out.attn.out.at(t, h, D - rope.rope_dim), rope.rope_dim, c.data(), s.data());
+  }
   for (int64_t i = 0; i < out.attn.out.numel(); ++i) out.attn.out_bf16[i] = f32_to_bf16(out.attn.out[i]);
 }
 

@@ -81,7 +81,7 @@ int bench_kpool(const BenchArgs& a) {
       a,
       {{"run", [&] { (void)ref::kpool::run_kpool_stack(spec.cfg, stack, kern); }},
        {"golden", [&] { golden::write_kpool(tmp.dir, false, spec, replay, Impl::simd); }},
-       {"build", [&] { (void)golden::emit_kpool(spec, replay, Impl::simd, nullptr, [](io::TensorView, golden::Role) {}); }}},
+       {"build", [&] { (void)golden::emit_kpool(spec, replay, Impl::simd, nullptr, [](golden::Handed) {}); }}},
       tmp.dir);
   const double peak = std::max(peak0, simd::fma_peak_gflops(threads));
   std::printf("\n%-8s %10s %10s %8s %s\n", "part", "wall s", "GFLOP/s", "samples", "share of the FMA peak");

@@ -223,6 +223,20 @@ std::string model_replay(const ModelSpec& spec);
 // Returns the manifest as written (with its "tensors" list).
 nlohmann::json write(const std::string& dir, GoldenSet set, bool force);
 
+// A tensor as a builder hands it over: its view and role, or, with `fill`, a tensor made where it
+// is consumed instead of held (the view's bytes empty): fill(first, n, dst) writes rows
+// [first, first + n) of it (a row: its slice along the first dimension) to dst. A derived output
+// (V4's attn.out_rotated from attn.out) is made chunk by chunk on a SetWriter's writer thread.
+using FillRows = std::function<void(int64_t first, int64_t n, uint8_t* dst)>;
+struct Handed {
+  io::TensorView view;
+  Role role = Role::output;
+  FillRows fill;
+};
+// The bytes of a handed tensor in order, to `piece`: the view's, or fill's about 8 MiB of whole
+// rows at a time (never the whole tensor at once).
+void for_each_piece(const io::TensorView& view, const FillRows& fill, const std::function<void(const uint8_t* p, size_t n)>& piece);
+
 // A golden set written while it is computed (write() is one): the plan (every tensor's name, dtype,
 // shape and role, in file order) first, so the tensor file's header goes first; then each tensor
 // handed over with add(), in plan order, while the caller computes the next; then finish(manifest).
@@ -244,6 +258,8 @@ class SetWriter {
   SetWriter(const SetWriter&) = delete;
   SetWriter& operator=(const SetWriter&) = delete;
   void add(io::TensorView v, Role role);
+  // A tensor with `fill`: made, hashed and written on the writer thread (it counts no bytes in flight).
+  void add(Handed h);
   template <class T>
   void add(const std::string& name, Tensor<T> t, Role role) {
     add(io::make_view(name, std::move(t)), role);
@@ -260,9 +276,11 @@ std::vector<SetWriter::Planned> plan_of(const GoldenSet& set);
 // writer fed layer by layer, so that the next layer computes while one is written and hashed,
 // and memory holds at most two layers' tensors.
 uint64_t layer_bytes(const std::vector<SetWriter::Planned>& plan);
-// Where a builder hands each tensor as soon as it is final: a GoldenSet collecting them, or a
-// SetWriter writing them (build_v4 / write_v4, build_kpool / write_kpool).
-using PutTensor = std::function<void(io::TensorView, Role)>;
+// Where a builder hands each tensor as soon as it is final: a GoldenSet collecting them (collect:
+// a tensor with `fill` made there), or a SetWriter writing them (build_v4 / write_v4, build_kpool /
+// write_kpool).
+using PutTensor = std::function<void(Handed)>;
+PutTensor collect(GoldenSet& g);
 
 // write() in its steps, for writers that fill the tensor file themselves (tools/lib/distributed.cc):
 // stage checks `dir` (the rules of write) and creates the temporary folder `<dir>.tmp.<tag>`

@@ -188,7 +188,7 @@ struct TensorSink {
   const PutTensor& put;
   template <class E>
   void add(const std::string& name, Tensor<E> t, Role role) const {
-    put(io::make_view(name, std::move(t)), role);
+    put(Handed{io::make_view(name, std::move(t)), role, nullptr});
   }
 };
 }  // namespace
@@ -265,10 +265,7 @@ json emit_kpool(const KpoolSpec& s, const std::string& replay, Impl impl, std::v
 
 GoldenSet build_kpool(const KpoolSpec& s, const std::string& replay, Impl impl, std::vector<ref::kpool::KpoolLayerInputs>* given) {
   GoldenSet g;
-  g.manifest = emit_kpool(s, replay, impl, given, [&g](io::TensorView v, Role r) {
-    g.roles[v.name] = r;
-    g.tensors.push_back(std::move(v));
-  });
+  g.manifest = emit_kpool(s, replay, impl, given, collect(g));
   return g;
 }
 
@@ -467,7 +464,7 @@ json write_kpool(const std::string& dir, bool force, const KpoolSpec& s, const s
   s.cfg.validate();
   const std::vector<SetWriter::Planned> plan = kpool_plan(s);
   SetWriter w(dir, force, plan, layer_bytes(plan));
-  json manifest = emit_kpool(s, replay, impl, given, [&w](io::TensorView v, Role r) { w.add(std::move(v), r); });
+  json manifest = emit_kpool(s, replay, impl, given, [&w](Handed h) { w.add(std::move(h)); });
   if (!inputs_note.empty()) manifest["conventions"]["inputs"] = inputs_note;
   return w.finish(std::move(manifest));
 }

@@ -193,7 +193,7 @@ V4LayerResult compute_v4_layer(const ref::v4::Config& cfg, const ref::v4::Schedu
                                std::vector<Tensor<int32_t>>& blocks, const ref::Kernels& kern, bool keep_unrotated) {
   const LayerType t = sch.types[l];
   const bool own = t == LayerType::csa && sch.full(l);
-  const int64_t T = cfg.n_tokens, D = cfg.head_dim, H = cfg.n_heads;
+  const int64_t T = cfg.n_tokens, D = cfg.head_dim;
   V4LayerResult r;
   if (t != LayerType::sliding)
     r.entries = kern.v4_compress(in.comp_kv, in.comp_gate, in.comp_bias, in.comp_norm, ref::v4::compressor_params(cfg, t));
@@ -210,18 +210,31 @@ V4LayerResult compute_v4_layer(const ref::v4::Config& cfg, const ref::v4::Schedu
   std::copy(in.kv.data.begin(), in.kv.data.end(), r.kv_full.data.begin());
   for (int64_t i = 0; i < n_c * D; ++i) r.kv_full[T * D + i] = f32_to_bf16(r.entries[i]);
   r.attn = kern.sparse_attention(in.q, r.kv_full, r.indices, cfg.sm_scale(), D, nullptr, &in.sink);
-  if (keep_unrotated) {
-    r.rotated = r.attn.out;
-  } else {  // attn.out becomes attn.out_rotated in place; its bf16 copy goes
+  if (!keep_unrotated) {  // attn.out becomes attn.out_rotated in place; its bf16 copy goes
     r.rotated = std::move(r.attn.out);
     r.attn.out = {};
     r.attn.out_bf16 = {};
+    const float* out = r.rotated.ptr();
+    rotate_v4_rows(cfg, t, out, 0, T, r.rotated.ptr(), true);
   }
-  const ref::v4::RopeParams& rope = t == LayerType::sliding ? cfg.main_rope : cfg.compress_rope;
-  const std::vector<float> freq = ref::v4::inv_freq(rope);
-  for (int64_t row = 0; row < T; ++row)
-    for (int64_t h = 0; h < H; ++h) ref::v4::apply_rope_inverse(&r.rotated.at(row, h, D - rope.rope_dim), rope.rope_dim, row, freq);
   return r;
+}
+
+// Rows are independent: the same bits on any thread count. Each row's angles are computed once,
+// for all its heads.
+void rotate_v4_rows(const ref::v4::Config& cfg, LayerType type, const float* out, int64_t first, int64_t n, float* dst, bool parallel) {
+  const int64_t H = cfg.n_heads, D = cfg.head_dim;
+  const ref::v4::RopeParams& rope = type == LayerType::sliding ? cfg.main_rope : cfg.compress_rope;
+  const std::vector<float> freq = ref::v4::inv_freq(rope);
+  const int rd = rope.rope_dim;
+#pragma omp parallel for schedule(static) if (parallel && n >= 64)
+  for (int64_t i = 0; i < n; ++i) {
+    std::vector<float> c(freq.size()), s(freq.size());
+    ref::v4::rope_cos_sin(first + i, freq, c.data(), s.data());
+    float* row = dst + i * H * D;
+    if (out + (first + i) * H * D != row) std::copy_n(out + (first + i) * H * D, H * D, row);
+    for (int64_t h = 0; h < H; ++h) ref::v4::apply_rope_inverse(row + h * D + D - rd, rd, c.data(), s.data());
+  }
 }
 
 std::string v4_replay(const V4Spec& s, Impl impl) {
@@ -233,7 +246,7 @@ struct TensorSink {
   const PutTensor& put;
   template <class E>
   void add(const std::string& name, Tensor<E> t, Role role) const {
-    put(io::make_view(name, std::move(t)), role);
+    put(Handed{io::make_view(name, std::move(t)), role, nullptr});
   }
 };
 }  // namespace
@@ -251,7 +264,7 @@ json emit_v4(const V4Spec& s, const std::string& replay, Impl impl, std::vector<
     const bool own = t == LayerType::csa && sch.full(l);
     const std::string pre = "layers." + std::to_string(l) + ".";
     ref::v4::LayerInputs in = given ? std::move(given->at(l)) : ref::v4::make_layer_inputs(cfg, int(l), t, own, kern);
-    V4LayerResult r = compute_v4_layer(cfg, sch, l, in, blocks, kern);
+    V4LayerResult r = compute_v4_layer(cfg, sch, l, in, blocks, kern, true);
     const int64_t n_c = r.entries.numel() ? r.entries.dim(0) : 0;
     g.add(pre + "attn.q", std::move(in.q), Role::input);
     g.add(pre + "attn.kv", std::move(r.kv_full), Role::input);
@@ -277,9 +290,17 @@ json emit_v4(const V4Spec& s, const std::string& replay, Impl impl, std::vector<
       g.add(pre + "indexer.scores", std::move(r.scores), Role::output);
     }
     if (t == LayerType::csa) g.add(pre + "indexer.blocks", Tensor<int32_t>(blocks[l]), Role::output);
-    g.add(pre + "attn.out", std::move(r.attn.out), Role::output);
+    // attn.out_rotated is made from attn.out where it is consumed (a writer makes it a chunk of rows
+    // at a time), never held beside it: the view keeps attn.out's bytes alive until then.
+    io::TensorView out = io::make_view(pre + "attn.out", std::move(r.attn.out));
+    const io::TensorBytes out_bytes = out.bytes;
+    put(Handed{std::move(out), Role::output, nullptr});
     g.add(pre + "attn.out_bf16", std::move(r.attn.out_bf16), Role::output);
-    g.add(pre + "attn.out_rotated", std::move(r.rotated), Role::output);
+    put(Handed{io::TensorView{pre + "attn.out_rotated", io::DType::F32, {T, H, D}, {}}, Role::output,
+               [&cfg, t, out_bytes](int64_t first, int64_t n, uint8_t* dst) {
+                 // on the consumer's thread (a writer's), beside the layers computing on OpenMP's
+                 rotate_v4_rows(cfg, t, reinterpret_cast<const float*>(out_bytes.data()), first, n, reinterpret_cast<float*>(dst), false);
+               }});
     g.add(pre + "attn.lse", std::move(r.attn.lse), Role::output);
     g.add(pre + "attn.max_logits", std::move(r.attn.max_logits), Role::output);
     layers.push_back({{"index", l}, {"type", std::string(1, ref::v4::layer_type_char(t))}, {"type_name", ref::v4::layer_type_name(t)},
@@ -307,10 +328,7 @@ json emit_v4(const V4Spec& s, const std::string& replay, Impl impl, std::vector<
 GoldenSet build_v4(const V4Spec& s, const std::string& replay, Impl impl, std::vector<ref::v4::LayerInputs>* given) {
   s.cfg.validate();
   GoldenSet g;
-  g.manifest = emit_v4(s, replay, impl, given, [&g](io::TensorView v, Role r) {
-    g.roles[v.name] = r;
-    g.tensors.push_back(std::move(v));
-  });
+  g.manifest = emit_v4(s, replay, impl, given, collect(g));
   return g;
 }
 
@@ -588,7 +606,7 @@ json write_v4(const std::string& dir, bool force, const V4Spec& s, const std::st
   s.cfg.validate();
   const std::vector<SetWriter::Planned> plan = v4_plan(s);
   SetWriter w(dir, force, plan, layer_bytes(plan));
-  json manifest = emit_v4(s, replay, impl, given, [&w](io::TensorView v, Role r) { w.add(std::move(v), r); });
+  json manifest = emit_v4(s, replay, impl, given, [&w](Handed h) { w.add(std::move(h)); });
   if (!inputs_note.empty()) manifest["conventions"]["inputs"] = inputs_note;
   return w.finish(std::move(manifest));
 }

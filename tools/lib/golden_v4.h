@@ -84,13 +84,20 @@ std::vector<SetWriter::Planned> v4_plan(const V4Spec& s);
 // One layer l of a v4 stack as the set records it (golden's and run's step): the compressor's
 // entries, a Full C4A layer's indexer entries, scores and blocks (stored in blocks[l]; a Shared C4A
 // layer copies blocks[source]), the attention indices, kv_full, the attention and attn.out_rotated
-// (keep_unrotated false: attn.out is rotated in place, and attn.out and out_bf16 are left empty).
+// (keep_unrotated false: attn.out is rotated in place, and attn.out and out_bf16 are left empty;
+// true: attn.out is kept and `rotated` left empty, for the caller to make with rotate_v4_rows).
 struct V4LayerResult {
   Tensor<float> entries, index_entries, scores, rotated;
   Tensor<int32_t> indices;
   Tensor<bf16_t> kv_full;
   ref::AttentionOut attn;
 };
+// Rows [first, first + n) of attn.out_rotated: out's rows (the whole [T, H, D] attn.out of a layer
+// of type `type`) copied to dst (n rows) and rotated back (ref::v4::apply_rope_inverse at each row's
+// position on the trailing rope_dim channels); dst may be out + first * H * D (in place). parallel:
+// OpenMP over the rows (the same bits either way).
+void rotate_v4_rows(const ref::v4::Config& cfg, ref::v4::LayerType type, const float* out, int64_t first, int64_t n, float* dst,
+                    bool parallel);
 V4LayerResult compute_v4_layer(const ref::v4::Config& cfg, const ref::v4::Schedule& sch, size_t l, const ref::v4::LayerInputs& in,
                                std::vector<Tensor<int32_t>>& blocks, const ref::Kernels& kern, bool keep_unrotated = true);
 

@@ -638,18 +638,37 @@ void SafetensorsWriter::put(const uint8_t* p, size_t n) {
   if (n > 0) put(p, n);  // switched to the buffered route
 }
 
-void SafetensorsWriter::append(const TensorView& t) {
-  if (next_ >= specs_.size()) throw Error(path_ + ": tensor '" + t.name + "': every tensor of the header is already written");
+void SafetensorsWriter::expect_next(const std::string& name, DType dtype, const Shape& shape) {
+  if (next_ >= specs_.size()) throw Error(path_ + ": tensor '" + name + "': every tensor of the header is already written");
   const TensorSpec& s = specs_[next_];
+  if (name != s.name || dtype != s.dtype || shape != s.shape)
+    throw Error(path_ + ": tensor '" + name + "': expected '" + s.name + "' " + dtype_name(s.dtype) + " " + short_shape(s.shape) +
+                " next, got " + dtype_name(dtype) + " " + short_shape(shape));
+}
+
+void SafetensorsWriter::append(const TensorView& t) {
+  expect_next(t.name, t.dtype, t.shape);
   const std::string where = path_ + ": tensor '" + t.name + "': ";
-  if (t.name != s.name || t.dtype != s.dtype || t.shape != s.shape)
-    throw Error(where + "expected '" + s.name + "' " + dtype_name(s.dtype) + " " + short_shape(s.shape) + " next, got " +
-                dtype_name(t.dtype) + " " + short_shape(t.shape));
-  const uint64_t nbytes = uint64_t(numel_of(s.shape, where)) * dtype_size(s.dtype);
+  const uint64_t nbytes = uint64_t(numel_of(t.shape, where)) * dtype_size(t.dtype);
   if (nbytes != t.bytes.size())
     throw Error(where + std::to_string(t.bytes.size()) + " bytes do not match dtype " + dtype_name(t.dtype) + " and shape " +
                 short_shape(t.shape));
   put(t.bytes.data(), t.bytes.size());
+  ++next_;
+}
+
+void SafetensorsWriter::append(const TensorSpec& spec, const std::function<void(const Piece& put)>& produce) {
+  expect_next(spec.name, spec.dtype, spec.shape);
+  const std::string where = path_ + ": tensor '" + spec.name + "': ";
+  const uint64_t nbytes = uint64_t(numel_of(spec.shape, where)) * dtype_size(spec.dtype);
+  uint64_t got = 0;
+  produce([&](const uint8_t* p, size_t n) {
+    if (got + n > nbytes) throw Error(where + "more bytes than its dtype and shape hold (" + std::to_string(nbytes) + ")");
+    put(p, n);
+    got += n;
+  });
+  if (got != nbytes)
+    throw Error(where + std::to_string(got) + " bytes do not match dtype " + dtype_name(spec.dtype) + " and shape " + short_shape(spec.shape));
   ++next_;
 }
 

@@ -32,6 +32,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -213,9 +214,14 @@ class SafetensorsWriter {
   SafetensorsWriter(const SafetensorsWriter&) = delete;
   SafetensorsWriter& operator=(const SafetensorsWriter&) = delete;
   void append(const TensorView& t);
+  // The next tensor, `spec`, from pieces: produce(put) calls put(p, n) in order with its bytes,
+  // which must total the spec's byte count (a tensor made while it is written, never held whole).
+  using Piece = std::function<void(const uint8_t* p, size_t n)>;
+  void append(const TensorSpec& spec, const std::function<void(const Piece& put)>& produce);
   void finish();
 
  private:
+  void expect_next(const std::string& name, DType dtype, const Shape& shape);
   struct Free {
     void operator()(uint8_t* p) const { std::free(p); }
   };

@@ -239,6 +239,8 @@ struct SetWriter::State {
   std::mutex m;
   std::condition_variable cv;
   std::vector<io::TensorView> views;
+  std::vector<FillRows> fills;     // cleared once made
+  std::vector<char> made;           // tensors with a fill: made and hashed by the writer  // set: made on the writer thread
   std::vector<std::string> hashes;
   std::vector<char> written, hashed;
   size_t added = 0, next_write = 0, next_hash = 0;
@@ -268,8 +270,18 @@ struct SetWriter::State {
           if (stop || next_write == plan.size()) return;
           i = next_write;
         }
-        file->append(views[i]);
+        std::string made_hash;
+        if (fills[i]) {
+          made_hash = make(i);
+        } else {
+          file->append(views[i]);
+        }
         std::lock_guard<std::mutex> lk(m);
+        if (fills[i]) {
+          hashes[i] = std::move(made_hash);
+          hashed[i] = 1;
+          fills[i] = nullptr;  // releases what it holds (its source's bytes)
+        }
         written[i] = 1;
         ++next_write;
         done_with(i);
@@ -278,6 +290,18 @@ struct SetWriter::State {
     } catch (...) {
       failed();
     }
+  }
+  // Tensor i made by its fill a piece at a time, each piece hashed and written; returns its SHA-256.
+  std::string make(size_t i) {
+    const io::TensorView& v = views[i];
+    io::Sha256 sha;
+    file->append({v.name, v.dtype, v.shape}, [&](const io::SafetensorsWriter::Piece& put) {
+      for_each_piece(v, fills[i], [&](const uint8_t* p, size_t n) {
+        sha.update(p, n);
+        put(p, n);
+      });
+    });
+    return sha.hex();
   }
   // Hashes the added tensors no one has taken; returns when stopped, or when every tensor is
   // taken and `closing` (the hasher thread: until then it waits for more).
@@ -290,6 +314,7 @@ struct SetWriter::State {
           cv.wait(lk, [&] { return stop || next_hash < added || closing; });
           if (stop || next_hash >= added) return;
           i = next_hash++;
+          if (made[i]) continue;  // made and hashed by the writer
         }
         std::string h = io::sha256_hex(views[i].bytes.data(), views[i].bytes.size());
         std::lock_guard<std::mutex> lk(m);
@@ -319,6 +344,8 @@ SetWriter::SetWriter(const std::string& dir, bool force, std::vector<Planned> pl
   s.plan = std::move(plan);
   s.max_pending = max_pending;
   s.views.resize(s.plan.size());
+  s.fills.resize(s.plan.size());
+  s.made.assign(s.plan.size(), 0);
   s.hashes.resize(s.plan.size());
   s.written.assign(s.plan.size(), 0);
   s.hashed.assign(s.plan.size(), 0);
@@ -345,7 +372,11 @@ SetWriter::~SetWriter() {
   discard(s_->staging);
 }
 
-void SetWriter::add(io::TensorView v, Role role) {
+void SetWriter::add(io::TensorView v, Role role) { add(Handed{std::move(v), role, nullptr}); }
+
+void SetWriter::add(Handed h) {
+  io::TensorView& v = h.view;
+  const Role role = h.role;
   State& s = *s_;
   std::unique_lock<std::mutex> lk(s.m);
   if (s.error) std::rethrow_exception(s.error);
@@ -361,6 +392,8 @@ void SetWriter::add(io::TensorView v, Role role) {
   if (s.error) std::rethrow_exception(s.error);
   s.pending += v.bytes.size();
   s.views[i] = std::move(v);
+  s.made[i] = h.fill ? 1 : 0;
+  s.fills[i] = std::move(h.fill);
   ++s.added;
   s.cv.notify_all();
 }
@@ -399,6 +432,36 @@ std::vector<SetWriter::Planned> plan_of(const GoldenSet& set) {
   plan.reserve(set.tensors.size());
   for (const io::TensorView& v : set.tensors) plan.push_back({{v.name, v.dtype, v.shape}, set.roles.at(v.name)});
   return plan;
+}
+
+void for_each_piece(const io::TensorView& v, const FillRows& fill, const std::function<void(const uint8_t* p, size_t n)>& piece) {
+  if (!fill) {
+    piece(v.bytes.data(), v.bytes.size());
+    return;
+  }
+  const int64_t rows = v.shape.empty() ? 1 : v.shape[0];
+  if (rows <= 0) return;
+  const uint64_t row_bytes = uint64_t(shape_numel(v.shape)) * io::dtype_size(v.dtype) / uint64_t(rows);
+  const int64_t step = std::min(rows, std::max<int64_t>(1, int64_t((uint64_t(8) << 20) / std::max<uint64_t>(row_bytes, 1))));
+  std::vector<uint8_t> chunk(size_t(step) * size_t(row_bytes));
+  for (int64_t first = 0; first < rows; first += step) {
+    const int64_t n = std::min(step, rows - first);
+    fill(first, n, chunk.data());
+    piece(chunk.data(), size_t(n) * size_t(row_bytes));
+  }
+}
+
+PutTensor collect(GoldenSet& g) {
+  return [&g](Handed h) {
+    if (h.fill) {
+      const int64_t rows = h.view.shape.empty() ? 1 : h.view.shape[0];
+      std::vector<uint8_t> bytes(size_t(shape_numel(h.view.shape)) * io::dtype_size(h.view.dtype));
+      if (rows > 0) h.fill(0, rows, bytes.data());
+      h.view.bytes = io::TensorBytes(std::move(bytes));
+    }
+    g.roles[h.view.name] = h.role;
+    g.tensors.push_back(std::move(h.view));
+  };
 }
 
 uint64_t layer_bytes(const std::vector<SetWriter::Planned>& plan) {
