@@ -97,24 +97,41 @@ std::vector<float> index_score_bounds(const Tensor<float>& q, const Tensor<float
   for (int64_t s = 0; s < n_b; ++s)
     for (int64_t d = 0; d < DI; ++d) knorm[size_t(s)] += double(k_comp[s * DI + d]) * double(k_comp[s * DI + d]);
   for (double& x : knorm) x = std::sqrt(x);
+  // The keys and their bounds transposed to [DI][n_b] in double, so that the loop over the keys is
+  // innermost: each key's sums still run over d ascending with one accumulator (the same bits as a
+  // loop over d per key; every product is exact in double), and the compiler vectorises across keys.
+  std::vector<double> kt(size_t(DI * n_b)), kbt(size_t(DI * n_b));
+  for (int64_t s = 0; s < n_b; ++s)
+    for (int64_t d = 0; d < DI; ++d) {
+      kt[size_t(d * n_b + s)] = double(k_comp[s * DI + d]);
+      kbt[size_t(d * n_b + s)] = double(k_bound[size_t(s * DI + d)]);
+    }
   std::vector<float> out(size_t(T * n_b), 0.0f);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(dynamic, 16)
   for (int64_t t = 0; t < T; ++t) {
     const int64_t ke = std::min<int64_t>(ke_rows[t], n_b);
-    std::vector<double> acc(size_t(ke), 0.0);
+    std::vector<double> acc(size_t(ke), 0.0), dot(size_t(ke), 0.0), prop(size_t(ke), 0.0);
     for (int64_t h = 0; h < HI; ++h) {
       const float* qh = &q[(t * HI + h) * DI];
       double qn = 0;
       for (int64_t d = 0; d < DI; ++d) qn += double(qh[d]) * double(qh[d]);
       qn = std::sqrt(qn);
       const double wh = std::fabs(double(weights[t * HI + h]));
-      for (int64_t s = 0; s < ke; ++s) {
-        double dot = 0, prop = 0;
-        for (int64_t d = 0; d < DI; ++d) {
-          dot += double(qh[d]) * double(k_comp[s * DI + d]);
-          prop += std::fabs(double(qh[d])) * double(k_bound[size_t(s * DI + d)]);
+      std::fill(dot.begin(), dot.end(), 0.0);
+      std::fill(prop.begin(), prop.end(), 0.0);
+      double* __restrict dp = dot.data();
+      double* __restrict pp = prop.data();
+      for (int64_t d = 0; d < DI; ++d) {
+        const double qd = double(qh[d]), aq = std::fabs(qd);
+        const double* __restrict kd = &kt[size_t(d * n_b)];
+        const double* __restrict bd = &kbt[size_t(d * n_b)];
+        for (int64_t s = 0; s < ke; ++s) {
+          dp[s] += qd * kd[s];
+          pp[s] += aq * bd[s];
         }
-        const double e = wh * (g_dot * qn * knorm[size_t(s)] + prop) + g_sum * wh * std::max(dot, 0.0);
+      }
+      for (int64_t s = 0; s < ke; ++s) {
+        const double e = wh * (g_dot * qn * knorm[size_t(s)] + prop[size_t(s)]) + g_sum * wh * std::max(dot[size_t(s)], 0.0);
         acc[size_t(s)] += e * scale;
       }
     }
