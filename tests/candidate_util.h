@@ -75,6 +75,28 @@ inline std::string file_bytes(const std::string& path) {
   return std::string(std::istreambuf_iterator<char>(in), {});
 }
 
+// A streamed writer's plan (golden::v4_plan, kpool_plan) against the built set: every tensor's
+// name, dtype, shape and role, in file order.
+inline void check_plan(const std::vector<golden::SetWriter::Planned>& plan, const golden::GoldenSet& set) {
+  REQUIRE(plan.size() == set.tensors.size());
+  for (size_t i = 0; i < plan.size(); ++i) {
+    CAPTURE(set.tensors[i].name);
+    CHECK(plan[i].spec.name == set.tensors[i].name);
+    CHECK(plan[i].spec.dtype == set.tensors[i].dtype);
+    CHECK(plan[i].spec.shape == set.tensors[i].shape);
+    CHECK(plan[i].role == set.roles.at(set.tensors[i].name));
+  }
+}
+// Two set folders hold the same bytes (tensor file and manifest), and the second reads back with
+// every hash checked; both are removed.
+inline void check_same_set(const std::string& a, const std::string& b) {
+  CHECK(file_bytes(a + "/tensors.safetensors") == file_bytes(b + "/tensors.safetensors"));
+  CHECK(file_bytes(a + "/manifest.json") == file_bytes(b + "/manifest.json"));
+  CHECK(golden::read(b).manifest == golden::read(a).manifest);
+  std::filesystem::remove_all(a);
+  std::filesystem::remove_all(b);
+}
+
 // Calls f and returns the Error message ("" when nothing was thrown).
 inline std::string error_of(const std::function<void()>& f) {
   try {

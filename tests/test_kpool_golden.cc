@@ -648,22 +648,10 @@ TEST_CASE("kpool golden: the streamed writer (write_kpool) writes build_kpool's 
     CAPTURE(spec);
     const golden::KpoolSpec s = golden::parse_kpool_spec(spec);
     const golden::GoldenSet whole = golden::build_kpool(s, "replay", Impl::simd);
-    const std::vector<golden::SetWriter::Planned> plan = golden::kpool_plan(s);
-    REQUIRE(plan.size() == whole.tensors.size());
-    for (size_t i = 0; i < plan.size(); ++i) {
-      CAPTURE(whole.tensors[i].name);
-      CHECK(plan[i].spec.name == whole.tensors[i].name);
-      CHECK(plan[i].spec.dtype == whole.tensors[i].dtype);
-      CHECK(plan[i].spec.shape == whole.tensors[i].shape);
-      CHECK(plan[i].role == whole.roles.at(whole.tensors[i].name));
-    }
+    testing::check_plan(golden::kpool_plan(s), whole);
     const std::string a = tmp("whole"), b = tmp("streamed");
     golden::write(a, golden::GoldenSet(whole), true);
     golden::write_kpool(b, true, s, "replay", Impl::simd);
-    CHECK(file_bytes(a + "/tensors.safetensors") == file_bytes(b + "/tensors.safetensors"));
-    CHECK(file_bytes(a + "/manifest.json") == file_bytes(b + "/manifest.json"));
-    CHECK(golden::read(b).manifest == golden::read(a).manifest);
-    fs::remove_all(a);
-    fs::remove_all(b);
+    testing::check_same_set(a, b);
   }
 }

@@ -656,24 +656,11 @@ TEST_CASE("v4 golden: the streamed writer (write_v4) writes build_v4's set byte 
     CAPTURE(spec);
     const golden::V4Spec s = golden::parse_v4_spec(spec);
     const golden::GoldenSet whole = golden::build_v4(s, "replay", Impl::simd);
-    // The plan is the built set's tensor list: names, dtypes, shapes and roles, in file order.
-    const std::vector<golden::SetWriter::Planned> plan = golden::v4_plan(s);
-    REQUIRE(plan.size() == whole.tensors.size());
-    for (size_t i = 0; i < plan.size(); ++i) {
-      CAPTURE(whole.tensors[i].name);
-      CHECK(plan[i].spec.name == whole.tensors[i].name);
-      CHECK(plan[i].spec.dtype == whole.tensors[i].dtype);
-      CHECK(plan[i].spec.shape == whole.tensors[i].shape);
-      CHECK(plan[i].role == whole.roles.at(whole.tensors[i].name));
-    }
+    testing::check_plan(golden::v4_plan(s), whole);  // the plan is the built set's tensor list, in file order
     const std::string a = tmp("whole"), b = tmp("streamed");
     golden::write(a, golden::GoldenSet(whole), true);
     golden::write_v4(b, true, s, "replay", Impl::simd);
-    CHECK(testing::file_bytes(a + "/tensors.safetensors") == testing::file_bytes(b + "/tensors.safetensors"));
-    CHECK(testing::file_bytes(a + "/manifest.json") == testing::file_bytes(b + "/manifest.json"));
-    CHECK(golden::read(b).manifest == golden::read(a).manifest);  // and it reads back, every hash checked
-    fs::remove_all(a);
-    fs::remove_all(b);
+    testing::check_same_set(a, b);
   }
   // A layer that fails after earlier layers were handed over (here layer 3's inputs, cut short):
   // the error reaches the caller and neither the set nor its temporary folder stays.

@@ -281,6 +281,11 @@ uint64_t layer_bytes(const std::vector<SetWriter::Planned>& plan);
 // write_kpool).
 using PutTensor = std::function<void(Handed)>;
 PutTensor collect(GoldenSet& g);
+// A builder's set written as it is computed: a SetWriter over `plan` (in flight: layer_bytes), emit
+// handing it each tensor and returning the manifest; inputs_note, when given, becomes the manifest's
+// conventions.inputs (where given inputs came from). Returns the manifest as written.
+nlohmann::json write_streamed(const std::string& dir, bool force, const std::vector<SetWriter::Planned>& plan,
+                              const std::function<nlohmann::json(const PutTensor&)>& emit, const std::string& inputs_note = "");
 
 // write() in its steps, for writers that fill the tensor file themselves (tools/lib/distributed.cc):
 // stage checks `dir` (the rules of write) and creates the temporary folder `<dir>.tmp.<tag>`

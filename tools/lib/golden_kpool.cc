@@ -462,11 +462,8 @@ std::vector<SetWriter::Planned> kpool_plan(const KpoolSpec& s) {
 json write_kpool(const std::string& dir, bool force, const KpoolSpec& s, const std::string& replay, Impl impl,
                  std::vector<ref::kpool::KpoolLayerInputs>* given, const std::string& inputs_note) {
   s.cfg.validate();
-  const std::vector<SetWriter::Planned> plan = kpool_plan(s);
-  SetWriter w(dir, force, plan, layer_bytes(plan));
-  json manifest = emit_kpool(s, replay, impl, given, [&w](Handed h) { w.add(std::move(h)); });
-  if (!inputs_note.empty()) manifest["conventions"]["inputs"] = inputs_note;
-  return w.finish(std::move(manifest));
+  return write_streamed(dir, force, kpool_plan(s), [&](const PutTensor& put) { return emit_kpool(s, replay, impl, given, put); },
+                        inputs_note);
 }
 
 }  // namespace indexshare::golden

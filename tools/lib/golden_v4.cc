@@ -604,11 +604,7 @@ std::vector<SetWriter::Planned> v4_plan(const V4Spec& s) {
 json write_v4(const std::string& dir, bool force, const V4Spec& s, const std::string& replay, Impl impl,
               std::vector<ref::v4::LayerInputs>* given, const std::string& inputs_note) {
   s.cfg.validate();
-  const std::vector<SetWriter::Planned> plan = v4_plan(s);
-  SetWriter w(dir, force, plan, layer_bytes(plan));
-  json manifest = emit_v4(s, replay, impl, given, [&w](Handed h) { w.add(std::move(h)); });
-  if (!inputs_note.empty()) manifest["conventions"]["inputs"] = inputs_note;
-  return w.finish(std::move(manifest));
+  return write_streamed(dir, force, v4_plan(s), [&](const PutTensor& put) { return emit_v4(s, replay, impl, given, put); }, inputs_note);
 }
 
 }  // namespace indexshare::golden

@@ -464,6 +464,14 @@ PutTensor collect(GoldenSet& g) {
   };
 }
 
+json write_streamed(const std::string& dir, bool force, const std::vector<SetWriter::Planned>& plan,
+                    const std::function<json(const PutTensor&)>& emit, const std::string& inputs_note) {
+  SetWriter w(dir, force, plan, layer_bytes(plan));
+  json manifest = emit([&w](Handed h) { w.add(std::move(h)); });
+  if (!inputs_note.empty()) manifest["conventions"]["inputs"] = inputs_note;
+  return w.finish(std::move(manifest));
+}
+
 uint64_t layer_bytes(const std::vector<SetWriter::Planned>& plan) {
   std::map<std::string, uint64_t> layers;
   for (const SetWriter::Planned& p : plan) {
