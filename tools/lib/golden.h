@@ -281,6 +281,14 @@ uint64_t layer_bytes(const std::vector<SetWriter::Planned>& plan);
 // write_kpool).
 using PutTensor = std::function<void(Handed)>;
 PutTensor collect(GoldenSet& g);
+// A builder's shorthand over a PutTensor: add(name, t, role) hands t over whole (adopted, no copy).
+struct TensorSink {
+  const PutTensor& put;
+  template <class E>
+  void add(const std::string& name, Tensor<E> t, Role role) const {
+    put(Handed{io::make_view(name, std::move(t)), role, nullptr});
+  }
+};
 // A builder's set written as it is computed: a SetWriter over `plan` (in flight: layer_bytes), emit
 // handing it each tensor and returning the manifest; inputs_note, when given, becomes the manifest's
 // conventions.inputs (where given inputs came from). Returns the manifest as written.

@@ -183,16 +183,6 @@ json conventions(const KpoolConfig& c) {
 
 }  // namespace
 
-namespace {
-struct TensorSink {
-  const PutTensor& put;
-  template <class E>
-  void add(const std::string& name, Tensor<E> t, Role role) const {
-    put(Handed{io::make_view(name, std::move(t)), role, nullptr});
-  }
-};
-}  // namespace
-
 json emit_kpool(const KpoolSpec& s, const std::string& replay, Impl impl, std::vector<ref::kpool::KpoolLayerInputs>* given,
                 const PutTensor& put) {
   const KpoolConfig& c = s.cfg;

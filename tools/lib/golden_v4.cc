@@ -241,16 +241,6 @@ std::string v4_replay(const V4Spec& s, Impl impl) {
   return "indexshare golden --kind v4 --problem \"" + to_string(s) + "\"" + (impl == Impl::ref ? "" : " --impl " + impl_name(impl));
 }
 
-namespace {
-struct TensorSink {
-  const PutTensor& put;
-  template <class E>
-  void add(const std::string& name, Tensor<E> t, Role role) const {
-    put(Handed{io::make_view(name, std::move(t)), role, nullptr});
-  }
-};
-}  // namespace
-
 json emit_v4(const V4Spec& s, const std::string& replay, Impl impl, std::vector<ref::v4::LayerInputs>* given, const PutTensor& put) {
   const ref::v4::Config& cfg = s.cfg;
   const ref::v4::Schedule sch = s.schedule();
