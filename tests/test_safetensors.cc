@@ -523,6 +523,12 @@ TEST_CASE("safetensors: read_safetensors errors name the path") {
   msg = error_of([&] { read_safetensors(small, size - 1); });
   CHECK(msg.rfind(small + ": file size " + std::to_string(size), 0) == 0);
   CHECK(msg.find("exceeds the limit of " + std::to_string(size - 1)) != std::string::npos);
+  // An index read bounds what it keeps, not the file: t (64 bytes) left on disk passes a limit
+  // below the file's size; kept, it is refused.
+  const SafetensorsIndex lazy = read_safetensors_index(small, 63, size - 60);
+  CHECK(lazy.file.tensors.at(0).bytes.empty());
+  msg = error_of([&] { read_safetensors_index(small, 64, size - 1); });
+  CHECK(msg.rfind(small + ": the header and the tensors read whole hold " + std::to_string(size) + " bytes, beyond the limit of", 0) == 0);
 
   // A malformed file on disk: the message starts with its path.
   const std::string bad = (dir.path / "bad.safetensors").string();

@@ -425,7 +425,9 @@ SafetensorsIndex read_safetensors_index(const std::string& path, uint64_t keep_b
   if (::fstat(fd, &st) != 0) throw Error(path + ": cannot stat: " + os_error(errno));
   if (!S_ISREG(st.st_mode)) throw Error(path + ": not a regular file");
   const uint64_t size = uint64_t(st.st_size);
-  if (size > max_bytes)
+  // The limit bounds what is read into memory: the whole file when every tensor is kept, else the
+  // header and the kept tensors (checked once the header is parsed); the others stay on disk.
+  if (keep_bytes == UINT64_MAX && size > max_bytes)
     throw Error(path + ": file size " + std::to_string(size) + " bytes exceeds the limit of " +
                 std::to_string(max_bytes) + " bytes");
   // The header first, then each tensor's bytes straight into its view (offset order, so the file
@@ -452,6 +454,12 @@ SafetensorsIndex read_safetensors_index(const std::string& path, uint64_t keep_b
     }
   }
   Layout layout = parse_layout(head.data(), size, path);
+  uint64_t kept = head.size();
+  for (const Entry& e : layout.entries)
+    if (e.end - e.begin <= keep_bytes) kept += e.end - e.begin;
+  if (kept > max_bytes)
+    throw Error(path + ": the header and the tensors read whole hold " + std::to_string(kept) + " bytes, beyond the limit of " +
+                std::to_string(max_bytes) + " bytes");
   SafetensorsIndex index;
   SafetensorsFile& out = index.file;
   out.source = std::move(layout.out.source);

@@ -187,8 +187,8 @@ Loaded read(const std::string& dir, uint64_t keep_bytes, bool defer_hashes) {
 }
 
 std::string summary(const Loaded& g) {
-  uint64_t bytes = 0;
-  for (const io::TensorView& v : g.data.tensors) bytes += v.bytes.size();
+  uint64_t bytes = 0;  // from dtype and shape: a lazily read tensor holds no bytes here
+  for (const io::TensorView& v : g.data.tensors) bytes += uint64_t(shape_numel(v.shape)) * io::dtype_size(v.dtype);
   return summary(g.dir, g.manifest, bytes, true);
 }
 
