@@ -56,14 +56,8 @@ int dist_rank() { return 0; }
 // The summary of a set just written, from the manifest written: reading the set back would hold
 // it in memory a second time and hash it again (`golden verify` does that on request).
 int report(const nlohmann::json& manifest, const GoldenArgs& a, const std::string& replay, std::chrono::steady_clock::time_point t0) {
-  uint64_t bytes = 0;
-  for (const nlohmann::json& t : manifest.at("tensors")) {
-    uint64_t n = io::dtype_size(io::parse_dtype(t.at("dtype").get<std::string>()));
-    for (const nlohmann::json& d : t.at("shape")) n *= d.get<uint64_t>();
-    bytes += n;
-  }
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  std::printf("%s", golden::summary(a.out, manifest, bytes, false).c_str());
+  std::printf("%s", golden::summary(a.out, manifest, false).c_str());
   if (phases::requested()) std::printf("%s", phases::table().c_str());
   std::printf("time      %.2f s\n__REPRO: %s\n", secs, replay.c_str());
   return 0;
@@ -101,7 +95,7 @@ int publish_ranks(const GoldenArgs& a, const Problem& p, const std::string& repl
   const std::string timing = phases::requested() ? dist::timing_report() : "";
   if (dist::rank() != 0) return 0;
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  std::printf("%s", golden::summary(a.out, manifest, ws.bytes, false).c_str());
+  std::printf("%s", golden::summary(a.out, manifest, false).c_str());
   std::printf("%s%s", ranks.c_str(), timing.c_str());
   std::printf("write     MPI-IO %.2f s, SHA-256 of the written file %.2f s (rank 0)\n", ws.write_s, ws.hash_s);
   std::printf("time      %.2f s on %d ranks\n__REPRO: %s\n", secs, dist::size(), replay.c_str());

@@ -355,11 +355,9 @@ nlohmann::json write_golden(const std::string& dir, golden::GoldenSet part, bool
   const std::string file_for_errors = dir + "/" + golden::kTensorFile;
   // 1. The whole set's header and offsets, the same on every rank.
   std::vector<io::TensorSpec> specs;
-  uint64_t whole_bytes = 0;
   for (const io::TensorView& v : part.tensors) {
     const auto it = part.shard.per_row.find(v.name);
     specs.push_back({v.name, v.dtype, it == part.shard.per_row.end() ? v.shape : it->second});
-    whole_bytes += uint64_t(shape_numel(specs.back().shape)) * io::dtype_size(v.dtype);
   }
   std::string header;
   std::vector<uint64_t> offsets;
@@ -400,10 +398,7 @@ nlohmann::json write_golden(const std::string& dir, golden::GoldenSet part, bool
   std::vector<uint64_t> sizes(n);
   for (size_t i = 0; i < n; ++i) sizes[i] = uint64_t(shape_numel(specs[i].shape)) * io::dtype_size(specs[i].dtype);
   const std::vector<unsigned char> hashes = hash_tensors(part, path, offsets, sizes, data0, remove_tmp);
-  if (stats) {
-    stats->hash_s = now_s() - t_hash;
-    stats->bytes = whole_bytes;
-  }
+  if (stats) stats->hash_s = now_s() - t_hash;
 
   // 6. Rank 0: the manifest, then one rename publishes the set.
   phases::begin("publish (manifest, rename)");

@@ -93,7 +93,6 @@ golden::RowPart my_rows(const std::vector<double>& work, std::vector<int64_t>* b
 
 struct WriteStats {
   double write_s = 0, hash_s = 0;   // this rank's MPI-IO writes, and its share of the hashing
-  uint64_t bytes = 0;               // the whole set's tensor bytes
 };
 // Collective: writes the whole golden set from every rank's part (built with golden::build and
 // this rank's RowPart) to `dir`, as described above. Returns the manifest as written (rank 0; the

@@ -414,9 +414,10 @@ StackInputs stack_inputs_of(const Loaded& g);
 
 // One line per layer and a total, for the tool's output.
 std::string summary(const Loaded& g);
-// The same lines from a manifest with its "tensors" list and the tensors' byte count (what write
-// has just published, without reading the set back). with_replay = false leaves out the manifest's
-// replay command (the command that wrote the set prints it once, as its __REPRO line).
-std::string summary(const std::string& dir, const nlohmann::json& manifest, uint64_t bytes, bool with_replay);
+// The same lines from a manifest with its "tensors" list (what write has just published, without
+// reading the set back; the byte count from each tensor's dtype and shape). with_replay = false
+// leaves out the manifest's replay command (the command that wrote the set prints it once, as its
+// __REPRO line).
+std::string summary(const std::string& dir, const nlohmann::json& manifest, bool with_replay);
 
 }  // namespace indexshare::golden

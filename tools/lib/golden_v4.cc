@@ -214,8 +214,7 @@ V4LayerResult compute_v4_layer(const ref::v4::Config& cfg, const ref::v4::Schedu
     r.rotated = std::move(r.attn.out);
     r.attn.out = {};
     r.attn.out_bf16 = {};
-    const float* out = r.rotated.ptr();
-    rotate_v4_rows(cfg, t, out, 0, T, r.rotated.ptr(), true);
+    rotate_v4_rows(cfg, t, r.rotated.ptr(), 0, T, r.rotated.ptr(), true);
   }
   return r;
 }

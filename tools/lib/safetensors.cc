@@ -655,14 +655,7 @@ void SafetensorsWriter::expect_next(const std::string& name, DType dtype, const 
 }
 
 void SafetensorsWriter::append(const TensorView& t) {
-  expect_next(t.name, t.dtype, t.shape);
-  const std::string where = path_ + ": tensor '" + t.name + "': ";
-  const uint64_t nbytes = uint64_t(numel_of(t.shape, where)) * dtype_size(t.dtype);
-  if (nbytes != t.bytes.size())
-    throw Error(where + std::to_string(t.bytes.size()) + " bytes do not match dtype " + dtype_name(t.dtype) + " and shape " +
-                short_shape(t.shape));
-  put(t.bytes.data(), t.bytes.size());
-  ++next_;
+  append({t.name, t.dtype, t.shape}, [&](const Piece& put) { put(t.bytes.data(), t.bytes.size()); });
 }
 
 void SafetensorsWriter::append(const TensorSpec& spec, const std::function<void(const Piece& put)>& produce) {
@@ -670,13 +663,16 @@ void SafetensorsWriter::append(const TensorSpec& spec, const std::function<void(
   const std::string where = path_ + ": tensor '" + spec.name + "': ";
   const uint64_t nbytes = uint64_t(numel_of(spec.shape, where)) * dtype_size(spec.dtype);
   uint64_t got = 0;
+  const auto mismatch = [&](uint64_t count) {
+    return Error(where + std::to_string(count) + " bytes do not match dtype " + dtype_name(spec.dtype) + " and shape " +
+                 short_shape(spec.shape));
+  };
   produce([&](const uint8_t* p, size_t n) {
-    if (got + n > nbytes) throw Error(where + "more bytes than its dtype and shape hold (" + std::to_string(nbytes) + ")");
+    if (got + n > nbytes) throw mismatch(got + n);  // before a byte too many is written
     put(p, n);
     got += n;
   });
-  if (got != nbytes)
-    throw Error(where + std::to_string(got) + " bytes do not match dtype " + dtype_name(spec.dtype) + " and shape " + short_shape(spec.shape));
+  if (got != nbytes) throw mismatch(got);
   ++next_;
 }
 

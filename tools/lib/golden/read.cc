@@ -186,13 +186,15 @@ Loaded read(const std::string& dir, uint64_t keep_bytes, bool defer_hashes) {
   return g;
 }
 
-std::string summary(const Loaded& g) {
-  uint64_t bytes = 0;  // from dtype and shape: a lazily read tensor holds no bytes here
-  for (const io::TensorView& v : g.data.tensors) bytes += uint64_t(shape_numel(v.shape)) * io::dtype_size(v.dtype);
-  return summary(g.dir, g.manifest, bytes, true);
-}
+std::string summary(const Loaded& g) { return summary(g.dir, g.manifest, true); }
 
-std::string summary(const std::string& dir, const json& m, uint64_t bytes, bool with_replay) {
+std::string summary(const std::string& dir, const json& m, bool with_replay) {
+  uint64_t bytes = 0;  // from dtype and shape: a lazily read tensor holds no bytes
+  for (const json& t : m.at("tensors")) {
+    uint64_t n = io::dtype_size(io::parse_dtype(t.at("dtype").get<std::string>()));
+    for (const json& d : t.at("shape")) n *= d.get<uint64_t>();
+    bytes += n;
+  }
   std::ostringstream os;
   os << "golden    " << dir << " (" << m.value("kind", "?") << ", " << m["tensors"].size() << " tensors)\n";
   os << "problem   " << m.value("problem", "") << "\n";

@@ -7,7 +7,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <atomic>
 #include <condition_variable>
 #include <cerrno>
 #include <cstdio>
@@ -17,7 +16,6 @@
 #include <fstream>
 #include <map>
 #include <mutex>
-#include <numeric>
 #include <sstream>
 #include <thread>
 #include <utility>
@@ -239,8 +237,8 @@ struct SetWriter::State {
   std::mutex m;
   std::condition_variable cv;
   std::vector<io::TensorView> views;
-  std::vector<FillRows> fills;     // cleared once made
-  std::vector<char> made;           // tensors with a fill: made and hashed by the writer  // set: made on the writer thread
+  std::vector<FillRows> fills;  // released once the tensor is done
+  std::vector<char> made;       // tensors with a fill: made and hashed by the writer
   std::vector<std::string> hashes;
   std::vector<char> written, hashed;
   size_t added = 0, next_write = 0, next_hash = 0;
@@ -253,6 +251,7 @@ struct SetWriter::State {
     if (!written[i] || !hashed[i]) return;
     pending -= views[i].bytes.size();
     views[i].bytes = io::TensorBytes{};
+    fills[i] = nullptr;  // and what a fill holds (its source's bytes)
   }
   void failed() {
     std::lock_guard<std::mutex> lk(m);
@@ -271,16 +270,14 @@ struct SetWriter::State {
           i = next_write;
         }
         std::string made_hash;
-        if (fills[i]) {
+        if (made[i])
           made_hash = make(i);
-        } else {
+        else
           file->append(views[i]);
-        }
         std::lock_guard<std::mutex> lk(m);
-        if (fills[i]) {
+        if (made[i]) {
           hashes[i] = std::move(made_hash);
           hashed[i] = 1;
-          fills[i] = nullptr;  // releases what it holds (its source's bytes)
         }
         written[i] = 1;
         ++next_write;
@@ -454,9 +451,8 @@ void for_each_piece(const io::TensorView& v, const FillRows& fill, const std::fu
 PutTensor collect(GoldenSet& g) {
   return [&g](Handed h) {
     if (h.fill) {
-      const int64_t rows = h.view.shape.empty() ? 1 : h.view.shape[0];
-      std::vector<uint8_t> bytes(size_t(shape_numel(h.view.shape)) * io::dtype_size(h.view.dtype));
-      if (rows > 0) h.fill(0, rows, bytes.data());
+      std::vector<uint8_t> bytes;
+      for_each_piece(h.view, h.fill, [&](const uint8_t* p, size_t n) { bytes.insert(bytes.end(), p, p + n); });
       h.view.bytes = io::TensorBytes(std::move(bytes));
     }
     g.roles[h.view.name] = h.role;
