@@ -4,6 +4,7 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <string>
 
@@ -38,20 +39,26 @@ int cmd_calibrate(const CalibrateArgs& a) {
   if (a.catalogue) {
     std::printf("diagnosis accuracy: planted kernel bugs on %s, each named right when the first diagnosis names it\n",
                 calib::kCatalogueProblem);
-    std::printf("%-50s %-6s %s\n", "bug", "named", "first diagnosis");
+    std::printf("(a bug with no hypothesis is right when nothing is named; wrong: the first diagnosis names another bug)\n");
+    std::printf("%-62s %-7s %s\n", "bug", "outcome", "first diagnosis");
     int right = 0, n = 0;
+    std::map<std::string, int> outcomes;
     nlohmann::json rows = nlohmann::json::array();
     for (const calib::CatalogueRow& r : calib::catalogue(simd::kernels(), tmp, [](const calib::CatalogueRow& r) {
-           std::printf("%-50s %-6s %s\n", r.bug.c_str(), r.named_first ? "yes" : r.named ? "later" : "NO", r.first.c_str());
+           const std::string o = r.outcome() == "right" || r.named ? r.outcome() : r.outcome() + "!";
+           std::printf("%-62s %-7s %s\n", r.bug.c_str(), o.c_str(), r.first.empty() ? "(none)" : r.first.c_str());
            std::fflush(stdout);
          })) {
       right += r.named_first;
+      ++outcomes[r.outcome()];
       ++n;
       rows.push_back({{"bug", r.bug}, {"expect", r.expect}, {"first_diagnosis", r.first}, {"failed", r.failed},
-                      {"named_first", r.named_first}, {"named", r.named}});
+                      {"named_first", r.named_first}, {"named", r.named}, {"outcome", r.outcome()}});
     }
-    std::printf("named right first: %d of %d\n", right, n);
-    j = {{"problem", calib::kCatalogueProblem}, {"named_first", right}, {"bugs", n}, {"catalogue", rows}};
+    std::printf("named right first: %d of %d; wrong names: %d; missing names: %d; not detected: %d\n", right, n, outcomes["wrong"],
+                outcomes["missing"], outcomes["passed"]);
+    j = {{"problem", calib::kCatalogueProblem}, {"named_first", right}, {"bugs", n}, {"wrong", outcomes["wrong"]},
+         {"missing", outcomes["missing"]}, {"not_detected", outcomes["passed"]}, {"catalogue", rows}};
   } else if (!a.power.empty()) {
     const std::vector<calib::PowerRow> power = calib::power(a.power, a.layer, simd::kernels(), tmp);  // bad input: nothing printed
     std::printf("power of the judge on %s, layer %s (faults on a correct emulation; smallest failing eps, to ~5%%)\n",

@@ -667,9 +667,19 @@ CatalogueRow judge_bug(const golden::Loaded& g, const std::vector<io::TensorView
   io::write_safetensors(path, candidate);
   const diff::Result r = diff::judge(g, io::read_safetensors(path), {}, k, false);
   CatalogueRow row{bug, expect, r.diagnoses.empty() ? "" : r.diagnoses[0], r.failed(), false, false};
+  if (expect.empty()) {  // a bug no hypothesis covers: right when nothing is named
+    row.named_first = row.named = row.failed && r.diagnoses.empty();
+    return row;
+  }
   row.named_first = row.failed && row.first.find(expect) != std::string::npos;
   for (const std::string& d : r.diagnoses) row.named = row.named || d.find(expect) != std::string::npos;
   return row;
+}
+
+std::string CatalogueRow::outcome() const {
+  if (!failed) return "passed";
+  if (named_first) return "right";
+  return first.empty() ? "missing" : "wrong";
 }
 
 std::vector<CatalogueRow> catalogue(const ref::Kernels& k, const std::string& tmp, const std::function<void(const CatalogueRow&)>& progress) {

@@ -99,13 +99,20 @@ std::vector<PowerRow> values_power(const std::string& dir, int layer, const ref:
 // scales over groups and row patterns, offsets, the softmax scale, LSE units and the sink, one key
 // missing per row, truncation, coarser arithmetic, the causal bound, Shared layers' positions), each
 // planted into a correct emulation's outputs on one golden set (kCatalogueProblem) and judged; a bug
-// is named right when the report's first diagnosis names it.
+// is named right when the report's first diagnosis names it. A wrong name sends an engineer to the
+// wrong place and is worse than none: the catalogue counts wrong names (the first diagnosis names
+// something else) apart from missing ones (a failure with no diagnosis where the bug has a
+// hypothesis). Bugs no hypothesis covers are planted too (expect ""): right when they fail with no
+// diagnosis at all.
 constexpr const char* kCatalogueProblem =
     "sq256 skv768 hq8 dqk576 dv512 ih32 id128 k128 seed11 nseq2 sink=random nl4 sched=FSFS";
 struct CatalogueRow {
-  std::string bug, expect;  // expect: what the first diagnosis must say
+  std::string bug, expect;  // expect: what the first diagnosis must say ("": that no diagnosis is made)
   std::string first;        // the report's first diagnosis
   bool failed = false, named_first = false, named = false;  // named: any diagnosis names it
+  // "right", "wrong" (a first diagnosis that does not name the bug), "missing" (failed with no
+  // diagnosis, where the bug has one), "passed" (the bug did not fail).
+  std::string outcome() const;
 };
 std::vector<CatalogueRow> catalogue(const ref::Kernels& k, const std::string& tmp,
                                     const std::function<void(const CatalogueRow&)>& progress = {});

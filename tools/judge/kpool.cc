@@ -109,6 +109,7 @@ class KpoolJudge : public KindJudge {
   const ref::kpool::KpoolConfig& cfg_;
   std::map<int, Tensor<int32_t>> pools_;      // per Full layer: the pools its list comes from
   std::map<int, Tensor<int32_t>> cand_list_;  // per layer: the candidate's list when it holds one
+  std::map<int, Tensor<int32_t>> cand_any_;   // per layer: the candidate's list as handed in, passing or not
 };
 
 std::set<int> KpoolJudge::layers(const std::set<int>& wanted) const {
@@ -412,6 +413,13 @@ void KpoolJudge::lists(int l, Tensor<int32_t>& used) {
         }
     const bool ok = add(l, n, std::move(r), x.full ? "" : "judged on its source layer " + std::to_string(x.source) + "'s pools") !=
                     cmp::Verdict::fail;
+    // A Shared layer that holds exactly the candidate's own (failing) source list is not off its
+    // source: the source layer's report names what is wrong there.
+    const auto src_any = x.full ? cand_any_.end() : cand_any_.find(x.source);
+    bool follows_source = src_any != cand_any_.end();
+    for (int64_t t = 0; t < S && follows_source; ++t)
+      follows_source = multiset(&cand[t * width], width) == multiset(&src_any->second[t * width], width);
+    cand_any_[l] = cand;
     if (ok) {
       used = cand;
       cand_list_[l] = cand;
@@ -441,7 +449,7 @@ void KpoolJudge::lists(int l, Tensor<int32_t>& used) {
           res.diagnoses.push_back(P(l) + ": " + n + ": a Shared layer off its source's list: it holds layer " + std::to_string(o.layer) +
                                   "'s list, not its source layer " + std::to_string(x.source) + "'s");
       }
-    if (!x.full && !named)
+    if (!x.full && !named && !follows_source)
       res.diagnoses.push_back(P(l) + ": " + n + ": a Shared layer off its source's list (not its source layer " + std::to_string(x.source) +
                               "'s union list)");
   }

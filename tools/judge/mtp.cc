@@ -153,12 +153,15 @@ void MtpJudge::attention(const detail::LayerData& mtp, const Tensor<int32_t>& us
     const Tensor<float>& expected;
     const std::vector<float>& bound;
     int64_t cols;
-    double floor, anchor_abs, anchor_rel;
+    double floor, anchor_abs, anchor_rel, scale;
   };
+  // FlashMLA's decode test's absolute tolerances, carried to the set's value scale (walk.h).
+  const double out_scale = out_anchor_scale(a.kv, d_v_), lse_scale = lse_anchor_scale(e.attn.max_logits);
   const Part parts[] = {
-      {"mtp.out", e.attn.out, e.bounds.out, d_v_, cmp::kFloorOut, kFlashMlaDecodeOutAbs, kFlashMlaDecodeOutRel},
-      {"mtp.lse", e.attn.lse, e.bounds.lse, 1, cmp::kFloorLse, kFlashMlaLseAbs, kFlashMlaDecodeLseRel},
-      {"mtp.max_logits", e.attn.max_logits, e.bounds.max_logits, 1, cmp::kFloorLse, kFlashMlaLseAbs, kFlashMlaLseRel}};
+      {"mtp.out", e.attn.out, e.bounds.out, d_v_, cmp::kFloorOut, kFlashMlaDecodeOutAbs * out_scale, kFlashMlaDecodeOutRel, out_scale},
+      {"mtp.lse", e.attn.lse, e.bounds.lse, 1, cmp::kFloorLse, kFlashMlaLseAbs * lse_scale, kFlashMlaDecodeLseRel, lse_scale},
+      {"mtp.max_logits", e.attn.max_logits, e.bounds.max_logits, 1, cmp::kFloorLse, kFlashMlaLseAbs * lse_scale, kFlashMlaLseRel,
+       lse_scale}};
   for (const Part& p : parts) {
     if (!has(p.name)) continue;
     const Shape shape = p.cols > 1 ? Shape{n_, h_q_, p.cols} : Shape{n_, h_q_};
@@ -166,7 +169,7 @@ void MtpJudge::attention(const detail::LayerData& mtp, const Tensor<int32_t>& us
     cmp::FloatRule rule = bound_rule(p.bound, std::string(p.name) == "mtp.out" ? e.budget : -1);
     rule.anchor_abs = p.anchor_abs;
     rule.anchor_rel = p.anchor_rel;
-    rule.anchor_name = "FlashMLA's decode check";
+    rule.anchor_name = anchor_named("FlashMLA's decode check", p.scale);
     cmp::StructureSpec spec;
     spec.tensor = p.name;
     spec.rows = n_;

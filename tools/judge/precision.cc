@@ -84,6 +84,25 @@ std::pair<double, double> rms_err(const std::vector<double>& a, const std::vecto
   return n ? std::pair{std::sqrt(se / double(n)), std::sqrt(sb / double(n))} : std::pair{0.0, 0.0};
 }
 
+// The largest correlation between the candidate's error and a member's, over the pairs where all
+// three are finite: how far the candidate repeats the class's own roundings.
+double error_correlation(const std::vector<std::vector<double>>& members, const std::vector<double>& cand,
+                         const std::vector<double>& golden) {
+  double best = 0;
+  for (const auto& m : members) {
+    double cm = 0, cc = 0, mm = 0;
+    for (size_t i = 0; i < golden.size(); ++i) {
+      if (!std::isfinite(cand[i]) || !std::isfinite(m[i]) || !std::isfinite(golden[i])) continue;
+      const double a = cand[i] - golden[i], b = m[i] - golden[i];
+      cm += a * b;
+      cc += a * a;
+      mm += b * b;
+    }
+    if (cc > 0 && mm > 0) best = std::max(best, cm / std::sqrt(cc * mm));
+  }
+  return best;
+}
+
 // The largest relative RMS error of a class's members.
 double class_e(const std::vector<std::vector<double>>& members, const std::vector<double>& golden, double golden_rms) {
   double e = 0;
@@ -157,10 +176,15 @@ Finding test(const std::string& tensor, const std::vector<double>& golden, const
   f.failed = true;
   double best = 0;
   for (size_t i = ci + 1; i < cs.size(); ++i) {
-    const double e = class_e(values(cs[i].name), golden, golden_rms);
+    const std::vector<std::vector<double>> members = values(cs[i].name);
+    const double e = class_e(members, golden, golden_rms);
     if (e <= 0) continue;
     const double dist = std::fabs(std::log(f.cand / e));
-    if (dist <= std::log(kNameFactor) && (f.named.empty() || dist < best)) {
+    // Named only when the class's own test fits: the size (within kNameFactor) and the pattern
+    // (the error repeats the class's roundings, kNameCorrelation). A bug whose error happens to
+    // be the size of a class's (a sink on the wrong head, a norm's eps) is not that class.
+    if (dist <= std::log(kNameFactor) && (f.named.empty() || dist < best) &&
+        error_correlation(members, cand, golden) >= kNameCorrelation) {
       best = dist;
       f.named = cs[i].name;
       f.named_e = e;

@@ -21,7 +21,8 @@
 //      kFloorUlps f32 ulps of each golden value (a set whose arithmetic is exact still leaves a
 //      correct kernel its output rounding).
 //   5. FAIL when E_cand > kPrecisionRatio * E_contract. The report names the coarser class whose E
-//      is nearest to E_cand (within a factor kNameFactor), e.g. "indexer.logits carry bf16-level
+//      is nearest to E_cand (within a factor kNameFactor) and whose error pattern the candidate's
+//      repeats (correlation at least kNameCorrelation), e.g. "indexer.logits carry bf16-level
 //      error (RMS 1.7e-3 relative; the contract's arithmetic, fp8mma, gives 1.2e-4)".
 // Why a ratio of 4: classes are a factor 10 or more apart where it matters (bf16 logits against
 // Hopper's FP8 accumulation: 14x; bf16 P.V accumulation against f32: > 100x at top-k 64), while
@@ -96,6 +97,13 @@ Contract parse_contract(const std::string& text);
 
 constexpr double kPrecisionRatio = 4.0;
 constexpr double kNameFactor = 3.0;
+// A class is named only when the candidate's error correlates with a member's error at least this
+// much (step 5): a kernel of that class repeats the class's roundings on the same inputs (rounding a
+// logit, a product or a value to bf16 is the same rounding whatever the order around it), so the
+// two errors agree; an error of another cause, however large, is uncorrelated with them. A kernel
+// of the class in an order the emulation does not use (bf16 accumulation in other blocks) may fall
+// below it: then the failure stands unnamed, never misnamed.
+constexpr double kNameCorrelation = 0.5;
 constexpr double kFloorUlps = 4.0;
 constexpr int64_t kLogitsSamples = 4096;
 // The attention's sample: whole query rows (every head), about this many multiply-adds per class

@@ -1,7 +1,9 @@
 // indexshare diff: row sets, the picture's per-row strips, and the structure tests' layout of each
 // judged tensor (sequences, sampled rows, role pools).
 #include <algorithm>
+#include <cstdio>
 
+#include "tools/judge/anchors.h"
 #include "tools/judge/walk.h"
 
 namespace indexshare::diff {
@@ -170,6 +172,17 @@ double rms_v(const Tensor<bf16_t>& kv, int64_t d_v) {
   for (int64_t i = 0; i < kv.dim(0); ++i)
     for (int64_t c = 0; c < d_v; ++c, ++n) s += double(bf16_to_f32(kv[i * d_qk + c])) * double(bf16_to_f32(kv[i * d_qk + c]));
   return n ? std::sqrt(s / double(n)) : 0.0;
+}
+
+double out_anchor_scale(const Tensor<bf16_t>& kv, int64_t d_v) { return std::max(1.0, rms_v(kv, d_v) / kFlashMlaDataRms); }
+
+double lse_anchor_scale(const Tensor<float>& max_logits) { return std::max(1.0, cmp::rms_finite(max_logits)); }
+
+std::string anchor_named(const std::string& name, double scale) {
+  if (scale <= 1.0) return name + ", at FlashMLA's test scale";
+  char buf[64];
+  std::snprintf(buf, sizeof buf, ", abs scaled x%.3g to the set's values", scale);
+  return name + buf;
 }
 
 Tensor<bf16_t> q_at_rows(const Tensor<bf16_t>& q, const std::vector<int64_t>& rows) {

@@ -20,12 +20,15 @@
 // sink, without its window or without its compressed entries; lse with the sink; out_rotated
 // without or with the forward rotation).
 #include <algorithm>
+#include <cmath>
+#include <cstdio>
 #include <map>
 
 #include "ref/module_ops.h"
 #include "ref/numerics.h"
 #include "ref/v4/layer.h"
 #include "tools/judge/anchors.h"
+#include "tools/judge/emulate.h"
 #include "tools/judge/precision.h"
 #include "tools/judge/v4_bounds.h"
 #include "tools/judge/walk.h"
@@ -78,9 +81,12 @@ class V4Judge : public KindJudge {
   void entries_precision(int l, const std::string& part, const Tensor<float>& gold, const Tensor<float>& cand);
   void entries_hypotheses(int l, const std::string& part, const Tensor<float>& cand, const std::vector<float>& bound);
   void blocks_hypotheses(int l, const Tensor<float>& scores, const Tensor<int32_t>& ks, const Tensor<int32_t>& ke,
-                         const Tensor<int32_t>& gold, const Tensor<int32_t>& cand);
+                         const Tensor<int32_t>& gold, const Tensor<int32_t>& cand, bool follows_source);
   void attention_hypotheses(int l, const Tensor<int32_t>& used, const Tensor<float>* out, const Tensor<float>* rot,
-                            const Tensor<float>* lse, const std::vector<float>& out_bound, const std::vector<float>& lse_bound);
+                            const Tensor<float>* lse, const Tensor<float>* max_logits, const cmp::AttentionBounds& b,
+                            const ref::AttentionOut& gold);
+  void softmax_scale_hypothesis(int l, const Tensor<int32_t>& used, const Tensor<float>* out, const Tensor<float>* lse,
+                                const Tensor<float>& max_logits, const ref::AttentionOut& gold);
   void schedule_hypotheses();
   template <class Near>
   void overlap_hypotheses(int l, const std::string& part, const Compressor& c, const Near& near);
@@ -200,7 +206,8 @@ void V4Judge::blocks(int l, Tensor<int32_t>& used) {
                         with ? own->second.bound : std::vector<float>(), with ? &own->second.values : nullptr,
                         [&](const Tensor<float>& s) { return ref::v4::select_blocks(s, lay_.cfg.csa_ratio, lay_.cfg.index_topk, k_); },
                         src == l ? "" : "judged on its source layer " + std::to_string(src) + "'s scores") != cmp::Verdict::fail;
-  if (!ok) blocks_hypotheses(l, scores, ks, ke, gold, cand);
+  const bool wrong = !ok;
+  bool follows_source = false;  // a Shared layer equal as sets, row by row, to the candidate's source blocks
   if (src != l && has(src, "indexer.blocks")) {  // Shared: the candidate's source blocks, as sets per row
     const Tensor<int32_t> sbt = candidate_int(c_, nm(src, "indexer.blocks"), gold.shape, res.diagnoses);
     const Tensor<int32_t>* sb = &sbt;
@@ -218,8 +225,12 @@ void V4Judge::blocks(int l, Tensor<int32_t>& used) {
                           std::to_string(r.stats.n_fail) + " rows differ)");
       ok = false;
     }
+    follows_source = r.stats.n_fail == 0;
     add(l, "indexer.blocks [= source's]", std::move(r));
   }
+  // A Shared layer that holds exactly its source's (wrong) blocks is not off its source: the
+  // source layer's own report names what is wrong there.
+  if (wrong) blocks_hypotheses(l, scores, ks, ke, gold, cand, follows_source);
   cand_blocks_[l] = cand;
   if (ok) used = ref::v4::attention_indices(lay_.cfg, LayerType::csa, lay_.n_c[L], &cand);
 }
@@ -277,16 +288,16 @@ void V4Judge::attention(int l, const Tensor<int32_t>& used, const std::string& n
   auto spec = [&](const char* n, int64_t cols, double floor) { return detail::attention_spec(n, T, H, cols, floor); };
   // FlashMLA's MODEL1 sparse prefill test criteria on top of the derived bounds (judge/anchors.h):
   // never looser than the kernel's own test on the same data.
-  const double lse_abs = detail::kFlashMlaLseAbs * std::max(1.0, cmp::rms_finite(e.max_logits));
+  const double lse_scale = detail::lse_anchor_scale(e.max_logits), out_scale = detail::out_anchor_scale(kv, D);
+  const double lse_abs = detail::kFlashMlaLseAbs * lse_scale;
   auto anchored = [&](cmp::FloatRule r, double abs, double rel, const char* name) {
     r.anchor_abs = abs;
     r.anchor_rel = rel;
-    r.anchor_name = name;
+    r.anchor_name = detail::anchor_named(name, abs == lse_abs ? lse_scale : out_scale);
     return r;
   };
-  cmp::FloatRule out_rule = anchored(bound_rule(b.out, -1),
-                                     detail::kFlashMlaOutAbs * std::max(1.0, detail::rms_v(kv, D) / detail::kFlashMlaDataRms),
-                                     detail::kFlashMlaOutRel, "FlashMLA's prefill check_is_allclose");
+  cmp::FloatRule out_rule = anchored(bound_rule(b.out, -1), detail::kFlashMlaOutAbs * out_scale, detail::kFlashMlaOutRel,
+                                     "FlashMLA's prefill check_is_allclose");
   out_rule.metric_max = detail::kFlashMlaOutCos;
   out_rule.metric_name = "(FlashMLA's prefill cos_diff_tol)";
   // The precision test (judge/precision.h, kind attention: the f32 contract against bf16 logits,
@@ -342,12 +353,16 @@ void V4Judge::attention(int l, const Tensor<int32_t>& used, const std::string& n
                      anchored(bound_rule(b.lse, -1), lse_abs, detail::kFlashMlaLseRel, "FlashMLA's prefill lse check"), 1,
                      cmp::kFloorLse, 1);
   }
-  if (has(l, "attn.max_logits"))
-    judged("attn.max_logits", e.max_logits, candidate_float(c_, nm(l, "attn.max_logits"), {T, H}),
-           anchored(bound_rule(b.max_logits, -1), lse_abs, detail::kFlashMlaLseRel, "FlashMLA's prefill max_logits check"), 1,
-           cmp::kFloorLse, 2);
+  Tensor<float> cm;
+  if (has(l, "attn.max_logits")) {
+    cm = candidate_float(c_, nm(l, "attn.max_logits"), {T, H});
+    failed |= judged("attn.max_logits", e.max_logits, cm,
+                     anchored(bound_rule(b.max_logits, -1), lse_abs, detail::kFlashMlaLseRel, "FlashMLA's prefill max_logits check"), 1,
+                     cmp::kFloorLse, 2);
+  }
   if (failed)
-    attention_hypotheses(l, used, co.numel() ? &co : nullptr, cr.numel() ? &cr : nullptr, cl.numel() ? &cl : nullptr, b.out, b.lse);
+    attention_hypotheses(l, used, co.numel() ? &co : nullptr, cr.numel() ? &cr : nullptr, cl.numel() ? &cl : nullptr,
+                         cm.numel() ? &cm : nullptr, b, e);
 }
 
 // The precision test of a compressor's entries (judge/precision.h, kind values), where the set's
@@ -384,6 +399,19 @@ void V4Judge::entries_hypotheses(int l, const std::string& part, const Tensor<fl
   const std::vector<float> freq = ref::v4::inv_freq(cp.rope);
   for (int64_t e = 0; e < unrot.dim(0); ++e) ref::v4::apply_rope_inverse(&unrot.at(e, unrot.dim(1) - rd), rd, e * cp.ratio, freq);
   if (near(unrot, 0)) res.diagnoses.push_back(P(l) + ": " + part + ".entries match the entries without their RoPE");
+  // Another RMSNorm epsilon in place of the set's: the values configs and frameworks use (1e-5 and
+  // 1e-6 in model configs, torch.nn.RMSNorm's default the dtype's epsilon, 1e-8, 1e-12, none).
+  for (const float eps : {1e-5f, 1e-6f, 0x1p-23f, 1e-8f, 1e-12f, 0.0f}) {
+    if (eps == cp.eps) continue;
+    ref::v4::CompressorParams other = cp;
+    other.eps = eps;
+    if (near(ref::v4::compress(kv, gate, bias, w, other), 0)) {
+      char buf[64];
+      std::snprintf(buf, sizeof buf, "%g (the set's is %g)", double(eps), double(cp.eps));
+      res.diagnoses.push_back(P(l) + ": " + part + ".entries match the compressor's RMSNorm with eps " + buf);
+      break;
+    }
+  }
   if (cp.overlap) overlap_hypotheses(l, part, c, near);
 }
 
@@ -448,7 +476,7 @@ void V4Judge::schedule_hypotheses() {
 }
 
 void V4Judge::blocks_hypotheses(int l, const Tensor<float>& scores, const Tensor<int32_t>& ks, const Tensor<int32_t>& ke,
-                                const Tensor<int32_t>& gold, const Tensor<int32_t>& cand) {
+                                const Tensor<int32_t>& gold, const Tensor<int32_t>& cand, bool follows_source) {
   for (int shift : {-1, 1}) {
     Tensor<int32_t> s = cand;
     for (int32_t& x : s.data) x = x >= 0 ? x + shift : x;
@@ -457,17 +485,33 @@ void V4Judge::blocks_hypotheses(int l, const Tensor<float>& scores, const Tensor
                               " block (an off-by-one block number)");
   }
   const int src = lay_.schedule.source[size_t(l)];
-  if (src != l) res.diagnoses.push_back(P(l) + ": a Shared C4A layer whose blocks are not its source layer " + std::to_string(src) +
-                                        "'s (its own indexer, or the schedule off)");
+  if (src != l && !follows_source)
+    res.diagnoses.push_back(P(l) + ": a Shared C4A layer whose blocks are not its source layer " + std::to_string(src) +
+                            "'s (its own indexer, or the schedule off)");
 }
 
 void V4Judge::attention_hypotheses(int l, const Tensor<int32_t>& used, const Tensor<float>* out, const Tensor<float>* rot,
-                                   const Tensor<float>* lse, const std::vector<float>& out_bound, const std::vector<float>& lse_bound) {
+                                   const Tensor<float>* lse, const Tensor<float>* max_logits, const cmp::AttentionBounds& b,
+                                   const ref::AttentionOut& gold) {
   const ref::v4::Config& cfg = lay_.cfg;
   const int64_t T = cfg.n_tokens, H = cfg.n_heads, D = cfg.head_dim;
   const Tensor<bf16_t> q = g_.tensor<bf16_t>(nm(l, "attn.q")), kv = g_.tensor<bf16_t>(nm(l, "attn.kv"));
   const Tensor<float> sink = g_.tensor<float>(nm(l, "attn.sink"));
-  const ref::AttentionOut e = k_.sparse_attention(q, kv, used, cfg.sm_scale(), D, nullptr, &sink);
+  const ref::AttentionOut& e = gold;
+  const std::vector<float>&out_bound = b.out, &lse_bound = b.lse;
+  if (max_logits) softmax_scale_hypothesis(l, used, out, lse, *max_logits, gold);
+  // One key missing per row: each row's first (the oldest window slot) or last valid slot dropped,
+  // a loop bound over the slots off by one.
+  for (const bool last : {true, false}) {
+    int64_t dropped = 0;
+    const Tensor<int32_t> fewer = emul::drop_one_key(used, nullptr, kv.dim(0), last, &dropped);
+    if (dropped == 0 || (!out && !lse)) continue;
+    const ref::AttentionOut o = k_.sparse_attention(q, kv, fewer, cfg.sm_scale(), D, nullptr, &sink);
+    const cmp::AttentionBounds ob = k_.attention_bounds_sm(q, kv, fewer, cfg.sm_scale(), D, nullptr, &sink, o, nullptr);
+    if ((!out || detail::explains(o.out, ob.out, *out, e.out)) && (!lse || detail::explains(o.lse, ob.lse, *lse, e.lse)))
+      res.diagnoses.push_back(P(l) + ": " + (out ? "attn.out" : "attn.lse") + " is the attention without each row's " +
+                              (last ? "last" : "first") + " slot (one key missing per row: a loop bound over the slots off by one)");
+  }
   if (out) {
     const ref::AttentionOut n = k_.sparse_attention(q, kv, used, cfg.sm_scale(), D, nullptr, nullptr);
     const cmp::AttentionBounds nb = k_.attention_bounds_sm(q, kv, used, cfg.sm_scale(), D, nullptr, nullptr, n, nullptr);
@@ -508,6 +552,37 @@ void V4Judge::attention_hypotheses(int l, const Tensor<int32_t>& used, const Ten
     if (passes(cmp::compare_floats("", fwd, *rot, rule_of(rb, ""))))
       res.diagnoses.push_back(P(l) + ": attn.out_rotated is rotated by +angle (the forward RoPE), not the inverse (-sin)");
   }
+}
+
+// A softmax scale other than the set's (576^-1/2 where the set has 512^-1/2, say): max_logits =
+// sm_scale * max q.k is then the golden's times one factor c in every element. c is fitted by least
+// squares over max_logits; the hypothesis holds when the attention recomputed at c * sm_scale
+// explains every attention output the candidate holds (within its bounds, twice as close as the
+// golden). The report gives the scale as d^-1/2.
+void V4Judge::softmax_scale_hypothesis(int l, const Tensor<int32_t>& used, const Tensor<float>* out, const Tensor<float>* lse,
+                                       const Tensor<float>& max_logits, const ref::AttentionOut& gold) {
+  double num = 0, den = 0;
+  for (int64_t i = 0; i < max_logits.numel(); ++i)
+    if (std::isfinite(max_logits[i]) && std::isfinite(gold.max_logits[i])) {
+      num += double(max_logits[i]) * gold.max_logits[i];
+      den += double(gold.max_logits[i]) * gold.max_logits[i];
+    }
+  if (den <= 0) return;
+  const double c = num / den;
+  const float sm = float(double(lay_.cfg.sm_scale()) * c);
+  if (!(c > 0) || sm == lay_.cfg.sm_scale()) return;
+  const int64_t D = lay_.cfg.head_dim;
+  const Tensor<bf16_t> q = g_.tensor<bf16_t>(nm(l, "attn.q")), kv = g_.tensor<bf16_t>(nm(l, "attn.kv"));
+  const Tensor<float> sink = g_.tensor<float>(nm(l, "attn.sink"));
+  const ref::AttentionOut o = k_.sparse_attention(q, kv, used, sm, D, nullptr, &sink);
+  const cmp::AttentionBounds ob = k_.attention_bounds_sm(q, kv, used, sm, D, nullptr, &sink, o, nullptr);
+  if (!detail::explains(o.max_logits, ob.max_logits, max_logits, gold.max_logits)) return;
+  if (out && !detail::explains(o.out, ob.out, *out, gold.out)) return;
+  if (lse && !detail::explains(o.lse, ob.lse, *lse, gold.lse)) return;
+  char buf[200];
+  std::snprintf(buf, sizeof buf, ": the attention matches a wrong softmax scale: %.6g = %.4g^-1/2 (x%.4f), where the set's is %.6g = %lld^-1/2",
+                double(sm), 1.0 / (double(sm) * double(sm)), c, double(lay_.cfg.sm_scale()), (long long)D);
+  res.diagnoses.push_back(P(l) + buf);
 }
 
 }  // namespace

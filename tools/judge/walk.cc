@@ -325,7 +325,8 @@ void Judge::judge_attention(const LayerData& d, const std::string& P, const Used
   release_freed_memory();
   AttnCtx a{d, P, used.note, used.indices, std::move(e), {}, 0, nullptr};
   a.seqs = row_sequences(g_, s_q_, d.has_indexer ? &d.ks : layer(d.source).has_indexer ? &layer(d.source).ks : nullptr);
-  a.lse_abs = kFlashMlaLseAbs * std::max(1.0, cmp::rms_finite(a.e.attn.max_logits));
+  a.lse_scale = lse_anchor_scale(a.e.attn.max_logits);
+  a.lse_abs = kFlashMlaLseAbs * a.lse_scale;
   {
     const Tensor<int32_t>* tl = d.topk_length.numel() ? &d.topk_length : nullptr;
     std::vector<int64_t> rows = prec::sample_rows(a.use, tl, s_kv_, h_q_, d.kv.dim(2), d_v_);
@@ -362,10 +363,10 @@ cmp::Verdict Judge::structured(AttnCtx& a, const std::string& tensor, const Tens
 
 void Judge::judge_out(AttnCtx& a, const Tensor<float>& co, io::DiffPanel& panel) {
   cmp::FloatRule rule = bound_rule(std::move(a.e.bounds.out), a.e.budget);
-  const double scale = std::max(1.0, rms_v(a.d.kv, d_v_) / kFlashMlaDataRms);
+  const double scale = out_anchor_scale(a.d.kv, d_v_);
   rule.anchor_abs = (decode_ ? kFlashMlaDecodeOutAbs : kFlashMlaOutAbs) * scale;
   rule.anchor_rel = decode_ ? kFlashMlaDecodeOutRel : kFlashMlaOutRel;
-  rule.anchor_name = decode_ ? "FlashMLA's decode check_is_allclose" : "FlashMLA's prefill check_is_allclose";
+  rule.anchor_name = anchor_named(decode_ ? "FlashMLA's decode check_is_allclose" : "FlashMLA's prefill check_is_allclose", scale);
   rule.metric_max = decode_ ? kFlashMlaDecodeOutCos : kFlashMlaOutCos;
   rule.metric_name = decode_ ? "(FlashMLA's decode cos_diff_tol)" : "(FlashMLA's prefill cos_diff_tol)";
   cmp::StructureSpec spec = out_spec(d_v_, nullptr);
@@ -386,7 +387,7 @@ void Judge::judge_lse(AttnCtx& a) {
   cmp::FloatRule rule = bound_rule(a.e.bounds.lse);
   rule.anchor_abs = a.lse_abs;
   rule.anchor_rel = decode_ ? kFlashMlaDecodeLseRel : kFlashMlaLseRel;
-  rule.anchor_name = decode_ ? "FlashMLA's decode lse check" : "FlashMLA's prefill lse check";
+  rule.anchor_name = anchor_named(decode_ ? "FlashMLA's decode lse check" : "FlashMLA's prefill lse check", a.lse_scale);
   cmp::StructureSpec spec;
   spec.rows = s_q_;
   spec.heads = h_q_;
@@ -417,7 +418,7 @@ void Judge::judge_max_logits(AttnCtx& a) {
   cmp::FloatRule rule = bound_rule(a.e.bounds.max_logits);
   rule.anchor_abs = a.lse_abs;
   rule.anchor_rel = kFlashMlaLseRel;
-  rule.anchor_name = "FlashMLA's prefill max_logits check";
+  rule.anchor_name = anchor_named("FlashMLA's prefill max_logits check", a.lse_scale);
   cmp::StructureSpec spec;
   spec.rows = s_q_;
   spec.heads = h_q_;

@@ -59,6 +59,10 @@ using RowSet = std::vector<int32_t>;
 
 inline bool passes(const cmp::Report& r) { return r.verdict != cmp::Verdict::fail; }
 
+// Does the alternative `alt` (with its bound) explain the candidate `got`: within the bound, and at
+// least twice as close as the golden `gold` (hypotheses.cc)?
+bool explains(const Tensor<float>& alt, const std::vector<float>& bound, const Tensor<float>& got, const Tensor<float>& gold);
+
 // Rows of cand against gold (s_q rows of k values each, [s_q, k] or [s_q, 1, k]): per row the recall |C ∩ G| / |G| of
 // their sets (row_set; 1 where G is empty: the recall strip of the picture), and whether every
 // row's sets are equal. A row equal slot for slot has both at once (recall 1, the same set)
@@ -141,6 +145,13 @@ void pool(std::map<std::string, std::pair<int, std::vector<cmp::ClusterSums>>>& 
 std::vector<int64_t> row_ids(const golden::Loaded& g);
 
 double rms_v(const Tensor<bf16_t>& kv, int64_t d_v);
+// FlashMLA's absolute tolerances are stated for its test data (kv ~ N(0, 0.1^2), O(1) logits): the
+// factors that carry them to a set's values, max(1, rms(V) / 0.1) for out and max(1,
+// rms(max_logits)) for lse and max_logits (judge/anchors.h), and the anchor's name saying which
+// applies ("..., abs scaled x12.3 to the set's values" or "..., at FlashMLA's test scale").
+double out_anchor_scale(const Tensor<bf16_t>& kv, int64_t d_v);
+double lse_anchor_scale(const Tensor<float>& max_logits);
+std::string anchor_named(const std::string& name, double scale);
 // The rows `rows` of q [s_q, h, d] (the precision test's sample), in that order.
 Tensor<bf16_t> q_at_rows(const Tensor<bf16_t>& q, const std::vector<int64_t>& rows);
 
@@ -310,6 +321,7 @@ class Judge {
     std::vector<int64_t> seqs;
     double lse_abs = 0;
     std::unique_ptr<prec::AttentionClasses> classes;  // the precision test's sample and classes
+    double lse_scale = 1;                             // lse_anchor_scale of the expected max_logits
   };
 
   // The structure tests of an [s_q, h_q, cols] attention output (attn.out, attn.model_out):
