@@ -35,6 +35,17 @@ TEST_CASE("catalogue: every planted kernel bug fails and its first diagnosis nam
   }
 }
 
+TEST_CASE("catalogue: wrong names are counted apart from missing ones") {
+  calib::CatalogueRow r{"bug", "softmax scale", "", true, false, false};
+  CHECK(r.outcome() == "missing");
+  r.first = "layer 3: a Shared C4A layer whose blocks are not its source layer 1's";
+  CHECK(r.outcome() == "wrong");
+  r.named_first = true;
+  CHECK(r.outcome() == "right");
+  r.failed = false;
+  CHECK(r.outcome() == "passed");
+}
+
 TEST_CASE("catalogue: a report with no named cause lists the registry's hypotheses") {
   diff::Result r;
   r.tensors.push_back({0, "attn.out", {}, ""});

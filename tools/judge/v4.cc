@@ -55,7 +55,7 @@ bool same_row_set(const Tensor<int32_t>& a, const Tensor<int32_t>& b, int64_t t)
 
 const std::vector<std::string> kJudgedV4 = {"compressor.entries", "indexer.entries", "indexer.scores",  "indexer.blocks",
                                             "attn.indices",       "attn.out",        "attn.out_rotated", "attn.lse",
-                                            "attn.max_logits"};
+                                            "attn.max_logits",    "attn.kv"};
 
 class V4Judge : public KindJudge {
  public:
@@ -75,7 +75,10 @@ class V4Judge : public KindJudge {
   std::vector<float> entry_bounds(int l, const std::string& part);
   void blocks(int l, Tensor<int32_t>& used);
   cmp::Report indices(int l, const Tensor<int32_t>& cand, const Tensor<int32_t>& gold, const Tensor<int32_t>* blocks) const;
-  void attention(int l, const Tensor<int32_t>& used_indices, const std::string& note);
+  void attention(int l, const Tensor<int32_t>& used_indices, std::string note);
+  // A whole pipeline's own kv_full (attn.kv, the token rows and its bf16 compressed entries): judged,
+  // and when it passes, the kv the attention is judged on (true).
+  bool candidate_kv(int l, Tensor<bf16_t>& kv);
   // Hypotheses on a failure: each emulates a known bug on the golden's inputs and names it when
   // the candidate is within the tensor's bound of that emulation.
   void entries_precision(int l, const std::string& part, const Tensor<float>& gold, const Tensor<float>& cand);
@@ -106,7 +109,7 @@ std::set<int> V4Judge::layers(const std::set<int>& wanted) const {
   const std::set<std::string> outputs(kJudgedV4.begin(), kJudgedV4.end());
   return own_list_layers(g_, c_, int(lay_.schedule.types.size()), outputs, golden::v4_dump_inputs(), "v4",
                          "layers.{l}.compressor.entries, indexer.entries, indexer.scores, indexer.blocks, attn.indices, "
-                         "attn.out, attn.out_rotated, attn.lse or attn.max_logits",
+                         "attn.out, attn.out_rotated, attn.lse, attn.max_logits or attn.kv",
                          [&](int l) {
                            return "the golden layer " + std::to_string(l) + " (" +
                                   ref::v4::layer_type_name(lay_.schedule.types[size_t(l)]) + ", " +
@@ -270,13 +273,16 @@ cmp::Report V4Judge::indices(int l, const Tensor<int32_t>& cand, const Tensor<in
   return r;
 }
 
-void V4Judge::attention(int l, const Tensor<int32_t>& used, const std::string& note) {
+void V4Judge::attention(int l, const Tensor<int32_t>& used, std::string note) {
   const ref::v4::Config& cfg = lay_.cfg;
   const int64_t T = cfg.n_tokens, H = cfg.n_heads, D = cfg.head_dim;
-  const Tensor<bf16_t> q = g_.tensor<bf16_t>(nm(l, "attn.q")), kv = g_.tensor<bf16_t>(nm(l, "attn.kv"));
+  const Tensor<bf16_t> q = g_.tensor<bf16_t>(nm(l, "attn.q"));
+  Tensor<bf16_t> kv = g_.tensor<bf16_t>(nm(l, "attn.kv"));
   const Tensor<float> sink = g_.tensor<float>(nm(l, "attn.sink"));
   const float sm = cfg.sm_scale();
   ref::AttentionOut e;
+  if (has(l, "attn.kv") && candidate_kv(l, kv))  // conditional evaluation on the candidate's own kv_full
+    note = note.empty() ? "expected recomputed on the candidate's attn.kv" : note + "; on the candidate's attn.kv";
   if (note.empty()) {
     e.out = g_.tensor<float>(nm(l, "attn.out"));
     e.lse = g_.tensor<float>(nm(l, "attn.lse"));
@@ -363,6 +369,36 @@ void V4Judge::attention(int l, const Tensor<int32_t>& used, const std::string& n
   if (failed)
     attention_hypotheses(l, used, co.numel() ? &co : nullptr, cr.numel() ? &cr : nullptr, cl.numel() ? &cl : nullptr,
                          cm.numel() ? &cm : nullptr, b, e);
+}
+
+// attn.kv [T + n_c, 1, D] bf16: the token rows are the layer's inputs (equal bit for bit); compressed
+// row T + j is the kernel's own bf16 rounding of its entry j, within the entry's bound
+// (compressor.entries') plus one bf16 ulp at the bound's edge (a value within the bound may round
+// to the neighbouring bf16 either way). A passing kv (rounded to bf16 if handed in as f32) replaces
+// the golden's for the attention's expected values; attn.q and the indices stay the golden's.
+bool V4Judge::candidate_kv(int l, Tensor<bf16_t>& kv) {
+  const int64_t T = lay_.cfg.n_tokens, D = lay_.cfg.head_dim, n_c = kv.dim(0) - T;
+  Tensor<float> expected = bf16_to_f32(kv);
+  std::vector<float> bound(size_t(expected.numel()), 0.0f);
+  if (n_c > 0) {
+    const Tensor<float> entries = g_.tensor<float>(nm(l, "compressor.entries"));
+    const std::vector<float> eb = entry_bounds(l, "compressor");
+    for (int64_t j = 0; j < n_c; ++j)
+      for (int64_t d = 0; d < D; ++d) {
+        const size_t i = size_t((T + j) * D + d), e = size_t(j * D + d);
+        expected[int64_t(i)] = entries[int64_t(e)];
+        const double edge = std::fabs(double(entries[int64_t(e)])) + double(eb[e]);
+        bound[i] = cmp::bound_f32(double(eb[e]) + std::ldexp(1.0, std::max(std::ilogb(std::max(edge, 1e-30)), -126) - 7));
+      }
+  }
+  const Tensor<float> cand = candidate_float(c_, nm(l, "attn.kv"), kv.shape);
+  const bool ok = add(l, "attn.kv", cmp::compare_floats("", expected, cand,
+                                                        rule_of(std::move(bound), "token rows exact (the layer's inputs); compressed rows "
+                                                                                  "within compressor.entries' bound plus one bf16 ulp"))) !=
+                  cmp::Verdict::fail;
+  if (ok)
+    for (int64_t i = 0; i < kv.numel(); ++i) kv[i] = f32_to_bf16(cand[i]);
+  return ok;
 }
 
 // The precision test of a compressor's entries (judge/precision.h, kind values), where the set's

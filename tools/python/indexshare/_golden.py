@@ -232,6 +232,9 @@ def golden(problem=None, *, preset: str | None = None, model: str | None = None,
         unknown = set(t) - {"loss", "target", "relu", "loss_coeff", "edges", "loss_layers"}
         if unknown:
             raise ValueError(f"train: unknown keys {sorted(unknown)} (loss, target, relu, loss_coeff, edges, loss_layers)")
+        for key in ("relu", "edges"):  # a string ("no") or a number would silently read as True
+            if key in t and not isinstance(t[key], bool):
+                raise ValueError(f"train: {key} must be True or False, got {t[key]!r}")
         loss_layers = t.get("loss_layers") or []
         if isinstance(loss_layers, (int, str)) or not all(isinstance(x, int) and x >= 0 for x in loss_layers):
             raise ValueError(f"train: loss_layers must be a list of layer numbers, got {loss_layers!r}")
