@@ -177,11 +177,12 @@ void loss_row(LossContext& c, const std::vector<double>& kT, int64_t t, IndexerL
   }
   const std::vector<int64_t>& R = c.rows[size_t(t)];
   if (R.empty()) return;
-  std::vector<double> p = teacher_row((*c.teachers)[0], t, R);
+  std::vector<std::vector<double>> p_each(1, teacher_row((*c.teachers)[0], t, R));
+  std::vector<double> p = p_each[0];
   if (c.o.target == ref::train::Target::served_layers) {
     for (size_t j = 1; j < c.teachers->size(); ++j) {
-      const std::vector<double> pj = teacher_row((*c.teachers)[j], t, R);
-      for (size_t i = 0; i < R.size(); ++i) p[i] += pj[i];
+      p_each.push_back(teacher_row((*c.teachers)[j], t, R));
+      for (size_t i = 0; i < R.size(); ++i) p[i] += p_each[j][i];
     }
     for (double& v : p) v /= double(c.teachers->size());
   }
@@ -194,6 +195,7 @@ void loss_row(LossContext& c, const std::vector<double>& kT, int64_t t, IndexerL
   for (double v : e) l += v;
   const double lse = m + std::log(l);
   ref::train::detail::kl_and_d_scores(c, t, I.data(), lo, p, e, l, lse, out);
+  ref::train::detail::apply_kl_form(c, t, p_each, p, out);
   std::vector<double> dq(static_cast<size_t>(D));
   for (int64_t h = 0; h < H; ++h) {
     const double wh = c.w[size_t(t * H + h)];

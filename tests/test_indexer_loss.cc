@@ -330,6 +330,27 @@ TEST_CASE("indexer loss: served-layers (IndexCache training-aware target)") {
   const double mean_kl = brute_loss(c, to_double(c.q), to_double(c.k), to_double(c.w), nullptr, b);
   CHECK(out.loss == doctest::Approx(kl_bar).epsilon(1e-12));
   CHECK(mean_kl > kl_bar);
+  // kl_form mean-of-kl: the loss is the defined L (the brute force's mean of KLs), every row's kl
+  // the mean of the own-layer KLs of each teacher alone; the gradients are the same bits.
+  IndexerLossOptions mk = served;
+  mk.kl_form = ref::train::KlForm::mean_of_kl;
+  const IndexerLossOut m = run(c, nullptr, mk, 3);
+  CHECK(m.loss == doctest::Approx(mean_kl).epsilon(1e-12));
+  CHECK(m.loss > out.loss);
+  CHECK(m.dq.data == out.dq.data);
+  CHECK(m.dk.data == out.dk.data);
+  CHECK(m.dw.data == out.dw.data);
+  std::vector<IndexerLossOut> each;
+  for (int j = 0; j < 3; ++j) {
+    Case one = c;  // teacher j alone: its own-layer KL against the same student
+    one.aq = {c.aq[size_t(j)]};
+    one.akv = {c.akv[size_t(j)]};
+    each.push_back(run(one, nullptr, own, 1));
+  }
+  for (int64_t t = 0; t < m.kl.numel(); ++t)
+    CHECK(double(m.kl[t]) == doctest::Approx((double(each[0].kl[t]) + each[1].kl[t] + each[2].kl[t]) / 3).epsilon(1e-6));
+  CHECK(ref::train::kl_form_name(ref::train::parse_kl_form("mean-of-kl")) == "mean-of-kl");
+  CHECK_THROWS_AS(ref::train::parse_kl_form("mean"), Error);
 }
 
 TEST_CASE("indexer loss: non_compressed_lse teacher") {
@@ -395,7 +416,7 @@ void check_simd_bits(const Case& c) {
     IndexerLossOptions o;
     o.relu = variant != 1, o.sparse = variant >= 2, o.loss_coeff = 0.3;
     const int layers = variant == 3 ? 2 : 1;
-    if (variant == 3) o.target = ref::train::Target::served_layers;
+    if (variant == 3) o.target = ref::train::Target::served_layers, o.kl_form = ref::train::KlForm::mean_of_kl;
     const std::vector<TeacherLayer> t = teachers_of(c, layers, variant == 1);
     const IndexerLossOut want = ref::train::indexer_loss(c.q, c.k, c.w, c.ks, c.ke, &top, t, o);
     for (int64_t target : targets) {

@@ -125,7 +125,8 @@ TEST_CASE("kernels: a set written --for a kernel holds every argument its manife
           int64_t want_n = 1, got_n = 1;
           for (int64_t d : shape) want_n *= d;
           for (int64_t d : v->shape) got_n *= d;
-          if (a["view"].get<bool>()) CHECK(got_n == want_n);  // the same bytes, viewed in the kernel's shape
+          // A view or a transpose (the same elements, reshaped or reordered) holds the same number.
+          if (a["view"].get<bool>() || a.contains("transpose")) CHECK(got_n == want_n);
           else CHECK(std::vector<int64_t>(v->shape.begin(), v->shape.end()) == shape);
           // Outputs may be written in another dtype (attn.out F32 in the set, bf16 from the kernel).
           if (std::string(part) == "args") CHECK(io::dtype_name(v->dtype) == a["dtype"].get<std::string>());
@@ -319,12 +320,20 @@ void check_kernel_block(const nlohmann::json& kb, const TensorList& t) {
         int64_t want = 1, got = 1;
         for (int64_t d : shape) want *= d;
         for (int64_t d : v.shape) got *= d;
-        if (a["view"].get<bool>()) CHECK(got == want);
+        if (a["view"].get<bool>() || a.contains("transpose")) CHECK(got == want);
         else CHECK(v.shape == shape);
         if (std::string(part) == "args") CHECK(v.dtype == a["dtype"].get<std::string>());
         ++n;
       }
   CHECK(n >= 4);
+}
+
+TEST_CASE("kernels: MODEL1 decode's lse is a transpose of the set's, not a view") {
+  const kreg::Kernel& k = kreg::kernel("flashmla-sparse-decode-model1");
+  const auto lse = std::find_if(k.outputs.begin(), k.outputs.end(), [](const kreg::Arg& a) { return a.name == "lse"; });
+  REQUIRE(lse != k.outputs.end());
+  CHECK_FALSE(lse->view);
+  CHECK(lse->transpose == std::pair<int, int>{1, 2});
 }
 
 std::string kernel_manifest_path(const std::string& name) {

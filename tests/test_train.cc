@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <map>
 #include <optional>
+#include <tuple>
 
 #include "ref/numerics.h"
 #include "ref/train/attention_bwd.h"
@@ -245,6 +246,42 @@ TEST_CASE("train: loss_coeff applied twice is named, served-layers teaches with 
   CHECK(verdict(r, 0, "indexer_loss.dk") == cmp::Verdict::fail);
   CHECK_MESSAGE(diagnosed(r, "loss_coeff applied twice"), diagnoses_text(r));
   std::filesystem::remove_all(s.dir);
+}
+
+TEST_CASE("train: the served-layers loss convention is named, declared and judged by name") {
+  // Two sets of the same inputs: kl and loss as KL(p-bar || q) (the default) and as mean_j KL(p_j || q).
+  golden::TrainSpec t;
+  t.target = "served-layers";
+  const TrainSet a = make_set(t);
+  t.kl_form = "mean-of-kl";
+  const TrainSet b = make_set(t);
+  CHECK(a.g.manifest["train"]["kl_form"] == "kl-of-mean");
+  CHECK(b.g.manifest["train"]["kl_form"] == "mean-of-kl");
+  CHECK(a.g.tensor<float>("layers.0.indexer_loss.dq").data == b.g.tensor<float>("layers.0.indexer_loss.dq").data);
+  CHECK(b.g.tensor<float>("layers.0.indexer_loss.loss")[0] > a.g.tensor<float>("layers.0.indexer_loss.loss")[0]);
+  for (const auto& [set, other, form] : {std::tuple{&a, &b, "mean-of-kl"}, std::tuple{&b, &a, "kl-of-mean"}}) {
+    CAPTURE(form);
+    Cand c;  // a kernel of the other convention: its kl and loss
+    for (const char* n : {"layers.0.indexer_loss.kl", "layers.0.indexer_loss.loss", "layers.0.indexer_loss.dq"})
+      c.set(n, other->g.tensor<float>(n));
+    const diff::Result undeclared = diff::judge(set->g, c.file(), {});
+    CHECK(verdict(undeclared, 0, "indexer_loss.loss") == cmp::Verdict::fail);
+    CHECK_MESSAGE(diagnosed(undeclared, std::string("the loss convention ") + form), diagnoses_text(undeclared));
+    const diff::Result declared = diff::judge(set->g, c.file(), {}, {}, false, prec::parse_contract(std::string("kl=") + form));
+    CHECK_MESSAGE(!declared.failed(), diagnoses_text(declared));
+    // Declared, its own set's values fail: the declaration is held to.
+    Cand own;
+    for (const char* n : {"layers.0.indexer_loss.kl", "layers.0.indexer_loss.loss"}) own.set(n, set->g.tensor<float>(n));
+    CHECK(diff::judge(set->g, own.file(), {}, {}, false, prec::parse_contract(std::string("kl=") + form)).failed());
+  }
+  CHECK_THROWS_AS(prec::parse_contract("kl=mean"), Error);
+  t.target = "own-layer";
+  const indexshare::testing::CliResult r = indexshare::testing::run_cli(
+      "golden --kind train --problem 'sq8 skv8 hq2 dqk16 dv8 ih2 id16 k4 indexer=bf16' --kl-form mean-of-kl --out /tmp/x-never");
+  CHECK(r.status == 2);
+  CHECK(r.out.find("--kl-form mean-of-kl needs --train-target served-layers") != std::string::npos);
+  std::filesystem::remove_all(a.dir);
+  std::filesystem::remove_all(b.dir);
 }
 
 TEST_CASE("train: bad requests are refused with a clear error") {

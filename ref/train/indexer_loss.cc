@@ -20,6 +20,14 @@ Target parse_target(const std::string& name) {
 
 std::string target_name(Target t) { return t == Target::own_layer ? "own-layer" : "served-layers"; }
 
+KlForm parse_kl_form(const std::string& name) {
+  if (name == "kl-of-mean") return KlForm::kl_of_mean;
+  if (name == "mean-of-kl") return KlForm::mean_of_kl;
+  throw Error("indexer loss kl_form: unknown name '" + name + "' (kl-of-mean or mean-of-kl)");
+}
+
+std::string kl_form_name(KlForm f) { return f == KlForm::kl_of_mean ? "kl-of-mean" : "mean-of-kl"; }
+
 namespace detail {
 
 namespace {
@@ -113,13 +121,15 @@ std::vector<double> teacher_row(const TeacherLayer& L, int64_t t, const std::vec
   return acc;
 }
 
-// The target over R(t): own-layer, or the mean over the served layers (j ascending).
-std::vector<double> target_row(const LossContext& c, int64_t t, const std::vector<int64_t>& R) {
-  std::vector<double> p = teacher_row((*c.teachers)[0], t, R);
+// The target over R(t): own-layer, or the mean over the served layers (j ascending). p_each
+// receives each teacher's row.
+std::vector<double> target_row(const LossContext& c, int64_t t, const std::vector<int64_t>& R, std::vector<std::vector<double>>& p_each) {
+  p_each.assign(1, teacher_row((*c.teachers)[0], t, R));
+  std::vector<double> p = p_each[0];
   if (c.o.target == Target::own_layer) return p;
   for (size_t j = 1; j < c.teachers->size(); ++j) {
-    const std::vector<double> pj = teacher_row((*c.teachers)[j], t, R);
-    for (size_t i = 0; i < R.size(); ++i) p[i] += pj[i];
+    p_each.push_back(teacher_row((*c.teachers)[j], t, R));
+    for (size_t i = 0; i < R.size(); ++i) p[i] += p_each[j][i];
   }
   for (double& v : p) v /= double(c.teachers->size());
   return p;
@@ -193,6 +203,17 @@ LossContext prepare(const Tensor<float>& q, const Tensor<float>& k, const Tensor
   return c;
 }
 
+void apply_kl_form(LossContext& c, int64_t t, const std::vector<std::vector<double>>& p_each, const std::vector<double>& p,
+                   IndexerLossOut& out) {
+  if (c.o.kl_form != KlForm::mean_of_kl || p_each.size() < 2) return;
+  double each = 0.0, mean = 0.0;
+  for (const std::vector<double>& pj : p_each)
+    for (double v : pj) each += v * std::log(std::max(v, kEps));
+  for (double v : p) mean += v * std::log(std::max(v, kEps));
+  c.kl[size_t(t)] += each / double(p_each.size()) - mean;
+  out.kl[t] = float(c.kl[size_t(t)]);
+}
+
 void kl_and_d_scores(LossContext& c, int64_t t, const double* I, int64_t lo, const std::vector<double>& p,
                      const std::vector<double>& e, double l, double lse, IndexerLossOut& out) {
   const std::vector<int64_t>& R = c.rows[size_t(t)];
@@ -224,7 +245,8 @@ void loss_row(LossContext& c, int64_t t, IndexerLossOut& out) {
   const std::vector<int64_t>& R = c.rows[size_t(t)];
   if (R.empty()) return;
   // 2. The target p and the student's log-softmax over R.
-  const std::vector<double> p = target_row(c, t, R);
+  std::vector<std::vector<double>> p_each;
+  const std::vector<double> p = target_row(c, t, R, p_each);
   double m = -std::numeric_limits<double>::infinity();
   for (int64_t s : R) m = std::max(m, I[size_t(s)]);
   std::vector<double> e(R.size());
@@ -233,6 +255,7 @@ void loss_row(LossContext& c, int64_t t, IndexerLossOut& out) {
   const double lse = m + std::log(l);
   // 3. kl[t] and dI = g (q * sum p - p).
   kl_and_d_scores(c, t, I.data(), 0, p, e, l, lse, out);
+  apply_kl_form(c, t, p_each, p, out);
   // 4. dw'[t,h] and dq[t,h,:] through the head scores S[h, s], s ascending over R.
   std::vector<double> S(static_cast<size_t>(H) * R.size()), col(static_cast<size_t>(H));
   for (size_t i = 0; i < R.size(); ++i) {

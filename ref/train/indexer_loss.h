@@ -43,10 +43,14 @@
 //   dS[t,h,s] = dI[t,s] * w'[t,h] * 1[S[h,s] > 0]   (no ReLU: dI * w')
 //   dq[t,h,d] = sum_{s in R} dS[t,h,s] * k[s,d]                         s ascending
 //   dk[s,d]   = sum_t sum_h dS[t,h,s] * q[t,h,d]                        t ascending, then h
-// served-layers: the defined loss is L = 1/(m+1) sum_j KL(p^(j) || q); since every p^(j) sums to
-// 1, dL/dI = q - p-bar, the gradient of KL(p-bar || q), which is what is computed. The reported
-// kl is KL(p-bar || q); it differs from L by the constant H(p-bar) - mean_j H(p^(j)) >= 0, which
-// has no gradient. The third-party IndexCache code clamps log q at -100 (and floors a sparse p at
+// served-layers: two loss conventions, by name (kl_form); their gradients are the same, since every
+// p^(j) sums to 1 and dL/dI = q - p-bar for both:
+//   kl-of-mean  kl[t] = KL(p-bar || q), the KL step above on the averaged target (the default)
+//   mean-of-kl  kl[t] = 1/(m+1) sum_j KL(p^(j) || q), the IndexCache paper's definition, computed
+//               as KL(p-bar || q) + gap, gap = (sum_j sum_{s in R} p^(j)_s log(max(p^(j)_s, 1e-10)))
+//               / (m+1) - sum_{s in R} p-bar_s log(max(p-bar_s, 1e-10)) (j, then s ascending): the
+//               constant H(p-bar) - mean_j H(p^(j)) >= 0 (Jensen), which has no gradient.
+// With one teacher (own-layer) the two are the same number. The third-party IndexCache code clamps log q at -100 (and floors a sparse p at
 // 1e-9): that is its own rule, not this one, and changes the loss only where q < e^-100.
 #pragma once
 
@@ -64,6 +68,11 @@ enum class Target { own_layer, served_layers };
 Target parse_target(const std::string& name);  // throws Error for another name
 std::string target_name(Target t);
 
+// Which number kl and loss hold with served-layers (above): KL(p-bar || q) or mean_j KL(p^(j) || q).
+enum class KlForm { kl_of_mean, mean_of_kl };
+KlForm parse_kl_form(const std::string& name);  // "kl-of-mean" or "mean-of-kl"; throws Error otherwise
+std::string kl_form_name(KlForm f);
+
 struct IndexerLossOptions {
   bool relu = true;          // ReLU on the head scores: DeepSeek V3.2 on, GLM-5 off
   bool sparse = false;       // support = top-k intersected with valid keys (dsa_indexer_use_sparse_loss)
@@ -72,6 +81,7 @@ struct IndexerLossOptions {
   bool all_rows = false;     // N = s_q instead of the valid rows
   double grad = 1.0;         // upstream gradient of the loss
   Target target = Target::own_layer;
+  KlForm kl_form = KlForm::kl_of_mean;
 };
 
 // One layer's main attention, the teacher. Pointers: the caller keeps the tensors alive.
@@ -132,6 +142,10 @@ LossContext prepare(const Tensor<float>& q, const Tensor<float>& k, const Tensor
 void loss_row(LossContext& c, int64_t t, IndexerLossOut& out);
 // log(exp(a) + exp(b)): max + log1p(exp_portable(-|a - b|)), -inf and +inf handled exactly.
 double logaddexp(double a, double b);
+// mean-of-kl with more than one teacher: kl[t] (context and output) plus the header's gap, from
+// each teacher's row p_each[j] (over R(t), j ascending) and their mean p; otherwise nothing.
+void apply_kl_form(LossContext& c, int64_t t, const std::vector<std::vector<double>>& p_each, const std::vector<double>& p,
+                   IndexerLossOut& out);
 // Step 3 of loss_row: p, log q = I - lse and kl[t] over R(t), s ascending, then dI = g (q sum p - p)
 // into c.dI and out, from the target p, the student's e = exp(I - max) with their sum l, and lse.
 // I[s - lo] holds the score of key s (ref: lo = 0; simd: the row's window from ks[t]).

@@ -177,6 +177,11 @@ def layer_args(block, g, l):
         assert t.dtype == TORCH_DTYPES[a["dtype"]], f"{name}: {t.dtype}, block says {a['dtype']}"
         if a["view"]:
             t = t.reshape(a["shape"])
+        if "transpose" in a:  # the set's reshaped with the two dims exchanged, then transposed
+            i, j = a["transpose"]
+            s = list(a["shape"])
+            s[i], s[j] = s[j], s[i]
+            t = t.reshape(s).transpose(i, j)
         assert list(t.shape) == a["shape"], f"{name}: {list(t.shape)}, block says {a['shape']}"
         out[a["name"]] = t
     return out

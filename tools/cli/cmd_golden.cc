@@ -35,7 +35,7 @@ struct GoldenArgs {
   std::string preset, problem, kind = "stack", out, impl = "ref", model, from, schedule, variant = "deepseek_fp8", target,
       max_memory = "8G", rows, for_kernel;
   // --kind train (tools/lib/golden_train.h)
-  std::string loss = "sparse", train_target = "own-layer", relu = "yes", train_edges = "no", loss_layers, d_out;
+  std::string loss = "sparse", train_target = "own-layer", kl_form = "kl-of-mean", relu = "yes", train_edges = "no", loss_layers, d_out;
   double loss_coeff = 1.0;
   int64_t layers = 0, seq = 0;
   int64_t seed = -1;
@@ -167,6 +167,11 @@ int golden_train(const GoldenArgs& a, std::chrono::steady_clock::time_point t0) 
   golden::TrainSpec t;
   t.sparse = a.loss == "sparse";
   t.target = a.train_target;
+  require(a.kl_form == "kl-of-mean" || a.kl_form == "mean-of-kl",
+          "golden: --kl-form must be kl-of-mean or mean-of-kl, got '" + a.kl_form + "'");
+  require(a.kl_form == "kl-of-mean" || a.train_target == "served-layers",
+          "golden: --kl-form mean-of-kl needs --train-target served-layers (with one teacher the two forms are one number)");
+  t.kl_form = a.kl_form;
   t.relu = a.relu == "yes";
   t.loss_coeff = a.loss_coeff;
   require(a.train_edges == "yes" || a.train_edges == "no", "golden: --train-edges must be yes or no, got '" + a.train_edges + "'");
@@ -205,7 +210,7 @@ int golden_descriptor(const GoldenArgs& a, std::chrono::steady_clock::time_point
   require(a.preset.empty() != a.problem.empty() && a.model.empty() && a.from.empty(),
           "golden --kind " + k.kind + ": give " + k.form + " or " + k.a_kind + " --preset, not --model / --from");
   reject_given(a.given, {"--rows", "--for", "--no-logits", "--layers", "--seq", "--seed", "--schedule", "--sim", "--variant",
-                         "--loss", "--train-target", "--relu", "--loss-coeff", "--train-edges", "--loss-layers", "--d-out"},
+                         "--loss", "--train-target", "--kl-form", "--relu", "--loss-coeff", "--train-edges", "--loss-layers", "--d-out"},
                "other kinds", k.a_kind + " set takes " + k.takes + " from its descriptor");
   require(!dist_active(), "golden: " + k.a_kind + " set is computed by one process: run it without mpirun / srun");
   const auto s = parse(a.preset.empty() ? a.problem : golden::preset(a.preset).problem);
@@ -397,7 +402,7 @@ int cmd_golden(const GoldenArgs& a) {
           "golden: --for " + a.for_kernel + " writes a train set, not --kind " + a.kind);
   if (a.kind == "train" || train_kernel || (!a.preset.empty() && golden::preset(a.preset).kind == "train"))
     return golden_train(a, t0);
-  reject_given(a.given, {"--loss", "--train-target", "--relu", "--loss-coeff", "--train-edges", "--loss-layers", "--d-out"}, "--kind train",
+  reject_given(a.given, {"--loss", "--train-target", "--kl-form", "--relu", "--loss-coeff", "--train-edges", "--loss-layers", "--d-out"}, "--kind train",
                "they shape the training set");
   if (is_model1_request(a)) return golden_model1(a, t0);
   // The preset, the overrides, --for and --rows: the rules the Python package shares (golden.h).
@@ -476,6 +481,8 @@ Action register_golden(CLI::App& app) {
       ->group("Training sets (--kind train)")->capture_default_str();
   c->add_option("--train-target", a->train_target,
                 help("golden", "--train-target"))
+      ->group("Training sets (--kind train)")->capture_default_str();
+  c->add_option("--kl-form", a->kl_form, help("golden", "--kl-form"))
       ->group("Training sets (--kind train)")->capture_default_str();
   c->add_option("--relu", a->relu, help("golden", "--relu"))
       ->group("Training sets (--kind train)")->capture_default_str();

@@ -114,7 +114,7 @@ double class_e(const std::vector<std::vector<double>>& members, const std::vecto
 
 std::string Contract::text() const {
   return std::string("logits=") + logits + (logits_declared ? " (declared)" : " (default)") + ", attn=" + attention +
-         (attention_declared ? " (declared)" : " (default)");
+         (attention_declared ? " (declared)" : " (default)") + (kl_form.empty() ? "" : ", kl=" + kl_form + " (declared)");
 }
 
 Contract parse_contract(const std::string& text) {
@@ -125,10 +125,16 @@ Contract parse_contract(const std::string& text) {
     if (item.empty()) continue;
     const auto eq = item.find('=');
     const std::string key = item.substr(0, eq), value = eq == std::string::npos ? "" : item.substr(eq + 1);
+    if (key == "kl") {
+      if (value != "kl-of-mean" && value != "mean-of-kl")
+        throw Error("--precision: '" + item + "': kl takes kl-of-mean (KL(mean_j p_j || q)) or mean-of-kl (mean_j KL(p_j || q))");
+      c.kl_form = value;
+      continue;
+    }
     Kind kind;
     if (key == "logits") kind = Kind::logits;
     else if (key == "attn") kind = Kind::attention;
-    else throw Error("--precision: unknown item '" + item + "' in '" + text + "' (expected logits=CLASS and/or attn=CLASS)");
+    else throw Error("--precision: unknown item '" + item + "' in '" + text + "' (expected logits=CLASS, attn=CLASS and/or kl=FORM)");
     if (class_index(kind, value) == classes(kind).size())
       throw Error("--precision: '" + item + "': " + key + " has the classes " + class_names(kind));
     // The attention's bounds and FlashMLA's anchors are f32 arithmetic's: a coarser class fails

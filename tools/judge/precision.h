@@ -85,14 +85,18 @@ const char* kind_key(Kind kind);  // "logits", "attn"
 struct Contract {
   std::string logits = "fp8mma", attention = "f32", gradients = "bf16-p-ds", values = "f32";  // gradients, values: not declarable
   bool logits_declared = false, attention_declared = false;
+  // Not an arithmetic but a convention the candidate declares with it (`kl=mean-of-kl`): which
+  // number a served-layers indexer loss's kl and loss hold (ref/train/indexer_loss.h, kl_form);
+  // empty: the set's own.
+  std::string kl_form;
   const std::string& of(Kind kind) const {
     return kind == Kind::logits ? logits : kind == Kind::attention ? attention : kind == Kind::gradients ? gradients : values;
   }
   // "logits=fp8mma (default), attn=f32 (default)"
   std::string text() const;
 };
-// "logits=bf16" (and "attn=f32", the only attention contract; empty: the defaults). Throws Error
-// naming the bad item and the classes there are.
+// "logits=bf16" (and "attn=f32", the only attention contract; "kl=mean-of-kl" or "kl=kl-of-mean";
+// empty: the defaults). Throws Error naming the bad item and the classes there are.
 Contract parse_contract(const std::string& text);
 
 constexpr double kPrecisionRatio = 4.0;

@@ -124,6 +124,7 @@ nlohmann::json Result::json() const {
   j["tensors"] = list;
   j["precision_contract"] = {{"logits", contract.logits}, {"logits_declared", contract.logits_declared},
                              {"attn", contract.attention}, {"attn_declared", contract.attention_declared}};
+  if (!contract.kl_form.empty()) j["precision_contract"]["kl"] = contract.kl_form;
   return j;
 }
 

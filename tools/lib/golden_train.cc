@@ -103,6 +103,7 @@ void indexer_loss(GoldenSet& g, const TrainSpec& t, int l, const std::vector<int
   o.sparse = t.sparse;
   o.loss_coeff = t.loss_coeff;
   o.target = ref::train::parse_target(t.target);
+  o.kl_form = ref::train::parse_kl_form(t.kl_form);
   ref::train::IndexerLossOut r = k.indexer_loss(bf16_to_f32(iq), bf16_to_f32(ik), w, ks, ke, &topk, tl, o);
   g.add(pre + "indexer_loss.p", std::move(r.p), Role::output);
   g.add(pre + "indexer_loss.log_q", std::move(r.log_q), Role::output);
@@ -162,6 +163,7 @@ std::string train_options_text(const TrainSpec& t) {
   std::string s;
   if (!t.sparse) s += " --loss dense";
   if (t.target != "own-layer") s += " --train-target " + t.target;
+  if (t.kl_form != "kl-of-mean") s += " --kl-form " + t.kl_form;
   if (!t.relu) s += " --relu no";
   if (t.edges) s += " --train-edges yes";
   if (!t.d_out_file.empty()) s += " --d-out " + t.d_out_file;
@@ -235,6 +237,17 @@ GoldenSet build_train(const Problem& p, const TrainSpec& t, const std::string& r
       {"ds", "attn_bwd.ds is dL/d(scaled logit); TileLang's dS is sm_scale times it"},
       {"shared_layers", "no indexer loss on Shared layers; their attention's gradients flow through the shared positions"},
   };
+  if (t.target == "served-layers") {
+    g.manifest["train"]["kl_form"] = t.kl_form;
+    g.manifest["train"]["kl_form_meaning"] =
+        t.kl_form == "kl-of-mean"
+            ? "indexer_loss.kl and .loss hold KL(p-bar || q), p-bar the mean of the served layers' targets; the definition "
+              "mean_j KL(p_j || q) exceeds it by H(p-bar) - mean_j H(p_j) per row, a constant without gradient (diff "
+              "--precision kl=mean-of-kl judges a loss of that form)"
+            : "indexer_loss.kl and .loss hold mean_j KL(p_j || q) over the served layers' targets p_j; KL(p-bar || q) is "
+              "below it by H(p-bar) - mean_j H(p_j) per row, a constant without gradient (diff --precision kl=kl-of-mean "
+              "judges a loss of that form)";
+  }
   if (t.edges)
     g.manifest["train"]["edges"] = "attention indices of rows 0-6 rewritten as an attention-edge set's (all -1, leading and "
                                    "middle -1, indices >= s_kv and INT_MIN, a duplicate, attn.topk_length 3 and 0); rows "

@@ -39,6 +39,9 @@ namespace indexshare::golden {
 struct TrainSpec {
   bool sparse = true;                // the loss over top-k and valid keys (else every valid key)
   std::string target = "own-layer";  // or "served-layers"
+  // served-layers: what indexer_loss.kl and .loss hold (ref/train/indexer_loss.h): "kl-of-mean"
+  // (KL(mean_j p_j || q), the default) or "mean-of-kl" (mean_j KL(p_j || q)); the manifest names it.
+  std::string kl_form = "kl-of-mean";
   bool relu = true;                  // ReLU on the indexer's head scores (GLM-5: off)
   double loss_coeff = 1.0;
   // The policies' edge cases in every layer (--train-edges yes): the attention's indices rewritten

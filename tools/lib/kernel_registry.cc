@@ -106,7 +106,9 @@ void add_train_kernels(std::vector<Kernel>& v) {
                "the teacher: this Full layer's own attention query, detached ([sq, b, np, hn])"},
               {"key", "layers.{l}.attn.kv", "BF16", S{"s_kv", "1", "1", "d_qk"}, true, false,
                "the teacher's key: the shared latent, detached"},
-              {"topk_indices", "layers.{l}.indexer.topk", "I32", S{"1", "s_q", "topk"}, true, false, "-1 padded"}};
+              {"topk_indices", "layers.{l}.indexer.topk", "I32", S{"1", "s_q", "topk"}, true, false,
+               "-1 padded; Megatron's scatter_ rejects -1: replace each -1 by its row's slot 0 before the call (see "
+               "conventions)"}};
     k.outputs = {{"loss", "layers.{l}.indexer_loss.loss", "F32", S{"1"}, false, false, ""},
                  {"dq", "layers.{l}.indexer_loss.dq", "F32", S{"s_q", "H", "D"}, false, false, "q.grad"},
                  {"dk", "layers.{l}.indexer_loss.dk", "F32", S{"s_kv", "D"}, false, false, "k.grad"},
@@ -116,6 +118,9 @@ void add_train_kernels(std::vector<Kernel>& v) {
         "N = the query rows with at least one valid key, at least 1: loss = loss_coeff * sum_rows KL / N",
         "sparse support = top-k intersected with the valid (causal) keys; a duplicated index counts once (the "
         "scatter mask); dense sets (--loss dense) use every valid key",
+        "-1 substitution: topk_indices' -1 slots (rows shorter than top-k) must become a valid index before the call, "
+        "since torch's scatter_ rejects -1; replace each by its row's slot 0 (always a valid key: causal rows see key 0): "
+        "a duplicate, which the scatter mask counts once, so the support and the loss are unchanged",
         "ReLU on the head scores (dsa_indexer_scoring_relu; GLM-5 turns it off: sets written with --relu no)",
         "teacher: the Full layer's own attention only (p = sum_h softmax(scale q k^T) renormalized); Shared layers "
         "carry no loss; the served-layers target is not Megatron's",
@@ -198,8 +203,8 @@ Kernel flashmla_decode_model1() {
             {"extra_topk_length", "layers.{l}.attn.model1.extra_topk_length", "I32", S{"b"}, false, false, "per batch"},
             {"attn_sink", "layers.{l}.attn.sink", "F32", S{"h_q"}, false, false, "per-head sink"}};
   k.outputs = {{"out", "layers.{l}.attn.out", "BF16", S{"b", "next_n", "h_q", "d_v"}, true, false, "reshape to [b * next_n, h_q, 512]"},
-               {"lse", "layers.{l}.attn.lse", "F32", S{"b", "h_q", "next_n"}, true, false,
-                "the kernel's lse is [b, h_q, next_n]: transpose(1, 2) then reshape to [b * next_n, h_q]"}};
+               {"lse", "layers.{l}.attn.lse", "F32", S{"b", "h_q", "next_n"}, false, false,
+                "the kernel's lse is [b, h_q, next_n]: transpose(1, 2) then reshape to [b * next_n, h_q]", {1, 2}}};
   k.kwargs = {{"softmax_scale", "config.sm_scale"}, {"head_dim_v", "512"}, {"is_fp8_kvcache", "True"}, {"causal", "False"}};
   k.conventions = {"both scopes join ONE softmax with the per-head sink; lse [b, h_q, s_q] natural log WITHOUT the sink",
                    "invalid slot: index -1, or slot j >= topk_length[b] (extra: extra_topk_length[b]); NaN in a gathered kv row "
@@ -375,6 +380,7 @@ nlohmann::json manifest_block(const Kernel& k, const Problem& p, float sm_scale,
     for (const std::string& s : a.shape) shape.push_back(dim(s));
     nlohmann::json j = {{"name", a.name}, {"tensor", a.tensor}, {"dtype", a.dtype}, {"shape", shape}, {"shape_symbols", a.shape},
                         {"view", a.view}, {"optional", a.optional}};
+    if (a.transpose.first >= 0) j["transpose"] = {a.transpose.first, a.transpose.second};
     if (!a.note.empty()) j["note"] = a.note;
     return j;
   };

@@ -12,6 +12,7 @@
 #include <functional>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ref/problem.h"
@@ -36,8 +37,12 @@ struct Constraint {
 struct Arg {
   std::string name, tensor, dtype;
   std::vector<std::string> shape;
+  // view: the kernel's tensor is the set's reshaped to `shape` (the same elements in the same
+  // order). transpose {i, j}: it is the set's reshaped to `shape` with dims i and j exchanged, then
+  // transposed (i, j): the same elements in another order, so not a view ({-1, -1}: none).
   bool view = false, optional = false;
   std::string note;
+  std::pair<int, int> transpose{-1, -1};
 };
 
 struct Kernel {

@@ -114,6 +114,9 @@ const std::vector<OptionSpec>& option_table() {
       {"golden", "--loss", "train.loss", "Indexer loss support: sparse (top-k and valid keys) or dense (--kind train)"},
       {"golden", "--train-target", "train.target",
        "Teacher of a Full layer's indexer: own-layer (Megatron) or served-layers (IndexCache) (--kind train)"},
+      {"golden", "--kl-form", "train.kl_form",
+       "With --train-target served-layers, what kl and loss hold: kl-of-mean (KL(mean_j p_j || q)) or mean-of-kl "
+       "(mean_j KL(p_j || q)); the gradients are the same (--kind train)"},
       {"golden", "--relu", "train.relu", "ReLU on the indexer's head scores: yes, or no (GLM-5) (--kind train)"},
       {"golden", "--loss-coeff", "train.loss_coeff", "The loss coefficient (--kind train)"},
       {"golden", "--loss-layers", "train.loss_layers",
@@ -128,7 +131,8 @@ const std::vector<OptionSpec>& option_table() {
       {"diff", "--precision", "precision",
        "The arithmetic the indexer's logits are held to by the precision test and the top-k's near ties: logits=CLASS with "
        "CLASS f32, fp8mma (the default: Hopper's FP8 tensor-core accumulation), f16 or bf16 (a kernel documented as low "
-       "precision). The attention is held to f32 (attn=f32)"},
+       "precision). The attention is held to f32 (attn=f32). kl=mean-of-kl or kl=kl-of-mean: the loss convention a "
+       "served-layers indexer loss declares"},
       {"diff", "--impl", "impl", "Kernels of the recomputed expectations: ref, simd or auto (the same results)"},
       {"overlap", "--golden", "golden", "A golden set folder"},
       {"overlap", "--problem", "problem", "A generated kernel-level stack (problem descriptor)"},

@@ -365,12 +365,16 @@ void bind_golden(nb::module_& m) {
   });
   m.def("golden_train", [](const std::string& problem, const std::string& loss, const std::string& target, bool relu,
                            double loss_coeff, const std::string& impl, const std::string& for_kernel, bool preset,
-                           bool edges, const std::vector<int>& loss_layers) {
+                           bool edges, const std::vector<int>& loss_layers, const std::string& kl_form) {
     require(loss == "sparse" || loss == "dense", "train: loss must be \"sparse\" or \"dense\", got '" + loss + "'");
+    require(kl_form == "kl-of-mean" || kl_form == "mean-of-kl", "train: kl_form must be \"kl-of-mean\" or \"mean-of-kl\", got '" + kl_form + "'");
+    require(kl_form == "kl-of-mean" || target == "served-layers",
+            "train: kl_form \"mean-of-kl\" needs target \"served-layers\" (with one teacher the two forms are one number)");
     const Problem p = parse_problem(problem);
     golden::TrainSpec t;
     t.sparse = loss == "sparse";
     t.target = target;
+    t.kl_form = kl_form;
     t.relu = relu;
     t.loss_coeff = loss_coeff;
     t.edges = edges;

@@ -151,7 +151,13 @@ void ManifestCheck::kernel_tensors() {
         }
         int64_t n = 1;
         for (int64_t d : v->shape) n *= d;
-        if (a["view"].get<bool>() ? n != numel : v->shape != shape)
+        const bool transposed = a.contains("transpose");
+        if (transposed && (!a["transpose"].is_array() || a["transpose"].size() != 2 || !a["transpose"][0].is_number_integer() ||
+                           !a["transpose"][1].is_number_integer() || a["transpose"][0].get<int64_t>() < 0 ||
+                           a["transpose"][1].get<int64_t>() < 0 || a["transpose"][0].get<int64_t>() >= int64_t(shape.size()) ||
+                           a["transpose"][1].get<int64_t>() >= int64_t(shape.size()) || a["view"].get<bool>()))
+          fail(f + ".transpose", "is not two dims of its shape (and view false)");
+        if (a["view"].get<bool>() || transposed ? n != numel : v->shape != shape)
           fail(f + ".shape", "is " + a["shape"].dump() + ", but tensor '" + name + "' is " + shape_str(v->shape));
         if (std::string(part) == "args" && io::dtype_name(v->dtype) != a["dtype"].get<std::string>())
           fail(f + ".dtype", "is " + a["dtype"].get<std::string>() + ", but tensor '" + name + "' is " + io::dtype_name(v->dtype));
@@ -439,6 +445,8 @@ void ManifestCheck::kind_fields() {
     if (!t.contains("target") || (t["target"] != "own-layer" && t["target"] != "served-layers"))
       fail("train.target", "is not \"own-layer\" or \"served-layers\"");
     if (!t.contains("relu") || !t["relu"].is_boolean()) fail("train.relu", "is missing or not a boolean");
+    if (t.contains("kl_form") && (t["target"] != "served-layers" || (t["kl_form"] != "kl-of-mean" && t["kl_form"] != "mean-of-kl")))
+      fail("train.kl_form", "is not \"kl-of-mean\" or \"mean-of-kl\" on a served-layers set");
     if (!t.contains("loss_coeff") || !t["loss_coeff"].is_number() || !(t["loss_coeff"].get<double>() > 0))
       fail("train.loss_coeff", "is missing or not a number > 0");
     if (fp8_) fail("config.indexer", "is \"fp8\", but a train set's indexer loss is defined on the bf16 indexer");

@@ -186,7 +186,8 @@ def golden(problem=None, *, preset: str | None = None, model: str | None = None,
                the dump raises ValueError naming both values
       problem with kind="train"  a training set (``--kind train``; the problem needs indexer=bf16): the
                stack's forward and its exact backward; ``train`` = {"loss": "sparse" | "dense",
-               "target": "own-layer" | "served-layers", "relu": bool, "loss_coeff": float, "edges": bool
+               "target": "own-layer" | "served-layers", "kl_form": "kl-of-mean" | "mean-of-kl" (``--kl-form``),
+               "relu": bool, "loss_coeff": float, "edges": bool
                (``--train-edges``), "loss_layers": [int] (``--loss-layers``)}; also a
                train preset= (written for its kernel), and for_kernel= a training kernel
                (tilelang-sparse-mla-bwd, megatron-dsa-indexer-loss; implies kind="train")
@@ -229,9 +230,9 @@ def golden(problem=None, *, preset: str | None = None, model: str | None = None,
         _refuse("a training set", "it takes its sizes and seed from problem=", rows=rows, layers=layers,
                 seq=seq, seed=seed, schedule=schedule, sim=sim, variant=variant)
         t = dict(train or {})
-        unknown = set(t) - {"loss", "target", "relu", "loss_coeff", "edges", "loss_layers"}
+        unknown = set(t) - {"loss", "target", "kl_form", "relu", "loss_coeff", "edges", "loss_layers"}
         if unknown:
-            raise ValueError(f"train: unknown keys {sorted(unknown)} (loss, target, relu, loss_coeff, edges, loss_layers)")
+            raise ValueError(f"train: unknown keys {sorted(unknown)} (loss, target, kl_form, relu, loss_coeff, edges, loss_layers)")
         for key in ("relu", "edges"):  # a string ("no") or a number would silently read as True
             if key in t and not isinstance(t[key], bool):
                 raise ValueError(f"train: {key} must be True or False, got {t[key]!r}")
@@ -246,7 +247,7 @@ def golden(problem=None, *, preset: str | None = None, model: str | None = None,
             text, kern = pr["problem"], kern or pr["kernel"]
         h = core().golden_train(text, t.get("loss", "sparse"), t.get("target", "own-layer"), bool(t.get("relu", True)),
                                 float(t.get("loss_coeff", 1.0)), impl or "", kern, preset is not None,
-                                bool(t.get("edges", False)), [int(x) for x in loss_layers])
+                                bool(t.get("edges", False)), [int(x) for x in loss_layers], str(t.get("kl_form", "kl-of-mean")))
         return GoldenSet(h, framework)
     given = [n for n, v in (("problem", problem), ("preset", preset), ("model", model)) if v is not None]
     if len(given) != 1:
