@@ -17,6 +17,7 @@
 
 #include "simd/simd.h"
 #include "tests/candidate_util.h"
+#include "tools/judge/calibrate.h"
 #include "tools/judge/diff.h"
 #include "tools/judge/emulate.h"
 #include "tools/lib/golden.h"
@@ -46,25 +47,8 @@ golden::Loaded tiny(const std::string& preset) {
   return written(preset, golden::build_mtp(golden::parse_mtp_spec(problem), replay, Impl::simd));
 }
 
-// Every attention the set holds (prefix "layers.L.attn." or "mtp."), computed by variant v.
 std::map<std::string, Tensor<float>> attention_of(const golden::Loaded& g, const emul::AttentionVariant& v) {
-  std::map<std::string, Tensor<float>> c;
-  const float sm = g.manifest["config"]["sm_scale"].get<float>();
-  auto one = [&](const std::string& out, const std::string& q, const std::string& kv, const std::string& idx, const std::string& sink) {
-    const Tensor<float> s = g.find(sink) ? g.tensor<float>(sink) : Tensor<float>();
-    const int64_t d_v = g.get(out + "out").shape.back();
-    const ref::AttentionOut o =
-        emul::attention(v, g.tensor<bf16_t>(q), g.tensor<bf16_t>(kv), g.tensor<int32_t>(idx), sm, d_v, nullptr, s.numel() ? &s : nullptr);
-    c[out + "out"] = o.out;
-    c[out + "lse"] = o.lse;
-    c[out + "max_logits"] = o.max_logits;
-  };
-  for (int l = 0; l < 64; ++l) {  // KPool's DSA layers are a model's layers 3, 7, 11
-    const std::string p = "layers." + std::to_string(l) + ".attn.";
-    if (g.find(p + "q")) one(p, p + "q", p + "kv", p + "indices", p + "sink");
-  }
-  if (g.find("mtp.q")) one("mtp.", "mtp.q", "layers.1.attn.kv", "mtp.indices", "layers.1.attn.sink");
-  return c;
+  return calib::family_attention(g, v);
 }
 
 testing::Candidate candidate(const std::map<std::string, Tensor<float>>& tensors) {
@@ -135,4 +119,19 @@ TEST_CASE("family soundness: a V4 pipeline that hands in its own attn.kv is judg
   const diff::Result rb = diff::judge(g, bad.file(), {}, simd::kernels(), false);
   CHECK(rb.failed());
   CHECK(rb.text("x").find("attn.kv") != std::string::npos);
+}
+
+// `calibrate --families` (the 200-run calibration the judge README reports): a short run of it in the
+// default suite, every family twice, no false positive and no diagnosis.
+TEST_CASE("family soundness: calibrate --families, 8 runs, no false positive") {
+  const std::string tmp = testing::temp_path("soundness", "calibrate");
+  const std::vector<calib::Run> runs = calib::calibrate_families(0, 8, 7, simd::kernels(), tmp);
+  std::filesystem::remove_all(tmp);
+  const nlohmann::json s = calib::summary(runs);
+  CHECK(s["false_positives"] == 0);
+  for (const char* kind : {"v4", "hyv4", "kpool", "mtp"}) CHECK(s["by_kind"][kind]["runs"] == 2);
+  for (const calib::Run& r : runs) {
+    CAPTURE(r.problem);
+    CHECK(r.tensors.size() >= 3);
+  }
 }

@@ -22,7 +22,7 @@ struct CalibrateArgs {
   int runs = 200, first = 0;
   int64_t seed = 1;
   std::string power, json;
-  bool catalogue = false, values = false;
+  bool catalogue = false, values = false, families = false;
   int layer = -1;
   int64_t max_work = calib::kDefaultWork;
 };
@@ -76,7 +76,10 @@ int cmd_calibrate(const CalibrateArgs& a) {
     require(a.runs >= 1 && a.runs <= 100000, "--runs: expected 1..100000, got " + std::to_string(a.runs));
     require(a.first >= 0 && a.first <= 1000000000, "--first: expected 0..10^9, got " + std::to_string(a.first));
     std::printf("calibration: %d runs of the correct-kernel family%s from run %d, seed %lld\n", a.runs,
-                a.values ? " (f32 indexer scores of v4, hyv4 and kpool sets)" : "", a.first, (long long)a.seed);
+                a.values     ? " (f32 indexer scores of v4, hyv4 and kpool sets)"
+                : a.families ? " (the attention of v4, hyv4, kpool and mtp sets)"
+                             : "",
+                a.first, (long long)a.seed);
     nlohmann::json runs = nlohmann::json::array();
     const auto progress = [&](const calib::Run& r) {
       double worst = -cmp::kRatioCap, precision = 0;
@@ -90,8 +93,9 @@ int cmd_calibrate(const CalibrateArgs& a) {
       for (const std::string& why : r.reasons) std::printf("         %s\n", why.c_str());
       std::fflush(stdout);
     };
-    const auto list = a.values ? calib::calibrate_values(a.first, a.runs, uint64_t(a.seed), simd::kernels(), tmp, progress)
-                               : calib::calibrate(a.first, a.runs, uint64_t(a.seed), simd::kernels(), tmp, progress, a.max_work);
+    const auto list = a.values     ? calib::calibrate_values(a.first, a.runs, uint64_t(a.seed), simd::kernels(), tmp, progress)
+                      : a.families ? calib::calibrate_families(a.first, a.runs, uint64_t(a.seed), simd::kernels(), tmp, progress)
+                                   : calib::calibrate(a.first, a.runs, uint64_t(a.seed), simd::kernels(), tmp, progress, a.max_work);
     for (const calib::Run& r : list) {
       nlohmann::json t = nlohmann::json::array();
       for (const calib::TensorMargin& m : r.tensors)
@@ -123,12 +127,16 @@ Action register_calibrate(CLI::App& app) {
   c->add_option("--layer", a->layer, "With --power: the layer to inject faults into (default 0; on a v4, hyv4 or kpool set its first Full layer)");
   c->add_flag("--catalogue", a->catalogue, "Measure the diagnosis accuracy on a catalogue of planted kernel bugs");
   c->add_flag("--values", a->values, "Calibration runs of the values kind: f32 indexer scores (and their top-k) of v4, hyv4 and kpool sets");
+  c->add_flag("--families", a->families,
+              "Calibration runs of the 2026 families' attention: correct attention kernels on v4, hyv4, kpool and mtp sets (a diagnosis "
+              "counts as a false positive)");
   c->add_option("--json", a->json, "Also write the results as JSON");
   // The three modes take their own options (the catalogue plants its bugs into its own set, --power
   // measures faults on the given set, --values runs draw their own shapes).
-  excludes(*c, "--catalogue", {"--runs", "--first", "--seed", "--max-work", "--power", "--layer", "--values"});
-  excludes(*c, "--power", {"--runs", "--first", "--seed", "--max-work", "--values"});
-  excludes(*c, "--values", {"--max-work"});
+  excludes(*c, "--catalogue", {"--runs", "--first", "--seed", "--max-work", "--power", "--layer", "--values", "--families"});
+  excludes(*c, "--power", {"--runs", "--first", "--seed", "--max-work", "--values", "--families"});
+  excludes(*c, "--values", {"--max-work", "--families"});
+  excludes(*c, "--families", {"--max-work"});
   needs(*c, "--layer", "--power");
   return [c, a]() {
     if (!*c) return -1;

@@ -21,6 +21,7 @@
 #include "tools/lib/golden.h"
 #include "tools/lib/golden_hyv4.h"
 #include "tools/lib/golden_kpool.h"
+#include "tools/lib/golden_mtp.h"
 #include "tools/lib/golden_v4.h"
 
 namespace indexshare::calib {
@@ -173,8 +174,11 @@ nlohmann::json summary(const std::vector<Run>& runs) {
   std::map<std::string, std::array<double, 5>> worst;  // per tensor kind: structure, bound, metric, b/floor, precision
   std::map<std::string, std::string> worst_run;
   std::map<std::string, int64_t> near_ties;  // per top-k tensor kind: rows accepted as near ties, over every run
+  std::map<std::string, std::array<int, 2>> by_kind;  // per golden kind: runs, false positives
   for (const Run& r : runs) {
     fp += !r.passed;
+    ++by_kind[r.kind][0];
+    by_kind[r.kind][1] += !r.passed;
     for (const TensorMargin& m : r.tensors) {
       const std::string kind = m.tensor.substr(m.tensor.find('.', 7) + 1);
       auto& w = worst.try_emplace(kind, std::array<double, 5>{-cmp::kRatioCap, 0, 0, 0, 0}).first->second;
@@ -188,6 +192,7 @@ nlohmann::json summary(const std::vector<Run>& runs) {
   }
   j["runs"] = runs.size();
   j["false_positives"] = fp;
+  for (const auto& [kind, n] : by_kind) j["by_kind"][kind] = {{"runs", n[0]}, {"false_positives", n[1]}};
   for (const auto& [kind, w] : worst)  // structure_ratio null: no structure test ran on the kind (a top-k)
     j["worst"][kind] = {{"structure_ratio", w[0] > -cmp::kRatioCap ? nlohmann::json(w[0]) : nlohmann::json(nullptr)},
                         {"err_over_bound", w[1]},
@@ -485,6 +490,86 @@ std::vector<Run> calibrate_values(int first, int runs, uint64_t seed, const ref:
     c.set(p + "indexer.scores", scores);
     c.set(p + s.positions, s.select(scores));  // the kernel's positions from its own scores: its near ties
     record(r, diff::judge(g, c.write_read(tmp + "/candidate.safetensors"), {}, k));
+  });
+}
+
+std::string family_problem(int i, uint64_t seed, std::string& kind) {
+  Xoshiro256 g(seed * 3000017u + uint64_t(i));
+  const std::string s = std::to_string(seed * 1000 + uint64_t(i) + 1);
+  switch (i % 4) {
+    case 0: {  // v4-tiny's layers (SWA, C4A Full, HCA, C4A Shared, C4A Full) at 48-128 tokens
+      kind = "v4";
+      const int64_t t = pick(g, std::array<int64_t, 3>{48, 96, 128});
+      return "t=" + std::to_string(t) + " h=" + std::to_string(pick(g, std::array<int64_t, 2>{2, 4})) +
+             " d=64 w=8 csa=4 hca=8 ih=4 id=32 k=" + std::to_string(pick(g, std::array<int64_t, 2>{4, 8})) +
+             " rope=16 ctx=32 types=SCHCC sched=FSF rot=" + (g.below(2) ? "megatron" : "hf") + " seed=" + s;
+    }
+    case 1: {  // hy-v4-tiny's 6 layers F F S S S F with a random sink
+      kind = "hyv4";
+      const std::string r = std::to_string(pick(g, std::array<int64_t, 3>{16, 32, 64}));
+      return "sq" + r + " skv" + r + " hq" + std::to_string(pick(g, std::array<int64_t, 2>{2, 4})) + " dqk40 dv32 ih4 id16 k" +
+             std::to_string(pick(g, std::array<int64_t, 2>{8, 16})) + " seed" + s + " sm=0.0625 sink=random nl6 sched=hy-v4 rope=8 vd=16";
+    }
+    case 2: {  // kpool-tiny's DSA layers 3, 7, 11 (F S F)
+      kind = "kpool";
+      const int64_t pool = pick(g, std::array<int64_t, 2>{4, 8}), rows = pick(g, std::array<int64_t, 3>{30, 64, 100});
+      return "sq=" + std::to_string(rows) + " skv=" + std::to_string(rows) + " h=4 d=16 pool=" + std::to_string(pool) +
+             " k=" + std::to_string(pool * pick(g, std::array<int64_t, 2>{2, 4})) + " tail=" + (g.below(2) ? "yes" : "no") +
+             " rounding=f32 hq=" + std::to_string(pick(g, std::array<int64_t, 2>{2, 4})) + " dqk=64 dv=32 nl=12 dsa=glm53 sched=FSF fp8=amax seed=" + s;
+    }
+    default: {  // mtp-tiny: the target layer, the MTP layer and four requests' draft steps
+      kind = "mtp";
+      return "sq16 skv128 hq" + std::to_string(pick(g, std::array<int64_t, 2>{4, 8})) + " dqk64 dv32 ih4 id32 k" +
+             std::to_string(pick(g, std::array<int64_t, 2>{8, 16})) + " seed" + s + " nseq4 steps=4 accept=4,1,3,2";
+    }
+  }
+}
+
+std::map<std::string, Tensor<float>> family_attention(const golden::Loaded& g, const emul::AttentionVariant& v) {
+  std::map<std::string, Tensor<float>> c;
+  const float sm = g.manifest["config"]["sm_scale"].get<float>();
+  auto one = [&](const std::string& out, const std::string& q, const std::string& kv, const std::string& idx, const std::string& sink) {
+    const Tensor<float> s = g.find(sink) ? g.tensor<float>(sink) : Tensor<float>();
+    const int64_t d_v = g.get(out + "out").shape.back();
+    const ref::AttentionOut o =
+        emul::attention(v, g.tensor<bf16_t>(q), g.tensor<bf16_t>(kv), g.tensor<int32_t>(idx), sm, d_v, nullptr, s.numel() ? &s : nullptr);
+    c[out + "out"] = o.out;
+    c[out + "lse"] = o.lse;
+    c[out + "max_logits"] = o.max_logits;
+  };
+  for (size_t l = 0; l < 4096; ++l) {  // KPool's DSA layers are a model's layers 3, 7, 11
+    const std::string p = "layers." + std::to_string(l) + ".attn.";
+    if (g.find(p + "q") && g.find(p + "indices") && g.find(p + "out")) one(p, p + "q", p + "kv", p + "indices", p + "sink");
+  }
+  if (g.find("mtp.q")) one("mtp.", "mtp.q", "layers.1.attn.kv", "mtp.indices", "layers.1.attn.sink");
+  return c;
+}
+
+std::vector<Run> calibrate_families(int first, int runs, uint64_t seed, const ref::Kernels& k, const std::string& tmp,
+                                    const std::function<void(const Run&)>& progress) {
+  fs::create_directories(tmp);
+  const auto fam = emul::attention_family();
+  const std::string replay = "indexshare calibrate --families";
+  return each_run(first, runs, progress, [&](Run& r) {
+    const int i = r.index;
+    r.problem = family_problem(i, seed, r.kind);
+    const std::string dir = tmp + "/golden";
+    golden::GoldenSet set = r.kind == "v4"     ? golden::build_v4(golden::parse_v4_spec(r.problem), replay, Impl::simd)
+                            : r.kind == "hyv4" ? golden::build_hyv4(golden::parse_hyv4_spec(r.problem), replay, Impl::simd)
+                            : r.kind == "kpool" ? golden::build_kpool(golden::parse_kpool_spec(r.problem), replay, Impl::simd)
+                                                : golden::build_mtp(golden::parse_mtp_spec(r.problem), replay, Impl::simd);
+    golden::write(dir, std::move(set), true);
+    const golden::Loaded g = golden::read(dir);
+    const emul::AttentionVariant v = fam[size_t(i / 4) % fam.size()];
+    r.attention_variant = v.name();
+    Cand c;
+    for (const auto& [name, t] : family_attention(g, v)) c.set(name, t);
+    const diff::Result res = diff::judge(g, c.write_read(tmp + "/candidate.safetensors"), {}, k, false);
+    record(r, res);
+    for (const std::string& d : res.diagnoses) {  // a diagnosis of a correct kernel is a false lead
+      r.passed = false;
+      r.reasons.push_back("diagnosis: " + d);
+    }
   });
 }
 

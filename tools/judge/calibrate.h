@@ -19,11 +19,13 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
 #include "ref/kernels.h"
 #include "tools/judge/diff.h"
+#include "tools/judge/emulate.h"
 
 namespace indexshare::calib {
 
@@ -72,6 +74,19 @@ void record(Run& r, const diff::Result& res);
 std::string values_problem(int i, uint64_t seed, std::string& kind);
 std::vector<Run> calibrate_values(int first, int runs, uint64_t seed, const ref::Kernels& k, const std::string& tmp,
                                   const std::function<void(const Run&)>& progress = {});
+
+// Calibration of the 2026 families' attention (`calibrate --families`): run i draws a set of one
+// family in turn (v4, hyv4, kpool, mtp; small shapes around each tiny preset, its seed, heads,
+// top-k, rows and rotation or pool drawn) and hands in every attention the set holds (each layer's
+// out, lse and max_logits, and MTP's draft steps) computed by one member of the correct attention
+// family (emul::attention_family, in turn) from the golden's own q, kv, indices and sink. A false
+// positive is any FAIL, or any diagnosis. `kind` receives the family.
+std::string family_problem(int i, uint64_t seed, std::string& kind);
+std::vector<Run> calibrate_families(int first, int runs, uint64_t seed, const ref::Kernels& k, const std::string& tmp,
+                                    const std::function<void(const Run&)>& progress = {});
+// Every attention a set holds ("layers.{l}.attn.*" with q, kv and indices; "mtp.*"), as the variant
+// computes it: {tensor name: value} for out, lse and max_logits.
+std::map<std::string, Tensor<float>> family_attention(const golden::Loaded& g, const emul::AttentionVariant& v);
 
 // Summary: runs, false positives, and per tensor kind (out, lse, max_logits, logits, topk) the
 // largest of each margin over the runs.
