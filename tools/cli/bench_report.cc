@@ -189,6 +189,8 @@ void Bench::report_commands() {
   const double golden_over_run_cpu = cpu_of("golden") / cpu_of("run");
   const double inputs_over_run_cpu = cpu_of("run: inputs only") / cpu_of("run");
   const double diff_over_golden_cpu = cpu_of("diff") / cpu_of("golden");
+  const double correct_over_golden = med_of("diff: correct kernel") / med_of("golden"),
+               failing_over_golden = med_of("diff: failing kernel") / med_of("golden");
   std::printf("\ncommands  %s, every layer, simd, %d thread(s), end to end (golden written to a temporary folder; diff "
               "of an exact copy of its outputs: %s)\n",
               to_string(p).c_str(), threads, commands_verdict.c_str());
@@ -204,9 +206,13 @@ void Bench::report_commands() {
   std::printf("          in CPU time (user + system, all threads; the ratios to read on a loaded machine): golden / run "
               "%.2fx, inputs / run %.1f%%, diff / golden %.2fx\n",
               golden_over_run_cpu, 100 * inputs_over_run_cpu, diff_over_golden_cpu);
+  std::printf("          diff / golden, wall: exact copy %.2fx, a correct kernel's bf16 out %.2fx (goal 1.5x), a failing kernel "
+              "%.2fx (goal 5x)\n",
+              diff_over_golden, correct_over_golden, failing_over_golden);
   j["commands"] = {{"problem", to_string(p)}, {"runs", cj}, {"golden_over_run", golden_over_run},
                    {"inputs_over_run", inputs_over_run},
                    {"diff_over_golden", diff_over_golden}, {"diff_verdict", commands_verdict},
+                   {"diff_correct_over_golden", correct_over_golden}, {"diff_failing_over_golden", failing_over_golden},
                    {"golden_over_run_cpu", golden_over_run_cpu}, {"inputs_over_run_cpu", inputs_over_run_cpu},
                    {"diff_over_golden_cpu", diff_over_golden_cpu}};
 }

@@ -101,6 +101,8 @@
 #include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <set>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -123,6 +125,7 @@
 #include "ref/topk.h"
 #include "simd/simd.h"
 #include "tools/cli/cli.h"
+#include "ref/numerics.h"
 #include "tools/judge/diff.h"
 #include "tools/lib/golden.h"
 #include "tools/lib/safetensors.h"
@@ -538,13 +541,34 @@ void Bench::time_stack_pairs(const std::vector<ref::LayerInputs> (&inputs)[2]) {
 }
 
 // Writes, untimed, the exact copy of the golden set's outputs in `dir` to `cand`.
-void write_exact_copy(const std::string& dir, const std::string& cand) {
+// The candidates diff is timed on, from the set's own outputs: "copy" (an exact copy), "correct" (a
+// correct kernel that stores its out in bf16: each layer's attn.out_bf16 handed in as attn.out, a
+// real judgement with its precision test and structure tests) and "failing" (that kernel with the
+// last layer's out 1% high: a failure, its hypotheses tested).
+void write_candidate(const std::string& dir, const std::string& cand, const std::string& kind) {
   const golden::Loaded g = golden::read(dir);
   std::vector<io::TensorView> views;
+  std::string last_out;
   for (const io::TensorView& v : g.data.tensors)
     for (const char* n : {".attn.out", ".attn.lse", ".attn.max_logits", ".attn.indices", ".indexer.topk", ".indexer.logits"})
-      if (v.name.size() > std::strlen(n) && v.name.compare(v.name.size() - std::strlen(n), std::string::npos, n) == 0)
+      if (v.name.size() > std::strlen(n) && v.name.compare(v.name.size() - std::strlen(n), std::string::npos, n) == 0) {
         views.push_back(v);
+        if (std::string(n) == ".attn.out" && kind != "copy") {
+          if (g.find(v.name + "_bf16")) {
+            views.back() = g.get(v.name + "_bf16");
+            views.back().name = v.name;
+          }
+          last_out = v.name;
+        }
+      }
+  if (kind == "failing" && !last_out.empty()) {
+    for (io::TensorView& v : views)
+      if (v.name == last_out) {
+        Tensor<float> x = g.find(last_out + "_bf16") ? bf16_to_f32(g.tensor<bf16_t>(last_out + "_bf16")) : g.tensor<float>(last_out);
+        for (float& e : x.data) e *= 1.01f;
+        v = io::make_view(last_out, x);
+      }
+  }
   io::write_safetensors(cand, views);
 }
 
@@ -563,13 +587,12 @@ void Bench::time_commands() {
     ~Cleanup() {
       std::error_code ec;
       std::filesystem::remove_all(dir, ec);
-      std::filesystem::remove(cand, ec);
+      for (const char* kind : {".copy", ".correct", ".failing"}) std::filesystem::remove(cand + kind, ec);
     }
   } cleanup{dir, cand};
   const ref::Kernels kern = simd::kernels();
   std::string run_lines;  // run's report: its line per layer (recalls, sum of squares, fingerprint)
-  diff::Result verdict;
-  bool copied = false;
+  std::set<std::string> written;  // the candidates written so far
   struct Cmd {
     Cmd(std::string n, std::function<void()> f, std::function<void()> u, const BenchArgs& a)
         : name(std::move(n)), fn(std::move(f)), untimed(std::move(u)), wall(a.repeats, a.budget) {}
@@ -593,16 +616,21 @@ void Bench::time_commands() {
                     std::error_code ec;
                     std::filesystem::remove_all(dir, ec);
                   }, a);
-  // The exact copy of the set's outputs, written untimed once (every round's set has the same bytes).
-  cmds.emplace_back("diff", [&] {
-                    const golden::Loaded g = golden::read(dir, diff::kGoldenKeepBytes, true);
-                    const io::SafetensorsIndex c = io::read_safetensors_index(cand, diff::kCandidateKeepBytes);
-                    verdict = diff::judge(g, c, cand, {}, simd::kernels(), false);  // as `diff` without --svg
-                    g.verify_rest();
-                  }, [&] {
-                    if (!copied) write_exact_copy(dir, cand);
-                    copied = true;
-                  }, a);
+  // Each candidate written untimed once (every round's set has the same bytes): the exact copy, a
+  // correct kernel's bf16 out, and that kernel with one layer 1% off (write_candidate).
+  std::map<std::string, diff::Result> verdicts;
+  for (const std::string kind : {"copy", "correct", "failing"}) {
+    const std::string name = kind == "copy" ? "diff" : "diff: " + kind + " kernel", file = cand + "." + kind;
+    cmds.emplace_back(name, [&, name, file] {
+                      const golden::Loaded g = golden::read(dir, diff::kGoldenKeepBytes, true);
+                      const io::SafetensorsIndex c = io::read_safetensors_index(file, diff::kCandidateKeepBytes);
+                      verdicts[name] = diff::judge(g, c, file, {}, simd::kernels(), false);  // as `diff` without --svg
+                      g.verify_rest();
+                    }, [&, kind, file] {
+                      if (!written.count(kind)) write_candidate(dir, file, kind);
+                      written.insert(kind);
+                    }, a);
+  }
   progress("commands run, golden and diff, interleaved (simd, " + to_string(p) + ")");
   for (bool more = true; more;) {
     more = false;
@@ -617,8 +645,10 @@ void Bench::time_commands() {
     }
   }
   for (Cmd& c : cmds) commands.push_back({c.name, c.wall.samples, c.cpu});
-  commands_verdict = verdict.failed() ? "FAIL" : "PASS";
-  if (verdict.failed()) mismatches.push_back("diff of an exact copy of the golden's outputs (it failed)");
+  commands_verdict = verdicts["diff"].failed() ? "FAIL" : "PASS";
+  if (verdicts["diff"].failed()) mismatches.push_back("diff of an exact copy of the golden's outputs (it failed)");
+  if (verdicts["diff: correct kernel"].failed()) mismatches.push_back("diff of a correct kernel's bf16 outputs (it failed)");
+  if (!verdicts["diff: failing kernel"].failed()) mismatches.push_back("diff of a kernel with one layer's out 1% high (it passed)");
 }
 
 // Step: probe the FMA peak again at the end, and give each stage its peak (and its keys per second).
