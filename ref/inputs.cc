@@ -280,7 +280,10 @@ LayerInputs make_layer_inputs(const Problem& p, int layer, bool with_indexer, st
   in.kv = generate_rows_bf16(p, prefix + "attn.kv", {s_kv, 1, p.d_qk}, all_rows_of(s_kv), 1.0f, kern);
   if (p.sink != SinkMode::none) {
     const float inf = std::numeric_limits<float>::infinity();
-    if (p.sink == SinkMode::random) in.sink = generate(p, prefix + "attn.sink", {p.h_q});
+    if (p.sink == SinkMode::random || p.sink == SinkMode::strong) in.sink = generate(p, prefix + "attn.sink", {p.h_q});
+    // strong: the draw plus ln(topk) (in double, rounded to f32 once): a sink worth a row's mass.
+    if (p.sink == SinkMode::strong)
+      for (float& s : in.sink->data) s = float(double(s) + std::log(double(p.index_topk)));
     if (p.sink == SinkMode::pinf) in.sink = Tensor<float>({p.h_q}, inf);
     if (p.sink == SinkMode::ninf) in.sink = Tensor<float>({p.h_q}, -inf);
   }

@@ -50,6 +50,7 @@ std::string sink_mode_name(SinkMode m) {
     case SinkMode::random: return "random";
     case SinkMode::pinf: return "pinf";
     case SinkMode::ninf: return "ninf";
+    case SinkMode::strong: return "strong";
   }
   return "?";
 }
@@ -180,9 +181,9 @@ Problem parse_problem(const std::string& text) {
           p.own = value == "yes";
         } else if (name == "sink") {
           bool found = false;
-          for (SinkMode m : {SinkMode::none, SinkMode::random, SinkMode::pinf, SinkMode::ninf})
+          for (SinkMode m : {SinkMode::none, SinkMode::random, SinkMode::strong, SinkMode::pinf, SinkMode::ninf})
             if (sink_mode_name(m) == value) { p.sink = m; found = true; }
-          if (!found) throw Error("expected none, random, pinf or ninf");
+          if (!found) throw Error("expected none, random, strong, pinf or ninf");
         } else {
           throw Error("unknown option (expected indexer, scale, dist, sm, sink, sched, sim, drift, jumps, jumprho, recency, sinks or own)");
         }

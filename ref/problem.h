@@ -18,7 +18,10 @@
 //   scale=deepseek_ue8m0|flashmla_pow2|fp32_amax   scale rule of the indexer q/k    default deepseek_ue8m0
 //   dist=normal|uniform|int|dyadic|ties|narrow     value distribution               default normal
 //   sm=<float>           softmax scale (exact: see float_text)                      default d_qk^-0.5
-//   sink=none|random|pinf|ninf   attention sink per head                            default none
+//   sink=none|random|strong|pinf|ninf   attention sink per head                     default none
+//                        random: drawn like the inputs; strong: the same draw plus ln(topk), so
+//                        exp(sink) is about a row's whole mass of top-k near-uniform keys and
+//                        leaving the sink out moves every output (a random sink holds ~1/k of it)
 //   nl    n_layers       layers of the stack                                        default 1
 //   sched=<schedule>     layer schedule: a preset (all-full, glm-5.2, one-full-three-shared, hy-v4),
 //                        an F/S pattern, freq:N[,offset:M] or list:full,shared,...  default all-full
@@ -50,7 +53,7 @@
 namespace indexshare {
 
 enum class IndexerMode { fp8, bf16 };
-enum class SinkMode { none, random, pinf, ninf };
+enum class SinkMode { none, random, pinf, ninf, strong };
 
 struct Problem {
   int64_t s_q = 128;

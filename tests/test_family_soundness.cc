@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "ref/problem.h"
 #include "simd/simd.h"
 #include "tests/candidate_util.h"
 #include "tools/judge/calibrate.h"
@@ -134,4 +135,28 @@ TEST_CASE("family soundness: calibrate --families, 8 runs, no false positive") {
     CAPTURE(r.problem);
     CHECK(r.tensors.size() >= 3);
   }
+}
+
+// Power on a kernel preset: flashmla-sparse-prefill-model1's sinks are drawn `strong` (the draw plus
+// ln(topk), worth a row's mass: with N(0, 1) sinks beside an lse of about ln(2048) = 7.6 a kernel that
+// dropped the sink moved the output by 0.4% and passed). Now the same kernel fails, named; a correct
+// kernel with the sink passes.
+TEST_CASE("kernel preset power: flashmla-sparse-prefill-model1 sees a dropped sink") {
+  const Problem p = parse_problem(golden::preset("flashmla-sparse-prefill-model1").problem);
+  REQUIRE(p.sink == SinkMode::strong);
+  const golden::Loaded g = written("model1-prefill", golden::build(p, "stack", true, "test_family_soundness", Impl::simd));
+  const std::string l = "layers.0.attn.";
+  const Tensor<float> sink = g.tensor<float>(l + "sink");
+  const float sm = g.manifest["config"]["sm_scale"].get<float>();
+  auto with = [&](const Tensor<float>* s) {
+    const ref::AttentionOut o = emul::attention(emul::attention_family()[0], g.tensor<bf16_t>(l + "q"), g.tensor<bf16_t>(l + "kv"),
+                                                g.tensor<int32_t>(l + "indices"), sm, p.d_v, nullptr, s);
+    return candidate({{l + "out", o.out}, {l + "lse", o.lse}, {l + "max_logits", o.max_logits}});
+  };
+  const diff::Result ok = diff::judge(g, with(&sink).file(), {}, simd::kernels(), false);
+  CHECK_MESSAGE(!ok.failed(), ok.text("with the sink"));
+  const diff::Result dropped = diff::judge(g, with(nullptr).file(), {}, simd::kernels(), false);
+  CHECK(dropped.failed());
+  REQUIRE_FALSE(dropped.diagnoses.empty());
+  CHECK_MESSAGE(dropped.diagnoses[0].find("sink") != std::string::npos, dropped.diagnoses[0]);
 }

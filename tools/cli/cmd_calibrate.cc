@@ -43,6 +43,7 @@ int cmd_calibrate(const CalibrateArgs& a) {
     std::printf("%-62s %-7s %s\n", "bug", "outcome", "first diagnosis");
     int right = 0, n = 0;
     std::map<std::string, int> outcomes;
+    std::map<std::string, std::map<std::string, int>> by_family;  // family (the bug's "V4:" prefix, else stack) -> outcome -> count
     nlohmann::json rows = nlohmann::json::array();
     for (const calib::CatalogueRow& r : calib::catalogue(simd::kernels(), tmp, [](const calib::CatalogueRow& r) {
            const std::string o = r.outcome() == "right" || r.named ? r.outcome() : r.outcome() + "!";
@@ -51,14 +52,22 @@ int cmd_calibrate(const CalibrateArgs& a) {
          })) {
       right += r.named_first;
       ++outcomes[r.outcome()];
+      const size_t colon = r.bug.find(": ");
+      const std::string fam = colon != std::string::npos && colon <= 5 ? r.bug.substr(0, colon) : "stack";
+      ++by_family[fam][r.outcome()];
       ++n;
       rows.push_back({{"bug", r.bug}, {"expect", r.expect}, {"first_diagnosis", r.first}, {"failed", r.failed},
                       {"named_first", r.named_first}, {"named", r.named}, {"outcome", r.outcome()}});
     }
     std::printf("named right first: %d of %d; wrong names: %d; missing names: %d; not detected: %d\n", right, n, outcomes["wrong"],
                 outcomes["missing"], outcomes["passed"]);
+    nlohmann::json fams = nlohmann::json::object();
+    for (auto& [fam, o] : by_family) {
+      std::printf("  %-6s right %d, wrong %d, missing %d, not detected %d\n", fam.c_str(), o["right"], o["wrong"], o["missing"], o["passed"]);
+      fams[fam] = {{"right", o["right"]}, {"wrong", o["wrong"]}, {"missing", o["missing"]}, {"not_detected", o["passed"]}};
+    }
     j = {{"problem", calib::kCatalogueProblem}, {"named_first", right}, {"bugs", n}, {"wrong", outcomes["wrong"]},
-         {"missing", outcomes["missing"]}, {"not_detected", outcomes["passed"]}, {"catalogue", rows}};
+         {"missing", outcomes["missing"]}, {"not_detected", outcomes["passed"]}, {"by_family", fams}, {"catalogue", rows}};
   } else if (!a.power.empty()) {
     const std::vector<calib::PowerRow> power = calib::power(a.power, a.layer, simd::kernels(), tmp);  // bad input: nothing printed
     std::printf("power of the judge on %s, layer %s (faults on a correct emulation; smallest failing eps, to ~5%%)\n",

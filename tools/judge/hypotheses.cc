@@ -76,6 +76,46 @@ bool explains(const Tensor<float>& alt, const std::vector<float>& bound, const T
   return to_alt <= 0.25 * to_gold;
 }
 
+namespace {
+
+// Rows `rows` of a [s_q, ...] tensor, in that order (the trailing shape kept).
+template <class T>
+Tensor<T> rows_of(const Tensor<T>& t, const std::vector<int64_t>& rows) {
+  Shape shape = t.shape;
+  shape[0] = int64_t(rows.size());
+  Tensor<T> out(shape);
+  const int64_t w = t.numel() / std::max<int64_t>(1, t.dim(0));
+  for (size_t i = 0; i < rows.size(); ++i) std::copy_n(t.ptr() + rows[i] * w, w, out.ptr() + int64_t(i) * w);
+  return out;
+}
+
+// Does the attention over `indices` (with `sink`, or none) explain the candidate's attn.out (or
+// lse), as explains() judges it on the whole tensor? explains() needs every element within its
+// bound, and the attention and its bounds are per query row (ref/bounds.h: G, A_c and the lse's
+// terms are a row's), so that test runs first on every ceil(s_q / 32)-th row: an alternative out of
+// bound there cannot explain the candidate and costs a 32nd of the recomputation (most hypotheses
+// of a failure are such). Only one within bound there is computed on every row, so the verdicts
+// are explains()'s own.
+bool attention_explains(const ref::Kernels& k, const GoldenLayer& d, const Tensor<int32_t>& indices, float sm, int64_t d_v,
+                        const Tensor<float>* sink, bool lse, const Tensor<float>& got, const Tensor<float>& gold) {
+  const int64_t s_q = d.q.dim(0), step = std::max<int64_t>(1, (s_q + 31) / 32);
+  const Tensor<int32_t>* tl = d.topk_length.numel() ? &d.topk_length : nullptr;
+  if (step > 1) {
+    std::vector<int64_t> rows;
+    for (int64_t t = 0; t < s_q; t += step) rows.push_back(t);
+    const Tensor<bf16_t> q = rows_of(d.q, rows);
+    const Tensor<int32_t> idx = rows_of(indices, rows), len = tl ? rows_of(*tl, rows) : Tensor<int32_t>();
+    const ref::AttentionOut a = k.sparse_attention(q, d.kv, idx, sm, d_v, tl ? &len : nullptr, sink);
+    const cmp::AttentionBounds b = k.attention_bounds(q, d.kv, idx, sm, d_v, tl ? &len : nullptr, a);
+    if (!passes(cmp::compare_floats("", lse ? a.lse : a.out, rows_of(got, rows), bound_rule(lse ? b.lse : b.out)))) return false;
+  }
+  const ref::AttentionOut a = k.sparse_attention(d.q, d.kv, indices, sm, d_v, tl, sink);
+  const cmp::AttentionBounds b = k.attention_bounds(d.q, d.kv, indices, sm, d_v, tl, a);
+  return explains(lse ? a.lse : a.out, lse ? b.lse : b.out, got, gold);
+}
+
+}  // namespace
+
 std::optional<SwappedRope> swapped_rope(const golden::Loaded& g, int l, const Tensor<int32_t>& ks, const Tensor<int32_t>& ke,
                                         const ref::Kernels& k) {
   const json& m = g.manifest;
@@ -254,26 +294,21 @@ void Judge::indices_hypotheses(const LayerData& d, const std::string& P, const T
 void Judge::out_hypotheses(AttnCtx& a, const Tensor<float>& co) {
   const LayerData& d = a.d;
   with_q(d.l);  // released by judge_attention
-  const Tensor<int32_t>* tl = d.topk_length.numel() ? &d.topk_length : nullptr;
+  const Tensor<float>* sink = d.sink ? &*d.sink : nullptr;
   for (int j = 0; j < n_layers_; ++j) {
     if (j == d.source) continue;
     const LayerData& o = layer(j);
     if (!o.full) continue;
-    const Expected x = expected_attention(g_, d, o.indices, sm_, d_v_, k_);
-    if (explains(x.attn.out, x.bounds.out, co, a.e.attn.out))
+    if (attention_explains(k_, d, o.indices, sm_, d_v_, sink, false, co, a.e.attn.out))
       res.diagnoses.push_back(a.P + ": attn.out is the attention over Full layer " + std::to_string(j) + "'s positions instead of layer " +
                               std::to_string(d.source) + "'s");
   }
   if (!d.full && d.has_indexer) {
-    const Expected x = expected_attention(g_, d, ref::local_to_kv_rows(d.topk, d.ks), sm_, d_v_, k_);
-    if (explains(x.attn.out, x.bounds.out, co, a.e.attn.out))
+    if (attention_explains(k_, d, ref::local_to_kv_rows(d.topk, d.ks), sm_, d_v_, sink, false, co, a.e.attn.out))
       res.diagnoses.push_back(a.P + ": attn.out is the attention over the layer's own fresh top-k (a Shared layer that recomputes)");
   }
   if (d.sink) {
-    Expected x;
-    x.attn = k_.sparse_attention(d.q, d.kv, a.use, sm_, d_v_, tl, nullptr);
-    x.bounds = k_.attention_bounds(d.q, d.kv, a.use, sm_, d_v_, tl, x.attn);
-    if (explains(x.attn.out, x.bounds.out, co, a.e.attn.out))
+    if (attention_explains(k_, d, a.use, sm_, d_v_, nullptr, false, co, a.e.attn.out))
       res.diagnoses.push_back(a.P + ": attn.out ignores the attention sink");
   }
   key_dropped_hypothesis(a, "attn.out", co);
@@ -287,9 +322,8 @@ void Judge::key_dropped_hypothesis(AttnCtx& a, const std::string& tensor, const 
     int64_t dropped = 0;
     const Tensor<int32_t> fewer = emul::drop_one_key(a.use, d.topk_length.numel() ? &d.topk_length : nullptr, s_kv_, last, &dropped);
     if (dropped == 0) return;
-    const Expected x = expected_attention(g_, d, fewer, sm_, d_v_, k_);
     const bool out = tensor == "attn.out";
-    if (explains(out ? x.attn.out : x.attn.lse, out ? x.bounds.out : x.bounds.lse, got, out ? a.e.attn.out : a.e.attn.lse)) {
+    if (attention_explains(k_, d, fewer, sm_, d_v_, d.sink ? &*d.sink : nullptr, !out, got, out ? a.e.attn.out : a.e.attn.lse)) {
       res.diagnoses.push_back(a.P + ": " + tensor + " is the attention without each row's " + (last ? "last" : "first") +
                               " key (one key missing per row: a loop bound over the top-k slots off by one)");
       return;

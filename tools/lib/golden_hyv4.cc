@@ -62,7 +62,7 @@ Hyv4Spec parse_hyv4_spec(const std::string& text) {
   ref::hyv4::Config& c = s.cfg;
   c.s_q = p.s_q, c.s_kv = p.s_kv, c.heads = p.index_n_heads, c.dim = p.index_head_dim, c.index_topk = p.index_topk;
   c.h_q = p.h_q, c.kv_lora = p.d_v, c.attn_rope = p.d_qk - p.d_v, c.sm_scale = p.sm_scale();
-  c.sink = p.sink == SinkMode::random;
+  c.sink = p.sink == SinkMode::random;  // (strong is refused above: HY V4's sink is drawn as the model's)
   c.seed = p.seed, c.dist = p.dist;
   c.rope = rope.empty() ? c.dim / 2 : descriptor_count("hyv4", "rope", rope);
   c.v_dim = vd.empty() ? c.kv_lora / 2 : descriptor_count("hyv4", "vd", vd);

@@ -323,7 +323,7 @@ int64_t field(const Problem& p, const std::string& f) {
   if (f == "b") return p.n_seqs;
   if (f == "next_n") return p.seq_q();
   if (f == "indexer_fp8") return p.indexer == IndexerMode::fp8 ? 1 : 0;
-  if (f == "sink") return p.sink == SinkMode::random ? 1 : 0;
+  if (f == "sink") return p.sink == SinkMode::random || p.sink == SinkMode::strong ? 1 : 0;  // a finite sink per head
   if (f == "indexer_bf16") return p.indexer == IndexerMode::bf16 ? 1 : 0;
   if (f == "q_offset") return p.s_kv - p.s_q;  // one sequence: query row i sits at key position q_offset + i
   throw Error("kernel registry: unknown field '" + f + "'");

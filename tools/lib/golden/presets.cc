@@ -55,9 +55,9 @@ const std::vector<Preset>& presets() {
       {"deepgemm-fp8-paged-mqa-logits", "sq8 skv16384 hq4 dqk576 dv512 ih64 id128 k2048 seed26 nseq4", "decode",
        "DeepGEMM fp8_paged_mqa_logits at H 64, D 128: next_n 2 for 4 sequences of 4096 tokens (paged, block 64), "
        "2-D context_lens", "deepgemm-fp8-paged-mqa-logits"},
-      {"flashmla-sparse-prefill-model1", "sq4 skv8192 hq64 dqk512 dv512 ih64 id128 k2048 seed27 sink=random", "stack",
-       "FlashMLA sparse prefill, MODEL1 (DeepSeek-V4) shapes: d_qk 512 = d_v 512 with a per-head sink, h_q 64, top-2048 "
-       "over 8192 keys, 4 query rows", "flashmla-sparse-prefill-model1"},
+      {"flashmla-sparse-prefill-model1", "sq4 skv8192 hq64 dqk512 dv512 ih64 id128 k2048 seed27 sink=strong", "stack",
+       "FlashMLA sparse prefill, MODEL1 (DeepSeek-V4) shapes: d_qk 512 = d_v 512 with a strong per-head sink (random + "
+       "ln 2048: worth a row's mass, so a dropped sink shows), h_q 64, top-2048 over 8192 keys, 4 query rows", "flashmla-sparse-prefill-model1"},
       {"flashmla-sparse-decode-model1", "model1 b2 nextn2 hq64 len1024 win128 blk256 ek512 eblk64 elen640 seed31", "decode-model1",
        "FlashMLA sparse decode, MODEL1 FP8 cache, two scopes in one softmax: a 128-token window (block 256) and top-512 "
        "compressed entries (block 64), h_q 64, next_n 2, 2 sequences, topk_length and extra_topk_length",
