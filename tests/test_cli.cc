@@ -223,7 +223,9 @@ TEST_CASE("cli: bench runs a small problem, checks simd against ref and writes J
   // Defined at sq4096 skv4096 hq64 ... k512 only: on this small problem neither met nor missed.
   CHECK(r.out.find("(goal <= 0.1x, defined at sq4096 skv4096 hq64 dqk576 dv512 ih64 id128 k512)") != std::string::npos);
   CHECK(std::system(("python3 -c 'import json,sys; c=json.load(open(sys.argv[1]))[\"commands\"]; "
-                     "assert [r[\"command\"] for r in c[\"runs\"]] == [\"run\", \"run: inputs only\", \"golden\", \"diff\"]; "
+                     "assert [r[\"command\"] for r in c[\"runs\"]] == [\"run\", \"run: inputs only\", \"golden\", \"diff\", "
+                     "\"diff: correct kernel\", \"diff: failing kernel\"]; "
+                     "assert c[\"diff_correct_over_golden\"] > 0 and c[\"diff_failing_over_golden\"] > 0; "
                      "assert c[\"diff_verdict\"] == \"PASS\" and c[\"golden_over_run\"] > 0 and 0 < c[\"inputs_over_run\"] < 1' " + json).c_str()) == 0);
   CHECK(std::system(("python3 -c 'import json,sys; t=[x for x in json.load(open(sys.argv[1]))[\"targets\"] "
                      "if \"input generation\" in x[\"target\"]]; "

@@ -133,6 +133,15 @@ std::vector<FamilyBug> v4_bugs(const golden::Loaded& g, const golden::V4Spec& s,
 std::vector<FamilyBug> hyv4_bugs(const golden::Loaded& g, const golden::Hyv4Spec& s) {
   namespace hy = ref::hyv4;
   const hy::Config cfg = s.cfg;
+  // Layer 1's attn.out as a kernel computes it with `sink` in place of the set's.
+  const auto with_sink = [&g, cfg](Tensors& c, const Tensor<float>& sink) {
+    Tensor<int32_t> idx = g.tensor<int32_t>(L(1) + "attn.indices");
+    idx.shape = {idx.dim(0), idx.numel() / idx.dim(0)};
+    const Tensor<float> w_uv = bf16_to_f32(g.tensor<bf16_t>(L(1) + "attn.w_uv"));
+    c.set(L(1) + "attn.out", hy::gated_attention(g.tensor<bf16_t>(L(1) + "attn.q"), g.tensor<bf16_t>(L(1) + "attn.kv"), idx, sink,
+                                                 cfg.sm_scale, cfg.kv_lora, &w_uv, bf16_to_f32(g.tensor<bf16_t>(L(1) + "attn.gate")))
+                                 .attn.out);
+  };
   return {
       {"HY V4: the indexer's RoPE on the leading dims", "RoPE on the leading", [&g, cfg](Tensors& c) {
          hy::IndexerParams p = hy::indexer_params(cfg);
@@ -141,26 +150,16 @@ std::vector<FamilyBug> hyv4_bugs(const golden::Loaded& g, const golden::Hyv4Spec
                                                       g.tensor<float>(L(0) + "indexer.k_norm_w"), g.tensor<float>(L(0) + "indexer.k_norm_b"),
                                                       g.tensor<float>(L(0) + "indexer.weights_raw"), p);
          c.set(L(0) + "indexer.scores", o.scores); }},
-      {"HY V4: the sink scaled by sm_scale", "the sink scaled by sm_scale", [&g, cfg](Tensors& c) {
+      {"HY V4: the sink scaled by sm_scale", "the sink scaled by sm_scale", [&g, cfg, with_sink](Tensors& c) {
          Tensor<float> sink = g.tensor<float>(L(1) + "attn.sink");
          for (float& x : sink.data) x *= cfg.sm_scale;
-         Tensor<int32_t> idx = g.tensor<int32_t>(L(1) + "attn.indices");
-         idx.shape = {idx.dim(0), idx.numel() / idx.dim(0)};
-         const Tensor<float> w_uv = bf16_to_f32(g.tensor<bf16_t>(L(1) + "attn.w_uv"));
-         c.set(L(1) + "attn.out", hy::gated_attention(g.tensor<bf16_t>(L(1) + "attn.q"), g.tensor<bf16_t>(L(1) + "attn.kv"), idx, sink,
-                                                      cfg.sm_scale, cfg.kv_lora, &w_uv, bf16_to_f32(g.tensor<bf16_t>(L(1) + "attn.gate")))
-                                      .attn.out); }},
+         with_sink(c, sink); }},
       {"HY V4: attn.gated without the output gate", "without the output gate", [&g](Tensors& c) {
          c.set(L(2) + "attn.gated", g.tensor<float>(L(2) + "attn.o_v")); }},
-      {"HY V4: the sinks permuted across heads", "", [&g, cfg](Tensors& c) {
+      {"HY V4: the sinks permuted across heads", "", [&g, with_sink](Tensors& c) {
          Tensor<float> sink = g.tensor<float>(L(1) + "attn.sink");
          std::reverse(sink.data.begin(), sink.data.end());
-         Tensor<int32_t> idx = g.tensor<int32_t>(L(1) + "attn.indices");
-         idx.shape = {idx.dim(0), idx.numel() / idx.dim(0)};
-         const Tensor<float> w_uv = bf16_to_f32(g.tensor<bf16_t>(L(1) + "attn.w_uv"));
-         c.set(L(1) + "attn.out", hy::gated_attention(g.tensor<bf16_t>(L(1) + "attn.q"), g.tensor<bf16_t>(L(1) + "attn.kv"), idx, sink,
-                                                      cfg.sm_scale, cfg.kv_lora, &w_uv, bf16_to_f32(g.tensor<bf16_t>(L(1) + "attn.gate")))
-                                      .attn.out); }},
+         with_sink(c, sink); }},
   };
 }
 
