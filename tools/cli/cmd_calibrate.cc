@@ -86,7 +86,7 @@ int cmd_calibrate(const CalibrateArgs& a) {
     require(a.first >= 0 && a.first <= 1000000000, "--first: expected 0..10^9, got " + std::to_string(a.first));
     std::printf("calibration: %d runs of the correct-kernel family%s from run %d, seed %lld\n", a.runs,
                 a.values     ? " (f32 indexer scores of v4, hyv4 and kpool sets)"
-                : a.families ? " (the attention of v4, hyv4, kpool and mtp sets)"
+                : a.families ? " (the attention of v4, hyv4, kpool, mtp and decode-model1 sets)"
                              : "",
                 a.first, (long long)a.seed);
     nlohmann::json runs = nlohmann::json::array();
@@ -137,7 +137,7 @@ Action register_calibrate(CLI::App& app) {
   c->add_flag("--catalogue", a->catalogue, "Measure the diagnosis accuracy on a catalogue of planted kernel bugs");
   c->add_flag("--values", a->values, "Calibration runs of the values kind: f32 indexer scores (and their top-k) of v4, hyv4 and kpool sets");
   c->add_flag("--families", a->families,
-              "Calibration runs of the 2026 families' attention: correct attention kernels on v4, hyv4, kpool and mtp sets (a diagnosis "
+              "Calibration runs of the 2026 families' attention: correct attention kernels on v4, hyv4, kpool, mtp and decode-model1 sets (a diagnosis "
               "counts as a false positive)");
   c->add_option("--json", a->json, "Also write the results as JSON");
   // The three modes take their own options (the catalogue plants its bugs into its own set, --power

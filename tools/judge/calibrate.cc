@@ -21,6 +21,7 @@
 #include "tools/lib/golden.h"
 #include "tools/lib/golden_hyv4.h"
 #include "tools/lib/golden_kpool.h"
+#include "tools/lib/golden_model1.h"
 #include "tools/lib/golden_mtp.h"
 #include "tools/lib/golden_v4.h"
 
@@ -496,7 +497,7 @@ std::vector<Run> calibrate_values(int first, int runs, uint64_t seed, const ref:
 std::string family_problem(int i, uint64_t seed, std::string& kind) {
   Xoshiro256 g(seed * 3000017u + uint64_t(i));
   const std::string s = std::to_string(seed * 1000 + uint64_t(i) + 1);
-  switch (i % 4) {
+  switch (i % 5) {
     case 0: {  // v4-tiny's layers (SWA, C4A Full, HCA, C4A Shared, C4A Full) at 48-128 tokens
       kind = "v4";
       const int64_t t = pick(g, std::array<int64_t, 3>{48, 96, 128});
@@ -516,6 +517,13 @@ std::string family_problem(int i, uint64_t seed, std::string& kind) {
       return "sq=" + std::to_string(rows) + " skv=" + std::to_string(rows) + " h=4 d=16 pool=" + std::to_string(pool) +
              " k=" + std::to_string(pool * pick(g, std::array<int64_t, 2>{2, 4})) + " tail=" + (g.below(2) ? "yes" : "no") +
              " rounding=f32 hq=" + std::to_string(pick(g, std::array<int64_t, 2>{2, 4})) + " dqk=64 dv=32 nl=12 dsa=glm53 sched=FSF fp8=amax seed=" + s;
+    }
+    case 4: {  // FlashMLA's MODEL1 two-scope decode (window + compressed entries, one softmax, the sink)
+      kind = "decode-model1";
+      return "model1 b2 nextn" + std::to_string(pick(g, std::array<int64_t, 2>{1, 2})) + " hq" +
+             std::to_string(pick(g, std::array<int64_t, 2>{64, 128})) + " len1024 win128 blk" +
+             std::to_string(pick(g, std::array<int64_t, 2>{64, 256})) + " ek" + std::to_string(pick(g, std::array<int64_t, 2>{128, 256})) +
+             " eblk64 elen" + std::to_string(pick(g, std::array<int64_t, 2>{384, 640})) + " seed" + s;
     }
     default: {  // mtp-tiny: the target layer, the MTP layer and four requests' draft steps
       kind = "mtp";
@@ -557,10 +565,11 @@ std::vector<Run> calibrate_families(int first, int runs, uint64_t seed, const re
     golden::GoldenSet set = r.kind == "v4"     ? golden::build_v4(golden::parse_v4_spec(r.problem), replay, Impl::simd)
                             : r.kind == "hyv4" ? golden::build_hyv4(golden::parse_hyv4_spec(r.problem), replay, Impl::simd)
                             : r.kind == "kpool" ? golden::build_kpool(golden::parse_kpool_spec(r.problem), replay, Impl::simd)
-                                                : golden::build_mtp(golden::parse_mtp_spec(r.problem), replay, Impl::simd);
+                            : r.kind == "mtp"   ? golden::build_mtp(golden::parse_mtp_spec(r.problem), replay, Impl::simd)
+                                                : golden::build_model1_decode(golden::parse_model1_spec(r.problem), replay, Impl::simd);
     golden::write(dir, std::move(set), true);
     const golden::Loaded g = golden::read(dir);
-    const emul::AttentionVariant v = fam[size_t(i / 4) % fam.size()];
+    const emul::AttentionVariant v = fam[size_t(i / 5) % fam.size()];
     r.attention_variant = v.name();
     Cand c;
     for (const auto& [name, t] : family_attention(g, v)) c.set(name, t);

@@ -76,8 +76,8 @@ std::vector<Run> calibrate_values(int first, int runs, uint64_t seed, const ref:
                                   const std::function<void(const Run&)>& progress = {});
 
 // Calibration of the 2026 families' attention (`calibrate --families`): run i draws a set of one
-// family in turn (v4, hyv4, kpool, mtp; small shapes around each tiny preset, its seed, heads,
-// top-k, rows and rotation or pool drawn) and hands in every attention the set holds (each layer's
+// family in turn (v4, hyv4, kpool, mtp, decode-model1; small shapes around each tiny preset or the
+// MODEL1 decode preset, its seed, heads, top-k, rows and rotation, pool or cache blocks drawn) and hands in every attention the set holds (each layer's
 // out, lse and max_logits, and MTP's draft steps) computed by one member of the correct attention
 // family (emul::attention_family, in turn) from the golden's own q, kv, indices and sink. A false
 // positive is any FAIL, or any diagnosis. `kind` receives the family.
