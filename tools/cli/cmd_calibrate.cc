@@ -12,6 +12,7 @@
 #include "simd/simd.h"
 #include "tools/judge/structure.h"
 #include "tools/judge/calibrate.h"
+#include "tools/lib/golden.h"
 #include "tools/cli/cli.h"
 #include "tools/lib/svg.h"
 
@@ -21,7 +22,7 @@ namespace {
 struct CalibrateArgs {
   int runs = 200, first = 0;
   int64_t seed = 1;
-  std::string power, json;
+  std::string power, json, preset;
   bool catalogue = false, values = false, families = false;
   int layer = -1;
   int64_t max_work = calib::kDefaultWork;
@@ -38,18 +39,21 @@ int cmd_calibrate(const CalibrateArgs& a) {
   int rc = 0;
   if (a.catalogue) {
     std::printf("diagnosis accuracy: planted kernel bugs on %s, each named right when the first diagnosis names it\n",
-                calib::kCatalogueProblem);
+                a.preset.empty() ? calib::kCatalogueProblem : ("kernel preset " + a.preset).c_str());
     std::printf("(a bug with no hypothesis is right when nothing is named; wrong: the first diagnosis names another bug)\n");
     std::printf("%-62s %-7s %s\n", "bug", "outcome", "first diagnosis");
     int right = 0, n = 0;
     std::map<std::string, int> outcomes;
     std::map<std::string, std::map<std::string, int>> by_family;  // family (the bug's "V4:" prefix, else stack) -> outcome -> count
     nlohmann::json rows = nlohmann::json::array();
-    for (const calib::CatalogueRow& r : calib::catalogue(simd::kernels(), tmp, [](const calib::CatalogueRow& r) {
-           const std::string o = r.outcome() == "right" || r.named ? r.outcome() : r.outcome() + "!";
-           std::printf("%-62s %-7s %s\n", r.bug.c_str(), o.c_str(), r.first.empty() ? "(none)" : r.first.c_str());
-           std::fflush(stdout);
-         })) {
+    const auto show = [](const calib::CatalogueRow& r) {
+      const std::string o = r.outcome() == "right" || r.outcome() == "n/a" || r.named ? r.outcome() : r.outcome() + "!";
+      std::printf("%-62s %-7s %s\n", r.bug.c_str(), o.c_str(),
+                  !r.not_applicable.empty() ? r.not_applicable.c_str() : r.first.empty() ? "(none)" : r.first.c_str());
+      std::fflush(stdout);
+    };
+    for (const calib::CatalogueRow& r : a.preset.empty() ? calib::catalogue(simd::kernels(), tmp, show)
+                                                         : calib::catalogue_preset(a.preset, simd::kernels(), tmp, show)) {
       right += r.named_first;
       ++outcomes[r.outcome()];
       const size_t colon = r.bug.find(": ");
@@ -57,16 +61,17 @@ int cmd_calibrate(const CalibrateArgs& a) {
       ++by_family[fam][r.outcome()];
       ++n;
       rows.push_back({{"bug", r.bug}, {"expect", r.expect}, {"first_diagnosis", r.first}, {"failed", r.failed},
-                      {"named_first", r.named_first}, {"named", r.named}, {"outcome", r.outcome()}});
+                      {"named_first", r.named_first}, {"named", r.named}, {"outcome", r.outcome()}, {"not_applicable", r.not_applicable}});
     }
-    std::printf("named right first: %d of %d; wrong names: %d; missing names: %d; not detected: %d\n", right, n, outcomes["wrong"],
-                outcomes["missing"], outcomes["passed"]);
+    std::printf("named right first: %d of %d; wrong names: %d; missing names: %d; not detected: %d; not applicable: %d\n", right,
+                n - outcomes["n/a"], outcomes["wrong"], outcomes["missing"], outcomes["passed"], outcomes["n/a"]);
     nlohmann::json fams = nlohmann::json::object();
     for (auto& [fam, o] : by_family) {
       std::printf("  %-6s right %d, wrong %d, missing %d, not detected %d\n", fam.c_str(), o["right"], o["wrong"], o["missing"], o["passed"]);
       fams[fam] = {{"right", o["right"]}, {"wrong", o["wrong"]}, {"missing", o["missing"]}, {"not_detected", o["passed"]}};
     }
-    j = {{"problem", calib::kCatalogueProblem}, {"named_first", right}, {"bugs", n}, {"wrong", outcomes["wrong"]},
+    j = {{"problem", a.preset.empty() ? calib::kCatalogueProblem : golden::preset(a.preset).problem}, {"preset", a.preset},
+         {"named_first", right}, {"bugs", n - outcomes["n/a"]}, {"not_applicable", outcomes["n/a"]}, {"wrong", outcomes["wrong"]},
          {"missing", outcomes["missing"]}, {"not_detected", outcomes["passed"]}, {"by_family", fams}, {"catalogue", rows}};
   } else if (!a.power.empty()) {
     const std::vector<calib::PowerRow> power = calib::power(a.power, a.layer, simd::kernels(), tmp);  // bad input: nothing printed
@@ -135,6 +140,9 @@ Action register_calibrate(CLI::App& app) {
   c->add_option("--power", a->power, "Measure the smallest systematic faults the judge catches on this golden set");
   c->add_option("--layer", a->layer, "With --power: the layer to inject faults into (default 0; on a v4, hyv4 or kpool set its first Full layer)");
   c->add_flag("--catalogue", a->catalogue, "Measure the diagnosis accuracy on a catalogue of planted kernel bugs");
+  c->add_option("--preset", a->preset,
+                "With --catalogue: plant the stack catalogue's bugs on this kernel preset's set instead (power per kernel preset; "
+                "a bug the kernel cannot have is n/a)");
   c->add_flag("--values", a->values, "Calibration runs of the values kind: f32 indexer scores (and their top-k) of v4, hyv4 and kpool sets");
   c->add_flag("--families", a->families,
               "Calibration runs of the 2026 families' attention: correct attention kernels on v4, hyv4, kpool, mtp and decode-model1 sets (a diagnosis "
@@ -147,6 +155,7 @@ Action register_calibrate(CLI::App& app) {
   excludes(*c, "--values", {"--max-work", "--families"});
   excludes(*c, "--families", {"--max-work"});
   needs(*c, "--layer", "--power");
+  needs(*c, "--preset", "--catalogue");
   return [c, a]() {
     if (!*c) return -1;
     return cmd_calibrate(*a);

@@ -7,6 +7,8 @@
 #include <cmath>
 #include <filesystem>
 #include <map>
+#include <set>
+#include <utility>
 
 #include "ref/error.h"
 #include "ref/kpool/select.h"
@@ -24,6 +26,7 @@
 #include "tools/lib/golden_model1.h"
 #include "tools/lib/golden_mtp.h"
 #include "tools/lib/golden_v4.h"
+#include "tools/lib/kernel_registry.h"
 
 namespace indexshare::calib {
 
@@ -614,8 +617,13 @@ namespace {
 
 // Each bug plants its fault into a candidate; `expect` must stand in the first diagnosis.
 struct Bug {
+  Bug(std::string n, std::string e, std::function<void(Cand&)> p, std::function<std::string()> w = {})
+      : name(std::move(n)), expect(std::move(e)), plant(std::move(p)), needs(std::move(w)) {}
   std::string name, expect;
   std::function<void(Cand&)> plant;
+  // What the bug needs of the set it is planted on (empty: anything): "" when it applies, else why
+  // not ("4 query rows: no rows 64-127"). Checked before planting.
+  std::function<std::string()> needs;
 };
 
 // What the bugs are planted on: layer 0's correct outputs (the naive emulation's attention, the f32
@@ -636,6 +644,14 @@ struct Planter {
         base(emulate(g, 0, naive, sm)), logits(emulate_logits(g, 0, emul::logits_family()[0])),
         ks(g.tensor<int32_t>(P(0) + "indexer.ks")), ke(g.tensor<int32_t>(P(0) + "indexer.ke")) {}
   static std::string P(int l) { return "layers." + std::to_string(l) + "."; }
+  // The needs of the shape-dependent bugs (Bug::needs): "" when met.
+  std::string rows_from(int64_t n) const { return s_q >= n ? "" : std::to_string(s_q) + " query rows (needs " + std::to_string(n) + ")"; }
+  std::string sinked() const { return in0.sink ? "" : "no attention sink"; }
+  std::string fsfs() const {
+    const nlohmann::json& ls = g.manifest["layers"];
+    const bool ok = ls.size() >= 4 && ls[1]["kind"] == "shared" && ls[3]["kind"] == "shared" && g.find(P(1) + "indexer.logits");
+    return ok ? "" : "no Shared layers 1 and 3 (an F S F S stack)";
+  }
   ref::AttentionOut attention(const emul::AttentionVariant& v, const Tensor<int32_t>& indices, bool sink, float scale) const {
     return emul::attention(v, in0.q, in0.kv, indices, scale, d_v, nullptr, sink && in0.sink ? &*in0.sink : nullptr);
   }
@@ -679,11 +695,15 @@ constexpr double kPlanted = 0.004;  // 0.4 %: a small systematic error, well ins
 std::vector<Bug> attention_bugs(const Planter& p) {
   return {
       {"attn.out scale, every element", "attn.out scale error", [&](Cand& c) { p.set_attn(c, p.scaled_out(kPlanted, [](int64_t, int64_t, int64_t) { return true; })); }},
-      {"attn.out scale, head 3", "head 3 only", [&](Cand& c) { p.set_attn(c, p.scaled_out(kPlanted, [](int64_t, int64_t h, int64_t) { return h == 3; })); }},
+      {"attn.out scale, head 3", "head 3 only", [&](Cand& c) { p.set_attn(c, p.scaled_out(kPlanted, [](int64_t, int64_t h, int64_t) { return h == 3; })); },
+       [&] { return p.h_q > 3 ? "" : std::to_string(p.h_q) + " heads: no head 3"; }},
       {"attn.out scale, columns = 0 mod 8", "columns = 0 mod 8 only", [&](Cand& c) { p.set_attn(c, p.scaled_out(kPlanted, [](int64_t, int64_t, int64_t col) { return col % 8 == 0; })); }},
-      {"attn.out scale, rows 64-127", "rows 64-127", [&](Cand& c) { p.set_attn(c, p.scaled_out(kPlanted, [](int64_t t, int64_t, int64_t) { return t >= 64 && t < 128; })); }},
-      {"attn.out 0.4% low on every other row", "rows = 0 mod 2 only", [&](Cand& c) { p.set_attn(c, p.scaled_out(-kPlanted, [](int64_t t, int64_t, int64_t) { return t % 2 == 0; })); }},
-      {"attn.out wrong beyond row 64", "rows from 64 on", [&](Cand& c) { p.set_attn(c, p.scaled_out(kPlanted, [](int64_t t, int64_t, int64_t) { return t >= 64; })); }},
+      {"attn.out scale, rows 64-127", "rows 64-127", [&](Cand& c) { p.set_attn(c, p.scaled_out(kPlanted, [](int64_t t, int64_t, int64_t) { return t >= 64 && t < 128; })); },
+       [&] { return p.rows_from(128); }},
+      {"attn.out 0.4% low on every other row", "rows = 0 mod 2 only", [&](Cand& c) { p.set_attn(c, p.scaled_out(-kPlanted, [](int64_t t, int64_t, int64_t) { return t % 2 == 0; })); },
+       [&] { return p.rows_from(2); }},
+      {"attn.out wrong beyond row 64", "rows from 64 on", [&](Cand& c) { p.set_attn(c, p.scaled_out(kPlanted, [](int64_t t, int64_t, int64_t) { return t >= 64; })); },
+       [&] { return p.rows_from(128); }},
       {"attn.out scale 0.28% low (as large as truncation)", "attn.out scale error 0.997", [&](Cand& c) {
          ref::AttentionOut o = p.scaled_out(-0.0028, [](int64_t, int64_t, int64_t) { return true; });
          for (float& v : o.out.data) v = round_bf16(v);
@@ -704,11 +724,11 @@ std::vector<Bug> attention_bugs(const Planter& p) {
            const double x = o.lse[i], s = (*p.in0.sink)[i % p.h_q], m = std::max(x, s);
            o.lse[i] = float(m + std::log(std::exp(x - m) + std::exp(s - m)));
          }
-         p.set_attn(c, o); }},
+         p.set_attn(c, o); }, [&] { return p.sinked(); }},
       {"attn.out without the sink", "attn.out ignores the attention sink", [&](Cand& c) {
          ref::AttentionOut o = p.attention(p.naive, p.in0.indices, false, p.sm);
          o.lse = p.base.lse;
-         p.set_attn(c, o); }},
+         p.set_attn(c, o); }, [&] { return p.sinked(); }},
       {"attn.max_logits in base 2", "attn.max_logits is in base-2 units", [&](Cand& c) {
          ref::AttentionOut o = p.base;
          for (float& v : o.max_logits.data) v = float(double(v) / std::log(2.0));
@@ -748,9 +768,9 @@ std::vector<Bug> indexer_bugs(const Planter& p) {
       {"causal bound one key too short", "one key too short", [&](Cand& c) { c.set(p.P(0) + "indexer.topk", p.shifted(-1)); }},
       {"Shared layer recomputes its top-k", "own fresh top-k", [&](Cand& c) {
          c.set(p.P(1) + "attn.indices", p.rows(p.k.topk(p.g.tensor<float>(p.P(1) + "indexer.logits"), p.g.tensor<int32_t>(p.P(1) + "indexer.ks"),
-                                                  p.g.tensor<int32_t>(p.P(1) + "indexer.ke"), p.topk), 1)); }},
+                                                  p.g.tensor<int32_t>(p.P(1) + "indexer.ke"), p.topk), 1)); }, [&] { return p.fsfs(); }},
       {"Shared layer takes another Full layer's positions", "Full layer 0's positions", [&](Cand& c) {
-         c.set(p.P(3) + "attn.indices", p.g.tensor<int32_t>(p.P(0) + "attn.indices")); }},
+         c.set(p.P(3) + "attn.indices", p.g.tensor<int32_t>(p.P(0) + "attn.indices")); }, [&] { return p.fsfs(); }},
   };
 }
 
@@ -760,7 +780,7 @@ CatalogueRow judge_bug(const golden::Loaded& g, const std::vector<io::TensorView
                        const std::string& expect, const ref::Kernels& k, const std::string& path) {
   io::write_safetensors(path, candidate);
   const diff::Result r = diff::judge(g, io::read_safetensors(path), {}, k, false);
-  CatalogueRow row{bug, expect, r.diagnoses.empty() ? "" : r.diagnoses[0], r.failed(), false, false};
+  CatalogueRow row{bug, expect, r.diagnoses.empty() ? "" : r.diagnoses[0], r.failed(), false, false, ""};
   if (expect.empty()) {  // a bug no hypothesis covers: right when nothing is named
     row.named_first = row.named = row.failed && r.diagnoses.empty();
     return row;
@@ -771,9 +791,74 @@ CatalogueRow judge_bug(const golden::Loaded& g, const std::vector<io::TensorView
 }
 
 std::string CatalogueRow::outcome() const {
+  if (!not_applicable.empty()) return "n/a";
   if (!failed) return "passed";
   if (named_first) return "right";
   return first.empty() ? "missing" : "wrong";
+}
+
+std::vector<CatalogueRow> catalogue_preset(const std::string& name, const ref::Kernels& k, const std::string& tmp,
+                                           const std::function<void(const CatalogueRow&)>& progress) {
+  const golden::Preset& pr = golden::preset(name);  // Error naming the unknown preset
+  require(!pr.kernel.empty() && (pr.kind == "stack" || pr.kind == "decode"),
+          "calibrate --catalogue --preset: '" + name + "' is not a kernel preset of a stack or decode set (the stack catalogue's "
+          "bugs are planted on those; the 2026 families' catalogue runs on their tiny presets)");
+  const kreg::Kernel& kern = kreg::kernel(pr.kernel);
+  std::set<std::string> outputs;  // the tensors the kernel writes, without their layer prefix
+  for (const kreg::Arg& a : kern.outputs) outputs.insert(a.tensor.substr(a.tensor.rfind("}.") + 2));
+  fs::create_directories(tmp);
+  const std::string dir = tmp + "/golden";
+  golden::write(dir, golden::build(parse_problem(pr.problem), pr.kind, true, "indexshare calibrate --catalogue --preset " + name, Impl::simd),
+                true);
+  const golden::Loaded g = golden::read(dir);
+  const Planter p(g, k);
+  std::vector<Bug> bugs = attention_bugs(p);
+  for (Bug& b : indexer_bugs(p)) bugs.push_back(std::move(b));
+  // The correct outputs the bugs are planted into: a planted tensor equal to its correct one carries
+  // nothing of the bug.
+  Cand ok;
+  p.set_attn(ok, p.base);
+  p.set_indexer(ok, p.logits, p.topk_of(p.logits, p.ke));
+  auto unchanged = [&ok](const io::TensorView& v) {
+    for (const io::TensorView& o : ok.views)
+      if (o.name == v.name)
+        return o.bytes.size() == v.bytes.size() && std::equal(o.bytes.data(), o.bytes.data() + o.bytes.size(), v.bytes.data());
+    return false;
+  };
+  std::vector<CatalogueRow> out;
+  for (const Bug& b : bugs) {
+    std::string why = b.needs ? b.needs() : "";
+    Cand c;
+    if (why.empty()) {
+      b.plant(c);
+      // The candidate holds what the kernel writes; the bug applies when one of those tensors carries it.
+      std::vector<io::TensorView> kept;
+      std::string elsewhere;
+      bool carries = false;
+      for (const io::TensorView& v : c.views) {
+        const std::string t = v.name.substr(v.name.find('.', 7) + 1);
+        if (outputs.count(t)) {
+          kept.push_back(v);
+          carries = carries || !unchanged(v);
+        } else if (!unchanged(v)) {
+          elsewhere += (elsewhere.empty() ? "" : ", ") + t;
+        }
+      }
+      c.views = std::move(kept);
+      if (!carries)
+        why = elsewhere.empty() ? "planted here it changes nothing (every planted tensor equals the correct one)"
+                                : "the bug is in " + elsewhere + ", which " + pr.kernel + " does not write";
+    }
+    if (!why.empty()) {
+      CatalogueRow row{b.name, b.expect, "", false, false, false, ""};
+      row.not_applicable = why;
+      out.push_back(row);
+    } else {
+      out.push_back(judge_bug(g, c.views, b.name, b.expect, k, tmp + "/catalogue.safetensors"));
+    }
+    if (progress) progress(out.back());
+  }
+  return out;
 }
 
 std::vector<CatalogueRow> catalogue(const ref::Kernels& k, const std::string& tmp, const std::function<void(const CatalogueRow&)>& progress) {

@@ -125,12 +125,20 @@ struct CatalogueRow {
   std::string bug, expect;  // expect: what the first diagnosis must say ("": that no diagnosis is made)
   std::string first;        // the report's first diagnosis
   bool failed = false, named_first = false, named = false;  // named: any diagnosis names it
+  std::string not_applicable;  // catalogue_preset: why the bug cannot occur there (not judged)
   // "right", "wrong" (a first diagnosis that does not name the bug), "missing" (failed with no
-  // diagnosis, where the bug has one), "passed" (the bug did not fail).
+  // diagnosis, where the bug has one), "passed" (the bug did not fail), "n/a".
   std::string outcome() const;
 };
 std::vector<CatalogueRow> catalogue(const ref::Kernels& k, const std::string& tmp,
                                     const std::function<void(const CatalogueRow&)>& progress = {});
+// Power per kernel preset (`calibrate --catalogue --preset NAME`): the stack catalogue's bugs planted
+// on that preset's set (a stack or decode kernel preset) and judged. A bug is "n/a" where it cannot
+// occur there: it plants a tensor the kernel does not write (an attention kernel has no top-k), or
+// the set lacks what it needs (rows 64-127 in a 4-row set, a sink, Shared layers). Every other bug
+// must fail there.
+std::vector<CatalogueRow> catalogue_preset(const std::string& name, const ref::Kernels& k, const std::string& tmp,
+                                           const std::function<void(const CatalogueRow&)>& progress = {});
 // One planted bug judged: `candidate` written to `path` and read back as a kernel team's file,
 // judged against g; named right first when the first diagnosis holds `expect`.
 CatalogueRow judge_bug(const golden::Loaded& g, const std::vector<io::TensorView>& candidate, const std::string& bug,
