@@ -37,14 +37,23 @@ TEST_CASE("catalogue: every planted kernel bug fails and its first diagnosis nam
   }
 }
 
+namespace {
+
+// calib::catalogue_preset in a scratch folder of its own, removed after.
+std::vector<calib::CatalogueRow> preset_rows(const std::string& preset) {
+  const std::string tmp = (std::filesystem::temp_directory_path() / ("indexshare-catalogue-preset-" + std::to_string(::getpid()))).string();
+  struct Cleanup { std::string d; ~Cleanup() { std::error_code ec; std::filesystem::remove_all(d, ec); } } cleanup{tmp};
+  return calib::catalogue_preset(preset, simd::kernels(), tmp);
+}
+
+}  // namespace
+
 // Power per kernel preset: the stack catalogue planted on DeepGEMM's FP8 logits preset. The kernel
 // writes indexer.logits alone: the four bugs that show there fail, named (bf16 logits, a scale, a
 // lane's scale, and top-k from bf16 scores through its logits), and every other bug is n/a (an
 // attention bug changes tensors it does not write, a Shared-layer bug needs layers it lacks).
 TEST_CASE("catalogue: --preset plants the bugs a kernel can have on its preset") {
-  const std::string tmp = (std::filesystem::temp_directory_path() / ("indexshare-catalogue-preset-" + std::to_string(::getpid()))).string();
-  const std::vector<calib::CatalogueRow> rows = calib::catalogue_preset("deepgemm-fp8-mqa-logits-sm90", simd::kernels(), tmp);
-  std::filesystem::remove_all(tmp);
+  const std::vector<calib::CatalogueRow> rows = preset_rows("deepgemm-fp8-mqa-logits-sm90");
   std::map<std::string, int> n;
   for (const calib::CatalogueRow& r : rows) {
     CAPTURE(r.bug);
@@ -55,7 +64,7 @@ TEST_CASE("catalogue: --preset plants the bugs a kernel can have on its preset")
   }
   CHECK(n["right"] == 4);
   CHECK(n["n/a"] == 23);
-  CHECK_THROWS_AS(calib::catalogue_preset("glm-5.2", simd::kernels(), tmp), Error);
+  CHECK_THROWS_AS(preset_rows("glm-5.2"), Error);
 }
 
 // The same on FlashMLA's MODEL1 prefill preset (33 s; 6 min under the sanitizers): the `slow` tier,
@@ -63,9 +72,7 @@ TEST_CASE("catalogue: --preset plants the bugs a kernel can have on its preset")
 // and none is misnamed; the known gap, kept visible: one head's 0.4% scale passes on the preset's 4
 // query rows (a head holds 4 clusters, under the structure tests' 10).
 TEST_CASE("catalogue: slow: --preset on flashmla-sparse-prefill-model1" * doctest::skip()) {
-  const std::string tmp = (std::filesystem::temp_directory_path() / ("indexshare-catalogue-preset-" + std::to_string(::getpid()))).string();
-  const std::vector<calib::CatalogueRow> rows = calib::catalogue_preset("flashmla-sparse-prefill-model1", simd::kernels(), tmp);
-  std::filesystem::remove_all(tmp);
+  const std::vector<calib::CatalogueRow> rows = preset_rows("flashmla-sparse-prefill-model1");
   std::map<std::string, int> n;
   for (const calib::CatalogueRow& r : rows) {
     CAPTURE(r.bug);

@@ -48,10 +48,6 @@ golden::Loaded tiny(const std::string& preset) {
   return written(preset, golden::build_mtp(golden::parse_mtp_spec(problem), replay, Impl::simd));
 }
 
-std::map<std::string, Tensor<float>> attention_of(const golden::Loaded& g, const emul::AttentionVariant& v) {
-  return calib::family_attention(g, v);
-}
-
 testing::Candidate candidate(const std::map<std::string, Tensor<float>>& tensors) {
   testing::Candidate c;
   for (const auto& [name, t] : tensors) c.set(name, t);
@@ -66,13 +62,13 @@ TEST_CASE("family soundness: correct attention kernels pass on every 2026 family
     for (const emul::AttentionVariant& v : emul::attention_family()) {
       CAPTURE(preset);
       CAPTURE(v.name());
-      const diff::Result r = diff::judge(g, candidate(attention_of(g, v)).file(), {}, simd::kernels(), false);
+      const diff::Result r = diff::judge(g, candidate(calib::family_attention(g, v)).file(), {}, simd::kernels(), false);
       CAPTURE(r.text("candidate"));
       CHECK_FALSE(r.failed());
       CHECK(r.diagnoses.empty());
     }
     // The test can fail: the same kernel with one layer's out 1% high.
-    std::map<std::string, Tensor<float>> t = attention_of(g, emul::attention_family()[0]);
+    std::map<std::string, Tensor<float>> t = calib::family_attention(g, emul::attention_family()[0]);
     for (float& e : t[g.find("mtp.out") ? "mtp.out" : t.begin()->first.substr(0, t.begin()->first.rfind('.')) + ".out"].data) e *= 1.01f;
     CAPTURE(preset);
     CHECK(diff::judge(g, candidate(t).file(), {}, simd::kernels(), false).failed());

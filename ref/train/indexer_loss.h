@@ -50,8 +50,9 @@
 //               as KL(p-bar || q) + gap, gap = (sum_j sum_{s in R} p^(j)_s log(max(p^(j)_s, 1e-10)))
 //               / (m+1) - sum_{s in R} p-bar_s log(max(p-bar_s, 1e-10)) (j, then s ascending): the
 //               constant H(p-bar) - mean_j H(p^(j)) >= 0 (Jensen), which has no gradient.
-// With one teacher (own-layer) the two are the same number. The third-party IndexCache code clamps log q at -100 (and floors a sparse p at
-// 1e-9): that is its own rule, not this one, and changes the loss only where q < e^-100.
+// With one teacher (own-layer) the two are the same number. The third-party IndexCache code clamps
+// log q at -100 (and floors a sparse p at 1e-9): that is its own rule, not this one, and changes the
+// loss only where q < e^-100.
 #pragma once
 
 #include <cstdint>
