@@ -214,6 +214,75 @@ TEST_CASE("structure: rounding noise flags nothing, each planted error is found 
   CHECK(!r.flagged);
 }
 
+// Three ways a finding could be a false lead, each with the fault that must still be found:
+// - a group that two large values carry (a [rows, heads] tensor such as Delta, one value per
+//   cluster): their noise agreeing by chance is no scale; the t test has the effective clusters'
+//   degrees of freedom. A real scale on that group is still flagged.
+// - an error on 15 of 16 column classes is no confinement: it is named over every element.
+// - a softmax-scale direction flagged by a small bias under a much larger random error is not
+//   named a softmax scale; the same direction as the whole error is.
+TEST_CASE("structure: no finding from two large values, from 15 of 16 classes, or from a softmax bias under noise") {
+  cmp::StructureSpec d;
+  d.tensor = "attn_bwd.delta";
+  d.rows = 16;
+  d.heads = 4;
+  d.cols = 1;
+  d.cluster_cols = 1;
+  std::vector<float> x(64), y(64);
+  Xoshiro256 g(21);
+  auto u = [&] { return double(int64_t(g.below(1u << 24)) - (1 << 23)) / double(1 << 23); };
+  for (size_t i = 0; i < x.size(); ++i) {
+    x[i] = float(2 * u());
+    y[i] = float(double(x[i]) + 2e-4 * u());  // noise independent of x, as Delta's from a bf16 out
+  }
+  for (const size_t big : {size_t(4 * 4 + 2), size_t(9 * 4 + 2)}) {  // head 2, rows 4 and 9: large, their errors agreeing
+    x[big] = big == 18 ? -8.66f : 8.51f;
+    y[big] = float(double(x[big]) * (1 + 2.5e-3));
+  }
+  const cmp::StructureReport quiet = cmp::structure_tests(d, x.data(), y.data());
+  MESSAGE("two large values: largest ratio " << quiet.max_ratio);
+  CHECK_MESSAGE(!quiet.flagged, (quiet.findings.empty() ? std::string() : quiet.findings[0]));
+  std::vector<float> scaled = y;
+  for (int64_t r = 0; r < 16; ++r) scaled[size_t(r * 4 + 2)] = float(double(x[size_t(r * 4 + 2)]) * 1.05);
+  const cmp::StructureReport found = cmp::structure_tests(d, x.data(), scaled.data());
+  REQUIRE(found.findings.size() == 1);
+  CHECK_MESSAGE(found.findings[0].find("head 2 only") != std::string::npos, found.findings[0]);
+
+  Synthetic most(7);
+  most.apply([](int64_t, int64_t, int64_t c, double x, double y) { return c % 16 != 3 ? y + 2e-2 * x : y; });
+  const cmp::StructureReport r15 = cmp::structure_tests(most.spec(), most.x.data(), most.y.data());
+  REQUIRE(r15.findings.size() == 1);
+  CHECK_MESSAGE(r15.findings[0].find("every element") != std::string::npos, r15.findings[0]);
+  Synthetic one(7);
+  one.apply([](int64_t, int64_t, int64_t c, double x, double y) { return c % 16 == 3 ? y + 2e-2 * x : y; });
+  const cmp::StructureReport r1 = cmp::structure_tests(one.spec(), one.x.data(), one.y.data());
+  REQUIRE(r1.findings.size() == 1);
+  CHECK_MESSAGE(r1.findings[0].find("columns = 3 mod 16 only") != std::string::npos, r1.findings[0]);
+
+  // lse-like: one value per (row, head), a direction g; the error a bias along g (t about 10) under
+  // a random error that holds 95% of its sum of squares, then the direction alone.
+  cmp::StructureSpec l;
+  l.tensor = "attn.lse";
+  l.rows = 256;
+  l.heads = 8;
+  l.cols = 1;
+  l.cluster_cols = 1;
+  l.floor = cmp::kFloorLse;
+  std::vector<float> lx(256 * 8), ly(lx.size()), lg(lx.size());
+  for (size_t i = 0; i < lx.size(); ++i) {
+    lx[i] = float(7 + u());
+    lg[i] = float(u());  // independent of the values: neither a scale nor an offset fits it
+  }
+  l.sm_dir = lg.data();
+  for (const double noise : {2e-4, 0.0}) {
+    CAPTURE(noise);
+    for (size_t i = 0; i < lx.size(); ++i) ly[i] = float(double(lx[i]) + 5e-5 * double(lg[i]) + noise * u());
+    const cmp::StructureReport r = cmp::structure_tests(l, lx.data(), ly.data());
+    CHECK(r.flagged);
+    CHECK(has_finding(r.findings, "softmax scale") == (noise == 0));
+  }
+}
+
 TEST_CASE("structure: the softmax-scale direction given whole or as its cluster sums gives the same test") {
   // diff folds the direction block by block into sm_cluster_sums and never holds it whole: the
   // "sm" test must read the same from either. A candidate off along the direction is flagged and

@@ -26,7 +26,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 SPECS = [
-    "model1 b2 nextn2 hq64 len1024 win128 blk256 ek512 eblk64 elen640 seed31",   # the preset
+    "model1 b2 nextn2 hq64 len1024 win128 blk256 ek512 eblk64 elen640 seed31",   # FlashMLA's decode config, 2 sequences
     "model1 b2 nextn1 hq128 len700 win128 blk256 ek1024 eblk2 elen1100 seed32",  # FlashMLA's other MODEL1 config
 ]
 

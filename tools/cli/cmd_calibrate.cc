@@ -57,7 +57,7 @@ int cmd_calibrate(const CalibrateArgs& a) {
       right += r.named_first;
       ++outcomes[r.outcome()];
       const size_t colon = r.bug.find(": ");
-      const std::string fam = colon != std::string::npos && colon <= 5 ? r.bug.substr(0, colon) : "stack";
+      const std::string fam = colon != std::string::npos && colon <= 6 ? r.bug.substr(0, colon) : "stack";
       ++by_family[fam][r.outcome()];
       ++n;
       rows.push_back({{"bug", r.bug}, {"expect", r.expect}, {"first_diagnosis", r.first}, {"failed", r.failed},
@@ -91,7 +91,7 @@ int cmd_calibrate(const CalibrateArgs& a) {
     require(a.first >= 0 && a.first <= 1000000000, "--first: expected 0..10^9, got " + std::to_string(a.first));
     std::printf("calibration: %d runs of the correct-kernel family%s from run %d, seed %lld\n", a.runs,
                 a.values     ? " (f32 indexer scores of v4, hyv4 and kpool sets)"
-                : a.families ? " (the attention of v4, hyv4, kpool, mtp and decode-model1 sets)"
+                : a.families ? " (the attention of v4, hyv4, kpool, mtp and decode-model1 sets; the gradients of train sets)"
                              : "",
                 a.first, (long long)a.seed);
     nlohmann::json runs = nlohmann::json::array();
@@ -145,8 +145,8 @@ Action register_calibrate(CLI::App& app) {
                 "a bug the kernel cannot have is n/a)");
   c->add_flag("--values", a->values, "Calibration runs of the values kind: f32 indexer scores (and their top-k) of v4, hyv4 and kpool sets");
   c->add_flag("--families", a->families,
-              "Calibration runs of the 2026 families' attention: correct attention kernels on v4, hyv4, kpool, mtp and decode-model1 sets (a diagnosis "
-              "counts as a false positive)");
+              "Calibration runs of the 2026 families and training: correct attention kernels on v4, hyv4, kpool, mtp and decode-model1 sets, "
+              "correct backward and indexer-loss kernels on train sets (a diagnosis counts as a false positive)");
   c->add_option("--json", a->json, "Also write the results as JSON");
   // The three modes take their own options (the catalogue plants its bugs into its own set, --power
   // measures faults on the given set, --values runs draw their own shapes).

@@ -17,14 +17,17 @@
 #include "ref/problem.h"
 #include "ref/rng.h"
 #include "ref/topk.h"
+#include "ref/train/attention_bwd.h"
 #include "tools/judge/structure.h"
 #include "tools/judge/diff.h"
 #include "tools/judge/emulate.h"
+#include "tools/judge/emulate_train.h"
 #include "tools/lib/golden.h"
 #include "tools/lib/golden_hyv4.h"
 #include "tools/lib/golden_kpool.h"
 #include "tools/lib/golden_model1.h"
 #include "tools/lib/golden_mtp.h"
+#include "tools/lib/golden_train.h"
 #include "tools/lib/golden_v4.h"
 #include "tools/lib/kernel_registry.h"
 
@@ -500,7 +503,16 @@ std::vector<Run> calibrate_values(int first, int runs, uint64_t seed, const ref:
 std::string family_problem(int i, uint64_t seed, std::string& kind) {
   Xoshiro256 g(seed * 3000017u + uint64_t(i));
   const std::string s = std::to_string(seed * 1000 + uint64_t(i) + 1);
-  switch (i % 5) {
+  switch (i % kFamilies) {
+    case 5: {  // training: the attention backward of every layer and the Full layers' indexer losses
+      kind = "train";
+      const int64_t nseq = 1 + int64_t(g.below(2)), per = pick(g, std::array<int64_t, 3>{12, 16, 24});
+      const int64_t kv = per + int64_t(g.below(2)) * 16;
+      return "sq" + std::to_string(per * nseq) + " skv" + std::to_string(kv * nseq) + " hq" +
+             std::to_string(pick(g, std::array<int64_t, 2>{4, 16})) + " dqk64 dv48 ih" + std::to_string(pick(g, std::array<int64_t, 2>{2, 4})) +
+             " id32 k" + std::to_string(pick(g, std::array<int64_t, 2>{8, 16})) + " indexer=bf16 nl3 sched=" +
+             (g.below(2) ? "FSF" : "FFS") + " seed" + s + " nseq" + std::to_string(nseq) + (g.below(2) ? " sink=random" : "");
+    }
     case 0: {  // v4-tiny's layers (SWA, C4A Full, HCA, C4A Shared, C4A Full) at 48-128 tokens
       kind = "v4";
       const int64_t t = pick(g, std::array<int64_t, 3>{48, 96, 128});
@@ -536,6 +548,67 @@ std::string family_problem(int i, uint64_t seed, std::string& kind) {
   }
 }
 
+golden::TrainSpec family_train_spec(int i, uint64_t seed) {
+  Xoshiro256 g(seed * 7000003u + uint64_t(i));
+  golden::TrainSpec t;
+  t.sparse = g.below(2) == 1;
+  t.relu = g.below(4) != 0;
+  t.target = g.below(3) == 0 ? "served-layers" : "own-layer";
+  t.loss_coeff = g.below(4) == 0 ? 0.25 : 1.0;
+  t.edges = g.below(5) == 0;
+  return t;
+}
+
+TrainOutputs family_train(const golden::Loaded& g, uint64_t seed) {
+  TrainOutputs c;
+  Xoshiro256 r(seed);
+  const float sm = g.manifest["config"]["sm_scale"].get<float>();
+  const int64_t d_v = g.manifest["config"]["d_v"].get<int64_t>();
+  const bool bf16_out = r.below(2) == 1;  // the kernels' f32 outputs, or their bf16 casts
+  auto out = [&](const std::string& name, const Tensor<float>& t) {
+    if (!bf16_out) {
+      c.f32[name] = t;
+      return;
+    }
+    Tensor<bf16_t> b(t.shape);
+    for (int64_t i = 0; i < t.numel(); ++i) b[i] = f32_to_bf16(t[i]);
+    c.bf16[name] = b;
+  };
+  for (size_t l = 0; l < g.manifest["layers"].size(); ++l) {
+    const std::string p = "layers." + std::to_string(l) + ".";
+    // TileLang's arithmetic with each row's slots in another order: every sum over keys runs in another order.
+    Tensor<int32_t> ind = g.tensor<int32_t>(p + "attn.indices");
+    const int64_t K = ind.dim(2);
+    const Tensor<int32_t> len = g.find(p + "attn.topk_length") ? g.tensor<int32_t>(p + "attn.topk_length") : Tensor<int32_t>();
+    for (int64_t t = 0; t < ind.dim(0); ++t) {
+      const int64_t n = len.numel() ? std::clamp<int64_t>(len[t], 0, K) : K;  // only the slots topk_length keeps
+      for (int64_t j = n - 1; j > 0; --j) std::swap(ind[t * K + j], ind[t * K + int64_t(r.below(uint64_t(j + 1)))]);
+    }
+    const Tensor<float> sink = g.find(p + "attn.sink") ? g.tensor<float>(p + "attn.sink") : Tensor<float>();
+    const ref::AttentionBackwardOut e = cmp::emulate_attention_backward_lowp(
+        g.tensor<bf16_t>(p + "attn.q"), g.tensor<bf16_t>(p + "attn.kv"), ind, sm, d_v, g.tensor<bf16_t>(p + "attn.d_out"),
+        len.numel() ? &len : nullptr, sink.numel() ? &sink : nullptr);
+    if (bf16_out) {
+      c.bf16[p + "attn_bwd.dq"] = e.dq_bf16;
+      c.bf16[p + "attn_bwd.dkv"] = e.dkv_bf16;
+    } else {
+      c.f32[p + "attn_bwd.dq"] = e.dq;
+      c.f32[p + "attn_bwd.dkv"] = e.dkv;
+    }
+    c.f32[p + "attn_bwd.delta"] = e.delta;
+    if (sink.numel()) c.f32[p + "attn_bwd.d_sink"] = e.d_sink;
+  }
+  for (const nlohmann::json& e : g.manifest["train"]["indexer_losses"]) {
+    const int l = e["layer"].get<int>();
+    for (const auto& [n, v] : emul::indexer_loss_f32(g, l, r.next())) {
+      const std::string name = "layers." + std::to_string(l) + ".indexer_loss." + n;
+      if (n == "dq" || n == "dk" || n == "dw") out(name, v);
+      else c.f32[name] = v;
+    }
+  }
+  return c;
+}
+
 std::map<std::string, Tensor<float>> family_attention(const golden::Loaded& g, const emul::AttentionVariant& v) {
   std::map<std::string, Tensor<float>> c;
   const float sm = g.manifest["config"]["sm_scale"].get<float>();
@@ -565,6 +638,22 @@ std::vector<Run> calibrate_families(int first, int runs, uint64_t seed, const re
     const int i = r.index;
     r.problem = family_problem(i, seed, r.kind);
     const std::string dir = tmp + "/golden";
+    if (r.kind == "train") {
+      const golden::TrainSpec t = family_train_spec(i, seed);
+      golden::write(dir, golden::build_train(parse_problem(r.problem), t, replay, Impl::simd), true);
+      r.problem += golden::train_options_text(t);
+      const golden::Loaded g = golden::read(dir);
+      r.attention_variant = "TileLang's low-precision backward, f32 indexer loss, drawn orders";
+      Cand c;
+      const TrainOutputs o = family_train(g, seed * 1000003u + uint64_t(i));
+      for (const auto& [name, t2] : o.f32) c.set(name, t2);
+      for (const auto& [name, t2] : o.bf16) c.set(name, t2);
+      const diff::Result res = diff::judge(g, c.write_read(tmp + "/candidate.safetensors"), {}, k, false);
+      if (getenv("DBGKEEP")) { fs::copy(tmp + "/candidate.safetensors", "/tmp/dbg_cand.safetensors", fs::copy_options::overwrite_existing); fs::remove_all("/tmp/dbg_golden"); fs::copy(dir, "/tmp/dbg_golden", fs::copy_options::recursive); }
+      record(r, res);
+      for (const std::string& d : res.diagnoses) r.passed = false, r.reasons.push_back("diagnosis: " + d);
+      return;
+    }
     golden::GoldenSet set = r.kind == "v4"     ? golden::build_v4(golden::parse_v4_spec(r.problem), replay, Impl::simd)
                             : r.kind == "hyv4" ? golden::build_hyv4(golden::parse_hyv4_spec(r.problem), replay, Impl::simd)
                             : r.kind == "kpool" ? golden::build_kpool(golden::parse_kpool_spec(r.problem), replay, Impl::simd)
@@ -572,7 +661,7 @@ std::vector<Run> calibrate_families(int first, int runs, uint64_t seed, const re
                                                 : golden::build_model1_decode(golden::parse_model1_spec(r.problem), replay, Impl::simd);
     golden::write(dir, std::move(set), true);
     const golden::Loaded g = golden::read(dir);
-    const emul::AttentionVariant v = fam[size_t(i / 5) % fam.size()];
+    const emul::AttentionVariant v = fam[size_t(i / kFamilies) % fam.size()];
     r.attention_variant = v.name();
     Cand c;
     for (const auto& [name, t] : family_attention(g, v)) c.set(name, t);
@@ -638,15 +727,21 @@ struct Planter {
   ref::AttentionOut base;
   Tensor<float> logits;
   Tensor<int32_t> ks, ke;
+  bool indexed;  // the set has layer 0's FP8 indexer (a decode-model1 set has none)
   Planter(const golden::Loaded& gs, const ref::Kernels& ks_)
       : g(gs), k(ks_), s_q(g.manifest["config"]["s_q"]), h_q(g.manifest["config"]["h_q"]), d_v(g.manifest["config"]["d_v"]),
         topk(g.manifest["config"]["topk"]), sm(g.manifest["config"]["sm_scale"].get<float>()), in0(layer_in(g, 0)),
-        base(emulate(g, 0, naive, sm)), logits(emulate_logits(g, 0, emul::logits_family()[0])),
-        ks(g.tensor<int32_t>(P(0) + "indexer.ks")), ke(g.tensor<int32_t>(P(0) + "indexer.ke")) {}
+        base(emulate(g, 0, naive, sm)), indexed(has_fp8_logits(g, 0)) {
+    if (!indexed) return;
+    logits = emulate_logits(g, 0, emul::logits_family()[0]);
+    ks = g.tensor<int32_t>(P(0) + "indexer.ks");
+    ke = g.tensor<int32_t>(P(0) + "indexer.ke");
+  }
   static std::string P(int l) { return "layers." + std::to_string(l) + "."; }
   // The needs of the shape-dependent bugs (Bug::needs): "" when met.
   std::string rows_from(int64_t n) const { return s_q >= n ? "" : std::to_string(s_q) + " query rows (needs " + std::to_string(n) + ")"; }
   std::string sinked() const { return in0.sink ? "" : "no attention sink"; }
+  std::string with_indexer() const { return indexed ? "" : "no indexer in the set"; }
   std::string fsfs() const {
     const nlohmann::json& ls = g.manifest["layers"];
     const bool ok = ls.size() >= 4 && ls[1]["kind"] == "shared" && ls[3]["kind"] == "shared" && g.find(P(1) + "indexer.logits");
@@ -774,6 +869,24 @@ std::vector<Bug> indexer_bugs(const Planter& p) {
   };
 }
 
+// FlashMLA's MODEL1 two-scope decode (a decode-model1 set): attn.indices row b * next_n + t is the
+// window's slots model1.indices[b, t, j < topk_length[b]], then main_slots + the compressed entries'
+// model1.extra_indices[b, t, j < extra_topk_length[b]], -1 elsewhere. Each bug rebuilds that mapping
+// as a kernel that got it wrong would (golden::model1_attn_indices); the judge tests each.
+std::vector<Bug> model1_bugs(const Planter& p) {
+  auto with = [&p](Cand& c, const golden::Model1Mapping& m) {
+    p.set_attn(c, p.attention(p.naive, golden::model1_attn_indices(p.g, m), true, p.sm));
+  };
+  return {
+      {"MODEL1: topk_length ignored (the window's dropped slots attended)", "topk_length ignored", [with](Cand& c) {
+         with(c, {false, true, true, true}); }},
+      {"MODEL1: extra_topk_length ignored", "extra_topk_length ignored", [with](Cand& c) { with(c, {true, false, true, true}); }},
+      {"MODEL1: the extra scope left out", "the extra scope left out", [with](Cand& c) { with(c, {true, true, false, true}); }},
+      {"MODEL1: extra indices read in the main cache (no main_slots offset)", "no main_slots offset", [with](Cand& c) {
+         with(c, {true, true, true, false}); }},
+  };
+}
+
 }  // namespace
 
 CatalogueRow judge_bug(const golden::Loaded& g, const std::vector<io::TensorView>& candidate, const std::string& bug,
@@ -785,8 +898,17 @@ CatalogueRow judge_bug(const golden::Loaded& g, const std::vector<io::TensorView
     row.named_first = row.named = row.failed && r.diagnoses.empty();
     return row;
   }
-  row.named_first = row.failed && row.first.find(expect) != std::string::npos;
-  for (const std::string& d : r.diagnoses) row.named = row.named || d.find(expect) != std::string::npos;
+  // expect may list several leads that each point at the bug, separated by " | ".
+  auto names = [&expect](const std::string& d) {
+    for (size_t b = 0;;) {
+      const size_t e = expect.find(" | ", b);
+      if (d.find(expect.substr(b, e == std::string::npos ? std::string::npos : e - b)) != std::string::npos) return true;
+      if (e == std::string::npos) return false;
+      b = e + 3;
+    }
+  };
+  row.named_first = row.failed && names(row.first);
+  for (const std::string& d : r.diagnoses) row.named = row.named || names(d);
   return row;
 }
 
@@ -800,25 +922,33 @@ std::string CatalogueRow::outcome() const {
 std::vector<CatalogueRow> catalogue_preset(const std::string& name, const ref::Kernels& k, const std::string& tmp,
                                            const std::function<void(const CatalogueRow&)>& progress) {
   const golden::Preset& pr = golden::preset(name);  // Error naming the unknown preset
-  require(!pr.kernel.empty() && (pr.kind == "stack" || pr.kind == "decode"),
-          "calibrate --catalogue --preset: '" + name + "' is not a kernel preset of a stack or decode set (the stack catalogue's "
-          "bugs are planted on those; the 2026 families' catalogue runs on their tiny presets)");
+  require(!pr.kernel.empty() && (pr.kind == "stack" || pr.kind == "decode" || pr.kind == "decode-model1"),
+          "calibrate --catalogue --preset: '" + name + "' is not a kernel preset of a stack, decode or decode-model1 set (the "
+          "stack catalogue's bugs are planted on those; the training presets' catalogue is --preset of a train kernel)");
   const kreg::Kernel& kern = kreg::kernel(pr.kernel);
   std::set<std::string> outputs;  // the tensors the kernel writes, without their layer prefix
   for (const kreg::Arg& a : kern.outputs) outputs.insert(a.tensor.substr(a.tensor.rfind("}.") + 2));
   fs::create_directories(tmp);
   const std::string dir = tmp + "/golden";
-  golden::write(dir, golden::build(parse_problem(pr.problem), pr.kind, true, "indexshare calibrate --catalogue --preset " + name, Impl::simd),
+  const std::string replay = "indexshare calibrate --catalogue --preset " + name;
+  golden::write(dir,
+                pr.kind == "decode-model1" ? golden::build_model1_decode(golden::parse_model1_spec(pr.problem), replay, Impl::simd)
+                                           : golden::build(parse_problem(pr.problem), pr.kind, true, replay, Impl::simd),
                 true);
   const golden::Loaded g = golden::read(dir);
   const Planter p(g, k);
   std::vector<Bug> bugs = attention_bugs(p);
-  for (Bug& b : indexer_bugs(p)) bugs.push_back(std::move(b));
+  for (Bug& b : indexer_bugs(p)) {
+    if (!p.indexed) b.needs = [&p] { return p.with_indexer(); };
+    bugs.push_back(std::move(b));
+  }
+  if (pr.kind == "decode-model1")
+    for (Bug& b : model1_bugs(p)) bugs.push_back(std::move(b));
   // The correct outputs the bugs are planted into: a planted tensor equal to its correct one carries
   // nothing of the bug.
   Cand ok;
   p.set_attn(ok, p.base);
-  p.set_indexer(ok, p.logits, p.topk_of(p.logits, p.ke));
+  if (p.indexed) p.set_indexer(ok, p.logits, p.topk_of(p.logits, p.ke));
   auto unchanged = [&ok](const io::TensorView& v) {
     for (const io::TensorView& o : ok.views)
       if (o.name == v.name)

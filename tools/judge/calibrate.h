@@ -26,6 +26,7 @@
 #include "ref/kernels.h"
 #include "tools/judge/diff.h"
 #include "tools/judge/emulate.h"
+#include "tools/lib/golden_train.h"
 
 namespace indexshare::calib {
 
@@ -75,15 +76,28 @@ std::string values_problem(int i, uint64_t seed, std::string& kind);
 std::vector<Run> calibrate_values(int first, int runs, uint64_t seed, const ref::Kernels& k, const std::string& tmp,
                                   const std::function<void(const Run&)>& progress = {});
 
-// Calibration of the 2026 families' attention (`calibrate --families`): run i draws a set of one
-// family in turn (v4, hyv4, kpool, mtp, decode-model1; small shapes around each tiny preset or the
-// MODEL1 decode preset, its seed, heads, top-k, rows and rotation, pool or cache blocks drawn) and hands in every attention the set holds (each layer's
-// out, lse and max_logits, and MTP's draft steps) computed by one member of the correct attention
-// family (emul::attention_family, in turn) from the golden's own q, kv, indices and sink. A false
-// positive is any FAIL, or any diagnosis. `kind` receives the family.
+// Calibration of the 2026 families and training (`calibrate --families`): run i draws a set of one
+// family in turn (kFamilies: v4, hyv4, kpool, mtp, decode-model1, train; small shapes around each
+// tiny preset or the MODEL1 decode preset, its seed, heads, top-k, rows and rotation, pool or cache
+// blocks drawn) and hands in every attention the set holds (each layer's out, lse and max_logits,
+// and MTP's draft steps) computed by one member of the correct attention family
+// (emul::attention_family, in turn) from the golden's own q, kv, indices and sink. A training run
+// (1-2 sequences, 3 layers, a drawn loss: family_train_spec) hands in every gradient instead
+// (family_train). A false positive is any FAIL, or any diagnosis. `kind` receives the family.
+inline constexpr int kFamilies = 6;
 std::string family_problem(int i, uint64_t seed, std::string& kind);
 std::vector<Run> calibrate_families(int first, int runs, uint64_t seed, const ref::Kernels& k, const std::string& tmp,
                                     const std::function<void(const Run&)>& progress = {});
+// The training options of run i (sparse or dense, ReLU, target, loss_coeff, edge rows).
+golden::TrainSpec family_train_spec(int i, uint64_t seed);
+// A correct training kernel's outputs on a training set: every layer's attention backward
+// (cmp::emulate_attention_backward_lowp with each row's slots in a drawn order) and every indexer
+// loss (emul::indexer_loss_f32), the dq / dkv / dk / dw in f32 or as bf16 casts (drawn from seed).
+struct TrainOutputs {
+  std::map<std::string, Tensor<float>> f32;
+  std::map<std::string, Tensor<bf16_t>> bf16;  // bf16 casts of gradients (the judge widens its bounds by their rounding)
+};
+TrainOutputs family_train(const golden::Loaded& g, uint64_t seed);
 // Every attention a set holds ("layers.{l}.attn.*" with q, kv and indices; "mtp.*"), as the variant
 // computes it: {tensor name: value} for out, lse and max_logits.
 std::map<std::string, Tensor<float>> family_attention(const golden::Loaded& g, const emul::AttentionVariant& v);

@@ -63,6 +63,7 @@ struct StructureNote {
   std::string stat, kind, label;  // "scale" / "offset" / "sm"; "head"; "head 3"
   double b = 0, se = 0, t = 0, t_crit = 0, floor = 0;
   int64_t clusters = 0;
+  bool fits = true;  // "sm": false when the direction explains too little of the error to be its cause
 };
 
 struct Report {

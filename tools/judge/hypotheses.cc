@@ -1,6 +1,7 @@
 // indexshare diff: the named hypotheses a failing tensor is tested against.
 #include "tools/judge/emulate.h"
 #include "tools/judge/walk.h"
+#include "tools/lib/golden_model1.h"
 
 namespace indexshare::diff {
 
@@ -311,6 +312,17 @@ void Judge::out_hypotheses(AttnCtx& a, const Tensor<float>& co) {
     if (attention_explains(k_, d, a.use, sm_, d_v_, nullptr, false, co, a.e.attn.out))
       res.diagnoses.push_back(a.P + ": attn.out ignores the attention sink");
   }
+  // FlashMLA's MODEL1 two-scope decode: the set's index mapping with one rule broken.
+  if (d.l == 0 && g_.find("layers.0.attn.model1.indices")) {
+    const std::pair<golden::Model1Mapping, const char*> broken[] = {
+        {{false, true, true, true}, "the window's slots from topk_length[b] on attended (topk_length ignored)"},
+        {{true, false, true, true}, "the compressed entries from extra_topk_length[b] on attended (extra_topk_length ignored)"},
+        {{true, true, false, true}, "the window alone (the extra scope left out)"},
+        {{true, true, true, false}, "the extra scope's slots read in the main cache (no main_slots offset)"}};
+    for (const auto& [m, what] : broken)
+      if (attention_explains(k_, d, golden::model1_attn_indices(g_, m), sm_, d_v_, sink, false, co, a.e.attn.out))
+        res.diagnoses.push_back(a.P + ": attn.out is the MODEL1 attention over " + what);
+  }
   key_dropped_hypothesis(a, "attn.out", co);
   rounding_hypothesis(a, co);
 }
@@ -338,7 +350,7 @@ void Judge::rounding_hypothesis(AttnCtx& a, const Tensor<float>& co) {
   // bf16 rounding is noise in both); the candidate's values must also lie on the bf16 grid.
   const Tensor<float>& x = a.e.attn.out;
   int64_t n = 0, on_grid = 0;
-  double sxx = 0, sxu = 0, suu = 0, sxe = 0, sue = 0;
+  double sxx = 0, sxu = 0, suu = 0, sxe = 0, sue = 0, see = 0;
   for (int64_t i = 0; i < x.numel(); ++i) {
     if (!std::isfinite(x[i]) || !std::isfinite(co[i]) || x[i] == 0) continue;
     uint32_t bits;
@@ -347,13 +359,17 @@ void Judge::rounding_hypothesis(AttnCtx& a, const Tensor<float>& co) {
     int ex = 0;
     std::frexp(double(x[i]), &ex);
     const double xv = x[i], u = std::copysign(std::ldexp(1.0, ex - 8), xv), e = double(co[i]) - xv;
-    sxx += xv * xv; sxu += xv * u; suu += u * u; sxe += xv * e; sue += u * e;
+    sxx += xv * xv; sxu += xv * u; suu += u * u; sxe += xv * e; sue += u * e; see += e * e;
     ++n;
   }
   const double det = sxx * suu - sxu * sxu;
   if (n < 100 || double(on_grid) < 0.99 * double(n) || !(det > 0)) return;
   const double b_u = (sxx * sue - sxu * sxe) / det;  // the error toward zero, in ulps
-  if (b_u < -0.3) {
+  // The fit must be most of the error: truncation alone leaves its uniform spread (a quarter of its
+  // mean square, 0.25 / (0.25 + 1/12)); an output missing half its keys fits a pull toward zero
+  // too, beside an error many ulps large.
+  const double b_x = (suu * sxe - sxu * sue) / det, explained = b_x * sxe + b_u * sue;
+  if (b_u < -0.3 && explained >= 0.5 * see) {
     char buf[120];
     std::snprintf(buf, sizeof buf, "its error fits %.2f bf16 ulps toward zero beside any scale (to nearest: 0)", -b_u);
     res.diagnoses.push_back(a.P + ": attn.out is rounded to bf16 toward zero (truncation) instead of to nearest even: " + buf);

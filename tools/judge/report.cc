@@ -114,7 +114,7 @@ nlohmann::json Result::json() const {
     nlohmann::json flagged = nlohmann::json::array();
     for (const cmp::StructureNote& f : t.report.structure_flagged)
       flagged.push_back({{"stat", f.stat}, {"group_kind", f.kind}, {"group", f.label}, {"estimate", f.b}, {"stderr", f.se},
-                         {"t", f.t}, {"t_crit", f.t_crit}, {"floor", f.floor}, {"clusters", f.clusters}});
+                         {"t", f.t}, {"t_crit", f.t_crit}, {"floor", f.floor}, {"clusters", f.clusters}, {"fits", f.fits}});
     if (t.report.precision_ran)
       list.back()["precision"] = {{"rms_rel", t.report.precision_rms}, {"contract_rms_rel", t.report.precision_contract}};
     if (t.report.structure_tests)

@@ -98,10 +98,13 @@ std::string label(const Kind& k, int64_t g, const StructureSpec& s) {
   return buf;
 }
 
-void finish(StructureReport& rep, const StructureSpec& s, const std::vector<std::string>& kinds);
+void finish(StructureReport& rep, const StructureSpec& s, const std::vector<std::string>& kinds, const float* x = nullptr,
+            const float* y = nullptr);
 
 // The structure sweeps' blocks: whole rows, at least this many elements each (see structure_tests).
 constexpr int64_t kBlockElements = int64_t(1) << 18;
+// The share of the error's sum of squares a softmax-scale finding must explain to be named (finish()).
+constexpr double kSmExplains = 0.5;
 
 // Sums over a set of finite pairs: count, x^2, x e, e, and for the softmax-scale direction g:
 // g^2, g e.
@@ -110,11 +113,25 @@ struct Sums {
   void add(const Sums& o) { n += o.n; sxx += o.sxx; sxe += o.sxe; se += o.se; sgg += o.sgg; sge += o.sge; }
 };
 
+// The degrees of freedom of a group's t test: its effective clusters less one, (sum w)^2 / sum w^2
+// (Kish; w each cluster's weight in the fit, summing to sdd; w2 their squares summed), rounded
+// down, at least 1 and at most clusters - 1. A group that two large values carry has about one: its
+// critical value is then large, and two noisy values agreeing by chance flag nothing.
+inline int64_t effective_dof(int64_t clusters, double sdd, double w2) {
+  const double eff = w2 > 0 ? sdd * sdd / w2 : double(clusters);
+  return std::max<int64_t>(1, std::min<int64_t>(clusters, int64_t(std::floor(eff))) - 1);
+}
+
+// 1 / (1 - h) for a cluster of weight part in a group of weight whole (h = part / whole), capped
+// at 1e6 where one cluster holds the whole group.
+inline double jack(double part, double whole) { return whole > 0 ? 1.0 / std::max(1.0 - part / whole, 1e-6) : 1.0; }
+
 // Per group: its sums (pass 1), then the coefficients, then the cluster-robust variances (pass 2).
 struct GroupAcc {
   Sums s;
   double b_scale = 0, b_off = 0, b_sm = 0, rms = 0;
   double v_scale = 0, v_off = 0, v_sm = 0;
+  double w2_scale = 0, w2_off = 0, w2_sm = 0;  // the clusters' weights (their sum d^2) squared, summed
   int64_t clusters = 0;
   void coefficients() {
     b_scale = s.sxx > 0 ? s.sxe / s.sxx : 0.0;
@@ -122,12 +139,20 @@ struct GroupAcc {
     b_off = rms > 0 ? s.se / (rms * s.n) : 0.0;   // sum rms e / sum rms^2
     b_sm = s.sgg > 0 ? s.sge / s.sgg : 0.0;
   }
-  // One cluster's part of the group, in pass 2: d (e - b d) summed over it, squared.
+  // One cluster's part of the group, in pass 2: d (e - b d) summed over it, over 1 - h (the
+  // cluster's leverage h: its share of sum d^2), squared. Dividing by 1 - h makes the variance the
+  // jackknife's (CR3): a cluster that dominates the group no longer fits its own estimate, so a
+  // group whose estimate is one element's noise (a Delta near its own cancellation) is not taken
+  // for a systematic error.
   void residual(const Sums& c) {
-    const double us = c.sxe - b_scale * c.sxx, uo = rms * (c.se - b_off * rms * c.n), ug = c.sge - b_sm * c.sgg;
+    const double us = (c.sxe - b_scale * c.sxx) * jack(c.sxx, s.sxx), uo = rms * (c.se - b_off * rms * c.n) * jack(c.n, s.n),
+                 ug = (c.sge - b_sm * c.sgg) * jack(c.sgg, s.sgg);
     v_scale += us * us;
     v_off += uo * uo;
     v_sm += ug * ug;
+    w2_scale += c.sxx * c.sxx;
+    w2_off += c.n * c.n;
+    w2_sm += c.sgg * c.sgg;
   }
 };
 
@@ -146,6 +171,7 @@ struct LanePart {
   Bins s;
   double clusters[kClasses];
   double v_scale[kClasses], v_off[kClasses], v_sm[kClasses];
+  double w2_scale[kClasses], w2_off[kClasses], w2_sm[kClasses];
 };
 
 // The pairs of columns [c0, c1) of one (row, head) (x, y, g point at its column 0) summed into the
@@ -227,6 +253,7 @@ struct Sweep {
   int lo;
   std::vector<Sums>& totals;
   const std::vector<double>&cb_scale, &cb_off, &cb_sm, &crms;  // pass 2 reads them
+  const std::vector<double>& cw;  // the classes' sum x^2, n and sum g^2 (kClasses each), for the leverages
 };
 
 // One block of whole rows of pass `pass`: each cluster's sums (into w.totals on pass 1) and, with
@@ -239,7 +266,7 @@ void sweep_block(const Sweep& w, int pass, int64_t blk, Bins* B, LanePart* part)
   const bool lanes = w.lanes;
   const int lo = w.lo;
   std::vector<Sums>& totals = w.totals;
-  const std::vector<double>&cb_scale = w.cb_scale, &cb_off = w.cb_off, &cb_sm = w.cb_sm, &crms = w.crms;
+  const std::vector<double>&cb_scale = w.cb_scale, &cb_off = w.cb_off, &cb_sm = w.cb_sm, &crms = w.crms, &cw = w.cw;
   for (int64_t r = blk * block_rows; r < std::min(R, (blk + 1) * block_rows); ++r)
     for (int64_t h = 0; h < H; ++h)
       for (int64_t q = 0; q < NC; ++q) {
@@ -285,15 +312,19 @@ void sweep_block(const Sweep& w, int pass, int64_t blk, Bins* B, LanePart* part)
           }
         } else {
           const double *bs = cb_scale.data(), *bo = cb_off.data(), *bg = cb_sm.data(), *rm = crms.data();
+          const double *wx = cw.data(), *wn = wx + kClasses, *wg = wn + kClasses;
           for (int j = lo; j < kClasses; ++j) {
             const double n = B->n[j];
-            const double us = B->sxe[j] - bs[j] * B->sxx[j];
-            const double uo = rm[j] * (B->se[j] - bo[j] * rm[j] * n);
-            const double ug = B->sge[j] - bg[j] * B->sgg[j];
+            const double us = (B->sxe[j] - bs[j] * B->sxx[j]) * jack(B->sxx[j], wx[j]);
+            const double uo = rm[j] * (B->se[j] - bo[j] * rm[j] * n) * jack(n, wn[j]);
+            const double ug = (B->sge[j] - bg[j] * B->sgg[j]) * jack(B->sgg[j], wg[j]);
             const bool has = n > 0;
             part->v_scale[j] += has ? us * us : 0.0;
             part->v_off[j] += has ? uo * uo : 0.0;
             part->v_sm[j] += has ? ug * ug : 0.0;
+            part->w2_scale[j] += B->sxx[j] * B->sxx[j];
+            part->w2_off[j] += n * n;
+            part->w2_sm[j] += B->sgg[j] * B->sgg[j];
           }
         }
       }
@@ -303,7 +334,7 @@ void sweep_block(const Sweep& w, int pass, int64_t blk, Bins* B, LanePart* part)
 // their sums and coefficients (pass 1; packed into cb_* for pass 2) or their variances (pass 2).
 void combine_lane_parts(int pass, const std::vector<LanePart>& parts, int lo, const std::vector<Kind>& kinds,
                         std::vector<std::vector<GroupAcc>>& acc, std::vector<double>& cb_scale, std::vector<double>& cb_off,
-                        std::vector<double>& cb_sm, std::vector<double>& crms) {
+                        std::vector<double>& cb_sm, std::vector<double>& crms, std::vector<double>& cw) {
   // The blocks' column-class parts, in block order.
   LanePart sum{};
   for (const LanePart& p : parts)
@@ -314,6 +345,7 @@ void combine_lane_parts(int pass, const std::vector<LanePart>& parts, int lo, co
         sum.clusters[j] += p.clusters[j];
       } else {
         sum.v_scale[j] += p.v_scale[j]; sum.v_off[j] += p.v_off[j]; sum.v_sm[j] += p.v_sm[j];
+        sum.w2_scale[j] += p.w2_scale[j]; sum.w2_off[j] += p.w2_off[j]; sum.w2_sm[j] += p.w2_sm[j];
       }
     }
   for (size_t k = 0; k < kinds.size(); ++k) {
@@ -328,8 +360,10 @@ void combine_lane_parts(int pass, const std::vector<LanePart>& parts, int lo, co
         a.clusters = int64_t(sum.clusters[i]);
         a.coefficients();
         cb_scale[i] = a.b_scale; cb_off[i] = a.b_off; cb_sm[i] = a.b_sm; crms[i] = a.rms;
+        cw[i] = a.s.sxx; cw[kClasses + i] = a.s.n; cw[2 * kClasses + i] = a.s.sgg;
       } else {
         a.v_scale = sum.v_scale[i]; a.v_off = sum.v_off[i]; a.v_sm = sum.v_sm[i];
+        a.w2_scale = sum.w2_scale[i]; a.w2_off = sum.w2_off[i]; a.w2_sm = sum.w2_sm[i];
       }
     }
   }
@@ -340,7 +374,8 @@ void combine_lane_parts(int pass, const std::vector<LanePart>& parts, int lo, co
 std::vector<GroupTest> group_tests(const StructureSpec& s, const std::vector<Kind>& kinds,
                                    const std::vector<std::vector<GroupAcc>>& acc) {
   std::vector<GroupTest> tests;
-  auto test = [&](const std::string& stat, size_t k, size_t g, double b, double sdd, double var) {
+  // w2: the clusters' weights squared, summed, in the units of sdd (its own clusters' parts).
+  auto test = [&](const std::string& stat, size_t k, size_t g, double b, double sdd, double var, double w2) {
     const GroupAcc& a = acc[k][g];
     GroupTest t;
     t.stat = stat;
@@ -353,6 +388,7 @@ std::vector<GroupTest> group_tests(const StructureSpec& s, const std::vector<Kin
     t.explained = b * b * sdd;
     t.floor = s.floor;
     t.tested = a.clusters >= kMinClusters && sdd > 0;
+    t.dof = effective_dof(a.clusters, sdd, w2);
     if (a.clusters >= 2 && sdd > 0) {
       t.se = std::sqrt(double(a.clusters) / double(a.clusters - 1) * var) / sdd;
       t.t = t.se > 0 ? t.b / t.se : (t.b == 0 ? 0.0 : std::copysign(std::numeric_limits<double>::infinity(), t.b));
@@ -362,10 +398,10 @@ std::vector<GroupTest> group_tests(const StructureSpec& s, const std::vector<Kin
   for (size_t k = 0; k < kinds.size(); ++k)
     for (size_t g = 0; g < acc[k].size(); ++g) {
       const GroupAcc& a = acc[k][g];
-      test("scale", k, g, a.b_scale, a.s.sxx, a.v_scale);
-      test("offset", k, g, a.b_off, a.rms * a.rms * a.s.n, a.v_off);
+      test("scale", k, g, a.b_scale, a.s.sxx, a.v_scale, a.w2_scale);
+      test("offset", k, g, a.b_off, a.rms * a.rms * a.s.n, a.v_off, a.rms * a.rms * a.rms * a.rms * a.w2_off);
     }
-  if (s.sm_dir || s.sm_sums) test("sm", 0, 0, acc[0][0].b_sm, acc[0][0].s.sgg, acc[0][0].v_sm);
+  if (s.sm_dir || s.sm_sums) test("sm", 0, 0, acc[0][0].b_sm, acc[0][0].s.sgg, acc[0][0].v_sm, acc[0][0].w2_sm);
   return tests;
 }
 
@@ -402,8 +438,8 @@ StructureReport structure_tests(const StructureSpec& s, const float* x, const fl
   std::vector<Sums> totals(size_t(R * H * NC));                 // every cluster's sums, in cluster order
   std::vector<LanePart> parts(lanes ? size_t(blocks) : 0);      // the column classes, per block
   // The column-class groups' coefficients for pass 2, packed as the classes.
-  std::vector<double> cb_scale(kClasses), cb_off(kClasses), cb_sm(kClasses), crms(kClasses);
-  const Sweep w{s, x, y, R, H, C, CC, NC, block_rows, lanes, lo, totals, cb_scale, cb_off, cb_sm, crms};
+  std::vector<double> cb_scale(kClasses), cb_off(kClasses), cb_sm(kClasses), crms(kClasses), cw(3 * kClasses);
+  const Sweep w{s, x, y, R, H, C, CC, NC, block_rows, lanes, lo, totals, cb_scale, cb_off, cb_sm, crms, cw};
   for (int pass = 1; pass <= (lanes ? 2 : 1); ++pass) {
 #pragma omp parallel if (blocks > 1)
     {
@@ -415,7 +451,7 @@ StructureReport structure_tests(const StructureSpec& s, const float* x, const fl
         sweep_block(w, pass, blk, B.get(), part);
       }
     }
-    combine_lane_parts(pass, parts, lo, kinds, acc, cb_scale, cb_off, cb_sm, crms);
+    combine_lane_parts(pass, parts, lo, kinds, acc, cb_scale, cb_off, cb_sm, crms, cw);
     if (pass > 1) continue;
     // Every other kind from the cluster totals, cluster by cluster in order.
     for (int64_t r = 0; r < R; ++r)
@@ -450,14 +486,16 @@ StructureReport structure_tests(const StructureSpec& s, const float* x, const fl
   rep.tests = std::move(tests);
   std::vector<std::string> kind_names;
   for (const Kind& K : kinds) kind_names.push_back(K.name);
-  finish(rep, s, kind_names);
+  finish(rep, s, kind_names, x, y);
   return rep;
 }
 
 namespace {
 
-// Thresholds, flags and findings of a report whose tests are computed.
-void finish(StructureReport& rep, const StructureSpec& s, const std::vector<std::string>& kinds) {
+// Thresholds, flags and findings of a report whose tests are computed (x, y: the tensors, when the
+// report has them; the softmax-scale finding is checked against their error's sum of squares).
+void finish(StructureReport& rep, const StructureSpec& s, const std::vector<std::string>& kinds, const float* x,
+            const float* y) {
   // Thresholds: Bonferroni over the tests run.
   rep.m = 0;
   rep.max_ratio = -kRatioCap;
@@ -465,9 +503,8 @@ void finish(StructureReport& rep, const StructureSpec& s, const std::vector<std:
   std::map<int64_t, double> t_crit;  // by degrees of freedom: groups of a kind mostly share theirs
   for (GroupTest& t : rep.tests) {
     if (!t.tested) continue;
-    auto it = t_crit.find(t.clusters - 1);
-    if (it == t_crit.end())
-      it = t_crit.emplace(t.clusters - 1, t_upper_quantile(kStructureAlpha / (2.0 * double(rep.m)), t.clusters - 1)).first;
+    auto it = t_crit.find(t.dof);
+    if (it == t_crit.end()) it = t_crit.emplace(t.dof, t_upper_quantile(kStructureAlpha / (2.0 * double(rep.m)), t.dof)).first;
     t.t_crit = it->second;
     t.flagged = t.ratio() > 1;
     rep.flagged = rep.flagged || t.flagged;
@@ -499,6 +536,15 @@ void finish(StructureReport& rep, const StructureSpec& s, const std::vector<std:
   };
   // Scale and offset are nearly collinear where the golden values share a sign (lse): when both
   // flag somewhere, only the one whose whole-tensor fit explains more of the error is described.
+  double ss = -1;  // the error's sum of squares, in element order (computed when a finding needs it)
+  auto error_ss = [&] {
+    if (ss < 0) {
+      ss = 0;
+      for (int64_t i = 0; i < s.rows * s.heads * s.cols; ++i)
+        if (finite_f32(x[i]) && finite_f32(y[i])) ss += (double(y[i]) - double(x[i])) * (double(y[i]) - double(x[i]));
+    }
+    return ss;
+  };
   auto any_flag = [&](const std::string& stat) {
     return std::any_of(rep.tests.begin(), rep.tests.end(), [&](const GroupTest& t) { return t.stat == stat && t.flagged; });
   };
@@ -524,7 +570,9 @@ void finish(StructureReport& rep, const StructureSpec& s, const std::vector<std:
       bool clean_rest = true;
       for (const GroupTest* t : v)
         if (!t->flagged && (!t->tested || (std::fabs(t->b) >= 0.5 * smallest && std::fabs(t->t) > 3))) clean_rest = false;
-      if (c.n_flag > 0 && c.n_flag < c.n_groups && clean_rest) cands.push_back(std::move(c));
+      // At most half the groups: 15 column classes of 16 is no confinement, only the error nearly
+      // everywhere with one class by chance quieter.
+      if (c.n_flag > 0 && 2 * c.n_flag <= c.n_groups && clean_rest) cands.push_back(std::move(c));
     }
     std::sort(cands.begin(), cands.end(), [](const Cand& a, const Cand& b) {
       return a.n_flag != b.n_flag ? a.n_flag < b.n_flag : a.n_groups > b.n_groups;
@@ -558,11 +606,22 @@ void finish(StructureReport& rep, const StructureSpec& s, const std::vector<std:
   }
   // The softmax-scale direction replaces that finding when it is flagged, the error is not
   // confined to some groups, and it explains more than the whole-tensor scale or offset.
-  const GroupTest* sm = nullptr;
-  for (const GroupTest& t : rep.tests) if (t.stat == "sm" && t.flagged) sm = &t;
+  GroupTest* sm = nullptr;
+  for (GroupTest& t : rep.tests) if (t.stat == "sm" && t.flagged) sm = &t;
   if (!sm || confined) return;
   for (const std::string stat : {"scale", "offset"})
     if ((only.empty() || stat == only) && any_flag(stat) && by(stat, "whole")[0]->explained > sm->explained) return;
+  // A wrong softmax scale moves every value along its direction and nothing else: its test fits only
+  // when that direction explains most of the error (kSmExplains of its sum of squares, the rest
+  // being the contract's rounding). Random error whose square has a small bias (bf16 q.k products
+  // raise every lse a little: logsumexp is convex) flags the direction by its size alone; it is no
+  // softmax scale, and the direction is then not named.
+  if (x && y) {
+    if (sm->explained < kSmExplains * error_ss()) {
+      sm->fits = false;
+      return;
+    }
+  }
   rep.findings.assign(1, describe(*sm, "every element"));
 }
 
@@ -611,12 +670,15 @@ StructureReport pooled_tests(const StructureSpec& s, const std::vector<ClusterSu
     t.n = int64_t(n);
     t.b = sdd > 0 ? sde / sdd : 0.0;
     t.explained = t.b * t.b * sdd;
-    double var = 0;
+    double var = 0, w2 = 0;
     for (const ClusterSums& c : clusters) {
-      const double u = stat == "scale" ? c.sxe - t.b * c.sxx : rms * (c.se - t.b * rms * c.n);
+      const double u = stat == "scale" ? (c.sxe - t.b * c.sxx) * jack(c.sxx, sdd) : rms * (c.se - t.b * rms * c.n) * jack(c.n, n);
+      const double w = stat == "scale" ? c.sxx : c.n * rms * rms;
       var += u * u;
+      w2 += w * w;
     }
     t.tested = t.clusters >= kMinClusters && sdd > 0;
+    t.dof = effective_dof(t.clusters, sdd, w2);
     if (t.clusters >= 2 && sdd > 0) {
       t.se = std::sqrt(double(t.clusters) / double(t.clusters - 1) * var) / sdd;
       t.t = t.se > 0 ? t.b / t.se : (t.b == 0 ? 0.0 : std::copysign(std::numeric_limits<double>::infinity(), t.b));
@@ -632,7 +694,7 @@ void summarize(const StructureReport& st, Report& r) {
   r.structure_max_ratio = st.max_ratio;
   r.structure_max_b_over_floor = st.max_b_over_floor;
   for (const GroupTest& t : st.tests)
-    if (t.flagged) r.structure_flagged.push_back({t.stat, t.kind, t.label, t.b, t.se, t.t, t.t_crit, t.floor, t.clusters});
+    if (t.flagged) r.structure_flagged.push_back({t.stat, t.kind, t.label, t.b, t.se, t.t, t.t_crit, t.floor, t.clusters, t.fits});
   r.findings = st.findings;
 }
 

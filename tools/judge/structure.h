@@ -55,7 +55,10 @@ namespace indexshare::cmp {
 // make it smaller still). The calibration over correct kernel emulations (indexshare calibrate)
 // records the largest statistic seen against its threshold.
 constexpr double kStructureAlpha = 1e-3;
-// A group needs this many clusters: the cluster-robust variance of fewer is too unreliable.
+// A group needs this many clusters: the cluster-robust variance of fewer is too unreliable. Its t
+// test has the effective clusters' degrees of freedom ((sum w)^2 / sum w^2 - 1, w each cluster's
+// weight in the fit, its sum of x^2 for a scale): a group a few large values carry gets a large
+// critical value (their noise agreeing by chance is no systematic error).
 constexpr int64_t kMinClusters = 10;
 constexpr double kRatioCap = 1e9;
 
@@ -105,10 +108,11 @@ struct GroupTest {
   std::string kind;    // "whole", "head", "mod8", ..., "rows64", "rows128", "seq"
   int64_t index = 0;   // group index within the kind (head h, residue r, tile b, sequence s)
   std::string label;   // "every element", "head 3", "columns = 0 mod 8", "rows 64-127", ...
-  int64_t n = 0, clusters = 0;
+  int64_t n = 0, clusters = 0, dof = 1;  // dof: the t test's degrees of freedom (effective clusters - 1)
   double b = 0, se = 0, t = 0, t_crit = 0, floor = 0;
   double explained = 0;  // b^2 sum d^2: the error's sum of squares the direction explains
   bool tested = false, flagged = false;
+  bool fits = true;  // "sm": false when it explains under half the error's sum of squares (no finding)
   // How close to flagging: (|b| - floor) / (t_crit se), clamped to +-kRatioCap (> 1: flagged;
   // negative: the estimate is below the floor).
   double ratio() const;

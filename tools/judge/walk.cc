@@ -462,9 +462,12 @@ void precision_test(Result& res, const prec::Contract& contract, const std::stri
   // scale, an offset) is large too, but its size says nothing of the arithmetic, and the structure
   // tests name it. A flagged effect of less than half the error's relative RMS (a quarter of its
   // mean square) leaves the class the explanation: bf16 accumulation over keys every row shares
-  // (MQA) leaves such a small, real offset on the columns of the heaviest values.
-  const bool structured = std::any_of(r.structure_flagged.begin(), r.structure_flagged.end(),
-                                      [&](const cmp::StructureNote& n) { return std::fabs(n.b) >= 0.5 * f.cand; });
+  // (MQA) leaves such a small, real offset on the columns of the heaviest values. A softmax-scale
+  // direction that explains under half the error (bf16 q.k products' convex bias on lse) is no
+  // structure of its own.
+  const bool structured = std::any_of(r.structure_flagged.begin(), r.structure_flagged.end(), [&](const cmp::StructureNote& n) {
+    return n.fits && std::fabs(n.b) >= 0.5 * f.cand;
+  });
   if (!f.named.empty() && !structured) res.diagnoses.push_back(P + ": " + f.sentence);
 }
 

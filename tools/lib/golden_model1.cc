@@ -73,10 +73,10 @@ Tensor<int32_t> compressed_indices(const Model1DecodeSpec& s, const paged::Paged
   return ix;
 }
 
-std::vector<Tensor<bf16_t>> per_sequence_kv(const paged::PagedLayout& l, uint64_t seed, const std::string& tag) {
+std::vector<Tensor<bf16_t>> per_sequence_kv(const paged::PagedLayout& l, float scale, uint64_t seed, const std::string& tag) {
   std::vector<Tensor<bf16_t>> kv;
   for (int64_t i = 0; i < l.batch(); ++i)
-    kv.push_back(clamped_normal({l.cache_seqlens[i], 1, paged::kModel1Dqk}, 0.1f, seed, tag + "." + std::to_string(i)));
+    kv.push_back(clamped_normal({l.cache_seqlens[i], 1, paged::kModel1Dqk}, scale, seed, tag + "." + std::to_string(i)));
   return kv;
 }
 
@@ -99,6 +99,24 @@ Model1DecodeSpec parse_model1_spec(const std::string& text) {
       s.seed = std::stoull(w.substr(4));
       continue;
     }
+    if (w.rfind("sink=", 0) == 0) {
+      s.sink = w.substr(5);
+      require(s.sink == "normal" || s.sink == "strong" || s.sink == "pinf" || s.sink == "ninf",
+              "model1 spec: '" + w + "': expected sink=normal, strong, pinf or ninf");
+      continue;
+    }
+    if (w.rfind("kv=", 0) == 0) {
+      s.kv = w.substr(3);
+      char* end = nullptr;
+      const double v = std::strtod(s.kv.c_str(), &end);
+      require(!s.kv.empty() && end && *end == 0 && v > 0 && v <= 100,
+              "model1 spec: '" + w + "': expected kv=<standard deviation in (0, 100]>");
+      continue;
+    }
+    if (w == "empty") {
+      s.empty = true;
+      continue;
+    }
     // Longest prefix first (eblk before b...): the digits must follow the prefix exactly.
     for (const Field& f : kFields) {
       const std::string p = f.prefix;
@@ -108,7 +126,8 @@ Model1DecodeSpec parse_model1_spec(const std::string& text) {
         break;
       }
     }
-    require(done, "model1 spec: unknown token '" + w + "' (expected b, nextn, hq, len, win, blk, ek, eblk, elen, seed + digits)");
+    require(done, "model1 spec: unknown token '" + w + "' (expected b, nextn, hq, len, win, blk, ek, eblk, elen, seed + digits, "
+                  "sink=normal|strong|pinf|ninf or empty)");
   }
   require(s.b >= 1 && s.next_n >= 1 && s.h_q >= 1 && s.window >= 1 && s.block >= 1 && s.extra_topk >= 1 && s.extra_block >= 1,
           "model1 spec '" + text + "': b, nextn, hq, win, blk, ek and eblk must be >= 1");
@@ -124,6 +143,9 @@ std::string to_string(const Model1DecodeSpec& s) {
   out << "model1";
   for (const Field& f : kFields) out << ' ' << f.prefix << s.*f.member;
   out << " seed" << s.seed;
+  if (s.sink != "normal") out << " sink=" << s.sink;
+  if (s.kv != "0.1") out << " kv=" << s.kv;
+  if (s.empty) out << " empty";
   return out.str();
 }
 
@@ -139,6 +161,7 @@ std::string model1_replay(const Model1DecodeSpec& s, const std::string& for_kern
 
 GoldenSet build_model1_decode(const Model1DecodeSpec& s, const std::string& replay, Impl impl) {
   const ref::Kernels kern = kernels_for(impl);
+  const float kv_scale = std::strtof(s.kv.c_str(), nullptr);
   std::vector<int64_t> lens, elens;
   for (int64_t i = 0; i < s.b; ++i) {
     lens.push_back(s.len - 37 * i > s.next_n ? s.len - 37 * i : s.len);
@@ -146,18 +169,24 @@ GoldenSet build_model1_decode(const Model1DecodeSpec& s, const std::string& repl
   }
   const paged::PagedLayout main_l = paged::make_layout(lens, s.block, s.seed);
   const paged::PagedLayout extra_l = paged::make_layout(elens, s.extra_block, s.seed ^ stream_tag("model1.extra"));
-  paged::Model1Scope main{"k_cache", paged::model1_fp8_cache(main_l, per_sequence_kv(main_l, s.seed, "model1.kv"), "k_cache"),
+  paged::Model1Scope main{"k_cache", paged::model1_fp8_cache(main_l, per_sequence_kv(main_l, kv_scale, s.seed, "model1.kv"), "k_cache"),
                           s.block, window_indices(s, main_l), Tensor<int32_t>({s.b})};
   paged::Model1Scope extra{"extra_k_cache",
-                           paged::model1_fp8_cache(extra_l, per_sequence_kv(extra_l, s.seed, "model1.extra_kv"), "extra_k_cache"),
+                           paged::model1_fp8_cache(extra_l, per_sequence_kv(extra_l, kv_scale, s.seed, "model1.extra_kv"), "extra_k_cache"),
                            s.extra_block, compressed_indices(s, extra_l), Tensor<int32_t>({s.b})};
   for (int64_t i = 0; i < s.b; ++i) {
     main.topk_length[i] = int32_t(i % 2 ? s.window - 32 : s.window);
     extra.topk_length[i] = int32_t(i % 2 ? s.extra_topk - 64 : s.extra_topk);
   }
+  if (s.empty) main.topk_length[s.b - 1] = extra.topk_length[s.b - 1] = 0;
   const Tensor<bf16_t> q = clamped_normal({s.b * s.next_n, s.h_q, paged::kModel1Dqk}, 1.0f, s.seed, "model1.q");
   Tensor<float> sink({s.h_q});
   fill(sink.ptr(), s.h_q, Dist::normal, 1.0f, s.seed, stream_tag("model1.sink"));
+  for (float& v : sink.data)
+    v = s.sink == "pinf"     ? INFINITY
+        : s.sink == "ninf"   ? -INFINITY
+        : s.sink == "strong" ? float(double(v) + std::log(double(s.window + s.extra_topk)))
+                             : v;
   const float sm = sm_scale_of();
   paged::Model1Gathered cat = paged::model1_gather(main, &extra);
   ref::AttentionOut attn = kern.sparse_attention(q, cat.kv, cat.indices, sm, paged::kModel1Dqk, nullptr, &sink);
@@ -195,7 +224,8 @@ GoldenSet build_model1_decode(const Model1DecodeSpec& s, const std::string& repl
       {"model1",
        {{"b", s.b}, {"next_n", s.next_n}, {"window", s.window}, {"block", s.block}, {"block_bytes", paged::model1_block_bytes(s.block)},
         {"main_slots", main.cache.dim(0) * s.block}, {"extra_topk", s.extra_topk}, {"extra_block", s.extra_block},
-        {"extra_block_bytes", paged::model1_block_bytes(s.extra_block)}, {"extra_slots", extra.cache.dim(0) * s.extra_block}}},
+        {"extra_block_bytes", paged::model1_block_bytes(s.extra_block)}, {"extra_slots", extra.cache.dim(0) * s.extra_block},
+        {"sink", s.sink}, {"kv_std", s.kv}, {"empty_rows", s.empty ? s.next_n : 0}}},
       {"conventions",
        {{"lse_base", "e"},
         {"lse_includes_sink", false},
@@ -282,6 +312,24 @@ void check_model1_set(const Loaded& g, const std::string& mpath) {
   const Tensor<bf16_t> kv = g.tensor<bf16_t>("layers.0.attn.kv");
   if (kv.numel() != cat.kv.numel() || (kv.numel() > 0 && std::memcmp(kv.ptr(), cat.kv.ptr(), size_t(kv.numel()) * sizeof(bf16_t)) != 0))
     throw Error(mpath + ": tensor 'layers.0.attn.kv' is not the dequantized slots of " + pre + "k_cache and " + pre + "extra_k_cache");
+}
+
+Tensor<int32_t> model1_attn_indices(const Loaded& g, const Model1Mapping& m) {
+  const std::string pre = "layers.0.attn.model1.";
+  const Tensor<int32_t> mi = g.tensor<int32_t>(pre + "indices"), ei = g.tensor<int32_t>(pre + "extra_indices");
+  const Tensor<int32_t> ml = g.tensor<int32_t>(pre + "topk_length"), el = g.tensor<int32_t>(pre + "extra_topk_length");
+  const int64_t B = mi.dim(0), N = mi.dim(1), W = mi.dim(2), E = ei.dim(2);
+  const int32_t main_slots = g.manifest["model1"]["main_slots"].get<int32_t>();
+  Tensor<int32_t> ix({B * N, 1, W + E}, -1);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < N; ++t) {
+      int32_t* row = ix.ptr() + (b * N + t) * (W + E);
+      for (int64_t j = 0; j < W; ++j)
+        if (!m.main_length || j < ml[b]) row[j] = mi.at(b, t, j);
+      for (int64_t j = 0; m.extra_scope && j < E; ++j)
+        if ((!m.extra_length || j < el[b]) && ei.at(b, t, j) >= 0) row[W + j] = ei.at(b, t, j) + (m.extra_offset ? main_slots : 0);
+    }
+  return ix;
 }
 
 void for_kernel_model1(GoldenSet& set, const kreg::Kernel& k, const Model1DecodeSpec& s) {

@@ -15,6 +15,14 @@
 //   values      kv ~ normal / 10 clamped to [-1, 1] (FlashMLA's decode tests), q ~ normal clamped to
 //                 [-1, 1], sink ~ normal (per head), all from the project's generator (ref/rng.h);
 //                 sm_scale = 512^-0.55 (FlashMLA's decode tests' d_qk^-0.55)
+//   sink=         normal (above, the default); strong: the same draw plus ln(win + ek), about a
+//                 row's whole mass, so that a kernel dropping the sink moves every output; pinf /
+//                 ninf: +inf (every out 0) or -inf (no effect) on every head, as FlashMLA's tests
+//   kv=           the kv draw's standard deviation before the clamp (default 0.1, FlashMLA's tests;
+//                 kv=1 gives logits of about 0.6 instead of 0.06, where a kernel rounding its q.k
+//                 logits to bf16 shows in lse)
+//   empty         the last sequence's topk_length and extra_topk_length are 0: its rows have no
+//                 valid entry (out 0, lse +inf, max_logits -inf; FlashMLA's empty rows)
 // Tensors (names after "layers.0."): the generic attention tensors diff judges (attn.q [b * next_n,
 // h_q, 512], attn.kv = the gathered kv_cat [S_main + S_extra, 1, 512], attn.indices = idx_cat
 // [b * next_n, 1, W + extra_topk], attn.sink, attn.out, attn.out_bf16, attn.lse, attn.max_logits),
@@ -24,7 +32,7 @@
 // extra_block_table, extra_cache_seqlens.
 //
 // The spec's text (the manifest's `problem`, `golden --problem`):
-//   model1 b2 nextn2 hq64 len1024 win128 blk256 ek512 eblk64 elen640 seed31
+//   model1 b2 nextn2 hq64 len1024 win128 blk256 ek512 eblk64 elen640 seed31 [sink=strong] [kv=1] [empty]
 #pragma once
 
 #include <cstdint>
@@ -41,6 +49,9 @@ struct Model1DecodeSpec {
   int64_t len = 1024, window = 128, block = 256;           // main scope
   int64_t extra_topk = 512, extra_block = 64, extra_len = 640;  // extra scope
   uint64_t seed = 31;
+  std::string sink = "normal";  // normal | strong | pinf | ninf
+  std::string kv = "0.1";       // the kv draw's standard deviation (a float's text)
+  bool empty = false;           // the last sequence's rows have no valid entry
 };
 bool is_model1_spec(const std::string& text);  // the text starts with the word "model1"
 Model1DecodeSpec parse_model1_spec(const std::string& text);  // Error naming the bad token
@@ -52,6 +63,17 @@ std::vector<std::string> model1_violations(const Model1DecodeSpec& s);
 
 // The set (see above); `replay` is the manifest's command line. impl: the attention's kernels.
 GoldenSet build_model1_decode(const Model1DecodeSpec& s, const std::string& replay, Impl impl);
+
+// A decode-model1 set's attn.indices rebuilt from its kernel inputs (model1.indices, extra_indices
+// and their lengths, the manifest's model1.main_slots): row b * next_n + t = the window's slots
+// j < topk_length[b], then main_slots + the compressed entries' j < extra_topk_length[b], -1 elsewhere.
+// Each rule can be broken as a kernel might break it (the judge's hypotheses, calibrate's catalogue).
+struct Model1Mapping {
+  bool main_length = true, extra_length = true;  // topk_length / extra_topk_length honoured
+  bool extra_scope = true;                       // the compressed entries attended at all
+  bool extra_offset = true;                      // their slots offset by main_slots (else read in the main cache)
+};
+Tensor<int32_t> model1_attn_indices(const Loaded& g, const Model1Mapping& m = {});
 
 // The `kernel` block of kernel k (flashmla-sparse-decode-model1) for a set built from s, with the
 // kernel's strided views of both caches (shape and byte strides) under "views".

@@ -186,7 +186,6 @@ GoldenSet build_train(const Problem& p, const TrainSpec& t, const std::string& r
   require(p.indexer == IndexerMode::bf16,
           "golden --kind train: the indexer loss is defined on the indexer's unquantized q and k: give indexer=bf16 in "
           "the problem (got indexer=fp8)");
-  require(p.n_seqs == 1, "golden --kind train: one sequence (nseq1); the loss's rows are one sequence's queries");
   (void)ref::train::parse_target(t.target);  // a bad name is refused before computing
   require(t.loss_coeff > 0 && std::isfinite(t.loss_coeff), "golden --kind train: --loss-coeff must be finite and > 0");
   require(!t.edges || (p.s_q >= 9 && p.index_topk >= 3),
@@ -237,6 +236,10 @@ GoldenSet build_train(const Problem& p, const TrainSpec& t, const std::string& r
       {"ds", "attn_bwd.ds is dL/d(scaled logit); TileLang's dS is sm_scale times it"},
       {"shared_layers", "no indexer loss on Shared layers; their attention's gradients flow through the shared positions"},
   };
+  if (p.n_seqs > 1)
+    g.manifest["train"]["sequences"] = "each row's keys are its own sequence's (indexer.ks / ke, attn.indices); N counts "
+                                       "the valid rows of every sequence, and the loss is their sum over N (Megatron's b "
+                                       "sq rows; packed sequences as one batch)";
   if (t.target == "served-layers") {
     g.manifest["train"]["kl_form"] = t.kl_form;
     g.manifest["train"]["kl_form_meaning"] =
@@ -260,6 +263,8 @@ const kreg::Kernel& check_train_kernel(const std::string& name, const Problem& p
   require(k.kind == "train", "golden --kind train --for " + k.name + ": " + k.name + " writes a " + k.kind +
                                  " set, not a train set (the training kernels: tilelang-sparse-mla-bwd, megatron-dsa-indexer-loss)");
   std::vector<std::string> bad = kreg::violations(k, p);
+  if (p.n_seqs > 1)  // both kernels mask causally with one sequence's queries aligned to its keys at 0
+    bad.push_back("nseq" + std::to_string(p.n_seqs) + ": " + k.name + " takes one sequence per call (nseq1)");
   if (k.name == "megatron-dsa-indexer-loss" && t.target != "own-layer")
     bad.push_back("--train-target " + t.target + ": " + k.name + " takes own-layer (the Full layer's own attention is the teacher)");
   std::string msg;

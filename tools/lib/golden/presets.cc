@@ -41,12 +41,15 @@ const std::vector<Preset>& presets() {
       // Kernel presets: one per registered kernel (tools/lib/kernel_registry.h), at its real shapes,
       // few query rows (the sets stay quick to compute; only their manifests are checked in, under
       // golden/kernels/NAME/). Written as `golden --for NAME`: the manifest holds the kernel's call.
-      {"flashmla-sparse-prefill-sm90", "sq4 skv8192 hq64 dqk576 dv512 ih64 id128 k2048 seed21", "stack",
-       "FlashMLA sparse prefill (SM90) at h_q 64: top-2048 over 8192 keys, 4 query rows", "flashmla-sparse-prefill-sm90"},
-      {"flashmla-sparse-prefill-sm100", "sq4 skv8192 hq128 dqk576 dv512 ih64 id128 k2048 seed22", "stack",
-       "FlashMLA sparse prefill (SM100) at h_q 128: top-2048 over 8192 keys, 4 query rows", "flashmla-sparse-prefill-sm100"},
-      {"flashmla-sparse-decode", "sq8 skv16384 hq64 dqk576 dv512 ih64 id128 k2048 seed23 nseq4", "decode",
-       "FlashMLA sparse decode, V32 FP8 cache, h_q 64: next_n 2 for 4 sequences of 4096 tokens (paged, page 64), top-2048",
+      // Attention presets have 16 query rows: a fault confined to one head needs 10 clusters (rows)
+      // for the structure tests to place it.
+      {"flashmla-sparse-prefill-sm90", "sq16 skv8192 hq64 dqk576 dv512 ih64 id128 k2048 seed21", "stack",
+       "FlashMLA sparse prefill (SM90) at h_q 64: top-2048 over 8192 keys, 16 query rows", "flashmla-sparse-prefill-sm90"},
+      {"flashmla-sparse-prefill-sm100", "sq16 skv8192 hq128 dqk576 dv512 ih64 id128 k2048 seed22", "stack",
+       "FlashMLA sparse prefill (SM100) at h_q 128: top-2048 over 8192 keys, 16 query rows", "flashmla-sparse-prefill-sm100"},
+      {"flashmla-sparse-decode", "sq16 skv32768 hq64 dqk576 dv512 ih64 id128 k2048 seed23 nseq8 sink=strong", "decode",
+       "FlashMLA sparse decode, V32 FP8 cache, h_q 64: next_n 2 for 8 sequences of 4096 tokens (paged, page 64), top-2048, "
+       "a strong per-head sink",
        "flashmla-sparse-decode"},
       {"deepgemm-fp8-mqa-logits-sm90", "sq4 skv8192 hq4 dqk576 dv512 ih64 id128 k2048 seed24", "stack",
        "DeepGEMM fp8_mqa_logits (SM90) at H 64, D 128 over 8192 keys, 4 query rows", "deepgemm-fp8-mqa-logits-sm90"},
@@ -55,12 +58,14 @@ const std::vector<Preset>& presets() {
       {"deepgemm-fp8-paged-mqa-logits", "sq8 skv16384 hq4 dqk576 dv512 ih64 id128 k2048 seed26 nseq4", "decode",
        "DeepGEMM fp8_paged_mqa_logits at H 64, D 128: next_n 2 for 4 sequences of 4096 tokens (paged, block 64), "
        "2-D context_lens", "deepgemm-fp8-paged-mqa-logits"},
-      {"flashmla-sparse-prefill-model1", "sq4 skv8192 hq64 dqk512 dv512 ih64 id128 k2048 seed27 sink=strong", "stack",
+      {"flashmla-sparse-prefill-model1", "sq16 skv8192 hq64 dqk512 dv512 ih64 id128 k2048 seed27 sink=strong", "stack",
        "FlashMLA sparse prefill, MODEL1 (DeepSeek-V4) shapes: d_qk 512 = d_v 512 with a strong per-head sink (random + "
-       "ln 2048: worth a row's mass, so a dropped sink shows), h_q 64, top-2048 over 8192 keys, 4 query rows", "flashmla-sparse-prefill-model1"},
-      {"flashmla-sparse-decode-model1", "model1 b2 nextn2 hq64 len1024 win128 blk256 ek512 eblk64 elen640 seed31", "decode-model1",
+       "ln 2048: worth a row's mass, so a dropped sink shows), h_q 64, top-2048 over 8192 keys, 16 query rows", "flashmla-sparse-prefill-model1"},
+      {"flashmla-sparse-decode-model1", "model1 b8 nextn2 hq64 len1024 win128 blk256 ek512 eblk64 elen2048 seed31 sink=strong kv=1 empty",
+       "decode-model1",
        "FlashMLA sparse decode, MODEL1 FP8 cache, two scopes in one softmax: a 128-token window (block 256) and top-512 "
-       "compressed entries (block 64), h_q 64, next_n 2, 2 sequences, topk_length and extra_topk_length",
+       "compressed entries (block 64), h_q 64, next_n 2, 8 sequences (16 query rows), topk_length and extra_topk_length, "
+       "a strong per-head sink, kv ~ N(0, 1) clamped (logits large enough to show a bf16 rounding), the last sequence's rows empty",
        "flashmla-sparse-decode-model1"},
       // Training kernel presets (kind train, tools/lib/golden_train.h): the kernels' real head and
       // latent sizes, one sequence of 256 tokens as query rows (both kernels mask causally with the
