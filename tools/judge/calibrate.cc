@@ -649,7 +649,6 @@ std::vector<Run> calibrate_families(int first, int runs, uint64_t seed, const re
       for (const auto& [name, t2] : o.f32) c.set(name, t2);
       for (const auto& [name, t2] : o.bf16) c.set(name, t2);
       const diff::Result res = diff::judge(g, c.write_read(tmp + "/candidate.safetensors"), {}, k, false);
-      if (getenv("DBGKEEP")) { fs::copy(tmp + "/candidate.safetensors", "/tmp/dbg_cand.safetensors", fs::copy_options::overwrite_existing); fs::remove_all("/tmp/dbg_golden"); fs::copy(dir, "/tmp/dbg_golden", fs::copy_options::recursive); }
       record(r, res);
       for (const std::string& d : res.diagnoses) r.passed = false, r.reasons.push_back("diagnosis: " + d);
       return;
