@@ -7,6 +7,7 @@
 #include <cmath>
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <set>
 #include <utility>
 
@@ -886,6 +887,113 @@ std::vector<Bug> model1_bugs(const Planter& p) {
   };
 }
 
+// Training (a train set's layer 0): the attention backward's and the indexer loss's usual bugs,
+// each recomputed from the set's inputs as a kernel with that bug would compute it.
+struct TrainPlanter {
+  const golden::Loaded& g;
+  const ref::Kernels& k;
+  float sm;
+  int64_t d_v;
+  const std::string P = "layers.0.";
+  TrainPlanter(const golden::Loaded& gs, const ref::Kernels& ks)
+      : g(gs), k(ks), sm(g.manifest["config"]["sm_scale"].get<float>()), d_v(g.manifest["config"]["d_v"].get<int64_t>()) {}
+  Tensor<float> t(const std::string& n) const { return g.tensor<float>(P + n); }
+  static Tensor<float> times(Tensor<float> x, double f) {
+    for (float& v : x.data) v = float(double(v) * f);
+    return x;
+  }
+  std::optional<Tensor<float>> sink() const { return g.find(P + "attn.sink") ? std::optional(t("attn.sink")) : std::nullopt; }
+  ref::AttentionBackwardOut backward(const Tensor<int32_t>& ind, bool bf16_acc = false) const {
+    const std::optional<Tensor<float>> s = sink();
+    return cmp::emulate_attention_backward_lowp(g.tensor<bf16_t>(P + "attn.q"), g.tensor<bf16_t>(P + "attn.kv"), ind, sm, d_v,
+                                                g.tensor<bf16_t>(P + "attn.d_out"), nullptr, s ? &*s : nullptr, bf16_acc);
+  }
+  Tensor<int32_t> indices() const { return g.tensor<int32_t>(P + "attn.indices"); }
+  std::string padded() const {
+    const Tensor<int32_t> ind = indices();
+    return std::count(ind.data.begin(), ind.data.end(), -1) ? "" : "no -1 padding in attn.indices";
+  }
+  // dkv without its V part (sum_t P dO over the shared latent's first d_v columns).
+  Tensor<float> dkv_without_v() const {
+    Tensor<float> x = t("attn_bwd.dkv");
+    const Tensor<float> p = t("attn_bwd.p");
+    const Tensor<bf16_t> dO = g.tensor<bf16_t>(P + "attn.d_out");
+    const Tensor<int32_t> ind = indices();
+    const int64_t s_q = dO.dim(0), h = dO.dim(1), k_ = ind.dim(2), dqk = x.dim(2);
+    for (int64_t r = 0; r < s_q; ++r)
+      for (int64_t hh = 0; hh < h; ++hh)
+        for (int64_t j = 0; j < k_; ++j) {
+          const int32_t i = ind[r * k_ + j];
+          if (i < 0 || i >= x.dim(0)) continue;
+          for (int64_t c = 0; c < d_v; ++c)
+            x[i * dqk + c] = float(double(x[i * dqk + c]) - double(p[(r * h + hh) * k_ + j]) * bf16_to_f32(dO[(r * h + hh) * d_v + c]));
+        }
+    return x;
+  }
+  // The indexer loss of layer 0 with the set's options changed by `change`.
+  ref::train::IndexerLossOut loss(const std::function<void(ref::train::IndexerLossOptions&)>& change) const {
+    const nlohmann::json& tr = g.manifest["train"];
+    ref::train::IndexerLossOptions o;
+    o.relu = tr["relu"].get<bool>();
+    o.sparse = tr["loss"] == "sparse";
+    o.loss_coeff = tr["loss_coeff"].get<double>();
+    o.target = ref::train::parse_target(tr["target"].get<std::string>());
+    change(o);
+    std::vector<int> teachers;
+    for (const nlohmann::json& e : tr["indexer_losses"])
+      if (e["layer"] == 0) teachers = e["teachers"].get<std::vector<int>>();
+    std::vector<Tensor<bf16_t>> tq, tkv;
+    for (int m : teachers) {
+      tq.push_back(g.tensor<bf16_t>("layers." + std::to_string(m) + ".attn.q"));
+      tkv.push_back(g.tensor<bf16_t>("layers." + std::to_string(m) + ".attn.kv"));
+    }
+    std::vector<ref::train::TeacherLayer> tl;
+    for (size_t i = 0; i < teachers.size(); ++i) tl.push_back({&tq[i], &tkv[i], sm, nullptr});
+    const Tensor<int32_t> topk = g.tensor<int32_t>(P + "indexer.topk");
+    return k.indexer_loss(bf16_to_f32(g.tensor<bf16_t>(P + "indexer.q")), bf16_to_f32(g.tensor<bf16_t>(P + "indexer.k")),
+                          t("indexer.weights"), g.tensor<int32_t>(P + "indexer.ks"), g.tensor<int32_t>(P + "indexer.ke"),
+                          o.sparse ? &topk : nullptr, tl, o);
+  }
+  void set_loss(Cand& c, const ref::train::IndexerLossOut& r) const {
+    c.set(P + "indexer_loss.loss", Tensor<float>({1}, float(r.loss)));
+    c.set(P + "indexer_loss.dq", r.dq);
+    c.set(P + "indexer_loss.dk", r.dk);
+    c.set(P + "indexer_loss.dw", r.dw);
+  }
+};
+
+std::vector<Bug> train_bugs(const TrainPlanter& p) {
+  const bool has_loss = p.g.find(p.P + "indexer_loss.dq") != nullptr;
+  auto loss_needs = [has_loss] { return has_loss ? std::string() : std::string("no indexer loss on layer 0"); };
+  return {
+      {"train: attn_bwd.dq 1% too large (TileLang's similarity passes it)", "scale error", [&p](Cand& c) {
+         c.set(p.P + "attn_bwd.dq", p.times(p.t("attn_bwd.dq"), 1.01)); }},
+      {"train: the softmax scale applied twice in dq", "the softmax scale applied twice", [&p](Cand& c) {
+         c.set(p.P + "attn_bwd.dq", p.times(p.t("attn_bwd.dq"), p.sm)); }},
+      {"train: dkv without its V part", "misses the V part", [&p](Cand& c) { c.set(p.P + "attn_bwd.dkv", p.dkv_without_v()); }},
+      {"train: -1 padding read as kv row s_kv - 1", "-1 treated as a key", [&p](Cand& c) {
+         Tensor<int32_t> ind = p.indices();
+         const int32_t last = int32_t(p.g.get(p.P + "attn.kv").shape[0] - 1);
+         for (int32_t& v : ind.data) if (v == -1) v = last;
+         const ref::AttentionBackwardOut b = p.backward(ind);
+         c.set(p.P + "attn_bwd.dq", b.dq);
+         c.set(p.P + "attn_bwd.dkv", b.dkv); }, [&p] { return p.padded(); }},
+      {"train: dq and dkv accumulated in bf16", "bf16-acc-level", [&p](Cand& c) {
+         const ref::AttentionBackwardOut b = p.backward(p.indices(), true);
+         c.set(p.P + "attn_bwd.dq", b.dq);
+         c.set(p.P + "attn_bwd.dkv", b.dkv); }},
+      {"train: the indexer loss's dq 0.5% too large", "scale error", [&p](Cand& c) {
+         c.set(p.P + "indexer_loss.dq", p.times(p.t("indexer_loss.dq"), 1.005)); }, loss_needs},
+      {"train: the per-token loss (no division by the valid rows)", "scale error", [&p](Cand& c) {
+         p.set_loss(c, p.loss([](ref::train::IndexerLossOptions& o) { o.per_token = true; })); }, loss_needs},
+      {"train: the indexer loss without its ReLU", "", [&p](Cand& c) {
+         p.set_loss(c, p.loss([](ref::train::IndexerLossOptions& o) { o.relu = !o.relu; })); }, loss_needs},
+      {"train: the dense loss on a sparse set (top-k ignored)", "", [&p](Cand& c) {
+         p.set_loss(c, p.loss([](ref::train::IndexerLossOptions& o) { o.sparse = false; })); },
+       [&p, loss_needs] { return !loss_needs().empty() ? loss_needs() : p.g.manifest["train"]["loss"] == "sparse" ? "" : "a dense loss"; }},
+  };
+}
+
 }  // namespace
 
 CatalogueRow judge_bug(const golden::Loaded& g, const std::vector<io::TensorView>& candidate, const std::string& bug,
@@ -897,17 +1005,8 @@ CatalogueRow judge_bug(const golden::Loaded& g, const std::vector<io::TensorView
     row.named_first = row.named = row.failed && r.diagnoses.empty();
     return row;
   }
-  // expect may list several leads that each point at the bug, separated by " | ".
-  auto names = [&expect](const std::string& d) {
-    for (size_t b = 0;;) {
-      const size_t e = expect.find(" | ", b);
-      if (d.find(expect.substr(b, e == std::string::npos ? std::string::npos : e - b)) != std::string::npos) return true;
-      if (e == std::string::npos) return false;
-      b = e + 3;
-    }
-  };
-  row.named_first = row.failed && names(row.first);
-  for (const std::string& d : r.diagnoses) row.named = row.named || names(d);
+  row.named_first = row.failed && row.first.find(expect) != std::string::npos;
+  for (const std::string& d : r.diagnoses) row.named = row.named || d.find(expect) != std::string::npos;
   return row;
 }
 
@@ -921,33 +1020,46 @@ std::string CatalogueRow::outcome() const {
 std::vector<CatalogueRow> catalogue_preset(const std::string& name, const ref::Kernels& k, const std::string& tmp,
                                            const std::function<void(const CatalogueRow&)>& progress) {
   const golden::Preset& pr = golden::preset(name);  // Error naming the unknown preset
-  require(!pr.kernel.empty() && (pr.kind == "stack" || pr.kind == "decode" || pr.kind == "decode-model1"),
-          "calibrate --catalogue --preset: '" + name + "' is not a kernel preset of a stack, decode or decode-model1 set (the "
-          "stack catalogue's bugs are planted on those; the training presets' catalogue is --preset of a train kernel)");
+  require(!pr.kernel.empty() && (pr.kind == "stack" || pr.kind == "decode" || pr.kind == "decode-model1" || pr.kind == "train"),
+          "calibrate --catalogue --preset: '" + name + "' is not a kernel preset (stack, decode, decode-model1 or train; the 2026 "
+          "families' catalogue runs on their tiny presets)");
   const kreg::Kernel& kern = kreg::kernel(pr.kernel);
   std::set<std::string> outputs;  // the tensors the kernel writes, without their layer prefix
   for (const kreg::Arg& a : kern.outputs) outputs.insert(a.tensor.substr(a.tensor.rfind("}.") + 2));
   fs::create_directories(tmp);
   const std::string dir = tmp + "/golden";
   const std::string replay = "indexshare calibrate --catalogue --preset " + name;
+  const bool train = pr.kind == "train";
   golden::write(dir,
                 pr.kind == "decode-model1" ? golden::build_model1_decode(golden::parse_model1_spec(pr.problem), replay, Impl::simd)
+                : train                    ? golden::build_train(parse_problem(pr.problem), golden::TrainSpec(), replay, Impl::simd)
                                            : golden::build(parse_problem(pr.problem), pr.kind, true, replay, Impl::simd),
                 true);
   const golden::Loaded g = golden::read(dir);
-  const Planter p(g, k);
-  std::vector<Bug> bugs = attention_bugs(p);
-  for (Bug& b : indexer_bugs(p)) {
-    if (!p.indexed) b.needs = [&p] { return p.with_indexer(); };
-    bugs.push_back(std::move(b));
-  }
-  if (pr.kind == "decode-model1")
-    for (Bug& b : model1_bugs(p)) bugs.push_back(std::move(b));
+  std::optional<Planter> pl;
+  std::optional<TrainPlanter> tp;
+  std::vector<Bug> bugs;
   // The correct outputs the bugs are planted into: a planted tensor equal to its correct one carries
   // nothing of the bug.
   Cand ok;
-  p.set_attn(ok, p.base);
-  if (p.indexed) p.set_indexer(ok, p.logits, p.topk_of(p.logits, p.ke));
+  if (train) {
+    tp.emplace(g, k);
+    bugs = train_bugs(*tp);
+    for (const char* n : {"attn_bwd.dq", "attn_bwd.dkv", "indexer_loss.loss", "indexer_loss.dq", "indexer_loss.dk", "indexer_loss.dw"})
+      if (g.find(tp->P + n)) ok.set(tp->P + n, g.tensor<float>(tp->P + n));
+  } else {
+    pl.emplace(g, k);
+    const Planter& p = *pl;
+    bugs = attention_bugs(p);
+    for (Bug& b : indexer_bugs(p)) {
+      if (!p.indexed) b.needs = [&p] { return p.with_indexer(); };
+      bugs.push_back(std::move(b));
+    }
+    if (pr.kind == "decode-model1")
+      for (Bug& b : model1_bugs(p)) bugs.push_back(std::move(b));
+    p.set_attn(ok, p.base);
+    if (p.indexed) p.set_indexer(ok, p.logits, p.topk_of(p.logits, p.ke));
+  }
   auto unchanged = [&ok](const io::TensorView& v) {
     for (const io::TensorView& o : ok.views)
       if (o.name == v.name)
