@@ -5,6 +5,7 @@
 // with the test's own decoder.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -425,5 +426,55 @@ TEST_CASE("model1: reading a set refuses a cache or a mapping that disagrees, na
   golden::for_kernel_model1(good, kreg::kernel("flashmla-sparse-decode-model1"), spec);
   golden::write(dir, std::move(good), true);
   CHECK_NOTHROW(golden::read(dir));
+  std::filesystem::remove_all(dir);
+}
+
+// The spec's sink=, kv= and empty (what the kernel preset uses so that a dropped sink, bf16 q.k
+// logits and a head's scale show): each printed back, bad values refused; the rows of an empty
+// sequence have out 0 and lse +inf, a +inf sink zeroes every output. golden::model1_attn_indices
+// rebuilds attn.indices from the kernel's inputs, and each broken rule gives another mapping.
+TEST_CASE("model1: sink=, kv= and empty, and the index mapping rebuilt and broken rule by rule") {
+  const std::string text = "model1 b2 nextn2 hq64 len300 win128 blk256 ek128 eblk2 elen260 seed3 sink=strong kv=1 empty";
+  const golden::Model1DecodeSpec spec = golden::parse_model1_spec(text);
+  CHECK(golden::to_string(spec) == text);
+  CHECK(spec.sink == "strong");
+  CHECK(spec.empty);
+  CHECK_THROWS_WITH_AS(golden::parse_model1_spec("model1 sink=huge"), doctest::Contains("expected sink=normal, strong, pinf or ninf"), Error);
+  CHECK_THROWS_WITH_AS(golden::parse_model1_spec("model1 kv=0"), doctest::Contains("'kv=0'"), Error);
+  CHECK_THROWS_WITH_AS(golden::parse_model1_spec("model1 kv=x"), doctest::Contains("'kv=x'"), Error);
+  const std::string dir = (std::filesystem::temp_directory_path() / ("indexshare-model1-opts-" + std::to_string(::getpid()))).string();
+  golden::write(dir, golden::build_model1_decode(spec, "test", Impl::simd), true);
+  const golden::Loaded g = golden::read(dir);
+  const Tensor<float> lse = g.tensor<float>("layers.0.attn.lse"), out = g.tensor<float>("layers.0.attn.out");
+  const Tensor<float> sink = g.tensor<float>("layers.0.attn.sink");
+  double mean = 0;
+  for (float v : sink.data) mean += v / 64.0;
+  CHECK(mean > 4.5);  // the draws (mean 0, sd 1/8 over 64 heads) plus ln(128 + 128) = 5.5
+  for (int64_t r = 2; r < 4; ++r)  // sequence 1 (the last): no valid entry
+    for (int64_t h = 0; h < 64; ++h) CHECK(lse[r * 64 + h] == std::numeric_limits<float>::infinity());
+  CHECK(out[2 * 64 * 512] == 0.0f);
+  CHECK(std::isfinite(lse[0]));
+  CHECK(g.manifest["model1"]["empty_rows"] == 2);
+  CHECK(g.manifest["model1"]["kv_std"] == "1");
+  const Tensor<int32_t> ix = g.tensor<int32_t>("layers.0.attn.indices");
+  CHECK(golden::model1_attn_indices(g).data == ix.data);
+  const int64_t W = 128, E = 128, main_slots = g.manifest["model1"]["main_slots"].get<int64_t>();
+  const Tensor<int32_t> no_extra = golden::model1_attn_indices(g, {true, true, false, true});
+  const Tensor<int32_t> no_offset = golden::model1_attn_indices(g, {true, true, true, false});
+  const Tensor<int32_t> all_window = golden::model1_attn_indices(g, {false, true, true, true});
+  for (int64_t j = 0; j < E; ++j) {
+    CHECK(no_extra[W + j] == -1);
+    if (ix[W + j] >= 0) CHECK(no_offset[W + j] == ix[W + j] - main_slots);
+  }
+  CHECK(ix[(2 * (W + E)) + 0] == -1);        // the empty sequence's rows: all -1 ...
+  CHECK(all_window[(2 * (W + E)) + 0] >= 0);  // ... until topk_length is ignored
+  std::filesystem::remove_all(dir);
+  const golden::Loaded pinf = [&] {
+    golden::write(dir, golden::build_model1_decode(golden::parse_model1_spec("model1 b2 nextn1 hq64 len300 win128 blk256 ek128 eblk2 elen260 sink=pinf"),
+                                                   "test", Impl::simd), true);
+    return golden::read(dir);
+  }();
+  const Tensor<float> zero = pinf.tensor<float>("layers.0.attn.out");
+  CHECK(std::all_of(zero.data.begin(), zero.data.end(), [](float v) { return v == 0.0f; }));
   std::filesystem::remove_all(dir);
 }

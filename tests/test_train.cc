@@ -14,6 +14,7 @@
 
 #include "ref/numerics.h"
 #include "ref/train/attention_bwd.h"
+#include "ref/train/indexer_loss.h"
 #include "tests/cli_util.h"
 #include "tests/candidate_util.h"
 #include "tools/judge/diff.h"
@@ -554,4 +555,52 @@ TEST_CASE("train: the gradients' precision test fails a backward accumulating dq
   CHECK(verdict(r, 0, "attn_bwd.dkv") == cmp::Verdict::fail);
   CHECK_MESSAGE(diagnosed(r, "attn_bwd.dkv carries bf16-acc-level error"), diagnoses_text(r));
   std::filesystem::remove_all(s.dir);
+}
+
+// Two sequences in one training set: each row's loss is over its own sequence's keys, so a row of
+// the second sequence has the kl it has when that sequence is computed alone (its rows, keys and
+// teacher rows sliced out, its windows shifted to 0), bit for bit; N counts the valid rows of both.
+// A training kernel takes one sequence per call: --for refuses nseq2.
+TEST_CASE("train: two sequences, each row's loss over its own sequence, and --for refuses them") {
+  const char* problem = "sq24 skv48 hq4 dqk64 dv48 ih2 id32 k8 seed9 nl1 indexer=bf16 nseq2";
+  const TrainSet s = make_set({}, problem);
+  CHECK(s.g.manifest["train"].contains("sequences"));
+  const std::string P = "layers.0.";
+  const Tensor<int32_t> ks = s.g.tensor<int32_t>(P + "indexer.ks"), ke = s.g.tensor<int32_t>(P + "indexer.ke");
+  const int64_t rows = 12, keys = 24;  // per sequence
+  CHECK(ks[rows] == keys);             // the second sequence's first row starts at its own first key
+  auto slice = [](const auto& t, int64_t first, int64_t n) {
+    auto out = t;
+    int64_t inner = 1;
+    for (size_t d = 1; d < t.shape.size(); ++d) inner *= t.shape[d];
+    out.shape[0] = n;
+    out.data.assign(t.data.begin() + first * inner, t.data.begin() + (first + n) * inner);
+    return out;
+  };
+  Tensor<int32_t> ks2 = slice(ks, rows, rows), ke2 = slice(ke, rows, rows);
+  for (int64_t t = 0; t < rows; ++t) ks2[t] -= int32_t(keys), ke2[t] -= int32_t(keys);
+  const Tensor<bf16_t> tq = slice(s.g.tensor<bf16_t>(P + "attn.q"), rows, rows), tkv = slice(s.g.tensor<bf16_t>(P + "attn.kv"), keys, keys);
+  const Tensor<int32_t> topk = slice(s.g.tensor<int32_t>(P + "indexer.topk"), rows, rows);
+  ref::train::IndexerLossOptions o;
+  o.sparse = true;
+  const ref::train::IndexerLossOut alone = ref::train::indexer_loss_bf16(
+      slice(s.g.tensor<bf16_t>(P + "indexer.q"), rows, rows), slice(s.g.tensor<bf16_t>(P + "indexer.k"), keys, keys),
+      slice(s.g.tensor<float>(P + "indexer.weights"), rows, rows), ks2, ke2, &topk,
+      {{&tq, &tkv, s.g.manifest["config"]["sm_scale"].get<float>(), nullptr}}, o);
+  const Tensor<float> kl = s.g.tensor<float>(P + "indexer_loss.kl");
+  for (int64_t t = 0; t < rows; ++t) {
+    CAPTURE(t);
+    CHECK(kl[rows + t] == alone.kl[t]);
+  }
+  double sum = 0;
+  for (float v : kl.data) sum += v;
+  CHECK(s.g.tensor<float>(P + "indexer_loss.loss")[0] == doctest::Approx(sum / 24).epsilon(1e-6));  // N = 24 valid rows
+  const diff::Result r = diff::judge(s.g, faithful(s.g).file(), {});
+  CHECK_MESSAGE(!r.failed(), diagnoses_text(r));
+  std::filesystem::remove_all(s.dir);
+  const indexshare::testing::CliResult e = indexshare::testing::run_cli(
+      "golden --problem 'sq512 skv512 hq64 dqk576 dv512 ih64 id128 k128 indexer=bf16 nseq2' --kind train --for tilelang-sparse-mla-bwd --out " +
+      s.dir + "-for");
+  CHECK(e.status == 2);
+  CHECK(e.out.find("nseq2: tilelang-sparse-mla-bwd takes one sequence per call") != std::string::npos);
 }
