@@ -89,9 +89,12 @@ int cmd_calibrate(const CalibrateArgs& a) {
   } else {
     require(a.runs >= 1 && a.runs <= 100000, "--runs: expected 1..100000, got " + std::to_string(a.runs));
     require(a.first >= 0 && a.first <= 1000000000, "--first: expected 0..10^9, got " + std::to_string(a.first));
+    require(a.preset.empty() || !golden::preset(a.preset).kernel.empty(),
+            "--preset: '" + a.preset + "' is not a kernel preset (indexshare kernels lists them)");
     std::printf("calibration: %d runs of the correct-kernel family%s from run %d, seed %lld\n", a.runs,
                 a.values     ? " (f32 indexer scores of v4, hyv4 and kpool sets)"
                 : a.families ? " (the attention of v4, hyv4, kpool, mtp and decode-model1 sets; the gradients of train sets)"
+                : !a.preset.empty() ? (" on kernel preset " + a.preset).c_str()
                              : "",
                 a.first, (long long)a.seed);
     nlohmann::json runs = nlohmann::json::array();
@@ -109,7 +112,9 @@ int cmd_calibrate(const CalibrateArgs& a) {
     };
     const auto list = a.values     ? calib::calibrate_values(a.first, a.runs, uint64_t(a.seed), simd::kernels(), tmp, progress)
                       : a.families ? calib::calibrate_families(a.first, a.runs, uint64_t(a.seed), simd::kernels(), tmp, progress)
-                                   : calib::calibrate(a.first, a.runs, uint64_t(a.seed), simd::kernels(), tmp, progress, a.max_work);
+                      : !a.preset.empty()
+                          ? calib::calibrate_preset(a.preset, a.first, a.runs, uint64_t(a.seed), simd::kernels(), tmp, progress)
+                          : calib::calibrate(a.first, a.runs, uint64_t(a.seed), simd::kernels(), tmp, progress, a.max_work);
     for (const calib::Run& r : list) {
       nlohmann::json t = nlohmann::json::array();
       for (const calib::TensorMargin& m : r.tensors)
@@ -141,8 +146,8 @@ Action register_calibrate(CLI::App& app) {
   c->add_option("--layer", a->layer, "With --power: the layer to inject faults into (default 0; on a v4, hyv4 or kpool set its first Full layer)");
   c->add_flag("--catalogue", a->catalogue, "Measure the diagnosis accuracy on a catalogue of planted kernel bugs");
   c->add_option("--preset", a->preset,
-                "With --catalogue: plant the stack catalogue's bugs on this kernel preset's set instead (power per kernel preset; "
-                "a bug the kernel cannot have is n/a)");
+                "A kernel preset: calibration runs on its set (its seed moved each run; correct kernels of its family hand in what the "
+                "kernel writes), or with --catalogue the bugs planted on it (a bug the kernel cannot have is n/a)");
   c->add_flag("--values", a->values, "Calibration runs of the values kind: f32 indexer scores (and their top-k) of v4, hyv4 and kpool sets");
   c->add_flag("--families", a->families,
               "Calibration runs of the 2026 families and training: correct attention kernels on v4, hyv4, kpool, mtp and decode-model1 sets, "
@@ -154,8 +159,8 @@ Action register_calibrate(CLI::App& app) {
   excludes(*c, "--power", {"--runs", "--first", "--seed", "--max-work", "--values", "--families"});
   excludes(*c, "--values", {"--max-work", "--families"});
   excludes(*c, "--families", {"--max-work"});
+  excludes(*c, "--preset", {"--max-work", "--power", "--values", "--families"});
   needs(*c, "--layer", "--power");
-  needs(*c, "--preset", "--catalogue");
   return [c, a]() {
     if (!*c) return -1;
     return cmd_calibrate(*a);

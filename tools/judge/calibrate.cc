@@ -560,7 +560,7 @@ golden::TrainSpec family_train_spec(int i, uint64_t seed) {
   return t;
 }
 
-TrainOutputs family_train(const golden::Loaded& g, uint64_t seed) {
+TrainOutputs family_train(const golden::Loaded& g, uint64_t seed, bool backward, bool loss) {
   TrainOutputs c;
   Xoshiro256 r(seed);
   const float sm = g.manifest["config"]["sm_scale"].get<float>();
@@ -575,7 +575,7 @@ TrainOutputs family_train(const golden::Loaded& g, uint64_t seed) {
     for (int64_t i = 0; i < t.numel(); ++i) b[i] = f32_to_bf16(t[i]);
     c.bf16[name] = b;
   };
-  for (size_t l = 0; l < g.manifest["layers"].size(); ++l) {
+  for (size_t l = 0; backward && l < g.manifest["layers"].size(); ++l) {
     const std::string p = "layers." + std::to_string(l) + ".";
     // TileLang's arithmetic with each row's slots in another order: every sum over keys runs in another order.
     Tensor<int32_t> ind = g.tensor<int32_t>(p + "attn.indices");
@@ -601,6 +601,7 @@ TrainOutputs family_train(const golden::Loaded& g, uint64_t seed) {
   }
   for (const nlohmann::json& e : g.manifest["train"]["indexer_losses"]) {
     const int l = e["layer"].get<int>();
+    if (!loss) break;
     for (const auto& [n, v] : emul::indexer_loss_f32(g, l, r.next())) {
       const std::string name = "layers." + std::to_string(l) + ".indexer_loss." + n;
       if (n == "dq" || n == "dk" || n == "dw") out(name, v);
@@ -665,6 +666,77 @@ std::vector<Run> calibrate_families(int first, int runs, uint64_t seed, const re
     r.attention_variant = v.name();
     Cand c;
     for (const auto& [name, t] : family_attention(g, v)) c.set(name, t);
+    const diff::Result res = diff::judge(g, c.write_read(tmp + "/candidate.safetensors"), {}, k, false);
+    record(r, res);
+    for (const std::string& d : res.diagnoses) {  // a diagnosis of a correct kernel is a false lead
+      r.passed = false;
+      r.reasons.push_back("diagnosis: " + d);
+    }
+  });
+}
+
+std::vector<Run> calibrate_preset(const std::string& name, int first, int runs, uint64_t seed, const ref::Kernels& k,
+                                  const std::string& tmp, const std::function<void(const Run&)>& progress) {
+  const golden::Preset& pr = golden::preset(name);  // Error naming the unknown preset
+  require(!pr.kernel.empty(), "calibrate --preset: '" + name + "' is not a kernel preset (indexshare kernels lists them)");
+  const kreg::Kernel& kern = kreg::kernel(pr.kernel);
+  std::set<std::string> writes;  // the tensors the kernel writes, without their layer prefix
+  for (const kreg::Arg& a : kern.outputs) writes.insert(a.tensor.substr(a.tensor.rfind("}.") + 2));
+  fs::create_directories(tmp);
+  const auto fam = emul::attention_family();
+  const auto lfam = emul::logits_family();
+  const std::string replay = "indexshare calibrate --preset " + name, dir = tmp + "/golden";
+  return each_run(first, runs, progress, [&](Run& r) {
+    const int i = r.index;
+    r.kind = pr.kind;
+    Cand c;
+    auto keep = [&](const std::string& n, const auto& t) {
+      if (writes.count(n.substr(n.find('.', 7) + 1))) c.set(n, t);
+    };
+    if (pr.kind == "decode-model1") {
+      golden::Model1DecodeSpec s = golden::parse_model1_spec(pr.problem);
+      s.seed = s.seed * 1000 + seed * 100000 + uint64_t(i);
+      r.problem = golden::to_string(s);
+      golden::write(dir, golden::build_model1_decode(s, replay, Impl::simd), true);
+      const golden::Loaded g = golden::read(dir);
+      const emul::AttentionVariant v = fam[size_t(i) % fam.size()];
+      r.attention_variant = v.name();
+      for (const auto& [n, t] : family_attention(g, v)) keep(n, t);
+    } else {
+      Problem p = parse_problem(pr.problem);
+      p.seed = p.seed * 1000 + seed * 100000 + uint64_t(i);
+      r.problem = to_string(p);
+      if (pr.kind == "train") {
+        golden::write(dir, golden::build_train(p, golden::TrainSpec(), replay, Impl::simd), true);
+        const golden::Loaded g = golden::read(dir);
+        r.attention_variant = "TileLang's low-precision backward, f32 indexer loss, drawn orders";
+        const TrainOutputs o = family_train(g, seed * 1000003u + uint64_t(i), writes.count("attn_bwd.dq") > 0,
+                                            writes.count("indexer_loss.dq") > 0);
+        for (const auto& [n, t] : o.f32) keep(n, t);
+        for (const auto& [n, t] : o.bf16) keep(n, t);
+      } else {
+        golden::write(dir, golden::build(p, pr.kind, true, replay, Impl::simd), true);
+        const golden::Loaded g = golden::read(dir);
+        const emul::AttentionVariant av = fam[size_t(i) % fam.size()];
+        const emul::LogitsVariant lv = lfam[size_t(i / 2) % lfam.size()];
+        const float sm = g.manifest["config"]["sm_scale"].get<float>();
+        if (writes.count("attn.out")) {
+          r.attention_variant = av.name();
+          const ref::AttentionOut o = emulate(g, 0, av, sm);
+          keep("layers.0.attn.out", o.out);
+          keep("layers.0.attn.lse", o.lse);
+          keep("layers.0.attn.max_logits", o.max_logits);
+        }
+        if (writes.count("indexer.logits") && has_fp8_logits(g, 0)) {
+          r.logits_variant = lv.name();
+          const Tensor<float> lg = emulate_logits(g, 0, lv);
+          keep("layers.0.indexer.logits", lg);
+          keep("layers.0.indexer.topk", k.topk(lg, g.tensor<int32_t>("layers.0.indexer.ks"), g.tensor<int32_t>("layers.0.indexer.ke"),
+                                               g.manifest["config"]["topk"].get<int64_t>()));
+        }
+      }
+    }
+    const golden::Loaded g = golden::read(dir);
     const diff::Result res = diff::judge(g, c.write_read(tmp + "/candidate.safetensors"), {}, k, false);
     record(r, res);
     for (const std::string& d : res.diagnoses) {  // a diagnosis of a correct kernel is a false lead

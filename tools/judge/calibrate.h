@@ -88,6 +88,13 @@ inline constexpr int kFamilies = 6;
 std::string family_problem(int i, uint64_t seed, std::string& kind);
 std::vector<Run> calibrate_families(int first, int runs, uint64_t seed, const ref::Kernels& k, const std::string& tmp,
                                     const std::function<void(const Run&)>& progress = {});
+// Calibration on a kernel preset (`calibrate --preset K`): run i writes the preset's set with its seed
+// moved (preset seed * 1000 + seed * 100000 + i), hands in what the kernel writes as a member of the
+// correct family computes it (attention: emul::attention_family; indexer logits: logits_family and
+// the top-k of its own logits; MODEL1 decode: family_attention; training: family_train) and judges
+// it. A false positive is any FAIL or any diagnosis.
+std::vector<Run> calibrate_preset(const std::string& name, int first, int runs, uint64_t seed, const ref::Kernels& k,
+                                  const std::string& tmp, const std::function<void(const Run&)>& progress = {});
 // The training options of run i (sparse or dense, ReLU, target, loss_coeff, edge rows).
 golden::TrainSpec family_train_spec(int i, uint64_t seed);
 // A correct training kernel's outputs on a training set: every layer's attention backward
@@ -97,7 +104,8 @@ struct TrainOutputs {
   std::map<std::string, Tensor<float>> f32;
   std::map<std::string, Tensor<bf16_t>> bf16;  // bf16 casts of gradients (the judge widens its bounds by their rounding)
 };
-TrainOutputs family_train(const golden::Loaded& g, uint64_t seed);
+// backward / loss false: that part left out (a kernel that computes only the other).
+TrainOutputs family_train(const golden::Loaded& g, uint64_t seed, bool backward = true, bool loss = true);
 // Every attention a set holds ("layers.{l}.attn.*" with q, kv and indices; "mtp.*"), as the variant
 // computes it: {tensor name: value} for out, lse and max_logits.
 std::map<std::string, Tensor<float>> family_attention(const golden::Loaded& g, const emul::AttentionVariant& v);

@@ -665,6 +665,8 @@ void finish(StructureReport& rep, const StructureSpec& s, const std::vector<std:
   if (x && y) {
     if (sm->explained < kSmExplains * error_ss()) {
       sm->fits = false;
+      // The scale or offset found above explains less than this direction: no fairer a lead.
+      rep.findings.clear();
       return;
     }
   }
