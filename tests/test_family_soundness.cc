@@ -12,6 +12,7 @@
 
 #include <filesystem>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -155,4 +156,32 @@ TEST_CASE("kernel preset power: flashmla-sparse-prefill-model1 sees a dropped si
   CHECK(dropped.failed());
   REQUIRE_FALSE(dropped.diagnoses.empty());
   CHECK_MESSAGE(dropped.diagnoses[0].find("sink") != std::string::npos, dropped.diagnoses[0]);
+}
+
+// calibrate --preset: correct kernels on a kernel preset's set, each run with the seed moved, handing
+// in only what the kernel writes (DeepGEMM's logits kernel: indexer.logits, not a top-k; MODEL1
+// decode: out and lse, never max_logits). A preset that serves no kernel is refused.
+TEST_CASE("family soundness: calibrate --preset runs the kernel's own outputs, no false positive") {
+  const std::string tmp = testing::temp_path("soundness", "preset");
+  const std::vector<calib::Run> logits = calib::calibrate_preset("deepgemm-fp8-mqa-logits-sm90", 0, 3, 1, simd::kernels(), tmp);
+  const std::vector<calib::Run> model1 = calib::calibrate_preset("flashmla-sparse-decode-model1", 0, 2, 1, simd::kernels(), tmp);
+  CHECK_THROWS_AS(calib::calibrate_preset("glm-5.2", 0, 1, 1, simd::kernels(), tmp), Error);
+  std::filesystem::remove_all(tmp);
+  std::set<std::string> problems;
+  for (const calib::Run& r : logits) {
+    CAPTURE(r.problem);
+    CHECK(r.passed);
+    problems.insert(r.problem);
+    std::set<std::string> judged;
+    for (const calib::TensorMargin& m : r.tensors) judged.insert(m.tensor);
+    CHECK(judged == std::set<std::string>{"layers.0.indexer.logits"});
+  }
+  CHECK(problems.size() == 3);  // each run its own seed
+  for (const calib::Run& r : model1) {
+    CAPTURE(r.problem);
+    CHECK(r.passed);
+    std::set<std::string> judged;
+    for (const calib::TensorMargin& m : r.tensors) judged.insert(m.tensor);
+    CHECK(judged == std::set<std::string>{"layers.0.attn.out", "layers.0.attn.lse"});
+  }
 }

@@ -491,6 +491,9 @@ TEST_CASE("structure: calibrate refuses bad input with a clear message, exit 2 a
       {"calibrate --catalogue --values", "--catalogue excludes --values"},
       {"calibrate --power /nonexistent-golden", "/nonexistent-golden: not a golden set folder"},
       {"calibrate --power " + glm + " --layer 9", "--layer 9 is outside " + glm + "'s 8 layers"},
+      {"calibrate --preset glm-5.2 --runs 1", "--preset: 'glm-5.2' is not a kernel preset"},
+      {"calibrate --preset no-such-preset --runs 1", "no-such-preset"},
+      {"calibrate --preset deepgemm-fp8-mqa-logits-sm90 --families", "--preset excludes --families"},
   };
   for (const auto& [args, message] : cases) {
     CAPTURE(args);
@@ -498,6 +501,7 @@ TEST_CASE("structure: calibrate refuses bad input with a clear message, exit 2 a
     CHECK(r.status == 2);
     CHECK(r.out.find(message) != std::string::npos);
     CHECK(r.out.find("power of the judge") == std::string::npos);  // nothing printed before the refusal
+    CHECK(r.out.find("calibration:") == std::string::npos);
     CHECK(!std::filesystem::exists(json));
   }
 }
