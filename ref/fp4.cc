@@ -30,8 +30,9 @@ uint8_t ceil_exponent(float y) {
   return uint8_t(std::clamp(e, 1, 254));
 }
 
-// v rounded once to bf16 (to nearest, ties to even), returned as a float.
-float round_to_bf16(double v) {
+}  // namespace
+
+float bf16_of(double v) {
   if (v == 0 || !std::isfinite(v)) return float(v);
   int e = 0;
   std::frexp(v, &e);                            // |v| = m 2^e, m in [0.5, 1)
@@ -40,8 +41,6 @@ float round_to_bf16(double v) {
   if (std::fabs(r) > 0x1.FEp127) return std::copysign(INFINITY, v);  // above bf16's largest finite
   return float(r);
 }
-
-}  // namespace
 
 std::string rule_name(Rule r) {
   switch (r) {
@@ -151,40 +150,36 @@ Tensor<int32_t> pack_scales(const Tensor<uint8_t>& scales) {
   return out;
 }
 
-Tensor<float> logits(const Quantized& q, const Quantized& k, const Tensor<float>& w, const Tensor<int32_t>& ks,
-                     const Tensor<int32_t>& ke, LogitsType type) {
+void check_logits_inputs(const Quantized& q, const Quantized& k, const Tensor<float>& w, const Tensor<int32_t>& ks,
+                         const Tensor<int32_t>& ke) {
   require(q.data.rank() == 3 && k.data.rank() == 2 && q.data.dim(2) == k.data.dim(1),
           "fp4::logits: q codes [s_q, H, D/2] and k codes [s_kv, D/2] of one D, got " + shape_str(q.data.shape) + " and " +
               shape_str(k.data.shape));
-  const int64_t s_q = q.data.dim(0), H = q.data.dim(1), half = q.data.dim(2), D = 2 * half, s_kv = k.data.dim(0);
+  const int64_t s_q = q.data.dim(0), H = q.data.dim(1), D = 2 * q.data.dim(2), s_kv = k.data.dim(0);
   const int64_t B = D / kBlock;
   require(D % kBlock == 0 && q.scales.shape == Shape{s_q, H, B} && k.scales.shape == Shape{s_kv, B},
           "fp4::logits: scales " + shape_str(q.scales.shape) + " / " + shape_str(k.scales.shape) + " for D " + std::to_string(D));
   require(w.shape == Shape{s_q, H} && ks.shape == Shape{s_q} && ke.shape == Shape{s_q},
           "fp4::logits: weights [s_q, H], ks and ke [s_q]");
-  Tensor<float> out({s_q, s_kv}, -INFINITY);
-  // code * 2 is an integer in {0, 1, 2, 3, 4, 6, 8, 12}: a product of two is in units of 1/4.
-  auto twice = [](const uint8_t* row, int64_t d) {
-    const uint8_t c = d % 2 ? uint8_t(row[d / 2] >> 4) : uint8_t(row[d / 2] & 0xF);
-    return int64_t(2 * value(c));
-  };
-  for (int64_t t = 0; t < s_q; ++t) {
+  for (int64_t t = 0; t < s_q; ++t)
     require(0 <= ks[t] && ks[t] <= ke[t] && ke[t] <= s_kv, "fp4::logits: row " + std::to_string(t) + "'s [ks, ke) outside [0, s_kv]");
+}
+
+Tensor<float> logits(const Quantized& q, const Quantized& k, const Tensor<float>& w, const Tensor<int32_t>& ks,
+                     const Tensor<int32_t>& ke, LogitsType type) {
+  check_logits_inputs(q, k, w, ks, ke);
+  const int64_t s_q = q.data.dim(0), H = q.data.dim(1), D = 2 * q.data.dim(2), s_kv = k.data.dim(0);
+  const Tensor<float> qv = dequantize(q), kv = dequantize(k);
+  Tensor<float> out({s_q, s_kv}, -INFINITY);
+  for (int64_t t = 0; t < s_q; ++t) {
     for (int64_t s = ks[t]; s < ke[t]; ++s) {
-      const uint8_t* kr = k.data.ptr() + s * half;
       double acc = 0;
       for (int64_t h = 0; h < H; ++h) {
-        const uint8_t* qr = q.data.ptr() + (t * H + h) * half;
         double dot = 0;
-        for (int64_t b = 0; b < B; ++b) {
-          int64_t n = 0;  // units of 1/4, exact
-          for (int64_t d = b * kBlock; d < (b + 1) * kBlock; ++d) n += twice(qr, d) * twice(kr, d);
-          const int e = int(q.scales[(t * H + h) * B + b]) + int(k.scales[s * B + b]) - 254 - 2;
-          dot = dot + std::ldexp(double(n), e);
-        }
-        acc = acc + double(w[t * H + h]) * std::max(dot, 0.0);
+        for (int64_t d = 0; d < D; ++d) dot = dot + double(qv[(t * H + h) * D + d]) * double(kv[s * D + d]);
+        acc = acc + double(w[t * H + h]) * (dot > 0 ? dot : 0.0);
       }
-      out[t * s_kv + s] = type == LogitsType::f32 ? float(acc) : round_to_bf16(acc);
+      out[t * s_kv + s] = type == LogitsType::f32 ? float(acc) : bf16_of(acc);
     }
   }
   return out;

@@ -28,13 +28,13 @@
 // the dot product):
 //   logits[t, s] = sum_h w[t, h] * ReLU(sum_d dq(q)[t, h, d] * dq(k)[s, d])   ks[t] <= s < ke[t]
 //   logits[t, s] = -inf                                                       otherwise
-// Evaluation order (simd/ reproduces it bit for bit):
-//   1. per block b of 32 (ascending): n_b = sum over its 32 d of code_q * code_k in units of 1/4,
-//      an integer below 32 * 144, exact; the block's term n_b * 2^(e_q + e_k - 254 - 2) in double.
-//   2. dot = the block terms added in ascending order in double: exact while a row's scales span
-//      less than 2^40 (the usual case); otherwise one double rounding per block, 2^-53 relative.
-//   3. acc = 0; for h ascending: acc = acc + double(w[t, h]) * max(dot_h, 0) (never fused).
-//   4. logits = acc rounded once: to f32, or (bf16 logits, DeepGEMM's logits_dtype) to bf16.
+// Evaluation order (simd/ reproduces it bit for bit; it is ref::indexer_logits_f32's on the
+// dequantized values with k_scale 1):
+//   1. dot_h = sum over d ascending of double(dq(q)) * double(dq(k)), in double. A product is exact
+//      (codes have 2 significant bits, scales are powers of two); so is every partial sum while a
+//      row's scales span less than 2^40 (the usual case; beyond, one double rounding per add).
+//   2. acc = 0; for h ascending: acc = acc + double(w[t, h]) * max(dot_h, 0) (never fused).
+//   3. logits = acc rounded once: to f32, or (bf16 logits, DeepGEMM's logits_dtype) to bf16.
 #pragma once
 
 #include <cstdint>
@@ -72,8 +72,13 @@ Tensor<float> dequantize(const Quantized& q);
 Tensor<int32_t> pack_scales(const Tensor<uint8_t>& scales);
 
 enum class LogitsType { f32, bf16 };
+// v rounded once to bf16 (to nearest, ties to even; inf above bf16's largest), as a float.
+float bf16_of(double v);
 // q: codes [s_q, H, D / 2] and scales [s_q, H, D / 32]; k: [s_kv, D / 2] and [s_kv, D / 32];
 // weights [s_q, H] f32; ks / ke [s_q]. Out [s_q, s_kv]: f32, or bf16 values widened to f32.
+// check_logits_inputs: the shapes and 0 <= ks <= ke <= s_kv (Error naming what is wrong).
+void check_logits_inputs(const Quantized& q, const Quantized& k, const Tensor<float>& weights, const Tensor<int32_t>& ks,
+                         const Tensor<int32_t>& ke);
 Tensor<float> logits(const Quantized& q, const Quantized& k, const Tensor<float>& weights, const Tensor<int32_t>& ks,
                      const Tensor<int32_t>& ke, LogitsType type = LogitsType::f32);
 

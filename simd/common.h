@@ -44,6 +44,7 @@ struct IndexerView {
   const void* q = nullptr;
   const void* k = nullptr;
   bool fp8 = true;
+  bool bf16_out = false;           // each logit rounded once from double to bf16 (ref::fp4::bf16_of)
   const float* k_scale = nullptr;  // [s_kv]
   const float* weights = nullptr;  // [s_q, H]
   const int32_t* ks = nullptr;     // [s_q]

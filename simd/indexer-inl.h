@@ -30,6 +30,7 @@
 
 #include "hwy/aligned_allocator.h"
 #include "hwy/highway.h"
+#include "ref/fp4.h"
 #include "simd/common.h"
 #include "simd/gemm-inl.h"
 
@@ -68,7 +69,10 @@ HWY_INLINE void RowLogits(const detail::IndexerView& v, int64_t b0, int64_t lo, 
     for (size_t u = 0; u < kTileVecs; ++u) hn::Store(acc[u], d, tmp + u * N);
     const int64_t pb = b0 + p * nk;
     const int64_t s0 = std::max(lo, pb), s1 = std::min(hi, pb + nk);
-    for (int64_t s = s0; s < s1; ++s) vals[s - lo] = float(tmp[s - pb] * double(v.k_scale[s]));
+    for (int64_t s = s0; s < s1; ++s) {
+      const double x = tmp[s - pb] * double(v.k_scale[s]);
+      vals[s - lo] = v.bf16_out ? ref::fp4::bf16_of(x) : float(x);
+    }
   }
 }
 

@@ -10,8 +10,10 @@
 #include <cstring>
 #include <limits>
 
+#include "ref/fp4.h"
 #include "ref/indexer.h"
 #include "simd/common.h"
+#include "simd/fp4.h"
 #include "simd/simd.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -45,9 +47,10 @@ namespace {
 template <typename Elem>
 Tensor<float> logits(const Tensor<Elem>& q, const Tensor<Elem>& k, const Tensor<float>& k_scale,
                      const Tensor<float>& weights, const Tensor<int32_t>& ks,
-                     const Tensor<int32_t>& ke, bool fp8) {
+                     const Tensor<int32_t>& ke, bool fp8, bool bf16_out = false) {
   ref::check_indexer_inputs(q.shape, k.shape, k_scale, weights, ks, ke);
   detail::IndexerView v;
+  v.bf16_out = bf16_out;
   v.q = q.ptr();
   v.k = k.ptr();
   v.fp8 = fp8;
@@ -77,6 +80,15 @@ Tensor<float> indexer_logits_f32(const Tensor<float>& q, const Tensor<float>& k,
                                  const Tensor<float>& k_scale, const Tensor<float>& weights,
                                  const Tensor<int32_t>& ks, const Tensor<int32_t>& ke) {
   return logits(q, k, k_scale, weights, ks, ke, /*fp8=*/false);
+}
+
+// The FP4 logits are the f32 engine's on the dequantized values (exact in f32) with k_scale 1:
+// ref::fp4::logits' order (d ascending in double, heads ascending), rounded once to f32 or bf16.
+Tensor<float> fp4_logits(const ref::fp4::Quantized& q, const ref::fp4::Quantized& k, const Tensor<float>& weights,
+                         const Tensor<int32_t>& ks, const Tensor<int32_t>& ke, ref::fp4::LogitsType type) {
+  ref::fp4::check_logits_inputs(q, k, weights, ks, ke);
+  const Tensor<float> qv = ref::fp4::dequantize(q), kv = ref::fp4::dequantize(k);
+  return logits(qv, kv, Tensor<float>({kv.dim(0)}, 1.0f), weights, ks, ke, /*fp8=*/false, type == ref::fp4::LogitsType::bf16);
 }
 
 }  // namespace indexshare::simd

@@ -9,7 +9,10 @@
 
 #include "ref/error.h"
 #include "ref/fp4.h"
+#include "ref/indexer.h"
 #include "ref/rng.h"
+#include "simd/fp4.h"
+#include "tests/simd_targets.h"
 
 using namespace indexshare;
 using ref::fp4::Rule;
@@ -149,4 +152,38 @@ TEST_CASE("fp4: bf16 logits round the exact sum once, not its f32 rounding") {
   CHECK(ref::fp4::logits(q, k, w, ks, ke)[0] == float(1.0 + std::ldexp(1.0, -8) + std::ldexp(1.0, -30)));
   w[1] = 0;
   CHECK(ref::fp4::logits(q, k, w, ks, ke, ref::fp4::LogitsType::bf16)[0] == 1.0f);  // an exact tie: to even
+}
+
+// simd/ gives ref's bits: f32 and bf16 logits, D 64 and 128, every rule, every compiled target with 1
+// and 2 threads; and ref's
+// f32 logits are ref::indexer_logits_f32 on the dequantized values with k_scale 1 (the order the
+// spec states).
+TEST_CASE("fp4: simd logits equal ref's bit for bit, and ref's equal the f32 indexer on the dequantized values") {
+  Xoshiro256 g(29);
+  auto u = [&] { return float(double(int64_t(g.below(1u << 20)) - (1 << 19)) / double(1 << 17)); };
+  for (const int64_t D : {64, 128}) {
+    const int64_t s_q = 5, H = 8, s_kv = 300;
+    Tensor<float> qf({s_q, H, D}), kf({s_kv, D}), w({s_q, H});
+    for (float& v : qf.data) v = u();
+    for (float& v : kf.data) v = (g.below(4) == 0) ? 0.25f * float(int(g.below(9)) - 4) : u();  // ties on the grid
+    for (float& v : w.data) v = u() / 8;
+    Tensor<int32_t> ks({s_q}), ke({s_q});
+    ks.data = {0, 10, 0, 299, 150};
+    ke.data = {300, 200, 0, 300, 151};
+    for (Rule r : {Rule::toward_zero, Rule::nearest_even, Rule::aiter}) {
+      CAPTURE(D);
+      CAPTURE(ref::fp4::rule_name(r));
+      const ref::fp4::Quantized q = ref::fp4::quantize(qf, r), k = ref::fp4::quantize(kf, r);
+      const Tensor<float> f32 = ref::fp4::logits(q, k, w, ks, ke);
+      const Tensor<float> via = ref::indexer_logits_f32(ref::fp4::dequantize(q), ref::fp4::dequantize(k), Tensor<float>({s_kv}, 1.0f), w, ks, ke);
+      CHECK(std::memcmp(f32.ptr(), via.ptr(), size_t(f32.numel()) * 4) == 0);
+      for (const auto type : {ref::fp4::LogitsType::f32, ref::fp4::LogitsType::bf16}) {
+        const Tensor<float> a = ref::fp4::logits(q, k, w, ks, ke, type);
+        simd_test::for_each_target([&](const std::string&, int) {
+          const Tensor<float> b = simd::fp4_logits(q, k, w, ks, ke, type);
+          CHECK(std::memcmp(a.ptr(), b.ptr(), size_t(a.numel()) * 4) == 0);
+        });
+      }
+    }
+  }
 }
