@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "ref/attention.h"
+#include "ref/fp4.h"
 #include "ref/layer.h"
 #include "ref/problem.h"
 #include "ref/tensor.h"
@@ -121,7 +122,10 @@ struct Bench {
   Tensor<int32_t> topk0, indices;
   std::vector<StageResult> rows;
   std::vector<std::string> mismatches;
-  double ref_logits = 0, ref_topk = 0, ref_attn = 0;
+  double ref_logits = 0, ref_topk = 0, ref_attn = 0, ref_fp4 = 0;
+  // FP8 mode: the same q and k (their FP8 values) quantized to FP4 under toward-zero (ref/fp4.h).
+  ref::fp4::Quantized fp4_q, fp4_k;
+  Tensor<float> ref_fp4_out;
   // Stage outputs of the last run, for the agreement checks.
   Tensor<float> out_logits;
   Tensor<int32_t> out_topk;

@@ -123,6 +123,7 @@
 #include "ref/rng.h"
 #include "ref/stack.h"
 #include "ref/topk.h"
+#include "simd/fp4.h"
 #include "simd/simd.h"
 #include "tools/cli/cli.h"
 #include "ref/numerics.h"
@@ -391,6 +392,13 @@ void Bench::generate_layer0() {
   valid = valid_indices(indices, p.s_kv);
   f_attn = attention_flops(p, valid);
   index_name = fp8 ? "indexer logits" : "indexer logits f32";
+  if (fp8) {  // the FP4 logits stage's inputs: the FP8 values (q without its scale, k with it) to FP4
+    Tensor<float> qf(in.index_q8.shape), kf(in.index_k8.shape);
+    for (int64_t i = 0; i < qf.numel(); ++i) qf[i] = e4m3_to_f32(in.index_q8[i]);
+    for (int64_t i = 0; i < kf.numel(); ++i) kf[i] = e4m3_to_f32(in.index_k8[i]) * in.index_k_scale[i / kf.dim(1)];
+    fp4_q = ref::fp4::quantize(qf, ref::fp4::Rule::toward_zero);
+    fp4_k = ref::fp4::quantize(kf, ref::fp4::Rule::toward_zero);
+  }
 }
 
 // The indexer logits of layer 0 on ref.
@@ -456,6 +464,9 @@ void Bench::time_ref_stages() {
   ref_topk = add("top-k", Impl::ref, 0, double(window), [&] { out_topk = ref::topk(logits0, in.ks, in.ke, p.index_topk); }, 0, "");
   ref_attn = add("attention (sparse)", Impl::ref, f_attn, 0,
                  [&] { out_attn = ref::sparse_attention(in.q, in.kv, indices, p.sm_scale(), p.d_v, nullptr, sink); }, 0, "");
+  if (fp8)
+    ref_fp4 = add("indexer logits FP4", Impl::ref, f_index, 0,
+                  [&] { ref_fp4_out = ref::fp4::logits(fp4_q, fp4_k, in.index_weights, in.ks, in.ke); }, 0, "toward-zero codes");
   ref_logits_out = out_logits;
   ref_topk_out = out_topk;
   ref_attn_out = out_attn;
@@ -465,6 +476,12 @@ void Bench::time_ref_stages() {
 void Bench::time_simd_stages() {
   add(index_name, Impl::simd, f_index, 0, [&] { out_logits = logits_simd(); }, ref_logits, "");
   if (do_ref && !same_floats(out_logits, ref_logits_out)) mismatches.push_back("indexer logits");
+  if (fp8) {
+    Tensor<float> f4;
+    add("indexer logits FP4", Impl::simd, f_index, 0, [&] { f4 = simd::fp4_logits(fp4_q, fp4_k, in.index_weights, in.ks, in.ke); },
+        ref_fp4, "toward-zero codes");
+    if (do_ref && !same_floats(f4, ref_fp4_out)) mismatches.push_back("indexer logits FP4");
+  }
   add("top-k", Impl::simd, 0, double(window), [&] { out_topk = simd::topk(logits0, in.ks, in.ke, p.index_topk); }, ref_topk, "");
   if (do_ref && out_topk.data != ref_topk_out.data) mismatches.push_back("top-k");
   if (fp8) {
