@@ -54,6 +54,17 @@ cmp::StructureSpec out_spec(int64_t R, int64_t H, int64_t C) {
   return s;
 }
 
+// One value per (row, head), each its own cluster (Delta, lse).
+cmp::StructureSpec per_row_head(const std::string& tensor, int64_t R, int64_t H) {
+  cmp::StructureSpec s;
+  s.tensor = tensor;
+  s.rows = R;
+  s.heads = H;
+  s.cols = 1;
+  s.cluster_cols = 1;
+  return s;
+}
+
 // Synthetic [rows, heads, cols] data: golden x ~ U(-1, 1), a correct candidate x (1 + noise),
 // noise per element plus a per-(row, head) common factor (as P rounded to bf16 gives).
 struct Synthetic {
@@ -222,12 +233,7 @@ TEST_CASE("structure: rounding noise flags nothing, each planted error is found 
 // - a softmax-scale direction flagged by a small bias under a much larger random error is not
 //   named a softmax scale; the same direction as the whole error is.
 TEST_CASE("structure: no finding from two large values, from 15 of 16 classes, or from a softmax bias under noise") {
-  cmp::StructureSpec d;
-  d.tensor = "attn_bwd.delta";
-  d.rows = 16;
-  d.heads = 4;
-  d.cols = 1;
-  d.cluster_cols = 1;
+  const cmp::StructureSpec d = per_row_head("attn_bwd.delta", 16, 4);
   std::vector<float> x(64), y(64);
   Xoshiro256 g(21);
   auto u = [&] { return double(int64_t(g.below(1u << 24)) - (1 << 23)) / double(1 << 23); };
@@ -261,12 +267,7 @@ TEST_CASE("structure: no finding from two large values, from 15 of 16 classes, o
 
   // lse-like: one value per (row, head), a direction g; the error a bias along g (t about 10) under
   // a random error that holds 95% of its sum of squares, then the direction alone.
-  cmp::StructureSpec l;
-  l.tensor = "attn.lse";
-  l.rows = 256;
-  l.heads = 8;
-  l.cols = 1;
-  l.cluster_cols = 1;
+  cmp::StructureSpec l = per_row_head("attn.lse", 256, 8);
   l.floor = cmp::kFloorLse;
   std::vector<float> lx(256 * 8), ly(lx.size()), lg(lx.size());
   for (size_t i = 0; i < lx.size(); ++i) {

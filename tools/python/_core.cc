@@ -49,6 +49,8 @@
 #include "ref/train/indexer_loss.h"
 #include "ref/train/attention_bwd.h"
 #include "ref/v4/layer.h"
+#include "ref/fp4.h"
+#include "simd/fp4.h"
 #include "simd/simd.h"
 #include "tools/lib/cost_report.h"
 #include "tools/judge/diff.h"
@@ -440,6 +442,22 @@ void bind_golden(nb::module_& m) {
 void bind_kernels(nb::module_& m) {
   // ---- kernels (ref/indexer.h, ref/topk.h, ref/attention.h, simd/simd.h) ----
   m.def("indexer_logits_fp8", &indexer_logits<e4m3_t, uint8_t>);
+  // The FP4 indexer (ref/fp4.h): x [..., D] f32 -> (codes [..., D/2] u8, ue8m0 scales [..., D/32] u8).
+  m.def("fp4_quantize", [](In<float> x, const std::string& rule) {
+    const auto tx = borrow<float>(x);
+    ref::fp4::Quantized q = ref::fp4::quantize(tx, ref::fp4::parse_rule(rule));
+    return nb::make_tuple(to_numpy<uint8_t>(std::move(q.data)), to_numpy<uint8_t>(std::move(q.scales)));
+  });
+  m.def("fp4_logits", [](In<uint8_t> qc, In<uint8_t> qs, In<uint8_t> kc, In<uint8_t> ks8, In<float> w, In<int32_t> ks, In<int32_t> ke,
+                         bool bf16, Impl impl) {
+    const ref::fp4::Quantized q{Tensor<uint8_t>(borrow<uint8_t>(qc).get()), Tensor<uint8_t>(borrow<uint8_t>(qs).get())};
+    const ref::fp4::Quantized k{Tensor<uint8_t>(borrow<uint8_t>(kc).get()), Tensor<uint8_t>(borrow<uint8_t>(ks8).get())};
+    const auto tw = borrow<float>(w);
+    const auto t0 = borrow<int32_t>(ks), t1 = borrow<int32_t>(ke);
+    const auto type = bf16 ? ref::fp4::LogitsType::bf16 : ref::fp4::LogitsType::f32;
+    Tensor<float> r = impl == Impl::ref ? ref::fp4::logits(q, k, tw, t0, t1, type) : simd::fp4_logits(q, k, tw, t0, t1, type);
+    return to_numpy<float>(std::move(r));
+  });
   m.def("indexer_logits_f32", &indexer_logits<float, float>);
   m.def("topk", [](InN<float, 2> logits, InN<int32_t, 1> ks, InN<int32_t, 1> ke, int64_t k, Impl impl) {
     const auto tl = borrow<float>(logits); const auto ts = borrow<int32_t>(ks); const auto te = borrow<int32_t>(ke);

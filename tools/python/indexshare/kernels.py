@@ -58,6 +58,31 @@ def indexer_logits(q, k, k_scale, weights, ks, ke, *, impl: str = "simd"):
     return A.out(r, A.wants_torch(q, k, k_scale, weights, ks, ke))
 
 
+def fp4_quantize(x, rule: str = "toward-zero"):
+    """The FP4 indexer's quantizer (ref/fp4.h; DeepGEMM ``fp8_fp4_mqa_logits``): x [..., D] f32 (D a
+    multiple of 32) -> (codes uint8 [..., D/2], the even element in the low nibble; ue8m0 scale bytes
+    uint8 [..., D/32], one per 32 values). rule: "toward-zero" (DeepGEMM's quantizer), "nearest-even"
+    (transformers' and cvt.rn, the sign of zero kept as code 0x8) or "aiter" (ties toward -inf)."""
+    xa = A.to_numpy(x, "x")
+    codes, scales = core().fp4_quantize(A.arg(xa, "x", [F32], max(xa.ndim, 1), "..., D"), str(rule))
+    return codes, scales
+
+
+def fp4_logits(q_codes, q_scales, k_codes, k_scales, weights, ks, ke, *, logits: str = "f32", impl: str = "simd"):
+    """The FP4 indexer's logits (ref/fp4.h): sum_h weights[t, h] * ReLU(dq(q)[t, h] . dq(k)[s]) over each
+    row's window [ks, ke), -inf elsewhere; the weights carry only D^-1/2 H^-1/2 (the kernel applies both
+    scales). q: codes [s_q, H, D/2] and scales [s_q, H, D/32] (uint8); k: [s_kv, D/2] and [s_kv, D/32];
+    logits "f32" or "bf16" (rounded once; returned widened to f32)."""
+    if logits not in ("f32", "bf16"):
+        raise ValueError(f"fp4_logits: logits must be 'f32' or 'bf16', got {logits!r}")
+    U8 = np.dtype(np.uint8)
+    args = (A.arg(q_codes, "q_codes", [U8], 3, "s_q, H, D/2"), A.arg(q_scales, "q_scales", [U8], 3, "s_q, H, D/32"),
+            A.arg(k_codes, "k_codes", [U8], 2, "s_kv, D/2"), A.arg(k_scales, "k_scales", [U8], 2, "s_kv, D/32"),
+            A.arg(weights, "weights", [F32], 2, "s_q, H"), A.arg(ks, "ks", [I32], 1, "s_q"), A.arg(ke, "ke", [I32], 1, "s_q"),
+            logits == "bf16", _impl(impl))
+    return core().fp4_logits(*args)
+
+
 def topk(logits, ks, ke, k: int, *, impl: str = "simd"):
     """Top-k per query row (ref/topk.h): among the columns [ks[t], ke[t]) the min(k, ke - ks) best by
     (score descending, index ascending), as sequence-local positions s - ks[t], -1 padded.
