@@ -501,6 +501,19 @@ std::vector<Run> calibrate_values(int first, int runs, uint64_t seed, const ref:
   });
 }
 
+namespace {
+// Judges a correct kernel's candidate and records the run; a diagnosis of a correct kernel is a
+// false lead, so it fails the run too (calibrate --families, --preset).
+void judge_strict(Run& r, const golden::Loaded& g, const Cand& c, const ref::Kernels& k, const std::string& tmp) {
+  const diff::Result res = diff::judge(g, c.write_read(tmp + "/candidate.safetensors"), {}, k, false);
+  record(r, res);
+  for (const std::string& d : res.diagnoses) {
+    r.passed = false;
+    r.reasons.push_back("diagnosis: " + d);
+  }
+}
+}  // namespace
+
 std::string family_problem(int i, uint64_t seed, std::string& kind) {
   Xoshiro256 g(seed * 3000017u + uint64_t(i));
   const std::string s = std::to_string(seed * 1000 + uint64_t(i) + 1);
@@ -650,9 +663,7 @@ std::vector<Run> calibrate_families(int first, int runs, uint64_t seed, const re
       const TrainOutputs o = family_train(g, seed * 1000003u + uint64_t(i));
       for (const auto& [name, t2] : o.f32) c.set(name, t2);
       for (const auto& [name, t2] : o.bf16) c.set(name, t2);
-      const diff::Result res = diff::judge(g, c.write_read(tmp + "/candidate.safetensors"), {}, k, false);
-      record(r, res);
-      for (const std::string& d : res.diagnoses) r.passed = false, r.reasons.push_back("diagnosis: " + d);
+      judge_strict(r, g, c, k, tmp);
       return;
     }
     golden::GoldenSet set = r.kind == "v4"     ? golden::build_v4(golden::parse_v4_spec(r.problem), replay, Impl::simd)
@@ -666,12 +677,7 @@ std::vector<Run> calibrate_families(int first, int runs, uint64_t seed, const re
     r.attention_variant = v.name();
     Cand c;
     for (const auto& [name, t] : family_attention(g, v)) c.set(name, t);
-    const diff::Result res = diff::judge(g, c.write_read(tmp + "/candidate.safetensors"), {}, k, false);
-    record(r, res);
-    for (const std::string& d : res.diagnoses) {  // a diagnosis of a correct kernel is a false lead
-      r.passed = false;
-      r.reasons.push_back("diagnosis: " + d);
-    }
+    judge_strict(r, g, c, k, tmp);
   });
 }
 
@@ -689,60 +695,54 @@ std::vector<Run> calibrate_preset(const std::string& name, int first, int runs, 
   return each_run(first, runs, progress, [&](Run& r) {
     const int i = r.index;
     r.kind = pr.kind;
-    Cand c;
-    auto keep = [&](const std::string& n, const auto& t) {
-      if (writes.count(n.substr(n.find('.', 7) + 1))) c.set(n, t);
-    };
+    // The preset's set with its seed moved, written and read back once.
     if (pr.kind == "decode-model1") {
       golden::Model1DecodeSpec s = golden::parse_model1_spec(pr.problem);
       s.seed = s.seed * 1000 + seed * 100000 + uint64_t(i);
       r.problem = golden::to_string(s);
       golden::write(dir, golden::build_model1_decode(s, replay, Impl::simd), true);
-      const golden::Loaded g = golden::read(dir);
-      const emul::AttentionVariant v = fam[size_t(i) % fam.size()];
-      r.attention_variant = v.name();
-      for (const auto& [n, t] : family_attention(g, v)) keep(n, t);
     } else {
       Problem p = parse_problem(pr.problem);
       p.seed = p.seed * 1000 + seed * 100000 + uint64_t(i);
       r.problem = to_string(p);
-      if (pr.kind == "train") {
-        golden::write(dir, golden::build_train(p, golden::TrainSpec(), replay, Impl::simd), true);
-        const golden::Loaded g = golden::read(dir);
-        r.attention_variant = "TileLang's low-precision backward, f32 indexer loss, drawn orders";
-        const TrainOutputs o = family_train(g, seed * 1000003u + uint64_t(i), writes.count("attn_bwd.dq") > 0,
-                                            writes.count("indexer_loss.dq") > 0);
-        for (const auto& [n, t] : o.f32) keep(n, t);
-        for (const auto& [n, t] : o.bf16) keep(n, t);
-      } else {
-        golden::write(dir, golden::build(p, pr.kind, true, replay, Impl::simd), true);
-        const golden::Loaded g = golden::read(dir);
-        const emul::AttentionVariant av = fam[size_t(i) % fam.size()];
-        const emul::LogitsVariant lv = lfam[size_t(i / 2) % lfam.size()];
-        const float sm = g.manifest["config"]["sm_scale"].get<float>();
-        if (writes.count("attn.out")) {
-          r.attention_variant = av.name();
-          const ref::AttentionOut o = emulate(g, 0, av, sm);
-          keep("layers.0.attn.out", o.out);
-          keep("layers.0.attn.lse", o.lse);
-          keep("layers.0.attn.max_logits", o.max_logits);
-        }
-        if (writes.count("indexer.logits") && has_fp8_logits(g, 0)) {
-          r.logits_variant = lv.name();
-          const Tensor<float> lg = emulate_logits(g, 0, lv);
-          keep("layers.0.indexer.logits", lg);
-          keep("layers.0.indexer.topk", k.topk(lg, g.tensor<int32_t>("layers.0.indexer.ks"), g.tensor<int32_t>("layers.0.indexer.ke"),
-                                               g.manifest["config"]["topk"].get<int64_t>()));
-        }
-      }
+      golden::write(dir, pr.kind == "train" ? golden::build_train(p, golden::TrainSpec(), replay, Impl::simd)
+                                            : golden::build(p, pr.kind, true, replay, Impl::simd),
+                    true);
     }
     const golden::Loaded g = golden::read(dir);
-    const diff::Result res = diff::judge(g, c.write_read(tmp + "/candidate.safetensors"), {}, k, false);
-    record(r, res);
-    for (const std::string& d : res.diagnoses) {  // a diagnosis of a correct kernel is a false lead
-      r.passed = false;
-      r.reasons.push_back("diagnosis: " + d);
+    Cand c;
+    auto keep = [&](const std::string& n, const auto& t) {
+      if (writes.count(n.substr(n.find('.', 7) + 1))) c.set(n, t);
+    };
+    if (pr.kind == "decode-model1") {
+      const emul::AttentionVariant v = fam[size_t(i) % fam.size()];
+      r.attention_variant = v.name();
+      for (const auto& [n, t] : family_attention(g, v)) keep(n, t);
+    } else if (pr.kind == "train") {
+      r.attention_variant = "TileLang's low-precision backward, f32 indexer loss, drawn orders";
+      const TrainOutputs o = family_train(g, seed * 1000003u + uint64_t(i), writes.count("attn_bwd.dq") > 0,
+                                          writes.count("indexer_loss.dq") > 0);
+      for (const auto& [n, t] : o.f32) keep(n, t);
+      for (const auto& [n, t] : o.bf16) keep(n, t);
+    } else {
+      const emul::AttentionVariant av = fam[size_t(i) % fam.size()];
+      const emul::LogitsVariant lv = lfam[size_t(i / 2) % lfam.size()];
+      if (writes.count("attn.out")) {
+        r.attention_variant = av.name();
+        const ref::AttentionOut o = emulate(g, 0, av, g.manifest["config"]["sm_scale"].get<float>());
+        keep("layers.0.attn.out", o.out);
+        keep("layers.0.attn.lse", o.lse);
+        keep("layers.0.attn.max_logits", o.max_logits);
+      }
+      if (writes.count("indexer.logits") && has_fp8_logits(g, 0)) {
+        r.logits_variant = lv.name();
+        const Tensor<float> lg = emulate_logits(g, 0, lv);
+        keep("layers.0.indexer.logits", lg);
+        keep("layers.0.indexer.topk", k.topk(lg, g.tensor<int32_t>("layers.0.indexer.ks"), g.tensor<int32_t>("layers.0.indexer.ke"),
+                                             g.manifest["config"]["topk"].get<int64_t>()));
+      }
     }
+    judge_strict(r, g, c, k, tmp);
   });
 }
 
