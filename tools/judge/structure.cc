@@ -543,25 +543,14 @@ void finish(StructureReport& rep, const StructureSpec& s, const std::vector<std:
                     s.tensor.c_str(), 100 * t.b, 100 * t.se);
     return std::string(buf);
   };
-  // Scale and offset are nearly collinear where the golden values share a sign (lse): when both
-  // flag somewhere, only the one whose whole-tensor fit explains more of the error is described.
-  // The error's sum of squares (and the values'), in element order, over every element or over the
-  // groups `in` of kind `name` (computed when a finding needs them).
-  double ss = -1, xx = 0;
-  auto error_ss = [&] {
-    if (ss < 0) {
-      ss = 0;
-      for (int64_t i = 0; i < s.rows * s.heads * s.cols; ++i)
-        if (finite_f32(x[i]) && finite_f32(y[i])) ss += (double(y[i]) - double(x[i])) * (double(y[i]) - double(x[i])), xx += double(x[i]) * x[i];
-    }
-    return ss;
-  };
   // A fitted direction is a fair lead when it explains kWholeExplains of the error, or when what it
   // leaves is no more than a bf16 rounding of the values (kRoundingResidual): a 0.1% scale on a bf16
   // output explains only a fifth of its error, the rest being the output's own rounding.
   auto fits = [](double explained, double err_ss, double val_ss) {
     return explained >= kWholeExplains * err_ss || err_ss - explained <= kRoundingResidual * kRoundingResidual * val_ss;
   };
+  // The error's sum of squares over the groups `in` of kind `name` ("whole", {0}: every element), in
+  // element order; vals receives the values' (computed only when a finding needs them).
   auto error_ss_in = [&](const std::string& name, const std::set<int64_t>& in, double& vals) {
     Kind K;
     for (const Kind& k : structure_kinds(s))
@@ -581,6 +570,8 @@ void finish(StructureReport& rep, const StructureSpec& s, const std::vector<std:
   auto any_flag = [&](const std::string& stat) {
     return std::any_of(rep.tests.begin(), rep.tests.end(), [&](const GroupTest& t) { return t.stat == stat && t.flagged; });
   };
+  // Scale and offset are nearly collinear where the golden values share a sign (lse): when both
+  // flag somewhere, only the one whose whole-tensor fit explains more of the error is described.
   std::string only;
   bool confined = false;
   if (any_flag("scale") && any_flag("offset"))
@@ -637,8 +628,9 @@ void finish(StructureReport& rep, const StructureSpec& s, const std::vector<std:
     } else if (whole[0]->flagged) {
       // Over every element a scale or an offset is named only when it is a fair share of the error
       // (kWholeExplains); otherwise the tensor fails unnamed.
-      const double err = x && y ? error_ss() : 0;  // sets xx
-      if (!x || !y || fits(whole[0]->explained, err, xx)) rep.findings.push_back(describe(*whole[0], "every element"));
+      double vals = 0;
+      const double err = x && y ? error_ss_in("whole", {0}, vals) : 0;
+      if (!x || !y || fits(whole[0]->explained, err, vals)) rep.findings.push_back(describe(*whole[0], "every element"));
     } else {
       std::string where;
       const GroupTest* big = nullptr;
@@ -663,7 +655,8 @@ void finish(StructureReport& rep, const StructureSpec& s, const std::vector<std:
   // raise every lse a little: logsumexp is convex) flags the direction by its size alone; it is no
   // softmax scale, and the direction is then not named.
   if (x && y) {
-    if (sm->explained < kSmExplains * error_ss()) {
+    double vals = 0;
+    if (sm->explained < kSmExplains * error_ss_in("whole", {0}, vals)) {
       sm->fits = false;
       // The scale or offset found above explains less than this direction: no fairer a lead.
       rep.findings.clear();
